@@ -1,0 +1,281 @@
+"""The plan-level IR: the lingua franca between planner, simulator, compiler and reports.
+
+Frozen dataclasses only; no logic beyond validation and (de)serialization. Units are SI:
+seconds, bytes, FLOP. Every other package speaks these types.
+
+- :class:`LayerCost` / :class:`Workload`: what a model costs, traced from JAX (``compiler.costing``).
+- :class:`FragmentRef` / :class:`ScheduleTable`: a pipeline schedule as data, per pipeline rank.
+- :class:`Plan`: stage partition + stage-to-mesh assignment + layouts + schedule + predictions.
+- :class:`TimelineEvent` / :class:`Timeline`: what ran where and when (simulated or measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+KINDS = ("F", "B", "W")
+"""Fragment kinds in a schedule: forward, backward (input gradient only when the schedule splits the
+backward, else the whole backward), and weight gradient (only in split-backward schedules)."""
+
+
+class IRError(ValueError):
+    """A value of the IR is malformed (the message names the field and the bad value)."""
+
+
+# --------------------------------------------------------------------------- workload
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """The cost of one unique fragment body (a named computation), traced from XLA.
+
+    All ``*_per_sample`` figures are per sequence (one sample of ``seq_len`` tokens) and scale
+    linearly with the microbatch size; ``*_fixed`` figures do not depend on it (weights read once).
+
+    Attributes:
+        name: the named computation, e.g. ``"decoder_block"``.
+        fwd_flops_per_sample: forward FLOP for one sample (XLA ``cost_analysis()['flops']``).
+        bwd_flops_per_sample: whole backward (input + weight gradient) FLOP for one sample.
+        bwd_input_flops_per_sample: the input-gradient part of the backward (B of zero-bubble);
+            the weight-gradient part (W) is ``bwd_flops_per_sample - bwd_input_flops_per_sample``.
+        fwd_bytes_fixed / fwd_bytes_per_sample: bytes accessed by the forward, split into the part
+            independent of the batch (weights) and the per-sample part.
+        bwd_bytes_fixed / bwd_bytes_per_sample: the same for the backward.
+        param_count: parameters of this layer.
+        param_bytes: bytes of those parameters in the compute dtype.
+        activation_bytes_per_sample: bytes of the layer's output (what a stage boundary transfers).
+        residual_bytes_per_sample: bytes the forward keeps for the backward, parameters excluded.
+        tp_allreduce_bytes_per_sample: bytes all-reduced over the tensor-parallel axis per forward
+            (Megatron layout; the backward all-reduces the same amount), 0 for no tensor parallel.
+    """
+
+    name: str
+    fwd_flops_per_sample: float
+    bwd_flops_per_sample: float
+    bwd_input_flops_per_sample: float
+    fwd_bytes_fixed: float
+    fwd_bytes_per_sample: float
+    bwd_bytes_fixed: float
+    bwd_bytes_per_sample: float
+    param_count: int
+    param_bytes: float
+    activation_bytes_per_sample: float
+    residual_bytes_per_sample: float
+    tp_allreduce_bytes_per_sample: float
+
+    def __post_init__(self) -> None:
+        for f in ("fwd_flops_per_sample", "bwd_flops_per_sample", "bwd_input_flops_per_sample",
+                  "fwd_bytes_fixed", "fwd_bytes_per_sample", "bwd_bytes_fixed",
+                  "bwd_bytes_per_sample", "param_bytes", "activation_bytes_per_sample",
+                  "residual_bytes_per_sample", "tp_allreduce_bytes_per_sample"):
+            v = getattr(self, f)
+            if not v >= 0:
+                raise IRError(f"LayerCost {self.name!r}: {f}={v!r} must be >= 0")
+        if self.bwd_input_flops_per_sample > self.bwd_flops_per_sample:
+            raise IRError(f"LayerCost {self.name!r}: input-gradient FLOP exceed the backward's")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A model's step, as a sequence of layers (each an instance of a unique :class:`LayerCost`).
+
+    Attributes:
+        model: zoo name, e.g. ``"llama3-70b"``.
+        layers: the layer sequence in program order, as names into ``costs`` (length L).
+        costs: unique fragment bodies by name.
+        seq_len: tokens per sample.
+        global_batch: samples per step.
+        training: True for a training step (forward, backward, optimizer), False for forward only.
+        dtype_bytes: bytes per element of the compute dtype (2 for bfloat16).
+        source: citation of the model's published config.
+    """
+
+    model: str
+    layers: tuple[str, ...]
+    costs: Mapping[str, LayerCost]
+    seq_len: int
+    global_batch: int
+    training: bool = True
+    dtype_bytes: int = 2
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise IRError(f"Workload {self.model!r} has no layers")
+        missing = sorted({n for n in self.layers if n not in self.costs})
+        if missing:
+            raise IRError(f"Workload {self.model!r}: layers {missing} have no LayerCost")
+        if self.seq_len <= 0 or self.global_batch <= 0:
+            raise IRError(f"Workload {self.model!r}: seq_len and global_batch must be positive")
+
+    def layer(self, i: int) -> LayerCost:
+        return self.costs[self.layers[i]]
+
+    @property
+    def param_count(self) -> int:
+        return sum(self.costs[n].param_count for n in self.layers)
+
+    @property
+    def step_flops(self) -> float:
+        """Model FLOP of one step (forward, plus backward when training), no recomputation."""
+        per = sum(self.costs[n].fwd_flops_per_sample
+                  + (self.costs[n].bwd_flops_per_sample if self.training else 0.0)
+                  for n in self.layers)
+        return per * self.global_batch
+
+
+# --------------------------------------------------------------------------- schedules
+@dataclass(frozen=True, slots=True, order=True)
+class FragmentRef:
+    """One fragment instance in a schedule: ``kind`` of ``stage`` for ``microbatch``."""
+
+    kind: str
+    stage: int
+    microbatch: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise IRError(f"fragment kind {self.kind!r} is not one of {KINDS}")
+        if self.stage < 0 or self.microbatch < 0:
+            raise IRError(f"fragment {self.kind}{self.stage}.{self.microbatch}: negative index")
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.stage}.{self.microbatch}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "stage": self.stage, "microbatch": self.microbatch}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "FragmentRef":
+        return FragmentRef(str(d["kind"]), int(d["stage"]), int(d["microbatch"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTable:
+    """A pipeline schedule as data, over pipeline ranks (not yet meshes).
+
+    Attributes:
+        name: e.g. ``"1f1b"``, ``"interleaved-1f1b"``, ``"zb-h1"``.
+        num_ranks: pipeline ranks P (one per mesh in a plan).
+        num_stages: stages S (``P * virtual_stages``).
+        microbatches: M.
+        stage_rank: for each stage, the rank that runs it (length S).
+        order: for each rank, its ordered fragments (length P).
+        split_backward: True when B is the input gradient and W the weight gradient.
+        forward_only: True for inference schedules (F only).
+    """
+
+    name: str
+    num_ranks: int
+    num_stages: int
+    microbatches: int
+    stage_rank: tuple[int, ...]
+    order: tuple[tuple[FragmentRef, ...], ...]
+    split_backward: bool = False
+    forward_only: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.stage_rank) != self.num_stages:
+            raise IRError(f"schedule {self.name}: stage_rank has {len(self.stage_rank)} entries, "
+                          f"expected num_stages={self.num_stages}")
+        if len(self.order) != self.num_ranks:
+            raise IRError(f"schedule {self.name}: order has {len(self.order)} ranks, "
+                          f"expected {self.num_ranks}")
+
+
+# --------------------------------------------------------------------------- plan
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A mesh's SPMD layout: data-parallel x tensor-parallel degrees (product = devices)."""
+
+    data: int
+    tensor: int
+
+    def __str__(self) -> str:
+        return f"dp{self.data}xtp{self.tensor}"
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """Stage ``index`` runs layers ``[first, last)`` of the workload on mesh ``mesh``."""
+
+    index: int
+    first: int
+    last: int
+    mesh: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A complete MPMD plan, as written to plan.json (see ``planner/plan.schema.json``).
+
+    Attributes:
+        model / cluster: what was planned, by name (and the cluster file's path).
+        stages: contiguous layer ranges in pipeline order, each on a mesh.
+        layouts: mesh name -> layout, for every mesh the plan uses.
+        schedule: the schedule table; ``rank_mesh[r]`` is the mesh of pipeline rank r.
+        rank_mesh: mesh of each pipeline rank.
+        merge_last_stage: whether the last stage's F and B of a microbatch form one fragment.
+        global_batch / seq_len: the workload's shape.
+        predicted: metrics predicted by the planner (seconds, bytes, fractions).
+        solver: status, objective, bound, gap, wall_s of the CP-SAT search.
+    """
+
+    model: str
+    cluster: str
+    stages: tuple[StagePlan, ...]
+    layouts: Mapping[str, Layout]
+    schedule: ScheduleTable
+    rank_mesh: tuple[str, ...]
+    merge_last_stage: bool
+    global_batch: int
+    seq_len: int
+    predicted: Mapping[str, Any] = field(default_factory=dict)
+    solver: Mapping[str, Any] = field(default_factory=dict)
+    cluster_path: str = ""
+
+    @property
+    def microbatches(self) -> int:
+        return self.schedule.microbatches
+
+    def mesh_order(self, mesh: str) -> tuple[FragmentRef, ...]:
+        return self.schedule.order[self.rank_mesh.index(mesh)]
+
+
+# --------------------------------------------------------------------------- timeline
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    """One interval on one track.
+
+    ``track`` is ``"<mesh>/compute"``, ``"<mesh>/send"``, ``"<mesh>/recv"`` or ``"link:<name>"``;
+    ``kind`` is F, B, W, ``transfer``, ``allreduce`` or ``optimizer``. Times in seconds from step start.
+    """
+
+    name: str
+    kind: str
+    track: str
+    mesh: str
+    stage: int
+    microbatch: int
+    start_s: float
+    end_s: float
+    bytes: float = 0.0
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Events of one step plus per-mesh memory samples ``(time_s, bytes)``."""
+
+    events: tuple[TimelineEvent, ...]
+    memory: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+
+    @property
+    def step_time_s(self) -> float:
+        return max((e.end_s for e in self.events), default=0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"events": [asdict(e) for e in self.events],
+                "memory": {k: [list(p) for p in v] for k, v in self.memory.items()}}

@@ -1,0 +1,183 @@
+"""Device profiles and cluster specs as immutable values in SI units (seconds, bytes, FLOP/s, B/s).
+
+Files use human units in their key names (``memory_gb``, ``bandwidth_gbit_per_s``); the loader
+(``hardware_profiles.loader``) converts once, on load, into these types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+class ProfileError(ValueError):
+    """Base error of ``hardware_profiles``: a bad device profile or cluster spec.
+
+    Messages are one line naming the bad value and the fix.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """A published figure that disagrees with the one the model uses (kept for ranges in reports)."""
+
+    field: str
+    value: float
+    source: str
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProfile:
+    """One accelerator type.
+
+    Attributes:
+        name: profile id, the YAML file's stem (e.g. ``"h100-sxm"``).
+        peak_flops: dense peak per dtype (``"bf16"``, ``"fp8"``, ...), FLOP/s.
+        memory_bytes: device memory capacity, bytes.
+        memory_bandwidth: device memory bandwidth, B/s.
+        scale_up_bandwidth: per-device, per-direction bandwidth of the scale-up fabric, B/s.
+        scale_up_latency: per-hop latency of the scale-up fabric, s.
+        scale_out_bandwidth: per-device, per-direction scale-out (NIC) bandwidth, B/s.
+        tdp_watts: board power, W.
+        price_per_hour: (low, high) USD per device-hour, or None when unknown.
+        matmul_efficiency: achievable fraction of ``peak_flops`` for large matmuls (profile data).
+        memory_efficiency: achievable fraction of ``memory_bandwidth``.
+        fragment_overhead: fixed dispatch cost per fragment launch, s.
+        sources: field name -> citation for every published figure and the origin of every
+            efficiency factor.
+        alternatives: figures from other sources that disagree with the ones used.
+    """
+
+    name: str
+    vendor: str
+    description: str
+    peak_flops: Mapping[str, float]
+    memory_bytes: float
+    memory_bandwidth: float
+    scale_up_bandwidth: float
+    scale_up_latency: float
+    scale_out_bandwidth: float
+    tdp_watts: float
+    price_per_hour: tuple[float, float] | None
+    matmul_efficiency: float
+    memory_efficiency: float
+    fragment_overhead: float
+    sources: Mapping[str, str] = field(default_factory=dict)
+    alternatives: tuple[Alternative, ...] = ()
+
+    def achievable_flops(self, dtype: str = "bf16") -> float:
+        """Achievable matmul FLOP/s for ``dtype`` (peak x matmul_efficiency).
+
+        Raises:
+            ProfileError: the profile publishes no rate for ``dtype``.
+        """
+        if dtype not in self.peak_flops:
+            raise ProfileError(f"device {self.name!r} has no {dtype} rate; "
+                               f"use one of {sorted(self.peak_flops)}")
+        return self.peak_flops[dtype] * self.matmul_efficiency
+
+    @property
+    def achievable_bandwidth(self) -> float:
+        """Achievable memory bandwidth, B/s."""
+        return self.memory_bandwidth * self.memory_efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A point-to-point or fabric link: per-direction bandwidth (B/s) and latency (s)."""
+
+    bandwidth: float
+    latency: float
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MeshSpec:
+    """A mesh: ``num_devices`` devices of one type running one SPMD program.
+
+    Attributes:
+        axes: ordered axis name -> size; the sizes multiply to ``num_devices``.
+        intra_link: the link collectives inside the mesh use (per device, per direction).
+        price_per_device_hour: USD, overriding the device profile's price when set.
+        power_watts_per_device: W, overriding the profile's TDP when set.
+    """
+
+    name: str
+    device: DeviceProfile
+    num_devices: int
+    axes: Mapping[str, int]
+    intra_link: Link
+    price_per_device_hour: float | None = None
+    power_watts_per_device: float | None = None
+
+    @property
+    def price_per_hour(self) -> tuple[float, float] | None:
+        """(low, high) USD per hour for the whole mesh, or None when no price is known."""
+        if self.price_per_device_hour is not None:
+            p = self.price_per_device_hour * self.num_devices
+            return (p, p)
+        if self.device.price_per_hour is None:
+            return None
+        lo, hi = self.device.price_per_hour
+        return (lo * self.num_devices, hi * self.num_devices)
+
+    @property
+    def power_watts(self) -> float:
+        per = self.power_watts_per_device or self.device.tdp_watts
+        return per * self.num_devices
+
+
+@dataclass(frozen=True, slots=True)
+class InterMeshLink:
+    """The link between two meshes (symmetric): aggregate per-direction bandwidth and latency."""
+
+    a: str
+    b: str
+    link: Link
+
+    @property
+    def name(self) -> str:
+        return f"{self.a}<->{self.b}"
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """Named meshes plus the links between them.
+
+    Attributes:
+        meshes: ordered mesh name -> spec.
+        links: explicit inter-mesh links.
+        default_link: the link used between meshes with no explicit entry, or None.
+        path: the file it was loaded from.
+    """
+
+    name: str
+    meshes: Mapping[str, MeshSpec]
+    links: tuple[InterMeshLink, ...]
+    default_link: Link | None = None
+    path: str = ""
+    description: str = ""
+
+    def link_between(self, a: str, b: str) -> InterMeshLink:
+        """The link joining meshes ``a`` and ``b``.
+
+        Raises:
+            ProfileError: no explicit link and no ``default_link``.
+        """
+        for ln in self.links:
+            if {ln.a, ln.b} == {a, b}:
+                return ln
+        if self.default_link is not None:
+            x, y = sorted((a, b))
+            return InterMeshLink(x, y, self.default_link)
+        raise ProfileError(f"cluster {self.name!r} has no link between meshes {a!r} and {b!r}; "
+                           f"add one under 'links' or set 'default_link'")
+
+    @property
+    def num_devices(self) -> int:
+        return sum(m.num_devices for m in self.meshes.values())
+
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """Sum of the meshes' dense peak FLOP/s for ``dtype`` (devices lacking it count 0)."""
+        return sum(m.device.peak_flops.get(dtype, 0.0) * m.num_devices for m in self.meshes.values())
