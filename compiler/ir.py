@@ -279,3 +279,81 @@ class Timeline:
     def to_json(self) -> dict[str, Any]:
         return {"events": [asdict(e) for e in self.events],
                 "memory": {k: [list(p) for p in v] for k, v in self.memory.items()}}
+
+
+# --------------------------------------------------------------------------- plan JSON
+PLAN_FORMAT = "mpmd-plan/1"
+
+
+def schedule_to_json(t: ScheduleTable, rank_mesh: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "microbatches": t.microbatches,
+        "num_stages": t.num_stages,
+        "split_backward": t.split_backward,
+        "forward_only": t.forward_only,
+        "stage_rank": list(t.stage_rank),
+        "order": {rank_mesh[r]: [f.to_json() for f in frags] for r, frags in enumerate(t.order)},
+    }
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """The plan as a JSON-ready dict following ``planner/plan.schema.json``."""
+    return {
+        "format": PLAN_FORMAT,
+        "model": plan.model,
+        "cluster": plan.cluster,
+        "cluster_path": plan.cluster_path,
+        "global_batch": plan.global_batch,
+        "seq_len": plan.seq_len,
+        "merge_last_stage": plan.merge_last_stage,
+        "stages": [{"index": s.index, "layers": [s.first, s.last], "mesh": s.mesh}
+                   for s in plan.stages],
+        "meshes": {m: {"layout": {"data": l.data, "tensor": l.tensor}} for m, l in plan.layouts.items()},
+        "rank_mesh": list(plan.rank_mesh),
+        "schedule": schedule_to_json(plan.schedule, plan.rank_mesh),
+        "predicted": dict(plan.predicted),
+        "solver": dict(plan.solver),
+    }
+
+
+def plan_from_json(d: Mapping[str, Any]) -> Plan:
+    """Parse a plan dict (as written by :func:`plan_to_json`).
+
+    Raises:
+        IRError: a missing key or inconsistent value, named in the message.
+    """
+    try:
+        rank_mesh = tuple(str(m) for m in d["rank_mesh"])
+        s = d["schedule"]
+        unknown = sorted(set(s["order"]) - set(rank_mesh))
+        if unknown:
+            raise IRError(f"plan schedule names mesh {unknown[0]!r}, which no pipeline rank uses "
+                          f"(ranks: {list(rank_mesh)}); fix 'schedule.order' or 'rank_mesh'")
+        order = tuple(tuple(FragmentRef.from_json(f) for f in s["order"].get(m, []))
+                      for m in rank_mesh)
+        table = ScheduleTable(
+            name=str(s["name"]), num_ranks=len(rank_mesh), num_stages=int(s["num_stages"]),
+            microbatches=int(s["microbatches"]), stage_rank=tuple(int(r) for r in s["stage_rank"]),
+            order=order, split_backward=bool(s.get("split_backward", False)),
+            forward_only=bool(s.get("forward_only", False)))
+        stages = tuple(StagePlan(int(x["index"]), int(x["layers"][0]), int(x["layers"][1]),
+                                 str(x["mesh"])) for x in d["stages"])
+        layouts = {str(m): Layout(int(v["layout"]["data"]), int(v["layout"]["tensor"]))
+                   for m, v in d["meshes"].items()}
+        for st in stages:
+            if st.mesh not in layouts:
+                raise IRError(f"plan stage {st.index} names mesh {st.mesh!r}, which is not under "
+                              f"'meshes' ({sorted(layouts)}); fix the stage's mesh")
+        return Plan(model=str(d["model"]), cluster=str(d["cluster"]), stages=stages,
+                    layouts=layouts, schedule=table, rank_mesh=rank_mesh,
+                    merge_last_stage=bool(d.get("merge_last_stage", False)),
+                    global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
+                    predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
+                    cluster_path=str(d.get("cluster_path", "")))
+    except KeyError as e:
+        raise IRError(f"plan is missing key {e.args[0]!r}; regenerate it with 'mpmd plan'") from None
+    except (TypeError, ValueError) as e:
+        if isinstance(e, IRError):
+            raise
+        raise IRError(f"plan has a malformed value ({e}); regenerate it with 'mpmd plan'") from None

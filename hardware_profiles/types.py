@@ -101,6 +101,9 @@ class MeshSpec:
         intra_link: the link collectives inside the mesh use (per device, per direction).
         price_per_device_hour: USD, overriding the device profile's price when set.
         power_watts_per_device: W, overriding the profile's TDP when set.
+        host: name of the host whose compute this mesh shares with other meshes (None: its own
+            devices). Meshes on one host run at most ``Cluster.host_slots[host]`` fragments at a
+            time (e.g. 8 CPU "devices" that share one machine's cores).
     """
 
     name: str
@@ -110,6 +113,7 @@ class MeshSpec:
     intra_link: Link
     price_per_device_hour: float | None = None
     power_watts_per_device: float | None = None
+    host: str | None = None
 
     @property
     def price_per_hour(self) -> tuple[float, float] | None:
@@ -150,6 +154,7 @@ class Cluster:
         links: explicit inter-mesh links.
         default_link: the link used between meshes with no explicit entry, or None.
         path: the file it was loaded from.
+        host_slots: host name -> fragments that may run at once on it (see ``MeshSpec.host``).
     """
 
     name: str
@@ -158,6 +163,7 @@ class Cluster:
     default_link: Link | None = None
     path: str = ""
     description: str = ""
+    host_slots: Mapping[str, int] = field(default_factory=dict)
 
     def link_between(self, a: str, b: str) -> InterMeshLink:
         """The link joining meshes ``a`` and ``b``.
