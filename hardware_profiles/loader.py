@@ -1,0 +1,423 @@
+"""Load device profiles and cluster specs from YAML into the SI types of ``hardware_profiles.types``.
+
+Files are validated with pydantic v2 (their shapes, human units in key names) and converted once, on
+load, into frozen dataclasses in SI units: FLOP/s, bytes, B/s, seconds, watts.
+
+Unit conversions (exact):
+    TFLOP/s -> x 1e12 FLOP/s;  GB -> x 1e9 B;  GiB -> x 2**30 B;  GB/s -> x 1e9 B/s;
+    Gbit/s -> x 1e9 / 8 B/s;   us -> x 1e-6 s.
+
+Every bad input raises :class:`ProfileError` with one line naming the file, the bad value and the fix;
+pydantic ``ValidationError``, ``KeyError`` and YAML errors never escape.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hardware_profiles.types import (
+    Alternative,
+    Cluster,
+    DeviceProfile,
+    InterMeshLink,
+    Link,
+    MeshSpec,
+    ProfileError,
+)
+
+DEVICES_DIR = Path(__file__).parent / "devices"
+CLUSTERS_DIR = Path(__file__).parent / "clusters"
+
+TFLOPS = 1e12
+GB = 1e9
+GIB = 2.0**30
+GBIT = 1e9 / 8
+US = 1e-6
+
+
+# ----------------------------------------------------------------------------- file shapes
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Figure(_Strict):
+    value: float = Field(gt=0)
+    source: str = Field(min_length=1)
+    note: str = ""
+
+
+class _Latency(_Strict):
+    value: float = Field(ge=0)
+    source: str = Field(min_length=1)
+    note: str = ""
+
+
+class _Efficiency(_Strict):
+    value: float = Field(gt=0, le=1)
+    origin: str = Field(min_length=1)
+
+
+class _Overhead(_Strict):
+    value: float = Field(ge=0)
+    origin: str = Field(min_length=1)
+
+
+class _Efficiencies(_Strict):
+    matmul: _Efficiency
+    memory: _Efficiency
+    fragment_overhead_us: _Overhead
+
+
+class _ScaleUp(_Strict):
+    bandwidth_gb_per_s_per_direction: _Figure
+    latency_us: _Latency
+    topology: str = ""
+
+
+class _ScaleOut(_Strict):
+    bandwidth_gbit_per_s_per_direction: _Figure
+
+
+class _Price(_Strict):
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    source: str = Field(min_length=1)
+    note: str = ""
+
+
+class _AltFile(_Strict):
+    field: str
+    value: float
+    source: str = Field(min_length=1)
+    note: str = ""
+
+
+class _DeviceFile(_Strict):
+    name: str
+    vendor: str
+    description: str = ""
+    peak_tflops: dict[str, _Figure] = Field(min_length=1)
+    memory_gb: _Figure | None = None
+    memory_gib: _Figure | None = None
+    memory_bandwidth_gb_per_s: _Figure
+    scale_up: _ScaleUp
+    scale_out: _ScaleOut
+    tdp_w: _Figure
+    price_usd_per_device_hour: _Price | None = None
+    efficiency: _Efficiencies
+    alternatives: list[_AltFile] = []
+
+
+class _IntraLink(_Strict):
+    bandwidth_gb_per_s: float = Field(gt=0)
+    latency_us: float = Field(ge=0)
+    source: str = ""
+
+
+class _MeshFile(_Strict):
+    name: str = Field(min_length=1)
+    device: str = Field(min_length=1)
+    num_devices: int = Field(ge=1)
+    axes: dict[str, int] | None = None
+    intra_link: _IntraLink | None = None
+    price_usd_per_device_hour: float | None = Field(default=None, ge=0)
+    power_w_per_device: float | None = Field(default=None, gt=0)
+
+
+class _LinkFile(_Strict):
+    between: tuple[str, str]
+    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0)
+    bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
+    latency_us: float = Field(ge=0)
+    source: str = ""
+
+
+class _DefaultLinkFile(_Strict):
+    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0)
+    bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
+    latency_us: float = Field(ge=0)
+    source: str = ""
+
+
+class _ClusterFile(_Strict):
+    name: str | None = None
+    description: str = ""
+    meshes: list[_MeshFile] = Field(min_length=1)
+    links: list[_LinkFile] = []
+    default_link: _DefaultLinkFile | None = None
+
+
+# ----------------------------------------------------------------------------- error translation
+_FIXES = {
+    "missing": "add this key",
+    "extra_forbidden": "remove this key or fix its spelling",
+    "greater_than": "use a positive number",
+    "greater_than_equal": "use a number >= the minimum",
+    "less_than_equal": "use a value <= the maximum",
+    "float_parsing": "use a number",
+    "float_type": "use a number",
+    "int_parsing": "use an integer",
+    "int_type": "use an integer",
+    "int_from_float": "use an integer",
+    "string_type": "use a string",
+    "dict_type": "use a mapping (key: value)",
+    "list_type": "use a list",
+    "tuple_type": "use a list of two mesh names",
+    "too_short": "add at least one entry",
+    "too_long": "use exactly two mesh names",
+    "model_type": "use a mapping (key: value)",
+}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _from_validation(path: Path, err: ValidationError) -> ProfileError:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "<top level>"
+    fix = _FIXES.get(e["type"], "correct this value")
+    value = "missing" if e["type"] == "missing" else repr(e.get("input"))
+    if len(value) > 80:
+        value = value[:77] + "..."
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return ProfileError(_one_line(f"{path}: {loc} = {value}: {e['msg']}; fix: {fix}{more}"))
+
+
+def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ProfileError(f"{path}: {what} file not found; fix: check the path")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid syntax"
+        raise ProfileError(_one_line(f"{path}: malformed YAML{where} ({problem}); fix: correct the YAML syntax")) from None
+    except OSError as exc:
+        raise ProfileError(_one_line(f"{path}: cannot read {what} file ({exc.strerror}); fix: check permissions")) from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: top level is {type(data).__name__}, not a mapping; "
+                           f"fix: write the {what} as 'key: value' pairs")
+    return data
+
+
+# ----------------------------------------------------------------------------- devices
+_ALT_FIELDS = {  # file key -> (SI field, factor)
+    "memory_gb": ("memory_bytes", GB),
+    "memory_gib": ("memory_bytes", GIB),
+    "memory_bandwidth_gb_per_s": ("memory_bandwidth", GB),
+    "scale_up.bandwidth_gb_per_s_per_direction": ("scale_up_bandwidth", GB),
+    "scale_up.latency_us": ("scale_up_latency", US),
+    "scale_out.bandwidth_gbit_per_s_per_direction": ("scale_out_bandwidth", GBIT),
+    "tdp_w": ("tdp_watts", 1.0),
+    "price_usd_per_device_hour": ("price_per_hour", 1.0),
+}
+
+
+def _alternative(path: Path, alt: _AltFile) -> Alternative:
+    if alt.field.startswith("peak_tflops."):
+        return Alternative(f"peak_flops.{alt.field.split('.', 1)[1]}", alt.value * TFLOPS, alt.source, alt.note)
+    if alt.field not in _ALT_FIELDS:
+        raise ProfileError(f"{path}: alternatives field {alt.field!r} is unknown; fix: use one of "
+                           f"{sorted(_ALT_FIELDS) + ['peak_tflops.<dtype>']}")
+    name, factor = _ALT_FIELDS[alt.field]
+    return Alternative(name, alt.value * factor, alt.source, alt.note)
+
+
+def _device_from_file(path: Path) -> DeviceProfile:
+    data = _read_yaml(path, "device profile")
+    try:
+        f = _DeviceFile.model_validate(data)
+    except ValidationError as err:
+        raise _from_validation(path, err) from None
+    if f.name != path.stem:
+        raise ProfileError(f"{path}: name {f.name!r} differs from the file stem {path.stem!r}; "
+                           f"fix: set 'name: {path.stem}' or rename the file")
+    if (f.memory_gb is None) == (f.memory_gib is None):
+        raise ProfileError(f"{path}: memory given as {'both' if f.memory_gb else 'neither'} memory_gb and memory_gib; "
+                           f"fix: give exactly one of them")
+    if "bf16" not in f.peak_tflops:
+        raise ProfileError(f"{path}: peak_tflops has no 'bf16' entry (has {sorted(f.peak_tflops)}); fix: add bf16")
+    if f.price_usd_per_device_hour and f.price_usd_per_device_hour.low > f.price_usd_per_device_hour.high:
+        p = f.price_usd_per_device_hour
+        raise ProfileError(f"{path}: price_usd_per_device_hour low {p.low} > high {p.high}; fix: swap them")
+    mem, mem_key, mem_factor = (f.memory_gb, "memory_gb", GB) if f.memory_gb else (f.memory_gib, "memory_gib", GIB)
+    sources = {f"peak_flops.{k}": v.source for k, v in f.peak_tflops.items()}
+    sources.update({
+        "memory_bytes": f"{mem.source} [{mem_key}]",
+        "memory_bandwidth": f.memory_bandwidth_gb_per_s.source,
+        "scale_up_bandwidth": f.scale_up.bandwidth_gb_per_s_per_direction.source,
+        "scale_up_latency": f.scale_up.latency_us.source,
+        "scale_out_bandwidth": f.scale_out.bandwidth_gbit_per_s_per_direction.source,
+        "tdp_watts": f.tdp_w.source,
+        "matmul_efficiency": f.efficiency.matmul.origin,
+        "memory_efficiency": f.efficiency.memory.origin,
+        "fragment_overhead": f.efficiency.fragment_overhead_us.origin,
+    })
+    if f.scale_up.topology:
+        sources["scale_up_topology"] = f.scale_up.topology
+    price = None
+    if f.price_usd_per_device_hour is not None:
+        price = (f.price_usd_per_device_hour.low, f.price_usd_per_device_hour.high)
+        sources["price_per_hour"] = f.price_usd_per_device_hour.source
+    return DeviceProfile(
+        name=f.name,
+        vendor=f.vendor,
+        description=f.description,
+        peak_flops={k: v.value * TFLOPS for k, v in f.peak_tflops.items()},
+        memory_bytes=mem.value * mem_factor,
+        memory_bandwidth=f.memory_bandwidth_gb_per_s.value * GB,
+        scale_up_bandwidth=f.scale_up.bandwidth_gb_per_s_per_direction.value * GB,
+        scale_up_latency=f.scale_up.latency_us.value * US,
+        scale_out_bandwidth=f.scale_out.bandwidth_gbit_per_s_per_direction.value * GBIT,
+        tdp_watts=f.tdp_w.value,
+        price_per_hour=price,
+        matmul_efficiency=f.efficiency.matmul.value,
+        memory_efficiency=f.efficiency.memory.value,
+        fragment_overhead=f.efficiency.fragment_overhead_us.value * US,
+        sources=sources,
+        alternatives=tuple(_alternative(path, a) for a in f.alternatives),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _device_cached(resolved: str) -> DeviceProfile:
+    return _device_from_file(Path(resolved))
+
+
+def known_device_ids() -> list[str]:
+    """Sorted ids of the bundled device profiles (the YAML stems in ``hardware_profiles/devices``)."""
+    return sorted(p.stem for p in DEVICES_DIR.glob("*.yaml"))
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.endswith((".yaml", ".yml")) or "/" in s or "\\" in s
+
+
+def load_device(name_or_path: str | Path, base_dir: str | Path | None = None) -> DeviceProfile:
+    """Load a device profile by bundled id (``"h100-sxm"``) or by path to a device YAML.
+
+    Args:
+        name_or_path: a profile id, or a path (``str`` ending in ``.yaml``/containing ``/``, or ``Path``).
+        base_dir: directory that relative paths are resolved against (default: the working directory).
+
+    Returns:
+        The profile in SI units (cached: the same file returns the same frozen object).
+
+    Raises:
+        ProfileError: unknown id (the message lists the known ids), missing file, malformed YAML,
+            or an invalid value.
+    """
+    if isinstance(name_or_path, Path) or _looks_like_path(str(name_or_path)):
+        path = Path(name_or_path)
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+    else:
+        path = DEVICES_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ProfileError(f"unknown device {str(name_or_path)!r}; fix: use one of {known_device_ids()} "
+                               f"or a path to a device YAML")
+    return _device_cached(str(path.resolve()))
+
+
+def list_devices() -> list[DeviceProfile]:
+    """Every bundled device profile, sorted by name.
+
+    Raises:
+        ProfileError: a bundled profile is invalid.
+    """
+    return [load_device(n) for n in known_device_ids()]
+
+
+# ----------------------------------------------------------------------------- clusters
+def _bandwidth(path: Path, where: str, gbit: float | None, gb: float | None) -> float:
+    if (gbit is None) == (gb is None):
+        raise ProfileError(f"{path}: {where} gives {'both' if gbit else 'neither'} bandwidth_gbit_per_s and "
+                           f"bandwidth_gb_per_s; fix: give exactly one of them")
+    return gbit * GBIT if gbit is not None else gb * GB
+
+
+def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
+    device = load_device(m.device, base_dir=path.parent)
+    axes = dict(m.axes) if m.axes else {"data": m.num_devices}
+    bad = {k: v for k, v in axes.items() if v < 1}
+    if bad:
+        raise ProfileError(f"{path}: mesh {m.name!r} axes {bad} have sizes < 1; fix: use positive axis sizes")
+    product = math.prod(axes.values())
+    if product != m.num_devices:
+        shown = "{" + ", ".join(f"{k}: {v}" for k, v in axes.items()) + "}"
+        raise ProfileError(f"{path}: mesh {m.name!r} axes {shown} multiply to {product}, not num_devices "
+                           f"{m.num_devices}; fix the axis sizes")
+    if m.intra_link is not None:
+        intra = Link(m.intra_link.bandwidth_gb_per_s * GB, m.intra_link.latency_us * US,
+                     m.intra_link.source or f"{path.name}: mesh {m.name} intra_link")
+    else:
+        intra = Link(device.scale_up_bandwidth, device.scale_up_latency,
+                     f"device {device.name} scale_up: {device.sources.get('scale_up_bandwidth', '')}")
+    return MeshSpec(name=m.name, device=device, num_devices=m.num_devices, axes=axes, intra_link=intra,
+                    price_per_device_hour=m.price_usd_per_device_hour,
+                    power_watts_per_device=m.power_w_per_device)
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Load a cluster spec: named meshes of one device type each, plus inter-mesh links.
+
+    ``path`` may also be a bundled cluster's stem (``"h100x64"``) when no such file exists.
+    Inter-mesh link bandwidth is the aggregate per direction between the two meshes.
+
+    Raises:
+        ProfileError: missing file, malformed YAML, unknown device, non-positive bandwidth, mesh axes
+            whose product differs from ``num_devices``, duplicate mesh names, a link naming an unknown
+            mesh or joining a mesh to itself, duplicate links.
+    """
+    p = Path(path)
+    if not p.exists() and not _looks_like_path(str(path)) and (CLUSTERS_DIR / f"{path}.yaml").is_file():
+        p = CLUSTERS_DIR / f"{path}.yaml"
+    data = _read_yaml(p, "cluster")
+    try:
+        f = _ClusterFile.model_validate(data)
+    except ValidationError as err:
+        raise _from_validation(p, err) from None
+    meshes: dict[str, MeshSpec] = {}
+    for m in f.meshes:
+        if m.name in meshes:
+            raise ProfileError(f"{p}: duplicate mesh name {m.name!r}; fix: give every mesh a unique name")
+        try:
+            meshes[m.name] = _mesh(p, m)
+        except ProfileError as exc:
+            msg = str(exc)
+            raise ProfileError(msg if msg.startswith(str(p)) else f"{p}: mesh {m.name!r}: {msg}") from None
+    links: list[InterMeshLink] = []
+    seen: set[frozenset[str]] = set()
+    for i, ln in enumerate(f.links):
+        a, b = ln.between
+        for end in (a, b):
+            if end not in meshes:
+                raise ProfileError(f"{p}: links[{i}] names unknown mesh {end!r}; fix: use one of {list(meshes)}")
+        if a == b:
+            raise ProfileError(f"{p}: links[{i}] joins mesh {a!r} to itself; fix: name two different meshes")
+        key = frozenset((a, b))
+        if key in seen:
+            raise ProfileError(f"{p}: links[{i}] duplicates the link between {a!r} and {b!r}; fix: keep one entry")
+        seen.add(key)
+        bw = _bandwidth(p, f"links[{i}]", ln.bandwidth_gbit_per_s, ln.bandwidth_gb_per_s)
+        links.append(InterMeshLink(a, b, Link(bw, ln.latency_us * US, ln.source)))
+    default = None
+    if f.default_link is not None:
+        d = f.default_link
+        default = Link(_bandwidth(p, "default_link", d.bandwidth_gbit_per_s, d.bandwidth_gb_per_s),
+                       d.latency_us * US, d.source)
+    return Cluster(name=f.name or p.stem, meshes=meshes, links=tuple(links), default_link=default,
+                   path=str(p), description=f.description)
+
+
+def bundled_clusters() -> list[Path]:
+    """Paths of the bundled cluster YAMLs in ``hardware_profiles/clusters``, sorted."""
+    return sorted(CLUSTERS_DIR.glob("*.yaml"))
