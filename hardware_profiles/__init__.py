@@ -1,0 +1,63 @@
+"""Hardware profiles: device specs and cluster specs as data, loaded into SI types, plus collective costs.
+
+Leaf package: imports no other project package.
+"""
+
+from hardware_profiles.collectives import (
+    ALGORITHMS,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    collective_time,
+    reduce_scatter,
+    ring_all_reduce,
+    send_recv,
+    tree_all_reduce,
+)
+from hardware_profiles.loader import (
+    CLUSTERS_DIR,
+    DEVICES_DIR,
+    bundled_clusters,
+    known_device_ids,
+    list_devices,
+    load_cluster,
+    load_device,
+)
+from hardware_profiles.table import profiles_rows, profiles_table
+from hardware_profiles.types import (
+    Alternative,
+    Cluster,
+    DeviceProfile,
+    InterMeshLink,
+    Link,
+    MeshSpec,
+    ProfileError,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "CLUSTERS_DIR",
+    "DEVICES_DIR",
+    "Alternative",
+    "Cluster",
+    "DeviceProfile",
+    "InterMeshLink",
+    "Link",
+    "MeshSpec",
+    "ProfileError",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "bundled_clusters",
+    "collective_time",
+    "known_device_ids",
+    "list_devices",
+    "load_cluster",
+    "load_device",
+    "profiles_rows",
+    "profiles_table",
+    "reduce_scatter",
+    "ring_all_reduce",
+    "send_recv",
+    "tree_all_reduce",
+]
