@@ -1,0 +1,162 @@
+"""Building blocks shared by the zoo's models: norms, RoPE, attention, MLPs, parameter init.
+
+Shapes: activations are ``[batch, seq, width]``; attention heads ``[batch, seq, heads, head_dim]``.
+Matmuls run in the parameters' dtype; attention scores, softmax, norms and the loss in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+# --------------------------------------------------------------------------- params
+def is_norm_weight(name: str) -> bool:
+    return "norm" in name and not name.endswith("_b")
+
+
+def shapes_to_specs(shapes: Shapes, dtype) -> dict[str, jax.ShapeDtypeStruct]:
+    return {k: jax.ShapeDtypeStruct(tuple(v), dtype) for k, v in shapes.items()}
+
+
+def init_from_shapes(shapes: Shapes, dtype, key: jax.Array, std: float = 0.02) -> dict:
+    """Norm weights 1, biases (names ending ``_b``) 0, other weights N(0, std^2) (GPT-2 init)."""
+    out = {}
+    keys = jax.random.split(key, max(len(shapes), 1))
+    for k, (name, shp) in zip(keys, sorted(shapes.items())):
+        if is_norm_weight(name):
+            out[name] = jnp.ones(shp, dtype)
+        elif name.endswith("_b"):
+            out[name] = jnp.zeros(shp, dtype)
+        else:
+            out[name] = (std * jax.random.normal(k, shp, jnp.float32)).astype(dtype)
+    return out
+
+
+# --------------------------------------------------------------------------- norms
+def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if w is not None:
+        y = y * w.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def layer_norm(x: jax.Array, w: jax.Array | None, b: jax.Array | None, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    mu = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
+    y = (xf - mu) * jax.lax.rsqrt(var + eps)
+    if w is not None:
+        y = y * w.astype(jnp.float32)
+    if b is not None:
+        y = y + b.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+# --------------------------------------------------------------------------- rope
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding (Su et al. 2021) of ``x: [B, S, H, D]`` at ``positions: [S]``."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    ang = positions.astype(jnp.float32)[:, None] * inv[None, :]          # [S, D/2]
+    cos, sin = jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+# --------------------------------------------------------------------------- attention
+def _scores(q, k, causal):
+    """``q: [B,S,KV,G,D]``, ``k: [B,T,KV,D]`` -> float32 scores ``[B,KV,G,S,T]``."""
+    s = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
+    s = s / math.sqrt(q.shape[-1])
+    if causal:
+        S, T = q.shape[1], k.shape[1]
+        mask = jnp.arange(S)[:, None] >= jnp.arange(T)[None, :]
+        s = jnp.where(mask, s, -1e30)
+    return s
+
+
+def _plain(q, k, v, causal):
+    p = jax.nn.softmax(_scores(q, k, causal), axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgst,btkd->bskgd", p, v)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _flash(q, k, v, causal):
+    return _plain(q, k, v, causal)
+
+
+def _flash_fwd(q, k, v, causal):
+    s = _scores(q, k, causal)
+    lse = jax.nn.logsumexp(s, axis=-1)                                   # [B,KV,G,S]
+    o = jnp.einsum("bkgst,btkd->bskgd", jnp.exp(s - lse[..., None]).astype(v.dtype), v)
+    return o, (q, k, v, o, lse)
+
+
+def _flash_bwd(causal, res, do):
+    q, k, v, o, lse = res
+    p = jnp.exp(_scores(q, k, causal) - lse[..., None])                 # recomputed, float32
+    dv = jnp.einsum("bkgst,bskgd->btkd", p.astype(do.dtype), do)
+    dp = jnp.einsum("bskgd,btkd->bkgst", do, v, preferred_element_type=jnp.float32)
+    delta = jnp.einsum("bskgd,bskgd->bkgs", do.astype(jnp.float32), o.astype(jnp.float32))
+    ds = (p * (dp - delta[..., None]) / math.sqrt(q.shape[-1])).astype(q.dtype)
+    dq = jnp.einsum("bkgst,btkd->bskgd", ds, k)
+    dk = jnp.einsum("bkgst,bskgd->btkd", ds, q)
+    return dq, dk, dv
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
+              impl: str = "plain") -> jax.Array:
+    """Multi-head / grouped-query attention.
+
+    Args:
+        q: ``[B, S, H, D]``; k, v: ``[B, T, KV, D]`` with ``H % KV == 0``.
+        causal: mask future keys (decoders) or not (DiT joint attention).
+        impl: ``"plain"`` (softmax matrix materialized and kept for the backward) or ``"flash"``
+            (custom VJP keeping q, k, v, o and the log-sum-exp, recomputing the softmax in the
+            backward, as FlashAttention does: Dao et al. 2022).
+    Returns: ``[B, S, H, D]``.
+    """
+    B, S, H, D = q.shape
+    KV = k.shape[2]
+    qg = q.reshape(B, S, KV, H // KV, D)
+    if impl == "plain":
+        o = _plain(qg, k, v, causal)
+    elif impl == "flash":
+        o = _flash(qg, k, v, causal)
+    else:
+        raise ValueError(f"attention impl {impl!r} is not 'plain' or 'flash'")
+    return o.reshape(B, S, H, D)
+
+
+# --------------------------------------------------------------------------- mlp
+def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """SwiGLU MLP (Shazeer 2020): ``(silu(x Wg) * (x Wu)) Wd``."""
+    return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def gelu_mlp(x, w1, b1, w2, b2) -> jax.Array:
+    """GPT MLP: ``gelu(x W1 + b1) W2 + b2`` (tanh-approximate GeLU)."""
+    return jax.nn.gelu(x @ w1 + b1, approximate=True) @ w2 + b2
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean token cross-entropy (float32 scalar) of ``logits: [B,S,V]`` for ``targets: [B,S]``."""
+    lf = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(lf, axis=-1)
+    tgt = jnp.take_along_axis(lf, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.mean(lse - tgt)
+
+
+LayerFn = Callable[..., jax.Array]
