@@ -1,0 +1,41 @@
+"""1F1B (PipeDream-Flush): warm-up forwards, one-forward-one-backward, cool-down backwards.
+
+Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", Sec. 2.2.1 (the PipeDream-Flush schedule). One stage per rank (S = P). Rank r runs
+``w = min(P - r - 1, M)`` warm-up forwards, then ``M - w`` pairs ``F(r, w+i), B(r, i)``, then the
+``w`` remaining backwards. Uniform stages give the same step time as GPipe,
+``(M + P - 1)(F + B)`` (bubble fraction ``(P - 1)/(M + P - 1)``), but rank r holds at most
+``min(P - r, M)`` activations instead of M.
+
+``forward_only=True`` degenerates to the GPipe forward pipeline (inference has no backwards).
+"""
+
+from __future__ import annotations
+
+from compiler.ir import ScheduleTable
+
+from .base import B, F, check_sizes, make_table
+from .gpipe import gpipe
+
+NAME = "1f1b"
+
+
+def one_f_one_b(num_ranks: int, microbatches: int, *, forward_only: bool = False) -> ScheduleTable:
+    """1F1B schedule on ``num_ranks`` ranks for ``microbatches`` microbatches.
+
+    Raises:
+        ScheduleError: a size below 1.
+    """
+    check_sizes(NAME, num_ranks, microbatches)
+    if forward_only:
+        return gpipe(num_ranks, microbatches, forward_only=True, name=NAME)
+    P, M = num_ranks, microbatches
+    order = []
+    for r in range(P):
+        w = min(P - r - 1, M)
+        frags = [F(r, m) for m in range(w)]
+        for i in range(M - w):
+            frags += [F(r, w + i), B(r, i)]
+        frags += [B(r, m) for m in range(M - w, M)]
+        order.append(frags)
+    return make_table(NAME, P, M, range(P), order)
