@@ -99,14 +99,15 @@ class SimResult:
 
 
 class _Late(Event):
-    """An already-successful event processed after every URGENT/NORMAL event at this instant."""
+    """An already-successful event processed after every URGENT/NORMAL event at its instant."""
 
-    def __init__(self, env: simpy.Environment, callback) -> None:
+    def __init__(self, env: simpy.Environment, callback, value: Any = None,
+                 delay: float = 0.0) -> None:
         super().__init__(env)
         self._ok = True
-        self._value = None
+        self._value = value
         self.callbacks.append(callback)
-        env.schedule(self, _LATE)
+        env.schedule(self, _LATE, delay)
 
 
 class _Run:
@@ -175,10 +176,10 @@ class _Run:
         for m in meshes:
             self._check_capacity(m, "at step start")
             env.process(self._compute(m, prog.order.get(m, ())))
-        for ln, t in sorted(knobs.failed_links.items()):
-            Timeout(env, t, ("link", ln)).callbacks.append(self._fail)
-        for m, t in sorted(knobs.failed_meshes.items()):
-            Timeout(env, t, ("mesh", m)).callbacks.append(self._fail)
+        # a failure at t acts after everything else that happens at t (ends at t complete)
+        for what, items in (("link", knobs.failed_links), ("mesh", knobs.failed_meshes)):
+            for name, t in sorted(items.items()):
+                _Late(env, self._fail, (what, name), delay=t)
 
     # ------------------------------------------------------------------ memory
     def _check_capacity(self, m: str, why: str) -> None:
@@ -404,9 +405,8 @@ def simulate(program: SimProgram, *, knobs: Knobs | None = None,
     tl = Timeline(events=events, memory=memory)
     s = summarize(tl, meshes=program.meshes, flops=r.flops, peak_flops=program.peak_flops)
     step = s.step_time_s
-    if r.failure is not None:
+    if r.failure is not None:  # the partial step, up to the failure
         step = r.failure_t
-        s = summarize(tl, meshes=program.meshes, flops=r.flops, peak_flops=program.peak_flops)
         busy = s.busy_s
         bubble = {m: (1.0 - b / step) if step > 0 else 0.0 for m, b in busy.items()}
         mfu = r.flops / (step * program.peak_flops) if step > 0 and program.peak_flops > 0 else 0.0
