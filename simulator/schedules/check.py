@@ -91,8 +91,7 @@ def _check_complete(table: ScheduleTable) -> None:
                             f"set split_backward=False")
     kinds = ("F",) if table.forward_only else (("F", "B", "W") if table.split_backward
                                                else ("F", "B"))
-    seen: set[FragmentRef] = set()
-    count = [0] * P
+    seen: set[tuple[str, int, int]] = set()
     for r, frags in enumerate(table.order):
         for f in frags:
             if f.kind not in kinds:
@@ -105,32 +104,36 @@ def _check_complete(table: ScheduleTable) -> None:
             if table.stage_rank[f.stage] != r:
                 raise ScheduleError(f"schedule {name!r}: rank {r} lists {f}, but stage {f.stage} "
                                     f"is on rank {table.stage_rank[f.stage]}; move it there")
-            if f in seen:
+            key = (f.kind, f.stage, f.microbatch)
+            if key in seen:
                 raise ScheduleError(f"schedule {name!r}: rank {r} lists {f} twice; keep one")
-            seen.add(f)
-        count[r] = len(frags)
-    for s in range(S):
-        r = table.stage_rank[s]
-        for m in range(M):
-            for k in kinds:
-                f = FragmentRef(k, s, m)
-                if f not in seen:
-                    raise ScheduleError(f"schedule {name!r}: rank {r} never runs {f}; add it to "
-                                        f"rank {r}'s order")
+            seen.add(key)
+    if len(seen) != S * M * len(kinds):
+        for s in range(S):
+            r = table.stage_rank[s]
+            for m in range(M):
+                for k in kinds:
+                    if (k, s, m) not in seen:
+                        raise ScheduleError(f"schedule {name!r}: rank {r} never runs "
+                                            f"{FragmentRef(k, s, m)}; add it to rank {r}'s order")
 
 
 def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm]):
-    """Run every rank's order; returns (start, end) keyed by ref, or raises on deadlock."""
+    """Run every rank's order; returns (start, end) keyed by ref, or raises on deadlock.
+
+    Internally fragments are keyed by ``(kind, stage, microbatch)`` tuples (cheap to build).
+    """
     S, sr, order = table.num_stages, table.stage_rank, table.order
     last = S - 1
     P = table.num_ranks
     pos = [0] * P
     free = [0.0] * P
     start: dict[FragmentRef, float] = {}
-    end: dict[FragmentRef, float] = {}
-    waiting: dict[FragmentRef, list[int]] = {}
-    blocked_on: dict[int, FragmentRef] = {}
+    end: dict[tuple[str, int, int], float] = {}
+    waiting: dict[tuple[str, int, int], list[int]] = {}
+    blocked_on: dict[int, tuple[str, int, int]] = {}
     stack = list(range(P - 1, -1, -1))
+    get = end.get
     while stack:
         r = stack.pop()
         frags = order[r]
@@ -140,38 +143,42 @@ def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm]):
             ref = frags[i]
             k, s, m = ref.kind, ref.stage, ref.microbatch
             if k == "F":
-                deps = (FragmentRef("F", s - 1, m),) if s > 0 else ()
+                deps = (("F", s - 1, m),) if s > 0 else ()
             elif k == "B":
-                deps = ((FragmentRef("F", s, m),) if s == last
-                        else (FragmentRef("B", s + 1, m), FragmentRef("F", s, m)))
+                deps = (("F", s, m),) if s == last else (("B", s + 1, m), ("F", s, m))
             else:
-                deps = (FragmentRef("B", s, m),)
+                deps = (("B", s, m),)
             ready = t
             missing = None
             for d in deps:
-                e = end.get(d)
+                e = get(d)
                 if e is None:
                     missing = d
                     break
-                if comm is not None and sr[d.stage] != r:
-                    e += comm(d.stage, s, d)
+                if comm is not None and sr[d[1]] != r:
+                    e += comm(d[1], s, FragmentRef(*d))
                 if e > ready:
                     ready = e
             if missing is not None:
                 waiting.setdefault(missing, []).append(r)
                 blocked_on[r] = missing
                 break
+            dt = duration(r, ref)
+            if not dt >= 0:
+                raise ScheduleError(f"schedule {table.name!r}: duration of {ref} on rank {r} is "
+                                    f"{dt!r}; durations must be >= 0 seconds")
             start[ref] = ready
-            t = ready + duration(r, ref)
-            end[ref] = t
+            t = ready + dt
+            key = (k, s, m)
+            end[key] = t
             i += 1
-            woken = waiting.pop(ref, None)
+            woken = waiting.pop(key, None)
             if woken:
                 stack.extend(woken)
         pos[r], free[r] = i, t
     stuck = [r for r in range(P) if pos[r] < len(order[r])]
     if stuck:
-        parts = "; ".join(f"rank {r} waits at {order[r][pos[r]]} for {blocked_on[r]}"
+        parts = "; ".join(f"rank {r} waits at {order[r][pos[r]]} for {FragmentRef(*blocked_on[r])}"
                           for r in stuck)
         raise ScheduleError(f"schedule {table.name!r} deadlocks: {parts}; reorder so that each "
                             f"fragment's producers can run before it")
@@ -248,15 +255,16 @@ def replay(table: ScheduleTable, duration: Duration, comm: Optional[Comm] = None
     for r, frags in enumerate(table.order):
         b = 0.0
         for f in frags:
-            s0, e0 = start[f], end[f]
+            s0, e0 = start[f], end[(f.kind, f.stage, f.microbatch)]
             st[(r, f)] = s0
             en[(r, f)] = e0
             b += e0 - s0
         busy[r] = b
         if frags:
-            span[r] = end[frags[-1]] - start[frags[0]]
-            if end[frags[-1]] > makespan:
-                makespan = end[frags[-1]]
+            e_last = en[(r, frags[-1])]
+            span[r] = e_last - start[frags[0]]
+            if e_last > makespan:
+                makespan = e_last
     bubble = tuple((1.0 - b / makespan) if makespan > 0 else 0.0 for b in busy)
     counts, weights = _peaks(table, activation)
     return Replay(start=st, end=en, makespan=makespan, busy=tuple(busy), bubble=bubble,
