@@ -305,3 +305,25 @@ def test_summarize_measured_timeline_unions_overlaps():
     assert s.peak_memory_bytes == {"a": 7.0}
     assert s.link_bytes == {"l": 5.0} and s.send_bytes == {"a": 5.0}
     assert s.mfu == 2.0
+
+
+def test_lowered_presets_agree_with_schedule_replay():
+    """With deterministic costs and no transfers the engine equals the schedules' exact replay;
+    with transfers it can only be slower (streams and links are contended, replay's are not)."""
+    from simulator.schedules import SCHEDULES, generate, replay
+
+    def dur(r, f):
+        return {"F": 1.0, "B": 2.0, "W": 0.75}[f.kind] * (1 + 0.125 * f.stage)
+
+    for name in SCHEDULES:
+        table = generate(name, 4, 8)
+        meshes = tuple(f"m{r}" for r in range(4))
+        frag = lambda r, f: FragmentCost(duration_s=dur(r, f), residual_bytes=1.0)  # noqa: E731
+        rep = replay(table, dur)
+        res = simulate(lower_schedule(table, meshes, frag, lambda a, b, f: None))
+        assert res.step_time_s == pytest.approx(rep.makespan, abs=1e-9), name
+        assert all(s[-1][1] == 0.0 for s in res.timeline.memory.values()), name
+        rep = replay(table, dur, lambda a, b, f: 0.25)
+        res = simulate(lower_schedule(table, meshes, frag,
+                                      lambda a, b, f: BoundaryCost(f"{a}-{b}.{f}", 1.0, 0.25)))
+        assert res.step_time_s >= rep.makespan - 1e-9, name
