@@ -80,8 +80,12 @@ def summarize(timeline: Timeline, *, meshes: Iterable[str] = (), flops: float = 
     compute: dict[str, list[tuple[float, float]]] = {m: [] for m in meshes}
     links: dict[str, float] = {}
     sends: dict[str, float] = {}
+    parsed: dict[str, tuple[str, str]] = {}
     for e in timeline.events:
-        owner, stream = split_track(e.track)
+        ts = parsed.get(e.track)
+        if ts is None:
+            ts = parsed[e.track] = split_track(e.track)
+        owner, stream = ts
         if stream == "compute":
             compute.setdefault(owner, []).append((e.start_s, e.end_s))
         elif stream == "link":
