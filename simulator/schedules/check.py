@@ -119,7 +119,8 @@ def _check_complete(table: ScheduleTable) -> None:
 
 
 def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm]):
-    """Run every rank's order; returns (start, end) keyed by ref, or raises on deadlock.
+    """Run every rank's order; returns per-rank lists of start times aligned with ``order``
+    and end times keyed by ``(kind, stage, microbatch)``, or raises on deadlock.
 
     Internally fragments are keyed by ``(kind, stage, microbatch)`` tuples (cheap to build).
     """
@@ -128,7 +129,7 @@ def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm]):
     P = table.num_ranks
     pos = [0] * P
     free = [0.0] * P
-    start: dict[FragmentRef, float] = {}
+    start: list[list[float]] = [[] for _ in range(P)]
     end: dict[tuple[str, int, int], float] = {}
     waiting: dict[tuple[str, int, int], list[int]] = {}
     blocked_on: dict[int, tuple[str, int, int]] = {}
@@ -167,7 +168,7 @@ def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm]):
             if not dt >= 0:
                 raise ScheduleError(f"schedule {table.name!r}: duration of {ref} on rank {r} is "
                                     f"{dt!r}; durations must be >= 0 seconds")
-            start[ref] = ready
+            start[r].append(ready)
             t = ready + dt
             key = (k, s, m)
             end[key] = t
@@ -254,15 +255,16 @@ def replay(table: ScheduleTable, duration: Duration, comm: Optional[Comm] = None
     makespan = 0.0
     for r, frags in enumerate(table.order):
         b = 0.0
-        for f in frags:
-            s0, e0 = start[f], end[(f.kind, f.stage, f.microbatch)]
-            st[(r, f)] = s0
-            en[(r, f)] = e0
+        for f, s0 in zip(frags, start[r]):
+            e0 = end[(f.kind, f.stage, f.microbatch)]
+            key = (r, f)
+            st[key] = s0
+            en[key] = e0
             b += e0 - s0
         busy[r] = b
         if frags:
             e_last = en[(r, frags[-1])]
-            span[r] = e_last - start[frags[0]]
+            span[r] = e_last - start[r][0]
             if e_last > makespan:
                 makespan = e_last
     bubble = tuple((1.0 - b / makespan) if makespan > 0 else 0.0 for b in busy)

@@ -16,9 +16,11 @@ is skipped):
 6. ``P - r`` pairs ``B0, W0`` (the W of the oldest deferred chunk-0 backward);
 7. the deferred W's, chunk 1 first, then chunk 0.
 
-With F = B = W per chunk, each rank's span from first to last fragment has no idle time once
-``M >= 2P`` (the paper's "zero bubble" for ZB-V; its table: bubble rate 0 at 1x 1F1B memory), and
-rank 0 holds at most 2P chunk activations = P whole-rank activations, 1F1B's peak.
+Any M >= 1 is accepted. With F = B = W per chunk and ``M >= 2P - 1``, each rank's span from
+first to last fragment has no idle time (measured; the paper's "zero bubble" for ZB-V, its table:
+bubble rate 0 at 1x 1F1B memory), the step takes ``6M + (P - 1)`` units (the start-up offset of
+the last rank), and every rank holds at most 2P chunk activations = P whole-rank activations,
+1F1B's rank-0 peak. Smaller M leaves a bubble (the schedule skips the missing microbatches).
 """
 
 from __future__ import annotations

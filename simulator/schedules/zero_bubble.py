@@ -9,9 +9,9 @@ free to move). One stage per rank (S = P). Activations are held until W ends.
   most P activations, 1F1B's peak (rank 0). Paper: bubble ``(P - 1)(F + B - W)``, a third of
   1F1B's when F = B = W.
 - **ZB-H2** (Sec. 2.2, Fig. 3 bottom): more warm-up forwards (up to ``2P - 1`` activations per
-  rank) and W's pushed to the tail, so that, when F = B = W, each rank's span from its first to
-  its last fragment has no idle time ("zero bubble"; the paper's bubble
-  ``(P - 1)(F + B - 2W)``). Built here by the paper's greedy rule, played out with unit times
+  rank) and W's pushed to the tail, so that, when F = B = W and ``M >= 2P - 1``, each rank's
+  span from its first to its last fragment has no idle time ("zero bubble"; the paper's bubble
+  ``(P - 1)(F + B - 2W)``); the step still includes the last rank's start-up offset (P-1) F. Built here by the paper's greedy rule, played out with unit times
   F = B = W = 1: a free rank runs its next B if its input arrived, else its next F if its input
   arrived and it holds fewer than ``2P - 1`` activations, else its oldest pending W.
   The resulting order is an execution order of the dependency graph, hence deadlock-free for
