@@ -232,6 +232,11 @@ class Plan:
     predicted: Mapping[str, Any] = field(default_factory=dict)
     solver: Mapping[str, Any] = field(default_factory=dict)
     cluster_path: str = ""
+    devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    """mesh name -> (device profile id, number of devices), for readers without the cluster."""
+    recompute: Mapping[str, bool] = field(default_factory=dict)
+    """mesh name -> whether its stages recompute activations in the backward (full activation
+    checkpointing: a forward keeps only each layer's input; the backward reruns the forward)."""
 
     @property
     def microbatches(self) -> int:
@@ -309,7 +314,11 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "merge_last_stage": plan.merge_last_stage,
         "stages": [{"index": s.index, "layers": [s.first, s.last], "mesh": s.mesh}
                    for s in plan.stages],
-        "meshes": {m: {"layout": {"data": l.data, "tensor": l.tensor}} for m, l in plan.layouts.items()},
+        "meshes": {m: {"device": plan.devices.get(m, ("", 0))[0],
+                       "num_devices": plan.devices.get(m, ("", l.data * l.tensor))[1],
+                       "layout": {"data": l.data, "tensor": l.tensor},
+                       "recompute": bool(plan.recompute.get(m, False))}
+                   for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
         "schedule": schedule_to_json(plan.schedule, plan.rank_mesh),
         "predicted": dict(plan.predicted),
@@ -350,7 +359,11 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                     merge_last_stage=bool(d.get("merge_last_stage", False)),
                     global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
                     predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
-                    cluster_path=str(d.get("cluster_path", "")))
+                    cluster_path=str(d.get("cluster_path", "")),
+                    devices={str(m): (str(v.get("device", "")), int(v.get("num_devices", 0)))
+                             for m, v in d["meshes"].items()},
+                    recompute={str(m): bool(v.get("recompute", False))
+                               for m, v in d["meshes"].items()})
     except KeyError as e:
         raise IRError(f"plan is missing key {e.args[0]!r}; regenerate it with 'mpmd plan'") from None
     except (TypeError, ValueError) as e:

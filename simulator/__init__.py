@@ -1,0 +1,15 @@
+"""The simulator: the cost model and the simpy discrete-event replay of MPMD plans."""
+
+from simulator.engine import SimResult, simulate
+from simulator.knobs import Knobs
+from simulator.lowering import BoundaryCost, FragmentCost, TailOp, lower_schedule
+from simulator.metrics import TimelineMetrics, summarize
+from simulator.plan_costs import CostError, PlanCosts
+from simulator.plan_sim import plan_program, simulate_plan
+from simulator.program import OP_KINDS, SimError, SimOp, SimProgram, SimTransfer
+from simulator.trace import to_chrome_trace, write_chrome_trace
+
+__all__ = ["OP_KINDS", "BoundaryCost", "CostError", "FragmentCost", "Knobs", "PlanCosts",
+           "SimError", "SimOp", "SimProgram", "SimResult", "SimTransfer", "TailOp",
+           "TimelineMetrics", "lower_schedule", "plan_program", "simulate", "simulate_plan",
+           "summarize", "to_chrome_trace", "write_chrome_trace"]

@@ -1,0 +1,151 @@
+"""``mpmd``: the command-line interface.
+
+Every project error becomes one line on stderr and exit status 2, with no traceback and no
+half-written output file (outputs go to a temporary file that is renamed into place).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+from rich.console import Console
+
+from cli.output import write_atomic
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Every package's base error: the errors a user's input can cause."""
+    from compiler.ir import IRError
+    from hardware_profiles.types import ProfileError
+    from planner.errors import PlannerError
+    from simulator.plan_costs import CostError
+
+    errs: list[type[BaseException]] = [IRError, ProfileError, PlannerError, CostError,
+                                       FileNotFoundError, IsADirectoryError, json.JSONDecodeError]
+    for mod, name in (("compiler.zoo", "ZooError"), ("simulator.schedules", "ScheduleError"),
+                      ("simulator.program", "SimError"), ("compiler.errors", "CompilerError"),
+                      ("reports", "ReportError")):
+        try:
+            errs.append(getattr(__import__(mod, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command, turning user errors into one line and exit status 2."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except _user_errors() as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if isinstance(e, FileNotFoundError) and e.filename:
+                msg = f"no such file: {e.filename}; check the path"
+            elif isinstance(e, json.JSONDecodeError):
+                msg = f"malformed JSON ({e.msg} at line {e.lineno}); regenerate the file"
+            err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+@click.group()
+def main() -> None:
+    """MPMD auto-planner, simulator and compiler for heterogeneous accelerator clusters."""
+
+
+@main.command()
+@_guard
+def profiles() -> None:
+    """List the bundled device profiles."""
+    from hardware_profiles import profiles_table
+
+    console.print(profiles_table())
+
+
+@main.command()
+@click.option("--model", required=True, help="Zoo model name, e.g. llama3-70b.")
+@click.option("--cluster", "cluster_path", required=True, type=click.Path(dir_okay=False),
+              help="Cluster spec YAML.")
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+              help="Samples per step (default: the model's).")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None,
+              help="Tokens per sample (default: the model's).")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Wall-clock budget of the search, seconds.")
+@click.option("--schedule", "schedules", multiple=True,
+              help="Restrict to these schedules (repeatable).")
+@click.option("--microbatches", "microbatches", multiple=True, type=click.IntRange(min=1),
+              help="Restrict to these microbatch counts (repeatable).")
+@click.option("--max-tensor", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Largest tensor-parallel degree considered.")
+@click.option("--even-split", is_flag=True, help="Force the usual hand split (equal layers per stage).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
+@_guard
+def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
+         time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
+         max_tensor: int, even_split: bool, out: str | None) -> None:
+    """Plan MODEL on CLUSTER: stage assignment, layouts and schedule."""
+    from cli.output import plan_table, validate_plan_json
+    from compiler.ir import plan_to_json
+    from hardware_profiles import load_cluster
+    from planner import PlanOptions, plan as run_plan
+    from simulator.schedules import SCHEDULES
+
+    for s in schedules:
+        if s not in SCHEDULES:
+            raise click.BadParameter(f"unknown schedule {s!r}; use one of {', '.join(SCHEDULES)}")
+    cluster = load_cluster(cluster_path)
+    workload = _workload(model, global_batch, seq_len)
+    with console.status(f"planning {model} on {cluster.name} ..."):
+        result = run_plan(workload, cluster, PlanOptions(
+            time_limit_s=time_limit, schedules=schedules or None,
+            microbatches=microbatches or None, max_tensor=max_tensor, even_split=even_split))
+    console.print(plan_table(result, cluster))
+    if out:
+        doc = plan_to_json(result.plan)
+        validate_plan_json(doc)
+        write_atomic(Path(out), json.dumps(doc, indent=1))
+        console.print(f"wrote {out}")
+
+
+DEFAULT_GLOBAL_BATCH = 256
+"""Samples per training step when --global-batch is not given (2M tokens at sequence length 8192)."""
+
+
+def _workload(model: str, global_batch: int | None, seq_len: int | None):
+    """The model's traced workload; inference models default to one video or request."""
+    from compiler.costing import workload
+    from compiler.zoo import get_config
+
+    cfg = get_config(model)
+    if global_batch is None:
+        global_batch = (DEFAULT_GLOBAL_BATCH if cfg.training
+                        else getattr(cfg, "sampling_steps", 1) * getattr(cfg, "cfg_passes", 1))
+    return workload(cfg, global_batch=global_batch, seq_len=seq_len)
+
+
+def _extra_commands() -> None:
+    """Attach the commands whose implementations live in other packages, when present."""
+    for mod in ("cli.simulate", "cli.run", "cli.whatif"):
+        try:
+            m = __import__(mod, fromlist=["register"])
+        except ImportError:
+            continue
+        m.register(main, _guard)
+
+
+_extra_commands()
+
+if __name__ == "__main__":
+    main()

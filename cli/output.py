@@ -1,0 +1,80 @@
+"""Rendering and writing of CLI outputs: the plan table, JSON Schema validation, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "planner" / "plan.schema.json"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@lru_cache(maxsize=1)
+def plan_schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def validate_plan_json(doc: dict[str, Any]) -> None:
+    """Check a plan dict against ``planner/plan.schema.json`` (raises jsonschema.ValidationError)."""
+    import jsonschema
+
+    jsonschema.validate(doc, plan_schema())
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.1f}"
+
+
+def plan_table(result: Any, cluster: Any) -> Group:
+    """A readable summary of a :class:`planner.PlanResult`: stages, then step-level metrics."""
+    p, pred = result.plan, result.prediction
+    stages = Table(title=f"{p.model} on {p.cluster}: stages", title_justify="left")
+    for col in ("stage", "layers", "mesh", "device", "layout", "compute/mb (ms)",
+                "memory used / capacity (GB)"):
+        stages.add_column(col, justify="right" if "(" in col else "left")
+    for st, t in zip(p.stages, pred.stage_time_s):
+        mesh = cluster.meshes[st.mesh]
+        stages.add_row(str(st.index), f"{st.first}-{st.last - 1}", st.mesh,
+                       f"{mesh.num_devices}x {mesh.device.name}", str(p.layouts[st.mesh]),
+                       f"{t * 1e3:.2f}",
+                       f"{_gb(pred.peak_memory_bytes[st.mesh])} / {_gb(pred.capacity_bytes[st.mesh])}")
+    s = Table(title="step", title_justify="left", show_header=False)
+    s.add_column("metric")
+    s.add_column("value", justify="right")
+    mean_bubble = sum(pred.bubble.values()) / len(pred.bubble)
+    sv = p.solver
+    rows = [
+        ("schedule", p.schedule.name + (" (last stage F+B merged)" if p.merge_last_stage else "")),
+        ("microbatches", f"{p.microbatches} x {p.global_batch // p.microbatches} samples"),
+        ("step time", f"{pred.step_time_s:.3f} s"),
+        ("tokens/s", f"{pred.tokens_per_s:,.0f}"),
+        ("MFU", f"{pred.mfu * 100:.1f}%"),
+        ("bubble (mean over meshes)", f"{mean_bubble * 100:.1f}%"),
+        ("roofline bound", f"{pred.roofline_step_time_s:.3f} s"),
+        ("solver", f"{sv.get('status')} objective {sv.get('objective', 0):.3f} s, bound "
+                   f"{sv.get('bound', 0):.3f} s, gap {sv.get('gap', 0) * 100:.2f}%"),
+        ("search", f"{sv.get('candidates')} candidates in {sv.get('search_wall_s', 0):.1f} s"),
+    ]
+    for k, v in rows:
+        s.add_row(k, v)
+    return Group(stages, s)

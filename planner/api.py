@@ -1,0 +1,262 @@
+"""``plan(workload, cluster)``: the search driver.
+
+For every schedule family and microbatch count (the outer loop) one CP-SAT solve
+(:mod:`planner.search`) picks the pipeline order, layer partition, per-mesh layouts and merge; each
+answer becomes a :class:`~compiler.ir.Plan`, is replayed exactly (:mod:`planner.predict`), and the
+fastest plan that fits memory wins. Deterministic: fixed candidate order, seed and worker count.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from compiler.ir import Layout, Plan, StagePlan, Workload
+from hardware_profiles.types import Cluster, MeshSpec
+from planner.errors import InfeasibleError, PlannerError
+from planner.predict import Prediction, predict
+from planner.search import Assignment, Candidate, MeshOption, solve
+from simulator import cost_model as cm
+from simulator.schedules import generate
+
+TRAIN_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
+"""Schedule families searched for training, in tie-break order."""
+MERGEABLE = ("1f1b",)
+"""Schedules whose last stage runs each microbatch's F immediately before its B."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """Search options.
+
+    Attributes:
+        time_limit_s: wall-clock budget of the whole search (CP-SAT solves share it).
+        schedules: schedule families to consider (None: all for the workload).
+        microbatches: microbatch counts to consider (None: divisors of the global batch).
+        max_tensor: largest tensor-parallel degree considered.
+        headroom: fraction of device memory kept free.
+        virtual_stages: virtual stages per mesh for interleaved 1F1B.
+        seed / workers: CP-SAT determinism controls.
+    """
+
+    time_limit_s: float = 30.0
+    schedules: tuple[str, ...] | None = None
+    microbatches: tuple[int, ...] | None = None
+    max_tensor: int = 8
+    headroom: float = 0.1
+    virtual_stages: int = 2
+    seed: int = 0
+    workers: int = 1
+    even_split: bool = False
+    meshes: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """The best plan, its prediction, and every candidate tried (for reports)."""
+
+    plan: Plan
+    prediction: Prediction
+    candidates: tuple[tuple[str, int, float | None], ...]   # (schedule, M, step time or None)
+
+
+def _split_layers(w: Workload) -> tuple[int, int, int]:
+    """(pre, blocks, post): layers before, count of, and layers after the repeated block."""
+    body = max(set(w.layers), key=w.layers.count)
+    first = w.layers.index(body)
+    n = w.layers.count(body)
+    if w.layers[first:first + n] != (body,) * n:
+        raise PlannerError(f"model {w.model!r}: its repeated layer {body!r} is not contiguous; "
+                           f"the planner partitions a run of identical blocks")
+    return first, n, len(w.layers) - first - n
+
+
+def _layouts(mesh: MeshSpec, samples: float, max_tensor: int) -> list[Layout]:
+    out = []
+    for t in range(1, mesh.num_devices + 1):
+        if mesh.num_devices % t or t > max_tensor:
+            continue
+        d = mesh.num_devices // t
+        if samples >= d and float(samples / d).is_integer():
+            out.append(Layout(d, t))
+    return out
+
+
+def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
+                  split: bool, headroom: float, max_tensor: int) -> tuple[MeshOption, ...]:
+    pre, nb, post = _split_layers(w)
+    dtype = cm.compute_dtype(w)
+    ovh = cm.fragment_overhead(mesh)
+    opts = []
+    choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor)
+               for rc in ((False, True) if w.training else (False,))]
+    for lay, rc in choices:
+        def t(lo: int, hi: int) -> float:
+            return sum(cm.layer_time(w.layer(i), k, samples, mesh, lay, dtype, split_backward=split,
+                                     recompute=rc)
+                       for i in range(lo, hi) for k in kinds)
+
+        def tail(lo: int, hi: int) -> float:
+            if hi <= lo:
+                return 0.0
+            return cm.grad_sync_time(w, lo, hi, mesh, lay) + cm.optimizer_time(w, lo, hi, mesh, lay)
+
+        def mem(lo: int, hi: int) -> cm.StageMemory:
+            if hi <= lo:
+                return cm.StageMemory(0.0, 0.0, 0.0)
+            return cm.stage_memory(w, lo, hi, lay, samples, rc)
+
+        blk, pr, po = mem(pre, pre + 1), mem(0, pre), mem(pre + nb, len(w.layers))
+        opts.append(MeshOption(
+            layout=lay, recompute=rc, block_s=t(pre, pre + 1), pre_s=t(0, pre), post_s=t(pre + nb, len(w.layers)),
+            overhead_s=ovh * len(kinds), merge_saving_s=ovh if "B" in kinds else 0.0,
+            tail_block_s=tail(pre, pre + 1), tail_pre_s=tail(0, pre),
+            tail_post_s=tail(pre + nb, len(w.layers)),
+            static_block=blk.static_bytes, static_pre=pr.static_bytes, static_post=po.static_bytes,
+            resid_block=blk.residual_bytes_per_microbatch, resid_pre=pr.residual_bytes_per_microbatch,
+            resid_post=po.residual_bytes_per_microbatch,
+            working=2 * max(blk.activation_bytes_per_microbatch, pr.activation_bytes_per_microbatch,
+                            po.activation_bytes_per_microbatch),
+            capacity=cm.usable_bytes(mesh, headroom)))
+    return tuple(opts)
+
+
+def build_plan(w: Workload, cluster: Cluster, a: Assignment, schedule: str, microbatches: int,
+               virtual_stages: int) -> Plan:
+    """Turn a solve's :class:`Assignment` into a :class:`Plan` with its schedule table."""
+    pre, nb, post = _split_layers(w)
+    p = len(a.order)
+    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    stages, cursor = [], pre
+    for r in range(v):
+        for rank, (mesh, n) in enumerate(zip(a.order, a.blocks)):
+            idx = r * p + rank
+            lo = 0 if idx == 0 else cursor
+            cursor += n
+            hi = len(w.layers) if idx == v * p - 1 else cursor
+            stages.append(StagePlan(idx, lo, hi, mesh))
+    table = generate(schedule, p, microbatches, virtual_stages=v, forward_only=not w.training)
+    if tuple(table.stage_rank) != tuple(s % p for s in range(v * p)):
+        raise PlannerError(f"schedule {schedule!r} places stages {table.stage_rank}, "
+                           f"the planner expects round-robin placement")
+    return Plan(model=w.model, cluster=cluster.name, stages=tuple(stages),
+                layouts=dict(zip(a.order, a.layouts)),
+                recompute={m: rc for m, rc in zip(a.order, a.recompute) if rc}, schedule=table, rank_mesh=a.order,
+                merge_last_stage=a.merge, global_batch=w.global_batch, seq_len=w.seq_len,
+                cluster_path=cluster.path,
+                devices={m: (cluster.meshes[m].device.name, cluster.meshes[m].num_devices)
+                         for m in a.order})
+
+
+def _microbatch_counts(w: Workload, opts: PlanOptions, nmeshes: int) -> list[int]:
+    if opts.microbatches:
+        return [m for m in opts.microbatches if w.global_batch % m == 0]
+    divs = [m for m in range(1, w.global_batch + 1) if w.global_batch % m == 0]
+    # powers of two and multiples of the mesh count: what practitioners try
+    keep = sorted({m for m in divs if (m & (m - 1)) == 0 or m % nmeshes == 0})
+    return [m for m in keep if m >= min(nmeshes, w.global_batch)]
+
+
+def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
+         progress: Callable[[str], None] | None = None) -> PlanResult:
+    """Search plans for ``w`` on ``cluster``; return the fastest that fits memory.
+
+    Raises:
+        InfeasibleError: no candidate fits; the message names the mesh that lacks the most bytes.
+        PlannerError: bad options (an unknown schedule, no microbatch count dividing the batch).
+    """
+    t0 = time.monotonic()
+    meshes = tuple(opts.meshes or cluster.meshes)
+    specs = [cluster.meshes[m] for m in meshes]
+    if w.training:
+        scheds = opts.schedules or TRAIN_SCHEDULES
+        kinds_of = {s: ("F", "B", "W") if s.startswith("zb") else ("F", "B") for s in scheds}
+    else:
+        scheds = ("gpipe",)
+        kinds_of = {"gpipe": ("F",)}
+    counts = _microbatch_counts(w, opts, len(meshes))
+    if not counts:
+        raise PlannerError(f"no microbatch count divides global batch {w.global_batch}; "
+                           f"pass --global-batch with more divisors")
+    pre, nb, post = _split_layers(w)
+    combos = [(s, m) for m in counts for s in scheds
+              if not (s == "interleaved-1f1b" and (m % len(meshes) or nb % opts.virtual_stages))]
+    tried: list[tuple[str, int, float | None]] = []
+    best: tuple[float, Plan, Prediction] | None = None
+    for n, (sched, mb) in enumerate(combos):
+        left = opts.time_limit_s - (time.monotonic() - t0)
+        if left <= 0:
+            break
+        if progress:
+            progress(f"{sched} x {mb} microbatches")
+        samples = w.global_batch / mb
+        split = sched.startswith("zb")
+        v = opts.virtual_stages if sched == "interleaved-1f1b" else 1
+        options = tuple(_mesh_options(w, ms, samples, kinds_of[sched], split, opts.headroom,
+                                      opts.max_tensor) for ms in specs)
+        if any(not o for o in options):
+            tried.append((sched, mb, None))
+            continue
+        act = w.layer(pre).activation_bytes_per_sample * samples
+        comm = tuple(tuple(0.0 if a == b else 2 * cm.transfer_time(
+            act, cluster.link_between(a, b).link) for b in meshes) for a in meshes)
+        cand = Candidate(sched, mb, v, nb, meshes, options, comm, sched in MERGEABLE and w.training,
+                         even_split=opts.even_split,
+                         required_meshes=meshes if opts.even_split else ())
+        a = solve(cand, time_limit_s=left / (len(combos) - n), seed=opts.seed, workers=opts.workers)
+        if a is None:
+            tried.append((sched, mb, None))
+            continue
+        p = build_plan(w, cluster, a, sched, mb, v)
+        pred = predict(p, w, cluster, headroom=opts.headroom)
+        tried.append((sched, mb, pred.step_time_s if pred.fits else None))
+        if not pred.fits:
+            continue
+        solver = {"status": a.status, "objective": a.objective_s, "bound": a.bound_s,
+                  "gap": (a.objective_s - a.bound_s) / a.objective_s if a.objective_s else 0.0,
+                  "wall_s": a.wall_s}
+        p = replace(p, predicted=pred.to_json(), solver=solver)
+        if best is None or pred.step_time_s < best[0] * (1 - 1e-9):
+            best = (pred.step_time_s, p, pred)
+    if best is None:
+        raise InfeasibleError(explain_infeasible(w, cluster, meshes, opts.headroom))
+    _, p, pred = best
+    total_wall = time.monotonic() - t0
+    p = replace(p, solver={**p.solver, "search_wall_s": total_wall, "candidates": len(tried)})
+    return PlanResult(p, pred, tuple(tried))
+
+
+def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], headroom: float
+                       ) -> str:
+    """One line: which mesh lacks how many bytes in the most memory-frugal plan.
+
+    That plan uses every mesh, splits layers in proportion to each mesh's usable memory, shards
+    everything over the mesh (tensor parallel across all its devices) and runs one sample per
+    microbatch; if even that does not fit, no plan does.
+    """
+    specs = [cluster.meshes[m] for m in meshes]
+    usable = [cm.usable_bytes(s, headroom) * s.num_devices for s in specs]
+    total = sum(usable)
+    n = len(w.layers)
+    bounds, acc = [0], 0.0
+    for u in usable:
+        acc += u
+        bounds.append(min(n, round(n * acc / total)))
+    worst = None
+    for i, (m, s) in enumerate(zip(meshes, specs)):
+        lo, hi = bounds[i], max(bounds[i + 1], bounds[i] + 1) if bounds[i] < n else n
+        if lo >= hi:
+            continue
+        mem = cm.stage_memory(w, lo, hi, Layout(1, s.num_devices), 1.0, w.training)
+        need = mem.static_bytes + mem.residual_bytes_per_microbatch * max(1, len(meshes) - i)
+        lack = need - cm.usable_bytes(s, headroom)
+        if worst is None or lack > worst[1]:
+            worst = (m, lack, need, cm.usable_bytes(s, headroom))
+    if worst is None or worst[1] <= 0:
+        return (f"model {w.model!r} found no plan on cluster {cluster.name!r} within the time "
+                f"limit; raise --time-limit")
+    m, lack, need, has = worst
+    return (f"model {w.model!r} does not fit cluster {cluster.name!r}: mesh {m!r} lacks "
+            f"{lack / 1e9:.1f} GB per device (needs {need / 1e9:.1f} GB, has {has / 1e9:.1f} GB "
+            f"usable) even with layers split by memory; add devices or lower --global-batch/--seq-len")

@@ -1,0 +1,115 @@
+"""The planner's prediction for a plan: an exact analytic replay of its schedule.
+
+Each rank runs its fragment order back to back; a fragment starts once its rank is free and its
+inputs have arrived (producer end + transfer time). That longest-path evaluation
+(:func:`simulator.schedules.check.replay`) plus each mesh's end-of-step ops gives the step time; the
+discrete-event simulator replays the same plan with streams and link contention, and the two must
+agree within 1% when links are not contended (a test holds them together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compiler.ir import FragmentRef, Plan, Workload
+from hardware_profiles.types import Cluster
+from simulator.plan_costs import PlanCosts
+from simulator.schedules.check import replay
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Predicted metrics of one step (seconds, bytes per device, fractions).
+
+    Attributes:
+        step_time_s: step makespan, end-of-step gradient sync and optimizer included.
+        bubble: per mesh, idle fraction of the step.
+        peak_memory_bytes: per mesh, peak per-device bytes (static + residuals + working set).
+        capacity_bytes: per mesh, per-device capacity.
+        stage_time_s: per stage, compute seconds of one microbatch (all kinds).
+        mfu: model FLOP / (step time x the cluster's dense peak FLOP/s).
+        roofline_step_time_s: model FLOP / the cluster's dense peak FLOP/s.
+        tokens_per_s: global batch x sequence length / step time.
+    """
+
+    step_time_s: float
+    bubble: dict[str, float]
+    peak_memory_bytes: dict[str, float]
+    capacity_bytes: dict[str, float]
+    stage_time_s: tuple[float, ...]
+    mfu: float
+    roofline_step_time_s: float
+    tokens_per_s: float
+    samples_per_s: float
+    shortfall_bytes: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return not self.shortfall_bytes
+
+    def to_json(self) -> dict:
+        return {
+            "step_time_s": self.step_time_s,
+            "bubble_fraction": self.bubble,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "stage_time_s": list(self.stage_time_s),
+            "mfu": self.mfu,
+            "roofline_step_time_s": self.roofline_step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "samples_per_s": self.samples_per_s,
+        }
+
+
+def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float = 0.0
+            ) -> Prediction:
+    """Replay ``plan`` analytically and return its :class:`Prediction`.
+
+    Args:
+        headroom: fraction of each device's memory kept free; a mesh whose peak exceeds
+            ``capacity x (1 - headroom)`` is listed in ``shortfall_bytes`` with the excess.
+
+    Raises:
+        simulator.plan_costs.CostError: the plan does not match the workload or cluster.
+    """
+    costs = PlanCosts(plan, workload, cluster)
+    table = plan.schedule
+
+    def duration(rank: int, ref) -> float:
+        return costs.fragment_time(ref)
+
+    def comm(src: int, dst: int, ref) -> float:
+        b = costs.boundary(src, dst)
+        return 0.0 if b is None else b[2]
+
+    def residual(rank: int, ref) -> float:
+        return costs.residual_bytes(ref)
+
+    rp = replay(table, duration, comm, activation=residual if workload.training else None)
+    step = 0.0
+    busy: dict[str, float] = {}
+    peak, cap, short = {}, {}, {}
+    for rank, mesh in enumerate(plan.rank_mesh):
+        tail = sum(t for _, t in costs.tail(mesh))
+        busy[mesh] = rp.busy[rank] + tail
+        last_end = max((rp.end[(rank, f)] for f in table.order[rank]), default=0.0)
+        step = max(step, last_end + tail)
+        resid = rp.peak_activation[rank] if workload.training else 0.0
+        peak[mesh] = costs.static_bytes(mesh) + resid + costs.working_bytes(mesh)
+        cap[mesh] = costs.capacity(mesh)
+        usable = cap[mesh] * (1.0 - headroom)
+        if peak[mesh] > usable:
+            short[mesh] = peak[mesh] - usable
+    kinds = ("F",) + ((("B", "W") if table.split_backward else ("B",)) if workload.training else ())
+    stage_time = tuple(sum(costs.fragment_time(FragmentRef(k, s.index, 0)) for k in kinds)
+                       for s in plan.stages)
+    peak_flops = cluster.peak_flops("bf16")
+    tokens = plan.global_batch * plan.seq_len
+    return Prediction(
+        step_time_s=step,
+        bubble={m: 1.0 - busy[m] / step for m in plan.rank_mesh},
+        peak_memory_bytes=peak, capacity_bytes=cap, stage_time_s=stage_time,
+        mfu=workload.step_flops / (step * peak_flops),
+        roofline_step_time_s=workload.step_flops / peak_flops,
+        tokens_per_s=tokens / step, samples_per_s=plan.global_batch / step,
+        shortfall_bytes=short)

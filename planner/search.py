@@ -1,0 +1,245 @@
+"""The CP-SAT model: pipeline order, layer partition, per-mesh layout and merge for one candidate.
+
+One solve fixes the schedule family and the microbatch count (the outer loop in
+:mod:`planner.api` enumerates those) and decides, jointly:
+
+- which meshes take part and their order in the pipeline (a circuit through a depot node,
+  ``AddCircuit``; an unused mesh takes its self-loop),
+- how many transformer blocks each mesh runs per virtual stage (a contiguous partition: the
+  pipeline order fixes which blocks; the layers before and after the repeated block, such as the
+  embedding and the LM head, go to the first and last stage),
+- each mesh's data x tensor parallel layout among the factorizations of its size, and whether it
+  recomputes activations in the backward (trading compute for memory),
+- whether the last stage's forward and backward merge into one fragment (one dispatch per pair),
+
+minimising the steady-state step time of a pipeline with per-mesh work ``T_m`` per microbatch
+(Narayanan et al. 2021, sec. 2.2; heterogeneous form: the slowest mesh sets the rate)::
+
+    step ~ M * max_m T_m + (sum_m T_m + transfers - max_m T_m) / v + max_m tail_m
+
+subject to every mesh's memory (static + residuals of the microbatches in flight at its pipeline
+position, per the schedule) fitting its devices. Times are integer microseconds, memory integer
+megabytes (rounded against the plan). The exact step time of the chosen plan comes from the analytic
+replay in :mod:`planner.predict`, not from this surrogate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from compiler.ir import Layout
+
+US = 1e6
+"""Objective unit: microseconds per second."""
+MB = 1e6
+"""Memory unit: bytes per megabyte."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeshOption:
+    """Costs of one mesh under one layout, per microbatch (seconds, per-device bytes).
+
+    Attributes:
+        layout: the data x tensor parallel layout.
+        recompute: whether the mesh recomputes activations in the backward.
+        block_s / pre_s / post_s: compute time of one repeated block, of the layers before the
+            blocks, and of the layers after them (all fragment kinds of one microbatch summed).
+        overhead_s: dispatch overhead of one virtual stage's fragments for one microbatch.
+        merge_saving_s: overhead saved per microbatch when the last stage's F and B merge.
+        tail_block_s / tail_pre_s / tail_post_s: end-of-step gradient sync + optimizer time.
+        static_block / static_pre / static_post: weights, gradients, optimizer state bytes.
+        resid_block / resid_pre / resid_post: residual bytes per microbatch in flight.
+        working: transient bytes of a running fragment.
+        capacity: usable bytes per device.
+    """
+
+    layout: Layout
+    recompute: bool
+    block_s: float
+    pre_s: float
+    post_s: float
+    overhead_s: float
+    merge_saving_s: float
+    tail_block_s: float
+    tail_pre_s: float
+    tail_post_s: float
+    static_block: float
+    static_pre: float
+    static_post: float
+    resid_block: float
+    resid_pre: float
+    resid_post: float
+    working: float
+    capacity: float
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """The fixed part of one solve."""
+
+    schedule: str
+    microbatches: int
+    virtual_stages: int
+    num_blocks: int
+    meshes: tuple[str, ...]
+    options: tuple[tuple[MeshOption, ...], ...]      # per mesh, per allowed layout
+    comm_s: tuple[tuple[float, ...], ...]            # per ordered mesh pair: F + B transfer time
+    mergeable: bool
+    even_split: bool = False
+    required_meshes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A solve's answer: the pipeline order with blocks per virtual stage and layouts."""
+
+    order: tuple[str, ...]
+    blocks: tuple[int, ...]
+    layouts: tuple[Layout, ...]
+    recompute: tuple[bool, ...]
+    merge: bool
+    status: str
+    objective_s: float
+    bound_s: float
+    wall_s: float
+
+
+def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str):
+    """Microbatches (virtual-stage instances) whose residuals a mesh holds at its peak."""
+    m, v = c.microbatches, c.virtual_stages
+    cap = m * v
+    infl = model.NewIntVar(0, cap, name)
+    if c.schedule == "gpipe":
+        model.Add(infl == cap)
+    elif c.schedule == "interleaved-1f1b":
+        # Megatron-LM's warm-up count for rank p: 2 (P - p - 1) + (v - 1) P, plus the one in flight
+        model.AddMinEquality(infl, [2 * (n_used - pos - 1) + (v - 1) * n_used + 1, cap])
+    elif c.schedule == "zb-h2":
+        model.AddMinEquality(infl, [2 * (n_used - pos) - 1, cap])
+    else:  # 1f1b, zb-h1: rank p holds P - p forwards (Narayanan et al. 2021; Qi et al. 2024)
+        model.AddMinEquality(infl, [n_used - pos, cap])
+    return infl
+
+
+def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1) -> Assignment | None:
+    """Solve one candidate; None when CP-SAT proves it infeasible or finds nothing in time.
+
+    Deterministic for the same inputs: a fixed seed and worker count, and interleaved search.
+    """
+    model = cp_model.CpModel()
+    nm, v, L, M = len(c.meshes), c.virtual_stages, c.num_blocks, c.microbatches
+    big_t = 0
+    used, first, last, nblk, pos, sel, tm, tail = [], [], [], [], [], [], [], []
+    for i, name in enumerate(c.meshes):
+        used.append(model.NewBoolVar(f"used_{name}"))
+        first.append(model.NewBoolVar(f"first_{name}"))
+        last.append(model.NewBoolVar(f"last_{name}"))
+        nblk.append(model.NewIntVar(0, L, f"blocks_{name}"))
+        pos.append(model.NewIntVar(0, nm - 1, f"pos_{name}"))
+        model.Add(nblk[i] >= 1).OnlyEnforceIf(used[i])
+        model.Add(nblk[i] == 0).OnlyEnforceIf(used[i].Not())
+        model.AddImplication(first[i], used[i])
+        model.AddImplication(last[i], used[i])
+        if name in c.required_meshes:
+            model.Add(used[i] == 1)
+        sel.append([model.NewBoolVar(f"sel_{name}_{k}") for k in range(len(c.options[i]))])
+        model.Add(sum(sel[i]) == used[i])
+        worst = max(v * L * o.block_s + o.pre_s + o.post_s + o.overhead_s * v for o in c.options[i])
+        big_t = max(big_t, int(worst * US) + 1)
+    model.Add(v * sum(nblk) == L)
+    model.AddExactlyOne(first)
+    model.AddExactlyOne(last)
+    n_used = model.NewIntVar(1, nm, "num_meshes")
+    model.Add(n_used == sum(used))
+
+    # pipeline order: a circuit over a depot (node 0) and the meshes (nodes 1..nm)
+    arcs, comm_terms = [], []
+    for i in range(nm):
+        arcs.append((0, i + 1, first[i]))
+        arcs.append((i + 1, 0, last[i]))
+        arcs.append((i + 1, i + 1, used[i].Not()))
+        model.Add(pos[i] == 0).OnlyEnforceIf(first[i])
+        model.Add(pos[i] == 0).OnlyEnforceIf(used[i].Not())
+        model.Add(pos[i] == n_used - 1).OnlyEnforceIf(last[i])
+        for j in range(nm):
+            if i != j:
+                s = model.NewBoolVar(f"succ_{c.meshes[i]}_{c.meshes[j]}")
+                arcs.append((i + 1, j + 1, s))
+                model.Add(pos[j] == pos[i] + 1).OnlyEnforceIf(s)
+                comm_terms.append(s * int(round(v * c.comm_s[i][j] * US)))
+    model.AddCircuit(arcs)
+
+    # even split (the usual hand split), for the baseline
+    if c.even_split:
+        for i in range(nm):
+            for j in range(nm):
+                if i != j:
+                    model.Add(nblk[i] - nblk[j] <= 1).OnlyEnforceIf([used[i], used[j]])
+
+    merge = model.NewBoolVar("merge_last_stage")
+    if not c.mergeable:
+        model.Add(merge == 0)
+    mx = model.NewIntVar(0, big_t, "max_mesh_time")
+    tail_mx = model.NewIntVar(0, big_t, "max_tail")
+    for i, name in enumerate(c.meshes):
+        tm.append(model.NewIntVar(0, big_t, f"T_{name}"))
+        tail.append(model.NewIntVar(0, big_t, f"tail_{name}"))
+        merged = model.NewBoolVar(f"merged_{name}")
+        model.AddBoolAnd([merge, last[i]]).OnlyEnforceIf(merged)
+        model.AddBoolOr([merge.Not(), last[i].Not()]).OnlyEnforceIf(merged.Not())
+        model.Add(tm[i] == 0).OnlyEnforceIf(used[i].Not())
+        model.Add(tail[i] == 0).OnlyEnforceIf(used[i].Not())
+        infl = _inflight_expr(model, c, pos[i], n_used, f"inflight_{name}")
+        infl_blocks = model.NewIntVar(0, M * v * L, f"inflight_blocks_{name}")
+        model.AddMultiplicationEquality(infl_blocks, [infl, nblk[i]])
+        infl_pre = model.NewIntVar(0, M * v, f"inflight_pre_{name}")
+        model.Add(infl_pre == infl).OnlyEnforceIf(first[i])
+        model.Add(infl_pre == 0).OnlyEnforceIf(first[i].Not())
+        infl_post = model.NewIntVar(0, M * v, f"inflight_post_{name}")
+        model.Add(infl_post == infl).OnlyEnforceIf(last[i])
+        model.Add(infl_post == 0).OnlyEnforceIf(last[i].Not())
+        for k, o in enumerate(c.options[i]):
+            model.Add(tm[i] == int(round(v * o.block_s * US)) * nblk[i]
+                      + int(round(o.pre_s * US)) * first[i] + int(round(o.post_s * US)) * last[i]
+                      + int(round(v * o.overhead_s * US))
+                      - int(round(o.merge_saving_s * US)) * merged).OnlyEnforceIf(sel[i][k])
+            model.Add(tail[i] == int(round(v * o.tail_block_s * US)) * nblk[i]
+                      + int(round(o.tail_pre_s * US)) * first[i]
+                      + int(round(o.tail_post_s * US)) * last[i]).OnlyEnforceIf(sel[i][k])
+            # memory, in MB per device: static + residuals in flight + working set <= usable
+            model.Add(int(round(v * o.static_block / MB + 0.5)) * nblk[i]
+                      + int(o.static_pre / MB + 1) * first[i] + int(o.static_post / MB + 1) * last[i]
+                      + int(o.resid_block / MB + 1) * infl_blocks
+                      + int(o.resid_pre / MB + 1) * infl_pre + int(o.resid_post / MB + 1) * infl_post
+                      + int(o.working / MB + 1)
+                      <= int(o.capacity / MB)).OnlyEnforceIf(sel[i][k])
+        model.Add(mx >= tm[i])
+        model.Add(tail_mx >= tail[i])
+    total = sum(tm) + sum(comm_terms)
+    # v * step = v*M*max + (sum - max) + v*tail   (integer form of the docstring's formula)
+    model.Minimize(v * M * mx + total - mx + v * tail_mx)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
+    solver.parameters.random_seed = seed
+    solver.parameters.num_workers = workers
+    solver.parameters.interleave_search = True
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    chosen = sorted((i for i in range(nm) if solver.Value(used[i])), key=lambda i: solver.Value(pos[i]))
+    picked = [c.options[i][next(k for k in range(len(sel[i])) if solver.Value(sel[i][k]))]
+              for i in chosen]
+    return Assignment(
+        order=tuple(c.meshes[i] for i in chosen),
+        blocks=tuple(solver.Value(nblk[i]) for i in chosen),
+        layouts=tuple(o.layout for o in picked),
+        recompute=tuple(o.recompute for o in picked),
+        merge=bool(solver.Value(merge)),
+        status=solver.StatusName(status),
+        objective_s=solver.ObjectiveValue() / v / US,
+        bound_s=solver.BestObjectiveBound() / v / US,
+        wall_s=solver.WallTime(),
+    )

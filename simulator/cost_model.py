@@ -1,0 +1,170 @@
+"""The cost model: a fragment on a mesh under an SPMD layout -> seconds and bytes.
+
+Everything the planner predicts and the simulator replays is costed here, from a traced
+:class:`~compiler.ir.LayerCost` and a :class:`~hardware_profiles.types.MeshSpec`.
+
+Formulas (all per device of the mesh; ``b`` = samples of one microbatch, ``d``/``t`` = data/tensor
+parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weight matrix):
+
+- compute time   = FLOP / (d * t) / achievable FLOP/s          (Megatron tensor parallel splits every
+  matmul ``t`` ways: Shoeybi et al. 2019, Narayanan et al. 2021)
+- memory time    = (fixed bytes / t + per-sample bytes * b / (d * t)) / achievable bandwidth
+- fragment time  = max(compute, memory)  (the roofline, Williams et al. 2009)
+  + tensor-parallel all-reduces of the activation over ``t`` devices (ring, ``collectives``)
+  + the device's fixed dispatch overhead per fragment
+- transfer time  = link latency + bytes / link bandwidth
+- gradient sync  = ring all-reduce of the stage's gradients over ``d`` devices at the end of the step
+- optimizer step = memory-bound Adam update over the device's shard of optimizer state
+
+Memory per device (mixed-precision Adam with a distributed optimizer, ZeRO stage 1: Rajbhandari et al.
+2020, Megatron-LM's ``--use-distributed-optimizer``): weights in the compute dtype and fp32 gradients
+replicated over data parallel, fp32 master weights + Adam m and v (12 bytes per parameter, 8 when the
+compute dtype is already fp32) sharded over data parallel; all of it split ``t`` ways by tensor parallel.
+Residuals (activations a forward keeps for its backward) are held per microbatch in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.ir import LayerCost, Layout, Workload
+from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
+from hardware_profiles.types import Link, MeshSpec
+
+GRAD_BYTES_PER_PARAM = 4.0
+"""fp32 gradient accumulation buffer (Megatron-LM mixed precision; Micikevicius et al. 2018)."""
+
+ADAM_BYTES_PER_PARAM_BF16 = 12.0
+"""fp32 master weights + Adam first and second moments (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1)."""
+
+ADAM_BYTES_PER_PARAM_FP32 = 8.0
+"""Adam m and v only: an fp32 model's weights are their own master copy."""
+
+ADAM_UPDATE_BYTES_PER_PARAM = 2 * 16.0
+"""Bytes an Adam step reads and writes per parameter it owns (master, m, v, grad read; master, m, v,
+weight written): about 2 x 16 bytes, memory-bound."""
+
+
+def compute_dtype(workload: Workload) -> str:
+    """The peak-rate key of the workload's compute dtype in device profiles."""
+    return "bf16" if workload.dtype_bytes == 2 else "fp32"
+
+
+def _flops_rate(mesh: MeshSpec, dtype: str) -> float:
+    dev = mesh.device
+    if dtype in dev.peak_flops:
+        return dev.achievable_flops(dtype)
+    # fp32 on accelerators without a published fp32 matmul rate: emulate through bf16 passes
+    # (TPU: three bf16 passes, per Google's "bfloat16" Cloud TPU docs); keep it explicit.
+    return dev.achievable_flops("bf16") / 3.0
+
+
+def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layout: Layout,
+               dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False
+               ) -> float:
+    """Seconds one device of ``mesh`` spends on ``kind`` of one layer for a ``samples`` microbatch.
+
+    Args:
+        kind: ``"F"``, ``"B"`` (the whole backward, or only the input gradient when
+            ``split_backward``) or ``"W"`` (weight gradient).
+        samples: samples in the microbatch (the whole mesh's share, before data parallel).
+        recompute: full activation recomputation: the B reruns the forward first (Chen et al.
+            2016, "Training Deep Nets with Sublinear Memory Cost"; Megatron-LM's full recompute).
+
+    No dispatch overhead is included (see :func:`fragment_overhead`).
+    """
+    d, t = layout.data, layout.tensor
+    per_dev = samples / d
+    if kind == "F":
+        flops = cost.fwd_flops_per_sample * per_dev
+        mem = cost.fwd_bytes_fixed + cost.fwd_bytes_per_sample * per_dev
+        tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev
+    elif kind == "B" or kind == "W":
+        bwd = cost.bwd_flops_per_sample
+        part = cost.bwd_input_flops_per_sample if kind == "B" else bwd - cost.bwd_input_flops_per_sample
+        share = (part / bwd if bwd > 0 else 0.0) if split_backward or kind == "W" else 1.0
+        flops = bwd * share * per_dev
+        mem = (cost.bwd_bytes_fixed + cost.bwd_bytes_per_sample * per_dev) * share
+        tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev if kind == "B" else 0.0
+    else:
+        raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
+    compute = flops / t / _flops_rate(mesh, dtype)
+    memory = mem / t / mesh.device.achievable_bandwidth
+    comm = all_reduce_time(tp_bytes, t, mesh.intra_link) if t > 1 else 0.0
+    if recompute and kind == "B":
+        return max(compute, memory) + comm + layer_time(cost, "F", samples, mesh, layout, dtype)
+    return max(compute, memory) + comm
+
+
+def fragment_overhead(mesh: MeshSpec) -> float:
+    """Fixed dispatch cost of launching one fragment on ``mesh``, seconds (profile data)."""
+    return mesh.device.fragment_overhead
+
+
+def transfer_time(nbytes: float, link: Link) -> float:
+    """Seconds to move ``nbytes`` over ``link``: latency + bytes / bandwidth."""
+    return link.latency + nbytes / link.bandwidth if nbytes > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Per-device bytes of a stage: static (weights, grads, optimizer) and residual per microbatch."""
+
+    static_bytes: float
+    residual_bytes_per_microbatch: float
+    activation_bytes_per_microbatch: float
+
+
+def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samples: float,
+                 recompute: bool = False) -> StageMemory:
+    """Per-device memory of layers ``[first, last)`` on a mesh with ``layout``.
+
+    ``samples`` is the microbatch size (the whole mesh's share). The activation term is the
+    stage's working set while a fragment runs: its largest layer output, for one microbatch.
+    With ``recompute`` a forward keeps only each layer's input, split over tensor parallel as
+    sequence parallelism does (Korthikanti et al. 2022).
+    """
+    d, t = layout.data, layout.tensor
+    params = sum(workload.layer(i).param_count for i in range(first, last))
+    weight_bytes = sum(workload.layer(i).param_bytes for i in range(first, last))
+    if workload.training:
+        adam = ADAM_BYTES_PER_PARAM_BF16 if workload.dtype_bytes == 2 else ADAM_BYTES_PER_PARAM_FP32
+        static = (weight_bytes + params * GRAD_BYTES_PER_PARAM + params * adam / d) / t
+        per_layer = [(workload.layer(i - 1).activation_bytes_per_sample if i > 0 else 0.0)
+                     if recompute else workload.layer(i).residual_bytes_per_sample
+                     for i in range(first, last)]
+        resid = sum(per_layer) * samples / d / t
+    else:
+        static = weight_bytes / t
+        resid = 0.0
+    act = max(workload.layer(i).activation_bytes_per_sample for i in range(first, last)) * samples / d
+    return StageMemory(static, resid, act)
+
+
+def grad_sync_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
+                   ) -> float:
+    """Data-parallel gradient all-reduce of layers ``[first, last)`` at the end of a step, seconds.
+
+    fp32 gradients, ring all-reduce over the ``data`` degree (a distributed optimizer's
+    reduce-scatter + all-gather moves the same bytes).
+    """
+    if not workload.training or layout.data <= 1:
+        return 0.0
+    params = sum(workload.layer(i).param_count for i in range(first, last))
+    return all_reduce_time(params * GRAD_BYTES_PER_PARAM / layout.tensor, layout.data,
+                           mesh.intra_link)
+
+
+def optimizer_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
+                   ) -> float:
+    """Adam step over the device's shard of layers ``[first, last)``, memory-bound, seconds."""
+    if not workload.training:
+        return 0.0
+    params = sum(workload.layer(i).param_count for i in range(first, last))
+    owned = params / (layout.data * layout.tensor)
+    return owned * ADAM_UPDATE_BYTES_PER_PARAM / mesh.device.achievable_bandwidth
+
+
+def usable_bytes(mesh: MeshSpec, headroom: float) -> float:
+    """Per-device memory a plan may use: capacity x (1 - headroom)."""
+    return mesh.device.memory_bytes * (1.0 - headroom)

@@ -1,0 +1,165 @@
+"""Cost a whole plan: every fragment, stage boundary, end-of-step op and memory term.
+
+:class:`PlanCosts` is the one place where a :class:`~compiler.ir.Plan`, its
+:class:`~compiler.ir.Workload` and the :class:`~hardware_profiles.types.Cluster` meet the cost model.
+The planner replays it analytically (its prediction) and the simulator lowers it into a
+:class:`~simulator.program.SimProgram` (its discrete-event replay); both read the same numbers, so a
+disagreement between them is a modelling difference (contention, streams), never a costing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from compiler.ir import FragmentRef, Plan, Workload
+from hardware_profiles.types import Cluster, MeshSpec
+from simulator import cost_model as cm
+
+
+class CostError(ValueError):
+    """A plan does not match its workload or cluster (the message names the bad value)."""
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    """All costs of ``plan`` for ``workload`` on ``cluster`` (seconds, bytes per device)."""
+
+    plan: Plan
+    workload: Workload
+    cluster: Cluster
+
+    def __post_init__(self) -> None:
+        for st in self.plan.stages:
+            if st.mesh not in self.cluster.meshes:
+                raise CostError(f"plan stage {st.index} names mesh {st.mesh!r}, which cluster "
+                                f"{self.cluster.name!r} lacks (meshes: {list(self.cluster.meshes)}); "
+                                f"re-plan for this cluster")
+            if not 0 <= st.first < st.last <= len(self.workload.layers):
+                raise CostError(f"plan stage {st.index} covers layers [{st.first}, {st.last}) but "
+                                f"model {self.workload.model!r} has {len(self.workload.layers)}")
+        for m, lay in self.plan.layouts.items():
+            mesh = self.cluster.meshes.get(m)
+            if mesh is None:
+                raise CostError(f"plan layout names mesh {m!r}, not in cluster {self.cluster.name!r}")
+            if lay.data * lay.tensor != mesh.num_devices:
+                raise CostError(f"plan layout {lay} on mesh {m!r} uses {lay.data * lay.tensor} "
+                                f"devices, the mesh has {mesh.num_devices}")
+
+    # ------------------------------------------------------------------ shapes
+    @cached_property
+    def samples(self) -> float:
+        """Samples per microbatch."""
+        return self.plan.global_batch / self.plan.microbatches
+
+    @cached_property
+    def dtype(self) -> str:
+        return cm.compute_dtype(self.workload)
+
+    def stage_mesh(self, stage: int) -> MeshSpec:
+        return self.cluster.meshes[self.plan.stages[stage].mesh]
+
+    def rank_mesh(self, rank: int) -> str:
+        return self.plan.rank_mesh[rank]
+
+    def recompute(self, mesh: str) -> bool:
+        return bool(self.plan.recompute.get(mesh, False)) and self.workload.training
+
+    @property
+    def last_stage(self) -> int:
+        return len(self.plan.stages) - 1
+
+    # ------------------------------------------------------------------ compute
+    @cached_property
+    def _stage_kind_time(self) -> dict[tuple[int, str], float]:
+        out: dict[tuple[int, str], float] = {}
+        split = self.plan.schedule.split_backward
+        for st in self.plan.stages:
+            mesh = self.cluster.meshes[st.mesh]
+            lay = self.plan.layouts[st.mesh]
+            rc = self.recompute(st.mesh)
+            for kind in ("F", "B", "W"):
+                out[(st.index, kind)] = sum(
+                    cm.layer_time(self.workload.layer(i), kind, self.samples, mesh, lay,
+                                  self.dtype, split_backward=split, recompute=rc)
+                    for i in range(st.first, st.last))
+        return out
+
+    def fragment_time(self, ref: FragmentRef) -> float:
+        """Seconds of fragment ``ref`` on its stage's mesh, dispatch overhead included.
+
+        When the last stage's F and B are merged, the pair pays one dispatch (on the F).
+        """
+        base = self._stage_kind_time[(ref.stage, ref.kind)]
+        merged_b = self.plan.merge_last_stage and ref.kind == "B" and ref.stage == self.last_stage
+        return base + (0.0 if merged_b else cm.fragment_overhead(self.stage_mesh(ref.stage)))
+
+    def fragment_flops(self, ref: FragmentRef) -> float:
+        """Model FLOP of fragment ``ref`` (all devices of its mesh together)."""
+        st = self.plan.stages[ref.stage]
+        total = 0.0
+        for i in range(st.first, st.last):
+            c = self.workload.layer(i)
+            if ref.kind == "F":
+                total += c.fwd_flops_per_sample
+            elif ref.kind == "W":
+                total += c.bwd_flops_per_sample - c.bwd_input_flops_per_sample
+            else:
+                total += (c.bwd_input_flops_per_sample if self.plan.schedule.split_backward
+                          else c.bwd_flops_per_sample)
+        return total * self.samples
+
+    # ------------------------------------------------------------------ transfers
+    def boundary(self, src_stage: int, dst_stage: int) -> tuple[str, float, float] | None:
+        """(link name, bytes, seconds) of the activation (or its gradient) crossing from
+        ``src_stage`` to ``dst_stage``, or None when both run on the same mesh."""
+        a, b = self.plan.stages[src_stage].mesh, self.plan.stages[dst_stage].mesh
+        if a == b:
+            return None
+        boundary_layer = self.plan.stages[min(src_stage, dst_stage)].last - 1
+        nbytes = self.workload.layer(boundary_layer).activation_bytes_per_sample * self.samples
+        ln = self.cluster.link_between(a, b)
+        return ln.name, nbytes, cm.transfer_time(nbytes, ln.link)
+
+    # ------------------------------------------------------------------ end of step
+    def _mesh_layers(self, mesh: str) -> list[tuple[int, int]]:
+        return [(s.first, s.last) for s in self.plan.stages if s.mesh == mesh]
+
+    def tail(self, mesh: str) -> tuple[tuple[str, float], ...]:
+        """The end-of-step ops of ``mesh``: (kind, seconds) for the gradient all-reduce and the
+        optimizer step (empty for forward-only workloads)."""
+        if not self.workload.training:
+            return ()
+        spec, lay = self.cluster.meshes[mesh], self.plan.layouts[mesh]
+        ar = sum(cm.grad_sync_time(self.workload, a, b, spec, lay) for a, b in self._mesh_layers(mesh))
+        opt = sum(cm.optimizer_time(self.workload, a, b, spec, lay) for a, b in self._mesh_layers(mesh))
+        return (("allreduce", ar), ("optimizer", opt))
+
+    # ------------------------------------------------------------------ memory
+    def stage_memory(self, stage: int) -> cm.StageMemory:
+        st = self.plan.stages[stage]
+        return cm.stage_memory(self.workload, st.first, st.last, self.plan.layouts[st.mesh],
+                               self.samples, self.recompute(st.mesh))
+
+    def static_bytes(self, mesh: str) -> float:
+        """Per-device static bytes of ``mesh``: weights, gradients, optimizer state of its stages."""
+        return sum(self.stage_memory(s.index).static_bytes for s in self.plan.stages if s.mesh == mesh)
+
+    def residual_bytes(self, ref: FragmentRef) -> float:
+        """Per-device bytes a forward of ``ref.stage`` keeps until its backward (0 for inference)."""
+        return self.stage_memory(ref.stage).residual_bytes_per_microbatch
+
+    def working_bytes(self, mesh: str) -> float:
+        """Per-device transient bytes: the largest activation of one microbatch on ``mesh``, twice
+        (a fragment's input and output are live together)."""
+        return 2 * max(self.stage_memory(s.index).activation_bytes_per_microbatch
+                       for s in self.plan.stages if s.mesh == mesh)
+
+    def capacity(self, mesh: str) -> float:
+        return self.cluster.meshes[mesh].device.memory_bytes
+
+    # ------------------------------------------------------------------ bounds
+    def roofline_step_time(self) -> float:
+        """Lower bound: the step's model FLOP over the cluster's summed dense peak FLOP/s."""
+        return self.workload.step_flops / self.cluster.peak_flops(self.dtype if self.dtype in
+                                                                  ("bf16",) else "bf16")
