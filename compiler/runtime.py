@@ -26,11 +26,12 @@ from typing import Any, Mapping, Sequence
 
 import jax
 
+from compiler.errors import CompilerError
 from compiler.exported import Call, ExportedProgram, Send
 from compiler.ir import Timeline, TimelineEvent
 
 
-class MpmdRuntimeError(RuntimeError):
+class MpmdRuntimeError(CompilerError, RuntimeError):
     """Base error of the runtime (a malformed program, a deadlock, a missing value)."""
 
 

@@ -1,0 +1,507 @@
+"""Calibrate a device profile and a cluster of local JAX devices by timing real fragments.
+
+What is measured (median of ``repeats`` runs each, ``block_until_ready`` for honest timing):
+
+- **fragments**: forward and backward (``jax.vjp``; the backward consumes the forward's residuals)
+  of the zoo's llama layers (``embed``, ``block``, ``head`` of :mod:`compiler.zoo.decoder`) at a few
+  microbatch sizes, on one mesh of ``devices_per_mesh`` devices with the batch split over ``data``
+  (the layout the plans use). Per-device FLOP and bytes come from XLA's own
+  ``compiled.cost_analysis()`` of the partitioned executable, as the cost model's do.
+- **fragment overhead**: the runtime's cost per step, from :func:`compiler.runtime.run_program`
+  running many one-element calls.
+- **memory bandwidth**: a memory-bound fragment (``a + b`` over 64 MiB per device) on the mesh.
+- **links**: ``jax.device_put`` between the meshes' shardings (bandwidth from a 16 MiB value,
+  latency from a 4-byte one), and between the two devices of one mesh (the intra-mesh link).
+- **host sharing**: ``k`` equal fragments on ``k`` different meshes dispatched together versus one
+  after the other; ``host_slots`` is that speed-up rounded down (at least 1). The runtime times one
+  step at a time (see :mod:`compiler.runtime`), and XLA's CPU runtime already spreads one fragment
+  over all cores, so concurrent meshes on one host buy little.
+
+Fit: the cost model's fragment time is ``overhead + max(flops / F, bytes / B)`` per device
+(``simulator.cost_model``); ``B`` is the memory-bound fragment's rate, and ``F`` minimises the squared
+error in seconds of that formula over the measured fragments (a log-spaced search). Efficiencies are ``F``
+and ``B`` over the profile's nominal peaks (see :func:`nominal_peaks`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from compiler.errors import CompilerError
+
+
+class CalibrationError(CompilerError):
+    """Calibration could not run (too few devices, a failed measurement); the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentTiming:
+    """One measured fragment: ``layer`` ``kind`` (F or B) for ``samples`` samples on one mesh.
+
+    ``flops`` / ``bytes`` are per device (XLA cost analysis of the partitioned executable);
+    ``seconds`` is the median wall time of one call, dispatch included.
+    """
+
+    layer: str
+    kind: str
+    samples: int
+    flops: float
+    bytes: float
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The fitted figures (SI units, per device of a ``devices_per_mesh``-device mesh)."""
+
+    peak_flops: float
+    achievable_flops: float
+    memory_bandwidth: float
+    achievable_bandwidth: float
+    fragment_overhead: float
+    link_bandwidth: float
+    link_latency: float
+    intra_bandwidth: float
+    intra_latency: float
+    concurrency_speedup: float
+    runtime_concurrency: float
+    host_slots: int
+    devices_per_mesh: int
+    cores: int
+    fragments: tuple[FragmentTiming, ...] = ()
+    fit_rel_error: float = 0.0
+    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
+
+    @property
+    def matmul_efficiency(self) -> float:
+        return min(1.0, self.achievable_flops / self.peak_flops)
+
+    @property
+    def memory_efficiency(self) -> float:
+        return min(1.0, self.achievable_bandwidth / self.memory_bandwidth)
+
+    def predict(self, flops: float, nbytes: float) -> float:
+        """The cost model's time for one fragment of ``flops`` / ``nbytes`` per device, s."""
+        return self.fragment_overhead + max(flops / self.achievable_flops,
+                                            nbytes / self.achievable_bandwidth)
+
+
+# --------------------------------------------------------------------------- timing helpers
+def _block(x: Any) -> None:
+    for leaf in jax.tree.leaves(x):
+        if hasattr(leaf, "block_until_ready"):
+            leaf.block_until_ready()
+
+
+def time_call(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int = 2) -> float:
+    """Median seconds of ``fn(*args)`` until ready, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        _block(fn(*args))
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        _block(fn(*args))
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def _cost(compiled: Any) -> tuple[float, float]:
+    ca = compiled.cost_analysis()
+    if isinstance(ca, (list, tuple)):
+        ca = ca[0]
+    return float(ca.get("flops", 0.0)), float(ca.get("bytes accessed", 0.0))
+
+
+def local_meshes(num_meshes: int, devices_per_mesh: int, axis: str = "data") -> list[Mesh]:
+    """``num_meshes`` meshes of consecutive local devices, one axis each.
+
+    Raises:
+        CalibrationError: fewer than ``num_meshes * devices_per_mesh`` devices.
+    """
+    devs = jax.devices()
+    need = num_meshes * devices_per_mesh
+    if len(devs) < need:
+        raise CalibrationError(f"calibration needs {need} devices, JAX has {len(devs)}; set "
+                               f"jax.config.update('jax_num_cpu_devices', {need}) before using JAX")
+    return [Mesh(np.array(devs[i * devices_per_mesh:(i + 1) * devices_per_mesh]), (axis,))
+            for i in range(num_meshes)]
+
+
+# --------------------------------------------------------------------------- measurements
+def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: str = "llama-tiny",
+                      repeats: int = 5) -> list[FragmentTiming]:
+    """Time F and B of the zoo model's embed, block and head layers on ``mesh`` (batch on axis 0)."""
+    from compiler.zoo.config import get_config
+    from compiler.zoo.decoder import block_fn, block_shapes, embed_fn, embed_shapes, head_fn, head_shapes
+    from compiler.zoo.layers import init_from_shapes
+
+    cfg = get_config(model)
+    axis = mesh.axis_names[0]
+    rep, bat = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
+    key = jax.random.PRNGKey(0)
+    params = {n: jax.device_put(init_from_shapes(s(cfg), cfg.jnp_dtype, key), rep)
+              for n, s in (("embed", embed_shapes), ("block", block_shapes), ("head", head_shapes))}
+    out: list[FragmentTiming] = []
+    for b in samples:
+        tok = jax.device_put(jnp.zeros((b, cfg.seq_len), jnp.int32), bat)
+        x = jax.device_put(jnp.ones((b, cfg.seq_len, cfg.hidden), cfg.jnp_dtype) * 0.1, bat)
+        layers = {
+            "embed": (lambda p, t: embed_fn(cfg)(p, t), (params["embed"], tok), (0,)),
+            "block": (lambda p, h: block_fn(cfg)(p, h), (params["block"], x), (0, 1)),
+            "head": (lambda p, h: head_fn(cfg)(p, h, tok), (params["head"], x), (0, 1)),
+        }
+        for name, (fn, args, diff) in layers.items():
+            fwd = jax.jit(fn)
+            f_flops, f_bytes = _cost(fwd.lower(*args).compile())
+            out.append(FragmentTiming(name, "F", b, f_flops, f_bytes,
+                                      time_call(fwd, *args, repeats=repeats)))
+
+            def fwd_vjp(*a, fn=fn, diff=diff):
+                d = [a[i] for i in diff]
+
+                def g(*dd):
+                    full = list(a)
+                    for i, v in zip(diff, dd):
+                        full[i] = v
+                    return fn(*full)
+                return jax.vjp(g, *d)
+
+            y, vjp_fn = jax.jit(fwd_vjp)(*args)
+            ct = jnp.ones_like(y)
+            bwd = jax.jit(lambda f, c: f(c))
+            b_flops, b_bytes = _cost(bwd.lower(vjp_fn, ct).compile())
+            out.append(FragmentTiming(name, "B", b, b_flops, b_bytes,
+                                      time_call(bwd, vjp_fn, ct, repeats=repeats)))
+    return out
+
+
+def measure_overhead(mesh: Mesh, calls: int = 200) -> float:
+    """Seconds per step of :func:`compiler.runtime.run_program` for one-element calls on ``mesh``."""
+    from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
+    from compiler.runtime import run_program
+
+    rep = NamedSharding(mesh, P())
+    fn = jax.jit(lambda a: (a + 1.0,))
+    steps = tuple(Call("inc", f"c{i}", "F", 0, i, (f"v{i}",), (f"v{i + 1}",)) for i in range(calls))
+    prog = ExportedProgram({"m": MeshProgram("m", steps)}, {"inc": Executable("inc", "m", fn)},
+                           (("v0", "m", rep),), ((f"v{calls}", "m"),))
+    x = jnp.zeros((1,), jnp.float32)
+    run_program(prog, (x,))
+    walls = [run_program(prog, (x,)).wall_s / calls for _ in range(3)]
+    return statistics.median(walls)
+
+
+def measure_bandwidth(mesh: Mesh, mib_per_device: int = 64, repeats: int = 5
+                      ) -> tuple[float, float]:
+    """(bytes per device, seconds) of a memory-bound ``a + b`` fragment on ``mesh``."""
+    n = mesh.devices.size * mib_per_device * 2**20 // 4
+    sh = NamedSharding(mesh, P(mesh.axis_names[0]))
+    a = jax.device_put(jnp.ones((n,), jnp.float32), sh)
+    b = jax.device_put(jnp.ones((n,), jnp.float32), sh)
+    f = jax.jit(lambda a, b: a + b)
+    _, nbytes = _cost(f.lower(a, b).compile())
+    return nbytes, time_call(f, a, b, repeats=repeats)
+
+
+def measure_stream(mib: int = 256, repeats: int = 5) -> float:
+    """The host's copy bandwidth (bytes read + written per second) with numpy, B/s."""
+    a = np.ones(mib * 2**20 // 8)
+    b = np.empty_like(a)
+    t = time_call(lambda: np.copyto(b, a), repeats=repeats)
+    return 2 * a.nbytes / t
+
+
+def measure_link(src: Any, dst: Any, big_mib: int = 16, repeats: int = 5) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of ``jax.device_put`` from sharding ``src`` to ``dst``."""
+    small = jax.device_put(jnp.zeros((1,), jnp.float32), src)
+    lat = time_call(lambda: jax.device_put(small, dst), repeats=repeats * 4)
+    big = jax.device_put(jnp.ones((big_mib * 2**20 // 4,), jnp.float32), src)
+    t = time_call(lambda: jax.device_put(big, dst), repeats=repeats)
+    return big.nbytes / max(t - lat, 1e-9), lat
+
+
+def measure_concurrency(meshes: Sequence[Mesh], samples: int = 4, repeats: int = 5) -> float:
+    """Speed-up of ``len(meshes)`` equal block forwards dispatched together over one at a time."""
+    from compiler.zoo.config import get_config
+    from compiler.zoo.decoder import block_fn, block_shapes
+    from compiler.zoo.layers import init_from_shapes
+
+    cfg = get_config("llama-tiny")
+    fn = jax.jit(block_fn(cfg))
+    args = []
+    for m in meshes:
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P(m.axis_names[0]))
+        p = jax.device_put(init_from_shapes(block_shapes(cfg), cfg.jnp_dtype, jax.random.PRNGKey(0)), rep)
+        x = jax.device_put(jnp.ones((samples, cfg.seq_len, cfg.hidden), cfg.jnp_dtype), bat)
+        args.append((p, x))
+
+    def serial():
+        for a in args:
+            _block(fn(*a))
+
+    def together():
+        _block([fn(*a) for a in args])
+
+    return time_call(serial, repeats=repeats) / time_call(together, repeats=repeats)
+
+
+def measure_runtime_concurrency(meshes: Sequence[Mesh], fragments: int = 6, samples: int = 2
+                                ) -> float:
+    """Fragments the runtime keeps running at once on average: busy time summed over meshes / wall.
+
+    Runs ``fragments`` independent block forwards on each of ``meshes`` through
+    :func:`compiler.runtime.run_program` (recorded, as ``mpmd run`` does).
+    """
+    from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
+    from compiler.runtime import run_program
+    from compiler.zoo.config import get_config
+    from compiler.zoo.decoder import block_fn, block_shapes
+    from compiler.zoo.layers import init_from_shapes
+
+    cfg = get_config("llama-tiny")
+    p0 = init_from_shapes(block_shapes(cfg), cfg.jnp_dtype, jax.random.PRNGKey(0))
+    leaves, tree = jax.tree.flatten(p0)
+    n = len(leaves)
+    fn = jax.jit(lambda *a: (block_fn(cfg)(jax.tree.unflatten(tree, a[:n]), a[n]),))
+    progs, execs, inputs, outputs, args = {}, {}, [], [], []
+    x0 = jnp.ones((samples, cfg.seq_len, cfg.hidden), cfg.jnp_dtype) * 0.1
+    for i, m in enumerate(meshes):
+        name = f"m{i}"
+        pn = tuple(f"p{i}.{j}" for j in range(n))
+        execs[name] = Executable(name, name, fn)
+        progs[name] = MeshProgram(name, tuple(
+            Call(name, f"F{i}.{k}", "F", i, k, pn + (f"x{i}.{k}",), (f"x{i}.{k + 1}",))
+            for k in range(fragments)))
+        inputs += [(v, name, NamedSharding(m, P())) for v in pn]
+        inputs.append((f"x{i}.0", name, NamedSharding(m, P(m.axis_names[0]))))
+        outputs.append((f"x{i}.{fragments}", name))
+        args += list(leaves) + [x0]
+    prog = ExportedProgram(progs, execs, tuple(inputs), tuple(outputs))
+    run_program(prog, args)
+    ex = run_program(prog, args)
+    busy = sum(e.duration_s for e in ex.timeline.events)
+    return busy / ex.wall_s
+
+
+# --------------------------------------------------------------------------- fit
+def nominal_peaks(devices_per_mesh: int, cores: int | None = None, ghz: float | None = None
+                  ) -> tuple[float, float, str]:
+    """(peak FLOP/s per device, source text, ghz used) of this CPU for float32.
+
+    Peak of the host = cores x GHz x FLOP per cycle per core, where FLOP per cycle is
+    2 FMA units x 16 float32 lanes x 2 with AVX-512 (Intel 64 and IA-32 Architectures Optimization
+    Reference Manual: two 512-bit FMA ports on server cores), 2 x 8 x 2 with AVX2 only. A fragment
+    has the whole host while it runs (one at a time), so a device of a ``devices_per_mesh`` mesh
+    gets ``1 / devices_per_mesh`` of it.
+    """
+    cores = cores or os.cpu_count() or 1
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            txt = f.read()
+        flags = next((l for l in txt.splitlines() if l.startswith("flags")), "")
+        if ghz is None:
+            mhz = [float(l.split(":")[1]) for l in txt.splitlines() if l.startswith("cpu MHz")]
+            ghz = mhz[0] / 1000 if mhz else None
+    except OSError:
+        pass
+    ghz = ghz or 2.0
+    per_cycle = 64 if "avx512f" in flags else (32 if "avx2" in flags else 8)
+    host = cores * ghz * 1e9 * per_cycle
+    src = (f"{cores} cores x {ghz:.2f} GHz (/proc/cpuinfo) x {per_cycle} float32 FLOP/cycle "
+           f"({'AVX-512' if per_cycle == 64 else 'AVX2' if per_cycle == 32 else 'SSE'} FMA) = "
+           f"{host / 1e9:.0f} GFLOP/s per host, / {devices_per_mesh} devices per mesh")
+    return host / devices_per_mesh, src, ghz
+
+
+def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float
+              ) -> tuple[float, float]:
+    """(achievable FLOP/s, relative rms error) of the roofline model over ``frags``.
+
+    Minimises the squared error in seconds (so the fragments that dominate a step dominate the fit),
+    by a log-spaced search over 1e8..1e12 FLOP/s; the error returned is
+    ``sqrt(sum((pred - t)^2) / sum(t^2))``.
+    """
+    frags = [f for f in frags if f.seconds > 0]
+    if not frags:
+        raise CalibrationError("no fragment timings to fit; measure some fragments first")
+    norm = sum(f.seconds ** 2 for f in frags)
+
+    def err(F: float) -> float:
+        return math.sqrt(sum((overhead + max(f.flops / F, f.bytes / bandwidth) - f.seconds) ** 2
+                             for f in frags) / norm)
+
+    grid = [10 ** (8 + i / 400) for i in range(0, 1601)]
+    best = min(grid, key=err)
+    return best, err(best)
+
+
+def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequence[int] = (2, 4, 8),
+              repeats: int = 5) -> Calibration:
+    """Run every measurement on the local devices and fit the profile (see the module docstring).
+
+    Raises:
+        CalibrationError: too few devices.
+    """
+    meshes = local_meshes(num_meshes, devices_per_mesh)
+    frags = measure_fragments(meshes[0], samples, repeats=repeats)
+    overhead = measure_overhead(meshes[0])
+    nbytes, t_mem = measure_bandwidth(meshes[0], repeats=repeats)
+    achievable_bw = nbytes / max(t_mem - overhead, 1e-9)
+    stream = measure_stream(repeats=repeats) / devices_per_mesh
+    ach_flops, rms = fit_flops(frags, overhead, achievable_bw)
+    peak, _, _ = nominal_peaks(devices_per_mesh)
+    rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
+    link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
+    d0, d1 = meshes[0].devices.flat[0], meshes[0].devices.flat[-1]
+    intra_bw, intra_lat = measure_link(jax.sharding.SingleDeviceSharding(d0),
+                                       jax.sharding.SingleDeviceSharding(d1), repeats=repeats)
+    speed = measure_concurrency(meshes[:2], repeats=repeats)
+    achieved = measure_runtime_concurrency(meshes[:2])
+    return Calibration(
+        peak_flops=peak, achievable_flops=ach_flops, memory_bandwidth=max(stream, achievable_bw),
+        achievable_bandwidth=achievable_bw, fragment_overhead=overhead, link_bandwidth=link_bw,
+        link_latency=link_lat, intra_bandwidth=intra_bw, intra_latency=intra_lat,
+        concurrency_speedup=speed, runtime_concurrency=achieved,
+        host_slots=max(1, int(round(achieved))),
+        devices_per_mesh=devices_per_mesh, cores=os.cpu_count() or 1, fragments=tuple(frags),
+        fit_rel_error=rms)
+
+
+# --------------------------------------------------------------------------- profile files
+DEVICE_ID = "cpu-host"
+CLUSTER_ID = "cpu4x2"
+COMMAND = "mpmd calibrate (compiler.calibrate.calibrate_command)"
+
+
+def device_yaml(cal: Calibration) -> dict[str, Any]:
+    """The ``cpu-host`` device profile (the loader's file format) from a calibration."""
+    peak, peak_src, _ = nominal_peaks(cal.devices_per_mesh, cal.cores)
+    mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    blocks = sorted({(f.layer, f.kind) for f in cal.fragments})
+    where = (f"measured {cal.date} on this machine ({cal.cores} cores shared by 8 JAX CPU devices) "
+             f"by {COMMAND}")
+    return {
+        "name": DEVICE_ID,
+        "vendor": "local",
+        "description": (f"One JAX CPU device of this machine ({cal.cores} cores, 8 CPU devices), "
+                        f"as used in meshes of {cal.devices_per_mesh}; figures per device while its "
+                        f"mesh runs one fragment on the whole host."),
+        "peak_tflops": {
+            "fp32": {"value": round(peak / 1e12, 6), "source": peak_src},
+            "bf16": {"value": round(peak / 1e12, 6),
+                     "source": "the fp32 figure: XLA:CPU runs these fragments' dots in float32"},
+        },
+        "memory_gb": {"value": round(mem_total / 8 / 1e9, 3),
+                      "source": "this machine's RAM (os.sysconf) / 8 CPU devices"},
+        "memory_bandwidth_gb_per_s": {
+            "value": round(cal.memory_bandwidth / 1e9, 4),
+            "source": (f"{where}: numpy copy of 256 MiB (read + write) / {cal.devices_per_mesh} "
+                       f"devices per mesh")},
+        "scale_up": {
+            "bandwidth_gb_per_s_per_direction": {
+                "value": round(cal.intra_bandwidth / 1e9, 4),
+                "source": f"{where}: jax.device_put of 16 MiB between two CPU devices"},
+            "latency_us": {"value": round(cal.intra_latency * 1e6, 2),
+                           "source": f"{where}: jax.device_put of 4 bytes between two CPU devices"},
+            "topology": "shared memory of one host",
+        },
+        "scale_out": {"bandwidth_gbit_per_s_per_direction": {
+            "value": round(cal.link_bandwidth * 8 / 1e9, 4),
+            "source": f"{where}: jax.device_put of 16 MiB between two meshes"}},
+        "tdp_w": {"value": 10.0, "source": ("unknown: this virtual machine names no CPU model; a "
+                                            "nominal 10 W per device, not for power reports")},
+        "efficiency": {
+            "matmul": {"value": round(cal.matmul_efficiency, 5), "origin": (
+                f"{where}: achievable {cal.achievable_flops / 1e9:.2f} GFLOP/s per device fitted "
+                f"(least squares in seconds, relative rms error {cal.fit_rel_error:.3f}) to "
+                f"{len(cal.fragments)} fragments ({', '.join(f'{l} {k}' for l, k in blocks)} of "
+                f"llama-tiny at {sorted({f.samples for f in cal.fragments})} samples, data-parallel "
+                f"over {cal.devices_per_mesh} devices; FLOP and bytes from XLA cost_analysis) with "
+                f"the roofline overhead + max(flops/F, bytes/B)")},
+            "memory": {"value": round(cal.memory_efficiency, 5), "origin": (
+                f"{where}: a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
+                f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device")},
+            "fragment_overhead_us": {"value": round(cal.fragment_overhead * 1e6, 2), "origin": (
+                f"{where}: compiler.runtime.run_program per step, 200 one-element calls")},
+        },
+    }
+
+
+def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
+    """The ``cpu4x2`` cluster: ``num_meshes`` meshes of ``devices_per_mesh`` CPU devices, one host."""
+    where = f"measured {cal.date} by {COMMAND}"
+    return {
+        "name": CLUSTER_ID,
+        "description": (
+            f"{num_meshes} meshes of {cal.devices_per_mesh} JAX CPU devices, all on this machine's "
+            f"{cal.cores} cores (host 'local'). host_slots = {cal.host_slots}: the runtime keeps "
+            f"{cal.runtime_concurrency:.2f} fragments running on average (it times one step at a "
+            f"time); XLA alone ran 2 meshes' fragments {cal.concurrency_speedup:.2f}x faster "
+            f"together than one after the other ({where})."),
+        "meshes": [{"name": f"m{i}", "device": DEVICE_ID, "num_devices": cal.devices_per_mesh,
+                    "axes": {"data": cal.devices_per_mesh}, "host": "local",
+                    "intra_link": {"bandwidth_gb_per_s": round(cal.intra_bandwidth / 1e9, 4),
+                                   "latency_us": round(cal.intra_latency * 1e6, 2),
+                                   "source": f"{where}: device_put between two CPU devices"}}
+                   for i in range(num_meshes)],
+        "default_link": {"bandwidth_gb_per_s": round(cal.link_bandwidth / 1e9, 4),
+                         "latency_us": round(cal.link_latency * 1e6, 2),
+                         "source": f"{where}: device_put between two meshes' shardings"},
+        "host_slots": {"local": cal.host_slots},
+    }
+
+
+def write_profiles(cal: Calibration, device_path: str, cluster_path: str) -> None:
+    """Write :func:`device_yaml` and :func:`cluster_yaml` to the given paths."""
+    import yaml
+
+    for path, data, head in ((device_path, device_yaml(cal), f"Device profile {DEVICE_ID}"),
+                             (cluster_path, cluster_yaml(cal), f"Cluster {CLUSTER_ID}")):
+        with open(path, "w") as f:
+            f.write(f"# {head}: calibrated on this machine by {COMMAND}; regenerate, do not edit.\n")
+            yaml.safe_dump(data, f, sort_keys=False, width=100)
+
+
+def calibrate_command(device_out: str = "hardware_profiles/devices/cpu-host.yaml",
+                      cluster_out: str = "hardware_profiles/clusters/cpu4x2.yaml", *,
+                      repeats: int = 5, write: bool = True, console: Any = None) -> Calibration:
+    """``mpmd calibrate``: measure, fit, print a table and (by default) write both YAML files."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cal = calibrate(repeats=repeats)
+    console = console or Console()
+    t = Table(title="fragment timings (per device of a mesh)")
+    for c in ("layer", "kind", "samples", "GFLOP", "MB", "measured ms", "model ms"):
+        t.add_column(c, justify="right")
+    for f in cal.fragments:
+        t.add_row(f.layer, f.kind, str(f.samples), f"{f.flops / 1e9:.3f}", f"{f.bytes / 1e6:.2f}",
+                  f"{f.seconds * 1e3:.3f}", f"{cal.predict(f.flops, f.bytes) * 1e3:.3f}")
+    console.print(t)
+    console.print(
+        f"achievable {cal.achievable_flops / 1e9:.2f} GFLOP/s/device (efficiency "
+        f"{cal.matmul_efficiency:.3f}), {cal.achievable_bandwidth / 1e9:.2f} GB/s/device "
+        f"(efficiency {cal.memory_efficiency:.3f}), overhead {cal.fragment_overhead * 1e6:.1f} us, "
+        f"link {cal.link_bandwidth / 1e9:.2f} GB/s + {cal.link_latency * 1e6:.1f} us, host_slots "
+        f"{cal.host_slots} (runtime concurrency {cal.runtime_concurrency:.2f}, XLA concurrency "
+        f"speed-up {cal.concurrency_speedup:.2f}), fit error {cal.fit_rel_error:.3f}")
+    if write:
+        write_profiles(cal, device_out, cluster_out)
+        console.print(f"wrote {device_out} and {cluster_out}")
+    return cal
+
+
+if __name__ == "__main__":  # python -m compiler.calibrate
+    jax.config.update("jax_num_cpu_devices", 8)
+    calibrate_command()

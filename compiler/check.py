@@ -1,0 +1,123 @@
+"""Checks of a measured MPMD run against its plan, a plain ``jax.jit`` reference and the simulation.
+
+(a) :func:`rel_error` / :func:`max_rel_error`: outputs equal to the reference, ``||a - b|| / ||b||``
+    per leaf (float64 accumulation).
+(b) :func:`order_mismatches`: the executed per-mesh fragment order equals the plan's.
+(c) :func:`executable_counts`: one compiled executable per unique fragment body per mesh.
+(d) :func:`step_time_error`: measured vs simulated step time, ``|measured - simulated| / measured``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from compiler.exported import Call, ExportedProgram
+from compiler.ir import Plan
+
+FRAGMENT_KINDS = ("F", "B", "W", "FB")
+
+
+def rel_error(a: Any, b: Any) -> float:
+    """``||a - b|| / ||b||`` over one array (0 when both are zero)."""
+    a = np.asarray(jax.device_get(a), np.float64)
+    b = np.asarray(jax.device_get(b), np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}; compare the same outputs")
+    nb = float(np.linalg.norm(b))
+    diff = float(np.linalg.norm(a - b))
+    return diff / nb if nb > 0 else diff
+
+
+def max_rel_error(a: Any, b: Any) -> float:
+    """Largest :func:`rel_error` over the leaves of two pytrees of equal structure."""
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    if len(la) != len(lb):
+        raise ValueError(f"pytrees differ: {len(la)} vs {len(lb)} leaves")
+    return max((rel_error(x, y) for x, y in zip(la, lb)), default=0.0)
+
+
+def _fragment_names(plan_order: Sequence[Any]) -> tuple[str, ...]:
+    return tuple(str(f) for f in plan_order)
+
+
+def executed_fragments(names: Sequence[str]) -> tuple[str, ...]:
+    """The plan-level fragments of an executed call list: ``"F1.0"`` stays, a merged ``"FB3.1"``
+    (or ``"F3.1+B3.1"``) becomes ``"F3.1", "B3.1"``; calls that are not fragments are dropped."""
+    out: list[str] = []
+    for n in names:
+        for part in n.split("+"):
+            kind = part.rstrip("0123456789.")
+            rest = part[len(kind):]
+            if kind in ("F", "B", "W") and "." in rest:
+                out.append(part)
+            elif kind == "FB" and "." in rest:
+                out += [f"F{rest}", f"B{rest}"]
+    return tuple(out)
+
+
+def order_mismatches(plan: Plan, executed: Mapping[str, Sequence[str]]) -> list[str]:
+    """Meshes whose executed fragment order differs from the plan's, as one line each."""
+    bad = []
+    for r, mesh in enumerate(plan.rank_mesh):
+        want = _fragment_names(plan.schedule.order[r])
+        got = executed_fragments(executed.get(mesh, ()))
+        if got != want:
+            i = next((k for k, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+            bad.append(f"{mesh}: position {i}: executed {got[i:i + 3]} but the plan has {want[i:i + 3]}")
+    return bad
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutableCount:
+    """Per mesh: compiled executables, and the unique fragment bodies plus other executables."""
+
+    mesh: str
+    executables: int
+    unique_bodies: int
+    other: int
+    shared_wrongly: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.executables == self.unique_bodies + self.other and not self.shared_wrongly
+
+
+def executable_counts(exported: ExportedProgram, plan: Plan,
+                      bodies: Sequence[str]) -> dict[str, ExecutableCount]:
+    """Count executables per mesh against the unique fragment bodies its calls need.
+
+    A fragment call's body is its kind plus the bodies of its stage's layers (``bodies[i]`` is the
+    unique body of layer ``i``, e.g. ``compiler.ir.Workload.layers``); the stage's position (first or
+    last, which hold the embedding or the loss) is part of its layers. Calls of other kinds
+    (inferred code, accumulation) count once per distinct executable.
+    """
+    stage_bodies = {s.index: tuple(bodies[s.first:s.last]) for s in plan.stages}
+    out: dict[str, ExecutableCount] = {}
+    for mesh, prog in exported.programs.items():
+        groups: dict[tuple, set[str]] = {}
+        other: set[str] = set()
+        for st in prog.steps:
+            if not isinstance(st, Call):
+                continue
+            if st.kind in FRAGMENT_KINDS and st.stage in stage_bodies:
+                groups.setdefault((st.kind, stage_bodies[st.stage]), set()).add(st.executable)
+            else:
+                other.add(st.executable)
+        frag_keys = set().union(*groups.values()) if groups else set()
+        other -= frag_keys
+        shared: list[str] = [f"{k[0]} of {len(k[1])} layers uses {sorted(v)}"
+                             for k, v in groups.items() if len(v) > 1]
+        n = sum(1 for e in exported.executables.values() if e.mesh == mesh)
+        out[mesh] = ExecutableCount(mesh, n, len(groups), len(other), tuple(shared))
+    return out
+
+
+def step_time_error(measured_s: float, simulated_s: float) -> float:
+    """``|measured - simulated| / measured``."""
+    if measured_s <= 0:
+        raise ValueError(f"measured step time {measured_s} s must be positive")
+    return abs(measured_s - simulated_s) / measured_s
