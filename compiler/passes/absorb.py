@@ -5,21 +5,54 @@ Applied to a fixed point, over user fragments ``rf`` (root fragments):
 1. an inferred producer ``ipf`` whose closest (first) consumer is ``rf`` is merged into ``rf``;
 2. an inferred consumer ``icf`` whose closest (last) producer is ``rf`` is merged into ``rf``.
 
-Guard (ours): an inferred fragment is absorbed only if every user fragment it reads from
-(pattern 2) or feeds (pattern 1) has ``rf``'s call counter, so code that combines microbatches
-(gradient accumulation) or is shared by them (a weight cast) stays a separate inferred fragment
-instead of tying one microbatch's fragment to another's and defeating the schedule.
+First, an inferred fragment without operands (a constant, e.g. the loss cotangent shared by all
+microbatches) is cloned into each user fragment that reads it (``clone_inferred_fragments`` of
+``-mpmd-merge-inferred-fragments``), so every microbatch's fragment computes it itself.
+
+Guard (ours): an inferred fragment is absorbed only if every user fragment it is connected to
+through inferred code only (upstream or downstream) has ``rf``'s call counter, so code that combines
+microbatches (gradient and loss accumulation) or is shared by them (a weight cast, the loss
+cotangent) stays a separate inferred fragment instead of tying one microbatch's fragment to
+another's and defeating the schedule.
 """
 
 from __future__ import annotations
 
-from compiler.passes._util import merge_pair
-from compiler.program import Fragment, Program, producers, users
+from dataclasses import replace
+
+from compiler.passes._util import merge_pair, refresh_outputs
+from compiler.program import Fragment, Program, fresh, producers, users
+
+
+def _taint(p: Program) -> list[set]:
+    """Per op: call counters of user fragments reachable through non-user ops (up or down)."""
+    up: dict[str, set] = {}
+    down: dict[str, set] = {}
+    res: list[set] = [set() for _ in p.ops]
+    for i, op in enumerate(p.ops):
+        if isinstance(op, Fragment) and op.is_user:
+            s = {op.call_counter}
+        else:
+            s = set().union(*(up.get(v, set()) for v in op.inputs))
+            res[i] |= s
+        for v in op.outputs:
+            up[v] = s
+    for i in range(len(p.ops) - 1, -1, -1):
+        op = p.ops[i]
+        if isinstance(op, Fragment) and op.is_user:
+            s = {op.call_counter}
+        else:
+            s = set().union(*(down.get(v, set()) for v in op.outputs))
+            res[i] |= s
+        for v in op.inputs:
+            down.setdefault(v, set()).update(s)
+    return res
 
 
 def _step(p: Program) -> Program | None:
     prod = producers(p)
     use = users(p)
+    taint = _taint(p)
     for i, f in enumerate(p.ops):
         if not isinstance(f, Fragment) or f.is_user:
             continue
@@ -28,24 +61,50 @@ def _step(p: Program) -> Program | None:
         if cons:
             rf = p.ops[cons[0]]
             if isinstance(rf, Fragment) and rf.is_user and rf.mesh == f.mesh:
-                ccs = {p.ops[j].call_counter for j in cons
-                       if isinstance(p.ops[j], Fragment) and p.ops[j].is_user}
-                if ccs == {rf.call_counter}:
+                if taint[i] <= {rf.call_counter}:
                     return merge_pair(p, i, cons[0], at="last")
         # (2) closest producer
         prods = sorted({prod[v] for v in f.inputs if v in prod})
         if prods:
             rf = p.ops[prods[-1]]
             if isinstance(rf, Fragment) and rf.is_user and rf.mesh == f.mesh:
-                ccs = {p.ops[j].call_counter for j in prods
-                       if isinstance(p.ops[j], Fragment) and p.ops[j].is_user}
-                if ccs == {rf.call_counter}:
+                if taint[i] <= {rf.call_counter}:
                     return merge_pair(p, prods[-1], i, at="first")
     return None
 
 
+def clone_operandless(p: Program) -> Program:
+    """Clone every operand-free inferred fragment into the user fragments that read it."""
+    src = {v: op for op in p.ops if isinstance(op, Fragment) and not op.is_user and not op.inputs
+           for v in op.outputs}
+    if not src:
+        return p
+    types = dict(p.types)
+    ops = []
+    for op in p.ops:
+        if isinstance(op, Fragment) and op.is_user and any(v in src for v in op.inputs):
+            frags = list(dict.fromkeys(src[v] for v in op.inputs if v in src))
+            ren: dict[str, str] = {}
+            pre = []
+            for f in frags:
+                local = {}
+                for e in f.body:
+                    for o in e.outputs:
+                        local[o] = fresh("k")
+                        types[local[o]] = types[o]
+                    pre.append(e.rename(local))
+                ren.update(local)
+            body = tuple(pre) + tuple(replace(e, inputs=tuple(
+                ren.get(a, a) if isinstance(a, str) else a for a in e.inputs)) for e in op.body)
+            op = replace(op, inputs=tuple(v for v in op.inputs if v not in ren), body=body)
+        ops.append(op)
+    return refresh_outputs(p.with_ops(ops, types=types))
+
+
 def absorb_inferred_fragments(p: Program) -> Program:
-    """Merge inferred fragments into user fragments until nothing changes."""
+    """Clone operand-free inferred fragments into their user readers, then merge inferred
+    fragments into user fragments until nothing changes (dead clones are left to DCE)."""
+    p = clone_operandless(p)
     while True:
         q = _step(p)
         if q is None:

@@ -4,7 +4,7 @@
   mesh, stage, transpose count, part and call counter become one fragment (a stage is the set of
   named computations assigned to one mesh); it raises ``MergeError`` when a stage is not contiguous.
 - :func:`merge_forward_backward` (``-mpmd-merge-forward-with-backward``): a forward fragment
-  immediately followed on its mesh by a backward fragment of the same stage and call counter that
+  immediately followed on its mesh (among user fragments) by a backward fragment of the same stage and call counter that
   consumes it is merged with it (the last stage of 1F1B).
 - :func:`merge_by_rules` (``-mpmd-rule-based-merge``): consecutive user fragments of a mesh
   matching a rule ``(lhs_pattern, rhs_pattern)`` or a predicate ``should_merge(lhs, rhs)``.
@@ -44,10 +44,12 @@ def merge_stages(p: Program) -> Program:
             return p
 
 
-def _mesh_pairs(p: Program, user_only: bool = True):
+def _mesh_pairs(p: Program):
+    """Consecutive user fragments of each mesh (inferred fragments and transfers in between are
+    skipped; ``merge_pair`` moves them or refuses when that would make a cycle)."""
     last: dict[str, int] = {}
     for j, f in enumerate(p.ops):
-        if not isinstance(f, Fragment):
+        if not (isinstance(f, Fragment) and f.is_user):
             continue
         i = last.get(f.mesh)
         last[f.mesh] = j
@@ -65,7 +67,10 @@ def merge_forward_backward(p: Program) -> Program:
             if (a.is_user and b.is_user and a.kind == "F" and b.kind in ("B", "FB")
                     and a.stage == b.stage and a.call_counter == b.call_counter
                     and set(a.outputs) & set(b.inputs)):
-                p = merge_pair(p, i, j, at="last")
+                try:
+                    p = merge_pair(p, i, j, at="last")
+                except MergeError:
+                    continue
                 changed = True
                 break
     return p
