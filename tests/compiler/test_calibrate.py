@@ -1,0 +1,80 @@
+"""Tests of compiler.calibrate: the roofline fit, the runtime measurements, the profile files."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+import yaml
+
+from compiler.calibrate import (Calibration, FragmentTiming, cluster_yaml, device_yaml, fit_flops,
+                                local_meshes, measure_overhead, measure_runtime_concurrency,
+                                write_profiles, CalibrationError)
+from compiler.run import load_cluster
+from hardware_profiles.loader import load_device
+
+
+def _cal(**kw) -> Calibration:
+    base = dict(peak_flops=1.664e11, achievable_flops=5e10, memory_bandwidth=1e10,
+                achievable_bandwidth=3e9, fragment_overhead=1e-4, link_bandwidth=1e9,
+                link_latency=1e-4, intra_bandwidth=2e9, intra_latency=5e-5,
+                concurrency_speedup=1.1, runtime_concurrency=0.99, host_slots=1,
+                devices_per_mesh=2, cores=2,
+                fragments=(FragmentTiming("block", "F", 2, 1e9, 3e7, 0.02),), fit_rel_error=0.1)
+    base.update(kw)
+    return Calibration(**base)
+
+
+def test_fit_recovers_the_rate_of_synthetic_roofline_timings():
+    F, B, o = 4e10, 3e9, 2e-4
+    frags = [FragmentTiming("block", k, s, f, b, o + max(f / F, b / B))
+             for k, s, f, b in (("F", 2, 1e9, 3e7), ("B", 2, 2e9, 1e8), ("F", 8, 4e9, 9e7),
+                                ("B", 8, 8e9, 3e8), ("F", 1, 1e5, 8e6))]
+    got, err = fit_flops(frags, o, B)
+    assert got == pytest.approx(F, rel=0.01)
+    assert err < 0.01
+    with pytest.raises(CalibrationError, match="no fragment timings"):
+        fit_flops([], o, B)
+
+
+def test_predict_is_the_cost_models_roofline():
+    c = _cal()
+    assert c.predict(1e9, 0.0) == pytest.approx(1e-4 + 1e9 / 5e10)
+    assert c.predict(0.0, 3e9) == pytest.approx(1e-4 + 1.0)
+    assert c.matmul_efficiency == pytest.approx(5e10 / 1.664e11)
+
+
+def test_profiles_written_load_with_measured_origins(tmp_path):
+    dev, clu = tmp_path / "cpu-host.yaml", tmp_path / "cpu4x2.yaml"
+    write_profiles(_cal(), str(dev), str(clu))
+    d = load_device(dev)
+    assert d.achievable_flops("fp32") == pytest.approx(5e10, rel=1e-3)
+    assert d.fragment_overhead == pytest.approx(1e-4)
+    for k in ("matmul_efficiency", "memory_efficiency", "fragment_overhead"):
+        assert d.sources[k].startswith("measured")
+    data = yaml.safe_load(clu.read_text())
+    assert data["host_slots"] == {"local": 1}
+    assert [m["host"] for m in data["meshes"]] == ["local"] * 4
+    assert cluster_yaml(_cal(host_slots=2))["host_slots"] == {"local": 2}
+    assert device_yaml(_cal())["efficiency"]["matmul"]["origin"].startswith("measured")
+
+
+def test_shipped_cluster_and_profile_are_calibrated():
+    c = load_cluster("hardware_profiles/clusters/cpu4x2.yaml")
+    assert list(c.meshes) == ["m0", "m1", "m2", "m3"]
+    assert all(m.num_devices == 2 and m.host == "local" for m in c.meshes.values())
+    assert c.host_slots["local"] >= 1
+    dev = c.meshes["m0"].device
+    assert dev.name == "cpu-host"
+    assert "measured" in dev.sources["matmul_efficiency"]
+    assert 1e8 < dev.achievable_flops("fp32") < 1e12
+
+
+def test_runtime_measurements_on_local_devices():
+    meshes = local_meshes(2, 2)
+    o = measure_overhead(meshes[0], calls=50)
+    assert 0 < o < 0.01
+    # the recording runtime runs one step at a time: concurrency is 1, never 2
+    conc = measure_runtime_concurrency(meshes, fragments=2, samples=2)
+    assert 0.5 < conc <= 1.0001
+    with pytest.raises(CalibrationError, match="needs 100 devices"):
+        local_meshes(50, 2)
