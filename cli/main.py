@@ -16,8 +16,8 @@ from rich.console import Console
 
 from cli.output import write_atomic
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 120)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

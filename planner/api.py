@@ -181,7 +181,7 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
                            f"pass --global-batch with more divisors")
     pre, nb, post = _split_layers(w)
     combos = [(s, m) for m in counts for s in scheds
-              if not (s == "interleaved-1f1b" and (m % len(meshes) or nb % opts.virtual_stages))]
+              if not (s == "interleaved-1f1b" and nb % opts.virtual_stages)]
     tried: list[tuple[str, int, float | None]] = []
     best: tuple[float, Plan, Prediction] | None = None
     for n, (sched, mb) in enumerate(combos):

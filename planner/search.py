@@ -153,6 +153,10 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1)
     model.AddExactlyOne(last)
     n_used = model.NewIntVar(1, nm, "num_meshes")
     model.Add(n_used == sum(used))
+    if c.schedule == "interleaved-1f1b":
+        # Megatron-LM's interleaved schedule needs the microbatch count to be a multiple of the ranks
+        ok = [p for p in range(1, nm + 1) if M % p == 0]
+        model.AddLinearExpressionInDomain(n_used, cp_model.Domain.FromValues(ok))
 
     # pipeline order: a circuit over a depot (node 0) and the meshes (nodes 1..nm)
     arcs, comm_terms = [], []
@@ -177,6 +181,17 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1)
             for j in range(nm):
                 if i != j:
                     model.Add(nblk[i] - nblk[j] <= 1).OnlyEnforceIf([used[i], used[j]])
+
+    # symmetry breaking: interchangeable meshes (same options, same links to every other mesh)
+    # are used in index order and appear in the pipeline in index order
+    for i in range(nm):
+        for j in range(i + 1, nm):
+            same = c.options[i] == c.options[j] and all(
+                c.comm_s[i][k] == c.comm_s[j][k] and c.comm_s[k][i] == c.comm_s[k][j]
+                for k in range(nm) if k not in (i, j))
+            if same and c.meshes[j] not in c.required_meshes:
+                model.AddImplication(used[j], used[i])
+                model.Add(pos[i] < pos[j]).OnlyEnforceIf([used[i], used[j]])
 
     merge = model.NewBoolVar("merge_last_stage")
     if not c.mergeable:
@@ -217,6 +232,7 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1)
                       <= int(o.capacity / MB)).OnlyEnforceIf(sel[i][k])
         model.Add(mx >= tm[i])
         model.Add(tail_mx >= tail[i])
+    model.Add(nm * mx >= sum(tm))      # redundant: tightens the bound of the max
     total = sum(tm) + sum(comm_terms)
     # v * step = v*M*max + (sum - max) + v*tail   (integer form of the docstring's formula)
     model.Minimize(v * M * mx + total - mx + v * tail_mx)
