@@ -104,6 +104,8 @@ class MeshSpec:
         host: name of the host whose compute this mesh shares with other meshes (None: its own
             devices). Meshes on one host run at most ``Cluster.host_slots[host]`` fragments at a
             time (e.g. 8 CPU "devices" that share one machine's cores).
+        devices_per_node / scale_out_link: for a mesh spanning several nodes, the devices of one
+            node (joined by ``intra_link``) and the per-device link between nodes.
     """
 
     name: str
@@ -114,6 +116,20 @@ class MeshSpec:
     price_per_device_hour: float | None = None
     power_watts_per_device: float | None = None
     host: str | None = None
+    devices_per_node: int | None = None
+    scale_out_link: Link | None = None
+
+    def collective_link(self, group: int, stride: int = 1) -> Link:
+        """The link that bounds a collective over ``group`` devices spaced ``stride`` apart.
+
+        Tensor parallel takes the innermost devices (stride 1), data parallel the outer ones
+        (stride = tensor degree). When the group spans more than one node (``devices_per_node``)
+        its ring crosses the scale-out network, which then bounds it (``scale_out_link``).
+        """
+        if (self.devices_per_node is None or self.scale_out_link is None
+                or group * stride <= self.devices_per_node):
+            return self.intra_link
+        return self.scale_out_link
 
     @property
     def price_per_hour(self) -> tuple[float, float] | None:

@@ -90,7 +90,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
     compute = flops / t / _flops_rate(mesh, dtype)
     memory = mem / t / mesh.device.achievable_bandwidth
-    comm = all_reduce_time(tp_bytes, t, mesh.intra_link) if t > 1 else 0.0
+    comm = all_reduce_time(tp_bytes, t, mesh.collective_link(t)) if t > 1 else 0.0
     if recompute and kind == "B":
         return max(compute, memory) + comm + layer_time(cost, "F", samples, mesh, layout, dtype)
     return max(compute, memory) + comm
@@ -152,7 +152,7 @@ def grad_sync_time(workload: Workload, first: int, last: int, mesh: MeshSpec, la
         return 0.0
     params = sum(workload.layer(i).param_count for i in range(first, last))
     return all_reduce_time(params * GRAD_BYTES_PER_PARAM / layout.tensor, layout.data,
-                           mesh.intra_link)
+                           mesh.collective_link(layout.data, layout.tensor))
 
 
 def optimizer_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
