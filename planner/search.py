@@ -25,6 +25,7 @@ replay in :mod:`planner.predict`, not from this surrogate.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -104,6 +105,11 @@ class Assignment:
     objective_s: float
     bound_s: float
     wall_s: float
+
+
+def _mb(nbytes: float) -> int:
+    """Bytes as whole megabytes, rounded up (so the model never under-counts memory)."""
+    return math.ceil(nbytes / MB - 1e-9)
 
 
 def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str):
@@ -224,12 +230,11 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1)
                       + int(round(o.tail_pre_s * US)) * first[i]
                       + int(round(o.tail_post_s * US)) * last[i]).OnlyEnforceIf(sel[i][k])
             # memory, in MB per device: static + residuals in flight + working set <= usable
-            model.Add(int(round(v * o.static_block / MB + 0.5)) * nblk[i]
-                      + int(o.static_pre / MB + 1) * first[i] + int(o.static_post / MB + 1) * last[i]
-                      + int(o.resid_block / MB + 1) * infl_blocks
-                      + int(o.resid_pre / MB + 1) * infl_pre + int(o.resid_post / MB + 1) * infl_post
-                      + int(o.working / MB + 1)
-                      <= int(o.capacity / MB)).OnlyEnforceIf(sel[i][k])
+            model.Add(_mb(v * o.static_block) * nblk[i]
+                      + _mb(o.static_pre) * first[i] + _mb(o.static_post) * last[i]
+                      + _mb(o.resid_block) * infl_blocks
+                      + _mb(o.resid_pre) * infl_pre + _mb(o.resid_post) * infl_post
+                      + _mb(o.working) <= int(o.capacity // MB)).OnlyEnforceIf(sel[i][k])
         model.Add(mx >= tm[i])
         model.Add(tail_mx >= tail[i])
     model.Add(nm * mx >= sum(tm))      # redundant: tightens the bound of the max

@@ -11,7 +11,8 @@ BUNDLED = ["h100x1", "h100x128", "h100x16_p150bx32", "h100x32_p150bx128", "h100x
 
 
 def test_bundled_cluster_names():
-    assert [p.stem for p in bundled_clusters()] == BUNDLED
+    # plus clusters of this machine's CPU devices, for compile-and-run (calibrated, not published)
+    assert [p.stem for p in bundled_clusters() if not p.stem.startswith("cpu")] == BUNDLED
 
 
 @pytest.mark.parametrize("name", BUNDLED)

@@ -1,0 +1,123 @@
+"""``mpmd plan`` and ``mpmd simulate`` on bad input: one line, exit status 2, no output file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import main
+
+CLUSTERS = Path(__file__).resolve().parents[2] / "hardware_profiles" / "clusters"
+
+GOOD_MESH = """
+  - name: a
+    device: h100-sxm
+    num_devices: 8
+    axes: {data: 8}
+"""
+
+
+def run(args: list[str]):
+    return CliRunner().invoke(main, args)
+
+
+def cluster_file(tmp_path: Path, meshes: str, links: str = "") -> str:
+    p = tmp_path / "c.yaml"
+    p.write_text(f"name: c\nmeshes:{meshes}\n{links}")
+    return str(p)
+
+
+def assert_clean_failure(res, out: Path, *needles: str) -> None:
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.output
+    assert "Traceback" not in res.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case,meshes,links,needles", [
+    ("unknown device", GOOD_MESH.replace("h100-sxm", "h900"), "", ("h900",)),
+    ("axes do not multiply", GOOD_MESH.replace("{data: 8}", "{data: 3}"), "", ("multiply", "8")),
+    ("zero bandwidth", GOOD_MESH + GOOD_MESH.replace("name: a", "name: b"),
+     "links:\n  - {between: [a, b], bandwidth_gbit_per_s: 0, latency_us: 5}", ("bandwidth",)),
+])
+def test_bad_cluster(tmp_path, case, meshes, links, needles):
+    out = tmp_path / "plan.json"
+    res = run(["plan", "--model", "llama3-8b", "--cluster", cluster_file(tmp_path, meshes, links),
+               "--out", str(out)])
+    assert_clean_failure(res, out, *needles)
+
+
+def test_missing_cluster_file(tmp_path):
+    out = tmp_path / "plan.json"
+    res = run(["plan", "--model", "llama3-8b", "--cluster", str(tmp_path / "nope.yaml"),
+               "--out", str(out)])
+    assert_clean_failure(res, out, "nope.yaml")
+
+
+def test_malformed_cluster_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("meshes: [ {name: a, device: h100-sxm\n")
+    out = tmp_path / "plan.json"
+    assert_clean_failure(run(["plan", "--model", "llama3-8b", "--cluster", str(p), "--out", str(out)]),
+                         out, "bad.yaml")
+
+
+def test_unknown_model(tmp_path):
+    out = tmp_path / "plan.json"
+    res = run(["plan", "--model", "llama9-1t", "--cluster", str(CLUSTERS / "h100x1.yaml"),
+               "--out", str(out)])
+    assert_clean_failure(res, out, "llama9-1t")
+
+
+def test_model_that_does_not_fit_names_mesh_and_bytes(tmp_path):
+    out = tmp_path / "plan.json"
+    res = run(["plan", "--model", "llama3-70b", "--cluster", str(CLUSTERS / "h100x1.yaml"),
+               "--time-limit", "5", "--out", str(out)])
+    assert_clean_failure(res, out, "lacks", "GB")
+
+
+def test_plan_writes_schema_valid_json_and_simulate_agrees(tmp_path):
+    out = tmp_path / "plan.json"
+    res = run(["plan", "--model", "llama3-8b", "--cluster", str(CLUSTERS / "h100x16_p150bx32.yaml"),
+               "--global-batch", "64", "--seq-len", "2048", "--time-limit", "10", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    for key in ("stages", "meshes", "schedule", "predicted", "solver"):
+        assert key in doc
+    assert set(doc["schedule"]["order"]) == set(doc["rank_mesh"])
+    trace = tmp_path / "trace.json"
+    res = run(["simulate", str(out), "--trace", str(trace)])
+    assert res.exit_code == 0, res.output
+    assert "planner predicted" in res.output
+    line = next(ln for ln in res.output.splitlines() if "planner predicted" in ln)
+    pct = float(line.split("(")[-1].split("%")[0])
+    assert abs(pct) <= 1.0
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+def test_simulate_rejects_plan_with_unknown_mesh(tmp_path):
+    doc = {"format": "mpmd-plan/1", "model": "llama3-8b", "cluster": "h100x1",
+           "cluster_path": str(CLUSTERS / "h100x1.yaml"), "global_batch": 8, "seq_len": 2048,
+           "stages": [{"index": 0, "layers": [0, 34], "mesh": "nowhere"}],
+           "meshes": {"nowhere": {"layout": {"data": 8, "tensor": 1}}}, "rank_mesh": ["nowhere"],
+           "schedule": {"name": "gpipe", "microbatches": 1, "num_stages": 1, "stage_rank": [0],
+                        "order": {"nowhere": [{"kind": "F", "stage": 0, "microbatch": 0},
+                                              {"kind": "B", "stage": 0, "microbatch": 0}]}},
+           "predicted": {}, "solver": {}}
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(doc))
+    res = run(["simulate", str(p)])
+    assert res.exit_code == 2 and "nowhere" in res.output and "Traceback" not in res.output
+
+
+def test_simulate_rejects_malformed_json(tmp_path):
+    p = tmp_path / "plan.json"
+    p.write_text("{not json")
+    res = run(["simulate", str(p)])
+    assert res.exit_code == 2 and "malformed JSON" in res.output
