@@ -12,6 +12,7 @@ body (:func:`body_of`: ``"embed"``, ``"decoder_block"``, ``"head"``; Mochi: ``"e
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -87,13 +88,14 @@ def param_shapes(cfg: ModelConfig | str) -> dict[str, Any]:
 
 
 def init_params(cfg: ModelConfig | str, key: jax.Array) -> dict[str, Any]:
-    """Real parameters (GPT-2 style init: N(0, 0.02), norms 1, biases 0) in ``cfg.dtype``."""
+    """Real parameters (GPT-2 style init: N(0, 0.02), norms 1, biases 0) in ``cfg.dtype``.
+
+    One compiled program draws all weights from a single normal vector (one random-number
+    kernel to compile, however many leaves the model has)."""
     cfg = _cfg(cfg)
-    names = layer_names(cfg)
-    keys = jax.random.split(key, len(names))
-    layers = [init_from_shapes(_body_shapes(cfg, body_of(cfg, n)), cfg.jnp_dtype, k)
-              for n, k in zip(names, keys)]
-    return {"embed": layers[0], "blocks": layers[1:-1], "head": layers[-1]}
+    shapes = jax.tree.map(lambda s: s.shape, param_shapes(cfg),
+                          is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    return jax.jit(lambda k: init_from_shapes(shapes, cfg.jnp_dtype, k))(key)
 
 
 def param_count(cfg: ModelConfig | str, *, unique: bool = True) -> int:
@@ -179,14 +181,20 @@ def batch_spec(cfg: ModelConfig | str, batch: int, seq_len: int | None = None) -
 
 def example_batch(cfg: ModelConfig | str, key: jax.Array, batch: int,
                   seq_len: int | None = None) -> dict:
-    """A random real batch matching :func:`batch_spec` (tokens uniform over the vocabulary)."""
+    """A random real batch matching :func:`batch_spec` (tokens uniform over the vocabulary,
+    floats uniform in [0, 1)), drawn by one compiled program."""
     cfg = _cfg(cfg)
     spec = batch_spec(cfg, batch, seq_len)
-    keys = jax.random.split(key, len(spec))
-    out = {}
-    for k, (name, s) in zip(keys, sorted(spec.items())):
-        if jnp.issubdtype(s.dtype, jnp.integer):
-            out[name] = jax.random.randint(k, s.shape, 0, cfg.vocab, s.dtype)
-        else:
-            out[name] = jax.random.uniform(k, s.shape, jnp.float32).astype(s.dtype)
-    return out
+
+    def draw(k):
+        sizes = [math.prod(s.shape) for s in spec.values()]
+        u = jax.random.uniform(k, (sum(sizes),), jnp.float32)
+        out, at = {}, 0
+        for (name, s), n in zip(spec.items(), sizes):
+            v = u[at:at + n].reshape(s.shape)
+            at += n
+            if jnp.issubdtype(s.dtype, jnp.integer):
+                v = jnp.minimum(jnp.floor(v * cfg.vocab), cfg.vocab - 1)
+            out[name] = v.astype(s.dtype)
+        return out
+    return jax.jit(draw)(key)

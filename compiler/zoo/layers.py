@@ -2,6 +2,9 @@
 
 Shapes: activations are ``[batch, seq, width]``; attention heads ``[batch, seq, heads, head_dim]``.
 Matmuls run in the parameters' dtype; attention scores, softmax, norms and the loss in float32.
+Norms and the SwiGLU/GeLU elementwise product are wrapped in ``jax.checkpoint`` so the backward keeps
+their (compute-dtype) inputs and recomputes the float32 internals, as fused norm / activation kernels
+do (Megatron-LM, Korthikanti et al. 2022): the residuals then count what a production run keeps.
 """
 
 from __future__ import annotations
@@ -25,21 +28,30 @@ def shapes_to_specs(shapes: Shapes, dtype) -> dict[str, jax.ShapeDtypeStruct]:
     return {k: jax.ShapeDtypeStruct(tuple(v), dtype) for k, v in shapes.items()}
 
 
-def init_from_shapes(shapes: Shapes, dtype, key: jax.Array, std: float = 0.02) -> dict:
-    """Norm weights 1, biases (names ending ``_b``) 0, other weights N(0, std^2) (GPT-2 init)."""
-    out = {}
-    keys = jax.random.split(key, max(len(shapes), 1))
-    for k, (name, shp) in zip(keys, sorted(shapes.items())):
+def init_from_shapes(shapes, dtype, key: jax.Array, std: float = 0.02):
+    """Parameters for a pytree of shapes (dict leaves ``name -> shape``): norm weights 1, biases
+    (names ending ``_b``) 0, other weights N(0, std^2) (GPT-2 init), all weights sliced from one
+    normal draw. Call under ``jax.jit``."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(
+        shapes, is_leaf=lambda x: isinstance(x, tuple))
+    names = [str(getattr(path[-1], "key", path[-1])) for path, _ in flat]
+    sizes = [math.prod(shp) for _, shp in flat]
+    drawn = [n for name, n in zip(names, sizes) if not (is_norm_weight(name) or name.endswith("_b"))]
+    z = std * jax.random.normal(key, (sum(drawn),), jnp.float32)
+    leaves, at = [], 0
+    for name, (_, shp), n in zip(names, flat, sizes):
         if is_norm_weight(name):
-            out[name] = jnp.ones(shp, dtype)
+            leaves.append(jnp.ones(shp, dtype))
         elif name.endswith("_b"):
-            out[name] = jnp.zeros(shp, dtype)
+            leaves.append(jnp.zeros(shp, dtype))
         else:
-            out[name] = (std * jax.random.normal(k, shp, jnp.float32)).astype(dtype)
-    return out
+            leaves.append(z[at:at + n].reshape(shp).astype(dtype))
+            at += n
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 # --------------------------------------------------------------------------- norms
+@partial(jax.checkpoint, static_argnums=(2,))
 def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
@@ -48,6 +60,7 @@ def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
     return y.astype(x.dtype)
 
 
+@partial(jax.checkpoint, static_argnums=(3,))
 def layer_norm(x: jax.Array, w: jax.Array | None, b: jax.Array | None, eps: float) -> jax.Array:
     xf = x.astype(jnp.float32)
     mu = jnp.mean(xf, axis=-1, keepdims=True)
@@ -143,12 +156,22 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
 # --------------------------------------------------------------------------- mlp
 def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
     """SwiGLU MLP (Shazeer 2020): ``(silu(x Wg) * (x Wu)) Wd``."""
-    return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+    return _silu_mul(x @ w_gate, x @ w_up) @ w_down
+
+
+@jax.checkpoint
+def _silu_mul(g: jax.Array, u: jax.Array) -> jax.Array:
+    return jax.nn.silu(g) * u
+
+
+@jax.checkpoint
+def _gelu(h: jax.Array) -> jax.Array:
+    return jax.nn.gelu(h, approximate=True)
 
 
 def gelu_mlp(x, w1, b1, w2, b2) -> jax.Array:
     """GPT MLP: ``gelu(x W1 + b1) W2 + b2`` (tanh-approximate GeLU)."""
-    return jax.nn.gelu(x @ w1 + b1, approximate=True) @ w2 + b2
+    return _gelu(x @ w1 + b1) @ w2 + b2
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
