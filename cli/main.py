@@ -137,7 +137,7 @@ def _workload(model: str, global_batch: int | None, seq_len: int | None):
 
 def _extra_commands() -> None:
     """Attach the commands whose implementations live in other packages, when present."""
-    for mod in ("cli.simulate", "cli.run", "cli.whatif"):
+    for mod in ("cli.simulate", "cli.run", "cli.validate", "cli.whatif"):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:

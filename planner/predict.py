@@ -103,7 +103,7 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
     kinds = ("F",) + ((("B", "W") if table.split_backward else ("B",)) if workload.training else ())
     stage_time = tuple(sum(costs.fragment_time(FragmentRef(k, s.index, 0)) for k in kinds)
                        for s in plan.stages)
-    peak_flops = cluster.peak_flops("bf16")
+    peak_flops = costs.peak_flops
     tokens = plan.global_batch * plan.seq_len
     return Prediction(
         step_time_s=step,

@@ -159,7 +159,12 @@ class PlanCosts:
         return self.cluster.meshes[mesh].device.memory_bytes
 
     # ------------------------------------------------------------------ bounds
+    @cached_property
+    def peak_flops(self) -> float:
+        """The cluster's summed dense peak FLOP/s in the workload's compute dtype (bf16 when no
+        device publishes that dtype), the denominator of MFU and of the roofline bound."""
+        return self.cluster.peak_flops(self.dtype) or self.cluster.peak_flops("bf16")
+
     def roofline_step_time(self) -> float:
         """Lower bound: the step's model FLOP over the cluster's summed dense peak FLOP/s."""
-        return self.workload.step_flops / self.cluster.peak_flops(self.dtype if self.dtype in
-                                                                  ("bf16",) else "bf16")
+        return self.workload.step_flops / self.peak_flops

@@ -36,7 +36,7 @@ def plan_program(plan: Plan, workload: Workload, cluster: Cluster) -> SimProgram
         plan.schedule, meshes, fragment, boundary, tail,
         baseline_bytes={m: costs.static_bytes(m) + costs.working_bytes(m) for m in meshes},
         capacity_bytes={m: costs.capacity(m) for m in meshes},
-        peak_flops=cluster.peak_flops("bf16"),
+        peak_flops=costs.peak_flops,
         host_of={m: cluster.meshes[m].host for m in meshes if cluster.meshes[m].host},
         host_slots=dict(cluster.host_slots))
 
