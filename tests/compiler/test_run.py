@@ -128,14 +128,14 @@ def _has_compiler() -> bool:
 
 needs_compiler = pytest.mark.skipif(not _has_compiler(),
                                     reason="compiler.frontend.jit (the MPMD export) has not landed")
-SMALL = dict(layers=2, hidden=64, heads=2, kv_heads=2, ffn=128)
+SMALL = dict(layers=6, hidden=64, heads=2, kv_heads=2, ffn=128)
 
 
 @needs_compiler
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_run_plan_fast_small_model(schedule):
     from compiler.run import run_plan
-    plan = make_plan(schedule, layers=4, seq_len=32)
+    plan = make_plan(schedule, layers=8, seq_len=32)
     r = run_plan(plan, steps=3, model_overrides=SMALL, simulate=False)
     assert len(r.losses) == 3 and all(np.isfinite(r.losses))
     assert r.max_rel_error < 1e-5
