@@ -1,0 +1,152 @@
+"""What-if inputs: options (a cluster plus per-option search settings) and bundled examples.
+
+An example file (``reports/examples/<name>.yaml``)::
+
+    name: llama70b-1t
+    title: Train Llama 3 70B on 1T tokens
+    model: llama3-70b
+    global_batch: 256          # optional; samples per step
+    tokens: 1.0e12             # training: token budget
+    deadline_days: 60          # training: the deadline the recommendation checks
+    videos_per_hour: 100       # inference: demand
+    time_limit_s: 20           # per-option planner budget
+    prices: {h100-sxm: [2.0, 3.0]}   # optional USD per device-hour overrides
+    options:
+      - cluster: h100x64       # bundled stem or a path (relative to the example file)
+        label: 64 H100
+        max_tensor: 8          # optional PlanOptions fields: time_limit_s, max_tensor,
+                               #   schedules, microbatches
+    sweep: {...}               # or a budget sweep (see reports.sweep)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from hardware_profiles import load_cluster
+from hardware_profiles.types import Cluster, ProfileError
+from reports.errors import ReportError
+
+EXAMPLES_DIR = Path(__file__).parent / "examples"
+"""Bundled example definitions (YAML)."""
+
+_OPTION_KEYS = {"cluster", "label", "time_limit_s", "max_tensor", "schedules", "microbatches", "note"}
+_EXAMPLE_KEYS = {"name", "title", "model", "global_batch", "seq_len", "tokens", "deadline_days",
+                 "videos_per_hour", "time_limit_s", "prices", "options", "sweep", "description"}
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One hardware option: a cluster and the planner settings used for it.
+
+    Attributes:
+        cluster: the cluster (SI units).
+        label: the name shown in the report.
+        time_limit_s: planner wall-clock budget for this option (None: the run's default).
+        max_tensor: largest tensor-parallel degree (None: the planner's default, 8). Single-mesh
+            TPU pods need more: the planner has no ZeRO/FSDP, so a 70B model fits 16 GB chips
+            only with wide tensor parallelism.
+        schedules / microbatches: restrict the search (None: the planner's defaults).
+        note: shown next to the option.
+    """
+
+    cluster: Cluster
+    label: str
+    time_limit_s: float | None = None
+    max_tensor: int | None = None
+    schedules: tuple[str, ...] | None = None
+    microbatches: tuple[int, ...] | None = None
+    note: str = ""
+
+
+def _load(path: str | Path, base: Path | None) -> Cluster:
+    p = Path(path)
+    if base is not None and not p.is_absolute() and (base / p).exists():
+        p = base / p
+    try:
+        return load_cluster(p if p.exists() else str(path))
+    except ProfileError as e:
+        raise ReportError(f"option cluster {str(path)!r}: {e}") from None
+
+
+def to_option(x: Any, base: Path | None = None) -> Option:
+    """An :class:`Option` from a path or bundled stem, a :class:`Cluster`, a mapping or an Option.
+
+    Raises:
+        ReportError: unknown keys, a cluster that does not load, a bad setting.
+    """
+    if isinstance(x, Option):
+        return x
+    if isinstance(x, Cluster):
+        return Option(x, x.name)
+    if isinstance(x, (str, Path)):
+        c = _load(x, base)
+        return Option(c, c.name)
+    if not isinstance(x, Mapping) or "cluster" not in x:
+        raise ReportError(f"option {x!r} is not a cluster path or a mapping with 'cluster:'")
+    bad = set(x) - _OPTION_KEYS
+    if bad:
+        raise ReportError(f"option {x.get('cluster')!r} has unknown keys {sorted(bad)}; "
+                          f"use {sorted(_OPTION_KEYS)}")
+    c = x["cluster"] if isinstance(x["cluster"], Cluster) else _load(x["cluster"], base)
+    try:
+        return Option(
+            c, str(x.get("label") or c.name),
+            time_limit_s=float(x["time_limit_s"]) if x.get("time_limit_s") is not None else None,
+            max_tensor=int(x["max_tensor"]) if x.get("max_tensor") is not None else None,
+            schedules=tuple(str(s) for s in x["schedules"]) if x.get("schedules") else None,
+            microbatches=tuple(int(m) for m in x["microbatches"]) if x.get("microbatches") else None,
+            note=str(x.get("note", "")))
+    except (TypeError, ValueError) as e:
+        raise ReportError(f"option {c.name!r}: bad setting ({e}); time_limit_s is seconds, "
+                          f"max_tensor an integer, schedules/microbatches lists") from None
+
+
+def list_examples() -> list[str]:
+    """Names of the bundled examples."""
+    return sorted(p.stem for p in EXAMPLES_DIR.glob("*.yaml"))
+
+
+def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
+    """A YAML mapping from ``path``.
+
+    Raises:
+        ReportError: missing file, malformed YAML, not a mapping.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ReportError(f"{what} file {str(p)!r} not found; check the path")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ReportError(f"{what} file {str(p)!r} is malformed YAML ({str(e).splitlines()[0]}); "
+                          f"fix the syntax") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{what} file {str(p)!r} is not a mapping; write 'key: value' pairs")
+    return data
+
+
+def load_example(name_or_path: str | Path) -> tuple[dict[str, Any], Path]:
+    """The example definition (a mapping) and the directory its relative paths resolve against.
+
+    Raises:
+        ReportError: unknown example (lists the bundled ones), unknown keys, malformed file.
+    """
+    p = Path(name_or_path)
+    if not p.is_file():
+        p = EXAMPLES_DIR / f"{name_or_path}.yaml"
+        if not p.is_file():
+            raise ReportError(f"unknown example {str(name_or_path)!r}; use one of {list_examples()} "
+                              f"or a path to an example YAML")
+    data = read_yaml(p, "example")
+    bad = set(data) - _EXAMPLE_KEYS
+    if bad:
+        raise ReportError(f"example {str(p)!r} has unknown keys {sorted(bad)}; use {sorted(_EXAMPLE_KEYS)}")
+    if "model" not in data or not ("options" in data or "sweep" in data):
+        raise ReportError(f"example {str(p)!r} needs 'model:' and 'options:' or 'sweep:'")
+    data.setdefault("name", p.stem)
+    return data, p.parent

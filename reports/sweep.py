@@ -1,0 +1,230 @@
+"""Budget sweeps: generate candidate clusters from counts of purchasable units per device type.
+
+A sweep spec (YAML, or the ``sweep:`` block of an example) reads::
+
+    budget_usd_per_hour: 100        # keep clusters whose LOW price is within this
+    max_device_types: 2             # at most this many device types in one cluster
+    max_options: 14                 # keep the most expensive (closest to budget) this many
+    devices:
+      h100-sxm:        {unit: 8, units: [0, 2, 4], mesh: per_unit, axes: {data: 8}}
+      tpu-v5e:         {unit: 8, units: [0, 4, 8], mesh: slice}
+      blackhole-p150b: {unit: 8, units: [0, 16, 32], mesh: per_unit, axes: {x: 2, y: 4}}
+
+``unit`` is the device count of one purchasable unit (an 8-GPU DGX node, an 8-chip TPU v5e host,
+a 2x4 TT-LoudBox of p150b); ``units`` the counts to try; ``mesh: per_unit`` makes every unit its
+own mesh (pipeline stages across nodes/boxes), ``mesh: slice`` joins all units into one mesh (a TPU
+slice on one ICI torus). Link figures are copied from the bundled clusters (:data:`LINK_FROM`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from hardware_profiles import load_cluster, load_device
+from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, ProfileError
+from reports.errors import ReportError
+from reports.pricing import cluster_price
+
+LINK_FROM: dict[frozenset[str], tuple[str, tuple[str, str] | None]] = {
+    frozenset({"h100-sxm"}): ("h100x64", None),
+    frozenset({"blackhole-p150b", "ring"}): ("p150bx256", ("bh_00", "bh_01")),
+    frozenset({"blackhole-p150b"}): ("p150bx256", None),
+    frozenset({"tpu-v5e"}): ("tpuv5e256_h100x16", None),
+    frozenset({"tpu-v5e", "h100-sxm"}): ("tpuv5e256_h100x16", None),
+    frozenset({"tpu-v5e", "blackhole-p150b"}): ("tpuv5e256_h100x16", None),
+    frozenset({"h100-sxm", "blackhole-p150b"}): ("h100x32_p150bx128", None),
+}
+"""Device pair -> (bundled cluster, mesh pair or None for its default_link) whose link is copied.
+
+H100 node to node: IB NDR 8 x 400 Gb/s (h100x64). LoudBox to its ring neighbour: 4 x 400 GbE
+card-to-card (p150bx256 bh_00<->bh_01); to other boxes: host 400 GbE (p150bx256 default). TPU slice
+to anything: DCN 1600 Gb/s (tpuv5e256_h100x16 default). H100 to p150b: host-mediated 400 GbE
+(h100x32_p150bx128 default). Any other pair falls back to that slowest host-mediated link."""
+FALLBACK = ("h100x32_p150bx128", None)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUnits:
+    """One device type of a sweep: ``unit`` devices per unit, the unit counts to try."""
+
+    device: str
+    unit: int
+    units: tuple[int, ...]
+    mesh: str = "per_unit"
+    axes: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSpec:
+    """A budget sweep (see the module docstring). Prices in USD per hour."""
+
+    budget_usd_per_hour: float
+    devices: tuple[DeviceUnits, ...]
+    max_device_types: int = 3
+    max_options: int = 16
+    name: str = "sweep"
+
+
+@dataclass(frozen=True, slots=True)
+class SweepCandidate:
+    cluster: Cluster
+    label: str
+    counts: Mapping[str, int]
+    usd_per_hour_low: float
+    max_tensor: int
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """Candidates kept (within budget, at most ``max_options``) and how many were dropped why."""
+
+    spec: SweepSpec
+    kept: tuple[SweepCandidate, ...]
+    over_budget: int
+    too_many_types: int
+    cut_by_max_options: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parse_spec(data: Any, name: str = "sweep") -> SweepSpec:
+    """A :class:`SweepSpec` from a YAML mapping (optionally under a ``sweep:`` key).
+
+    Raises:
+        ReportError: a missing or bad key, an unknown device, a unit count that is not an integer.
+    """
+    if isinstance(data, Mapping) and "sweep" in data and isinstance(data["sweep"], Mapping):
+        data = data["sweep"]
+    if not isinstance(data, Mapping):
+        raise ReportError("sweep spec is not a mapping; write 'budget_usd_per_hour:' and 'devices:'")
+    unknown = set(data) - {"budget_usd_per_hour", "devices", "max_device_types", "max_options", "name"}
+    if unknown:
+        raise ReportError(f"sweep spec has unknown keys {sorted(unknown)}; use budget_usd_per_hour, "
+                          f"devices, max_device_types, max_options, name")
+    try:
+        budget = float(data["budget_usd_per_hour"])
+    except (KeyError, TypeError, ValueError):
+        raise ReportError("sweep spec needs a numeric 'budget_usd_per_hour'; e.g. 100") from None
+    devs = data.get("devices")
+    if not isinstance(devs, Mapping) or not devs:
+        raise ReportError("sweep spec needs 'devices:' mapping device id -> {unit, units}")
+    out = []
+    for dev, d in devs.items():
+        try:
+            load_device(str(dev))
+        except ProfileError as e:
+            raise ReportError(f"sweep device {dev!r}: {e}") from None
+        if not isinstance(d, Mapping):
+            raise ReportError(f"sweep device {dev!r}: give a mapping {{unit: 8, units: [0, 1, 2]}}")
+        try:
+            unit = int(d.get("unit", 8))
+            units = tuple(int(u) for u in d["units"])
+        except (KeyError, TypeError, ValueError):
+            raise ReportError(f"sweep device {dev!r}: 'unit' must be an integer and 'units' a list "
+                              f"of integers; e.g. units: [0, 2, 4]") from None
+        mesh = str(d.get("mesh", "per_unit"))
+        if mesh not in ("per_unit", "slice") or unit < 1 or any(u < 0 for u in units):
+            raise ReportError(f"sweep device {dev!r}: need unit >= 1, units >= 0 and mesh per_unit "
+                              f"or slice (got unit={unit}, units={units}, mesh={mesh!r})")
+        axes = d.get("axes")
+        if axes is not None and math.prod(int(v) for v in axes.values()) != unit:
+            raise ReportError(f"sweep device {dev!r}: axes {dict(axes)} do not multiply to unit {unit}")
+        out.append(DeviceUnits(str(dev), unit, units, mesh, dict(axes) if axes else None))
+    return SweepSpec(budget, tuple(out), int(data.get("max_device_types", 3)),
+                     int(data.get("max_options", 16)), str(data.get("name", name)))
+
+
+def _short(device: str) -> str:
+    """Mesh-name prefix of a device id: h100-sxm -> h100, tpu-v5e -> v5e, blackhole-p150b -> p150b."""
+    for junk in ("blackhole-", "wormhole-", "tpu-", "-sxm"):
+        device = device.replace(junk, "")
+    return device.replace("-", "")
+
+
+@functools.lru_cache(maxsize=None)
+def _link(a: str, b: str, ring: bool = False) -> tuple[Link, str]:
+    key = frozenset({a, "ring"}) if ring and a == b else frozenset({a, b})
+    stem, pair = LINK_FROM.get(key, FALLBACK)
+    c = load_cluster(stem)
+    ln = c.link_between(*pair).link if pair else c.default_link
+    if ln is None:
+        raise ReportError(f"bundled cluster {stem!r} has no default_link to copy for {a}<->{b}")
+    return ln, f"{stem}:{'<->'.join(pair) if pair else 'default_link'}"
+
+
+def build_cluster(counts: Mapping[str, int], spec: SweepSpec) -> tuple[Cluster, int]:
+    """The cluster of ``counts`` units per device type, and the largest mesh size.
+
+    Meshes: ``<short>_<i>`` per unit, or one ``<short>_slice`` for ``mesh: slice``. Links: see
+    :data:`LINK_FROM`; LoudBoxes form a ring (neighbours cabled card to card).
+    """
+    meshes: dict[str, MeshSpec] = {}
+    kind: dict[str, tuple[str, int]] = {}  # mesh -> (device, index within its type)
+    for du in spec.devices:
+        n = counts.get(du.device, 0)
+        if not n:
+            continue
+        dev = load_device(du.device)
+        short = _short(du.device)
+        groups = [(f"{short}_slice", n * du.unit)] if du.mesh == "slice" else \
+            [(f"{short}_{i:02d}", du.unit) for i in range(n)]
+        for i, (name, size) in enumerate(groups):
+            axes = dict(du.axes) if du.axes and size == du.unit else {"data": size}
+            intra = Link(dev.scale_up_bandwidth, dev.scale_up_latency,
+                         f"device {dev.name} scale_up: {dev.sources.get('scale_up_bandwidth', '')}")
+            meshes[name] = MeshSpec(name, dev, size, axes, intra)
+            kind[name] = (du.device, i)
+    links = []
+    names = list(meshes)
+    ring_n = {d: sum(1 for m in names if kind[m][0] == d) for d, _ in kind.values()}
+    for a, b in itertools.combinations(names, 2):
+        (da, ia), (db, ib) = kind[a], kind[b]
+        ring = da == db == "blackhole-p150b" and (abs(ia - ib) == 1
+                                                  or {ia, ib} == {0, ring_n[da] - 1})
+        ln, src = _link(da, db, ring)
+        links.append(InterMeshLink(a, b, Link(ln.bandwidth, ln.latency, f"copied from {src}: {ln.source}")))
+    label = " + ".join(f"{counts[du.device] * du.unit} {du.device}" for du in spec.devices
+                       if counts.get(du.device))
+    name = "+".join(f"{_short(du.device)}x{counts[du.device] * du.unit}"
+                    for du in spec.devices if counts.get(du.device))
+    c = Cluster(name=name, meshes=meshes, links=tuple(links), default_link=None,
+                path="", description=f"generated by the budget sweep: {label}")
+    return c, max(m.num_devices for m in meshes.values())
+
+
+def generate(spec: SweepSpec, prices: Mapping[str, tuple[float, float]] | None = None
+             ) -> SweepResult:
+    """Enumerate unit counts, keep clusters within budget at the LOW price, cap the count.
+
+    Order of the kept candidates: most expensive first (closest to the budget), then by label;
+    when more than ``max_options`` fit, the cheapest are cut (and counted).
+
+    Raises:
+        ReportError: no combination fits the budget.
+    """
+    prices = prices or {}
+    over = many = 0
+    kept: list[SweepCandidate] = []
+    for combo in itertools.product(*(du.units for du in spec.devices)):
+        counts = {du.device: n for du, n in zip(spec.devices, combo) if n}
+        if not counts:
+            continue
+        if len(counts) > spec.max_device_types:
+            many += 1
+            continue
+        cluster, biggest = build_cluster(counts, spec)
+        lo, _, _ = cluster_price(cluster, prices)
+        if not lo <= spec.budget_usd_per_hour:
+            over += 1
+            continue
+        label = " + ".join(f"{n * du.unit} {du.device}" for du, n in zip(spec.devices, combo) if n)
+        kept.append(SweepCandidate(cluster, label, counts, lo, biggest))
+    if not kept:
+        raise ReportError(f"no cluster of the sweep fits ${spec.budget_usd_per_hour:g}/h at the low "
+                          f"price; raise budget_usd_per_hour or add smaller unit counts")
+    kept.sort(key=lambda c: (-c.usd_per_hour_low, c.label))
+    cut = max(0, len(kept) - spec.max_options)
+    return SweepResult(spec, tuple(kept[:spec.max_options]), over, many, cut)

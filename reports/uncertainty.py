@@ -1,0 +1,111 @@
+"""Best and worst case of a plan under the device profiles' disagreeing figures.
+
+A device profile's ``alternatives`` are published figures that disagree with the ones the model
+uses (e.g. Blackhole p150b: 16 GB per chip in Tenstorrent's Mochi guide vs 32 GB from the vendor).
+For each alternative that can change a plan's cost (the compute dtype's peak FLOP/s, memory
+capacity and bandwidth, scale-up bandwidth and latency) the SAME plan is re-predicted with the
+figure swapped in (:func:`planner.predict.predict`, exact schedule replay): step time moves, or
+the plan stops fitting memory. The plan is not re-searched; a plan that no longer fits is reported
+as such ("re-plan needed"), not silently replaced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from compiler.ir import Plan, Workload
+from hardware_profiles.types import Alternative, Cluster, DeviceProfile, Link, MeshSpec
+from planner.predict import predict
+from simulator import cost_model as cm
+
+PERF_FIELDS = ("memory_bytes", "memory_bandwidth", "scale_up_bandwidth", "scale_up_latency")
+"""Profile fields (besides the compute dtype's ``peak_flops``) whose alternatives can move a plan."""
+
+
+@dataclass(frozen=True, slots=True)
+class AltOutcome:
+    """The plan re-predicted with one alternative figure.
+
+    Attributes:
+        device / field / value / source: the alternative (SI units).
+        step_time_s: predicted step time with it, s.
+        fits: whether the plan still fits memory (with the planner's headroom).
+        base_step_time_s: the prediction with the figures the model uses, s.
+    """
+
+    device: str
+    field: str
+    value: float
+    source: str
+    step_time_s: float
+    base_step_time_s: float
+    fits: bool
+
+    @property
+    def changes(self) -> bool:
+        return (not self.fits) or abs(self.step_time_s / self.base_step_time_s - 1) > 1e-6
+
+    def describe(self) -> str:
+        what = self.field.replace("_", " ")
+        if self.field.startswith("peak_flops"):
+            val = f"{self.value / 1e12:g} TFLOP/s"
+        elif self.field == "memory_bytes":
+            val = f"{self.value / 1e9:.4g} GB"
+        elif self.field.endswith("bandwidth"):
+            val = f"{self.value / 1e9:g} GB/s"
+        elif self.field.endswith("latency"):
+            val = f"{self.value * 1e6:g} us"
+        else:
+            val = f"{self.value:g}"
+        if not self.fits:
+            effect = "the plan no longer fits memory (re-plan needed)"
+        else:
+            effect = f"step time {(self.step_time_s / self.base_step_time_s - 1) * 100:+.1f}%"
+        return f"{self.device} {what} = {val} ({self.source}): {effect}"
+
+
+def _swap(dev: DeviceProfile, alt: Alternative) -> DeviceProfile:
+    if alt.field.startswith("peak_flops."):
+        key = alt.field.split(".", 1)[1]
+        return replace(dev, peak_flops={**dev.peak_flops, key: alt.value})
+    return replace(dev, **{alt.field: alt.value})
+
+
+def _swap_cluster(cluster: Cluster, device: str, alt: Alternative) -> Cluster:
+    meshes: dict[str, MeshSpec] = {}
+    for name, m in cluster.meshes.items():
+        if m.device.name != device:
+            meshes[name] = m
+            continue
+        new_dev = _swap(m.device, alt)
+        intra = m.intra_link
+        # the loader copies the device's scale-up figures into intra_link unless the file set one
+        if intra.source.startswith(f"device {device} scale_up") and alt.field.startswith("scale_up_"):
+            intra = Link(new_dev.scale_up_bandwidth, new_dev.scale_up_latency, intra.source)
+        meshes[name] = replace(m, device=new_dev, intra_link=intra)
+    return replace(cluster, meshes=meshes)
+
+
+def relevant(dev: DeviceProfile, dtype: str) -> list[Alternative]:
+    """The device's alternatives that can change a plan computed in ``dtype``."""
+    return [a for a in dev.alternatives
+            if a.field in PERF_FIELDS or a.field == f"peak_flops.{dtype}"]
+
+
+def alternatives_outcomes(plan: Plan, workload: Workload, cluster: Cluster, *,
+                          headroom: float = 0.1) -> list[AltOutcome]:
+    """Re-predict ``plan`` once per relevant alternative of the devices it uses.
+
+    Raises:
+        simulator.plan_costs.CostError: the plan does not match the workload or cluster.
+    """
+    dtype = cm.compute_dtype(workload)
+    base = predict(plan, workload, cluster, headroom=headroom).step_time_s
+    devices = {cluster.meshes[m].device.name: cluster.meshes[m].device for m in plan.rank_mesh}
+    out = []
+    for name, dev in devices.items():
+        for alt in relevant(dev, dtype):
+            p = predict(plan, workload, _swap_cluster(cluster, name, alt), headroom=headroom)
+            out.append(AltOutcome(name, alt.field, alt.value, alt.source, p.step_time_s, base,
+                                  p.fits))
+    return out
