@@ -1,0 +1,168 @@
+"""Tests of simulator.validate (fast: synthetic workloads; the full run is marked slow)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from compiler.ir import LayerCost, Workload
+from hardware_profiles import load_device
+from simulator import validate as V
+
+CSV = Path(__file__).resolve().parents[2] / "reports" / "validation" / "published_training.csv"
+
+
+def _lc(name: str, f: float, params: int = 1000) -> LayerCost:
+    return LayerCost(name=name, fwd_flops_per_sample=f, bwd_flops_per_sample=2 * f,
+                     bwd_input_flops_per_sample=f, fwd_bytes_fixed=1e6, fwd_bytes_per_sample=1e6,
+                     bwd_bytes_fixed=2e6, bwd_bytes_per_sample=2e6, param_count=params,
+                     param_bytes=2.0 * params, activation_bytes_per_sample=1e6,
+                     residual_bytes_per_sample=1e7, tp_allreduce_bytes_per_sample=2e6)
+
+
+def fake_workload(row: V.Row) -> Workload:
+    costs = {"embed": _lc("embed", 1e6), "decoder_block": _lc("decoder_block", 1e11),
+             "head": _lc("head", 5e10)}
+    return Workload(model=f"fake-{row.model}", layers=("embed",) + ("decoder_block",) * row.layers
+                    + ("head",), costs=costs, seq_len=row.seq_len, global_batch=row.global_batch)
+
+
+def _row(**kw) -> V.Row:
+    base = dict(source="zb", model="1.5B", layers=22, hidden=2304, heads=24, seq_len=1024,
+                vocab=51200, device="a100-80gb-sxm", gpus=8, tp=1, pp=8, dp=1, global_batch=144,
+                micro_batch=6, microbatches=24, schedule="1f1b", metric="samples_per_gpu_s",
+                value=11.8)
+    base.update(kw)
+    return V.Row(**base)
+
+
+def test_csv_rows_load():
+    rows = V.load_rows(CSV)
+    assert len(rows) == 31
+    assert {r.source for r in rows} == {"zb", "korthikanti", "narayanan"}
+    assert rows[0].vocab == 51200 and rows[-1].micro_batch is None and rows[-1].schedule is None
+
+
+def test_row_builds_expected_1f1b_plan():
+    s = V.row_setup(_row(), fake_workload)
+    p = s.plan
+    assert p.microbatches == 24 and p.schedule.name == "1f1b" and s.schedule == "1f1b"
+    assert p.rank_mesh == tuple(f"stage{k}" for k in range(8))
+    # 22 blocks over 8 stages: [2,3,3,3,3,3,3,2]; embed on the first, head on the last
+    blocks = [st.last - st.first - (st.index == 0) - (st.index == 7) for st in p.stages]
+    assert blocks == [2, 3, 3, 3, 3, 3, 3, 2]
+    assert p.stages[0].first == 0 and p.stages[-1].last == 24
+    assert all(l.data == 1 and l.tensor == 1 for l in p.layouts.values())
+    assert not any(p.recompute.values()) and s.recompute == "none"
+
+
+def test_row_builds_interleaved_and_zb_plans():
+    s = V.row_setup(_row(schedule="1f1b-interleaved"), fake_workload)
+    assert s.schedule == "interleaved-1f1b" and s.virtual_stages == 3
+    assert len(s.plan.stages) == 24 and s.plan.stages[5].mesh == "stage5"
+    assert s.plan.stages[13].mesh == "stage5"
+    # every rank holds the same blocks as under 1F1B
+    per_rank = {}
+    for st in s.plan.stages:
+        n = st.last - st.first - (st.index == 0) - (st.index == 23)
+        per_rank[st.mesh] = per_rank.get(st.mesh, 0) + n
+    assert [per_rank[f"stage{k}"] for k in range(8)] == [2, 3, 3, 3, 3, 3, 3, 2]
+    assert V.row_setup(_row(schedule="zb-1p"), fake_workload).plan.schedule.name == "zb-h1"
+    z2 = V.row_setup(_row(schedule="zb-2p"), fake_workload).plan.schedule
+    assert z2.name == "zb-h2" and z2.split_backward
+
+
+def test_narayanan_row_choices_and_layouts():
+    r = _row(source="narayanan", model="145.6B", layers=80, hidden=12288, heads=96, seq_len=2048,
+             gpus=1536, tp=8, pp=8, dp=24, global_batch=2304, micro_batch=None, microbatches=None,
+             schedule=None, metric="tflops_per_gpu", value=148)
+    s = V.row_setup(r, fake_workload)
+    assert s.micro_batch == 1 and s.microbatches == 96 and s.schedule == "interleaved-1f1b"
+    assert s.virtual_stages == 2 and s.recompute == "full" and all(s.plan.recompute.values())
+    assert set(s.plan.layouts.values()) == {V.Layout(24, 8)}
+    c = V.build_cluster(r, load_device("a100-80gb-sxm"))
+    m = c.meshes["stage0"]
+    assert m.num_devices == 192 and dict(m.axes) == {"data": 24, "tensor": 8}
+    assert m.devices_per_node == 8 and m.collective_link(24, 8) is m.scale_out_link
+    assert m.collective_link(8) is m.intra_link
+    assert c.link_between("stage0", "stage1").link.bandwidth == pytest.approx(25e9 * 192)
+
+
+def test_zb_cluster_links_follow_nodes():
+    c = V.build_cluster(_row(model="14.6B", gpus=16, pp=16), load_device("a100-80gb-sxm"))
+    nv = c.link_between("stage0", "stage1").link.bandwidth
+    ib = c.link_between("stage7", "stage8").link.bandwidth
+    assert nv == pytest.approx(300e9) and ib == pytest.approx(25e9)
+    assert c.meshes["stage3"].scale_out_link is None
+
+
+def test_selective_recompute_adds_attention_core():
+    w = fake_workload(_row())
+    ws = V.selective_recompute(w, 2304)
+    extra = 4.0 * 1024 ** 2 * 2304
+    assert ws.costs["decoder_block"].bwd_flops_per_sample == 2e11 + extra
+    assert ws.costs["decoder_block"].bwd_input_flops_per_sample == 1e11 + extra
+    assert ws.costs["head"] == w.costs["head"]
+
+
+def test_metric_conversions_exact():
+    r = _row()
+    assert V.metric_from_step(r, 2.0) == 144 / 2.0 / 8
+    k = _row(metric="iteration_s")
+    assert V.metric_from_step(k, 1.25) == 1.25
+    n = _row(source="narayanan", layers=24, hidden=2304, seq_len=2048, gpus=32, global_batch=512,
+             metric="tflops_per_gpu")
+    f = 96 * 512 * 2048 * 24 * 2304 ** 2 * (1 + 2048 / (6 * 2304) + 51200 / (16 * 24 * 2304))
+    assert V.narayanan_flops(512, 2048, 24, 2304, 51200) == pytest.approx(f, rel=1e-15)
+    assert V.metric_from_step(n, 3.0) == pytest.approx(f / 3.0 / 32 / 1e12, rel=1e-15)
+
+
+def test_ranking_agrees_on_synthetic_inputs():
+    m = {"1f1b": 11.8, "1f1b-interleaved": 13.1, "zb-1p": 12.9, "zb-2p": 14.5}
+    assert V.ranking_agrees(m, {"1f1b": 1, "1f1b-interleaved": 3, "zb-1p": 2, "zb-2p": 4})
+    assert not V.ranking_agrees(m, {"1f1b": 1, "1f1b-interleaved": 2, "zb-1p": 3, "zb-2p": 4})
+    assert not V.ranking_agrees(m, {"1f1b": 1, "1f1b-interleaved": 3, "zb-1p": 3, "zb-2p": 4})
+    tie = {"a": 1.0, "b": 1.0, "c": 2.0}
+    assert V.ranking_agrees(tie, {"a": 1.0, "b": 0.5, "c": 3.0})
+    assert V.ranking_agrees(tie, {"a": 0.5, "b": 1.0, "c": 3.0})
+    with pytest.raises(V.ValidationError):
+        V.ranking_agrees(tie, {"a": 1.0})
+
+
+def test_small_rows_simulate_and_predict_agree():
+    from planner.predict import predict
+
+    dev = load_device("a100-80gb-sxm")
+    for sched in ("1f1b", "1f1b-interleaved", "zb-1p", "zb-2p"):
+        s = V.row_setup(_row(schedule=sched), fake_workload)
+        c = V.build_cluster(s.row, dev)
+        a, b = V.sim_step(s.plan, s.workload, c), predict(s.plan, s.workload, c).step_time_s
+        assert a > 0 and math.isclose(a, b, rel_tol=0.01)
+
+
+def test_bad_rows_raise(tmp_path):
+    p = tmp_path / "x.csv"
+    p.write_text(CSV.read_text().splitlines()[0] + "\n"
+                 "zb,1.5B,22,2304,24,1024,,a100-80gb-sxm,8,1,4,1,144,6,24,1f1b,samples_per_gpu_s,11\n")
+    with pytest.raises(V.ValidationError, match="tp\\*pp\\*dp"):
+        V.load_rows(p)
+    with pytest.raises(V.ValidationError, match="microbatches"):
+        V.row_setup(_row(microbatches=25), fake_workload)
+
+
+@pytest.mark.slow
+def test_profile_calibration_reproduces_report():
+    """The efficiency values in the A100 profile reproduce validation.md's mean and max error."""
+    import re
+
+    from cli.validate import workload_for
+
+    md = (CSV.parent / "validation.md").read_text()
+    want = re.search(r"Mean absolute percentage error: ([\d.]+)%; max: ([\d.]+)%", md)
+    assert want, "validation.md has no error summary; run mpmd validate"
+    setups = [V.row_setup(r, workload_for) for r in V.load_rows(CSV)]
+    res = V.evaluate(setups, load_device("a100-80gb-sxm"))
+    assert f"{V.mape(res):.1f}" == want.group(1)
+    assert f"{max(r.ape for r in res):.1f}" == want.group(2)
