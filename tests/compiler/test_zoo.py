@@ -93,13 +93,14 @@ def test_llama_tiny_trains_on_cpu_with_named_layers():
     params = zoo.init_params(cfg, jax.random.PRNGKey(0))
     batch = zoo.example_batch(cfg, jax.random.PRNGKey(1), 2, seq_len=32)
     loss_fn = zoo.forward_loss(cfg)
-    loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, batch)
+    step = jax.jit(jax.value_and_grad(loss_fn))
+    loss, grads = step(params, batch)
     assert abs(float(loss) - math.log(256)) < 0.5          # near-uniform at init
     gnorm = sum(float(jnp.sum(g * g)) for g in jax.tree.leaves(grads))
     assert math.isfinite(gnorm) and gnorm > 0
     # one SGD step lowers the loss on the same batch
     new = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
-    assert float(jax.jit(loss_fn)(new, batch)) < float(loss)
+    assert float(step(new, batch)[0]) < float(loss)
     jaxpr = jax.make_jaxpr(jax.grad(loss_fn))(params, batch).jaxpr
     named = [e.params["name"] for e in jaxpr.eqns if "name" in e.params]
     blocks = [f"block{i}" for i in range(8)]
@@ -126,16 +127,23 @@ def test_layer_fns_compose_to_forward_loss():
     assert jnp.allclose(loss, jax.jit(zoo.forward_loss(cfg))(params, batch), rtol=1e-5)
 
 
-def test_flash_attention_matches_plain_with_gradients():
-    cfg = zoo.get_config("llama-tiny", layers=1)
-    params = zoo.init_params(cfg, jax.random.PRNGKey(0))
-    batch = zoo.example_batch(cfg, jax.random.PRNGKey(1), 2, seq_len=16)
-    flash = zoo.get_config(cfg, attention="flash")
-    l1, g1 = jax.jit(jax.value_and_grad(zoo.forward_loss(cfg)))(params, batch)
-    l2, g2 = jax.jit(jax.value_and_grad(zoo.forward_loss(flash)))(params, batch)
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attention_matches_plain_with_gradients(causal):
+    from compiler.zoo.layers import attention
+    k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(k1, (2, 16, 4, 8))                  # 4 query heads
+    k = jax.random.normal(k2, (2, 16, 2, 8))                  # 2 kv heads (GQA)
+    v = jax.random.normal(k3, (2, 16, 2, 8))
+    w = jax.random.normal(k4, (2, 16, 4, 8))
+
+    def f(impl):
+        return jax.jit(jax.value_and_grad(
+            lambda q, k, v: jnp.sum(w * attention(q, k, v, causal=causal, impl=impl)),
+            argnums=(0, 1, 2)))
+    (l1, g1), (l2, g2) = f("plain")(q, k, v), f("flash")(q, k, v)
     assert jnp.allclose(l1, l2, rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-        assert jnp.allclose(a, b, atol=1e-5)
+    for a, b in zip(g1, g2):
+        assert jnp.allclose(a, b, atol=1e-4)
 
 
 def test_gpt_small_runs():
