@@ -11,9 +11,7 @@ It checks (a) loss and gradients against a plain ``jax.jit`` of the same step on
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -21,7 +19,6 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-import yaml
 from jax.sharding import Mesh
 
 from compiler import check
@@ -102,30 +99,10 @@ def adam_update(params: Any, grads: Any, state: Any, lr: float) -> tuple[Any, An
 
 # --------------------------------------------------------------------------- cluster & topology
 def load_cluster(path: str | Path):
-    """Load a cluster YAML with :func:`hardware_profiles.loader.load_cluster`.
-
-    The ``host`` (per mesh) and ``host_slots`` keys are read here when the loader does not accept
-    them yet, and set on the result (``MeshSpec.host``, ``Cluster.host_slots``).
-    """
+    """Load a cluster YAML (see :func:`hardware_profiles.loader.load_cluster`)."""
     from hardware_profiles.loader import load_cluster as _load
-    from hardware_profiles.types import ProfileError
 
-    try:
-        return _load(path)
-    except ProfileError as e:
-        if "host" not in str(e):
-            raise
-    data = yaml.safe_load(Path(path).read_text())
-    hosts = {m["name"]: m.pop("host") for m in data["meshes"] if "host" in m}
-    slots = data.pop("host_slots", {})
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=Path(path).parent,
-                                     delete=True) as f:
-        yaml.safe_dump(data, f)
-        f.flush()
-        c = _load(f.name)
-    meshes = {n: dataclasses.replace(m, host=hosts.get(n)) for n, m in c.meshes.items()}
-    return dataclasses.replace(c, meshes=meshes, host_slots={k: int(v) for k, v in slots.items()},
-                               path=str(path))
+    return _load(path)
 
 
 def topology_from_cluster(cluster: Any, devices: list | None = None) -> dict[str, Mesh]:

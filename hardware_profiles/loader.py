@@ -120,6 +120,13 @@ class _IntraLink(_Strict):
     source: str = ""
 
 
+class _DefaultLinkFile(_Strict):
+    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0)
+    bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
+    latency_us: float = Field(ge=0)
+    source: str = ""
+
+
 class _MeshFile(_Strict):
     name: str = Field(min_length=1)
     device: str = Field(min_length=1)
@@ -128,17 +135,13 @@ class _MeshFile(_Strict):
     intra_link: _IntraLink | None = None
     price_usd_per_device_hour: float | None = Field(default=None, ge=0)
     power_w_per_device: float | None = Field(default=None, gt=0)
+    host: str | None = None
+    devices_per_node: int | None = Field(default=None, ge=1)
+    scale_out_link: _DefaultLinkFile | None = None
 
 
 class _LinkFile(_Strict):
     between: tuple[str, str]
-    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0)
-    bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
-    latency_us: float = Field(ge=0)
-    source: str = ""
-
-
-class _DefaultLinkFile(_Strict):
     bandwidth_gbit_per_s: float | None = Field(default=None, gt=0)
     bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
     latency_us: float = Field(ge=0)
@@ -151,6 +154,7 @@ class _ClusterFile(_Strict):
     meshes: list[_MeshFile] = Field(min_length=1)
     links: list[_LinkFile] = []
     default_link: _DefaultLinkFile | None = None
+    host_slots: dict[str, int] = {}
 
 
 # ----------------------------------------------------------------------------- error translation
@@ -361,9 +365,15 @@ def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
     else:
         intra = Link(device.scale_up_bandwidth, device.scale_up_latency,
                      f"device {device.name} scale_up: {device.sources.get('scale_up_bandwidth', '')}")
+    scale_out = None
+    if m.scale_out_link is not None:
+        so = m.scale_out_link
+        scale_out = Link(_bandwidth(path, f"mesh {m.name!r} scale_out_link", so.bandwidth_gbit_per_s,
+                                    so.bandwidth_gb_per_s), so.latency_us * US, so.source)
     return MeshSpec(name=m.name, device=device, num_devices=m.num_devices, axes=axes, intra_link=intra,
                     price_per_device_hour=m.price_usd_per_device_hour,
-                    power_watts_per_device=m.power_w_per_device)
+                    power_watts_per_device=m.power_w_per_device, host=m.host,
+                    devices_per_node=m.devices_per_node, scale_out_link=scale_out)
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -414,8 +424,15 @@ def load_cluster(path: str | Path) -> Cluster:
         d = f.default_link
         default = Link(_bandwidth(p, "default_link", d.bandwidth_gbit_per_s, d.bandwidth_gb_per_s),
                        d.latency_us * US, d.source)
+    hosts = {m.host for m in meshes.values() if m.host}
+    for h, n in f.host_slots.items():
+        if h not in hosts:
+            raise ProfileError(f"{p}: host_slots names host {h!r}, which no mesh uses; fix: use one of "
+                               f"{sorted(hosts)}")
+        if n < 1:
+            raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a positive slot count")
     return Cluster(name=f.name or p.stem, meshes=meshes, links=tuple(links), default_link=default,
-                   path=str(p), description=f.description)
+                   path=str(p), description=f.description, host_slots=dict(f.host_slots))
 
 
 def bundled_clusters() -> list[Path]:

@@ -1,0 +1,92 @@
+"""``mpmd whatif``: plan several hardware options and write a purchasing report (HTML, CSV, MD)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+
+def register(main: click.Group, guard) -> None:
+    @main.command()
+    @click.option("--model", default=None, help="Zoo model name, e.g. llama3-70b (an --example sets it).")
+    @click.option("--options", "options", multiple=True, type=click.Path(dir_okay=False),
+                  help="Cluster YAMLs or bundled cluster names to compare (several after one --options).")
+    @click.option("--sweep", "sweep_path", default=None, type=click.Path(dir_okay=False),
+                  help="Budget sweep spec YAML (see reports/sweep.py).")
+    @click.option("--example", default=None,
+                  help="Bundled example (reports/examples/NAME.yaml), e.g. llama70b-1t.")
+    @click.option("--global-batch", type=click.IntRange(min=1), default=None, help="Samples per step.")
+    @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Tokens per sample.")
+    @click.option("--tokens", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="Training token budget, e.g. 1e12.")
+    @click.option("--videos-per-hour", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="Inference demand (Mochi): videos per hour.")
+    @click.option("--deadline-days", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="Training deadline the recommendation checks, days.")
+    @click.option("--price", "prices", multiple=True,
+                  help="DEVICE=LOW:HIGH USD per device-hour override (repeatable).")
+    @click.option("--time-limit", type=click.FloatRange(min=0.1), default=None,
+                  help="Planner wall-clock budget per option, s (default 10, or the example's).")
+    @click.option("--out", default=None, help="Output stem: writes OUT.html, OUT.csv, OUT.md "
+                  "(default reports/whatif/<example or model>).")
+    @guard
+    def whatif(model, options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
+               deadline_days, prices, time_limit, out) -> None:
+        """Plan every hardware option, replay it, and write a what-if purchasing report."""
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from cli.main import console
+        from reports import ReportError, load_example, whatif as run_whatif
+        from reports.render import summary_table, write_report
+
+        spec: dict = {}
+        base = None
+        if example:
+            spec, base = load_example(example)
+        if sum(bool(x) for x in (options, sweep_path)) > 1:
+            raise ReportError("give --options or --sweep, not both")
+        model = model or spec.get("model")
+        if not model:
+            raise ReportError("--model is required (or --example NAME)")
+        opts = list(options) if options else list(spec.get("options", []))
+        sweep = sweep_path or (spec.get("sweep") if not options else None)
+        if not opts and not sweep:
+            raise ReportError("nothing to compare; pass --options A.yaml B.yaml, --sweep SPEC.yaml "
+                              "or --example NAME")
+        pick = lambda flag, key: flag if flag is not None else spec.get(key)  # noqa: E731
+        price_map = dict(spec.get("prices") or {})
+        if prices:
+            from reports.pricing import parse_prices
+            price_map.update(parse_prices(prices))
+        name = spec.get("name") or model
+        out = out or f"reports/whatif/{name}"
+        t0 = time.monotonic()
+        with Progress(TextColumn("[bold]planning[/] {task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                      console=console, transient=False) as bar:
+            task = bar.add_task("", total=None)
+
+            def progress(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total, description=label)
+
+            df = run_whatif(model, opts, sweep=sweep, global_batch=pick(global_batch, "global_batch"),
+                            seq_len=pick(seq_len, "seq_len"), tokens=pick(tokens, "tokens"),
+                            videos_per_hour=pick(videos_per_hour, "videos_per_hour"),
+                            deadline_days=pick(deadline_days, "deadline_days"), prices=price_map,
+                            time_limit_s=pick(time_limit, "time_limit_s"),
+                            title=spec.get("title"), progress=progress, base_dir=base)
+        paths = write_report(df, out)
+        from rich.table import Table
+
+        t = summary_table(df)
+        keep = [c for c in t.columns if c not in ("Plan", "Devices")]
+        table = Table(title=df.attrs["title"], title_justify="left")
+        for c in keep:
+            table.add_column(c, overflow="fold")
+        for _, r in t.iterrows():
+            table.add_row(*(str(r[c]) for c in keep))
+        console.print(table)
+        console.print(f"[bold]Recommendation.[/] {df.attrs['recommendation']}", highlight=False)
+        console.print(f"wrote {', '.join(str(p) for p in paths.values())} "
+                      f"in {time.monotonic() - t0:.0f} s", highlight=False)
