@@ -16,14 +16,16 @@ Method (all abstract: ``jax.ShapeDtypeStruct`` inputs, no weights in memory):
   writes dq, dk, dv; Dao et al. 2022). Why not XLA's ``bytes accessed``: the lowered (pre-fusion)
   count charges every elementwise op's operands (llama3-70b block, seq 8192: 433 GB per sample) and
   the compiled CPU count reflects the CPU backend (dots fused into each other, bf16 upcast to f32:
-  160 GB), neither of which a GPU/TPU does; the roofline model with flash attention gives ~4 GB.
+  160 GB), neither of which a GPU/TPU does; the roofline model with flash attention gives 4.7 GB
+  (1.7 GB of it the weights). Known limit: it is a fusion model, not a measurement of a GPU binary.
 * Backward: ``jax.vjp`` is evaluated abstractly (``jax.eval_shape``); its closure's leaves are the
   residuals, and the backward alone is the function ``(residuals, cotangent) -> gradients`` rebuilt
   from the closure's treedef, costed like the forward (so no forward recomputation is counted).
   The input-gradient part B (zero-bubble, Qi et al. 2023) is the same construction with the vjp taken
   w.r.t. the layer's float inputs only (parameters held constant); the weight-gradient part W is
   ``bwd - B``. The embedding has no float input, so its B is 0.
-* Residual bytes: ``saved_residuals`` of the layer with flash attention (what a production training
+* Residual bytes: ``saved_residuals`` (``jax._src.ad_checkpoint``, the function behind the public
+  ``jax.ad_checkpoint.print_saved_residuals``) of the layer with flash attention (what a production training
   run keeps: q, k, v, o and the log-sum-exp instead of the ``heads x s x s`` softmax), excluding the
   layer's parameters.
 * Activation bytes: the layer output's bytes (the loss scalar for a training head counts 0).
