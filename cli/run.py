@@ -1,0 +1,50 @@
+"""``mpmd run plan.json`` and ``mpmd calibrate``: compile and run a plan on this machine's JAX
+devices, and calibrate the CPU device profile those runs are simulated with."""
+
+from __future__ import annotations
+
+import click
+
+
+def _cpu_devices(n: int) -> None:
+    """Give JAX ``n`` CPU devices (only before its backend starts; GPUs are used when present)."""
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", n)
+
+
+def register(main: click.Group, guard) -> None:
+    @main.command()
+    @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
+    @click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True,
+                  help="Training steps to run.")
+    @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
+                  help="Cluster YAML (default: the plan's).")
+    @click.option("--check-every", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="Compare loss and gradients with jax.jit every N steps.")
+    @click.option("--lr", type=float, default=1e-3, show_default=True, help="Adam learning rate.")
+    @guard
+    def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, lr: float) -> None:
+        """Compile PLAN.json into per-mesh programs and run real training steps on shipped text."""
+        from cli.main import console
+
+        _cpu_devices(8)
+        from compiler.run import print_report, run_plan
+
+        report = run_plan(plan_path, steps=steps, cluster_path=cluster_path,
+                          check_every=check_every, lr=lr, console=console)
+        print_report(report, console=console)
+
+    @main.command()
+    @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
+    @click.option("--device-out", default="hardware_profiles/devices/cpu-host.yaml", show_default=True)
+    @click.option("--cluster-out", default="hardware_profiles/clusters/cpu4x2.yaml", show_default=True)
+    @guard
+    def calibrate(repeats: int, device_out: str, cluster_out: str) -> None:
+        """Time fragments on this machine's CPU devices and write the cpu-host profile."""
+        from cli.main import console
+
+        _cpu_devices(8)
+        from compiler.calibrate import calibrate_command
+
+        calibrate_command(device_out, cluster_out, repeats=repeats, console=console)
