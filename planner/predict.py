@@ -4,7 +4,9 @@ Each rank runs its fragment order back to back; a fragment starts once its rank 
 inputs have arrived (producer end + transfer time). That longest-path evaluation
 (:func:`simulator.schedules.check.replay`) plus each mesh's end-of-step ops gives the step time; the
 discrete-event simulator replays the same plan with streams and link contention, and the two must
-agree within 1% when links are not contended (a test holds them together).
+agree within 1% when links are not contended (a test holds them together). Meshes that share one
+host's compute (``MeshSpec.host``, e.g. CPU devices of one machine) are the exception: the replay has
+no notion of that contention, so their plans are timed by the simulator.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from compiler.ir import FragmentRef, Plan, Workload
 from hardware_profiles.types import Cluster
 from simulator.plan_costs import PlanCosts
+from simulator.plan_sim import simulate_plan
 from simulator.schedules.check import replay
 
 
@@ -103,6 +106,12 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
     kinds = ("F",) + ((("B", "W") if table.split_backward else ("B",)) if workload.training else ())
     stage_time = tuple(sum(costs.fragment_time(FragmentRef(k, s.index, 0)) for k in kinds)
                        for s in plan.stages)
+    if any(cluster.meshes[m].host for m in plan.rank_mesh):
+        # meshes sharing a host's compute (MeshSpec.host) contend for its slots, which the
+        # contention-free replay cannot express: the discrete-event simulator times such plans
+        sim = simulate_plan(plan, workload, cluster)
+        step = sim.step_time_s
+        busy = dict(sim.busy_s)
     peak_flops = costs.peak_flops
     tokens = plan.global_batch * plan.seq_len
     return Prediction(
