@@ -57,7 +57,8 @@ def _mesh_summary(plan, cluster) -> str:
             parts[-1][0] += 1
         else:
             parts.append([1, key])
-    return f"{len(plan.rank_mesh)} meshes: " + ", ".join(f"{k} x {key}" for k, key in parts)
+    n = len(plan.rank_mesh)
+    return f"{n} mesh{'es' if n > 1 else ''}: " + ", ".join(f"{k} x {key}" for k, key in parts)
 
 
 def _devices(cluster) -> str:
