@@ -121,3 +121,41 @@ def test_simulate_rejects_malformed_json(tmp_path):
     p.write_text("{not json")
     res = run(["simulate", str(p)])
     assert res.exit_code == 2 and "malformed JSON" in res.output
+
+
+@pytest.fixture(scope="module")
+def small_plan(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    res = run(["plan", "--model", "llama3-8b", "--cluster", str(CLUSTERS / "h100x64.yaml"),
+               "--global-batch", "32", "--seq-len", "2048", "--schedule", "1f1b",
+               "--time-limit", "10", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_simulate_rejects_deadlocking_schedule(small_plan, tmp_path):
+    doc = json.loads(small_plan.read_text())
+    order = doc["schedule"]["order"]
+    first, last = doc["rank_mesh"][0], doc["rank_mesh"][-1]
+    # the last stage's first backward before its first forward: waits on itself forever
+    order[last][0], order[last][1] = order[last][1], order[last][0]
+    p = tmp_path / "deadlock.json"
+    p.write_text(json.dumps(doc))
+    res = run(["simulate", str(p)])
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+    assert "B" in res.output
+
+
+def test_simulate_rejects_negative_straggler_factor(small_plan):
+    mesh = json.loads(small_plan.read_text())["rank_mesh"][0]
+    res = run(["simulate", str(small_plan), "--straggler", f"{mesh}=-2"])
+    assert res.exit_code == 2 and "-2" in res.output and "Traceback" not in res.output
+
+
+def test_simulate_failed_link_reports_where_and_when(small_plan):
+    doc = json.loads(small_plan.read_text())
+    a, b = sorted(doc["rank_mesh"][:2])
+    res = run(["simulate", str(small_plan), "--fail-link", f"{a}<->{b}@0.001"])
+    assert res.exit_code == 0, res.output
+    assert "step failed" in res.output and f"{a}<->{b}" in res.output
