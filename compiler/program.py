@@ -409,7 +409,7 @@ def body_lines(inputs: Sequence[str], outputs: Sequence[str], body: Sequence[Eqn
             loc.m[o] = f"%b{n}"
             n += 1
         lines.append(eqn_str(e, loc, types, full))
-    lines.append("return " + ", ".join(loc(o) for o in outputs))
+    lines.append(("return " + ", ".join(loc(o) for o in outputs)).rstrip())
     args = ", ".join(f"{loc(v)}: {types[v]}" for v in inputs)
     return args, lines
 

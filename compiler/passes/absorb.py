@@ -9,11 +9,12 @@ First, an inferred fragment without operands (a constant, e.g. the loss cotangen
 microbatches) is cloned into each user fragment that reads it (``clone_inferred_fragments`` of
 ``-mpmd-merge-inferred-fragments``), so every microbatch's fragment computes it itself.
 
-Guard (ours): an inferred fragment is absorbed only if every user fragment it is connected to
-through inferred code only (upstream or downstream) has ``rf``'s call counter, so code that combines
+Guards (ours): an inferred fragment is absorbed only if every user fragment it reaches through
+inferred code only (upstream or downstream) has ``rf``'s call counter, so code that combines
 microbatches (gradient and loss accumulation) or is shared by them (a weight cast, the loss
 cotangent) stays a separate inferred fragment instead of tying one microbatch's fragment to
-another's and defeating the schedule.
+another's and defeating the schedule. Pattern 1 does not apply to inferred fragments reading program inputs
+only (slicing a microbatch out of the batch), so the fragments of all microbatches keep one body.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ def _step(p: Program) -> Program | None:
     for i, f in enumerate(p.ops):
         if not isinstance(f, Fragment) or f.is_user:
             continue
-        # (1) closest consumer
+        # (1) closest consumer; not for code reading program inputs only (e.g. the slicing of a
+        # microbatch out of the batch), which would make each microbatch's body differ
         cons = sorted({j for v in f.outputs for j in use.get(v, [])})
-        if cons:
+        if cons and any(v in prod for v in f.inputs):
             rf = p.ops[cons[0]]
             if isinstance(rf, Fragment) and rf.is_user and rf.mesh == f.mesh:
                 if taint[i] <= {rf.call_counter}:
