@@ -28,11 +28,13 @@ def register(main: click.Group, guard) -> None:
                   help="DEVICE=LOW:HIGH USD per device-hour override (repeatable).")
     @click.option("--time-limit", type=click.FloatRange(min=0.1), default=None,
                   help="Planner wall-clock budget per option, s (default 10, or the example's).")
+    @click.option("--screenshot/--no-screenshot", default=True, show_default=True,
+                  help="Also write OUT.png, the report's first screen (needs chromium; skipped without).")
     @click.option("--out", default=None, help="Output stem: writes OUT.html, OUT.csv, OUT.md "
                   "(default reports/whatif/<example or model>).")
     @guard
     def whatif(model, options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
-               deadline_days, prices, time_limit, out) -> None:
+               deadline_days, prices, time_limit, screenshot, out) -> None:
         """Plan every hardware option, replay it, and write a what-if purchasing report."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -77,6 +79,13 @@ def register(main: click.Group, guard) -> None:
                             time_limit_s=pick(time_limit, "time_limit_s"),
                             title=spec.get("title"), progress=progress, base_dir=base)
         paths = write_report(df, out)
+        if screenshot:
+            from reports.browser import find_chromium, screenshot as shoot
+
+            if find_chromium():
+                paths["png"] = shoot(paths["html"], paths["html"].with_suffix(".png"))
+            else:
+                console.print("no chromium: skipped the screenshot (apt-get install -y chromium)")
         from rich.table import Table
 
         t = summary_table(df)

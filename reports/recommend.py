@@ -42,6 +42,10 @@ def _money(x: float) -> str:
     return f"${x:.2f}" if x >= 1 else f"${x:.3f}"
 
 
+def _energy(kwh: float) -> str:
+    return f"{kwh / 1e3:,.0f} MWh" if kwh >= 1e4 else f"{kwh:,.0f} kWh"
+
+
 def _infeasible_note(df: pd.DataFrame) -> str:
     bad = df[~df["feasible"]]
     if bad.empty:
@@ -73,7 +77,7 @@ def _training(df: pd.DataFrame) -> str:
             f"{_money(win.cost_to_train_usd_low)}-{_money(win.cost_to_train_usd_high)} "
             f"(low-high price; {_money(win.cost_to_train_usd_best)}-"
             f"{_money(win.cost_to_train_usd_worst)} with figure uncertainty too), using "
-            f"{win.energy_kwh / 1e3:,.0f} MWh of device power.")
+            f"{_energy(win.energy_kwh)} of device power.")
     if deadline and not win.get("meets_deadline_worst", True):
         text += (f" Caution: under the worst-case figures it needs {win.time_to_train_days_worst:.1f}"
                  f" days and misses the deadline.")

@@ -149,4 +149,12 @@ def load_example(name_or_path: str | Path) -> tuple[dict[str, Any], Path]:
     if "model" not in data or not ("options" in data or "sweep" in data):
         raise ReportError(f"example {str(p)!r} needs 'model:' and 'options:' or 'sweep:'")
     data.setdefault("name", p.stem)
+    # PyYAML reads 1.0e12 (no exponent sign) as a string: coerce numeric keys explicitly
+    for key, kind in (("tokens", float), ("videos_per_hour", float), ("deadline_days", float),
+                      ("time_limit_s", float), ("global_batch", int), ("seq_len", int)):
+        if data.get(key) is not None:
+            try:
+                data[key] = kind(float(data[key]))
+            except (TypeError, ValueError):
+                raise ReportError(f"example {str(p)!r}: {key} = {data[key]!r} is not a number") from None
     return data, p.parent

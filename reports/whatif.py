@@ -57,8 +57,9 @@ def _mesh_summary(plan, cluster) -> str:
             parts[-1][0] += 1
         else:
             parts.append([1, key])
-    n = len(plan.rank_mesh)
-    return f"{n} mesh{'es' if n > 1 else ''}: " + ", ".join(f"{k} x {key}" for k, key in parts)
+    n, total = len(plan.rank_mesh), len(cluster.meshes)
+    used = f" (of {total}; the others idle)" if n < total else ""
+    return f"{n} mesh{'es' if n > 1 else ''}{used}: " + ", ".join(f"{k} x {key}" for k, key in parts)
 
 
 def _devices(cluster) -> str:

@@ -1,0 +1,27 @@
+"""One small what-if run shared by the report tests: llama3-8b on two small clusters (one mixed H100 + p150b) plus one that
+cannot hold it (1 H100), 2 s of planning each."""
+
+import pytest
+
+SMALL_OPTIONS = ("loudbox_p150bx8", "h100x16_p150bx32", "h100x1")
+SMALL = dict(global_batch=16, seq_len=2048, tokens=1e10, deadline_days=20.0, time_limit_s=2.0)
+
+
+@pytest.fixture(scope="session")
+def small_spec():
+    """(options, keyword arguments) of the shared run."""
+    return SMALL_OPTIONS, dict(SMALL)
+
+
+@pytest.fixture(scope="session")
+def small_df():
+    from reports import whatif
+
+    return whatif("llama3-8b", SMALL_OPTIONS, **SMALL)
+
+
+@pytest.fixture(scope="session")
+def small_report(small_df, tmp_path_factory):
+    from reports.render import write_report
+
+    return write_report(small_df, tmp_path_factory.mktemp("whatif") / "small")
