@@ -96,7 +96,7 @@ def cost_vs_time(df: pd.DataFrame) -> bytes:
         deadline = df.attrs.get("deadline_days")
         if training and deadline:
             ax.axvline(deadline, color="#D62728", ls="--", lw=1, label=f"deadline {deadline:g} days")
-            ax.legend(loc="upper right", fontsize=8)
+            ax.legend(loc="best", fontsize=8)
         if len(ok) and _spread(ok[x]):
             ax.set_xscale("log")
         if len(ok) and _spread(ok[y]):

@@ -42,8 +42,28 @@ def _money(x: float) -> str:
     return f"${x:.2f}" if x >= 1 else f"${x:.3f}"
 
 
+def _mrange(lo: float, hi: float) -> str:
+    a, b = _money(lo), _money(hi)
+    return a if a == b else f"{a}-{b}"
+
+
 def _energy(kwh: float) -> str:
     return f"{kwh / 1e3:,.0f} MWh" if kwh >= 1e4 else f"{kwh:,.0f} kWh"
+
+
+def _price_caveat(df: pd.DataFrame, win) -> str:
+    """A warning when the winner's price is an amortized purchase price that leaves power out."""
+    devs = [d.split(" ", 1)[1] for d in str(win.devices).split(" + ")]
+    amortized = sorted({f["device"] for f in df.attrs.get("figures", [])
+                        if f["figure"] == "price per device-hour" and f["device"] in devs
+                        and "excludes power" in f["source"]})
+    if not amortized:
+        return ""
+    kwh = getattr(win, "energy_kwh", None)
+    power = f" ({_energy(kwh)} of device power for this run)" if kwh and math.isfinite(kwh) else ""
+    return (f" Note: the {', '.join(amortized)} price is a purchase price amortized over 3 years that "
+            f"excludes power, hosts and operations{power}, while cloud prices include them; compare "
+            f"with that in mind or pass --price.")
 
 
 def _infeasible_note(df: pd.DataFrame) -> str:
@@ -67,16 +87,17 @@ def _training(df: pd.DataFrame) -> str:
     if pool.empty:
         fast = ok.sort_values("time_to_train_days").iloc[0]
         return (f"No option trains {ttok} within {deadline:g} days. The fastest is {fast.option}: "
-                f"{fast.time_to_train_days:.1f} days for {_money(fast.cost_to_train_usd_low)}-"
-                f"{_money(fast.cost_to_train_usd_high)}.")
+                f"{fast.time_to_train_days:.1f} days for "
+                f"{_mrange(fast.cost_to_train_usd_low, fast.cost_to_train_usd_high)}.")
     win = pool.sort_values(["cost_to_train_usd_low", "time_to_train_days"]).iloc[0]
     what = f"meets the {deadline:g}-day deadline" if deadline else "trains the budget"
-    text = (f"Cheapest option that {what}: {win.option} ({win.devices}). It trains {ttok} in "
+    named = win.option if win.option == win.devices else f"{win.option} ({win.devices})"
+    text = (f"Cheapest option that {what}: {named}. It trains {ttok} in "
             f"{win.time_to_train_days:.1f} days ({win.time_to_train_days_best:.1f}-"
             f"{win.time_to_train_days_worst:.1f} across the disagreeing device figures) for "
-            f"{_money(win.cost_to_train_usd_low)}-{_money(win.cost_to_train_usd_high)} "
-            f"(low-high price; {_money(win.cost_to_train_usd_best)}-"
-            f"{_money(win.cost_to_train_usd_worst)} with figure uncertainty too), using "
+            f"{_mrange(win.cost_to_train_usd_low, win.cost_to_train_usd_high)} "
+            f"(low-high price; {_mrange(win.cost_to_train_usd_best, win.cost_to_train_usd_worst)}"
+            f" with figure uncertainty too), using "
             f"{_energy(win.energy_kwh)} of device power.")
     if deadline and not win.get("meets_deadline_worst", True):
         text += (f" Caution: under the worst-case figures it needs {win.time_to_train_days_worst:.1f}"
@@ -87,7 +108,7 @@ def _training(df: pd.DataFrame) -> str:
                  f"({_money(hi.cost_to_train_usd_high)} vs {_money(win.cost_to_train_usd_high)}).")
     if not win.get("alternatives_fit", True):
         text += " Its plan does not fit memory under a disagreeing figure (see the table)."
-    return text
+    return text + _price_caveat(df, win)
 
 
 def _inference(df: pd.DataFrame) -> str:
@@ -115,7 +136,7 @@ def _inference(df: pd.DataFrame) -> str:
     fast = ok.sort_values("seconds_per_video").iloc[0]
     if fast.option != win.option:
         text += f" Lowest latency: {fast.option} at {fast.seconds_per_video:.0f} s per video."
-    return text
+    return text + _price_caveat(df, win)
 
 
 def recommendation(df: pd.DataFrame) -> str:

@@ -44,6 +44,11 @@ def _money(x) -> str:
     return f"${x:.3g}"
 
 
+def _money_rng(lo, hi) -> str:
+    a, b = _money(lo), _money(hi)
+    return a if a == b else f"{a}-{b}"
+
+
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """The human table (strings), one row per option, same for HTML, Markdown and the console."""
     training = df.attrs.get("kind", "training") == "training"
@@ -56,7 +61,7 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
             continue
         g = lambda k: r.get(k, math.nan)  # noqa: E731
         row["Plan"] = (f"{r['meshes']}; {r['schedule']} x {int(r['microbatches'])} microbatches, "
-                       f"{int(r['stages'])} stages")
+                       f"{int(r['stages'])} stage{'s' if r['stages'] > 1 else ''}")
         row["Step (s)"] = _f(r["step_time_s"], "{:.3f}")
         if training:
             row["Tokens/s (best-worst)"] = (f"{g('tokens_per_s'):,.0f} ({g('tokens_per_s_best'):,.0f}-"
@@ -77,8 +82,8 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
                 row["Days to train (best-worst)"] = (
                     f"{g('time_to_train_days'):.1f} ({g('time_to_train_days_best'):.1f}-"
                     f"{g('time_to_train_days_worst'):.1f})")
-                row["Cost to train (low-high)"] = (f"{_money(g('cost_to_train_usd_low'))}-"
-                                                   f"{_money(g('cost_to_train_usd_high'))}")
+                row["Cost to train (low-high)"] = _money_rng(g("cost_to_train_usd_low"),
+                                                             g("cost_to_train_usd_high"))
                 row["Energy (MWh)"] = _f(g("energy_kwh") / 1e3, "{:,.1f}")
             if "meets_deadline" in r and isinstance(r["meets_deadline"], bool):
                 row["Meets deadline"] = ("yes" if r["meets_deadline"] else "no") + (
@@ -92,6 +97,9 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
                 row["Copies for demand"] = f"{int(g('replicas'))} (worst {int(g('replicas_worst'))})"
                 row["Fleet $/h (low-high)"] = _rng(g("fleet_usd_per_hour_low"),
                                                    g("fleet_usd_per_hour_high"), "{:.4g}")
+        gap = r.get("solver_gap", math.nan)
+        row["Solver"] = str(r.get("solver_status", "")) + (
+            f" gap {100 * gap:.0f}%" if isinstance(gap, float) and math.isfinite(gap) and gap > 0 else "")
         if df.attrs.get("sweep") and "tokens_per_usd" in r:
             row["Tokens per $ (low price)"] = _f(g("tokens_per_usd"), "{:,.0f}")
         rows.append(row)
