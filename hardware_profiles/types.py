@@ -120,16 +120,22 @@ class MeshSpec:
     scale_out_link: Link | None = None
 
     def collective_link(self, group: int, stride: int = 1) -> Link:
-        """The link that bounds a collective over ``group`` devices spaced ``stride`` apart.
+        """The effective link of a collective over ``group`` devices spaced ``stride`` apart.
 
         Tensor parallel takes the innermost devices (stride 1), data parallel the outer ones
-        (stride = tensor degree). When the group spans more than one node (``devices_per_node``)
-        its ring crosses the scale-out network, which then bounds it (``scale_out_link``).
+        (stride = tensor degree). A group within one node (``devices_per_node``) uses
+        ``intra_link``. A group spanning nodes crosses the scale-out network; with ``k`` of its
+        members on each node, NCCL runs ``k`` rings side by side, one per network card, so the
+        collective sees ``k`` x the per-device scale-out bandwidth, capped by the intra-node link
+        (NCCL's multi-ring all-reduce; NVIDIA, "NCCL: Optimized primitives for collective
+        multi-GPU communication", 2017 talk; Narayanan et al. 2021, sec. 4).
         """
         if (self.devices_per_node is None or self.scale_out_link is None
                 or group * stride <= self.devices_per_node):
             return self.intra_link
-        return self.scale_out_link
+        per_node = max(1, min(group, self.devices_per_node // max(1, stride)))
+        so = self.scale_out_link
+        return Link(min(self.intra_link.bandwidth, so.bandwidth * per_node), so.latency, so.source)
 
     @property
     def price_per_hour(self) -> tuple[float, float] | None:
