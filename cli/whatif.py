@@ -39,7 +39,8 @@ def register(main: click.Group, guard) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         from cli.main import console
-        from reports import ReportError, load_example, whatif as run_whatif
+        from reports import ReportError, load_example
+        from reports import whatif as run_whatif
         from reports.render import summary_table, write_report
 
         spec: dict = {}
@@ -56,7 +57,7 @@ def register(main: click.Group, guard) -> None:
         if not opts and not sweep:
             raise ReportError("nothing to compare; pass --options A.yaml B.yaml, --sweep SPEC.yaml "
                               "or --example NAME")
-        pick = lambda flag, key: flag if flag is not None else spec.get(key)  # noqa: E731
+        pick = lambda flag, key: flag if flag is not None else spec.get(key)
         price_map = dict(spec.get("prices") or {})
         if prices:
             from reports.pricing import parse_prices
@@ -80,7 +81,8 @@ def register(main: click.Group, guard) -> None:
                             title=spec.get("title"), progress=progress, base_dir=base)
         paths = write_report(df, out)
         if screenshot:
-            from reports.browser import find_chromium, screenshot as shoot
+            from reports.browser import find_chromium
+            from reports.browser import screenshot as shoot
 
             if find_chromium():
                 paths["png"] = shoot(paths["html"], paths["html"].with_suffix(".png"))

@@ -6,7 +6,9 @@
 from reports.errors import ReportError
 from reports.recommend import pareto_front, recommendation
 from reports.spec import EXAMPLES_DIR, Option, list_examples, load_example
-from reports.sweep import SweepSpec, generate as generate_sweep, parse_spec as parse_sweep
+from reports.sweep import SweepSpec
+from reports.sweep import generate as generate_sweep
+from reports.sweep import parse_spec as parse_sweep
 from reports.whatif import whatif
 
 __all__ = [

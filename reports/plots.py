@@ -15,10 +15,10 @@ import math
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from reports.recommend import throughput_column  # noqa: E402
+from reports.recommend import throughput_column
 
 KIND_COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B", "allreduce": "#9D755D",
                "optimizer": "#B279A2"}

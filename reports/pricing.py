@@ -12,8 +12,9 @@ Efficiencies (matmul, memory, fragment overhead) and power come from the device 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from hardware_profiles.types import Cluster, DeviceProfile
 from reports.errors import ReportError
@@ -44,7 +45,7 @@ def parse_price(text: str) -> tuple[str, float, float]:
         hi = float(hi_s) if hi_s else lo
     except ValueError:
         lo = hi = float("nan")
-    if not sep or not dev or not (lo == lo and hi == hi):
+    if not sep or not dev or math.isnan(lo) or math.isnan(hi):
         raise ReportError(f"--price {text!r} is not DEVICE=LOW:HIGH; write e.g. h100-sxm=2.5:4.0")
     if lo < 0 or hi < lo:
         raise ReportError(f"--price {text!r}: need 0 <= LOW <= HIGH; swap or fix the figures")

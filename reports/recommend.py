@@ -107,7 +107,8 @@ def _training(df: pd.DataFrame) -> str:
         text += (f" At the high end of the price ranges {hi.option} is cheaper "
                  f"({_money(hi.cost_to_train_usd_high)} vs {_money(win.cost_to_train_usd_high)}).")
     if not win.get("alternatives_fit", True):
-        text += " Its plan does not fit memory under a disagreeing figure (see the table)."
+        text += (f" Its plan does not fit memory if {win.get('alternatives_nofit', 'a disagreeing figure')}"
+                 f" holds (a published figure that disagrees with the one used; see the table).")
     return text + _price_caveat(df, win)
 
 
@@ -132,7 +133,8 @@ def _inference(df: pd.DataFrame) -> str:
         text = (f"Cheapest per video: {win.option} at {_money(win.usd_per_video_low)}-"
                 f"{_money(win.usd_per_video_high)} ({win.videos_per_hour:.2f} videos/h).")
     if not win.get("alternatives_fit", True):
-        text += " Its plan does not fit memory under a disagreeing figure (see the table)."
+        text += (f" Its plan does not fit memory if {win.get('alternatives_nofit', 'a disagreeing figure')}"
+                 f" holds (a published figure that disagrees with the one used; see the table).")
     fast = ok.sort_values("seconds_per_video").iloc[0]
     if fast.option != win.option:
         text += f" Lowest latency: {fast.option} at {fast.seconds_per_video:.0f} s per video."

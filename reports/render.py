@@ -59,7 +59,7 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
             row["Plan"] = "infeasible: " + r["reason"]
             rows.append(row)
             continue
-        g = lambda k: r.get(k, math.nan)  # noqa: E731
+        g = lambda k, r=r: r.get(k, math.nan)
         row["Plan"] = (f"{r['meshes']}; {r['schedule']} x {int(r['microbatches'])} microbatches, "
                        f"{int(r['stages'])} stage{'s' if r['stages'] > 1 else ''}")
         row["Step (s)"] = _f(r["step_time_s"], "{:.3f}")

@@ -21,8 +21,9 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from hardware_profiles import load_cluster, load_device
 from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, ProfileError
@@ -144,7 +145,7 @@ def _short(device: str) -> str:
     return device.replace("-", "")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _link(a: str, b: str, ring: bool = False) -> tuple[Link, str]:
     key = frozenset({a, "ring"}) if ring and a == b else frozenset({a, b})
     stem, pair = LINK_FROM.get(key, FALLBACK)

@@ -19,16 +19,23 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
 from compiler.costing import workload as make_workload
 from compiler.zoo import get_config
-from planner import PlanOptions, plan as run_plan
+from planner import PlanOptions
+from planner import plan as run_plan
 from planner.errors import PlannerError
 from reports.errors import ReportError
-from reports.pricing import cluster_power_watts, cluster_price, figure_rows, parse_prices
+from reports.pricing import (
+    cluster_power_watts,
+    cluster_price,
+    figure_rows,
+    parse_prices,
+)
 from reports.recommend import pareto_front, recommendation
 from reports.spec import Option, to_option
 from reports.sweep import SweepResult, SweepSpec, generate, parse_spec
@@ -99,10 +106,11 @@ def _metrics(row: dict[str, Any], res, sim, outcomes, cfg, w, cluster, tokens: f
         "samples_per_s": p.global_batch / T,
         "alternatives": "; ".join(o.describe() for o in outcomes if o.changes),
         "alternatives_fit": all(o.fits for o in outcomes),
+        "alternatives_nofit": "; ".join(o.describe().split(" (")[0] for o in outcomes if not o.fits),
         "solver_status": p.solver.get("status", ""), "solver_gap": p.solver.get("gap", math.nan),
         "sim_errors": "; ".join(sim.errors),
     })
-    hours = lambda seconds: seconds / 3600.0  # noqa: E731
+    hours = lambda seconds: seconds / 3600.0
     if w.training:
         tok = p.global_batch * p.seq_len
         tps, tps_best, tps_worst = tok / T, tok / t_best, tok / t_worst

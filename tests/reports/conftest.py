@@ -4,7 +4,8 @@ cannot hold it (1 H100), 2 s of planning each."""
 import pytest
 
 SMALL_OPTIONS = ("loudbox_p150bx8", "h100x16_p150bx32", "h100x1")
-SMALL = dict(global_batch=16, seq_len=2048, tokens=1e10, deadline_days=20.0, time_limit_s=2.0)
+SMALL = {"global_batch": 16, "seq_len": 2048, "tokens": 1e10, "deadline_days": 20.0,
+         "time_limit_s": 2.0}
 
 
 @pytest.fixture(scope="session")

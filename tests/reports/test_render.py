@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 def test_html_is_self_contained(small_report):
     text = small_report["html"].read_text()
-    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", text, re.I)
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", text, re.IGNORECASE)
     assert "<script" not in text.lower() and "@import" not in text and "url(" not in text
     srcs = re.findall(r'<img [^>]*src="([^"]+)"', text)
     assert len(srcs) == 2 + 2          # two plots + a timeline per feasible option

@@ -10,7 +10,6 @@ from reports import ReportError, whatif
 from simulator.plan_sim import simulate_plan
 
 
-
 def _price(cluster_name: str, which: int) -> float:
     """USD/hour straight from the device profiles (every mesh of the cluster, used or idle)."""
     c = load_cluster(cluster_name)
