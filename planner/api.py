@@ -204,7 +204,9 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
         cand = Candidate(sched, mb, v, nb, meshes, options, comm, sched in MERGEABLE and w.training,
                          even_split=opts.even_split,
                          required_meshes=meshes if opts.even_split else ())
-        a = solve(cand, time_limit_s=left / (len(combos) - n), seed=opts.seed, workers=opts.workers)
+        # a fixed deterministic budget per candidate (reproducible), capped by the wall clock left
+        a = solve(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
+                  deterministic_limit=opts.time_limit_s / len(combos))
         if a is None:
             tried.append((sched, mb, None))
             continue
@@ -220,20 +222,22 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
         if best is None or pred.step_time_s < best[0] * (1 - 1e-9):
             best = (pred.step_time_s, p, pred)
     if best is None:
-        raise InfeasibleError(explain_infeasible(w, cluster, meshes, opts.headroom))
+        raise InfeasibleError(explain_infeasible(w, cluster, meshes, opts.headroom,
+                                                 opts.max_tensor))
     _, p, pred = best
     total_wall = time.monotonic() - t0
     p = replace(p, solver={**p.solver, "search_wall_s": total_wall, "candidates": len(tried)})
     return PlanResult(p, pred, tuple(tried))
 
 
-def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], headroom: float
-                       ) -> str:
+def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], headroom: float,
+                       max_tensor: int = 8) -> str:
     """One line: which mesh lacks how many bytes in the most memory-frugal plan.
 
     That plan uses every mesh, splits layers in proportion to each mesh's usable memory, shards
     everything over the mesh (tensor parallel across all its devices) and runs one sample per
-    microbatch; if even that does not fit, no plan does.
+    microbatch; if even that does not fit, no plan does. If it fits only with more tensor
+    parallelism than ``max_tensor`` allows, the message says so.
     """
     specs = [cluster.meshes[m] for m in meshes]
     usable = [cm.usable_bytes(s, headroom) * s.num_devices for s in specs]
@@ -254,6 +258,11 @@ def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], h
         if worst is None or lack > worst[1]:
             worst = (m, lack, need, cm.usable_bytes(s, headroom))
     if worst is None or worst[1] <= 0:
+        widest = max(s.num_devices for s in specs)
+        if widest > max_tensor:
+            return (f"model {w.model!r} fits cluster {cluster.name!r} only with tensor parallelism "
+                    f"wider than --max-tensor {max_tensor} (meshes of up to {widest} devices); "
+                    f"raise --max-tensor or split the cluster into more meshes")
         return (f"model {w.model!r} found no plan on cluster {cluster.name!r} within the time "
                 f"limit; raise --time-limit")
     m, lack, need, has = worst

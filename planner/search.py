@@ -129,10 +129,14 @@ def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str
     return infl
 
 
-def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1) -> Assignment | None:
+def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
+          deterministic_limit: float | None = None) -> Assignment | None:
     """Solve one candidate; None when CP-SAT proves it infeasible or finds nothing in time.
 
-    Deterministic for the same inputs: a fixed seed and worker count, and interleaved search.
+    Deterministic for the same inputs: a fixed seed and worker count, interleaved search, and a
+    budget in CP-SAT's deterministic time (``deterministic_limit``, default ``time_limit_s``), so a
+    loaded machine gives the same answer as an idle one unless the wall-clock ``time_limit_s``
+    runs out first.
     """
     model = cp_model.CpModel()
     nm, v, L, M = len(c.meshes), c.virtual_stages, c.num_blocks, c.microbatches
@@ -244,6 +248,7 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
+    solver.parameters.max_deterministic_time = max(0.05, deterministic_limit or time_limit_s)
     solver.parameters.random_seed = seed
     solver.parameters.num_workers = workers
     solver.parameters.interleave_search = True
