@@ -185,13 +185,18 @@ class ScheduleTable:
 # --------------------------------------------------------------------------- plan
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """A mesh's SPMD layout: data-parallel x tensor-parallel degrees (product = devices)."""
+    """A mesh's SPMD layout: data-parallel x tensor-parallel degrees (product = devices).
+
+    ``fsdp``: the data axis also shards parameters, gradients and optimizer state (ZeRO stage 3 /
+    fully sharded data parallel), gathering each layer's parameters before use.
+    """
 
     data: int
     tensor: int
+    fsdp: bool = False
 
     def __str__(self) -> str:
-        return f"dp{self.data}xtp{self.tensor}"
+        return f"dp{self.data}xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +321,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                    for s in plan.stages],
         "meshes": {m: {"device": plan.devices.get(m, ("", 0))[0],
                        "num_devices": plan.devices.get(m, ("", l.data * l.tensor))[1],
-                       "layout": {"data": l.data, "tensor": l.tensor},
+                       "layout": {"data": l.data, "tensor": l.tensor, "fsdp": l.fsdp},
                        "recompute": bool(plan.recompute.get(m, False))}
                    for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
@@ -348,7 +353,8 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
             forward_only=bool(s.get("forward_only", False)))
         stages = tuple(StagePlan(int(x["index"]), int(x["layers"][0]), int(x["layers"][1]),
                                  str(x["mesh"])) for x in d["stages"])
-        layouts = {str(m): Layout(int(v["layout"]["data"]), int(v["layout"]["tensor"]))
+        layouts = {str(m): Layout(int(v["layout"]["data"]), int(v["layout"]["tensor"]),
+                                  bool(v["layout"].get("fsdp", False)))
                    for m, v in d["meshes"].items()}
         for st in stages:
             if st.mesh not in layouts:

@@ -72,7 +72,9 @@ def _split_layers(w: Workload) -> tuple[int, int, int]:
     return first, n, len(w.layers) - first - n
 
 
-def _layouts(mesh: MeshSpec, samples: float, max_tensor: int) -> list[Layout]:
+def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, training: bool) -> list[Layout]:
+    """Data x tensor factorizations of the mesh (data dividing the microbatch), each also with
+    fully sharded data parallel when training with more than one replica."""
     out = []
     for t in range(1, mesh.num_devices + 1):
         if mesh.num_devices % t or t > max_tensor:
@@ -80,6 +82,8 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int) -> list[Layout]:
         d = mesh.num_devices // t
         if samples >= d and float(samples / d).is_integer():
             out.append(Layout(d, t))
+            if training and d > 1:
+                out.append(Layout(d, t, fsdp=True))
     return out
 
 
@@ -89,7 +93,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     dtype = cm.compute_dtype(w)
     ovh = cm.fragment_overhead(mesh)
     opts = []
-    choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor)
+    choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor, w.training)
                for rc in ((False, True) if w.training else (False,))]
     for lay, rc in choices:
         def t(lo: int, hi: int) -> float:
@@ -116,8 +120,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
             static_block=blk.static_bytes, static_pre=pr.static_bytes, static_post=po.static_bytes,
             resid_block=blk.residual_bytes_per_microbatch, resid_pre=pr.residual_bytes_per_microbatch,
             resid_post=po.residual_bytes_per_microbatch,
-            working=2 * max(blk.activation_bytes_per_microbatch, pr.activation_bytes_per_microbatch,
-                            po.activation_bytes_per_microbatch),
+            working=max(blk.working_bytes, pr.working_bytes, po.working_bytes),
             capacity=cm.usable_bytes(mesh, headroom)))
     return tuple(opts)
 

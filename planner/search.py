@@ -129,6 +129,29 @@ def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str
     return infl
 
 
+def _hint(model, c: Candidate, used, first, last, nblk, pos, sel) -> None:
+    """A warm start: every mesh in cluster order, blocks in proportion to the speed of its fastest
+    layout (the solver repairs it if it does not fit memory)."""
+    nm, v, L = len(c.meshes), c.virtual_stages, c.num_blocks
+    per = L // v
+    if per < nm:
+        return
+    best = [min(range(len(opts)), key=lambda k: opts[k].block_s) for opts in c.options]
+    speed = [1.0 / max(c.options[i][best[i]].block_s, 1e-12) for i in range(nm)]
+    share = [max(1, int(per * sp / sum(speed))) for sp in speed]
+    share[max(range(nm), key=lambda i: speed[i])] += per - sum(share)
+    if min(share) < 1:
+        return
+    for i in range(nm):
+        model.AddHint(used[i], 1)
+        model.AddHint(first[i], int(i == 0))
+        model.AddHint(last[i], int(i == nm - 1))
+        model.AddHint(pos[i], i)
+        model.AddHint(nblk[i], share[i])
+        for k in range(len(sel[i])):
+            model.AddHint(sel[i][k], int(k == best[i]))
+
+
 def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
           deterministic_limit: float | None = None) -> Assignment | None:
     """Solve one candidate; None when CP-SAT proves it infeasible or finds nothing in time.
@@ -239,6 +262,8 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
                       + _mb(o.resid_block) * infl_blocks
                       + _mb(o.resid_pre) * infl_pre + _mb(o.resid_post) * infl_post
                       + _mb(o.working) <= int(o.capacity // MB)).OnlyEnforceIf(sel[i][k])
+        # redundant but tightens the LP bound: no layout beats this mesh's fastest block time
+        model.Add(tm[i] >= int(v * min(o.block_s for o in c.options[i]) * US) * nblk[i])
         model.Add(mx >= tm[i])
         model.Add(tail_mx >= tail[i])
     model.Add(nm * mx >= sum(tm))      # redundant: tightens the bound of the max
@@ -246,6 +271,7 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
     # v * step = v*M*max + (sum - max) + v*tail   (integer form of the docstring's formula)
     model.Minimize(v * M * mx + total - mx + v * tail_mx)
 
+    _hint(model, c, used, first, last, nblk, pos, sel)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, time_limit_s)
     solver.parameters.max_deterministic_time = max(0.05, deterministic_limit or time_limit_s)

@@ -20,6 +20,7 @@ Memory per device (mixed-precision Adam with a distributed optimizer, ZeRO stage
 2020, Megatron-LM's ``--use-distributed-optimizer``): weights in the compute dtype and fp32 gradients
 replicated over data parallel, fp32 master weights + Adam m and v (12 bytes per parameter, 8 when the
 compute dtype is already fp32) sharded over data parallel; all of it split ``t`` ways by tensor parallel.
+A layout with ``fsdp`` (ZeRO stage 3) shards weights and gradients over data parallel too.
 Residuals (activations a forward keeps for its backward) are held per microbatch in flight.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.ir import LayerCost, Layout, Workload
+from hardware_profiles.collectives import all_gather, reduce_scatter
 from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
 from hardware_profiles.types import Link, MeshSpec
 
@@ -71,6 +73,11 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         recompute: full activation recomputation: the B reruns the forward first (Chen et al.
             2016, "Training Deep Nets with Sublinear Memory Cost"; Megatron-LM's full recompute).
 
+    With ``layout.fsdp`` (ZeRO-3, Rajbhandari et al. 2020; PyTorch FSDP, Zhao et al. 2023) a
+    forward all-gathers the layer's parameters over the data axis and a backward gathers them again
+    and reduce-scatters the fp32 gradients (the W does the reduce-scatter when the backward is
+    split); prefetching overlaps that traffic with compute, so the layer takes the longer of the two.
+
     No dispatch overhead is included (see :func:`fragment_overhead`).
     """
     d, t = layout.data, layout.tensor
@@ -91,9 +98,16 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     compute = flops / t / _flops_rate(mesh, dtype)
     memory = mem / t / mesh.device.achievable_bandwidth
     comm = all_reduce_time(tp_bytes, t, mesh.collective_link(t)) if t > 1 else 0.0
+    shard = 0.0
+    if layout.fsdp and d > 1:
+        link = mesh.collective_link(d, t)
+        gather = all_gather(cost.param_bytes / t, d, link)
+        scatter = reduce_scatter(cost.param_count * GRAD_BYTES_PER_PARAM / t, d, link)
+        shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
+    body = max(compute, memory, shard) + comm
     if recompute and kind == "B":
-        return max(compute, memory) + comm + layer_time(cost, "F", samples, mesh, layout, dtype)
-    return max(compute, memory) + comm
+        return body + layer_time(cost, "F", samples, mesh, layout, dtype)
+    return body
 
 
 def fragment_overhead(mesh: MeshSpec) -> float:
@@ -108,11 +122,19 @@ def transfer_time(nbytes: float, link: Link) -> float:
 
 @dataclass(frozen=True, slots=True)
 class StageMemory:
-    """Per-device bytes of a stage: static (weights, grads, optimizer) and residual per microbatch."""
+    """Per-device bytes of a stage: static (weights, grads, optimizer), residuals per microbatch,
+    the largest activation of one microbatch, and (fsdp) the gathered parameters of one layer."""
 
     static_bytes: float
     residual_bytes_per_microbatch: float
     activation_bytes_per_microbatch: float
+    gathered_bytes: float = 0.0
+
+    @property
+    def working_bytes(self) -> float:
+        """Transient bytes while a fragment runs: its input and output activations, and with
+        fsdp two gathered layers (the one in use and the one prefetched)."""
+        return 2 * self.activation_bytes_per_microbatch + 2 * self.gathered_bytes
 
 
 def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samples: float,
@@ -129,7 +151,10 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     weight_bytes = sum(workload.layer(i).param_bytes for i in range(first, last))
     if workload.training:
         adam = ADAM_BYTES_PER_PARAM_BF16 if workload.dtype_bytes == 2 else ADAM_BYTES_PER_PARAM_FP32
-        static = (weight_bytes + params * GRAD_BYTES_PER_PARAM + params * adam / d) / t
+        if layout.fsdp:
+            static = (weight_bytes + params * (GRAD_BYTES_PER_PARAM + adam)) / d / t
+        else:
+            static = (weight_bytes + params * GRAD_BYTES_PER_PARAM + params * adam / d) / t
         per_layer = [(workload.layer(i - 1).activation_bytes_per_sample if i > 0 else 0.0)
                      if recompute else workload.layer(i).residual_bytes_per_sample
                      for i in range(first, last)]
@@ -138,7 +163,9 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
         static = weight_bytes / t
         resid = 0.0
     act = max(workload.layer(i).activation_bytes_per_sample for i in range(first, last)) * samples / d
-    return StageMemory(static, resid, act)
+    gathered = (max(workload.layer(i).param_bytes for i in range(first, last)) / t
+                if layout.fsdp and workload.training else 0.0)
+    return StageMemory(static, resid, act, gathered)
 
 
 def grad_sync_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
@@ -148,8 +175,8 @@ def grad_sync_time(workload: Workload, first: int, last: int, mesh: MeshSpec, la
     fp32 gradients, ring all-reduce over the ``data`` degree (a distributed optimizer's
     reduce-scatter + all-gather moves the same bytes).
     """
-    if not workload.training or layout.data <= 1:
-        return 0.0
+    if not workload.training or layout.data <= 1 or layout.fsdp:
+        return 0.0      # with fsdp the backward's reduce-scatters already synchronised gradients
     params = sum(workload.layer(i).param_count for i in range(first, last))
     return all_reduce_time(params * GRAD_BYTES_PER_PARAM / layout.tensor, layout.data,
                            mesh.collective_link(layout.data, layout.tensor))

@@ -150,10 +150,10 @@ class PlanCosts:
         return self.stage_memory(ref.stage).residual_bytes_per_microbatch
 
     def working_bytes(self, mesh: str) -> float:
-        """Per-device transient bytes: the largest activation of one microbatch on ``mesh``, twice
-        (a fragment's input and output are live together)."""
-        return 2 * max(self.stage_memory(s.index).activation_bytes_per_microbatch
-                       for s in self.plan.stages if s.mesh == mesh)
+        """Per-device transient bytes of ``mesh``: the largest working set of its stages (see
+        :attr:`simulator.cost_model.StageMemory.working_bytes`)."""
+        return max(self.stage_memory(s.index).working_bytes
+                   for s in self.plan.stages if s.mesh == mesh)
 
     def capacity(self, mesh: str) -> float:
         return self.cluster.meshes[mesh].device.memory_bytes
