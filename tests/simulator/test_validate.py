@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.ir import LayerCost, Workload
+from compiler.ir import LayerCost, Layout, Workload
 from hardware_profiles import load_device
 from simulator import validate as V
 
@@ -82,7 +82,7 @@ def test_narayanan_row_choices_and_layouts():
     s = V.row_setup(r, fake_workload)
     assert s.micro_batch == 1 and s.microbatches == 96 and s.schedule == "interleaved-1f1b"
     assert s.virtual_stages == 2 and s.recompute == "full" and all(s.plan.recompute.values())
-    assert set(s.plan.layouts.values()) == {V.Layout(24, 8)}
+    assert set(s.plan.layouts.values()) == {Layout(24, 8)}
     c = V.build_cluster(r, load_device("a100-80gb-sxm"))
     m = c.meshes["stage0"]
     assert m.num_devices == 192 and dict(m.axes) == {"data": 24, "tensor": 8}
