@@ -27,6 +27,7 @@ from typing import Any
 
 from hardware_profiles import load_cluster, load_device
 from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, ProfileError
+from planner import PlanOptions
 from reports.errors import ReportError
 from reports.pricing import cluster_price
 
@@ -222,7 +223,8 @@ def generate(spec: SweepSpec, prices: Mapping[str, tuple[float, float]] | None =
             over += 1
             continue
         label = " + ".join(f"{n * du.unit} {du.device}" for du, n in zip(spec.devices, combo) if n)
-        kept.append(SweepCandidate(cluster, label, counts, lo, biggest))
+        # tensor parallel stays within 8 devices (one node's scale-up domain); FSDP covers memory
+        kept.append(SweepCandidate(cluster, label, counts, lo, min(biggest, PlanOptions().max_tensor)))
     if not kept:
         raise ReportError(f"no cluster of the sweep fits ${spec.budget_usd_per_hour:g}/h at the low "
                           f"price; raise budget_usd_per_hour or add smaller unit counts")
