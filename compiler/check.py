@@ -3,7 +3,8 @@
 (a) :func:`rel_error` / :func:`max_rel_error`: outputs equal to the reference, ``||a - b|| / ||b||``
     per leaf (float64 accumulation).
 (b) :func:`order_mismatches`: the executed per-mesh fragment order equals the plan's.
-(c) :func:`executable_counts`: one compiled executable per unique fragment body per mesh.
+(c) :func:`executable_counts`: one compiled executable per unique fragment body per mesh (plan
+    bodies plus the mesh's accumulator-init fragment; no left-over inferred executables).
 (d) :func:`step_time_error`: measured vs simulated step time, ``|measured - simulated| / measured``.
 """
 
@@ -73,17 +74,41 @@ def order_mismatches(plan: Plan, executed: Mapping[str, Sequence[str]]) -> list[
 
 @dataclass(frozen=True, slots=True)
 class ExecutableCount:
-    """Per mesh: compiled executables, and the unique fragment bodies plus other executables."""
+    """Per mesh: compiled executables against the unique fragment bodies its calls need.
+
+    Attributes:
+        executables: executables compiled for the mesh.
+        unique_bodies: unique plan fragment bodies (kind F/B/W/FB and the stage's layers).
+        init: accumulator-init fragment bodies (``passes/accumulate.py``: the zeros that the
+            gradient and loss sums start from, one fragment per mesh called once per step).
+        other: executables of any other calls (left-over inferred code); must be 0.
+        shared_wrongly: plan bodies served by more than one executable.
+    """
 
     mesh: str
     executables: int
     unique_bodies: int
     other: int
     shared_wrongly: tuple[str, ...] = ()
+    init: int = 0
+
+    @property
+    def fragment_bodies(self) -> int:
+        """All fragment bodies of the mesh: plan bodies plus accumulator-init bodies."""
+        return self.unique_bodies + self.init
 
     @property
     def ok(self) -> bool:
-        return self.executables == self.unique_bodies + self.other and not self.shared_wrongly
+        return (self.executables == self.fragment_bodies and self.other == 0
+                and not self.shared_wrongly)
+
+    def __str__(self) -> str:
+        s = f"{self.mesh}: {self.executables} exe / {self.unique_bodies} bodies"
+        if self.init:
+            s += f" + {self.init} init"
+        if self.other:
+            s += f" + {self.other} OTHER"
+        return s
 
 
 def executable_counts(exported: ExportedProgram, plan: Plan,
@@ -92,27 +117,32 @@ def executable_counts(exported: ExportedProgram, plan: Plan,
 
     A fragment call's body is its kind plus the bodies of its stage's layers (``bodies[i]`` is the
     unique body of layer ``i``, e.g. ``compiler.ir.Workload.layers``); the stage's position (first or
-    last, which hold the embedding or the loss) is part of its layers. Calls of other kinds
-    (inferred code, accumulation) count once per distinct executable.
+    last, which hold the embedding or the loss) is part of its layers. Calls of kind ``"init"``
+    (accumulator-init fragments) count once per distinct executable as ``init``; any other call
+    (inferred code that was not absorbed) counts as ``other`` and fails the check.
     """
     stage_bodies = {s.index: tuple(bodies[s.first:s.last]) for s in plan.stages}
     out: dict[str, ExecutableCount] = {}
     for mesh, prog in exported.programs.items():
         groups: dict[tuple, set[str]] = {}
+        init: set[str] = set()
         other: set[str] = set()
         for st in prog.steps:
             if not isinstance(st, Call):
                 continue
             if st.kind in FRAGMENT_KINDS and st.stage in stage_bodies:
                 groups.setdefault((st.kind, stage_bodies[st.stage]), set()).add(st.executable)
+            elif st.kind == "init":
+                init.add(st.executable)
             else:
                 other.add(st.executable)
         frag_keys = set().union(*groups.values()) if groups else set()
-        other -= frag_keys
+        other -= frag_keys | init
+        init -= frag_keys
         shared: list[str] = [f"{k[0]} of {len(k[1])} layers uses {sorted(v)}"
                              for k, v in groups.items() if len(v) > 1]
         n = sum(1 for e in exported.executables.values() if e.mesh == mesh)
-        out[mesh] = ExecutableCount(mesh, n, len(groups), len(other), tuple(shared))
+        out[mesh] = ExecutableCount(mesh, n, len(groups), len(other), tuple(shared), len(init))
     return out
 
 

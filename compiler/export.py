@@ -26,7 +26,8 @@ from compiler.exported import Call, Executable, ExportedProgram, MeshProgram, Se
 from compiler.passes.sharding import partition_spec
 from compiler.program import Fragment, Program, Transfer, body_function, body_key, value_meshes
 
-_SUFFIX = {"F": "fwd", "B": "bwd", "W": "wgrad", "FB": "fwd_bwd", "other": "inferred"}
+_SUFFIX = {"F": "fwd", "B": "bwd", "W": "wgrad", "FB": "fwd_bwd", "other": "inferred",
+           "init": "acc_init"}
 
 
 def _sharding(p: Program, v: str, mesh: Any) -> NamedSharding:

@@ -220,6 +220,23 @@ class Lowered:
         return Compiled(self, executor)
 
 
+def compiler_pipeline(config: Any, in_specs: dict[int, Any] | None = None) -> list:
+    """``compiler.driver.default_pipeline`` with ``fold_zero_adds`` right before ``absorb`` and
+    ``accumulate`` right after ``schedule`` (both ``passes/accumulate.py``): sums across
+    microbatches become one add per fragment, so the fragments of all microbatches keep one body
+    (``accumulate`` must follow scheduling, whose order it accumulates in)."""
+    from compiler.driver import default_pipeline
+    from compiler.passes import accumulate_uniformly, fold_zero_adds
+
+    passes = list(default_pipeline(config, in_specs))
+    names = [name for name, _ in passes]
+    if "accumulate" not in names:
+        passes.insert(names.index("schedule") + 1, ("accumulate", accumulate_uniformly))
+    if "fold_zero_adds" not in names:
+        passes.insert(names.index("absorb"), ("fold_zero_adds", fold_zero_adds))
+    return passes
+
+
 class MpmdFunction:
     """``jit(fn, config)``: lower with :meth:`lower`."""
 
@@ -234,7 +251,7 @@ class MpmdFunction:
         Raises:
             CompilerError: any subclass, from the passes (assignment, inference, schedule, ...).
         """
-        from compiler.driver import default_pipeline, run_passes
+        from compiler.driver import run_passes
         from compiler.export import export_program
         cfg = self.config
         prog, in_tree, out_tree = trace_program(self.fn, args, meshes=cfg.mesh_names,
@@ -242,7 +259,7 @@ class MpmdFunction:
         specs = _arg_specs(jax.tree.leaves(args))
         specs.update(cfg.in_specs)
         history: list[tuple[str, Program]] = []
-        final = run_passes(prog, default_pipeline(cfg, specs), verify=self.verify,
+        final = run_passes(prog, compiler_pipeline(cfg, specs), verify=self.verify,
                            history=history)
         return Lowered(prog, history, final, export_program(final, cfg.topology), in_tree,
                        out_tree)

@@ -145,7 +145,9 @@ class Fragment:
         body: equations in dependency order.
         stage: pipeline stage (None when unassigned).
         call_counter: microbatch index (None when not unrolled).
-        part: ``""`` (whole), or ``"B"`` / ``"W"`` after splitting a backward fragment.
+        part: ``""`` (whole), ``"B"`` / ``"W"`` after splitting a backward fragment, or
+            ``"init"`` for an inferred fragment that zero-initialises accumulators
+            (``passes/accumulate.py``).
     """
 
     mesh: str
@@ -168,9 +170,10 @@ class Fragment:
 
     @property
     def kind(self) -> str:
-        """F, B, W (schedule kinds), ``"FB"`` for merged forward+backward, ``"other"`` if inferred."""
+        """F, B, W (schedule kinds), ``"FB"`` for merged forward+backward, ``"init"`` for an
+        accumulator-init fragment, ``"other"`` for any other inferred fragment."""
         if not self.origin:
-            return "other"
+            return "init" if self.part == "init" else "other"
         ts = {o.transpose for o in self.origin}
         if ts == {0}:
             return "F"

@@ -54,20 +54,38 @@ def batches(tokens: np.ndarray, microbatches: int, micro_size: int, seq_len: int
 
 
 # --------------------------------------------------------------------------- step
+def split_microbatches(batch: Mapping[str, Any]) -> tuple[dict, ...]:
+    """``{"tokens", "targets"}`` of shape ``[M, b, S]`` -> M microbatches ``{.. [b, S]}``.
+
+    The step takes its microbatches as separate arguments: slicing them out of one ``[M, b, S]``
+    array inside the step would leave one inferred slicing fragment per microbatch (static slice
+    offsets differ, so no user fragment could absorb them without per-microbatch bodies)."""
+    M = len(next(iter(batch.values())))
+    return tuple({k: v[m] for k, v in batch.items()} for m in range(M))
+
+
 def train_step_fn(cfg: Any, microbatches: int):
-    """``(params, batch [M, b, S]) -> (loss, grads)``: the mean of the microbatch losses and its
-    gradient, the microbatches an unrolled Python loop (one call of each layer per microbatch)."""
+    """``(params, microbatches) -> (loss, grads)``: the mean of the microbatch losses and its
+    gradient; ``microbatches`` is a sequence of M ``{"tokens", "targets"}`` int32 ``[b, S]`` (see
+    :func:`split_microbatches`), the loop over them unrolled (one call of each layer per microbatch).
+    Each loss is divided by M before the sum, so the division is per-microbatch code that the last
+    stage's fragments absorb (a division after the sum would be inferred code of one microbatch).
+
+    Raises:
+        ValueError: the step is called with a different number of microbatches.
+    """
     from compiler import zoo
 
     loss_fn = zoo.forward_loss(cfg)
 
-    def total(params, batch):
-        losses = [loss_fn(params, {"tokens": batch["tokens"][m], "targets": batch["targets"][m]})
-                  for m in range(microbatches)]
-        return sum(losses[1:], losses[0]) / microbatches
+    def total(params, mbs):
+        if len(mbs) != microbatches:
+            raise ValueError(f"the step takes {microbatches} microbatches, got {len(mbs)}; "
+                             f"split the batch with split_microbatches")
+        return sum(loss_fn(params, mb) / microbatches for mb in mbs)
 
-    def step(params, batch):
-        return jax.value_and_grad(total)(params, batch)
+    def step(params, mbs):
+        return jax.value_and_grad(total)(params, mbs)
     return step
 
 
@@ -224,7 +242,7 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
     step = train_step_fn(cfg, M)
     params = zoo.init_params(cfg, jax.random.PRNGKey(seed))
     data = batches(load_text(), M, plan.global_batch // M, plan.seq_len, seed=seed)
-    first = next(data)
+    first = split_microbatches(next(data))
     exported = _compile(step, config_from_plan(plan, topology, layer_names=zoo.layer_names(cfg)),
                         (params, first))
     flat_params, ptree = jax.tree.flatten(params)
@@ -256,7 +274,7 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
         if not quiet and console is not None:
             console.print(f"step {i}: loss {losses[-1]:.4f}  step {times[-1] * 1e3:.1f} ms")
         params, opt = adam_update(params, grads, opt, lr)
-        batch = next(data)
+        batch = split_microbatches(next(data))
     measured = statistics.median(times[1:] if len(times) > 1 else times)
     sim = simulated_step_time(plan, cluster, cfg) if simulate else None
     from compiler.costing import workload as _wl
@@ -287,8 +305,8 @@ def print_report(report: RunReport, console: Any = None) -> None:
               "yes" if report.max_rel_error < 1e-5 else "NO")
     t.add_row("(b) per-mesh order", "as planned" if not report.order_mismatches
               else "; ".join(report.order_mismatches), "yes" if not report.order_mismatches else "NO")
-    t.add_row("(c) executables / unique bodies", ", ".join(
-        f"{m}: {c.executables}/{c.unique_bodies}+{c.other}" for m, c in report.executables.items()),
+    t.add_row("(c) executables = fragment bodies", ", ".join(
+        str(c) for c in report.executables.values()),
         "yes" if report.executables_ok else "NO")
     if report.simulated_step_s is not None:
         err = report.step_time_error

@@ -4,6 +4,9 @@ A fragment result computed by an equation with no value operands (a ``constant``
 literal, an ``iota``) and read by another fragment, directly or through a transfer, is recomputed
 inside the consumer instead: the consumer gets a copy of the equation and no longer reads the
 result (DCE then removes the dead transfer and result). This avoids transferring constants.
+Accumulator-init fragments (``part="init"``, ``passes/accumulate.py``) are not copied from: their
+zeros are the starting value of a running sum, and copying them into the first accumulating
+fragment would give that fragment a body of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def copy_constants(p: Program) -> Program:
     """See the module docstring."""
     const: dict[str, Eqn] = {}
     for op in p.ops:
-        if isinstance(op, Fragment):
+        if isinstance(op, Fragment) and op.part != "init":  # zeroed accumulators stay put
             for e in op.body:
                 if _is_constant(e) and e.outputs[0] in op.outputs:
                     const[e.outputs[0]] = e
