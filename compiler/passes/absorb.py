@@ -7,7 +7,10 @@ Applied to a fixed point, over user fragments ``rf`` (root fragments):
 
 First, an inferred fragment without operands (a constant, e.g. the loss cotangent shared by all
 microbatches) is cloned into each user fragment that reads it (``clone_inferred_fragments`` of
-``-mpmd-merge-inferred-fragments``), so every microbatch's fragment computes it itself.
+``-mpmd-merge-inferred-fragments``), so every microbatch's fragment computes it itself; chains of
+such code (an inferred fragment reading only operand-free results, e.g. ``1.0 / M``) are cloned
+link by link. Cloning is repeated whenever merging reaches a fixed point (a merge can make an
+operand-free fragment's reader a user fragment).
 
 Guards (ours): an inferred fragment is absorbed only if every user fragment it reaches through
 inferred code only (upstream or downstream) has ``rf``'s call counter, so code that combines
@@ -76,15 +79,23 @@ def _step(p: Program) -> Program | None:
 
 
 def clone_operandless(p: Program) -> Program:
-    """Clone every operand-free inferred fragment into the user fragments that read it."""
+    """Clone every operand-free inferred fragment into the user fragments that read it, and into
+    inferred fragments reading only such values (``p`` itself when there is nothing to clone)."""
     src = {v: op for op in p.ops if isinstance(op, Fragment) and not op.is_user and not op.inputs
-           for v in op.outputs}
-    if not src:
+           and op.part != "init" for v in op.outputs}
+
+    def target(op: object) -> bool:
+        # user readers; and inferred readers of operand-free values only (a chain of constant
+        # code, which then becomes operand-free itself and is cloned on, recursively)
+        return isinstance(op, Fragment) and op.part != "init" and bool(op.inputs) and (
+            any(v in src for v in op.inputs) if op.is_user else all(v in src for v in op.inputs))
+
+    if not any(target(op) for op in p.ops):
         return p
     types = dict(p.types)
     ops = []
     for op in p.ops:
-        if isinstance(op, Fragment) and op.is_user and any(v in src for v in op.inputs):
+        if target(op):
             frags = list(dict.fromkeys(src[v] for v in op.inputs if v in src))
             ren: dict[str, str] = {}
             pre = []
@@ -105,10 +116,14 @@ def clone_operandless(p: Program) -> Program:
 
 def absorb_inferred_fragments(p: Program) -> Program:
     """Clone operand-free inferred fragments into their user readers, then merge inferred
-    fragments into user fragments until nothing changes (dead clones are left to DCE)."""
+    fragments into user fragments, cloning again whenever merging stops, until nothing changes
+    (dead clones are left to DCE)."""
     p = clone_operandless(p)
     while True:
         q = _step(p)
         if q is None:
-            return p
+            # absorbing may have made an operand-free fragment's reader a user fragment
+            q = clone_operandless(p)
+            if q is p:
+                return p
         p = q

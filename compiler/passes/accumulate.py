@@ -21,6 +21,11 @@ placed first in the program (one executable per mesh, called once per step; ``co
 leaves it alone). The root keeps its name, so its readers (program outputs, the optimizer) are
 unchanged. Summation order follows the schedule: results equal the original up to float rounding.
 
+A sum that is then scaled by a literal (``sum / M``, the mean over microbatches: an inferred
+one-equation ``div`` by, or ``mul`` with, a literal, the sum's only reader) would be one more
+inferred fragment after the last add; the scaling is distributed over the terms instead
+(``acc + g / M``), so it is absorbed with the add (equal up to float rounding).
+
 A tree is: inferred fragments holding one ``add``/``add_any`` of two same-typed operands on one
 mesh, whose inner results are read once (by their parent) and are not program outputs; an
 operand may be the literal 0 (Python's ``sum`` starts at 0), which is dropped. It is rewritten only
@@ -88,6 +93,21 @@ def fold_zero_adds(p: Program) -> Program:
     return refresh_outputs(rename_program(p, ops, alias))
 
 
+def _scale_eqn(p: Program, op: Op, v: str) -> Eqn | None:
+    """``op`` as the one equation ``y = div v, c`` / ``mul v, c`` / ``mul c, v`` (``c`` a literal)."""
+    if not (isinstance(op, Fragment) and not op.is_user and len(op.body) == 1
+            and len(op.outputs) == 1 and op.inputs == (v,)):
+        return None
+    e = op.body[0]
+    if len(e.inputs) != 2 or len(e.outputs) != 1 or p.types[e.outputs[0]] != p.types[v]:
+        return None
+    if e.prim.name == "div" and e.inputs[0] == v and isinstance(e.inputs[1], Lit):
+        return e
+    if e.prim.name == "mul" and v in e.inputs and any(isinstance(a, Lit) for a in e.inputs):
+        return e
+    return None
+
+
 def zero_init_eqn(out: str, shape: tuple[int, ...], dtype: str) -> Eqn:
     """``out = broadcast_in_dim 0`` of ``shape``/``dtype`` (a zeroed accumulator)."""
     zero = Lit(np.zeros((), dtype).item(), dtype)
@@ -111,7 +131,7 @@ def accumulate_uniformly(p: Program) -> Program:
 
     parent_of = {prod[a]: i for i, e in acc.items() for a in e.inputs
                  if isinstance(a, str) and inner(a, i)}
-    trees: list[tuple[int, list[int], list[str]]] = []  # (root, nodes, leaves)
+    trees: list[tuple] = []  # (root, nodes, leaves, scale: (op index, eqn) | None)
     for root in sorted(i for i in acc if i not in parent_of):
         nodes, leaves, stack = [], [], [root]
         while stack:
@@ -129,7 +149,14 @@ def accumulate_uniformly(p: Program) -> Program:
             v in prod and isinstance(p.ops[prod[v]], Fragment) and p.ops[prod[v]].is_user
             and p.ops[prod[v]].mesh == mesh for v in leaves)
         if ok:
-            trees.append((root, nodes, leaves))
+            scale = None
+            out = acc[root].outputs[0]
+            if n_uses.get(out, 0) == 1 and len(use.get(out, ())) == 1:
+                j = use[out][0]
+                e = _scale_eqn(p, p.ops[j], out)
+                if e is not None and p.ops[j].mesh == mesh:
+                    scale = (j, e)
+            trees.append((root, nodes, leaves, scale))
     if not trees:
         return p
     types = dict(p.types)
@@ -137,10 +164,13 @@ def accumulate_uniformly(p: Program) -> Program:
     extra_body: dict[int, list[Eqn]] = {}
     extra_in: dict[int, list[str]] = {}
     init: dict[str, list[Eqn]] = {}
-    for root, nodes, leaves in trees:
+    for root, nodes, leaves, scale in trees:
         drop.update(nodes)
         e_root = acc[root]
         out = e_root.outputs[0]
+        if scale is not None:
+            drop.add(scale[0])
+            out = scale[1].outputs[0]
         t = types[out]
         pos = {v: (prod[v], p.ops[prod[v]].outputs.index(v)) for v in leaves}
         leaves = sorted(leaves, key=pos.__getitem__)
@@ -154,6 +184,13 @@ def accumulate_uniformly(p: Program) -> Program:
             body = extra_body.setdefault(f, [])
             if cur not in {o for e in body for o in e.outputs}:
                 extra_in.setdefault(f, []).append(cur)
+            if scale is not None:
+                term = fresh("term")
+                types[term] = t
+                e_s = scale[1]
+                body.append(replace(e_s, inputs=tuple(v if a == e_root.outputs[0] else a
+                                                      for a in e_s.inputs), outputs=(term,)))
+                v = term
             body.append(replace(e_root, inputs=(cur, v), outputs=(nxt,)))
             cur = nxt
     ops: list[Op] = [Fragment(m, (), (), tuple(e.outputs[0] for e in body), tuple(body),

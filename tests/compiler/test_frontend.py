@@ -97,10 +97,21 @@ def test_mlp_matches_jax_jit(topology, name):
         if name == "1f1b" and mesh == "m2":
             expect = ["FB1.0", "FB1.1"]
         assert names == expect
-    # one executable per stage body and kind shared by both microbatches
+    # one executable per stage body and kind shared by both microbatches, plus one accumulator
+    # init per mesh: no inferred code is left (the loss sum and mean, the gradient sums and the
+    # loss cotangent are absorbed)
     calls = lowered.exported.meta["calls"]
     fwd0 = [k for k in calls if k.startswith("p") and "stage0" in k and k.endswith("_fwd")]
     assert len(fwd0) == 1 and calls[fwd0[0]] == 2
+    kinds = {"gpipe": ("fwd", "bwd"), "1f1b": ("fwd_bwd",), "zb-h1": ("fwd", "bwd", "wgrad")}
+    want = {f"m{i}_{'stage%d' % (i - 1)}_{k}" for i in (1, 2) for k in kinds[name]} \
+        - ({"m1_stage0_fwd_bwd"} if name == "1f1b" else set())
+    if name == "1f1b":
+        want |= {"m1_stage0_fwd", "m1_stage0_bwd"}
+    got_exes = {"_".join(k.split("_")[1:3] + [k.rsplit("_", 2)[-1] if not k.endswith("fwd_bwd")
+                                              else "fwd_bwd"]) for k in calls}
+    assert got_exes == want | {"m1_acc_init", "m2_acc_init"}, calls
+    assert all(n == M for k, n in calls.items() if "acc_init" not in k)
 
 
 def test_call_counters_and_transpose_counts(topology):
@@ -131,7 +142,7 @@ def test_batch_sharded_input_propagates(topology):
     lowered = jit(STEP, config(topology, "1f1b")).lower(params, xs, ys)
     text = print_program(lowered.program)
     # the activations sent to m2 stay batch sharded
-    assert 'transfer %0#2 : f32[4,8]@m1[{"x"},{}] -> f32[4,8]@m2[{"x"},{}]' in text
+    assert 'transfer %2#2 : f32[4,8]@m1[{"x"},{}] -> f32[4,8]@m2[{"x"},{}]' in text
     got = lowered.compile()(params, xs, ys)
     want = jax.jit(STEP)(params, xs, ys)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

@@ -12,7 +12,8 @@ from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
 from compiler.ir import FragmentRef, Layout, Plan, StagePlan
 from compiler.plan_config import config_from_plan
 from compiler.run import (adam_init, adam_update, batches, load_cluster, load_text,
-                          simulated_step_time, topology_from_cluster, train_step_fn)
+                          simulated_step_time, split_microbatches, topology_from_cluster,
+                          train_step_fn)
 from simulator.schedules import generate
 
 CLUSTER = "hardware_profiles/clusters/cpu4x2.yaml"
@@ -54,7 +55,7 @@ def test_reference_training_step_learns_the_text():
     data = batches(load_text(), 2, 4, 32)
     losses = []
     for _ in range(15):
-        loss, grads = step(params, next(data))
+        loss, grads = step(params, split_microbatches(next(data)))
         losses.append(float(loss))
         params, opt = adam_update(params, grads, opt, 3e-3)
     assert losses[0] == pytest.approx(np.log(256), rel=0.05)
@@ -116,6 +117,19 @@ def test_checks_order_bodies_and_errors():
                            {"f": ident, "g": Executable("g", "m0", ident.fn)}, (), ())
     counts = check.executable_counts(prog, plan, ["embed"] + ["decoder_block"] * 8 + ["head"])
     assert counts["m0"].executables == 2 and counts["m0"].unique_bodies == 2 and counts["m0"].ok
+    # an accumulator-init fragment is a fragment body; left-over inferred code fails the check
+    init = Call("z", "z.-1", "init", -1, -1, (), ("a",))
+    other = Call("o", "o.-1", "other", -1, -1, ("d",), ("e",))
+    exes = {"f": ident, "g": Executable("g", "m0", ident.fn), "z": Executable("z", "m0", ident.fn)}
+    prog = ExportedProgram({"m0": MeshProgram("m0", (init,) + calls)}, exes, (), ())
+    c = check.executable_counts(prog, plan, ["embed"] + ["decoder_block"] * 8 + ["head"])["m0"]
+    assert (c.executables, c.unique_bodies, c.init, c.other, c.ok) == (3, 2, 1, 0, True)
+    assert str(c) == "m0: 3 exe / 2 bodies + 1 init"
+    exes["o"] = Executable("o", "m0", ident.fn)
+    prog = ExportedProgram({"m0": MeshProgram("m0", (init,) + calls + (other,))}, exes, (), ())
+    c = check.executable_counts(prog, plan, ["embed"] + ["decoder_block"] * 8 + ["head"])["m0"]
+    assert (c.executables, c.other, c.ok) == (4, 1, False)
+    assert str(c) == "m0: 4 exe / 2 bodies + 1 init + 1 OTHER"
 
 
 def _has_compiler() -> bool:
