@@ -5,8 +5,12 @@ What is measured (median of ``repeats`` runs each, ``block_until_ready`` for hon
 - **fragments**: forward and backward (``jax.vjp``; the backward consumes the forward's residuals)
   of the zoo's llama layers (``embed``, ``block``, ``head`` of :mod:`compiler.zoo.decoder`) at a few
   microbatch sizes, on one mesh of ``devices_per_mesh`` devices with the batch split over ``data``
-  (the layout the plans use). Per-device FLOP and bytes come from XLA's own
-  ``compiled.cost_analysis()`` of the partitioned executable, as the cost model's do.
+  (the layout the plans use). Each fragment's per-device FLOP and bytes are the ones the
+  simulator charges for it (:func:`simulator_costs`: the ``compiler.costing`` workload of llama-tiny
+  through ``simulator.cost_model.layer_time``'s formulas), so the fitted rate reproduces the measured
+  times *through the simulator's own costing*. (XLA:CPU's ``bytes accessed`` counts several times
+  the workload's fused-roofline bytes; a bandwidth fitted to it would be applied to the workload's
+  smaller figure and make every memory-heavy fragment look too fast.)
 - **fragment overhead**: the runtime's cost per step, from :func:`compiler.runtime.run_program`
   running many one-element calls.
 - **memory bandwidth**: a memory-bound fragment (``a + b`` over 64 MiB per device) on the mesh.
@@ -48,8 +52,9 @@ class CalibrationError(CompilerError):
 class FragmentTiming:
     """One measured fragment: ``layer`` ``kind`` (F or B) for ``samples`` samples on one mesh.
 
-    ``flops`` / ``bytes`` are per device (XLA cost analysis of the partitioned executable);
-    ``seconds`` is the median wall time of one call, dispatch included.
+    ``flops`` / ``bytes`` are per device (XLA cost analysis of the partitioned executable, or the
+    simulator's figures after :func:`simulator_costs`); ``seconds`` is the median wall time of one
+    call, dispatch included.
     """
 
     layer: str
@@ -324,6 +329,35 @@ def nominal_peaks(devices_per_mesh: int, cores: int | None = None, ghz: float | 
     return host / devices_per_mesh, src, ghz
 
 
+LAYER_BODY = {"embed": "embed", "block": "decoder_block", "head": "head"}
+
+
+def simulator_costs(frags: Sequence[FragmentTiming], devices_per_mesh: int, *,
+                    model: str = "llama-tiny") -> list[FragmentTiming]:
+    """``frags`` with per-device FLOP and bytes replaced by what the simulator charges for them.
+
+    ``simulator.cost_model.layer_time`` charges a data-parallel F or (unsplit) B of ``samples``
+    samples ``flops_per_sample x samples / d`` and ``bytes_fixed + bytes_per_sample x samples / d``
+    per device (``d = devices_per_mesh``), with the ``compiler.costing`` workload's figures.
+    """
+    from dataclasses import replace
+
+    from compiler.costing import workload
+
+    wl = workload(model, max(f.samples for f in frags))
+    by_name = {c.name: c for c in (wl.layer(i) for i in range(len(wl.layers)))}
+    out = []
+    for f in frags:
+        c = by_name[LAYER_BODY[f.layer]]
+        per_dev = f.samples / devices_per_mesh
+        if f.kind == "F":
+            flops, nbytes = c.fwd_flops_per_sample * per_dev, c.fwd_bytes_fixed + c.fwd_bytes_per_sample * per_dev
+        else:
+            flops, nbytes = c.bwd_flops_per_sample * per_dev, c.bwd_bytes_fixed + c.bwd_bytes_per_sample * per_dev
+        out.append(replace(f, flops=flops, bytes=nbytes))
+    return out
+
+
 def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float
               ) -> tuple[float, float]:
     """(achievable FLOP/s, relative rms error) of the roofline model over ``frags``.
@@ -354,7 +388,8 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
         CalibrationError: too few devices.
     """
     meshes = local_meshes(num_meshes, devices_per_mesh)
-    frags = measure_fragments(meshes[0], samples, repeats=repeats)
+    frags = simulator_costs(measure_fragments(meshes[0], samples, repeats=repeats),
+                            devices_per_mesh)
     overhead = measure_overhead(meshes[0])
     nbytes, t_mem = measure_bandwidth(meshes[0], repeats=repeats)
     achievable_bw = nbytes / max(t_mem - overhead, 1e-9)
@@ -427,7 +462,8 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
                 f"(least squares in seconds, relative rms error {cal.fit_rel_error:.3f}) to "
                 f"{len(cal.fragments)} fragments ({', '.join(f'{l} {k}' for l, k in blocks)} of "
                 f"llama-tiny at {sorted({f.samples for f in cal.fragments})} samples, data-parallel "
-                f"over {cal.devices_per_mesh} devices; FLOP and bytes from XLA cost_analysis) with "
+                f"over {cal.devices_per_mesh} devices; FLOP and bytes as the simulator charges them: "
+                f"compiler.costing workload) with "
                 f"the roofline overhead + max(flops/F, bytes/B)")},
             "memory": {"value": round(cal.memory_efficiency, 5), "origin": (
                 f"{where}: a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
