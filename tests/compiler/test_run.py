@@ -164,6 +164,11 @@ def test_run_plan_llama_tiny_50_steps(schedule):
     from compiler.run import run_plan
     plan = make_plan(schedule)
     r = run_plan(plan, steps=50, check_every=10)
+    print(f"{schedule}: losses first {r.losses[0]:.4f} last {r.losses[-1]:.4f} "
+          f"(mean of first/last 5: {np.mean(r.losses[:5]):.4f} / {np.mean(r.losses[-5:]):.4f}); "
+          f"max rel error {r.max_rel_error:.2e}; executables "
+          f"{', '.join(str(c) for c in r.executables.values())}; step measured "
+          f"{r.measured_step_s:.3f} s, simulated {r.simulated_step_s:.3f} s")
     assert r.max_rel_error < 1e-5
     assert r.order_mismatches == () and r.executables_ok
     assert np.mean(r.losses[-5:]) < np.mean(r.losses[:5]) - 0.3
