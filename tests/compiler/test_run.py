@@ -108,6 +108,11 @@ def test_checks_order_bodies_and_errors():
                                                                       "F0.1")
     assert check.rel_error(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 0.0
     assert check.max_rel_error({"a": np.ones(3)}, {"a": np.ones(3) * 2}) == pytest.approx(0.5)
+    # the tree error treats the pytree as one vector: a tiny leaf's error barely counts
+    a = {"big": np.full(4, 100.0), "tiny": np.full(4, 1e-4)}
+    b = {"big": np.full(4, 100.0), "tiny": np.full(4, 1.1e-4)}
+    assert check.max_rel_error(a, b) == pytest.approx(1e-5 / 1.1e-4)
+    assert check.tree_rel_error(a, b) == pytest.approx((4 * 1e-10 / (4 * 1e4 + 4 * 1.21e-8)) ** 0.5)
     assert check.step_time_error(2.0, 1.7) == pytest.approx(0.15)
     # executables: two F calls of equal bodies share one executable; a B has its own
     ident = Executable("f", "m0", lambda x: (x,))
