@@ -90,11 +90,12 @@ def profiles() -> None:
 @click.option("--max-tensor", type=click.IntRange(min=1), default=8, show_default=True,
               help="Largest tensor-parallel degree considered.")
 @click.option("--even-split", is_flag=True, help="Force the usual hand split (equal layers per stage).")
+@click.option("--no-fsdp", is_flag=True, help="Do not consider fully sharded data parallel layouts.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @_guard
 def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
          time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
-         max_tensor: int, even_split: bool, out: str | None) -> None:
+         max_tensor: int, even_split: bool, no_fsdp: bool, out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule."""
     from cli.output import plan_table, validate_plan_json
     from compiler.ir import plan_to_json
@@ -110,7 +111,8 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     with console.status(f"planning {model} on {cluster.name} ..."):
         result = run_plan(workload, cluster, PlanOptions(
             time_limit_s=time_limit, schedules=schedules or None,
-            microbatches=microbatches or None, max_tensor=max_tensor, even_split=even_split))
+            microbatches=microbatches or None, max_tensor=max_tensor, even_split=even_split,
+            fsdp=not no_fsdp))
     console.print(plan_table(result, cluster))
     if out:
         doc = plan_to_json(result.plan)

@@ -29,6 +29,7 @@ and ``B`` over the profile's nominal peaks (see :func:`nominal_peaks`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -85,6 +86,7 @@ class Calibration:
     cores: int
     fragments: tuple[FragmentTiming, ...] = ()
     fit_rel_error: float = 0.0
+    backward_efficiency: float = 1.0
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     @property
@@ -235,6 +237,29 @@ def measure_link(src: Any, dst: Any, big_mib: int = 16, repeats: int = 5) -> tup
     return big.nbytes / max(t - lat, 1e-9), lat
 
 
+def measure_allreduce(mesh: Mesh, big_mib: int = 16, repeats: int = 5) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of the link inside ``mesh`` as its all-reduce sees it.
+
+    Times XLA's all-reduce of a ``big_mib`` MiB buffer per device (a sum over the ``data`` axis
+    into a replicated result, the collective a data-parallel backward runs) and of a 4-byte one,
+    and inverts the ring model the simulator charges (``hardware_profiles.collectives``):
+    ``t = 2 (n-1) latency + 2 (n-1)/n bytes / bandwidth``.
+    """
+    n = mesh.devices.size
+    axis = mesh.axis_names[0]
+    f = jax.jit(lambda x: x.sum(0), out_shardings=NamedSharding(mesh, P()))
+
+    def timed(elems: int) -> float:
+        x = jax.device_put(jnp.ones((n, elems), jnp.float32), NamedSharding(mesh, P(axis)))
+        return time_call(f, x, repeats=repeats)
+
+    small, big = timed(1), timed(big_mib * 2**20 // 4)
+    steps = 2 * (n - 1)
+    latency = small / steps
+    bandwidth = (steps / n) * big_mib * 2**20 / max(big - small, 1e-9)
+    return bandwidth, latency
+
+
 def measure_concurrency(meshes: Sequence[Mesh], samples: int = 4, repeats: int = 5) -> float:
     """Speed-up of ``len(meshes)`` equal block forwards dispatched together over one at a time."""
     from compiler.zoo.config import get_config
@@ -358,6 +383,18 @@ def simulator_costs(frags: Sequence[FragmentTiming], devices_per_mesh: int, *,
     return out
 
 
+def _grad_allreduce(f: FragmentTiming, devices_per_mesh: int, bandwidth: float, latency: float,
+                    *, model: str = "llama-tiny") -> float:
+    """Seconds of the ring all-reduce of layer ``f.layer``'s fp32 gradients over the mesh."""
+    from compiler.costing import workload
+    from hardware_profiles.collectives import ring_all_reduce
+    from hardware_profiles.types import Link
+
+    wl = workload(model, max(1, f.samples))
+    cost = wl.costs[LAYER_BODY[f.layer]]
+    return ring_all_reduce(cost.param_count * 4.0, devices_per_mesh, Link(bandwidth, latency))
+
+
 def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float
               ) -> tuple[float, float]:
     """(achievable FLOP/s, relative rms error) of the roofline model over ``frags``.
@@ -394,13 +431,19 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
     nbytes, t_mem = measure_bandwidth(meshes[0], repeats=repeats)
     achievable_bw = nbytes / max(t_mem - overhead, 1e-9)
     stream = measure_stream(repeats=repeats) / devices_per_mesh
-    ach_flops, rms = fit_flops(frags, overhead, achievable_bw)
+    intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
+    fwd = [f for f in frags if f.kind == "F"]
+    # a data-parallel backward also all-reduces its layer's fp32 gradients (parameters are
+    # replicated); the simulator charges that on the intra link, so it is taken out before fitting
+    bwd = [dataclasses.replace(f, seconds=f.seconds - _grad_allreduce(f, devices_per_mesh,
+                                                                     intra_bw, intra_lat))
+           for f in frags if f.kind != "F"]
+    ach_flops, rms_f = fit_flops(fwd, overhead, achievable_bw)
+    bwd_flops, rms_b = fit_flops(bwd, overhead, achievable_bw)
+    rms = math.sqrt((rms_f ** 2 * len(fwd) + rms_b ** 2 * len(bwd)) / (len(fwd) + len(bwd)))
     peak, _, _ = nominal_peaks(devices_per_mesh)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
     link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
-    d0, d1 = meshes[0].devices.flat[0], meshes[0].devices.flat[-1]
-    intra_bw, intra_lat = measure_link(jax.sharding.SingleDeviceSharding(d0),
-                                       jax.sharding.SingleDeviceSharding(d1), repeats=repeats)
     speed = measure_concurrency(meshes[:2], repeats=repeats)
     achieved = measure_runtime_concurrency(meshes[:2])
     return Calibration(
@@ -408,6 +451,7 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
         achievable_bandwidth=achievable_bw, fragment_overhead=overhead, link_bandwidth=link_bw,
         link_latency=link_lat, intra_bandwidth=intra_bw, intra_latency=intra_lat,
         concurrency_speedup=speed, runtime_concurrency=achieved,
+        backward_efficiency=min(1.0, bwd_flops / ach_flops),
         host_slots=max(1, int(round(achieved))),
         devices_per_mesh=devices_per_mesh, cores=os.cpu_count() or 1, fragments=tuple(frags),
         fit_rel_error=rms)
@@ -446,9 +490,11 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
         "scale_up": {
             "bandwidth_gb_per_s_per_direction": {
                 "value": round(cal.intra_bandwidth / 1e9, 4),
-                "source": f"{where}: jax.device_put of 16 MiB between two CPU devices"},
+                "source": f"{where}: XLA all-reduce of 16 MiB per device over a "
+                          f"{cal.devices_per_mesh}-device mesh, inverted through the ring model"},
             "latency_us": {"value": round(cal.intra_latency * 1e6, 2),
-                           "source": f"{where}: jax.device_put of 4 bytes between two CPU devices"},
+                           "source": f"{where}: XLA all-reduce of 4 bytes per device, / 2(n-1) "
+                                     f"ring steps"},
             "topology": "shared memory of one host",
         },
         "scale_out": {"bandwidth_gbit_per_s_per_direction": {
@@ -465,6 +511,10 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
                 f"over {cal.devices_per_mesh} devices; FLOP and bytes as the simulator charges them: "
                 f"compiler.costing workload) with "
                 f"the roofline overhead + max(flops/F, bytes/B)")},
+            "backward": {"value": round(cal.backward_efficiency, 5), "origin": (
+                f"{where}: the backward fragments' fitted rate (same fit, after taking out each "
+                f"layer's gradient all-reduce) over the forward's"
+                f" (XLA:CPU's backward kernels run slower than its forward ones)")},
             "memory": {"value": round(cal.memory_efficiency, 5), "origin": (
                 f"{where}: a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
                 f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device")},
@@ -489,7 +539,7 @@ def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
                     "axes": {"data": cal.devices_per_mesh}, "host": "local",
                     "intra_link": {"bandwidth_gb_per_s": round(cal.intra_bandwidth / 1e9, 4),
                                    "latency_us": round(cal.intra_latency * 1e6, 2),
-                                   "source": f"{where}: device_put between two CPU devices"}}
+                                   "source": f"{where}: XLA all-reduce over the mesh's 2 devices"}}
                    for i in range(num_meshes)],
         "default_link": {"bandwidth_gb_per_s": round(cal.link_bandwidth / 1e9, 4),
                          "latency_us": round(cal.link_latency * 1e6, 2),

@@ -239,6 +239,10 @@ class Plan:
     cluster_path: str = ""
     devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     """mesh name -> (device profile id, number of devices), for readers without the cluster."""
+    grad_sync: str = "step"
+    """When data-parallel gradients are all-reduced: ``"step"`` (once, at the end of the step, as
+    Megatron-LM and DDP bucketing do) or ``"microbatch"`` (inside every backward fragment, as a
+    program whose backward returns replicated gradients for each microbatch does)."""
     recompute: Mapping[str, bool] = field(default_factory=dict)
     """mesh name -> whether its stages recompute activations in the backward (full activation
     checkpointing: a forward keeps only each layer's input; the backward reruns the forward)."""
@@ -317,6 +321,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "global_batch": plan.global_batch,
         "seq_len": plan.seq_len,
         "merge_last_stage": plan.merge_last_stage,
+        "grad_sync": plan.grad_sync,
         "stages": [{"index": s.index, "layers": [s.first, s.last], "mesh": s.mesh}
                    for s in plan.stages],
         "meshes": {m: {"device": plan.devices.get(m, ("", 0))[0],
@@ -363,6 +368,7 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
         return Plan(model=str(d["model"]), cluster=str(d["cluster"]), stages=stages,
                     layouts=layouts, schedule=table, rank_mesh=rank_mesh,
                     merge_last_stage=bool(d.get("merge_last_stage", False)),
+                    grad_sync=str(d.get("grad_sync", "step")),
                     global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
                     predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
                     cluster_path=str(d.get("cluster_path", "")),

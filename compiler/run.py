@@ -12,6 +12,7 @@ It checks (a) loss and gradients against a plain ``jax.jit`` of the same step on
 from __future__ import annotations
 
 import statistics
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -184,13 +185,33 @@ class RunReport:
         return all(c.ok for c in self.executables.values())
 
 
+def executed_plan(plan: Plan) -> Plan:
+    """``plan`` as this runtime executes it, for the simulator: parameters are replicated and the
+    batch split over ``data``, so every backward returns all-reduced gradients for its microbatch
+    (``grad_sync="microbatch"``) rather than once per step."""
+    return dataclasses.replace(plan, grad_sync="microbatch")
+
+
+def check_layouts(plan: Plan) -> None:
+    """Raise :class:`RunError` for layouts this runtime does not implement (tensor parallel, FSDP).
+
+    The compiler shards each microbatch over the mesh's ``data`` axis and replicates parameters;
+    Megatron-style tensor parallel and fully sharded parameters are planned, not yet compiled.
+    """
+    for m, lay in plan.layouts.items():
+        if lay.tensor > 1 or lay.fsdp:
+            raise RunError(f"mesh {m!r} has layout {lay}, but 'mpmd run' executes data-parallel "
+                           f"layouts only; re-plan with 'mpmd plan ... --max-tensor 1 --no-fsdp'")
+
+
 def simulated_step_time(plan: Plan, cluster: Any, cfg: Any) -> float:
-    """The simulator's step time of ``plan`` on ``cluster`` without the optimizer op, s."""
+    """The simulator's step time of ``plan`` as executed here (:func:`executed_plan`) on
+    ``cluster``, without the optimizer op (the optimizer runs outside the MPMD program), s."""
     from compiler.costing import workload
     from simulator.plan_sim import simulate_plan
 
     wl = workload(cfg, plan.global_batch, plan.seq_len)
-    res = simulate_plan(plan, wl, cluster)
+    res = simulate_plan(executed_plan(plan), wl, cluster)
     return max((e.end_s for e in res.timeline.events if e.kind != "optimizer"), default=0.0)
 
 
@@ -251,6 +272,7 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
             plan = plan_from_json(json.loads(Path(plan_path).read_text()))
         except OSError as e:
             raise RunError(f"cannot read plan {plan_path}: {e.strerror}; make one with 'mpmd plan'")
+    check_layouts(plan)
     cpath = cluster_path or plan.cluster_path
     if not cpath:
         raise RunError("the plan names no cluster file; pass cluster_path (--cluster)")

@@ -72,6 +72,7 @@ class _Efficiencies(_Strict):
     matmul: _Efficiency
     memory: _Efficiency
     fragment_overhead_us: _Overhead
+    backward: _Efficiency | None = None
 
 
 class _ScaleUp(_Strict):
@@ -265,6 +266,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
         "memory_efficiency": f.efficiency.memory.origin,
         "fragment_overhead": f.efficiency.fragment_overhead_us.origin,
     })
+    if f.efficiency.backward is not None:
+        sources["backward_efficiency"] = f.efficiency.backward.origin
     if f.scale_up.topology:
         sources["scale_up_topology"] = f.scale_up.topology
     price = None
@@ -286,6 +289,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
         matmul_efficiency=f.efficiency.matmul.value,
         memory_efficiency=f.efficiency.memory.value,
         fragment_overhead=f.efficiency.fragment_overhead_us.value * US,
+        backward_efficiency=f.efficiency.backward.value if f.efficiency.backward else 1.0,
         sources=sources,
         alternatives=tuple(_alternative(path, a) for a in f.alternatives),
     )

@@ -44,6 +44,8 @@ class DeviceProfile:
         matmul_efficiency: achievable fraction of ``peak_flops`` for large matmuls (profile data).
         memory_efficiency: achievable fraction of ``memory_bandwidth``.
         fragment_overhead: fixed dispatch cost per fragment launch, s.
+        backward_efficiency: the backward's (B, W) achieved matmul rate relative to the forward's
+            (1.0 unless measured otherwise: e.g. XLA:CPU's backward kernels run slower).
         sources: field name -> citation for every published figure and the origin of every
             efficiency factor.
         alternatives: figures from other sources that disagree with the ones used.
@@ -65,6 +67,7 @@ class DeviceProfile:
     fragment_overhead: float
     sources: Mapping[str, str] = field(default_factory=dict)
     alternatives: tuple[Alternative, ...] = ()
+    backward_efficiency: float = 1.0
 
     def achievable_flops(self, dtype: str = "bf16") -> float:
         """Achievable matmul FLOP/s for ``dtype`` (peak x matmul_efficiency).

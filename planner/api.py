@@ -37,6 +37,9 @@ class PlanOptions:
         max_tensor: largest tensor-parallel degree considered.
         headroom: fraction of device memory kept free.
         virtual_stages: virtual stages per mesh for interleaved 1F1B.
+        even_split: force equal blocks per stage on every mesh (the usual hand split).
+        meshes: restrict to these meshes (None: all of the cluster's).
+        fsdp: also consider fully sharded data parallel layouts.
         seed / workers: CP-SAT determinism controls.
     """
 
@@ -50,6 +53,7 @@ class PlanOptions:
     workers: int = 1
     even_split: bool = False
     meshes: tuple[str, ...] | None = None
+    fsdp: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +76,7 @@ def _split_layers(w: Workload) -> tuple[int, int, int]:
     return first, n, len(w.layers) - first - n
 
 
-def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, training: bool) -> list[Layout]:
+def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool) -> list[Layout]:
     """Data x tensor factorizations of the mesh (data dividing the microbatch), each also with
     fully sharded data parallel when training with more than one replica."""
     out = []
@@ -82,18 +86,19 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, training: bool) ->
         d = mesh.num_devices // t
         if samples >= d and float(samples / d).is_integer():
             out.append(Layout(d, t))
-            if training and d > 1:
+            if fsdp and d > 1:
                 out.append(Layout(d, t, fsdp=True))
     return out
 
 
 def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
-                  split: bool, headroom: float, max_tensor: int) -> tuple[MeshOption, ...]:
+                  split: bool, headroom: float, max_tensor: int, fsdp: bool = True
+                  ) -> tuple[MeshOption, ...]:
     pre, nb, post = _split_layers(w)
     dtype = cm.compute_dtype(w)
     ovh = cm.fragment_overhead(mesh)
     opts = []
-    choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor, w.training)
+    choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training)
                for rc in ((False, True) if w.training else (False,))]
     for lay, rc in choices:
         def t(lo: int, hi: int) -> float:
@@ -197,7 +202,7 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
         split = sched.startswith("zb")
         v = opts.virtual_stages if sched == "interleaved-1f1b" else 1
         options = tuple(_mesh_options(w, ms, samples, kinds_of[sched], split, opts.headroom,
-                                      opts.max_tensor) for ms in specs)
+                                      opts.max_tensor, opts.fsdp) for ms in specs)
         if any(not o for o in options):
             tried.append((sched, mb, None))
             continue

@@ -95,7 +95,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev if kind == "B" else 0.0
     else:
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
-    compute = flops / t / _flops_rate(mesh, dtype)
+    rate = _flops_rate(mesh, dtype) * (1.0 if kind == "F" else mesh.device.backward_efficiency)
+    compute = flops / t / rate
     memory = mem / t / mesh.device.achievable_bandwidth
     comm = all_reduce_time(tp_bytes, t, mesh.collective_link(t)) if t > 1 else 0.0
     shard = 0.0

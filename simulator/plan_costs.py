@@ -85,12 +85,25 @@ class PlanCosts:
                     for i in range(st.first, st.last))
         return out
 
+    def _microbatch_grad_sync(self, ref: FragmentRef) -> float:
+        """The data-parallel gradient all-reduce a backward pays when ``plan.grad_sync`` is
+        ``"microbatch"`` (on the fragment that computes weight gradients: W when split, else B)."""
+        if self.plan.grad_sync != "microbatch" or not self.workload.training:
+            return 0.0
+        if ref.kind != ("W" if self.plan.schedule.split_backward else "B"):
+            return 0.0
+        st = self.plan.stages[ref.stage]
+        lay = self.plan.layouts[st.mesh]
+        if lay.fsdp:
+            return 0.0
+        return cm.grad_sync_time(self.workload, st.first, st.last, self.cluster.meshes[st.mesh], lay)
+
     def fragment_time(self, ref: FragmentRef) -> float:
         """Seconds of fragment ``ref`` on its stage's mesh, dispatch overhead included.
 
         When the last stage's F and B are merged, the pair pays one dispatch (on the F).
         """
-        base = self._stage_kind_time[(ref.stage, ref.kind)]
+        base = self._stage_kind_time[(ref.stage, ref.kind)] + self._microbatch_grad_sync(ref)
         merged_b = self.plan.merge_last_stage and ref.kind == "B" and ref.stage == self.last_stage
         return base + (0.0 if merged_b else cm.fragment_overhead(self.stage_mesh(ref.stage)))
 
@@ -131,7 +144,8 @@ class PlanCosts:
         if not self.workload.training:
             return ()
         spec, lay = self.cluster.meshes[mesh], self.plan.layouts[mesh]
-        ar = sum(cm.grad_sync_time(self.workload, a, b, spec, lay) for a, b in self._mesh_layers(mesh))
+        ar = 0.0 if self.plan.grad_sync == "microbatch" else sum(
+            cm.grad_sync_time(self.workload, a, b, spec, lay) for a, b in self._mesh_layers(mesh))
         opt = sum(cm.optimizer_time(self.workload, a, b, spec, lay) for a, b in self._mesh_layers(mesh))
         return (("allreduce", ar), ("optimizer", opt))
 
