@@ -127,7 +127,24 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
             resid_post=po.residual_bytes_per_microbatch,
             working=max(blk.working_bytes, pr.working_bytes, po.working_bytes),
             capacity=cm.usable_bytes(mesh, headroom)))
-    return tuple(opts)
+    return _undominated(opts)
+
+
+def _undominated(opts: list[MeshOption]) -> tuple[MeshOption, ...]:
+    """Drop options another option beats or ties on every time and memory term (exact pruning:
+    the CP-SAT model is monotone in each of them), keeping the first of equal ones."""
+    def terms(o: MeshOption) -> tuple[float, ...]:
+        return (o.block_s, o.pre_s, o.post_s, o.overhead_s, -o.merge_saving_s, o.tail_block_s,
+                o.tail_pre_s, o.tail_post_s, o.static_block, o.static_pre, o.static_post,
+                o.resid_block, o.resid_pre, o.resid_post, o.working)
+
+    keep = []
+    for i, o in enumerate(opts):
+        t = terms(o)
+        if not any(all(a <= b for a, b in zip(terms(p), t)) and (terms(p) != t or j < i)
+                   for j, p in enumerate(opts) if j != i):
+            keep.append(o)
+    return tuple(keep)
 
 
 def build_plan(w: Workload, cluster: Cluster, a: Assignment, schedule: str, microbatches: int,

@@ -59,7 +59,7 @@ def _mesh_summary(plan, cluster) -> str:
         lay = plan.layouts[m]
         dev, n = plan.devices.get(m, (cluster.meshes[m].device.name, cluster.meshes[m].num_devices))
         rc = " recompute" if plan.recompute.get(m) else ""
-        key = f"{dev}({n}) DP{lay.data}xTP{lay.tensor}{rc}"
+        key = f"{dev}({n}) DP{lay.data}xTP{lay.tensor}{' FSDP' if lay.fsdp else ''}{rc}"
         if parts and parts[-1][1] == key:
             parts[-1][0] += 1
         else:
