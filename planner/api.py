@@ -209,6 +209,7 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
               if not (s == "interleaved-1f1b" and nb % opts.virtual_stages)]
     tried: list[tuple[str, int, float | None]] = []
     best: tuple[float, Plan, Prediction] | None = None
+    det_used = 0.0
     for n, (sched, mb) in enumerate(combos):
         left = opts.time_limit_s - (time.monotonic() - t0)
         if left <= 0:
@@ -229,9 +230,12 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
         cand = Candidate(sched, mb, v, nb, meshes, options, comm, sched in MERGEABLE and w.training,
                          even_split=opts.even_split,
                          required_meshes=meshes if opts.even_split else ())
-        # a fixed deterministic budget per candidate (reproducible), capped by the wall clock left
+        # an equal share of the deterministic budget still unused (CP-SAT's deterministic time is
+        # reproducible, so is the split), capped by the wall clock left
+        share = max(0.05, (opts.time_limit_s - det_used) / (len(combos) - n))
         a = solve(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
-                  deterministic_limit=opts.time_limit_s / len(combos))
+                  deterministic_limit=share)
+        det_used += getattr(solve, "last_deterministic_s", share)
         if a is None:
             tried.append((sched, mb, None))
             continue

@@ -105,6 +105,7 @@ class Assignment:
     objective_s: float
     bound_s: float
     wall_s: float
+    deterministic_s: float = 0.0
 
 
 def _mb(nbytes: float) -> int:
@@ -279,6 +280,7 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
     solver.parameters.num_workers = workers
     solver.parameters.interleave_search = True
     status = solver.Solve(model)
+    solve.last_deterministic_s = solver.deterministic_time
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     chosen = sorted((i for i in range(nm) if solver.Value(used[i])), key=lambda i: solver.Value(pos[i]))
@@ -294,4 +296,5 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
         objective_s=solver.ObjectiveValue() / v / US,
         bound_s=solver.BestObjectiveBound() / v / US,
         wall_s=solver.WallTime(),
+        deterministic_s=solver.deterministic_time,
     )
