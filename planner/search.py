@@ -132,25 +132,36 @@ def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str
 
 def _hint(model, c: Candidate, used, first, last, nblk, pos, sel) -> None:
     """A warm start: every mesh in cluster order, blocks in proportion to the speed of its fastest
-    layout (the solver repairs it if it does not fit memory)."""
+    layout, and per mesh the fastest option whose memory fits that share at the first pipeline
+    position's in-flight count (the least memory-hungry option when none does)."""
     nm, v, L = len(c.meshes), c.virtual_stages, c.num_blocks
     per = L // v
     if per < nm:
         return
-    best = [min(range(len(opts)), key=lambda k: opts[k].block_s) for opts in c.options]
-    speed = [1.0 / max(c.options[i][best[i]].block_s, 1e-12) for i in range(nm)]
+    fastest = [min(range(len(opts)), key=lambda k: opts[k].block_s) for opts in c.options]
+    speed = [1.0 / max(c.options[i][fastest[i]].block_s, 1e-12) for i in range(nm)]
     share = [max(1, int(per * sp / sum(speed))) for sp in speed]
     share[max(range(nm), key=lambda i: speed[i])] += per - sum(share)
     if min(share) < 1:
         return
+    inflight = min(nm, c.microbatches) * v
+
+    def need(o: MeshOption, n: int) -> float:
+        return (v * n * (o.static_block + inflight * o.resid_block) + o.static_pre + o.static_post
+                + inflight * (o.resid_pre + o.resid_post) + o.working)
+
     for i in range(nm):
+        opts = c.options[i]
+        fits = [k for k in range(len(opts)) if need(opts[k], share[i]) <= opts[k].capacity]
+        best = (min(fits, key=lambda k: opts[k].block_s) if fits
+                else min(range(len(opts)), key=lambda k: need(opts[k], share[i])))
         model.AddHint(used[i], 1)
         model.AddHint(first[i], int(i == 0))
         model.AddHint(last[i], int(i == nm - 1))
         model.AddHint(pos[i], i)
         model.AddHint(nblk[i], share[i])
         for k in range(len(sel[i])):
-            model.AddHint(sel[i][k], int(k == best[i]))
+            model.AddHint(sel[i][k], int(k == best))
 
 
 def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
