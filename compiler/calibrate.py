@@ -457,114 +457,14 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
         fit_rel_error=rms)
 
 
-# --------------------------------------------------------------------------- profile files
-DEVICE_ID = "cpu-host"
-CLUSTER_ID = "cpu4x2"
-COMMAND = "mpmd calibrate (compiler.calibrate.calibrate_command)"
-
-
-def device_yaml(cal: Calibration) -> dict[str, Any]:
-    """The ``cpu-host`` device profile (the loader's file format) from a calibration."""
-    peak, peak_src, _ = nominal_peaks(cal.devices_per_mesh, cal.cores)
-    mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    blocks = sorted({(f.layer, f.kind) for f in cal.fragments})
-    where = (f"measured {cal.date} on this machine ({cal.cores} cores shared by 8 JAX CPU devices) "
-             f"by {COMMAND}")
-    return {
-        "name": DEVICE_ID,
-        "vendor": "local",
-        "description": (f"One JAX CPU device of this machine ({cal.cores} cores, 8 CPU devices), "
-                        f"as used in meshes of {cal.devices_per_mesh}; figures per device while its "
-                        f"mesh runs one fragment on the whole host."),
-        "peak_tflops": {
-            "fp32": {"value": round(peak / 1e12, 6), "source": peak_src},
-            "bf16": {"value": round(peak / 1e12, 6),
-                     "source": "the fp32 figure: XLA:CPU runs these fragments' dots in float32"},
-        },
-        "memory_gb": {"value": round(mem_total / 8 / 1e9, 3),
-                      "source": "this machine's RAM (os.sysconf) / 8 CPU devices"},
-        "memory_bandwidth_gb_per_s": {
-            "value": round(cal.memory_bandwidth / 1e9, 4),
-            "source": (f"{where}: numpy copy of 256 MiB (read + write) / {cal.devices_per_mesh} "
-                       f"devices per mesh")},
-        "scale_up": {
-            "bandwidth_gb_per_s_per_direction": {
-                "value": round(cal.intra_bandwidth / 1e9, 4),
-                "source": f"{where}: XLA all-reduce of 16 MiB per device over a "
-                          f"{cal.devices_per_mesh}-device mesh, inverted through the ring model"},
-            "latency_us": {"value": round(cal.intra_latency * 1e6, 2),
-                           "source": f"{where}: XLA all-reduce of 4 bytes per device, / 2(n-1) "
-                                     f"ring steps"},
-            "topology": "shared memory of one host",
-        },
-        "scale_out": {"bandwidth_gbit_per_s_per_direction": {
-            "value": round(cal.link_bandwidth * 8 / 1e9, 4),
-            "source": f"{where}: jax.device_put of 16 MiB between two meshes"}},
-        "tdp_w": {"value": 10.0, "source": ("unknown: this virtual machine names no CPU model; a "
-                                            "nominal 10 W per device, not for power reports")},
-        "efficiency": {
-            "matmul": {"value": round(cal.matmul_efficiency, 5), "origin": (
-                f"{where}: achievable {cal.achievable_flops / 1e9:.2f} GFLOP/s per device fitted "
-                f"(least squares in seconds, relative rms error {cal.fit_rel_error:.3f}) to "
-                f"{len(cal.fragments)} fragments ({', '.join(f'{l} {k}' for l, k in blocks)} of "
-                f"llama-tiny at {sorted({f.samples for f in cal.fragments})} samples, data-parallel "
-                f"over {cal.devices_per_mesh} devices; FLOP and bytes as the simulator charges them: "
-                f"compiler.costing workload) with "
-                f"the roofline overhead + max(flops/F, bytes/B)")},
-            "backward": {"value": round(cal.backward_efficiency, 5), "origin": (
-                f"{where}: the backward fragments' fitted rate (same fit, after taking out each "
-                f"layer's gradient all-reduce) over the forward's"
-                f" (XLA:CPU's backward kernels run slower than its forward ones)")},
-            "memory": {"value": round(cal.memory_efficiency, 5), "origin": (
-                f"{where}: a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
-                f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device")},
-            "fragment_overhead_us": {"value": round(cal.fragment_overhead * 1e6, 2), "origin": (
-                f"{where}: compiler.runtime.run_program per step, 200 one-element calls")},
-        },
-    }
-
-
-def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
-    """The ``cpu4x2`` cluster: ``num_meshes`` meshes of ``devices_per_mesh`` CPU devices, one host."""
-    where = f"measured {cal.date} by {COMMAND}"
-    return {
-        "name": CLUSTER_ID,
-        "description": (
-            f"{num_meshes} meshes of {cal.devices_per_mesh} JAX CPU devices, all on this machine's "
-            f"{cal.cores} cores (host 'local'). host_slots = {cal.host_slots}: the runtime keeps "
-            f"{cal.runtime_concurrency:.2f} fragments running on average (it times one step at a "
-            f"time); XLA alone ran 2 meshes' fragments {cal.concurrency_speedup:.2f}x faster "
-            f"together than one after the other ({where})."),
-        "meshes": [{"name": f"m{i}", "device": DEVICE_ID, "num_devices": cal.devices_per_mesh,
-                    "axes": {"data": cal.devices_per_mesh}, "host": "local",
-                    "intra_link": {"bandwidth_gb_per_s": round(cal.intra_bandwidth / 1e9, 4),
-                                   "latency_us": round(cal.intra_latency * 1e6, 2),
-                                   "source": f"{where}: XLA all-reduce over the mesh's 2 devices"}}
-                   for i in range(num_meshes)],
-        "default_link": {"bandwidth_gb_per_s": round(cal.link_bandwidth / 1e9, 4),
-                         "latency_us": round(cal.link_latency * 1e6, 2),
-                         "source": f"{where}: device_put between two meshes' shardings"},
-        "host_slots": {"local": cal.host_slots},
-    }
-
-
-def write_profiles(cal: Calibration, device_path: str, cluster_path: str) -> None:
-    """Write :func:`device_yaml` and :func:`cluster_yaml` to the given paths."""
-    import yaml
-
-    for path, data, head in ((device_path, device_yaml(cal), f"Device profile {DEVICE_ID}"),
-                             (cluster_path, cluster_yaml(cal), f"Cluster {CLUSTER_ID}")):
-        with open(path, "w") as f:
-            f.write(f"# {head}: calibrated on this machine by {COMMAND}; regenerate, do not edit.\n")
-            yaml.safe_dump(data, f, sort_keys=False, width=100)
-
-
 def calibrate_command(device_out: str = "hardware_profiles/devices/cpu-host.yaml",
                       cluster_out: str = "hardware_profiles/clusters/cpu4x2.yaml", *,
                       repeats: int = 5, write: bool = True, console: Any = None) -> Calibration:
     """``mpmd calibrate``: measure, fit, print a table and (by default) write both YAML files."""
     from rich.console import Console
     from rich.table import Table
+
+    from compiler.calibration_files import write_profiles
 
     cal = calibrate(repeats=repeats)
     console = console or Console()

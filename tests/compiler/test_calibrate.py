@@ -6,9 +6,9 @@ import jax
 import pytest
 import yaml
 
-from compiler.calibrate import (Calibration, FragmentTiming, cluster_yaml, device_yaml, fit_flops,
-                                local_meshes, measure_overhead, measure_runtime_concurrency,
-                                write_profiles, CalibrationError)
+from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, fit_flops,
+                                local_meshes, measure_overhead, measure_runtime_concurrency)
+from compiler.calibration_files import cluster_yaml, device_yaml, write_profiles
 from compiler.run import load_cluster
 from hardware_profiles.loader import load_device
 
