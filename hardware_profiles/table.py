@@ -54,7 +54,7 @@ def profiles_table(devices: list[DeviceProfile] | None = None) -> Table:
     """
     table = Table(title="Device profiles (dense peaks; sources in hardware_profiles/devices/*.yaml)")
     for i, col in enumerate(COLUMNS):
-        table.add_column(col, justify="left" if i < 2 else "right")
+        table.add_column(col, justify="left" if i < 2 else "right", no_wrap=i == 0)
     for row in profiles_rows(devices):
         table.add_row(*row)
     return table
