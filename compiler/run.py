@@ -26,6 +26,7 @@ from compiler import check
 from compiler.errors import CompilerError
 from compiler.ir import Plan, plan_from_json
 from compiler.plan_config import config_from_plan
+from hardware_profiles.loader import load_cluster
 
 DATA_DIR = Path(__file__).parent / "data"
 TEXT = DATA_DIR / "kjv_pentateuch.txt"
@@ -117,13 +118,6 @@ def adam_update(params: Any, grads: Any, state: Any, lr: float) -> tuple[Any, An
 
 
 # --------------------------------------------------------------------------- cluster & topology
-def load_cluster(path: str | Path):
-    """Load a cluster YAML (see :func:`hardware_profiles.loader.load_cluster`)."""
-    from hardware_profiles.loader import load_cluster as _load
-
-    return _load(path)
-
-
 def topology_from_cluster(cluster: Any, devices: list | None = None) -> dict[str, Mesh]:
     """Mesh name -> ``jax.sharding.Mesh`` over consecutive local devices, with the cluster's axes.
 

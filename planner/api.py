@@ -16,7 +16,7 @@ from compiler.ir import Layout, Plan, StagePlan, Workload
 from hardware_profiles.types import Cluster, MeshSpec
 from planner.errors import InfeasibleError, PlannerError
 from planner.predict import Prediction, predict
-from planner.search import Assignment, Candidate, MeshOption, solve
+from planner.search import Assignment, Candidate, MeshOption, solve_timed
 from simulator import cost_model as cm
 from simulator.schedules import generate
 
@@ -233,9 +233,9 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
         # an equal share of the deterministic budget still unused (CP-SAT's deterministic time is
         # reproducible, so is the split), capped by the wall clock left
         share = max(0.05, (opts.time_limit_s - det_used) / (len(combos) - n))
-        a = solve(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
-                  deterministic_limit=share)
-        det_used += getattr(solve, "last_deterministic_s", share)
+        a, spent = solve_timed(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
+                               deterministic_limit=share)
+        det_used += spent
         if a is None:
             tried.append((sched, mb, None))
             continue

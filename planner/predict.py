@@ -119,6 +119,6 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
         bubble={m: 1.0 - busy[m] / step for m in plan.rank_mesh},
         peak_memory_bytes=peak, capacity_bytes=cap, stage_time_s=stage_time,
         mfu=workload.step_flops / (step * peak_flops),
-        roofline_step_time_s=workload.step_flops / peak_flops,
+        roofline_step_time_s=costs.roofline_step_time(),
         tokens_per_s=tokens / step, samples_per_s=plan.global_batch / step,
         shortfall_bytes=short)

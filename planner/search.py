@@ -168,6 +168,16 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
           deterministic_limit: float | None = None) -> Assignment | None:
     """Solve one candidate; None when CP-SAT proves it infeasible or finds nothing in time.
 
+    See :func:`solve_timed`, which also returns the deterministic time spent.
+    """
+    return solve_timed(c, time_limit_s=time_limit_s, seed=seed, workers=workers,
+                       deterministic_limit=deterministic_limit)[0]
+
+
+def solve_timed(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
+                deterministic_limit: float | None = None) -> tuple[Assignment | None, float]:
+    """(the solve's :class:`Assignment` or None, CP-SAT's deterministic time spent).
+
     Deterministic for the same inputs: a fixed seed and worker count, interleaved search, and a
     budget in CP-SAT's deterministic time (``deterministic_limit``, default ``time_limit_s``), so a
     loaded machine gives the same answer as an idle one unless the wall-clock ``time_limit_s``
@@ -291,9 +301,8 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
     solver.parameters.num_workers = workers
     solver.parameters.interleave_search = True
     status = solver.Solve(model)
-    solve.last_deterministic_s = solver.deterministic_time
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
+        return None, solver.deterministic_time
     chosen = sorted((i for i in range(nm) if solver.Value(used[i])), key=lambda i: solver.Value(pos[i]))
     picked = [c.options[i][next(k for k in range(len(sel[i])) if solver.Value(sel[i][k]))]
               for i in chosen]
@@ -308,4 +317,4 @@ def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
         bound_s=solver.BestObjectiveBound() / v / US,
         wall_s=solver.WallTime(),
         deterministic_s=solver.deterministic_time,
-    )
+    ), solver.deterministic_time

@@ -9,7 +9,7 @@ import yaml
 from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, fit_flops,
                                 local_meshes, measure_overhead, measure_runtime_concurrency)
 from compiler.calibration_files import cluster_yaml, device_yaml, write_profiles
-from compiler.run import load_cluster
+from hardware_profiles import load_cluster
 from hardware_profiles.loader import load_device
 
 

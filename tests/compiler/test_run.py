@@ -11,7 +11,8 @@ from compiler.errors import ConfigError
 from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
 from compiler.ir import FragmentRef, Layout, Plan, StagePlan
 from compiler.plan_config import config_from_plan
-from compiler.run import (adam_init, adam_update, batches, load_cluster, load_text,
+from hardware_profiles import load_cluster
+from compiler.run import (adam_init, adam_update, batches, load_text,
                           simulated_step_time, split_microbatches, topology_from_cluster,
                           train_step_fn)
 from simulator.schedules import generate
