@@ -9,7 +9,7 @@ import pytest
 from compiler import check, zoo
 from compiler.errors import ConfigError
 from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
-from compiler.ir import FragmentRef, Layout, Plan, StagePlan
+from compiler.ir import Layout, Plan, StagePlan
 from compiler.plan_config import config_from_plan
 from hardware_profiles import load_cluster
 from compiler.run import (adam_init, adam_update, batches, load_text,
