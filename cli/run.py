@@ -16,8 +16,8 @@ def _cpu_devices(n: int) -> None:
 def register(main: click.Group, guard) -> None:
     @main.command()
     @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-    @click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True,
-                  help="Training steps to run.")
+    @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+                  help="Training steps to run (the step time is the median of the later half).")
     @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
                   help="Cluster YAML (default: the plan's).")
     @click.option("--check-every", type=click.IntRange(min=1), default=1, show_default=True,

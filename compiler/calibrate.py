@@ -87,6 +87,7 @@ class Calibration:
     fragments: tuple[FragmentTiming, ...] = ()
     fit_rel_error: float = 0.0
     backward_efficiency: float = 1.0
+    standalone_allreduce_bandwidth: float = 0.0
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     @property
@@ -383,16 +384,53 @@ def simulator_costs(frags: Sequence[FragmentTiming], devices_per_mesh: int, *,
     return out
 
 
-def _grad_allreduce(f: FragmentTiming, devices_per_mesh: int, bandwidth: float, latency: float,
-                    *, model: str = "llama-tiny") -> float:
-    """Seconds of the ring all-reduce of layer ``f.layer``'s fp32 gradients over the mesh."""
+def _grad_bytes(f: FragmentTiming, *, model: str = "llama-tiny") -> float:
+    """Bytes of layer ``f.layer``'s fp32 gradients on each device (parameters are replicated)."""
     from compiler.costing import workload
-    from hardware_profiles.collectives import ring_all_reduce
-    from hardware_profiles.types import Link
 
-    wl = workload(model, max(1, f.samples))
-    cost = wl.costs[LAYER_BODY[f.layer]]
-    return ring_all_reduce(cost.param_count * 4.0, devices_per_mesh, Link(bandwidth, latency))
+    return workload(model, max(1, f.samples)).costs[LAYER_BODY[f.layer]].param_count * 4.0
+
+
+def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
+                 devices_per_mesh: int, latency: float, max_rate: float = 1e12
+                 ) -> tuple[float, float, float]:
+    """(achievable backward FLOP/s, all-reduce bandwidth B/s, relative rms error) over ``frags``.
+
+    A data-parallel backward also all-reduces its layer's fp32 gradients ``g`` over the mesh (the
+    parameters are replicated), so its time is modelled as the simulator charges it::
+
+        t = overhead + max(flops / F_b, bytes / bandwidth) + 2 (n-1) latency + 2 (n-1)/n g / B_ar
+
+    The all-reduce is the part of a backward that does not grow with the samples; timing it alone
+    (:func:`measure_allreduce`) gives a bandwidth several times higher than it reaches inside a
+    backward on XLA:CPU (there the two devices' threads meet at the rendezvous after computing on
+    shared cores), so ``B_ar`` is fitted here together with ``F_b``: for each ``F_b`` of a
+    log-spaced search, the least-squares ``1 / B_ar >= 0`` in closed form (squared error in
+    seconds, as :func:`fit_flops`). ``F_b`` is searched up to ``max_rate`` (the forward's rate:
+    the profile's ``backward_efficiency`` is at most 1), so ``B_ar`` is fitted for the rate used.
+
+    Raises:
+        CalibrationError: no backward timings.
+    """
+    frags = [f for f in frags if f.seconds > 0]
+    if not frags:
+        raise CalibrationError("no backward timings to fit; measure some fragments first")
+    n = devices_per_mesh
+    ring = [2 * (n - 1) / n * _grad_bytes(f) for f in frags]
+    norm = sum(f.seconds ** 2 for f in frags)
+
+    def solve(F: float) -> tuple[float, float]:
+        rest = [f.seconds - overhead - max(f.flops / F, f.bytes / bandwidth) - 2 * (n - 1) * latency
+                for f in frags]
+        den = sum(r * r for r in ring)
+        inv_b = max(0.0, sum(r * y for r, y in zip(ring, rest)) / den) if den > 0 else 0.0
+        err = sum((y - r * inv_b) ** 2 for r, y in zip(ring, rest))
+        return inv_b, math.sqrt(err / norm)
+
+    grid = [F for F in (10 ** (8 + i / 400) for i in range(0, 1601)) if F <= max_rate] or [max_rate]
+    best = min(grid, key=lambda F: solve(F)[1])
+    inv_b, err = solve(best)
+    return best, (1.0 / inv_b if inv_b > 0 else float("inf")), err
 
 
 def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float
@@ -433,13 +471,10 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
     stream = measure_stream(repeats=repeats) / devices_per_mesh
     intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
     fwd = [f for f in frags if f.kind == "F"]
-    # a data-parallel backward also all-reduces its layer's fp32 gradients (parameters are
-    # replicated); the simulator charges that on the intra link, so it is taken out before fitting
-    bwd = [dataclasses.replace(f, seconds=f.seconds - _grad_allreduce(f, devices_per_mesh,
-                                                                     intra_bw, intra_lat))
-           for f in frags if f.kind != "F"]
     ach_flops, rms_f = fit_flops(fwd, overhead, achievable_bw)
-    bwd_flops, rms_b = fit_flops(bwd, overhead, achievable_bw)
+    bwd = [f for f in frags if f.kind != "F"]
+    bwd_flops, ar_bw, rms_b = fit_backward(bwd, overhead, achievable_bw, devices_per_mesh,
+                                           intra_lat, max_rate=ach_flops)
     rms = math.sqrt((rms_f ** 2 * len(fwd) + rms_b ** 2 * len(bwd)) / (len(fwd) + len(bwd)))
     peak, _, _ = nominal_peaks(devices_per_mesh)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
@@ -449,12 +484,24 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
     return Calibration(
         peak_flops=peak, achievable_flops=ach_flops, memory_bandwidth=max(stream, achievable_bw),
         achievable_bandwidth=achievable_bw, fragment_overhead=overhead, link_bandwidth=link_bw,
-        link_latency=link_lat, intra_bandwidth=intra_bw, intra_latency=intra_lat,
+        link_latency=link_lat, intra_bandwidth=min(ar_bw, intra_bw), intra_latency=intra_lat,
+        standalone_allreduce_bandwidth=intra_bw,
         concurrency_speedup=speed, runtime_concurrency=achieved,
         backward_efficiency=min(1.0, bwd_flops / ach_flops),
         host_slots=max(1, int(round(achieved))),
         devices_per_mesh=devices_per_mesh, cores=os.cpu_count() or 1, fragments=tuple(frags),
         fit_rel_error=rms)
+
+
+def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
+    """The fitted model's time for fragment ``f`` (s): :meth:`Calibration.predict` for a forward;
+    for a backward, the backward rate and the layer's gradient all-reduce on the fitted link."""
+    if f.kind == "F":
+        return cal.predict(f.flops, f.bytes)
+    n = cal.devices_per_mesh
+    rate = cal.achievable_flops * cal.backward_efficiency
+    return (cal.fragment_overhead + max(f.flops / rate, f.bytes / cal.achievable_bandwidth)
+            + 2 * (n - 1) * cal.intra_latency + 2 * (n - 1) / n * _grad_bytes(f) / cal.intra_bandwidth)
 
 
 def calibrate_command(device_out: str = "hardware_profiles/devices/cpu-host.yaml",
@@ -473,7 +520,7 @@ def calibrate_command(device_out: str = "hardware_profiles/devices/cpu-host.yaml
         t.add_column(c, justify="right")
     for f in cal.fragments:
         t.add_row(f.layer, f.kind, str(f.samples), f"{f.flops / 1e9:.3f}", f"{f.bytes / 1e6:.2f}",
-                  f"{f.seconds * 1e3:.3f}", f"{cal.predict(f.flops, f.bytes) * 1e3:.3f}")
+                  f"{f.seconds * 1e3:.3f}", f"{model_seconds(cal, f) * 1e3:.3f}")
     console.print(t)
     console.print(
         f"achievable {cal.achievable_flops / 1e9:.2f} GFLOP/s/device (efficiency "

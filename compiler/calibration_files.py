@@ -42,8 +42,7 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
         "scale_up": {
             "bandwidth_gb_per_s_per_direction": {
                 "value": round(cal.intra_bandwidth / 1e9, 4),
-                "source": f"{where}: XLA all-reduce of 16 MiB per device over a "
-                          f"{cal.devices_per_mesh}-device mesh, inverted through the ring model"},
+                "source": _allreduce_source(cal, where)},
             "latency_us": {"value": round(cal.intra_latency * 1e6, 2),
                            "source": f"{where}: XLA all-reduce of 4 bytes per device, / 2(n-1) "
                                      f"ring steps"},
@@ -64,9 +63,10 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
                 f"compiler.costing workload) with "
                 f"the roofline overhead + max(flops/F, bytes/B)")},
             "backward": {"value": round(cal.backward_efficiency, 5), "origin": (
-                f"{where}: the backward fragments' fitted rate (same fit, after taking out each "
-                f"layer's gradient all-reduce) over the forward's"
-                f" (XLA:CPU's backward kernels run slower than its forward ones)")},
+                f"{where}: the backward fragments' fitted rate over the forward's (fitted "
+                f"together with the all-reduce of each layer's fp32 gradients inside the backward:"
+                f" compiler.calibrate.fit_backward; XLA:CPU's backward kernels run slower than "
+                f"its forward ones)")},
             "memory": {"value": round(cal.memory_efficiency, 5), "origin": (
                 f"{where}: a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
                 f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device")},
@@ -74,6 +74,13 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
                 f"{where}: compiler.runtime.run_program per step, 200 one-element calls")},
         },
     }
+
+
+def _allreduce_source(cal: Calibration, where: str) -> str:
+    return (f"{where}: the gradient all-reduce inside data-parallel backward fragments over a "
+            f"{cal.devices_per_mesh}-device mesh, fitted with the backward rate "
+            f"(compiler.calibrate.fit_backward, ring model); XLA's all-reduce of 16 MiB timed "
+            f"alone reached {cal.standalone_allreduce_bandwidth / 1e9:.2f} GB/s")
 
 
 def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
@@ -91,7 +98,7 @@ def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
                     "axes": {"data": cal.devices_per_mesh}, "host": "local",
                     "intra_link": {"bandwidth_gb_per_s": round(cal.intra_bandwidth / 1e9, 4),
                                    "latency_us": round(cal.intra_latency * 1e6, 2),
-                                   "source": f"{where}: XLA all-reduce over the mesh's 2 devices"}}
+                                   "source": _allreduce_source(cal, where)}}
                    for i in range(num_meshes)],
         "default_link": {"bandwidth_gb_per_s": round(cal.link_bandwidth / 1e9, 4),
                          "latency_us": round(cal.link_latency * 1e6, 2),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, fit_flops,
-                                local_meshes, measure_overhead, measure_runtime_concurrency)
+from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, _grad_bytes,
+                                fit_backward, fit_flops, local_meshes, measure_overhead, measure_runtime_concurrency)
 from compiler.calibration_files import cluster_yaml, device_yaml, write_profiles
 from hardware_profiles import load_cluster
 from hardware_profiles.loader import load_device
@@ -33,6 +33,24 @@ def test_fit_recovers_the_rate_of_synthetic_roofline_timings():
     assert err < 0.01
     with pytest.raises(CalibrationError, match="no fragment timings"):
         fit_flops([], o, B)
+
+
+def test_fit_backward_separates_the_gradient_all_reduce_from_the_compute_rate():
+    # synthetic backwards: compute at 3e10 FLOP/s plus a ring all-reduce of each layer's
+    # gradients at 5e8 B/s (n = 2: 2(n-1)/n = 1, 2(n-1) = 2 latency steps)
+    F, B, o, ar, lat = 3e10, 3e9, 1e-4, 5e8, 5e-5
+    frags = []
+    for layer, fl in (("block", 1e9), ("head", 4e7)):
+        for s in (2, 4, 8):
+            f = FragmentTiming(layer, "B", s, fl * s, 1e7 * s, 0.0)
+            t = o + max(f.flops / F, f.bytes / B) + 2 * lat + _grad_bytes(f) / ar
+            frags.append(FragmentTiming(layer, "B", s, f.flops, f.bytes, t))
+    got_f, got_ar, err = fit_backward(frags, o, B, 2, lat)
+    assert got_f == pytest.approx(F, rel=0.01)
+    assert got_ar == pytest.approx(ar, rel=0.02)
+    assert err < 0.01
+    with pytest.raises(CalibrationError, match="no backward timings"):
+        fit_backward([], o, B, 2, lat)
 
 
 def test_predict_is_the_cost_models_roofline():

@@ -179,3 +179,14 @@ def test_run_plan_llama_tiny_50_steps(schedule):
     assert r.order_mismatches == () and r.executables_ok
     assert np.mean(r.losses[-5:]) < np.mean(r.losses[:5]) - 0.3
     assert r.step_time_error < 0.15, (r.measured_step_s, r.simulated_step_s)
+
+
+def test_measured_step_time_is_the_median_of_the_later_half():
+    from compiler.run import measured_step_time
+
+    assert measured_step_time([2.3, 2.9, 1.9, 2.1, 2.0, 1.8, 1.9, 1.85]) == pytest.approx(1.875)
+    assert measured_step_time([3.0, 2.0, 1.0]) == 1.5
+    assert measured_step_time([3.0, 2.0]) == 2.0
+    assert measured_step_time([4.0]) == 4.0
+    with pytest.raises(ValueError, match="no recorded steps"):
+        measured_step_time([])
