@@ -29,12 +29,10 @@ and ``B`` over the profile's nominal peaks (see :func:`nominal_peaks`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jax
@@ -42,66 +40,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from compiler.errors import CompilerError
+from compiler.calibration_fit import (LAYER_BODY, Calibration, CalibrationError, FragmentTiming,
+                                      fit_backward, fit_flops, grad_bytes, model_seconds,
+                                      nominal_peaks, simulator_costs)
 
-
-class CalibrationError(CompilerError):
-    """Calibration could not run (too few devices, a failed measurement); the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class FragmentTiming:
-    """One measured fragment: ``layer`` ``kind`` (F or B) for ``samples`` samples on one mesh.
-
-    ``flops`` / ``bytes`` are per device (XLA cost analysis of the partitioned executable, or the
-    simulator's figures after :func:`simulator_costs`); ``seconds`` is the median wall time of one
-    call, dispatch included.
-    """
-
-    layer: str
-    kind: str
-    samples: int
-    flops: float
-    bytes: float
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Calibration:
-    """The fitted figures (SI units, per device of a ``devices_per_mesh``-device mesh)."""
-
-    peak_flops: float
-    achievable_flops: float
-    memory_bandwidth: float
-    achievable_bandwidth: float
-    fragment_overhead: float
-    link_bandwidth: float
-    link_latency: float
-    intra_bandwidth: float
-    intra_latency: float
-    concurrency_speedup: float
-    runtime_concurrency: float
-    host_slots: int
-    devices_per_mesh: int
-    cores: int
-    fragments: tuple[FragmentTiming, ...] = ()
-    fit_rel_error: float = 0.0
-    backward_efficiency: float = 1.0
-    standalone_allreduce_bandwidth: float = 0.0
-    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
-
-    @property
-    def matmul_efficiency(self) -> float:
-        return min(1.0, self.achievable_flops / self.peak_flops)
-
-    @property
-    def memory_efficiency(self) -> float:
-        return min(1.0, self.achievable_bandwidth / self.memory_bandwidth)
-
-    def predict(self, flops: float, nbytes: float) -> float:
-        """The cost model's time for one fragment of ``flops`` / ``nbytes`` per device, s."""
-        return self.fragment_overhead + max(flops / self.achievable_flops,
-                                            nbytes / self.achievable_bandwidth)
+__all__ = ["Calibration", "CalibrationError", "FragmentTiming", "LAYER_BODY", "calibrate",
+           "calibrate_command", "fit_backward", "fit_flops", "grad_bytes", "local_meshes",
+           "measure_allreduce", "measure_bandwidth", "measure_concurrency", "measure_fragments",
+           "measure_link", "measure_overhead", "measure_runtime_concurrency", "measure_stream",
+           "model_seconds", "nominal_peaks", "simulator_costs", "time_call"]
 
 
 # --------------------------------------------------------------------------- timing helpers
@@ -324,137 +271,6 @@ def measure_runtime_concurrency(meshes: Sequence[Mesh], fragments: int = 6, samp
     return busy / ex.wall_s
 
 
-# --------------------------------------------------------------------------- fit
-def nominal_peaks(devices_per_mesh: int, cores: int | None = None, ghz: float | None = None
-                  ) -> tuple[float, float, str]:
-    """(peak FLOP/s per device, source text, ghz used) of this CPU for float32.
-
-    Peak of the host = cores x GHz x FLOP per cycle per core, where FLOP per cycle is
-    2 FMA units x 16 float32 lanes x 2 with AVX-512 (Intel 64 and IA-32 Architectures Optimization
-    Reference Manual: two 512-bit FMA ports on server cores), 2 x 8 x 2 with AVX2 only. A fragment
-    has the whole host while it runs (one at a time), so a device of a ``devices_per_mesh`` mesh
-    gets ``1 / devices_per_mesh`` of it.
-    """
-    cores = cores or os.cpu_count() or 1
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            txt = f.read()
-        flags = next((l for l in txt.splitlines() if l.startswith("flags")), "")
-        if ghz is None:
-            mhz = [float(l.split(":")[1]) for l in txt.splitlines() if l.startswith("cpu MHz")]
-            ghz = mhz[0] / 1000 if mhz else None
-    except OSError:
-        pass
-    ghz = ghz or 2.0
-    per_cycle = 64 if "avx512f" in flags else (32 if "avx2" in flags else 8)
-    host = cores * ghz * 1e9 * per_cycle
-    src = (f"{cores} cores x {ghz:.2f} GHz (/proc/cpuinfo) x {per_cycle} float32 FLOP/cycle "
-           f"({'AVX-512' if per_cycle == 64 else 'AVX2' if per_cycle == 32 else 'SSE'} FMA) = "
-           f"{host / 1e9:.0f} GFLOP/s per host, / {devices_per_mesh} devices per mesh")
-    return host / devices_per_mesh, src, ghz
-
-
-LAYER_BODY = {"embed": "embed", "block": "decoder_block", "head": "head"}
-
-
-def simulator_costs(frags: Sequence[FragmentTiming], devices_per_mesh: int, *,
-                    model: str = "llama-tiny") -> list[FragmentTiming]:
-    """``frags`` with per-device FLOP and bytes replaced by what the simulator charges for them.
-
-    ``simulator.cost_model.layer_time`` charges a data-parallel F or (unsplit) B of ``samples``
-    samples ``flops_per_sample x samples / d`` and ``bytes_fixed + bytes_per_sample x samples / d``
-    per device (``d = devices_per_mesh``), with the ``compiler.costing`` workload's figures.
-    """
-    from dataclasses import replace
-
-    from compiler.costing import workload
-
-    wl = workload(model, max(f.samples for f in frags))
-    by_name = {c.name: c for c in (wl.layer(i) for i in range(len(wl.layers)))}
-    out = []
-    for f in frags:
-        c = by_name[LAYER_BODY[f.layer]]
-        per_dev = f.samples / devices_per_mesh
-        if f.kind == "F":
-            flops, nbytes = c.fwd_flops_per_sample * per_dev, c.fwd_bytes_fixed + c.fwd_bytes_per_sample * per_dev
-        else:
-            flops, nbytes = c.bwd_flops_per_sample * per_dev, c.bwd_bytes_fixed + c.bwd_bytes_per_sample * per_dev
-        out.append(replace(f, flops=flops, bytes=nbytes))
-    return out
-
-
-def _grad_bytes(f: FragmentTiming, *, model: str = "llama-tiny") -> float:
-    """Bytes of layer ``f.layer``'s fp32 gradients on each device (parameters are replicated)."""
-    from compiler.costing import workload
-
-    return workload(model, max(1, f.samples)).costs[LAYER_BODY[f.layer]].param_count * 4.0
-
-
-def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
-                 devices_per_mesh: int, latency: float, max_rate: float = 1e12
-                 ) -> tuple[float, float, float]:
-    """(achievable backward FLOP/s, all-reduce bandwidth B/s, relative rms error) over ``frags``.
-
-    A data-parallel backward also all-reduces its layer's fp32 gradients ``g`` over the mesh (the
-    parameters are replicated), so its time is modelled as the simulator charges it::
-
-        t = overhead + max(flops / F_b, bytes / bandwidth) + 2 (n-1) latency + 2 (n-1)/n g / B_ar
-
-    The all-reduce is the part of a backward that does not grow with the samples; timing it alone
-    (:func:`measure_allreduce`) gives a bandwidth several times higher than it reaches inside a
-    backward on XLA:CPU (there the two devices' threads meet at the rendezvous after computing on
-    shared cores), so ``B_ar`` is fitted here together with ``F_b``: for each ``F_b`` of a
-    log-spaced search, the least-squares ``1 / B_ar >= 0`` in closed form (squared error in
-    seconds, as :func:`fit_flops`). ``F_b`` is searched up to ``max_rate`` (the forward's rate:
-    the profile's ``backward_efficiency`` is at most 1), so ``B_ar`` is fitted for the rate used.
-
-    Raises:
-        CalibrationError: no backward timings.
-    """
-    frags = [f for f in frags if f.seconds > 0]
-    if not frags:
-        raise CalibrationError("no backward timings to fit; measure some fragments first")
-    n = devices_per_mesh
-    ring = [2 * (n - 1) / n * _grad_bytes(f) for f in frags]
-    norm = sum(f.seconds ** 2 for f in frags)
-
-    def solve(F: float) -> tuple[float, float]:
-        rest = [f.seconds - overhead - max(f.flops / F, f.bytes / bandwidth) - 2 * (n - 1) * latency
-                for f in frags]
-        den = sum(r * r for r in ring)
-        inv_b = max(0.0, sum(r * y for r, y in zip(ring, rest)) / den) if den > 0 else 0.0
-        err = sum((y - r * inv_b) ** 2 for r, y in zip(ring, rest))
-        return inv_b, math.sqrt(err / norm)
-
-    grid = [F for F in (10 ** (8 + i / 400) for i in range(0, 1601)) if F <= max_rate] or [max_rate]
-    best = min(grid, key=lambda F: solve(F)[1])
-    inv_b, err = solve(best)
-    return best, (1.0 / inv_b if inv_b > 0 else float("inf")), err
-
-
-def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float
-              ) -> tuple[float, float]:
-    """(achievable FLOP/s, relative rms error) of the roofline model over ``frags``.
-
-    Minimises the squared error in seconds (so the fragments that dominate a step dominate the fit),
-    by a log-spaced search over 1e8..1e12 FLOP/s; the error returned is
-    ``sqrt(sum((pred - t)^2) / sum(t^2))``.
-    """
-    frags = [f for f in frags if f.seconds > 0]
-    if not frags:
-        raise CalibrationError("no fragment timings to fit; measure some fragments first")
-    norm = sum(f.seconds ** 2 for f in frags)
-
-    def err(F: float) -> float:
-        return math.sqrt(sum((overhead + max(f.flops / F, f.bytes / bandwidth) - f.seconds) ** 2
-                             for f in frags) / norm)
-
-    grid = [10 ** (8 + i / 400) for i in range(0, 1601)]
-    best = min(grid, key=err)
-    return best, err(best)
-
-
 def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequence[int] = (2, 4, 8),
               repeats: int = 5) -> Calibration:
     """Run every measurement on the local devices and fit the profile (see the module docstring).
@@ -491,17 +307,6 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
         host_slots=max(1, int(round(achieved))),
         devices_per_mesh=devices_per_mesh, cores=os.cpu_count() or 1, fragments=tuple(frags),
         fit_rel_error=rms)
-
-
-def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
-    """The fitted model's time for fragment ``f`` (s): :meth:`Calibration.predict` for a forward;
-    for a backward, the backward rate and the layer's gradient all-reduce on the fitted link."""
-    if f.kind == "F":
-        return cal.predict(f.flops, f.bytes)
-    n = cal.devices_per_mesh
-    rate = cal.achievable_flops * cal.backward_efficiency
-    return (cal.fragment_overhead + max(f.flops / rate, f.bytes / cal.achievable_bandwidth)
-            + 2 * (n - 1) * cal.intra_latency + 2 * (n - 1) / n * _grad_bytes(f) / cal.intra_bandwidth)
 
 
 def calibrate_command(device_out: str = "hardware_profiles/devices/cpu-host.yaml",

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from compiler.calibrate import Calibration, nominal_peaks
+from compiler.calibration_fit import Calibration, nominal_peaks
 
 DEVICE_ID = "cpu-host"
 CLUSTER_ID = "cpu4x2"

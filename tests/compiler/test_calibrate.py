@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, _grad_bytes,
+from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, grad_bytes,
                                 fit_backward, fit_flops, local_meshes, measure_overhead, measure_runtime_concurrency)
 from compiler.calibration_files import cluster_yaml, device_yaml, write_profiles
 from hardware_profiles import load_cluster
@@ -43,7 +43,7 @@ def test_fit_backward_separates_the_gradient_all_reduce_from_the_compute_rate():
     for layer, fl in (("block", 1e9), ("head", 4e7)):
         for s in (2, 4, 8):
             f = FragmentTiming(layer, "B", s, fl * s, 1e7 * s, 0.0)
-            t = o + max(f.flops / F, f.bytes / B) + 2 * lat + _grad_bytes(f) / ar
+            t = o + max(f.flops / F, f.bytes / B) + 2 * lat + grad_bytes(f) / ar
             frags.append(FragmentTiming(layer, "B", s, f.flops, f.bytes, t))
     got_f, got_ar, err = fit_backward(frags, o, B, 2, lat)
     assert got_f == pytest.approx(F, rel=0.01)
