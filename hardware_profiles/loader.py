@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -156,6 +156,7 @@ class _ClusterFile(_Strict):
     links: list[_LinkFile] = []
     default_link: _DefaultLinkFile | None = None
     host_slots: dict[str, int] = {}
+    p2p: Literal["overlapped", "blocking"] = "overlapped"
 
 
 # ----------------------------------------------------------------------------- error translation
@@ -436,7 +437,8 @@ def load_cluster(path: str | Path) -> Cluster:
         if n < 1:
             raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a positive slot count")
     return Cluster(name=f.name or p.stem, meshes=meshes, links=tuple(links), default_link=default,
-                   path=str(p), description=f.description, host_slots=dict(f.host_slots))
+                   path=str(p), description=f.description, host_slots=dict(f.host_slots),
+                   p2p=f.p2p)
 
 
 def bundled_clusters() -> list[Path]:

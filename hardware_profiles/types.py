@@ -180,6 +180,11 @@ class Cluster:
         default_link: the link used between meshes with no explicit entry, or None.
         path: the file it was loaded from.
         host_slots: host name -> fragments that may run at once on it (see ``MeshSpec.host``).
+        p2p: how the software on this cluster moves activations between pipeline stages:
+            ``"overlapped"`` (default: a transfer runs on the send/receive streams while compute
+            goes on) or ``"blocking"`` (the sender's compute stream waits for each send to finish,
+            as in Megatron-LM's pipeline schedules, whose point-to-point ops are waited for before
+            the next compute: ``p2p_communication._communicate``).
     """
 
     name: str
@@ -189,6 +194,7 @@ class Cluster:
     path: str = ""
     description: str = ""
     host_slots: Mapping[str, int] = field(default_factory=dict)
+    p2p: str = "overlapped"
 
     def link_between(self, a: str, b: str) -> InterMeshLink:
         """The link joining meshes ``a`` and ``b``.

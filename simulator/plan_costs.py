@@ -101,11 +101,31 @@ class PlanCosts:
     def fragment_time(self, ref: FragmentRef) -> float:
         """Seconds of fragment ``ref`` on its stage's mesh, dispatch overhead included.
 
-        When the last stage's F and B are merged, the pair pays one dispatch (on the F).
+        When the last stage's F and B are merged, the pair pays one dispatch (on the F). On a
+        cluster with ``p2p="blocking"`` the fragment also holds its mesh's compute stream while it
+        sends its output to the next stage (F: stage + 1, B: stage - 1; see :meth:`send_time`).
         """
         base = self._stage_kind_time[(ref.stage, ref.kind)] + self._microbatch_grad_sync(ref)
         merged_b = self.plan.merge_last_stage and ref.kind == "B" and ref.stage == self.last_stage
-        return base + (0.0 if merged_b else cm.fragment_overhead(self.stage_mesh(ref.stage)))
+        return (base + (0.0 if merged_b else cm.fragment_overhead(self.stage_mesh(ref.stage)))
+                + self.send_time(ref))
+
+    @property
+    def blocking_p2p(self) -> bool:
+        """True when the cluster's point-to-point transfers block the sender's compute stream."""
+        return self.cluster.p2p == "blocking"
+
+    def send_time(self, ref: FragmentRef) -> float:
+        """Seconds fragment ``ref`` spends sending its result on its compute stream: the
+        transfer to the next stage of its direction (F: stage + 1, B: stage - 1) when the cluster's
+        ``p2p`` is ``"blocking"`` and that stage is on another mesh, else 0."""
+        if not self.blocking_p2p or ref.kind not in ("F", "B"):
+            return 0.0
+        dst = ref.stage + (1 if ref.kind == "F" else -1)
+        if not 0 <= dst < len(self.plan.stages):
+            return 0.0
+        b = self._transfer(ref.stage, dst)
+        return 0.0 if b is None else b[2]
 
     def fragment_flops(self, ref: FragmentRef) -> float:
         """Model FLOP of fragment ``ref`` (all devices of its mesh together)."""
@@ -125,7 +145,16 @@ class PlanCosts:
     # ------------------------------------------------------------------ transfers
     def boundary(self, src_stage: int, dst_stage: int) -> tuple[str, float, float] | None:
         """(link name, bytes, seconds) of the activation (or its gradient) crossing from
-        ``src_stage`` to ``dst_stage``, or None when both run on the same mesh."""
+        ``src_stage`` to ``dst_stage``, or None when both run on the same mesh. With blocking
+        point-to-point (``cluster.p2p == "blocking"``) the seconds are 0: the sending fragment
+        already holds its compute stream for the transfer (:meth:`send_time`), so the value has
+        arrived when that fragment ends."""
+        x = self._transfer(src_stage, dst_stage)
+        if x is None or not self.blocking_p2p:
+            return x
+        return x[0], x[1], 0.0
+
+    def _transfer(self, src_stage: int, dst_stage: int) -> tuple[str, float, float] | None:
         a, b = self.plan.stages[src_stage].mesh, self.plan.stages[dst_stage].mesh
         if a == b:
             return None

@@ -21,6 +21,10 @@ taken as the same 200 Gb/s per GPU). A link between two pipeline meshes is NVLin
 one node, else the scale-out network; its bandwidth is aggregate: every device of the mesh sends its
 slice of the activation (data parallel splits the batch; Megatron's scatter/gather optimisation,
 Narayanan et al. Sec. 4.1, and sequence parallelism, Korthikanti et al., split it over tensor parallel).
+Point-to-point transfers are blocking (``Cluster.p2p = "blocking"``): all three sources ran Megatron-LM,
+whose pipeline schedules wait for each send/receive before the next compute
+(``p2p_communication._communicate``: ``batch_isend_irecv`` then ``wait`` on every request, then a
+device synchronize), so a sending stage's compute stream is held for the transfer.
 """
 
 
@@ -229,7 +233,8 @@ def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
         links.append(InterMeshLink(f"stage{a}", f"stage{b}",
                                    Link(per.bandwidth * n, per.latency, per.source)))
     return Cluster(name=f"{row.source}-{row.model}-a100x{row.gpus}", meshes=meshes,
-                   links=tuple(links), description="synthetic DGX A100 cluster for validation")
+                   links=tuple(links), description="synthetic DGX A100 cluster for validation",
+                   p2p="blocking")
 
 
 def selective_recompute(workload: Workload, hidden: int) -> Workload:

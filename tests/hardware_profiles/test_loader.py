@@ -247,3 +247,11 @@ def test_no_link_between_meshes(tmp_path):
     c = load_cluster(p)
     with pytest.raises(ProfileError, match="has no link between meshes 'a' and 'b'"):
         c.link_between("a", "b")
+
+
+def test_p2p_mode(tmp_path):
+    assert load_cluster(_write(tmp_path, GOOD)).p2p == "overlapped"
+    assert load_cluster(_write(tmp_path, GOOD + "p2p: blocking\n")).p2p == "blocking"
+    p = _write(tmp_path, GOOD + "p2p: sometimes\n")
+    msg = _one_line_error(load_cluster, p)
+    assert msg.startswith(f"{p}: p2p") and "sometimes" in msg, msg

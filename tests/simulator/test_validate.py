@@ -169,3 +169,34 @@ def test_profile_calibration_reproduces_report():
     res = V.evaluate(setups, load_device("a100-80gb-sxm"))
     assert f"{V.mape(res):.1f}" == want.group(1)
     assert f"{max(r.ape for r in res):.1f}" == want.group(2)
+
+
+def test_blocking_p2p_holds_the_senders_compute_stream():
+    """Megatron-style blocking P2P: each F/B is longer by its send, the boundary carries 0 s, and
+    every sending mesh's busy time grows by exactly its sends."""
+    import dataclasses
+
+    from compiler.ir import FragmentRef
+    from simulator.plan_costs import PlanCosts
+    from simulator.plan_sim import simulate_plan
+
+    dev = load_device("a100-80gb-sxm")
+    s = V.row_setup(_row(schedule="1f1b"), fake_workload)
+    blocking = V.build_cluster(s.row, dev)
+    assert blocking.p2p == "blocking"
+    overlapped = dataclasses.replace(blocking, p2p="overlapped")
+    cb, co = PlanCosts(s.plan, s.workload, blocking), PlanCosts(s.plan, s.workload, overlapped)
+    c = co.boundary(0, 1)[2]
+    assert c > 0 and cb.boundary(0, 1)[2] == 0.0 and cb.boundary(0, 1)[1] == co.boundary(0, 1)[1]
+    f0, b0, b7 = FragmentRef("F", 0, 0), FragmentRef("B", 0, 0), FragmentRef("F", 7, 0)
+    assert cb.fragment_time(f0) == co.fragment_time(f0) + c
+    assert cb.fragment_time(b0) == co.fragment_time(b0)          # stage 0's B sends nothing
+    assert cb.fragment_time(b7) == co.fragment_time(b7)          # the last stage's F neither
+    assert cb.send_time(FragmentRef("B", 3, 0)) == co.boundary(3, 2)[2]
+    rb, ro = simulate_plan(s.plan, s.workload, blocking), simulate_plan(s.plan, s.workload, overlapped)
+    M = s.plan.microbatches
+    for k in range(8):
+        sends = (M * co.boundary(k, k + 1)[2] if k < 7 else 0.0) + \
+                (M * co.boundary(k, k - 1)[2] if k > 0 else 0.0)
+        assert rb.busy_s[f"stage{k}"] == pytest.approx(ro.busy_s[f"stage{k}"] + sends, rel=1e-12)
+    assert rb.step_time_s > ro.step_time_s
