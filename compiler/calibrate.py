@@ -21,8 +21,9 @@ What is measured (median of ``repeats`` runs each, ``block_until_ready`` for hon
   step at a time (see :mod:`compiler.runtime`), and XLA's CPU runtime already spreads one fragment
   over all cores, so concurrent meshes on one host buy little.
 
-Fit: the cost model's fragment time is ``overhead + max(flops / F, bytes / B)`` per device
-(``simulator.cost_model``); ``B`` is the memory-bound fragment's rate, and ``F`` minimises the squared
+Fit (:mod:`compiler.calibration_fit`): the cost model's fragment time is
+``overhead + max(flops / F, bytes / B)`` per device, or the sum for a profile with ``roofline: sum``
+(``simulator.cost_model``; both are fitted and the better kept); ``B`` is the memory-bound fragment's rate, ``F`` minimises the squared
 error in seconds of that formula over the measured fragments (a log-spaced search). Efficiencies are ``F``
 and ``B`` over the profile's nominal peaks (see :func:`nominal_peaks`).
 """
@@ -41,11 +42,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from compiler.calibration_fit import (LAYER_BODY, Calibration, CalibrationError, FragmentTiming,
-                                      fit_backward, fit_flops, grad_bytes, model_seconds,
+                                      fit_additive, fit_backward, fit_flops, grad_bytes,
+                                      model_seconds,
                                       nominal_peaks, simulator_costs)
 
 __all__ = ["Calibration", "CalibrationError", "FragmentTiming", "LAYER_BODY", "calibrate",
-           "calibrate_command", "fit_backward", "fit_flops", "grad_bytes", "local_meshes",
+           "calibrate_command", "fit_additive", "fit_backward", "fit_flops", "grad_bytes", "local_meshes",
            "measure_allreduce", "measure_bandwidth", "measure_concurrency", "measure_fragments",
            "measure_link", "measure_overhead", "measure_runtime_concurrency", "measure_stream",
            "model_seconds", "nominal_peaks", "simulator_costs", "time_call"]
@@ -283,15 +285,23 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
                             devices_per_mesh)
     overhead = measure_overhead(meshes[0])
     nbytes, t_mem = measure_bandwidth(meshes[0], repeats=repeats)
-    achievable_bw = nbytes / max(t_mem - overhead, 1e-9)
+    achievable_bw = copy_bw = nbytes / max(t_mem - overhead, 1e-9)
     stream = measure_stream(repeats=repeats) / devices_per_mesh
     intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
     fwd = [f for f in frags if f.kind == "F"]
-    ach_flops, rms_f = fit_flops(fwd, overhead, achievable_bw)
     bwd = [f for f in frags if f.kind != "F"]
-    bwd_flops, ar_bw, rms_b = fit_backward(bwd, overhead, achievable_bw, devices_per_mesh,
-                                           intra_lat, max_rate=ach_flops)
+    # overlapped compute and memory (roofline max, memory rate from the a + b fragment) or
+    # additive (sum, memory rate fitted with the rest): keep the better fit
+    ach, rms_f = fit_flops(fwd, overhead, achievable_bw)
+    bwd_f, ar, rms_b = fit_backward(bwd, overhead, achievable_bw, devices_per_mesh, intra_lat,
+                                    max_rate=ach)
     rms = math.sqrt((rms_f ** 2 * len(fwd) + rms_b ** 2 * len(bwd)) / (len(fwd) + len(bwd)))
+    fits = {"max": (rms, ach, bwd_f, ar, achievable_bw)}
+    f_s, bw_s, fb_s, ar_s, rms_s = fit_additive(frags, overhead, devices_per_mesh, intra_lat)
+    if all(math.isfinite(v) for v in (f_s, bw_s, fb_s, ar_s)):
+        fits["sum"] = (rms_s, f_s, min(fb_s, f_s), ar_s, bw_s)
+    roofline = min(fits, key=lambda k: fits[k][0])
+    rms, ach_flops, bwd_flops, ar_bw, achievable_bw = fits[roofline]
     peak, _, _ = nominal_peaks(devices_per_mesh)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
     link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
@@ -301,7 +311,8 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
         peak_flops=peak, achievable_flops=ach_flops, memory_bandwidth=max(stream, achievable_bw),
         achievable_bandwidth=achievable_bw, fragment_overhead=overhead, link_bandwidth=link_bw,
         link_latency=link_lat, intra_bandwidth=min(ar_bw, intra_bw), intra_latency=intra_lat,
-        standalone_allreduce_bandwidth=intra_bw,
+        standalone_allreduce_bandwidth=intra_bw, roofline=roofline, copy_bandwidth=copy_bw,
+        roofline_errors=tuple((k, v[0]) for k, v in fits.items()),
         concurrency_speedup=speed, runtime_concurrency=achieved,
         backward_efficiency=min(1.0, bwd_flops / ach_flops),
         host_slots=max(1, int(round(achieved))),
@@ -333,7 +344,8 @@ def calibrate_command(device_out: str = "hardware_profiles/devices/cpu-host.yaml
         f"(efficiency {cal.memory_efficiency:.3f}), overhead {cal.fragment_overhead * 1e6:.1f} us, "
         f"link {cal.link_bandwidth / 1e9:.2f} GB/s + {cal.link_latency * 1e6:.1f} us, host_slots "
         f"{cal.host_slots} (runtime concurrency {cal.runtime_concurrency:.2f}, XLA concurrency "
-        f"speed-up {cal.concurrency_speedup:.2f}), fit error {cal.fit_rel_error:.3f}")
+        f"speed-up {cal.concurrency_speedup:.2f}), fit error {cal.fit_rel_error:.3f} (roofline "
+        + ", ".join(f"{k} {e:.3f}" for k, e in cal.roofline_errors) + f": {cal.roofline})")
     if write:
         write_profiles(cal, device_out, cluster_out)
         console.print(f"wrote {device_out} and {cluster_out}")

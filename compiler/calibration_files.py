@@ -61,15 +61,27 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
                 f"llama-tiny at {sorted({f.samples for f in cal.fragments})} samples, data-parallel "
                 f"over {cal.devices_per_mesh} devices; FLOP and bytes as the simulator charges them: "
                 f"compiler.costing workload) with "
-                f"the roofline overhead + max(flops/F, bytes/B)")},
+                f"overhead + {cal.roofline}(flops/F, bytes/B), B "
+                f"{'the measured a + b bandwidth' if cal.roofline == 'max' else 'fitted too'}")},
             "backward": {"value": round(cal.backward_efficiency, 5), "origin": (
                 f"{where}: the backward fragments' fitted rate over the forward's (fitted "
                 f"together with the all-reduce of each layer's fp32 gradients inside the backward:"
-                f" compiler.calibrate.fit_backward; XLA:CPU's backward kernels run slower than "
+                f" compiler.calibration_fit."
+                f"{'fit_backward' if cal.roofline == 'max' else 'fit_additive'}; XLA:CPU's "
+                f"backward kernels run slower than "
                 f"its forward ones)")},
             "memory": {"value": round(cal.memory_efficiency, 5), "origin": (
-                f"{where}: a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
-                f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device")},
+                f"{where}: " + (
+                    f"a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
+                    f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device"
+                    if cal.roofline == "max" else
+                    f"{cal.achievable_bandwidth / 1e9:.2f} GB/s per device fitted with the "
+                    f"fragments (compiler.calibration_fit.fit_additive); a + b over 64 MiB alone "
+                    f"reached {cal.copy_bandwidth / 1e9:.2f} GB/s"))},
+            "roofline": {"value": cal.roofline, "origin": (
+                f"{where}: the better fit over the timed fragments of compute and memory time "
+                f"overlapping (max) or adding (sum); relative rms error "
+                + ", ".join(f"{k} {e:.3f}" for k, e in cal.roofline_errors))},
             "fragment_overhead_us": {"value": round(cal.fragment_overhead * 1e6, 2), "origin": (
                 f"{where}: compiler.runtime.run_program per step, 200 one-element calls")},
         },
@@ -78,8 +90,9 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
 
 def _allreduce_source(cal: Calibration, where: str) -> str:
     return (f"{where}: the gradient all-reduce inside data-parallel backward fragments over a "
-            f"{cal.devices_per_mesh}-device mesh, fitted with the backward rate "
-            f"(compiler.calibrate.fit_backward, ring model); XLA's all-reduce of 16 MiB timed "
+            f"{cal.devices_per_mesh}-device mesh, fitted with the backward rate (compiler."
+            f"calibration_fit.{'fit_backward' if cal.roofline == 'max' else 'fit_additive'}, ring "
+            f"model); XLA's all-reduce of 16 MiB timed "
             f"alone reached {cal.standalone_allreduce_bandwidth / 1e9:.2f} GB/s")
 
 
@@ -108,10 +121,25 @@ def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
 
 
 def write_profiles(cal: Calibration, device_path: str, cluster_path: str) -> None:
-    """Write :func:`device_yaml` and :func:`cluster_yaml` to the given paths."""
+    """Write :func:`device_yaml` and :func:`cluster_yaml` to the given paths: both texts are
+    rendered first, then each is written to a temporary file beside its target and renamed, so a
+    failure leaves the old files whole."""
+    import os
+    import tempfile
+    from pathlib import Path
 
-    for path, data, head in ((device_path, device_yaml(cal), f"Device profile {DEVICE_ID}"),
-                             (cluster_path, cluster_yaml(cal), f"Cluster {CLUSTER_ID}")):
-        with open(path, "w") as f:
-            f.write(f"# {head}: calibrated on this machine by {COMMAND}; regenerate, do not edit.\n")
-            yaml.safe_dump(data, f, sort_keys=False, width=100)
+    texts = [(path, f"# {head}: calibrated on this machine by {COMMAND}; regenerate, do not edit.\n"
+              + yaml.safe_dump(data, sort_keys=False, width=100))
+             for path, data, head in ((device_path, device_yaml(cal), f"Device profile {DEVICE_ID}"),
+                                      (cluster_path, cluster_yaml(cal), f"Cluster {CLUSTER_ID}"))]
+    for path, text in texts:
+        target = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -62,6 +62,9 @@ class Calibration:
     fit_rel_error: float = 0.0
     backward_efficiency: float = 1.0
     standalone_allreduce_bandwidth: float = 0.0
+    roofline: str = "max"
+    copy_bandwidth: float = 0.0
+    roofline_errors: tuple[tuple[str, float], ...] = ()
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
     @property
@@ -73,12 +76,19 @@ class Calibration:
         return min(1.0, self.achievable_bandwidth / self.memory_bandwidth)
 
     def predict(self, flops: float, nbytes: float) -> float:
-        """The cost model's time for one fragment of ``flops`` / ``nbytes`` per device, s."""
-        return self.fragment_overhead + max(flops / self.achievable_flops,
-                                            nbytes / self.achievable_bandwidth)
+        """The cost model's time for one forward fragment of ``flops`` / ``nbytes`` per device, s."""
+        return self.fragment_overhead + work_time(flops, nbytes, self.achievable_flops,
+                                                  self.achievable_bandwidth, self.roofline)
 
 
 # --------------------------------------------------------------------------- fit
+def work_time(flops: float, nbytes: float, rate: float, bandwidth: float, roofline: str) -> float:
+    """A fragment's compute and memory time combined as the cost model does for a device with
+    this ``roofline`` (``"max"``: they overlap; ``"sum"``: they add), s."""
+    c, m = flops / rate, nbytes / bandwidth
+    return max(c, m) if roofline == "max" else c + m
+
+
 def nominal_peaks(devices_per_mesh: int, cores: int | None = None, ghz: float | None = None
                   ) -> tuple[float, float, str]:
     """(peak FLOP/s per device, source text, ghz used) of this CPU for float32.
@@ -146,14 +156,16 @@ def grad_bytes(f: FragmentTiming, *, model: str = "llama-tiny") -> float:
 
 
 def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
-                 devices_per_mesh: int, latency: float, max_rate: float = 1e12
-                 ) -> tuple[float, float, float]:
+                 devices_per_mesh: int, latency: float, max_rate: float = 1e12,
+                 roofline: str = "max") -> tuple[float, float, float]:
     """(achievable backward FLOP/s, all-reduce bandwidth B/s, relative rms error) over ``frags``.
 
     A data-parallel backward also all-reduces its layer's fp32 gradients ``g`` over the mesh (the
     parameters are replicated), so its time is modelled as the simulator charges it::
 
-        t = overhead + max(flops / F_b, bytes / bandwidth) + 2 (n-1) latency + 2 (n-1)/n g / B_ar
+        t = overhead + work(flops / F_b, bytes / bandwidth) + 2 (n-1) latency + 2 (n-1)/n g / B_ar
+
+    where ``work`` is the max or the sum per ``roofline`` (:func:`work_time`).
 
     The all-reduce is the part of a backward that does not grow with the samples; timing it alone
     (:func:`measure_allreduce`) gives a bandwidth several times higher than it reaches inside a
@@ -174,8 +186,8 @@ def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
     norm = sum(f.seconds ** 2 for f in frags)
 
     def solve(F: float) -> tuple[float, float]:
-        rest = [f.seconds - overhead - max(f.flops / F, f.bytes / bandwidth) - 2 * (n - 1) * latency
-                for f in frags]
+        rest = [f.seconds - overhead - work_time(f.flops, f.bytes, F, bandwidth, roofline)
+                - 2 * (n - 1) * latency for f in frags]
         den = sum(r * r for r in ring)
         inv_b = max(0.0, sum(r * y for r, y in zip(ring, rest)) / den) if den > 0 else 0.0
         err = sum((y - r * inv_b) ** 2 for r, y in zip(ring, rest))
@@ -187,9 +199,10 @@ def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
     return best, (1.0 / inv_b if inv_b > 0 else float("inf")), err
 
 
-def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float
-              ) -> tuple[float, float]:
-    """(achievable FLOP/s, relative rms error) of the roofline model over ``frags``.
+def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
+              roofline: str = "max") -> tuple[float, float]:
+    """(achievable FLOP/s, relative rms error) of the roofline model over ``frags``
+    (``overhead + work_time(flops, bytes, F, bandwidth, roofline)``).
 
     Minimises the squared error in seconds (so the fragments that dominate a step dominate the fit),
     by a log-spaced search over 1e8..1e12 FLOP/s; the error returned is
@@ -201,12 +214,56 @@ def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float
     norm = sum(f.seconds ** 2 for f in frags)
 
     def err(F: float) -> float:
-        return math.sqrt(sum((overhead + max(f.flops / F, f.bytes / bandwidth) - f.seconds) ** 2
-                             for f in frags) / norm)
+        return math.sqrt(sum((overhead + work_time(f.flops, f.bytes, F, bandwidth, roofline)
+                              - f.seconds) ** 2 for f in frags) / norm)
 
     grid = [10 ** (8 + i / 400) for i in range(0, 1601)]
     best = min(grid, key=err)
     return best, err(best)
+
+
+def fit_additive(frags: Sequence[FragmentTiming], overhead: float, devices_per_mesh: int,
+                 latency: float) -> tuple[float, float, float, float, float]:
+    """(forward FLOP/s, memory B/s, backward FLOP/s, all-reduce B/s, relative rms error) of the
+    additive model (``roofline: sum``) over forward and backward ``frags``, fitted together::
+
+        F: t = overhead + flops / F + bytes / B
+        B: t = overhead + flops / F_b + bytes / B + 2 (n-1) latency + 2 (n-1)/n g / B_ar
+
+    The model is linear in ``1/F, 1/B, 1/F_b, 1/B_ar``, so this is one non-negative least-squares
+    solve (``scipy.optimize.nnls``; squared error in seconds, as :func:`fit_flops`); the memory rate
+    is fitted too, because without overlap every fragment's bytes show in its time. A rate whose
+    inverse comes out 0 is returned as ``inf``.
+
+    Raises:
+        CalibrationError: no forward or no backward timings.
+    """
+    import numpy as np
+    from scipy.optimize import nnls
+
+    frags = [f for f in frags if f.seconds > 0]
+    fwd = [f for f in frags if f.kind == "F"]
+    bwd = [f for f in frags if f.kind != "F"]
+    if not fwd or not bwd:
+        raise CalibrationError("the additive fit needs forward and backward timings; measure both")
+    n = devices_per_mesh
+    rows, y = [], []
+    for f in fwd:
+        rows.append([f.flops, f.bytes, 0.0, 0.0])
+        y.append(f.seconds - overhead)
+    for f in bwd:
+        rows.append([0.0, f.bytes, f.flops, 2 * (n - 1) / n * grad_bytes(f)])
+        y.append(f.seconds - overhead - 2 * (n - 1) * latency)
+    A, b = np.array(rows), np.array(y)
+    scale = A.max(axis=0)
+    scale[scale == 0] = 1.0
+    x, _ = nnls(A / scale, b)
+    x = x / scale
+    pred = A @ x + (np.array([f.seconds for f in fwd + bwd]) - b)
+    err = float(np.sqrt(((pred - [f.seconds for f in fwd + bwd]) ** 2).sum()
+                        / sum(f.seconds ** 2 for f in fwd + bwd)))
+    inv = [1.0 / float(v) if v > 0 else float("inf") for v in x]
+    return inv[0], inv[1], inv[2], inv[3], err
 
 
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
@@ -216,5 +273,6 @@ def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
         return cal.predict(f.flops, f.bytes)
     n = cal.devices_per_mesh
     rate = cal.achievable_flops * cal.backward_efficiency
-    return (cal.fragment_overhead + max(f.flops / rate, f.bytes / cal.achievable_bandwidth)
+    return (cal.fragment_overhead
+            + work_time(f.flops, f.bytes, rate, cal.achievable_bandwidth, cal.roofline)
             + 2 * (n - 1) * cal.intra_latency + 2 * (n - 1) / n * grad_bytes(f) / cal.intra_bandwidth)

@@ -68,11 +68,17 @@ class _Overhead(_Strict):
     origin: str = Field(min_length=1)
 
 
+class _Roofline(_Strict):
+    value: Literal["max", "sum"]
+    origin: str = Field(min_length=1)
+
+
 class _Efficiencies(_Strict):
     matmul: _Efficiency
     memory: _Efficiency
     fragment_overhead_us: _Overhead
     backward: _Efficiency | None = None
+    roofline: _Roofline | None = None
 
 
 class _ScaleUp(_Strict):
@@ -269,6 +275,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
     })
     if f.efficiency.backward is not None:
         sources["backward_efficiency"] = f.efficiency.backward.origin
+    if f.efficiency.roofline is not None:
+        sources["roofline"] = f.efficiency.roofline.origin
     if f.scale_up.topology:
         sources["scale_up_topology"] = f.scale_up.topology
     price = None
@@ -291,6 +299,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
         memory_efficiency=f.efficiency.memory.value,
         fragment_overhead=f.efficiency.fragment_overhead_us.value * US,
         backward_efficiency=f.efficiency.backward.value if f.efficiency.backward else 1.0,
+        roofline=f.efficiency.roofline.value if f.efficiency.roofline else "max",
         sources=sources,
         alternatives=tuple(_alternative(path, a) for a in f.alternatives),
     )

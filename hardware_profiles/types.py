@@ -46,6 +46,9 @@ class DeviceProfile:
         fragment_overhead: fixed dispatch cost per fragment launch, s.
         backward_efficiency: the backward's (B, W) achieved matmul rate relative to the forward's
             (1.0 unless measured otherwise: e.g. XLA:CPU's backward kernels run slower).
+        roofline: how a fragment's compute and memory times combine: ``"max"`` (they overlap:
+            the roofline, Williams et al. 2009; accelerators) or ``"sum"`` (they do not: fitted
+            for XLA:CPU by ``mpmd calibrate``).
         sources: field name -> citation for every published figure and the origin of every
             efficiency factor.
         alternatives: figures from other sources that disagree with the ones used.
@@ -68,6 +71,7 @@ class DeviceProfile:
     sources: Mapping[str, str] = field(default_factory=dict)
     alternatives: tuple[Alternative, ...] = ()
     backward_efficiency: float = 1.0
+    roofline: str = "max"
 
     def achievable_flops(self, dtype: str = "bf16") -> float:
         """Achievable matmul FLOP/s for ``dtype`` (peak x matmul_efficiency).

@@ -9,7 +9,8 @@ parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weigh
 - compute time   = FLOP / (d * t) / achievable FLOP/s          (Megatron tensor parallel splits every
   matmul ``t`` ways: Shoeybi et al. 2019, Narayanan et al. 2021)
 - memory time    = (fixed bytes / t + per-sample bytes * b / (d * t)) / achievable bandwidth
-- fragment time  = max(compute, memory)  (the roofline, Williams et al. 2009)
+- fragment time  = max(compute, memory)  (the roofline, Williams et al. 2009; compute + memory for
+  a device whose profile says ``roofline: sum``, i.e. XLA:CPU, where they do not overlap)
   + tensor-parallel all-reduces of the activation over ``t`` devices (ring, ``collectives``)
   + the device's fixed dispatch overhead per fragment
 - transfer time  = link latency + bytes / link bandwidth
@@ -105,7 +106,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         gather = all_gather(cost.param_bytes / t, d, link)
         scatter = reduce_scatter(cost.param_count * GRAD_BYTES_PER_PARAM / t, d, link)
         shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
-    body = max(compute, memory, shard) + comm
+    work = max(compute, memory) if mesh.device.roofline == "max" else compute + memory
+    body = max(work, shard) + comm
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype)
     return body

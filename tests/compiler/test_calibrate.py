@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, grad_bytes,
-                                fit_backward, fit_flops, local_meshes, measure_overhead, measure_runtime_concurrency)
+                                fit_additive, fit_backward, fit_flops, local_meshes, measure_overhead, measure_runtime_concurrency)
 from compiler.calibration_files import cluster_yaml, device_yaml, write_profiles
 from hardware_profiles import load_cluster
 from hardware_profiles.loader import load_device
@@ -53,10 +53,35 @@ def test_fit_backward_separates_the_gradient_all_reduce_from_the_compute_rate():
         fit_backward([], o, B, 2, lat)
 
 
+def test_fit_additive_recovers_all_four_rates_jointly():
+    # synthetic fragments under the additive model: F 1.2e11 FLOP/s, memory 4e9 B/s,
+    # backward 1e11 FLOP/s, gradient all-reduce 8e8 B/s (n = 2)
+    F, B, Fb, ar, o, lat = 1.2e11, 4e9, 1e11, 8e8, 1e-4, 6e-5
+    frags = []
+    for layer, fl, by in (("block", 1e9, 2e7), ("head", 4e7, 9e5)):
+        for s in (2, 4, 8):
+            fwd = FragmentTiming(layer, "F", s, fl * s / 2, by * (1 + s / 8), 0.0)
+            frags.append(FragmentTiming(layer, "F", s, fwd.flops, fwd.bytes,
+                                        o + fwd.flops / F + fwd.bytes / B))
+            bwd = FragmentTiming(layer, "B", s, fl * s, 2 * by * (1 + s / 8), 0.0)
+            frags.append(FragmentTiming(layer, "B", s, bwd.flops, bwd.bytes,
+                                        o + bwd.flops / Fb + bwd.bytes / B + 2 * lat
+                                        + grad_bytes(bwd) / ar))
+    got = fit_additive(frags, o, 2, lat)
+    for g, want in zip(got[:4], (F, B, Fb, ar)):
+        assert g == pytest.approx(want, rel=1e-6)
+    assert got[4] < 1e-9
+    with pytest.raises(CalibrationError, match="forward and backward"):
+        fit_additive([f for f in frags if f.kind == "F"], o, 2, lat)
+
+
 def test_predict_is_the_cost_models_roofline():
     c = _cal()
     assert c.predict(1e9, 0.0) == pytest.approx(1e-4 + 1e9 / 5e10)
     assert c.predict(0.0, 3e9) == pytest.approx(1e-4 + 1.0)
+    add = _cal(roofline="sum")
+    assert add.predict(1e9, 3e9) == pytest.approx(1e-4 + 1e9 / 5e10 + 1.0)
+    assert c.predict(1e9, 3e9) == pytest.approx(1e-4 + 1.0)
     assert c.matmul_efficiency == pytest.approx(5e10 / 1.664e11)
 
 
@@ -73,6 +98,13 @@ def test_profiles_written_load_with_measured_origins(tmp_path):
     assert [m["host"] for m in data["meshes"]] == ["local"] * 4
     assert cluster_yaml(_cal(host_slots=2))["host_slots"] == {"local": 2}
     assert device_yaml(_cal())["efficiency"]["matmul"]["origin"].startswith("measured")
+    assert d.roofline == "max"
+    (tmp_path / "sum").mkdir()
+    dev2 = tmp_path / "sum" / "cpu-host.yaml"     # a new path: load_device caches by path
+    write_profiles(_cal(roofline="sum", roofline_errors=(("max", 0.04), ("sum", 0.02))),
+                   str(dev2), str(clu))
+    d = load_device(dev2)
+    assert d.roofline == "sum" and "max 0.040, sum 0.020" in d.sources["roofline"]
 
 
 def test_shipped_cluster_and_profile_are_calibrated():

@@ -1,0 +1,33 @@
+"""Tests of simulator.cost_model.layer_time: the roofline (max) and the additive (sum) combination."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from compiler.ir import LayerCost, Layout
+from hardware_profiles import load_device
+from hardware_profiles.types import Link, MeshSpec
+from simulator.cost_model import layer_time
+
+COST = LayerCost(name="block", fwd_flops_per_sample=4e12, bwd_flops_per_sample=8e12,
+                 bwd_input_flops_per_sample=4e12, fwd_bytes_fixed=2e9, fwd_bytes_per_sample=1e9,
+                 bwd_bytes_fixed=4e9, bwd_bytes_per_sample=2e9, param_count=1000,
+                 param_bytes=2000.0, activation_bytes_per_sample=1e6,
+                 residual_bytes_per_sample=1e7, tp_allreduce_bytes_per_sample=0.0)
+
+
+def _mesh(roofline: str) -> MeshSpec:
+    dev = dataclasses.replace(load_device("h100-sxm"), roofline=roofline, backward_efficiency=1.0)
+    return MeshSpec("m", dev, 2, {"data": 2}, Link(1e11, 1e-6))
+
+
+@pytest.mark.parametrize("kind,flops,nbytes", [("F", 4e12, 2e9 + 1e9), ("B", 8e12, 4e9 + 2e9)])
+def test_max_and_sum_rooflines(kind, flops, nbytes):
+    lay = Layout(data=2, tensor=1)
+    m, s = _mesh("max"), _mesh("sum")
+    rate, bw = m.device.achievable_flops("bf16"), m.device.achievable_bandwidth
+    compute, memory = flops / rate, nbytes / bw       # 2 samples over data 2: one per device
+    assert layer_time(COST, kind, 2, m, lay) == pytest.approx(max(compute, memory), rel=1e-12)
+    assert layer_time(COST, kind, 2, s, lay) == pytest.approx(compute + memory, rel=1e-12)
