@@ -285,23 +285,24 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
                             devices_per_mesh)
     overhead = measure_overhead(meshes[0])
     nbytes, t_mem = measure_bandwidth(meshes[0], repeats=repeats)
-    achievable_bw = copy_bw = nbytes / max(t_mem - overhead, 1e-9)
+    achievable_bw = nbytes / max(t_mem - overhead, 1e-9)
     stream = measure_stream(repeats=repeats) / devices_per_mesh
     intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
     fwd = [f for f in frags if f.kind == "F"]
     bwd = [f for f in frags if f.kind != "F"]
-    # overlapped compute and memory (roofline max, memory rate from the a + b fragment) or
-    # additive (sum, memory rate fitted with the rest): keep the better fit
+    # overlapped (roofline max) or additive (sum) compute and memory time, both with the memory
+    # rate of the a + b fragment: keep the better fit
     ach, rms_f = fit_flops(fwd, overhead, achievable_bw)
     bwd_f, ar, rms_b = fit_backward(bwd, overhead, achievable_bw, devices_per_mesh, intra_lat,
                                     max_rate=ach)
     rms = math.sqrt((rms_f ** 2 * len(fwd) + rms_b ** 2 * len(bwd)) / (len(fwd) + len(bwd)))
-    fits = {"max": (rms, ach, bwd_f, ar, achievable_bw)}
-    f_s, bw_s, fb_s, ar_s, rms_s = fit_additive(frags, overhead, devices_per_mesh, intra_lat)
-    if all(math.isfinite(v) for v in (f_s, bw_s, fb_s, ar_s)):
-        fits["sum"] = (rms_s, f_s, min(fb_s, f_s), ar_s, bw_s)
+    fits = {"max": (rms, ach, bwd_f, ar)}
+    f_s, fb_s, ar_s, rms_s = fit_additive(frags, overhead, achievable_bw, devices_per_mesh,
+                                          intra_lat)
+    if all(math.isfinite(v) for v in (f_s, fb_s, ar_s)):
+        fits["sum"] = (rms_s, f_s, min(fb_s, f_s), ar_s)
     roofline = min(fits, key=lambda k: fits[k][0])
-    rms, ach_flops, bwd_flops, ar_bw, achievable_bw = fits[roofline]
+    rms, ach_flops, bwd_flops, ar_bw = fits[roofline]
     peak, _, _ = nominal_peaks(devices_per_mesh)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
     link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
@@ -311,7 +312,7 @@ def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequen
         peak_flops=peak, achievable_flops=ach_flops, memory_bandwidth=max(stream, achievable_bw),
         achievable_bandwidth=achievable_bw, fragment_overhead=overhead, link_bandwidth=link_bw,
         link_latency=link_lat, intra_bandwidth=min(ar_bw, intra_bw), intra_latency=intra_lat,
-        standalone_allreduce_bandwidth=intra_bw, roofline=roofline, copy_bandwidth=copy_bw,
+        standalone_allreduce_bandwidth=intra_bw, roofline=roofline,
         roofline_errors=tuple((k, v[0]) for k, v in fits.items()),
         concurrency_speedup=speed, runtime_concurrency=achieved,
         backward_efficiency=min(1.0, bwd_flops / ach_flops),

@@ -61,8 +61,7 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
                 f"llama-tiny at {sorted({f.samples for f in cal.fragments})} samples, data-parallel "
                 f"over {cal.devices_per_mesh} devices; FLOP and bytes as the simulator charges them: "
                 f"compiler.costing workload) with "
-                f"overhead + {cal.roofline}(flops/F, bytes/B), B "
-                f"{'the measured a + b bandwidth' if cal.roofline == 'max' else 'fitted too'}")},
+                f"overhead + {cal.roofline}(flops/F, bytes/B), B the measured a + b bandwidth")},
             "backward": {"value": round(cal.backward_efficiency, 5), "origin": (
                 f"{where}: the backward fragments' fitted rate over the forward's (fitted "
                 f"together with the all-reduce of each layer's fp32 gradients inside the backward:"
@@ -71,13 +70,8 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
                 f"backward kernels run slower than "
                 f"its forward ones)")},
             "memory": {"value": round(cal.memory_efficiency, 5), "origin": (
-                f"{where}: " + (
-                    f"a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
-                    f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device"
-                    if cal.roofline == "max" else
-                    f"{cal.achievable_bandwidth / 1e9:.2f} GB/s per device fitted with the "
-                    f"fragments (compiler.calibration_fit.fit_additive); a + b over 64 MiB alone "
-                    f"reached {cal.copy_bandwidth / 1e9:.2f} GB/s"))},
+                f"{where}: a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
+                f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device")},
             "roofline": {"value": cal.roofline, "origin": (
                 f"{where}: the better fit over the timed fragments of compute and memory time "
                 f"overlapping (max) or adding (sum); relative rms error "

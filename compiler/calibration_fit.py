@@ -63,7 +63,6 @@ class Calibration:
     backward_efficiency: float = 1.0
     standalone_allreduce_bandwidth: float = 0.0
     roofline: str = "max"
-    copy_bandwidth: float = 0.0
     roofline_errors: tuple[tuple[str, float], ...] = ()
     date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
 
@@ -222,17 +221,18 @@ def fit_flops(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float
     return best, err(best)
 
 
-def fit_additive(frags: Sequence[FragmentTiming], overhead: float, devices_per_mesh: int,
-                 latency: float) -> tuple[float, float, float, float, float]:
-    """(forward FLOP/s, memory B/s, backward FLOP/s, all-reduce B/s, relative rms error) of the
-    additive model (``roofline: sum``) over forward and backward ``frags``, fitted together::
+def fit_additive(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
+                 devices_per_mesh: int, latency: float) -> tuple[float, float, float, float]:
+    """(forward FLOP/s, backward FLOP/s, all-reduce B/s, relative rms error) of the additive model
+    (``roofline: sum``) over forward and backward ``frags``, fitted together::
 
-        F: t = overhead + flops / F + bytes / B
-        B: t = overhead + flops / F_b + bytes / B + 2 (n-1) latency + 2 (n-1)/n g / B_ar
+        F: t = overhead + flops / F + bytes / bandwidth
+        B: t = overhead + flops / F_b + bytes / bandwidth + 2 (n-1) latency + 2 (n-1)/n g / B_ar
 
-    The model is linear in ``1/F, 1/B, 1/F_b, 1/B_ar``, so this is one non-negative least-squares
-    solve (``scipy.optimize.nnls``; squared error in seconds, as :func:`fit_flops`); the memory rate
-    is fitted too, because without overlap every fragment's bytes show in its time. A rate whose
+    ``bandwidth`` is measured (the ``a + b`` fragment), not fitted: a fragment's FLOP and bytes both
+    grow with its samples, so fitting both rates would trade one against the other. The model is
+    linear in ``1/F, 1/F_b, 1/B_ar``: one non-negative least-squares solve
+    (``scipy.optimize.nnls``; squared error in seconds, as :func:`fit_flops`). A rate whose
     inverse comes out 0 is returned as ``inf``.
 
     Raises:
@@ -249,21 +249,20 @@ def fit_additive(frags: Sequence[FragmentTiming], overhead: float, devices_per_m
     n = devices_per_mesh
     rows, y = [], []
     for f in fwd:
-        rows.append([f.flops, f.bytes, 0.0, 0.0])
-        y.append(f.seconds - overhead)
+        rows.append([f.flops, 0.0, 0.0])
+        y.append(f.seconds - overhead - f.bytes / bandwidth)
     for f in bwd:
-        rows.append([0.0, f.bytes, f.flops, 2 * (n - 1) / n * grad_bytes(f)])
-        y.append(f.seconds - overhead - 2 * (n - 1) * latency)
+        rows.append([0.0, f.flops, 2 * (n - 1) / n * grad_bytes(f)])
+        y.append(f.seconds - overhead - f.bytes / bandwidth - 2 * (n - 1) * latency)
     A, b = np.array(rows), np.array(y)
     scale = A.max(axis=0)
     scale[scale == 0] = 1.0
     x, _ = nnls(A / scale, b)
     x = x / scale
-    pred = A @ x + (np.array([f.seconds for f in fwd + bwd]) - b)
-    err = float(np.sqrt(((pred - [f.seconds for f in fwd + bwd]) ** 2).sum()
-                        / sum(f.seconds ** 2 for f in fwd + bwd)))
+    resid = A @ x - b
+    err = float(np.sqrt((resid ** 2).sum() / sum(f.seconds ** 2 for f in fwd + bwd)))
     inv = [1.0 / float(v) if v > 0 else float("inf") for v in x]
-    return inv[0], inv[1], inv[2], inv[3], err
+    return inv[0], inv[1], inv[2], err
 
 
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:

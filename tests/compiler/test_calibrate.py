@@ -53,8 +53,8 @@ def test_fit_backward_separates_the_gradient_all_reduce_from_the_compute_rate():
         fit_backward([], o, B, 2, lat)
 
 
-def test_fit_additive_recovers_all_four_rates_jointly():
-    # synthetic fragments under the additive model: F 1.2e11 FLOP/s, memory 4e9 B/s,
+def test_fit_additive_recovers_the_three_rates_jointly():
+    # synthetic fragments under the additive model: F 1.2e11 FLOP/s, memory 4e9 B/s (given),
     # backward 1e11 FLOP/s, gradient all-reduce 8e8 B/s (n = 2)
     F, B, Fb, ar, o, lat = 1.2e11, 4e9, 1e11, 8e8, 1e-4, 6e-5
     frags = []
@@ -67,12 +67,12 @@ def test_fit_additive_recovers_all_four_rates_jointly():
             frags.append(FragmentTiming(layer, "B", s, bwd.flops, bwd.bytes,
                                         o + bwd.flops / Fb + bwd.bytes / B + 2 * lat
                                         + grad_bytes(bwd) / ar))
-    got = fit_additive(frags, o, 2, lat)
-    for g, want in zip(got[:4], (F, B, Fb, ar)):
+    got = fit_additive(frags, o, B, 2, lat)
+    for g, want in zip(got[:3], (F, Fb, ar)):
         assert g == pytest.approx(want, rel=1e-6)
-    assert got[4] < 1e-9
+    assert got[3] < 1e-9
     with pytest.raises(CalibrationError, match="forward and backward"):
-        fit_additive([f for f in frags if f.kind == "F"], o, 2, lat)
+        fit_additive([f for f in frags if f.kind == "F"], o, B, 2, lat)
 
 
 def test_predict_is_the_cost_models_roofline():
