@@ -372,3 +372,7 @@ def print_report(report: RunReport, console: Any = None) -> None:
                   f"{report.measured_step_s * 1e3:.1f} / {report.simulated_step_s * 1e3:.1f} ms "
                   f"({err * 100:.1f}%)", "yes" if err < 0.15 else "NO")
     console.print(t)
+    if report.simulated_step_s is not None and report.step_time_error >= 0.15:
+        console.print("step time off by more than 15%: the cpu-host profile was calibrated on "
+                      "another machine or at another time; run 'mpmd calibrate' on an otherwise idle "
+                      "machine, then 'mpmd run' again")

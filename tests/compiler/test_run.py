@@ -190,3 +190,20 @@ def test_measured_step_time_is_the_median_of_the_later_half():
     assert measured_step_time([4.0]) == 4.0
     with pytest.raises(ValueError, match="no recorded steps"):
         measured_step_time([])
+
+
+@pytest.mark.parametrize("measured,hint", [(1.0, False), (2.0, True)])
+def test_print_report_names_the_fix_when_the_step_time_is_off(measured, hint):
+    from rich.console import Console
+
+    from compiler.run import RunReport, print_report
+
+    r = RunReport(plan=make_plan("1f1b"), losses=(5.0,), loss_rel_errors=(0.0,),
+                  grad_rel_errors=(0.0,), order_mismatches=(), executables={},
+                  measured_step_s=measured, simulated_step_s=1.05, step_times_s=(measured,),
+                  executed_order={})
+    console = Console(record=True, width=200)
+    print_report(r, console)
+    out = console.export_text()
+    assert ("run 'mpmd calibrate'" in out) is hint
+    assert ("NO" in out.split("(d)")[1].splitlines()[0]) is hint
