@@ -82,10 +82,11 @@ class Calibration:
 
 # --------------------------------------------------------------------------- fit
 def work_time(flops: float, nbytes: float, rate: float, bandwidth: float, roofline: str) -> float:
-    """A fragment's compute and memory time combined as the cost model does for a device with
-    this ``roofline`` (``"max"``: they overlap; ``"sum"``: they add), s."""
-    c, m = flops / rate, nbytes / bandwidth
-    return max(c, m) if roofline == "max" else c + m
+    """Seconds of ``flops`` at ``rate`` and ``nbytes`` at ``bandwidth``, combined as the cost
+    model does (:func:`simulator.cost_model.combine_work`)."""
+    from simulator.cost_model import combine_work
+
+    return combine_work(flops / rate, nbytes / bandwidth, roofline)
 
 
 def nominal_peaks(devices_per_mesh: int, cores: int | None = None, ghz: float | None = None
@@ -154,6 +155,18 @@ def grad_bytes(f: FragmentTiming, *, model: str = "llama-tiny") -> float:
     return workload(model, max(1, f.samples)).costs[LAYER_BODY[f.layer]].param_count * 4.0
 
 
+def ring_terms(f: FragmentTiming, devices_per_mesh: int, latency: float) -> tuple[float, float]:
+    """``(fixed, per)``: the ring all-reduce of fragment ``f``'s layer gradients over the mesh takes
+    ``fixed + per / bandwidth`` seconds (``hardware_profiles.collectives.ring_all_reduce``, split
+    into its latency part and its part linear in 1 / bandwidth, which the fits solve for)."""
+    from hardware_profiles.collectives import ring_all_reduce
+    from hardware_profiles.types import Link
+
+    g = grad_bytes(f)
+    return (ring_all_reduce(g, devices_per_mesh, Link(math.inf, latency)),
+            ring_all_reduce(g, devices_per_mesh, Link(1.0, 0.0)))
+
+
 def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
                  devices_per_mesh: int, latency: float, max_rate: float = 1e12,
                  roofline: str = "max") -> tuple[float, float, float]:
@@ -180,13 +193,13 @@ def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
     frags = [f for f in frags if f.seconds > 0]
     if not frags:
         raise CalibrationError("no backward timings to fit; measure some fragments first")
-    n = devices_per_mesh
-    ring = [2 * (n - 1) / n * grad_bytes(f) for f in frags]
+    terms = [ring_terms(f, devices_per_mesh, latency) for f in frags]
+    ring = [per for _, per in terms]
     norm = sum(f.seconds ** 2 for f in frags)
 
     def solve(F: float) -> tuple[float, float]:
-        rest = [f.seconds - overhead - work_time(f.flops, f.bytes, F, bandwidth, roofline)
-                - 2 * (n - 1) * latency for f in frags]
+        rest = [f.seconds - overhead - work_time(f.flops, f.bytes, F, bandwidth, roofline) - fixed
+                for f, (fixed, _) in zip(frags, terms)]
         den = sum(r * r for r in ring)
         inv_b = max(0.0, sum(r * y for r, y in zip(ring, rest)) / den) if den > 0 else 0.0
         err = sum((y - r * inv_b) ** 2 for r, y in zip(ring, rest))
@@ -246,14 +259,14 @@ def fit_additive(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
     bwd = [f for f in frags if f.kind != "F"]
     if not fwd or not bwd:
         raise CalibrationError("the additive fit needs forward and backward timings; measure both")
-    n = devices_per_mesh
     rows, y = [], []
     for f in fwd:
         rows.append([f.flops, 0.0, 0.0])
         y.append(f.seconds - overhead - f.bytes / bandwidth)
     for f in bwd:
-        rows.append([0.0, f.flops, 2 * (n - 1) / n * grad_bytes(f)])
-        y.append(f.seconds - overhead - f.bytes / bandwidth - 2 * (n - 1) * latency)
+        fixed, per = ring_terms(f, devices_per_mesh, latency)
+        rows.append([0.0, f.flops, per])
+        y.append(f.seconds - overhead - f.bytes / bandwidth - fixed)
     A, b = np.array(rows), np.array(y)
     scale = A.max(axis=0)
     scale[scale == 0] = 1.0
@@ -270,8 +283,11 @@ def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
     for a backward, the backward rate and the layer's gradient all-reduce on the fitted link."""
     if f.kind == "F":
         return cal.predict(f.flops, f.bytes)
-    n = cal.devices_per_mesh
+    from hardware_profiles.collectives import ring_all_reduce
+    from hardware_profiles.types import Link
+
     rate = cal.achievable_flops * cal.backward_efficiency
     return (cal.fragment_overhead
             + work_time(f.flops, f.bytes, rate, cal.achievable_bandwidth, cal.roofline)
-            + 2 * (n - 1) * cal.intra_latency + 2 * (n - 1) / n * grad_bytes(f) / cal.intra_bandwidth)
+            + ring_all_reduce(grad_bytes(f), cal.devices_per_mesh,
+                              Link(cal.intra_bandwidth, cal.intra_latency)))

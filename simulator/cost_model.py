@@ -62,6 +62,12 @@ def _flops_rate(mesh: MeshSpec, dtype: str) -> float:
     return dev.achievable_flops("bf16") / 3.0
 
 
+def combine_work(compute: float, memory: float, roofline: str = "max") -> float:
+    """A fragment's compute and memory seconds combined per its device's ``roofline``:
+    ``"max"`` (they overlap: the roofline, Williams et al. 2009) or ``"sum"`` (they do not)."""
+    return max(compute, memory) if roofline == "max" else compute + memory
+
+
 def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layout: Layout,
                dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False
                ) -> float:
@@ -106,8 +112,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         gather = all_gather(cost.param_bytes / t, d, link)
         scatter = reduce_scatter(cost.param_count * GRAD_BYTES_PER_PARAM / t, d, link)
         shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
-    work = max(compute, memory) if mesh.device.roofline == "max" else compute + memory
-    body = max(work, shard) + comm
+    body = max(combine_work(compute, memory, mesh.device.roofline), shard) + comm
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype)
     return body
