@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -116,24 +117,13 @@ def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
 
 def write_profiles(cal: Calibration, device_path: str, cluster_path: str) -> None:
     """Write :func:`device_yaml` and :func:`cluster_yaml` to the given paths: both texts are
-    rendered first, then each is written to a temporary file beside its target and renamed, so a
-    failure leaves the old files whole."""
-    import os
-    import tempfile
-    from pathlib import Path
+    rendered first, then each is written atomically (``cli.output.write_atomic``: a temporary file
+    beside the target, then a rename), so a failure leaves the old files whole."""
+    from cli.output import write_atomic
 
     texts = [(path, f"# {head}: calibrated on this machine by {COMMAND}; regenerate, do not edit.\n"
               + yaml.safe_dump(data, sort_keys=False, width=100))
              for path, data, head in ((device_path, device_yaml(cal), f"Device profile {DEVICE_ID}"),
                                       (cluster_path, cluster_yaml(cal), f"Cluster {CLUSTER_ID}"))]
     for path, text in texts:
-        target = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(Path(path), text)
