@@ -22,10 +22,11 @@ What is measured (median of ``repeats`` runs each, ``block_until_ready`` for hon
   over all cores, so concurrent meshes on one host buy little.
 
 Fit (:mod:`compiler.calibration_fit`): the cost model's fragment time is
-``overhead + max(flops / F, bytes / B)`` per device, or the sum for a profile with ``roofline: sum``
-(``simulator.cost_model``; both are fitted and the better kept); ``B`` is the memory-bound fragment's rate, ``F`` minimises the squared
-error in seconds of that formula over the measured fragments (a log-spaced search). Efficiencies are ``F``
-and ``B`` over the profile's nominal peaks (see :func:`nominal_peaks`).
+``overhead + max(flops / F, bytes / B)`` per device, or the sum for a profile with
+``roofline: sum`` (``simulator.cost_model``); both are fitted and the better kept. ``B`` is the
+memory-bound fragment's rate; ``F`` (and the backward's rate with its gradient all-reduce)
+minimise the squared error in seconds over the measured fragments. Efficiencies are the rates over
+the profile's nominal peaks (see :func:`nominal_peaks`).
 """
 
 from __future__ import annotations

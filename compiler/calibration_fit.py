@@ -6,6 +6,8 @@ Fit: the cost model's fragment time is ``overhead + max(flops / F, bytes / B)`` 
 (``simulator.cost_model``). ``F`` minimises the squared error in seconds over the forward
 fragments (:func:`fit_flops`); a data-parallel backward also all-reduces its layer's gradients, so
 its rate and the all-reduce's bandwidth inside a backward are fitted together (:func:`fit_backward`).
+:func:`fit_additive` fits the same rates for the additive model (``roofline: sum``: compute and
+memory time add) in one non-negative least-squares solve.
 """
 
 from __future__ import annotations
