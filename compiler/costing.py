@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 from jax._src.ad_checkpoint import saved_residuals
 from jax.experimental import roofline
+from jax.extend.core import jaxprs_in_params
 
 from compiler import zoo
 from compiler.ir import LayerCost, Workload
@@ -68,9 +69,29 @@ def _spec(tree: Any) -> Any:
 def _flops_bytes(fn: Callable, *args, floor: float = 0.0) -> tuple[float, float]:
     """XLA FLOPs and roofline HBM bytes of ``fn(*args)``; bytes at least ``floor`` (the roofline
     model charges nothing for gathers and scatters, so the embedding needs the floor)."""
+    return _costs(fn, *args, floor=floor)[:2]
+
+
+def _dot_bytes(jaxpr: Any) -> int:
+    """Operand and result bytes of every ``dot_general`` in ``jaxpr`` and its sub-jaxprs."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            total += sum(math.prod(v.aval.shape) * jnp.dtype(v.aval.dtype).itemsize
+                         for v in (*eqn.invars, *eqn.outvars))
+        for sub in jaxprs_in_params(eqn.params):
+            total += _dot_bytes(sub)
+    return total
+
+
+def _costs(fn: Callable, *args, floor: float = 0.0) -> tuple[float, float, float]:
+    """(XLA FLOPs, roofline HBM bytes, other bytes) of ``fn(*args)``. Other bytes: the unfused HBM
+    traffic of every op that is not a matmul (``roofline``'s ``unfused_hbm_bytes`` minus the
+    ``dot_general`` operands and results; ops without a roofline rule, e.g. ``tanh``, count 0)."""
     flops = float(jax.jit(fn).lower(*args).cost_analysis()["flops"])
     _, rl = roofline.roofline(fn)(*args)
-    return flops, max(float(rl.hbm_bytes), float(floor))
+    other = float(rl.unfused_hbm_bytes) - _dot_bytes(jax.make_jaxpr(fn)(*args).jaxpr)
+    return flops, max(float(rl.hbm_bytes), float(floor)), max(other, 0.0)
 
 
 def _layer_inputs(cfg: ModelConfig, layer: str, b: int) -> tuple[tuple, tuple]:
@@ -112,22 +133,24 @@ def _attention_core(cfg: ModelConfig, body: str, b: int):
     return None, False
 
 
-def _flash_correction(cfg: ModelConfig, body: str, b: int, training: bool) -> tuple[float, float]:
-    """(forward, backward) bytes to add: FlashAttention I/O minus the materialized core's bytes."""
+def _flash_correction(cfg: ModelConfig, body: str, b: int, training: bool
+                      ) -> tuple[float, float, float, float]:
+    """(forward, backward) bytes to add: FlashAttention I/O minus the materialized core's bytes;
+    then the core's (forward, backward) other bytes, which FlashAttention fuses away."""
     qkv, causal = _attention_core(cfg, body, b)
     if qkv is None:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     core = functools.partial(attention, causal=causal, impl="plain")
-    _, plain_fwd = _flops_bytes(core, *qkv)
+    _, plain_fwd, other_fwd = _costs(core, *qkv)
     io = _nbytes(qkv) + _nbytes(qkv[0])                     # q, k, v in; o out
     lse = math.prod(qkv[0].shape[:3]) * 4                   # float32 per (b, s, head)
     fwd = io + lse - plain_fwd
     if not training:
-        return fwd, 0.0
+        return fwd, 0.0, other_fwd, 0.0
     bwd_fn, leaves, ct = _vjp_parts(lambda p, q, k, v: core(q, k, v), {}, qkv, (), True)
-    _, plain_bwd = _flops_bytes(bwd_fn, leaves, ct)
+    _, plain_bwd, other_bwd = _costs(bwd_fn, leaves, ct)
     bwd = (io + _nbytes(qkv[0]) + lse) + _nbytes(qkv) - plain_bwd   # q,k,v,o,do,lse in; dq,dk,dv
-    return fwd, bwd
+    return fwd, bwd, other_fwd, other_bwd
 
 
 def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
@@ -137,21 +160,25 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
     diff, other = _layer_inputs(cfg, layer, b)
     out = jax.eval_shape(fn, p, *diff, *other)
     r: dict[str, float] = {}
-    r["fwd_flops"], r["fwd_bytes"] = _flops_bytes(
+    r["fwd_flops"], r["fwd_bytes"], r["fwd_other"] = _costs(
         fn, p, *diff, *other, floor=_nbytes((diff, other, out)))
     r["out_bytes"] = 0.0 if (cfg.training and layer == "head") else _nbytes(out)
-    fix_f, fix_b = _flash_correction(cfg, body, b, cfg.training)
+    fix_f, fix_b, core_f, core_b = _flash_correction(cfg, body, b, cfg.training)
     r["fwd_bytes"] += fix_f
-    r["bwd_flops"] = r["bwd_bytes"] = r["bwdx_flops"] = r["resid_bytes"] = 0.0
+    r["fwd_other"] = max(r["fwd_other"] - core_f, 0.0)
+    for k in ("bwd_flops", "bwd_bytes", "bwdx_flops", "resid_bytes", "bwd_other", "bwdx_other"):
+        r[k] = 0.0
     if cfg.training:
         bwd, leaves, ct = _vjp_parts(fn, p, diff, other, wrt_params=True)
         grads = jax.eval_shape(bwd, leaves, ct)
-        r["bwd_flops"], r["bwd_bytes"] = _flops_bytes(bwd, leaves, ct,
-                                                      floor=_nbytes((ct, grads)))
+        r["bwd_flops"], r["bwd_bytes"], r["bwd_other"] = _costs(bwd, leaves, ct,
+                                                                floor=_nbytes((ct, grads)))
         r["bwd_bytes"] += fix_b
+        r["bwd_other"] = max(r["bwd_other"] - core_b, 0.0)
         if diff:
             bwdx, leaves_x, ct = _vjp_parts(fn, p, diff, other, wrt_params=False)
-            r["bwdx_flops"], _ = _flops_bytes(bwdx, leaves_x, ct)
+            r["bwdx_flops"], _, r["bwdx_other"] = _costs(bwdx, leaves_x, ct)
+            r["bwdx_other"] = min(max(r["bwdx_other"] - core_b, 0.0), r["bwd_other"])
         flash_fn = zoo.layer_fns(zoo.get_config(cfg, attention="flash"))[layer]
         r["resid_bytes"] = float(sum(
             math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
@@ -199,7 +226,10 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         param_bytes=float(_nbytes(pspec)),
         activation_bytes_per_sample=per["out_bytes"],
         residual_bytes_per_sample=per["resid_bytes"],
-        tp_allreduce_bytes_per_sample=_tp_allreduce_bytes(cfg, body))
+        tp_allreduce_bytes_per_sample=_tp_allreduce_bytes(cfg, body),
+        fwd_other_bytes_per_sample=per["fwd_other"],
+        bwd_other_bytes_per_sample=per["bwd_other"],
+        bwd_input_other_bytes_per_sample=min(per["bwdx_other"], per["bwd_other"]))
 
 
 def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | None = None,

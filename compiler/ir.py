@@ -46,6 +46,12 @@ class LayerCost:
         residual_bytes_per_sample: bytes the forward keeps for the backward, parameters excluded.
         tp_allreduce_bytes_per_sample: bytes all-reduced over the tensor-parallel axis per forward
             (Megatron layout; the backward all-reduces the same amount), 0 for no tensor parallel.
+        fwd_other_bytes_per_sample / bwd_other_bytes_per_sample / bwd_input_other_bytes_per_sample:
+            HBM bytes of the ops other than matmuls and the attention core (norms, activations,
+            residual adds, loss), counted unfused (every op reads its operands and writes its
+            result), in the forward, the whole backward and the input-gradient part B; the cost
+            model charges a device-specific fraction of them as memory-bound time outside the
+            roofline (see ``simulator.cost_model.layer_time``). 0 when not traced.
     """
 
     name: str
@@ -61,17 +67,24 @@ class LayerCost:
     activation_bytes_per_sample: float
     residual_bytes_per_sample: float
     tp_allreduce_bytes_per_sample: float
+    fwd_other_bytes_per_sample: float = 0.0
+    bwd_other_bytes_per_sample: float = 0.0
+    bwd_input_other_bytes_per_sample: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("fwd_flops_per_sample", "bwd_flops_per_sample", "bwd_input_flops_per_sample",
                   "fwd_bytes_fixed", "fwd_bytes_per_sample", "bwd_bytes_fixed",
                   "bwd_bytes_per_sample", "param_bytes", "activation_bytes_per_sample",
-                  "residual_bytes_per_sample", "tp_allreduce_bytes_per_sample"):
+                  "residual_bytes_per_sample", "tp_allreduce_bytes_per_sample",
+                  "fwd_other_bytes_per_sample", "bwd_other_bytes_per_sample",
+                  "bwd_input_other_bytes_per_sample"):
             v = getattr(self, f)
             if not v >= 0:
                 raise IRError(f"LayerCost {self.name!r}: {f}={v!r} must be >= 0")
         if self.bwd_input_flops_per_sample > self.bwd_flops_per_sample:
             raise IRError(f"LayerCost {self.name!r}: input-gradient FLOP exceed the backward's")
+        if self.bwd_input_other_bytes_per_sample > self.bwd_other_bytes_per_sample:
+            raise IRError(f"LayerCost {self.name!r}: input-gradient other bytes exceed the backward's")
 
 
 @dataclass(frozen=True, slots=True)

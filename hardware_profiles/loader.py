@@ -73,12 +73,18 @@ class _Roofline(_Strict):
     origin: str = Field(min_length=1)
 
 
+class _Fraction(_Strict):
+    value: float = Field(ge=0, le=1)
+    origin: str = Field(min_length=1)
+
+
 class _Efficiencies(_Strict):
     matmul: _Efficiency
     memory: _Efficiency
     fragment_overhead_us: _Overhead
     backward: _Efficiency | None = None
     roofline: _Roofline | None = None
+    elementwise_traffic: _Fraction | None = None
 
 
 class _ScaleUp(_Strict):
@@ -277,6 +283,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
         sources["backward_efficiency"] = f.efficiency.backward.origin
     if f.efficiency.roofline is not None:
         sources["roofline"] = f.efficiency.roofline.origin
+    if f.efficiency.elementwise_traffic is not None:
+        sources["elementwise_traffic"] = f.efficiency.elementwise_traffic.origin
     if f.scale_up.topology:
         sources["scale_up_topology"] = f.scale_up.topology
     price = None
@@ -300,6 +308,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
         fragment_overhead=f.efficiency.fragment_overhead_us.value * US,
         backward_efficiency=f.efficiency.backward.value if f.efficiency.backward else 1.0,
         roofline=f.efficiency.roofline.value if f.efficiency.roofline else "max",
+        elementwise_traffic=(f.efficiency.elementwise_traffic.value
+                             if f.efficiency.elementwise_traffic else 0.0),
         sources=sources,
         alternatives=tuple(_alternative(path, a) for a in f.alternatives),
     )

@@ -49,6 +49,10 @@ class DeviceProfile:
         roofline: how a fragment's compute and memory times combine: ``"max"`` (they overlap:
             the roofline, Williams et al. 2009; accelerators) or ``"sum"`` (they do not: fitted
             for XLA:CPU by ``mpmd calibrate``).
+        elementwise_traffic: the fraction of a layer's unfused non-matmul HBM traffic
+            (``LayerCost.*_other_bytes_per_sample``) that the device's software stack still moves,
+            charged as memory-bound time after the roofline (kernels run one after another);
+            0 (the default) charges none, i.e. assumes every elementwise op fused into a matmul.
         sources: field name -> citation for every published figure and the origin of every
             efficiency factor.
         alternatives: figures from other sources that disagree with the ones used.
@@ -72,6 +76,7 @@ class DeviceProfile:
     alternatives: tuple[Alternative, ...] = ()
     backward_efficiency: float = 1.0
     roofline: str = "max"
+    elementwise_traffic: float = 0.0
 
     def achievable_flops(self, dtype: str = "bf16") -> float:
         """Achievable matmul FLOP/s for ``dtype`` (peak x matmul_efficiency).

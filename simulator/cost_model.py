@@ -11,6 +11,9 @@ parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weigh
 - memory time    = (fixed bytes / t + per-sample bytes * b / (d * t)) / achievable bandwidth
 - fragment time  = max(compute, memory)  (the roofline, Williams et al. 2009; compute + memory for
   a device whose profile says ``roofline: sum``, i.e. XLA:CPU, where they do not overlap)
+  + elementwise time = the profile's ``elementwise_traffic`` x the layer's unfused non-matmul bytes
+  / achievable bandwidth (norms, activations, residual adds and the loss run as memory-bound kernels
+  between the matmuls on a GPU stream, so they add to the matmul time instead of hiding under it)
   + tensor-parallel all-reduces of the activation over ``t`` devices (ring, ``collectives``)
   + the device's fixed dispatch overhead per fragment
 - transfer time  = link latency + bytes / link bandwidth
@@ -93,6 +96,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         flops = cost.fwd_flops_per_sample * per_dev
         mem = cost.fwd_bytes_fixed + cost.fwd_bytes_per_sample * per_dev
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev
+        other = cost.fwd_other_bytes_per_sample
     elif kind == "B" or kind == "W":
         bwd = cost.bwd_flops_per_sample
         part = cost.bwd_input_flops_per_sample if kind == "B" else bwd - cost.bwd_input_flops_per_sample
@@ -100,11 +104,15 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         flops = bwd * share * per_dev
         mem = (cost.bwd_bytes_fixed + cost.bwd_bytes_per_sample * per_dev) * share
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev if kind == "B" else 0.0
+        x, total = cost.bwd_input_other_bytes_per_sample, cost.bwd_other_bytes_per_sample
+        other = (x if kind == "B" else total - x) if split_backward or kind == "W" else total
     else:
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
     rate = _flops_rate(mesh, dtype) * (1.0 if kind == "F" else mesh.device.backward_efficiency)
     compute = flops / t / rate
     memory = mem / t / mesh.device.achievable_bandwidth
+    elementwise = (mesh.device.elementwise_traffic * other * per_dev / t
+                   / mesh.device.achievable_bandwidth)
     comm = all_reduce_time(tp_bytes, t, mesh.collective_link(t)) if t > 1 else 0.0
     shard = 0.0
     if layout.fsdp and d > 1:
@@ -112,7 +120,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         gather = all_gather(cost.param_bytes / t, d, link)
         scatter = reduce_scatter(cost.param_count * GRAD_BYTES_PER_PARAM / t, d, link)
         shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
-    body = max(combine_work(compute, memory, mesh.device.roofline), shard) + comm
+    body = max(combine_work(compute, memory, mesh.device.roofline), shard) + elementwise + comm
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype)
     return body

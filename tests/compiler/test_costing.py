@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from compiler import costing, zoo
@@ -76,7 +78,18 @@ def test_backward_split_and_residuals():
         assert 0.3 < c.bwd_input_flops_per_sample / c.bwd_flops_per_sample < 0.8
         assert 1.8 < c.bwd_flops_per_sample / c.fwd_flops_per_sample < 2.2
     assert emb.bwd_input_flops_per_sample == 0                      # token ids have no gradient
+    for c in (blk, head):    # norms, activations, adds and the loss move bytes outside the matmuls
+        assert 0 < c.bwd_input_other_bytes_per_sample <= c.bwd_other_bytes_per_sample
+        assert c.fwd_other_bytes_per_sample > 0
     assert head.activation_bytes_per_sample == 0                    # the loss scalar
+
+
+def test_other_bytes_count_every_non_matmul_op_unfused():
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    w = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+    _, _, other = costing._costs(lambda x, w: jnp.log(jnp.exp(x @ w)), x, w)
+    out = 8 * 32 * 4
+    assert other == 2 * out + 2 * out       # exp and log each read and write
 
 
 def test_seq_len_override_and_cache():

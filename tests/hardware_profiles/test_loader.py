@@ -255,3 +255,15 @@ def test_p2p_mode(tmp_path):
     p = _write(tmp_path, GOOD + "p2p: sometimes\n")
     msg = _one_line_error(load_cluster, p)
     assert msg.startswith(f"{p}: p2p") and "sometimes" in msg, msg
+
+
+def test_device_elementwise_traffic(tmp_path):
+    assert load_device(DEVICES_DIR / "h100-sxm.yaml").elementwise_traffic == 0.0
+    field = "efficiency:\n  elementwise_traffic:\n    value: {}\n    origin: test\n"
+    p = _device_yaml(tmp_path, "efficiency:\n", field.format(0.4))
+    d = load_device(p)
+    assert d.elementwise_traffic == 0.4 and d.sources["elementwise_traffic"] == "test"
+    (tmp_path / "bad").mkdir()
+    p = _device_yaml(tmp_path / "bad", "efficiency:\n", field.format(1.5))
+    msg = _one_line_error(load_device, p)
+    assert "elementwise_traffic.value = 1.5" in msg and "\n" not in msg

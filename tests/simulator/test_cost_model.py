@@ -31,3 +31,20 @@ def test_max_and_sum_rooflines(kind, flops, nbytes):
     compute, memory = flops / rate, nbytes / bw       # 2 samples over data 2: one per device
     assert layer_time(COST, kind, 2, m, lay) == pytest.approx(max(compute, memory), rel=1e-12)
     assert layer_time(COST, kind, 2, s, lay) == pytest.approx(compute + memory, rel=1e-12)
+
+
+OTHER = dataclasses.replace(COST, fwd_other_bytes_per_sample=3e9, bwd_other_bytes_per_sample=5e9,
+                            bwd_input_other_bytes_per_sample=4e9)
+
+
+@pytest.mark.parametrize("kind,split,other", [("F", False, 3e9), ("B", False, 5e9),
+                                               ("B", True, 4e9), ("W", True, 1e9)])
+def test_elementwise_traffic_adds_after_the_roofline(kind, split, other):
+    lay = Layout(data=2, tensor=1)
+    m = _mesh("max")
+    half = dataclasses.replace(m, device=dataclasses.replace(m.device, elementwise_traffic=0.5))
+    base = layer_time(OTHER, kind, 2, m, lay, split_backward=split)
+    assert base == layer_time(COST, kind, 2, m, lay, split_backward=split)   # fraction 0: no change
+    extra = 0.5 * other / m.device.achievable_bandwidth                       # one sample per device
+    assert layer_time(OTHER, kind, 2, half, lay, split_backward=split) == pytest.approx(
+        base + extra, rel=1e-12)
