@@ -157,7 +157,8 @@ def test_bad_rows_raise(tmp_path):
 
 @pytest.mark.slow
 def test_profile_calibration_reproduces_report():
-    """The efficiency values in the A100 profile reproduce validation.md's mean and max error."""
+    """The efficiency values in the A100 profile reproduce validation.md's mean and max error and
+    rank every zero-bubble group as measured."""
     import re
 
     from cli.validate import workload_for
@@ -169,6 +170,8 @@ def test_profile_calibration_reproduces_report():
     res = V.evaluate(setups, load_device("a100-80gb-sxm"))
     assert f"{V.mape(res):.1f}" == want.group(1)
     assert f"{max(r.ape for r in res):.1f}" == want.group(2)
+    ranks = V.zb_rankings(res)        # issue 3: every zero-bubble group ranked as measured
+    assert len(ranks) == 6 and all(ok for *_, ok in ranks)
 
 
 def test_blocking_p2p_holds_the_senders_compute_stream():
