@@ -203,7 +203,8 @@ def fit(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn = sim_st
             bad = sum(not ok for *_, ok in zb_rankings(results))
             trials.append((o, ew, e, err, bad))
             if best is None or (bad, err) < (best.disagreements, best.mape):
-                best = FitResult(e, device.memory_efficiency, o, err, 0, ew, bad)
+                best = FitResult(matmul=e, memory=device.memory_efficiency, overhead_s=o,
+                                 mape=err, evaluations=0, elementwise=ew, disagreements=bad)
     assert best is not None
     return replace(best, evaluations=n, trials=tuple(trials))
 

@@ -17,8 +17,8 @@ Cluster (synthetic, per row): ``pp`` meshes ``stage0..stage{pp-1}`` of ``tp*dp``
 ``{data: dp, tensor: tp}``, placed in Megatron's rank order (tensor innermost, then data, then
 pipeline) on DGX A100 nodes of 8 GPUs (NVLink/NVSwitch inside, one 200 Gb/s HDR InfiniBand NIC per
 GPU between nodes, NVIDIA DGX A100 reference architecture; Qi et al. used RoCE, bandwidth not stated,
-taken as 100 Gb/s per GPU: :data:`ZB_ROCE_BANDWIDTH`). A link between two pipeline meshes is NVLink when both lie in
-one node, else the scale-out network; its bandwidth is aggregate: every device of the mesh sends its
+taken as 100 Gb/s per GPU: :data:`ZB_ROCE_BANDWIDTH`). A link between two pipeline meshes is NVLink
+when both lie in one node, else the scale-out network; its bandwidth is aggregate: every device of the mesh sends its
 slice of the activation (data parallel splits the batch; Megatron's scatter/gather optimisation,
 Narayanan et al. Sec. 4.1, and sequence parallelism, Korthikanti et al., split it over tensor parallel).
 Point-to-point transfers are blocking (``Cluster.p2p = "blocking"``): all three sources ran Megatron-LM,
