@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from cli.main import _workload  # noqa: E402
+from mpmd.cli.main import _workload  # noqa: E402
 from hardware_profiles import load_cluster  # noqa: E402
 from planner import InfeasibleError, PlanOptions, plan  # noqa: E402
 

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import bench_planner  # noqa: E402
 import bench_simulator  # noqa: E402
 
-from cli.output import write_atomic  # noqa: E402
+from mpmd.cli.output import write_atomic  # noqa: E402
 
 
 def main() -> None:

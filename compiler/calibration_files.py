@@ -117,9 +117,9 @@ def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
 
 def write_profiles(cal: Calibration, device_path: str, cluster_path: str) -> None:
     """Write :func:`device_yaml` and :func:`cluster_yaml` to the given paths: both texts are
-    rendered first, then each is written atomically (``cli.output.write_atomic``: a temporary file
+    rendered first, then each is written atomically (``mpmd.cli.output.write_atomic``: a temporary file
     beside the target, then a rename), so a failure leaves the old files whole."""
-    from cli.output import write_atomic
+    from mpmd.cli.output import write_atomic
 
     texts = [(path, f"# {head}: calibrated on this machine by {COMMAND}; regenerate, do not edit.\n"
               + yaml.safe_dump(data, sort_keys=False, width=100))

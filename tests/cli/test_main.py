@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from mpmd.cli.main import main
 
 CLUSTERS = Path(__file__).resolve().parents[2] / "hardware_profiles" / "clusters"
 

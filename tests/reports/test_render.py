@@ -40,7 +40,7 @@ def test_csv_and_markdown_match(small_df, small_report):
 
 
 def test_cli_writes_report_and_maps_errors(tmp_path):
-    from cli.main import main
+    from mpmd.cli.main import main
 
     out = tmp_path / "r"
     res = CliRunner().invoke(main, ["whatif", "--model", "llama3-8b", "--options", "loudbox_p150bx8",

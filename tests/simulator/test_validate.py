@@ -161,7 +161,7 @@ def test_profile_calibration_reproduces_report():
     rank every zero-bubble group as measured."""
     import re
 
-    from cli.validate import workload_for
+    from mpmd.cli.validate import workload_for
 
     md = (CSV.parent / "validation.md").read_text()
     want = re.search(r"Mean absolute percentage error: ([\d.]+)%; max: ([\d.]+)%", md)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CSV = ROOT / "reports" / "validation" / "published_training.csv"
 DEFAULT_OUT = ROOT / "reports" / "validation" / "validation.md"
 PROFILE = ROOT / "hardware_profiles" / "devices" / "a100-80gb-sxm.yaml"
@@ -49,7 +49,7 @@ def predict_step(plan, workload, cluster) -> float:
 def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_us: float,
                              origin: str, elementwise: float = 0.0) -> None:
     """Rewrite the ``efficiency:`` block of a device YAML (values and origins), atomically."""
-    from cli.output import write_atomic
+    from mpmd.cli.output import write_atomic
 
     text = path.read_text()
     start = text.index("\nefficiency:\n") + 1
@@ -136,8 +136,8 @@ def register(main: click.Group, guard) -> None:
         """Check the simulator against published training runs (per-row table, MAPE, zb ranking)."""
         from rich.table import Table
 
-        from cli.main import console
-        from cli.output import write_atomic
+        from mpmd.cli.main import console
+        from mpmd.cli.output import write_atomic
         from hardware_profiles.loader import _device_from_file
         from simulator import validate as V
 
@@ -205,7 +205,7 @@ def register(main: click.Group, guard) -> None:
 
 
 if __name__ == "__main__":
-    from cli.main import _guard, main
+    from mpmd.cli.main import _guard, main
 
     if "validate" not in main.commands:
         register(main, _guard)

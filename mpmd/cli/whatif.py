@@ -38,7 +38,7 @@ def register(main: click.Group, guard) -> None:
         """Plan every hardware option, replay it, and write a what-if purchasing report."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from cli.main import console
+        from mpmd.cli.main import console
         from reports import ReportError, load_example
         from reports import whatif as run_whatif
         from reports.render import summary_table, write_report

@@ -81,7 +81,7 @@ def register(main: click.Group, guard) -> None:
                  degrade_link: tuple[str, ...], fail_link: tuple[str, ...],
                  fail_mesh: tuple[str, ...]) -> None:
         """Replay PLAN.json in the discrete-event simulator and print its metrics."""
-        from cli.main import console
+        from mpmd.cli.main import console
         from simulator.knobs import Knobs
         from simulator.plan_sim import simulate_plan
         from simulator.trace import write_chrome_trace

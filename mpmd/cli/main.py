@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
-from cli.output import write_atomic
+from mpmd.cli.output import write_atomic
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -97,7 +97,7 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
          time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
          max_tensor: int, even_split: bool, no_fsdp: bool, out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule."""
-    from cli.output import plan_table, validate_plan_json
+    from mpmd.cli.output import plan_table, validate_plan_json
     from compiler.ir import plan_to_json
     from hardware_profiles import load_cluster
     from planner import PlanOptions, plan as run_plan
@@ -139,7 +139,7 @@ def _workload(model: str, global_batch: int | None, seq_len: int | None):
 
 def _extra_commands() -> None:
     """Attach the commands whose implementations live in other packages, when present."""
-    for mod in ("cli.simulate", "cli.run", "cli.validate", "cli.whatif"):
+    for mod in ("mpmd.cli.simulate", "mpmd.cli.run", "mpmd.cli.validate", "mpmd.cli.whatif"):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:

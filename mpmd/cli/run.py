@@ -26,7 +26,7 @@ def register(main: click.Group, guard) -> None:
     @guard
     def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, lr: float) -> None:
         """Compile PLAN.json into per-mesh programs and run real training steps on shipped text."""
-        from cli.main import console
+        from mpmd.cli.main import console
 
         _cpu_devices(8)
         from compiler.run import print_report, run_plan
@@ -42,7 +42,7 @@ def register(main: click.Group, guard) -> None:
     @guard
     def calibrate(repeats: int, device_out: str, cluster_out: str) -> None:
         """Time fragments on this machine's CPU devices and write the cpu-host profile."""
-        from cli.main import console
+        from mpmd.cli.main import console
 
         _cpu_devices(8)
         from compiler.calibrate import calibrate_command

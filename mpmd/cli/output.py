@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "planner" / "plan.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "planner" / "plan.schema.json"
 
 
 def write_atomic(path: Path, text: str) -> None:
