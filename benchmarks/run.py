@@ -1,7 +1,7 @@
-"""Run every benchmark and write ``reports/benchmarks.md``.
+"""Run every benchmark, print the Markdown table and, with ``--out``, write it.
 
 Usage:
-    python benchmarks/run.py
+    python benchmarks/run.py --out reports/benchmarks.md
 """
 
 from __future__ import annotations
@@ -17,18 +17,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import bench_planner  # noqa: E402
 import bench_simulator  # noqa: E402
 
-from mpmd.cli.output import write_atomic  # noqa: E402
+from mpmd.files import write_atomic  # noqa: E402
 
 
-def main() -> None:
-    head = (f"# Benchmarks\n\nMade by `python benchmarks/run.py` on {date.today()}, "
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="write the Markdown here (e.g. reports/benchmarks.md)")
+    args = ap.parse_args(argv)
+    head = (f"# Benchmarks\n\nMade by `python benchmarks/run.py --out reports/benchmarks.md` on "
+            f"{date.today()}, "
             f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}.\n")
     parts = [head, "## Simulator\n", bench_simulator.markdown(), "## Planner\n",
              bench_planner.markdown()]
     text = "\n".join(parts)
-    out = Path(__file__).resolve().parent.parent / "reports" / "benchmarks.md"
-    write_atomic(out, text)
     print(text)
+    if args.out:
+        write_atomic(Path(args.out), text)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,17 @@ Unit conversions (exact):
 
 Every bad input raises :class:`ProfileError` with one line naming the file, the bad value and the fix;
 pydantic ``ValidationError``, ``KeyError`` and YAML errors never escape.
+
+Files are read through :func:`mpmd.files.read_yaml` (the tool's one guarded reader: size limit,
+UTF-8 only, no binary files, bounded nesting and aliases, no ``.inf``/``.nan``); its
+:class:`mpmd.files.InputError` is re-raised as :class:`ProfileError` with the same one-line message.
+Layering: ``hardware_profiles`` imports no other project package except that leaf module
+(``mpmd.files`` imports nothing from the project).
+
+Absurd values are refused with one line naming the value and the limit: at most
+:data:`MAX_DEVICES` devices per mesh (and per axis), figures in human units (TFLOP/s, GB, GB/s, W,
+USD per device-hour) at most :data:`MAX_FIGURE`, Gbit/s at most :data:`MAX_GBIT`, latencies and
+overheads under a second (:data:`MAX_US` us); no value may be infinite or NaN.
 """
 
 from __future__ import annotations
@@ -18,8 +29,9 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mpmd.files import InputError, read_yaml
 
 from hardware_profiles.types import (
     Alternative,
@@ -33,6 +45,20 @@ from hardware_profiles.types import (
 
 DEVICES_DIR = Path(__file__).parent / "devices"
 CLUSTERS_DIR = Path(__file__).parent / "clusters"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+"""The folder holding ``hardware_profiles/``: bundled files named ``hardware_profiles/clusters/X.yaml``
+(as the README does) resolve against it when no such file exists below the working directory."""
+
+MAX_DEVICES = 2**20
+"""Most devices in one mesh (and along one mesh axis): about a million, far above any machine built."""
+MAX_FIGURE = 1e6
+"""Largest figure in human units: TFLOP/s, GB, GB/s, W, USD per device-hour (no device is near)."""
+MAX_GBIT = 8e6
+"""Largest bandwidth in Gbit/s (= :data:`MAX_FIGURE` GB/s)."""
+MAX_US = 1e6
+"""Largest latency or per-fragment overhead, us (one second)."""
+MAX_MESHES = 4096
+"""Most meshes in one cluster."""
 
 TFLOPS = 1e12
 GB = 1e9
@@ -43,17 +69,17 @@ US = 1e-6
 
 # ----------------------------------------------------------------------------- file shapes
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _Figure(_Strict):
-    value: float = Field(gt=0)
+    value: float = Field(gt=0, le=MAX_FIGURE)
     source: str = Field(min_length=1)
     note: str = ""
 
 
 class _Latency(_Strict):
-    value: float = Field(ge=0)
+    value: float = Field(ge=0, le=MAX_US)
     source: str = Field(min_length=1)
     note: str = ""
 
@@ -64,7 +90,7 @@ class _Efficiency(_Strict):
 
 
 class _Overhead(_Strict):
-    value: float = Field(ge=0)
+    value: float = Field(ge=0, le=MAX_US)
     origin: str = Field(min_length=1)
 
 
@@ -98,8 +124,8 @@ class _ScaleOut(_Strict):
 
 
 class _Price(_Strict):
-    low: float = Field(gt=0)
-    high: float = Field(gt=0)
+    low: float = Field(gt=0, le=MAX_FIGURE)
+    high: float = Field(gt=0, le=MAX_FIGURE)
     source: str = Field(min_length=1)
     note: str = ""
 
@@ -128,43 +154,43 @@ class _DeviceFile(_Strict):
 
 
 class _IntraLink(_Strict):
-    bandwidth_gb_per_s: float = Field(gt=0)
-    latency_us: float = Field(ge=0)
+    bandwidth_gb_per_s: float = Field(gt=0, le=MAX_FIGURE)
+    latency_us: float = Field(ge=0, le=MAX_US)
     source: str = ""
 
 
 class _DefaultLinkFile(_Strict):
-    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0)
-    bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
-    latency_us: float = Field(ge=0)
+    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0, le=MAX_GBIT)
+    bandwidth_gb_per_s: float | None = Field(default=None, gt=0, le=MAX_FIGURE)
+    latency_us: float = Field(ge=0, le=MAX_US)
     source: str = ""
 
 
 class _MeshFile(_Strict):
-    name: str = Field(min_length=1)
-    device: str = Field(min_length=1)
-    num_devices: int = Field(ge=1)
+    name: str = Field(min_length=1, max_length=200)
+    device: str = Field(min_length=1, max_length=4096)
+    num_devices: int = Field(ge=1, le=MAX_DEVICES)
     axes: dict[str, int] | None = None
     intra_link: _IntraLink | None = None
-    price_usd_per_device_hour: float | None = Field(default=None, ge=0)
-    power_w_per_device: float | None = Field(default=None, gt=0)
+    price_usd_per_device_hour: float | None = Field(default=None, ge=0, le=MAX_FIGURE)
+    power_w_per_device: float | None = Field(default=None, gt=0, le=MAX_FIGURE)
     host: str | None = None
-    devices_per_node: int | None = Field(default=None, ge=1)
+    devices_per_node: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     scale_out_link: _DefaultLinkFile | None = None
 
 
 class _LinkFile(_Strict):
     between: tuple[str, str]
-    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0)
-    bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
-    latency_us: float = Field(ge=0)
+    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0, le=MAX_GBIT)
+    bandwidth_gb_per_s: float | None = Field(default=None, gt=0, le=MAX_FIGURE)
+    latency_us: float = Field(ge=0, le=MAX_US)
     source: str = ""
 
 
 class _ClusterFile(_Strict):
     name: str | None = None
     description: str = ""
-    meshes: list[_MeshFile] = Field(min_length=1)
+    meshes: list[_MeshFile] = Field(min_length=1, max_length=MAX_MESHES)
     links: list[_LinkFile] = []
     default_link: _DefaultLinkFile | None = None
     host_slots: dict[str, int] = {}
@@ -178,6 +204,9 @@ _FIXES = {
     "greater_than": "use a positive number",
     "greater_than_equal": "use a number >= the minimum",
     "less_than_equal": "use a value <= the maximum",
+    "less_than": "use a value below the maximum",
+    "finite_number": "use a finite number",
+    "string_too_long": "use a shorter string",
     "float_parsing": "use a number",
     "float_type": "use a number",
     "int_parsing": "use an integer",
@@ -209,17 +238,10 @@ def _from_validation(path: Path, err: ValidationError) -> ProfileError:
 
 
 def _read_yaml(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise ProfileError(f"{path}: {what} file not found; fix: check the path")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid syntax"
-        raise ProfileError(_one_line(f"{path}: malformed YAML{where} ({problem}); fix: correct the YAML syntax")) from None
-    except OSError as exc:
-        raise ProfileError(_one_line(f"{path}: cannot read {what} file ({exc.strerror}); fix: check permissions")) from None
+        data = read_yaml(path, what)
+    except InputError as exc:
+        raise ProfileError(str(exc)) from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: top level is {type(data).__name__}, not a mapping; "
                            f"fix: write the {what} as 'key: value' pairs")
@@ -378,6 +400,11 @@ def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
     bad = {k: v for k, v in axes.items() if v < 1}
     if bad:
         raise ProfileError(f"{path}: mesh {m.name!r} axes {bad} have sizes < 1; fix: use positive axis sizes")
+    big = {k: v for k, v in axes.items() if v > MAX_DEVICES}
+    if big or len(axes) > 16:
+        raise ProfileError(f"{path}: mesh {m.name!r} axes {big or len(axes)} exceed "
+                           f"{'the size limit ' + str(MAX_DEVICES) if big else '16 axes'}; "
+                           f"fix: use at most 16 axes of at most {MAX_DEVICES} devices")
     product = math.prod(axes.values())
     if product != m.num_devices:
         shown = "{" + ", ".join(f"{k}: {v}" for k, v in axes.items()) + "}"
@@ -403,8 +430,9 @@ def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
 def load_cluster(path: str | Path) -> Cluster:
     """Load a cluster spec: named meshes of one device type each, plus inter-mesh links.
 
-    ``path`` may also be a bundled cluster's stem (``"h100x64"``) when no such file exists.
-    Inter-mesh link bandwidth is the aggregate per direction between the two meshes.
+    ``path`` may also be a bundled cluster's stem (``"h100x64"``) or a bundled file's path from the
+    repository root (``"hardware_profiles/clusters/h100x64.yaml"``) when no such file exists below
+    the working directory. Inter-mesh link bandwidth is the aggregate per direction between the two meshes.
 
     Raises:
         ProfileError: missing file, malformed YAML, unknown device, non-positive bandwidth, mesh axes
@@ -414,6 +442,8 @@ def load_cluster(path: str | Path) -> Cluster:
     p = Path(path)
     if not p.exists() and not _looks_like_path(str(path)) and (CLUSTERS_DIR / f"{path}.yaml").is_file():
         p = CLUSTERS_DIR / f"{path}.yaml"
+    elif not p.exists() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
+        p = PACKAGE_ROOT / p    # a bundled file named as in the README, from any working directory
     data = _read_yaml(p, "cluster")
     try:
         f = _ClusterFile.model_validate(data)
@@ -453,8 +483,8 @@ def load_cluster(path: str | Path) -> Cluster:
         if h not in hosts:
             raise ProfileError(f"{p}: host_slots names host {h!r}, which no mesh uses; fix: use one of "
                                f"{sorted(hosts)}")
-        if n < 1:
-            raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a positive slot count")
+        if not 1 <= n <= MAX_DEVICES:
+            raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a slot count from 1 to {MAX_DEVICES}")
     return Cluster(name=f.name or p.stem, meshes=meshes, links=tuple(links), default_link=default,
                    path=str(p), description=f.description, host_slots=dict(f.host_slots),
                    p2p=f.p2p)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
-from mpmd.cli.output import write_atomic
+from mpmd.files import write_atomic
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -25,9 +25,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from compiler.ir import IRError
     from hardware_profiles.types import ProfileError
     from planner.errors import PlannerError
+    from mpmd.files import InputError
     from simulator.plan_costs import CostError
 
-    errs: list[type[BaseException]] = [IRError, ProfileError, PlannerError, CostError,
+    errs: list[type[BaseException]] = [InputError, IRError, ProfileError, PlannerError, CostError,
                                        FileNotFoundError, IsADirectoryError, json.JSONDecodeError]
     for mod, name in (("compiler.zoo", "ZooError"), ("simulator.schedules", "ScheduleError"),
                       ("simulator.program", "SimError"), ("compiler.errors", "CompilerError"),
@@ -59,7 +60,32 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@click.group()
+class _OneLineGroup(click.Group):
+    """The ``mpmd`` group: a usage error (unknown flag, bad flag value, missing argument) is one
+    line on stderr naming the value and where the help is, exit status 2, as every other error."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name or "mpmd", complete_var, standalone_mode=False, **extra)
+        except click.ClickException as e:
+            if not standalone_mode:
+                raise
+            ctx = getattr(e, "ctx", None)
+            where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+            msg = " ".join(e.format_message().split()).rstrip(".")
+            err_console.print(f"[bold red]error:[/] {msg}{where}", highlight=False, soft_wrap=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            if not standalone_mode:
+                raise
+            err_console.print("[bold red]error:[/] interrupted; nothing written", highlight=False)
+            sys.exit(130)
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
+@click.group(cls=_OneLineGroup)
 def main() -> None:
     """MPMD auto-planner, simulator and compiler for heterogeneous accelerator clusters."""
 
@@ -96,11 +122,20 @@ def profiles() -> None:
 def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
          time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
          max_tensor: int, even_split: bool, no_fsdp: bool, out: str | None) -> None:
-    """Plan MODEL on CLUSTER: stage assignment, layouts and schedule."""
-    from mpmd.cli.output import plan_table, validate_plan_json
+    """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
+
+    Searches that run over a few seconds show progress on stderr. Ctrl-C stops the search and
+    keeps the best plan found so far: the table is printed and, with --out, the plan is written,
+    marked "interrupted" in its solver record. That exits 0, as when --time-limit cuts the search
+    short: a usable plan was produced (scripts can tell from the JSON). Ctrl-C before any feasible
+    plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
+    """
+    from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
+    from mpmd.cli.search_ui import CtrlC, SearchProgress
     from compiler.ir import plan_to_json
     from hardware_profiles import load_cluster
     from planner import PlanOptions, plan as run_plan
+    from planner.api import PlanInterrupted
     from simulator.schedules import SCHEDULES
 
     for s in schedules:
@@ -108,16 +143,34 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
             raise click.BadParameter(f"unknown schedule {s!r}; use one of {', '.join(SCHEDULES)}")
     cluster = load_cluster(cluster_path)
     workload = _workload(model, global_batch, seq_len)
-    with console.status(f"planning {model} on {cluster.name} ..."):
-        result = run_plan(workload, cluster, PlanOptions(
-            time_limit_s=time_limit, schedules=schedules or None,
-            microbatches=microbatches or None, max_tensor=max_tensor, even_split=even_split,
-            fsdp=not no_fsdp))
-    console.print(plan_table(result, cluster))
+    # Ctrl-C handling spans the search and the output, so a second Ctrl-C never leaves a file
+    with CtrlC() as ctrl_c:
+        try:
+            with SearchProgress(err_console, f"{model} on {cluster.name}") as bar:
+                result = run_plan(workload, cluster, PlanOptions(
+                    time_limit_s=time_limit, schedules=schedules or None,
+                    microbatches=microbatches or None, max_tensor=max_tensor,
+                    even_split=even_split, fsdp=not no_fsdp), bar, stop=ctrl_c.stop)
+            ctrl_c.searching = False
+            if result.interrupted:
+                err_console.print(f"interrupted after {result.plan.solver['search_wall_s']:.0f} s; "
+                                  f"best plan so far, {search_gap_text(result.plan.solver)}",
+                                  highlight=False, soft_wrap=True)
+            console.print(plan_table(result, cluster))
+            if out:
+                doc = plan_to_json(result.plan)
+                validate_plan_json(doc)
+                text = json.dumps(doc, indent=1)
+            with ctrl_c.committing():
+                if out:
+                    write_atomic(Path(out), text)
+        except KeyboardInterrupt:
+            err_console.print("aborted by a second Ctrl-C; nothing written", highlight=False)
+            sys.exit(130)
+        except PlanInterrupted as e:
+            err_console.print(f"{e}; nothing written", highlight=False, soft_wrap=True)
+            sys.exit(2)
     if out:
-        doc = plan_to_json(result.plan)
-        validate_plan_json(doc)
-        write_atomic(Path(out), json.dumps(doc, indent=1))
         console.print(f"wrote {out}")
 
 

@@ -1,11 +1,13 @@
-"""``mpmd validate [--fit] [--csv PATH]``: the simulator against published training measurements.
+"""``mpmd validate [--fit] [--csv PATH] [--out FILE.md] [--profiles-out DIR]``: the simulator
+against published training measurements.
 
-Builds every row's setup (:mod:`simulator.validate`), simulates it with
-:func:`simulator.plan_sim.simulate_plan`, checks :func:`planner.predict.predict` agrees, prints the
-per-row table, the mean / max absolute percentage error and the zero-bubble schedule rankings, and
-writes ``reports/validation/validation.md`` atomically. ``--fit`` first fits the A100 profile's
-efficiency values over all rows, writes them into ``hardware_profiles/devices/a100-80gb-sxm.yaml``
-(values and ``origin`` text) and reports leave-one-source-out errors.
+Builds every row's setup (:mod:`simulator.validate`), simulates it on its own device's profile (the
+CSV's ``device`` column) with :func:`simulator.plan_sim.simulate_plan`, checks
+:func:`planner.predict.predict` agrees, and prints the per-row table, the mean / max absolute
+percentage error and the zero-bubble schedule rankings; ``--out`` also writes them as Markdown
+(atomically). ``--fit`` first fits each device kind's efficiency values over that kind's rows and
+reports leave-one-source-out errors; ``--profiles-out DIR`` writes the fitted profiles there. No
+file is written without ``--out`` or ``--profiles-out``.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ import click
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CSV = ROOT / "reports" / "validation" / "published_training.csv"
-DEFAULT_OUT = ROOT / "reports" / "validation" / "validation.md"
-PROFILE = ROOT / "hardware_profiles" / "devices" / "a100-80gb-sxm.yaml"
 FIT_COMMAND = "mpmd validate --fit"
 
 
@@ -47,9 +47,10 @@ def predict_step(plan, workload, cluster) -> float:
 
 
 def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_us: float,
-                             origin: str, elementwise: float = 0.0) -> None:
-    """Rewrite the ``efficiency:`` block of a device YAML (values and origins), atomically."""
-    from mpmd.cli.output import write_atomic
+                             origin: str, elementwise: float = 0.0, *, out: Path | None = None) -> None:
+    """Write device YAML ``path`` with its ``efficiency:`` block replaced (values and origins) to
+    ``out`` (default: ``path`` itself), atomically."""
+    from mpmd.files import write_atomic
 
     text = path.read_text()
     start = text.index("\nefficiency:\n") + 1
@@ -69,7 +70,7 @@ def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_
              f"  memory:\n    value: {memory:.3f}\n    origin: {o_mem}\n"
              f"  fragment_overhead_us:\n    value: {overhead_us:g}\n    origin: {o_ovh}\n"
              f"  elementwise_traffic:\n    value: {elementwise:g}\n    origin: {o_ew}\n")
-    write_atomic(path, text[:start] + block + text[end:])
+    write_atomic(out or path, text[:start] + block + text[end:])
 
 
 def _fmt(x: float) -> str:
@@ -123,74 +124,116 @@ def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wa
     return "\n".join(lines)
 
 
+def _origin(device: str, rows, f) -> str:
+    sources = ", ".join(dict.fromkeys(r.source for r in rows))
+    return (f"fitted by `{FIT_COMMAND}` over the {len(rows)} {device} rows of the published-training "
+            f"CSV (sources: {sources}), minimising the mean absolute percentage error of the "
+            f"simulated metric (scipy bounded search over matmul efficiency for each "
+            f"elementwise-traffic fraction): MAPE {f.mape:.1f}%, {f.disagreements} zero-bubble "
+            f"groups ranked wrongly")
+
+
+def fit_section(device: str, f, loso, written: str | None) -> str:
+    """The Markdown section of one device kind's fit (values, trials, leave-one-source-out)."""
+    trials = "; ".join(f"elementwise {ew:g} -> matmul {e:.3f}, MAPE {m:.2f}%, "
+                       f"{bad} groups ranked wrongly" for o, ew, e, m, bad in f.trials)
+    where = f"Written to `{written}`." if written else "Not written (no `--profiles-out`)."
+    lines = [f"## Calibration: {device}", "",
+             f"Fitted over its rows ({f.evaluations} evaluations, step times from "
+             f"`planner.predict`): matmul efficiency **{f.matmul:.3f}**, elementwise traffic "
+             f"**{f.elementwise:g}**, memory efficiency {f.memory:.3f} (held), fragment overhead "
+             f"{f.overhead_s * 1e6:g} us; fit MAPE {f.mape:.2f}%. Trials: {trials}. {where}", ""]
+    if loso:
+        lines += ["Leave-one-source-out (fit on the other sources, test on the held-out one):", "",
+                  "| held out | fitted matmul | train MAPE | held-out MAPE |", "|---|---|---|---|"]
+        lines += [f"| {src} | {fr.matmul:.3f} | {fr.mape:.1f}% | {err:.1f}% |"
+                  for src, (fr, err) in loso.items()]
+    return "\n".join(lines)
+
+
 def register(main: click.Group, guard) -> None:
     @main.command()
     @click.option("--fit", is_flag=True,
-                  help="Fit the A100 efficiency values over all rows and write them to the profile.")
+                  help="Fit each device kind's efficiency values over its rows (printed; the "
+                       "profiles are written only with --profiles-out).")
     @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=str(DEFAULT_CSV),
                   show_default=True, help="Published-training CSV.")
-    @click.option("--out", type=click.Path(dir_okay=False), default=str(DEFAULT_OUT),
-                  show_default=True, help="Markdown report to write.")
+    @click.option("--out", type=click.Path(dir_okay=False), default=None,
+                  help="Write the Markdown report here (default: print only; the bundled report is "
+                       "reports/validation/validation.md).")
+    @click.option("--profiles-out", type=click.Path(file_okay=False), default=None,
+                  help="With --fit: write each fitted device profile (DEVICE.yaml) into this folder; "
+                       "hardware_profiles/devices updates the bundled ones.")
     @guard
-    def validate(fit: bool, csv_path: str, out: str) -> None:
-        """Check the simulator against published training runs (per-row table, MAPE, zb ranking)."""
+    def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None) -> None:
+        """Check the simulator against published training runs (per-row table, MAPE, zb ranking).
+
+        Every row is simulated on its own device's profile (the CSV's ``device`` column).
+        """
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
+        from hardware_profiles.loader import DEVICES_DIR, load_device
         from mpmd.cli.main import console
-        from mpmd.cli.output import write_atomic
-        from hardware_profiles.loader import _device_from_file
+        from mpmd.files import write_atomic
         from simulator import validate as V
 
+        if profiles_out and not fit:
+            raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
         t0 = time.time()
         rows = V.load_rows(csv_path)
-        with console.status(f"costing {len(rows)} rows ..."):
-            setups = [V.row_setup(r, workload_for) for r in rows]
-        fit_info = ""
+        devices = {d: load_device(d) for d in dict.fromkeys(r.device for r in rows)}
+        columns = (TextColumn("{task.description}"), BarColumn(),
+                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(f"costing {len(rows)} rows", total=len(rows))
+            setups = []
+            for r in rows:
+                setups.append(V.row_setup(r, workload_for))
+                bar.advance(task)
+        fit_info = []
         if fit:
-            base = _device_from_file(PROFILE)
-            with console.status("fitting efficiency values over all rows ..."):
-                f = V.fit(setups, base, predict_step)
-            with console.status("leave-one-source-out fits ..."):
-                loso = V.leave_one_source_out(setups, base, predict_step,
-                                              overheads_s=(f.overhead_s,),
-                                              elementwise=(f.elementwise,))
-            origin = (f"fitted by `{FIT_COMMAND}` over the {len(rows)} rows of "
-                      f"reports/validation/published_training.csv (Qi et al. 2024, Korthikanti et al. "
-                      f"2022, Narayanan et al. 2021; A100-80GB), minimising the mean absolute "
-                      f"percentage error of the simulated metric (scipy bounded search over matmul "
-                      f"efficiency for each elementwise-traffic fraction): MAPE {f.mape:.1f}%, "
-                      f"{f.disagreements} zero-bubble groups ranked wrongly")
-            write_profile_efficiency(PROFILE, f.matmul, f.memory, f.overhead_s * 1e6, origin,
-                                     f.elementwise)
-            trials = "; ".join(f"elementwise {ew:g} -> matmul {e:.3f}, MAPE {m:.2f}%, "
-                               f"{bad} groups ranked wrongly" for o, ew, e, m, bad in f.trials)
-            fit_info = "\n".join(
-                ["## Calibration", "",
-                 f"Fitted over all rows ({f.evaluations} evaluations, step times from "
-                 f"`planner.predict`): matmul efficiency **{f.matmul:.3f}**, elementwise traffic "
-                 f"**{f.elementwise:g}**, memory efficiency "
-                 f"{f.memory:.3f} (held), fragment overhead {f.overhead_s * 1e6:g} us; fit MAPE "
-                 f"{f.mape:.2f}%. Trials: {trials}. Written to "
-                 "`hardware_profiles/devices/a100-80gb-sxm.yaml`.", "",
-                 "Leave-one-source-out (fit on the other two sources, test on the held-out one):", "",
-                 "| held out | fitted matmul | train MAPE | held-out MAPE |", "|---|---|---|---|"]
-                + [f"| {src} | {fr.matmul:.3f} | {fr.mape:.1f}% | {err:.1f}% |"
-                   for src, (fr, err) in loso.items()])
-            console.print(fit_info)
-        device = _device_from_file(PROFILE)
-        with console.status("simulating every row ..."):
-            results = V.evaluate(setups, device, V.sim_step)
-            preds = V.evaluate(setups, device, predict_step)
+            for name, base in list(devices.items()):
+                mine = [s for s in setups if s.row.device == name]
+                with console.status(f"fitting {name} over its {len(mine)} rows ..."):
+                    f = V.fit(mine, base, predict_step)
+                loso = {}
+                if len({s.row.source for s in mine}) > 1:
+                    with console.status(f"{name}: leave-one-source-out fits ..."):
+                        loso = V.leave_one_source_out(mine, base, predict_step,
+                                                      overheads_s=(f.overhead_s,),
+                                                      elementwise=(f.elementwise,))
+                devices[name] = V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
+                                                  f.elementwise)
+                written = None
+                if profiles_out:
+                    written = str(Path(profiles_out) / f"{name}.yaml")
+                    write_profile_efficiency(DEVICES_DIR / f"{name}.yaml", f.matmul, f.memory,
+                                             f.overhead_s * 1e6,
+                                             _origin(name, [s.row for s in mine], f),
+                                             f.elementwise, out=Path(written))
+                section = fit_section(name, f, loso, written)
+                console.print(section)
+                fit_info.append(section)
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task("simulating every row", total=2 * len(setups))
+            results, preds = [], []
+            for s in setups:
+                results += V.evaluate([s], devices[s.row.device], V.sim_step)
+                bar.advance(task)
+                preds += V.evaluate([s], devices[s.row.device], predict_step)
+                bar.advance(task)
         agree = max(abs(a.step_s / b.step_s - 1) for a, b in zip(results, preds))
         rankings = V.zb_rankings(results)
-        t = Table(title=f"validation: {len(rows)} published runs on {device.name} (matmul eff "
-                        f"{device.matmul_efficiency:.3f})", title_justify="left")
-        for c in ("source", "model", "gpus", "tp/pp/dp", "mb x M", "schedule", "assumed",
+        kinds = ", ".join(f"{d.name} (matmul eff {d.matmul_efficiency:.3f})"
+                          for d in devices.values())
+        t = Table(title=f"validation: {len(rows)} published runs on {kinds}", title_justify="left")
+        for c in ("source", "model", "device", "gpus", "tp/pp/dp", "mb x M", "schedule", "assumed",
                   "predicted", "measured", "err %"):
             t.add_column(c, justify="right" if c in ("gpus", "predicted", "measured", "err %") else "left")
         for r in results:
             s = r.setup
-            t.add_row(r.row.source, r.row.model, str(r.row.gpus),
+            t.add_row(r.row.source, r.row.model, r.row.device, str(r.row.gpus),
                       f"{r.row.tp}/{r.row.pp}/{r.row.dp}", f"{s.micro_batch}x{s.microbatches}",
                       s.schedule, "; ".join(s.assumptions) or "-", _fmt(r.predicted),
                       _fmt(r.row.value), f"{r.ape:.1f}")
@@ -199,9 +242,11 @@ def register(main: click.Group, guard) -> None:
                       f"   predict vs simulate: max {agree * 100:.2f}% apart")
         for g, m, p, ok in rankings:
             console.print(f"zb ranking {g}: {'agrees' if ok else 'DISAGREES'}")
-        md = render(results, rankings, agree, fit_info, csv_path, time.time() - t0)
-        write_atomic(Path(out), md)
-        console.print(f"wrote {out}")
+        if out:
+            md = render(results, rankings, agree, "\n\n".join(fit_info), csv_path,
+                        time.time() - t0)
+            write_atomic(Path(out), md)
+            console.print(f"wrote {out}")
 
 
 if __name__ == "__main__":

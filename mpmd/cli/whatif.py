@@ -11,7 +11,9 @@ def register(main: click.Group, guard) -> None:
     @main.command()
     @click.option("--model", default=None, help="Zoo model name, e.g. llama3-70b (an --example sets it).")
     @click.option("--options", "options", multiple=True, type=click.Path(dir_okay=False),
-                  help="Cluster YAMLs or bundled cluster names to compare (several after one --options).")
+                  help="Cluster YAMLs or bundled cluster names to compare: several after one "
+                       "--options (--options a.yaml b.yaml), or --options repeated.")
+    @click.argument("more_options", nargs=-1, type=click.Path(dir_okay=False), metavar="[MORE...]")
     @click.option("--sweep", "sweep_path", default=None, type=click.Path(dir_okay=False),
                   help="Budget sweep spec YAML (see reports/sweep.py).")
     @click.option("--example", default=None,
@@ -31,9 +33,9 @@ def register(main: click.Group, guard) -> None:
     @click.option("--screenshot/--no-screenshot", default=True, show_default=True,
                   help="Also write OUT.png, the report's first screen (needs chromium; skipped without).")
     @click.option("--out", default=None, help="Output stem: writes OUT.html, OUT.csv, OUT.md "
-                  "(default reports/whatif/<example or model>).")
+                  "(default whatif/<example or model> in the working directory).")
     @guard
-    def whatif(model, options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
+    def whatif(model, options, more_options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
                deadline_days, prices, time_limit, screenshot, out) -> None:
         """Plan every hardware option, replay it, and write a what-if purchasing report."""
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -43,6 +45,10 @@ def register(main: click.Group, guard) -> None:
         from reports import whatif as run_whatif
         from reports.render import summary_table, write_report
 
+        if more_options and not options:
+            raise ReportError(f"unexpected argument {more_options[0]!r}; list the clusters to compare "
+                              f"after --options, e.g. --options {' '.join(more_options)}")
+        options = tuple(options) + tuple(more_options)
         spec: dict = {}
         base = None
         if example:
@@ -63,7 +69,7 @@ def register(main: click.Group, guard) -> None:
             from reports.pricing import parse_prices
             price_map.update(parse_prices(prices))
         name = spec.get("name") or model
-        out = out or f"reports/whatif/{name}"
+        out = out or f"whatif/{name}"
         t0 = time.monotonic()
         with Progress(TextColumn("[bold]planning[/] {task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),

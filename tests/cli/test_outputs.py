@@ -1,0 +1,64 @@
+"""Command-line flags that choose what is read and written: several `--options` after one flag,
+`python -m mpmd`, and commands that write nothing unless told where."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+from click.testing import CliRunner
+
+from mpmd.cli.main import main
+
+
+def _invoke(args, cwd):
+    import os
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, args)
+    finally:
+        os.chdir(old)
+
+
+def test_whatif_options_take_several_values_after_one_flag(tmp_path):
+    r = _invoke(["whatif", "--model", "llama-tiny", "--options", "cpu4x2", "h100x1",
+                 "--time-limit", "0.2", "--no-screenshot", "--out", "w/x"], tmp_path)
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(tmp_path / "w" / "x.csv")
+    assert len(df) == 2
+    assert sorted(tmp_path.joinpath("w").iterdir()) == [tmp_path / "w" / f"x.{e}"
+                                                       for e in ("csv", "html", "md")]
+
+
+def test_whatif_repeated_options_equal_one_flag(tmp_path):
+    r = _invoke(["whatif", "--model", "llama-tiny", "--options", "cpu4x2", "--options", "h100x1",
+                 "--time-limit", "0.2", "--no-screenshot"], tmp_path)
+    assert r.exit_code == 0, r.output
+    assert len(pd.read_csv(tmp_path / "whatif" / "llama-tiny.csv")) == 2   # default: whatif/NAME
+
+
+def test_whatif_stray_argument_is_one_line(tmp_path):
+    r = _invoke(["whatif", "--model", "llama-tiny", "a.yaml"], tmp_path)
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [
+        "error: unexpected argument 'a.yaml'; list the clusters to compare after --options, "
+        "e.g. --options a.yaml"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_validate_profiles_out_needs_fit(tmp_path):
+    r = _invoke(["validate", "--profiles-out", "p"], tmp_path)
+    assert r.exit_code == 2
+    assert "--profiles-out needs --fit" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_dash_m_mpmd_is_the_cli():
+    r = subprocess.run([sys.executable, "-m", "mpmd", "--help"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0
+    for cmd in ("plan", "simulate", "run", "calibrate", "validate", "whatif", "profiles"):
+        assert f"  {cmd} " in r.stdout
