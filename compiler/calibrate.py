@@ -32,7 +32,6 @@ the profile's nominal peaks (see :func:`nominal_peaks`).
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -43,15 +42,18 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from compiler.calibration_fit import (LAYER_BODY, Calibration, CalibrationError, FragmentTiming,
-                                      fit_additive, fit_backward, fit_flops, grad_bytes,
-                                      model_seconds,
-                                      nominal_peaks, simulator_costs)
+                                      HostInfo, fit_additive, fit_backward, fit_calibration,
+                                      fit_flops, grad_bytes, model_seconds, nominal_peaks, read_host,
+                                      simulator_costs)
 
-__all__ = ["Calibration", "CalibrationError", "FragmentTiming", "LAYER_BODY", "calibrate",
+Progress = Callable[[str], None]
+
+__all__ = ["Calibration", "CalibrationError", "FragmentTiming", "HostInfo", "LAYER_BODY", "calibrate",
            "calibrate_command", "fit_additive", "fit_backward", "fit_flops", "grad_bytes", "local_meshes",
            "measure_allreduce", "measure_bandwidth", "measure_concurrency", "measure_fragments",
-           "measure_link", "measure_overhead", "measure_runtime_concurrency", "measure_stream",
-           "model_seconds", "nominal_peaks", "simulator_costs", "time_call"]
+           "fit_calibration", "measure_link", "measure_overhead", "measure_runtime_concurrency",
+           "measure_stream", "print_calibration",
+           "model_seconds", "nominal_peaks", "read_host", "simulator_costs", "time_call"]
 
 
 # --------------------------------------------------------------------------- timing helpers
@@ -97,8 +99,12 @@ def local_meshes(num_meshes: int, devices_per_mesh: int, axis: str = "data") -> 
 
 # --------------------------------------------------------------------------- measurements
 def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: str = "llama-tiny",
-                      repeats: int = 5) -> list[FragmentTiming]:
-    """Time F and B of the zoo model's embed, block and head layers on ``mesh`` (batch on axis 0)."""
+                      repeats: int = 5, progress: Progress | None = None) -> list[FragmentTiming]:
+    """Time F and B of the zoo model's embed, block and head layers on ``mesh`` (batch on axis 0).
+
+    ``progress`` (if given) is told each fragment before it is timed: ``"block B, 4 samples
+    (8 of 18)"``.
+    """
     from compiler.zoo.config import get_config
     from compiler.zoo.decoder import block_fn, block_shapes, embed_fn, embed_shapes, head_fn, head_shapes
     from compiler.zoo.layers import init_from_shapes
@@ -110,6 +116,14 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
     params = {n: jax.device_put(init_from_shapes(s(cfg), cfg.jnp_dtype, key), rep)
               for n, s in (("embed", embed_shapes), ("block", block_shapes), ("head", head_shapes))}
     out: list[FragmentTiming] = []
+    total, done = 2 * 3 * len(samples), 0
+
+    def tell(name: str, kind: str, b: int) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(f"{name} {kind}, {b} samples ({done} of {total})")
+
     for b in samples:
         tok = jax.device_put(jnp.zeros((b, cfg.seq_len), jnp.int32), bat)
         x = jax.device_put(jnp.ones((b, cfg.seq_len, cfg.hidden), cfg.jnp_dtype) * 0.1, bat)
@@ -119,6 +133,7 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
             "head": (lambda p, h: head_fn(cfg)(p, h, tok), (params["head"], x), (0, 1)),
         }
         for name, (fn, args, diff) in layers.items():
+            tell(name, "F", b)
             fwd = jax.jit(fn)
             f_flops, f_bytes = _cost(fwd.lower(*args).compile())
             out.append(FragmentTiming(name, "F", b, f_flops, f_bytes,
@@ -134,6 +149,7 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
                     return fn(*full)
                 return jax.vjp(g, *d)
 
+            tell(name, "B", b)
             y, vjp_fn = jax.jit(fwd_vjp)(*args)
             ct = jnp.ones_like(y)
             bwd = jax.jit(lambda f, c: f(c))
@@ -274,65 +290,74 @@ def measure_runtime_concurrency(meshes: Sequence[Mesh], fragments: int = 6, samp
     return busy / ex.wall_s
 
 
-def calibrate(*, num_meshes: int = 4, devices_per_mesh: int = 2, samples: Sequence[int] = (2, 4, 8),
-              repeats: int = 5) -> Calibration:
+CALIBRATION_STEPS = ("fragments", "fragment overhead", "memory bandwidth", "host copy bandwidth",
+                     "all-reduce inside a mesh", "link between meshes", "XLA concurrency",
+                     "runtime concurrency")
+
+
+def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
+              samples: Sequence[int] = (2, 4, 8), repeats: int = 5,
+              progress: Progress | None = None) -> Calibration:
     """Run every measurement on the local devices and fit the profile (see the module docstring).
+
+    Args:
+        host: this machine's cores, CPU description, memory and date (:func:`read_host`, read once
+            by the caller): the nominal peak and the files' host figures come from it, not from
+            the machine.
+        progress: told each step before it runs, ``"[3/8] memory bandwidth"`` (and each fragment:
+            ``"[1/8] fragments: block B, 4 samples (8 of 18)"``).
 
     Raises:
         CalibrationError: too few devices.
     """
+    n = len(CALIBRATION_STEPS)
+
+    def step(i: int, what: str = "") -> None:
+        if progress:
+            progress(f"[{i + 1}/{n}] {CALIBRATION_STEPS[i]}{': ' + what if what else ''}")
+
     meshes = local_meshes(num_meshes, devices_per_mesh)
-    frags = simulator_costs(measure_fragments(meshes[0], samples, repeats=repeats),
+    step(0)
+    frags = simulator_costs(measure_fragments(meshes[0], samples, repeats=repeats,
+                                              progress=lambda m: step(0, m)),
                             devices_per_mesh)
+    step(1)
     overhead = measure_overhead(meshes[0])
+    step(2)
     nbytes, t_mem = measure_bandwidth(meshes[0], repeats=repeats)
     achievable_bw = nbytes / max(t_mem - overhead, 1e-9)
+    step(3)
     stream = measure_stream(repeats=repeats) / devices_per_mesh
+    step(4)
     intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
-    fwd = [f for f in frags if f.kind == "F"]
-    bwd = [f for f in frags if f.kind != "F"]
-    # overlapped (roofline max) or additive (sum) compute and memory time, both with the memory
-    # rate of the a + b fragment: keep the better fit
-    ach, rms_f = fit_flops(fwd, overhead, achievable_bw)
-    bwd_f, ar, rms_b = fit_backward(bwd, overhead, achievable_bw, devices_per_mesh, intra_lat,
-                                    max_rate=ach)
-    rms = math.sqrt((rms_f ** 2 * len(fwd) + rms_b ** 2 * len(bwd)) / (len(fwd) + len(bwd)))
-    fits = {"max": (rms, ach, bwd_f, ar)}
-    f_s, fb_s, ar_s, rms_s = fit_additive(frags, overhead, achievable_bw, devices_per_mesh,
-                                          intra_lat)
-    if all(math.isfinite(v) for v in (f_s, fb_s, ar_s)):
-        fits["sum"] = (rms_s, f_s, min(fb_s, f_s), ar_s)
-    roofline = min(fits, key=lambda k: fits[k][0])
-    rms, ach_flops, bwd_flops, ar_bw = fits[roofline]
-    peak, _, _ = nominal_peaks(devices_per_mesh)
+    fit = fit_calibration(frags, overhead, achievable_bw, devices_per_mesh, intra_lat)
+    peak, peak_src, _ = nominal_peaks(devices_per_mesh, host.cores, host.cpuinfo)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
+    step(5)
     link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
+    step(6)
     speed = measure_concurrency(meshes[:2], repeats=repeats)
+    step(7)
     achieved = measure_runtime_concurrency(meshes[:2])
     return Calibration(
-        peak_flops=peak, achievable_flops=ach_flops, memory_bandwidth=max(stream, achievable_bw),
+        peak_flops=peak, achievable_flops=fit["achievable_flops"],
+        memory_bandwidth=max(stream, achievable_bw),
         achievable_bandwidth=achievable_bw, fragment_overhead=overhead, link_bandwidth=link_bw,
-        link_latency=link_lat, intra_bandwidth=min(ar_bw, intra_bw), intra_latency=intra_lat,
-        standalone_allreduce_bandwidth=intra_bw, roofline=roofline,
-        roofline_errors=tuple((k, v[0]) for k, v in fits.items()),
+        link_latency=link_lat, intra_bandwidth=min(fit["allreduce_bandwidth"], intra_bw),
+        intra_latency=intra_lat, standalone_allreduce_bandwidth=intra_bw,
+        roofline=fit["roofline"], roofline_errors=fit["roofline_errors"],
         concurrency_speedup=speed, runtime_concurrency=achieved,
-        backward_efficiency=min(1.0, bwd_flops / ach_flops),
+        backward_efficiency=fit["backward_efficiency"],
         host_slots=max(1, int(round(achieved))),
-        devices_per_mesh=devices_per_mesh, cores=os.cpu_count() or 1, fragments=tuple(frags),
-        fit_rel_error=rms)
+        devices_per_mesh=devices_per_mesh, cores=host.cores, fragments=tuple(frags),
+        fit_rel_error=fit["rel_error"], date=host.date, peak_source=peak_src,
+        memory_bytes=host.memory_bytes, host_devices=len(jax.devices()))
 
 
-def calibrate_command(device_out: str = "hardware_profiles/devices/cpu-host.yaml",
-                      cluster_out: str = "hardware_profiles/clusters/cpu4x2.yaml", *,
-                      repeats: int = 5, write: bool = True, console: Any = None) -> Calibration:
-    """``mpmd calibrate``: measure, fit, print a table and (by default) write both YAML files."""
-    from rich.console import Console
+def print_calibration(cal: Calibration, console: Any) -> None:
+    """The fragment table (measured against the fitted model) and a one-paragraph summary."""
     from rich.table import Table
 
-    from compiler.calibration_files import write_profiles
-
-    cal = calibrate(repeats=repeats)
-    console = console or Console()
     t = Table(title="fragment timings (per device of a mesh)")
     for c in ("layer", "kind", "samples", "GFLOP", "MB", "measured ms", "model ms"):
         t.add_column(c, justify="right")
@@ -348,9 +373,37 @@ def calibrate_command(device_out: str = "hardware_profiles/devices/cpu-host.yaml
         f"{cal.host_slots} (runtime concurrency {cal.runtime_concurrency:.2f}, XLA concurrency "
         f"speed-up {cal.concurrency_speedup:.2f}), fit error {cal.fit_rel_error:.3f} (roofline "
         + ", ".join(f"{k} {e:.3f}" for k, e in cal.roofline_errors) + f": {cal.roofline})")
+
+
+def calibrate_command(out: str = "calibrated", *, device_out: str | None = None,
+                      cluster_out: str | None = None, repeats: int = 5, write: bool = True,
+                      console: Any = None, host: HostInfo | None = None) -> Calibration:
+    """``mpmd calibrate --out DIR``: measure (with a progress line), fit, print a table and (by
+    default) write ``DIR/cpu-host.yaml`` and ``DIR/cpu4x2.yaml``, the cluster naming its device
+    ``cpu-host.yaml`` (:func:`compiler.calibration_files.profile_paths`; ``device_out`` /
+    ``cluster_out`` replace either path, e.g. to refresh the bundled files).
+
+    The host (cores, /proc/cpuinfo, memory, date) is read here, once (:func:`read_host`), unless
+    ``host`` is given.
+
+    Raises:
+        CalibrationError: too few devices.
+    """
+    from rich.console import Console
+
+    from compiler.calibration_files import profile_paths, write_profiles
+
+    console = console or Console()
+    host = host or read_host()
+    device_path, cluster_path = profile_paths(out, device_out, cluster_out)
+    with console.status("calibrating") as status:
+        cal = calibrate(host, repeats=repeats,
+                        progress=lambda m: status.update(f"calibrating: {m}"))
+    print_calibration(cal, console)
     if write:
-        write_profiles(cal, device_out, cluster_out)
-        console.print(f"wrote {device_out} and {cluster_out}")
+        write_profiles(cal, device_path, cluster_path)
+        console.print(f"wrote {device_path} and {cluster_path}; plan with --cluster {cluster_path}",
+                      highlight=False)
     return cal
 
 

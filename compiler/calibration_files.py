@@ -1,5 +1,14 @@
 """The ``cpu-host`` device profile and ``cpu4x2`` cluster files written from a calibration
-(:mod:`compiler.calibrate` measures and fits; this module renders the loader's YAML format)."""
+(:mod:`compiler.calibrate` measures and fits; this module renders the loader's YAML format).
+
+Pure: every figure comes from the :class:`~compiler.calibration_fit.Calibration` (the host's own
+figures included, read once by :func:`compiler.calibration_fit.read_host`), so the same
+calibration always renders the same files. ``mpmd calibrate --out DIR`` writes
+``DIR/cpu-host.yaml`` and ``DIR/cpu4x2.yaml`` (:func:`profile_paths`); the cluster names its
+device by the path relative to the cluster file (the loader resolves a relative device path
+against the cluster file's folder), or by the bundled id ``cpu-host`` when the device file is the
+bundled one.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +18,67 @@ from typing import Any
 
 import yaml
 
-from compiler.calibration_fit import Calibration, nominal_peaks
+from compiler.calibration_fit import Calibration, CalibrationError
 
 DEVICE_ID = "cpu-host"
 CLUSTER_ID = "cpu4x2"
+DEVICE_FILE = f"{DEVICE_ID}.yaml"
+CLUSTER_FILE = f"{CLUSTER_ID}.yaml"
+DEFAULT_OUT = "calibrated"
 COMMAND = "mpmd calibrate (compiler.calibrate.calibrate_command)"
 
 
-def device_yaml(cal: Calibration) -> dict[str, Any]:
-    """The ``cpu-host`` device profile (the loader's file format) from a calibration."""
-    peak, peak_src, _ = nominal_peaks(cal.devices_per_mesh, cal.cores)
-    mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def profile_paths(out: str | Path = DEFAULT_OUT, device_out: str | Path | None = None,
+                  cluster_out: str | Path | None = None) -> tuple[Path, Path]:
+    """(device file, cluster file) that ``mpmd calibrate`` writes: ``out/cpu-host.yaml`` and
+    ``out/cpu4x2.yaml``, either replaced by an explicit ``device_out`` / ``cluster_out``."""
+    return (Path(device_out) if device_out else Path(out) / DEVICE_FILE,
+            Path(cluster_out) if cluster_out else Path(out) / CLUSTER_FILE)
+
+
+def device_reference(device_path: str | Path, cluster_path: str | Path) -> str:
+    """How the cluster file at ``cluster_path`` names the device file at ``device_path``: the
+    bundled id ``cpu-host`` for the bundled profile, else the path relative to the cluster file's
+    folder (POSIX separators; what ``hardware_profiles.loader`` resolves device paths against),
+    else (no relative path, e.g. another drive) the absolute path."""
+    from hardware_profiles.loader import DEVICES_DIR
+
+    dev = Path(os.path.abspath(device_path))
+    if dev == Path(os.path.abspath(DEVICES_DIR / DEVICE_FILE)):
+        return DEVICE_ID
+    try:
+        return Path(os.path.relpath(dev, Path(os.path.abspath(cluster_path)).parent)).as_posix()
+    except ValueError:
+        return dev.as_posix()
+
+
+def _where(cal: Calibration) -> str:
+    date = f" {cal.date}" if cal.date else ""
+    return (f"measured{date} on this machine ({cal.cores} cores shared by {cal.host_devices} JAX "
+            f"CPU devices) by {COMMAND}")
+
+
+def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
+    """The ``cpu-host`` device profile (the loader's file format) from a calibration, called
+    ``name`` (the loader wants a device file's stem as its name).
+
+    Raises:
+        CalibrationError: the calibration lacks the host's peak or memory (``peak_flops`` or
+            ``memory_bytes`` not positive).
+    """
+    if not cal.peak_flops > 0 or not cal.memory_bytes > 0:
+        raise CalibrationError(f"calibration has peak_flops {cal.peak_flops} and memory_bytes "
+                               f"{cal.memory_bytes}; both must be positive (pass the host's "
+                               f"figures: compiler.calibration_fit.read_host)")
+    peak, mem_total = cal.peak_flops, cal.memory_bytes
+    peak_src = cal.peak_source or "the calibration's nominal peak"
     blocks = sorted({(f.layer, f.kind) for f in cal.fragments})
-    where = (f"measured {cal.date} on this machine ({cal.cores} cores shared by 8 JAX CPU devices) "
-             f"by {COMMAND}")
+    where = _where(cal)
     return {
-        "name": DEVICE_ID,
+        "name": name,
         "vendor": "local",
-        "description": (f"One JAX CPU device of this machine ({cal.cores} cores, 8 CPU devices), "
+        "description": (f"One JAX CPU device of this machine ({cal.cores} cores, "
+                        f"{cal.host_devices} CPU devices), "
                         f"as used in meshes of {cal.devices_per_mesh}; figures per device while its "
                         f"mesh runs one fragment on the whole host."),
         "peak_tflops": {
@@ -34,8 +86,8 @@ def device_yaml(cal: Calibration) -> dict[str, Any]:
             "bf16": {"value": round(peak / 1e12, 6),
                      "source": "the fp32 figure: XLA:CPU runs these fragments' dots in float32"},
         },
-        "memory_gb": {"value": round(mem_total / 8 / 1e9, 3),
-                      "source": "this machine's RAM (os.sysconf) / 8 CPU devices"},
+        "memory_gb": {"value": round(mem_total / cal.host_devices / 1e9, 3),
+                      "source": f"this machine's RAM (os.sysconf) / {cal.host_devices} CPU devices"},
         "memory_bandwidth_gb_per_s": {
             "value": round(cal.memory_bandwidth / 1e9, 4),
             "source": (f"{where}: numpy copy of 256 MiB (read + write) / {cal.devices_per_mesh} "
@@ -91,9 +143,11 @@ def _allreduce_source(cal: Calibration, where: str) -> str:
             f"alone reached {cal.standalone_allreduce_bandwidth / 1e9:.2f} GB/s")
 
 
-def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
-    """The ``cpu4x2`` cluster: ``num_meshes`` meshes of ``devices_per_mesh`` CPU devices, one host."""
-    where = f"measured {cal.date} by {COMMAND}"
+def cluster_yaml(cal: Calibration, num_meshes: int = 4, device: str = DEVICE_FILE
+                 ) -> dict[str, Any]:
+    """The ``cpu4x2`` cluster: ``num_meshes`` meshes of ``devices_per_mesh`` CPU devices, one host,
+    each of ``device`` (a bundled id, or a device file's path relative to the cluster file)."""
+    where = f"measured{f' {cal.date}' if cal.date else ''} by {COMMAND}"
     return {
         "name": CLUSTER_ID,
         "description": (
@@ -102,7 +156,7 @@ def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
             f"{cal.runtime_concurrency:.2f} fragments running on average (it times one step at a "
             f"time); XLA alone ran 2 meshes' fragments {cal.concurrency_speedup:.2f}x faster "
             f"together than one after the other ({where})."),
-        "meshes": [{"name": f"m{i}", "device": DEVICE_ID, "num_devices": cal.devices_per_mesh,
+        "meshes": [{"name": f"m{i}", "device": device, "num_devices": cal.devices_per_mesh,
                     "axes": {"data": cal.devices_per_mesh}, "host": "local",
                     "intra_link": {"bandwidth_gb_per_s": round(cal.intra_bandwidth / 1e9, 4),
                                    "latency_us": round(cal.intra_latency * 1e6, 2),
@@ -115,15 +169,30 @@ def cluster_yaml(cal: Calibration, num_meshes: int = 4) -> dict[str, Any]:
     }
 
 
-def write_profiles(cal: Calibration, device_path: str, cluster_path: str) -> None:
-    """Write :func:`device_yaml` and :func:`cluster_yaml` to the given paths: both texts are
-    rendered first, then each is written atomically (``mpmd.cli.output.write_atomic``: a temporary file
-    beside the target, then a rename), so a failure leaves the old files whole."""
-    from mpmd.cli.output import write_atomic
+def write_profiles(cal: Calibration, device_path: str | Path, cluster_path: str | Path
+                   ) -> tuple[Path, Path]:
+    """Write :func:`device_yaml` (named as the file's stem) to ``device_path`` and
+    :func:`cluster_yaml` (naming the device by :func:`device_reference`) to ``cluster_path``;
+    return the two paths. Both texts are rendered first, then each is written atomically
+    (``write_atomic``: a temporary file beside the target, then a rename; missing folders are
+    made), so a failure leaves the old files whole.
 
+    Raises:
+        CalibrationError: see :func:`device_yaml`.
+    """
+    try:
+        from mpmd.files import write_atomic
+    except ImportError:
+        from mpmd.cli.output import write_atomic
+
+    device_path, cluster_path = Path(device_path), Path(cluster_path)
+    ref = device_reference(device_path, cluster_path)
     texts = [(path, f"# {head}: calibrated on this machine by {COMMAND}; regenerate, do not edit.\n"
               + yaml.safe_dump(data, sort_keys=False, width=100))
-             for path, data, head in ((device_path, device_yaml(cal), f"Device profile {DEVICE_ID}"),
-                                      (cluster_path, cluster_yaml(cal), f"Cluster {CLUSTER_ID}"))]
+             for path, data, head in ((device_path, device_yaml(cal, device_path.stem),
+                                       f"Device profile {device_path.stem}"),
+                                      (cluster_path, cluster_yaml(cal, device=ref),
+                                       f"Cluster {CLUSTER_ID}"))]
     for path, text in texts:
-        write_atomic(Path(path), text)
+        write_atomic(path, text)
+    return device_path, cluster_path

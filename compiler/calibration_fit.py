@@ -7,7 +7,9 @@ Fit: the cost model's fragment time is ``overhead + max(flops / F, bytes / B)`` 
 fragments (:func:`fit_flops`); a data-parallel backward also all-reduces its layer's gradients, so
 its rate and the all-reduce's bandwidth inside a backward are fitted together (:func:`fit_backward`).
 :func:`fit_additive` fits the same rates for the additive model (``roofline: sum``: compute and
-memory time add) in one non-negative least-squares solve.
+memory time add) in one non-negative least-squares solve; :func:`fit_calibration` runs both and
+keeps the better. The host's own figures come in as a :class:`HostInfo` (:func:`read_host` is the
+only function that reads the machine; :func:`nominal_peaks` is pure).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from compiler.errors import CompilerError
@@ -43,8 +46,28 @@ class FragmentTiming:
 
 
 @dataclass(frozen=True, slots=True)
+class HostInfo:
+    """What calibration needs to know about the machine it runs on (:func:`read_host` reads it
+    once, at the command's top level; tests pass fixed values).
+
+    ``cores``: cores the process may use; ``cpuinfo``: ``/proc/cpuinfo`` text ("" if unknown);
+    ``memory_bytes``: physical memory, bytes (0 if unknown); ``date``: ``YYYY-MM-DD`` of the run.
+    """
+
+    cores: int
+    cpuinfo: str = ""
+    memory_bytes: float = 0.0
+    date: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Calibration:
-    """The fitted figures (SI units, per device of a ``devices_per_mesh``-device mesh)."""
+    """The fitted figures (SI units, per device of a ``devices_per_mesh``-device mesh).
+
+    The host's own figures come in from :class:`HostInfo` (never read here): ``cores``,
+    ``peak_flops`` with its ``peak_source`` text (:func:`nominal_peaks`), ``memory_bytes`` (the
+    host's RAM, shared by its ``host_devices`` JAX CPU devices) and the ``date`` measured.
+    """
 
     peak_flops: float
     achievable_flops: float
@@ -66,7 +89,10 @@ class Calibration:
     standalone_allreduce_bandwidth: float = 0.0
     roofline: str = "max"
     roofline_errors: tuple[tuple[str, float], ...] = ()
-    date: str = field(default_factory=lambda: time.strftime("%Y-%m-%d"))
+    date: str = ""
+    peak_source: str = ""
+    memory_bytes: float = 0.0
+    host_devices: int = 8
 
     @property
     def matmul_efficiency(self) -> float:
@@ -91,9 +117,39 @@ def work_time(flops: float, nbytes: float, rate: float, bandwidth: float, roofli
     return combine_work(flops / rate, nbytes / bandwidth, roofline)
 
 
-def nominal_peaks(devices_per_mesh: int, cores: int | None = None, ghz: float | None = None
-                  ) -> tuple[float, float, str]:
-    """(peak FLOP/s per device, source text, ghz used) of this CPU for float32.
+def read_host() -> HostInfo:
+    """This machine's :class:`HostInfo`: the only place calibration reads the host itself.
+
+    Cores are the ones this process may run on (``os.sched_getaffinity``, else ``os.cpu_count``);
+    the CPU description is ``/proc/cpuinfo`` ("" where unreadable); memory is
+    ``os.sysconf`` pages x page size (0 where unknown); the date is the local date.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    try:
+        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        memory = 0.0
+    return HostInfo(cores=max(1, cores), cpuinfo=cpuinfo, memory_bytes=memory,
+                    date=time.strftime("%Y-%m-%d"))
+
+
+def nominal_peaks(devices_per_mesh: int, cores: int, cpuinfo: str, ghz: float | None = None
+                  ) -> tuple[float, str, float]:
+    """(peak FLOP/s per device, source text, GHz used) of a CPU for float32; pure (reads nothing).
+
+    Args:
+        devices_per_mesh: devices sharing the host in one mesh (the peak is split among them).
+        cores: the host's cores (:attr:`HostInfo.cores`).
+        cpuinfo: ``/proc/cpuinfo`` text (:attr:`HostInfo.cpuinfo`): its first ``flags`` line picks
+            the vector width, its first ``cpu MHz`` line the clock; "" gives SSE and 2 GHz.
+        ghz: the clock, overriding ``cpu MHz``.
 
     Peak of the host = cores x GHz x FLOP per cycle per core, where FLOP per cycle is
     2 FMA units x 16 float32 lanes x 2 with AVX-512 (Intel 64 and IA-32 Architectures Optimization
@@ -101,18 +157,11 @@ def nominal_peaks(devices_per_mesh: int, cores: int | None = None, ghz: float | 
     has the whole host while it runs (one at a time), so a device of a ``devices_per_mesh`` mesh
     gets ``1 / devices_per_mesh`` of it.
     """
-    cores = cores or os.cpu_count() or 1
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            txt = f.read()
-        flags = next((l for l in txt.splitlines() if l.startswith("flags")), "")
-        if ghz is None:
-            mhz = [float(l.split(":")[1]) for l in txt.splitlines() if l.startswith("cpu MHz")]
-            ghz = mhz[0] / 1000 if mhz else None
-    except OSError:
-        pass
-    ghz = ghz or 2.0
+    lines = cpuinfo.splitlines()
+    flags = set(next((l for l in lines if l.startswith("flags")), "").partition(":")[2].split())
+    if ghz is None:
+        mhz = [float(l.partition(":")[2]) for l in lines if l.startswith("cpu MHz")]
+        ghz = mhz[0] / 1000 if mhz else 2.0
     per_cycle = 64 if "avx512f" in flags else (32 if "avx2" in flags else 8)
     host = cores * ghz * 1e9 * per_cycle
     src = (f"{cores} cores x {ghz:.2f} GHz (/proc/cpuinfo) x {per_cycle} float32 FLOP/cycle "
@@ -278,6 +327,36 @@ def fit_additive(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
     err = float(np.sqrt((resid ** 2).sum() / sum(f.seconds ** 2 for f in fwd + bwd)))
     inv = [1.0 / float(v) if v > 0 else float("inf") for v in x]
     return inv[0], inv[1], inv[2], err
+
+
+def fit_calibration(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
+                    devices_per_mesh: int, latency: float) -> dict[str, object]:
+    """Fit both rooflines to the timed fragments and keep the better (pure: no measuring).
+
+    Overlapped (``max``: :func:`fit_flops` then :func:`fit_backward`) or additive (``sum``:
+    :func:`fit_additive`) compute and memory time, both with the memory rate ``bandwidth`` of the
+    ``a + b`` fragment. Returns ``roofline``, ``achievable_flops`` (FLOP/s),
+    ``backward_efficiency``, ``allreduce_bandwidth`` (B/s), ``rel_error`` and
+    ``roofline_errors`` (each model's relative rms error).
+
+    Raises:
+        CalibrationError: no forward or no backward fragments.
+    """
+    fwd = [f for f in frags if f.kind == "F"]
+    bwd = [f for f in frags if f.kind != "F"]
+    ach, rms_f = fit_flops(fwd, overhead, bandwidth)
+    bwd_f, ar, rms_b = fit_backward(bwd, overhead, bandwidth, devices_per_mesh, latency,
+                                    max_rate=ach)
+    rms = math.sqrt((rms_f ** 2 * len(fwd) + rms_b ** 2 * len(bwd)) / (len(fwd) + len(bwd)))
+    fits = {"max": (rms, ach, bwd_f, ar)}
+    f_s, fb_s, ar_s, rms_s = fit_additive(frags, overhead, bandwidth, devices_per_mesh, latency)
+    if all(math.isfinite(v) for v in (f_s, fb_s, ar_s)):
+        fits["sum"] = (rms_s, f_s, min(fb_s, f_s), ar_s)
+    roofline = min(fits, key=lambda k: fits[k][0])
+    rms, ach_flops, bwd_flops, ar_bw = fits[roofline]
+    return {"roofline": roofline, "achievable_flops": ach_flops,
+            "backward_efficiency": min(1.0, bwd_flops / ach_flops), "allreduce_bandwidth": ar_bw,
+            "rel_error": rms, "roofline_errors": tuple((k, v[0]) for k, v in fits.items())}
 
 
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
