@@ -396,9 +396,17 @@ def calibrate_command(out: str = "calibrated", *, device_out: str | None = None,
     console = console or Console()
     host = host or read_host()
     device_path, cluster_path = profile_paths(out, device_out, cluster_out)
+    shown: list[str] = []
+
+    def progress(msg: str, status: Any) -> None:
+        status.update(f"calibrating: {msg}")
+        step = msg.partition(":")[0]
+        if not console.is_terminal and step not in shown:   # no spinner in a log: one line a step
+            shown.append(step)
+            console.print(f"calibrating: {step}", highlight=False)
+
     with console.status("calibrating") as status:
-        cal = calibrate(host, repeats=repeats,
-                        progress=lambda m: status.update(f"calibrating: {m}"))
+        cal = calibrate(host, repeats=repeats, progress=lambda m: progress(m, status))
     print_calibration(cal, console)
     if write:
         write_profiles(cal, device_path, cluster_path)

@@ -237,6 +237,8 @@ def test_calibrate_command_writes_both_files_and_shows_progress(tmp_path, monkey
     res = CliRunner().invoke(main, ["calibrate", "--out", "cal", "--repeats", "2"])
     assert res.exit_code == 0, res.output
     assert len(seen) == 2
+    # not a terminal: no spinner, one line a step
+    assert "calibrating: [1/8] fragments\ncalibrating: [8/8] runtime concurrency\n" in res.output
     assert "wrote cal/cpu-host.yaml and cal/cpu4x2.yaml; plan with --cluster cal/cpu4x2.yaml" \
         in res.output.replace("\n", " ")
     c = load_cluster("cal/cpu4x2.yaml")
