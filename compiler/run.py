@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from compiler import check
 from compiler.errors import CompilerError
-from compiler.ir import Plan, plan_from_json
+from compiler.ir import Plan
 from compiler.plan_config import config_from_plan
 from hardware_profiles.loader import load_cluster
 
@@ -267,20 +267,19 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
         simulate: also simulate the plan for check (d).
 
     Raises:
-        RunError: unreadable plan, missing cluster, too few devices, no compiler.
+        RunError: missing cluster, too few devices, no compiler.
+        mpmd.files.InputError / compiler.ir.IRError: an unreadable or malformed plan file
+            (:func:`compiler.plan_file.load_plan`).
     """
-    import json
-
     from compiler import zoo
     from compiler.runtime import run_program
 
     if isinstance(plan_path, Plan):
         plan = plan_path
     else:
-        try:
-            plan = plan_from_json(json.loads(Path(plan_path).read_text()))
-        except OSError as e:
-            raise RunError(f"cannot read plan {plan_path}: {e.strerror}; make one with 'mpmd plan'")
+        from compiler.plan_file import load_plan
+
+        plan = load_plan(plan_path)   # guarded read + schema: InputError / IRError, one line
     check_layouts(plan)
     cpath = cluster_path or plan.cluster_path
     if not cpath:

@@ -20,6 +20,10 @@ from hardware_profiles.types import Cluster, DeviceProfile
 from reports.errors import ReportError
 
 
+MAX_PRICE = 1e6
+"""Largest price accepted, USD per device-hour (the cluster loader's limit too)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PriceEntry:
     """One price used: USD per device-hour (low, high) and its origin."""
@@ -47,8 +51,9 @@ def parse_price(text: str) -> tuple[str, float, float]:
         lo = hi = float("nan")
     if not sep or not dev or math.isnan(lo) or math.isnan(hi):
         raise ReportError(f"--price {text!r} is not DEVICE=LOW:HIGH; write e.g. h100-sxm=2.5:4.0")
-    if lo < 0 or hi < lo:
-        raise ReportError(f"--price {text!r}: need 0 <= LOW <= HIGH; swap or fix the figures")
+    if not 0 <= lo <= hi <= MAX_PRICE:
+        raise ReportError(f"--price {text!r}: need 0 <= LOW <= HIGH <= {MAX_PRICE:g} (finite); "
+                          f"swap or fix the figures")
     return dev, lo, hi
 
 
@@ -103,16 +108,16 @@ def mesh_prices(cluster: Cluster, overrides: Mapping[str, tuple[float, float]]) 
 
 
 def _price_note(dev: DeviceProfile) -> str:
-    """The profile's price note is not kept by the loader; read it from the YAML (best effort)."""
-    import yaml
-
+    """The profile's price note is not kept by the loader; read it from the YAML (best effort,
+    through the guarded reader :func:`mpmd.files.read_yaml`; any problem gives no note)."""
     from hardware_profiles.loader import DEVICES_DIR
+    from mpmd.files import InputError, read_yaml
 
     path = DEVICES_DIR / f"{dev.name}.yaml"
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path, "device profile")
         return str((data.get("price_usd_per_device_hour") or {}).get("note", ""))
-    except (OSError, yaml.YAMLError, AttributeError):
+    except (InputError, AttributeError):
         return ""
 
 

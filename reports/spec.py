@@ -21,15 +21,16 @@ An example file (``reports/examples/<name>.yaml``)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hardware_profiles import load_cluster
 from hardware_profiles.types import Cluster, ProfileError
+from mpmd.files import InputError
+from mpmd.files import read_yaml as guarded_yaml
 from reports.errors import ReportError
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
@@ -94,15 +95,21 @@ def to_option(x: Any, base: Path | None = None) -> Option:
         raise ReportError(f"option {x.get('cluster')!r} has unknown keys {sorted(bad)}; "
                           f"use {sorted(_OPTION_KEYS)}")
     c = x["cluster"] if isinstance(x["cluster"], Cluster) else _load(x["cluster"], base)
+    where = f"option {c.name!r}"
     try:
         return Option(
             c, str(x.get("label") or c.name),
-            time_limit_s=float(x["time_limit_s"]) if x.get("time_limit_s") is not None else None,
-            max_tensor=int(x["max_tensor"]) if x.get("max_tensor") is not None else None,
+            time_limit_s=(_number(f"{where}: time_limit_s", x["time_limit_s"], float, 0.0, 86400.0)
+                          if x.get("time_limit_s") is not None else None),
+            max_tensor=(_number(f"{where}: max_tensor", x["max_tensor"], int, 1, 2**20)
+                        if x.get("max_tensor") is not None else None),
             schedules=tuple(str(s) for s in x["schedules"]) if x.get("schedules") else None,
-            microbatches=tuple(int(m) for m in x["microbatches"]) if x.get("microbatches") else None,
+            microbatches=(tuple(_number(f"{where}: microbatches", m, int, 1, 2**16)
+                                for m in x["microbatches"]) if x.get("microbatches") else None),
             note=str(x.get("note", "")))
     except (TypeError, ValueError) as e:
+        if isinstance(e, ReportError):
+            raise
         raise ReportError(f"option {c.name!r}: bad setting ({e}); time_limit_s is seconds, "
                           f"max_tensor an integer, schedules/microbatches lists") from None
 
@@ -113,19 +120,17 @@ def list_examples() -> list[str]:
 
 
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
-    """A YAML mapping from ``path``.
+    """A YAML mapping from ``path``, read through the tool's guarded reader
+    (:func:`mpmd.files.read_yaml`: size, encoding, nesting, aliases and non-finite numbers).
 
     Raises:
-        ReportError: missing file, malformed YAML, not a mapping.
+        ReportError: missing or unreadable file, malformed or hostile YAML, not a mapping.
     """
     p = Path(path)
-    if not p.is_file():
-        raise ReportError(f"{what} file {str(p)!r} not found; check the path")
     try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ReportError(f"{what} file {str(p)!r} is malformed YAML ({str(e).splitlines()[0]}); "
-                          f"fix the syntax") from None
+        data = guarded_yaml(p, f"{what} YAML")
+    except InputError as e:
+        raise ReportError(str(e)) from None
     if not isinstance(data, dict):
         raise ReportError(f"{what} file {str(p)!r} is not a mapping; write 'key: value' pairs")
     return data
@@ -138,7 +143,8 @@ def load_example(name_or_path: str | Path) -> tuple[dict[str, Any], Path]:
         ReportError: unknown example (lists the bundled ones), unknown keys, malformed file.
     """
     p = Path(name_or_path)
-    if not p.is_file():
+    given_path = p.exists() or str(name_or_path).endswith((".yaml", ".yml")) or "/" in str(name_or_path)
+    if not given_path:
         p = EXAMPLES_DIR / f"{name_or_path}.yaml"
         if not p.is_file():
             raise ReportError(f"unknown example {str(name_or_path)!r}; use one of {list_examples()} "
@@ -151,11 +157,27 @@ def load_example(name_or_path: str | Path) -> tuple[dict[str, Any], Path]:
         raise ReportError(f"example {str(p)!r} needs 'model:' and 'options:' or 'sweep:'")
     data.setdefault("name", p.stem)
     # PyYAML reads 1.0e12 (no exponent sign) as a string: coerce numeric keys explicitly
-    for key, kind in (("tokens", float), ("videos_per_hour", float), ("deadline_days", float),
-                      ("time_limit_s", float), ("global_batch", int), ("seq_len", int)):
+    for key, (kind, lo, hi) in _EXAMPLE_NUMBERS.items():
         if data.get(key) is not None:
-            try:
-                data[key] = kind(float(data[key]))
-            except (TypeError, ValueError):
-                raise ReportError(f"example {str(p)!r}: {key} = {data[key]!r} is not a number") from None
+            data[key] = _number(f"example {str(p)!r}: {key}", data[key], kind, lo, hi)
     return data, p.parent
+
+
+_EXAMPLE_NUMBERS = {"tokens": (float, 0.0, 1e18), "videos_per_hour": (float, 0.0, 1e9),
+                    "deadline_days": (float, 0.0, 1e5), "time_limit_s": (float, 0.0, 86400.0),
+                    "global_batch": (int, 1, 2**24), "seq_len": (int, 1, 2**22)}
+"""Example key -> (type, exclusive lower bound for floats / inclusive for ints, upper bound)."""
+
+
+def _number(where: str, value: Any, kind: type, lo: float, hi: float) -> Any:
+    """``value`` as ``kind`` within the bounds, or a one-line :class:`ReportError`."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ReportError(f"{where} = {value!r} is not a number; fix: write a number") from None
+    ok = math.isfinite(x) and x <= hi and (lo <= x == int(x) if kind is int else lo < x)
+    if not ok:
+        want = (f"an integer from {int(lo)} to {int(hi)}" if kind is int
+                else f"a number above {lo:g} and at most {hi:g}")
+        raise ReportError(f"{where} = {value!r} is not {want}; fix: use {want}")
+    return kind(x)

@@ -108,8 +108,11 @@ def parse_spec(data: Any, name: str = "sweep") -> SweepSpec:
                           f"devices, max_device_types, max_options, name")
     try:
         budget = float(data["budget_usd_per_hour"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         raise ReportError("sweep spec needs a numeric 'budget_usd_per_hour'; e.g. 100") from None
+    if not 0 < budget <= 1e9:
+        raise ReportError(f"sweep budget_usd_per_hour = {budget!r}; fix: use a number above 0 and "
+                          f"at most 1e9")
     devs = data.get("devices")
     if not isinstance(devs, Mapping) or not devs:
         raise ReportError("sweep spec needs 'devices:' mapping device id -> {unit, units}")
@@ -124,19 +127,56 @@ def parse_spec(data: Any, name: str = "sweep") -> SweepSpec:
         try:
             unit = int(d.get("unit", 8))
             units = tuple(int(u) for u in d["units"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise ReportError(f"sweep device {dev!r}: 'unit' must be an integer and 'units' a list "
                               f"of integers; e.g. units: [0, 2, 4]") from None
         mesh = str(d.get("mesh", "per_unit"))
         if mesh not in ("per_unit", "slice") or unit < 1 or any(u < 0 for u in units):
             raise ReportError(f"sweep device {dev!r}: need unit >= 1, units >= 0 and mesh per_unit "
                               f"or slice (got unit={unit}, units={units}, mesh={mesh!r})")
+        most = MAX_UNITS_PER_UNIT_MESH if mesh == "per_unit" else MAX_SLICE_DEVICES // max(1, unit)
+        if unit > MAX_SLICE_DEVICES or len(units) > MAX_UNIT_CHOICES or any(u > most for u in units):
+            raise ReportError(f"sweep device {dev!r}: unit={unit}, units={_shown(units)} too large; "
+                              f"fix: at most {MAX_UNIT_CHOICES} unit counts, each at most {most} "
+                              f"(unit at most {MAX_SLICE_DEVICES} devices)")
         axes = d.get("axes")
-        if axes is not None and math.prod(int(v) for v in axes.values()) != unit:
+        if axes is not None and not isinstance(axes, Mapping):
+            raise ReportError(f"sweep device {dev!r}: axes {axes!r} is not a mapping; e.g. axes: {{data: 8}}")
+        try:
+            axes_product = math.prod(int(v) for v in axes.values()) if axes is not None else unit
+        except (TypeError, ValueError, OverflowError):
+            raise ReportError(f"sweep device {dev!r}: axes {dict(axes)} are not integers; "
+                              f"e.g. axes: {{data: 8}}") from None
+        if axes_product != unit:
             raise ReportError(f"sweep device {dev!r}: axes {dict(axes)} do not multiply to unit {unit}")
         out.append(DeviceUnits(str(dev), unit, units, mesh, dict(axes) if axes else None))
-    return SweepSpec(budget, tuple(out), int(data.get("max_device_types", 3)),
-                     int(data.get("max_options", 16)), str(data.get("name", name)))
+    combos = math.prod(len(du.units) for du in out)
+    if combos > MAX_COMBINATIONS:
+        raise ReportError(f"sweep spec tries {combos} combinations of unit counts; fix: list fewer "
+                          f"unit counts (at most {MAX_COMBINATIONS} combinations)")
+    try:
+        types, options = int(data.get("max_device_types", 3)), int(data.get("max_options", 16))
+    except (TypeError, ValueError, OverflowError):
+        raise ReportError("sweep max_device_types and max_options must be integers; e.g. 2 and 14") from None
+    if not (1 <= types <= 64 and 1 <= options <= 1000):
+        raise ReportError(f"sweep max_device_types = {types}, max_options = {options}; fix: use "
+                          f"1 to 64 device types and 1 to 1000 options")
+    return SweepSpec(budget, tuple(out), types, options, str(data.get("name", name)))
+
+
+def _shown(units: tuple[int, ...]) -> str:
+    s = str(list(units))
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+MAX_SLICE_DEVICES = 2**20
+"""Most devices in one unit or one ``mesh: slice`` mesh (the cluster loader's per-mesh limit)."""
+MAX_UNITS_PER_UNIT_MESH = 256
+"""Most units of one device type with ``mesh: per_unit`` (each is a mesh; links grow as its square)."""
+MAX_UNIT_CHOICES = 64
+"""Most unit counts listed for one device type."""
+MAX_COMBINATIONS = 10_000
+"""Most unit-count combinations a sweep enumerates (the product of the list lengths)."""
 
 
 def _short(device: str) -> str:

@@ -30,7 +30,6 @@ device synchronize), so a sending stage's compute stream is held for the transfe
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -106,6 +105,12 @@ class Row:
         return f"{self.source}/{self.model}/b{self.global_batch}/{self.schedule or '-'}"
 
 
+INT_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "seq_len": 2**22, "vocab": 2**24,
+              "gpus": 2**20, "tp": 2**20, "pp": 2**20, "dp": 2**20, "global_batch": 2**24,
+              "micro_batch": 2**24, "microbatches": 2**24}
+"""Largest value accepted per integer column (every integer column is at least 1)."""
+
+
 def _int(d: Mapping[str, str], k: str, line: int, default: int | None = None) -> int | None:
     v = (d.get(k) or "").strip()
     if not v:
@@ -113,44 +118,84 @@ def _int(d: Mapping[str, str], k: str, line: int, default: int | None = None) ->
             raise ValidationError(f"row {line}: field {k!r} is blank; fill it in")
         return default
     try:
-        return int(v)
+        x = int(v)
     except ValueError:
-        raise ValidationError(f"row {line}: {k}={v!r} is not an integer; fix the CSV") from None
+        raise ValidationError(f"row {line}: {k}={v[:40]!r} is not an integer; fix the CSV") from None
+    if not 1 <= x <= INT_LIMITS[k]:
+        raise ValidationError(f"row {line}: {k}={x} is out of range; fix the CSV (an integer from 1 "
+                              f"to {INT_LIMITS[k]})")
+    return x
+
+
+def _field(d: Mapping[str, str | None], k: str, line: int) -> str:
+    v = d.get(k)
+    if not isinstance(v, str) or not v.strip():
+        raise ValidationError(f"row {line}: field {k!r} is blank; fill it in")
+    return v.strip()
 
 
 def load_rows(path: str | Path) -> tuple[Row, ...]:
-    """Parse the published-training CSV (header as in ``published_training.csv``).
+    """Parse the published-training CSV (header as in ``published_training.csv``), read through
+    the tool's guarded reader (:func:`mpmd.files.read_csv_rows`: size, UTF-8, no binary files).
 
     Raises:
-        ValidationError: a missing or malformed field, an unknown metric or schedule, or
-            ``tp * pp * dp != gpus``.
+        ValidationError: an unreadable file, a missing or malformed field, an integer out of
+            range (:data:`INT_LIMITS`), a device that is not a bundled profile id
+            (:func:`hardware_profiles.loader.known_device_ids`), an unknown metric or schedule, a
+            value that is not a finite positive number, ``tp * pp * dp != gpus``, or micro
+            batches that do not divide the global batch.
     """
+    from hardware_profiles.loader import known_device_ids
+    from mpmd.files import InputError, read_csv_rows
+
+    try:
+        records = read_csv_rows(path, "validation CSV")
+    except InputError as e:
+        raise ValidationError(str(e)) from None
+    if not records:
+        raise ValidationError(f"{path}: validation CSV has no rows; fix: add published runs below the header")
+    known = known_device_ids()
     rows = []
-    with open(path, newline="") as f:
-        for line, d in enumerate(csv.DictReader(f), start=2):
-            sched = (d.get("schedule") or "").strip() or None
-            if sched is not None and sched not in SCHEDULE_MAP:
-                raise ValidationError(f"row {line}: schedule {sched!r} unknown; use one of "
-                                      f"{sorted(SCHEDULE_MAP)} or leave it blank")
-            metric = (d.get("metric") or "").strip()
-            if metric not in METRICS:
-                raise ValidationError(f"row {line}: metric {metric!r} unknown; use one of {METRICS}")
-            try:
-                value = float(d["value"])
-            except (KeyError, TypeError, ValueError):
-                raise ValidationError(f"row {line}: value {d.get('value')!r} is not a number") from None
-            r = Row(source=d["source"].strip(), model=d["model"].strip(),
-                    layers=_int(d, "layers", line), hidden=_int(d, "hidden", line),
-                    heads=_int(d, "heads", line), seq_len=_int(d, "seq_len", line),
-                    vocab=_int(d, "vocab", line, DEFAULT_VOCAB), device=d["device"].strip(),
-                    gpus=_int(d, "gpus", line), tp=_int(d, "tp", line), pp=_int(d, "pp", line),
-                    dp=_int(d, "dp", line), global_batch=_int(d, "global_batch", line),
-                    micro_batch=_int(d, "micro_batch", line), microbatches=_int(d, "microbatches", line),
-                    schedule=sched, metric=metric, value=value)
-            if r.tp * r.pp * r.dp != r.gpus:
-                raise ValidationError(f"row {line}: tp*pp*dp = {r.tp * r.pp * r.dp} != gpus={r.gpus}; "
-                                      f"fix the layout")
-            rows.append(r)
+    for line, d in enumerate(records, start=2):
+        if None in d:
+            raise ValidationError(f"row {line}: {len(d) - 1 + len(d[None])} fields, more than the "
+                                  f"{len(d) - 1} columns of the header; fix the row")
+        sched = (d.get("schedule") or "").strip() or None
+        if sched is not None and sched not in SCHEDULE_MAP:
+            raise ValidationError(f"row {line}: schedule {sched[:40]!r} unknown; use one of "
+                                  f"{sorted(SCHEDULE_MAP)} or leave it blank")
+        metric = (d.get("metric") or "").strip()
+        if metric not in METRICS:
+            raise ValidationError(f"row {line}: metric {metric[:40]!r} unknown; use one of {METRICS}")
+        device = _field(d, "device", line)
+        if device not in known:
+            raise ValidationError(f"row {line}: device {device[:40]!r} is not a known profile; "
+                                  f"fix: use one of {known}")
+        try:
+            value = float(d["value"])
+        except (KeyError, TypeError, ValueError):
+            raise ValidationError(f"row {line}: value {str(d.get('value'))[:40]!r} is not a number; "
+                                  f"fix the CSV") from None
+        if not 0 < value < 1e12:
+            raise ValidationError(f"row {line}: value {value!r} is not a finite positive number; "
+                                  f"fix the CSV")
+        r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
+                layers=_int(d, "layers", line), hidden=_int(d, "hidden", line),
+                heads=_int(d, "heads", line), seq_len=_int(d, "seq_len", line),
+                vocab=_int(d, "vocab", line, DEFAULT_VOCAB), device=device,
+                gpus=_int(d, "gpus", line), tp=_int(d, "tp", line), pp=_int(d, "pp", line),
+                dp=_int(d, "dp", line), global_batch=_int(d, "global_batch", line),
+                micro_batch=_int(d, "micro_batch", line), microbatches=_int(d, "microbatches", line),
+                schedule=sched, metric=metric, value=value)
+        if r.tp * r.pp * r.dp != r.gpus:
+            raise ValidationError(f"row {line}: tp*pp*dp = {r.tp * r.pp * r.dp} != gpus={r.gpus}; "
+                                  f"fix the layout")
+        per = r.dp * (r.micro_batch or 1) * (r.microbatches or 1)
+        if r.global_batch % per or (r.micro_batch and r.microbatches and per != r.global_batch):
+            raise ValidationError(
+                f"row {line}: global_batch {r.global_batch} is not micro_batch x microbatches x dp "
+                f"({r.micro_batch or '-'} x {r.microbatches or '-'} x {r.dp}); fix the row")
+        rows.append(r)
     return tuple(rows)
 
 

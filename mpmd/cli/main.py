@@ -14,6 +14,8 @@ from typing import Any, Callable
 import click
 from rich.console import Console
 
+from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MAX_TENSOR,
+                             MAX_TIME_LIMIT_S, FiniteFloat, int_range)
 from mpmd.files import write_atomic
 
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -103,17 +105,17 @@ def profiles() -> None:
 @click.option("--model", required=True, help="Zoo model name, e.g. llama3-70b.")
 @click.option("--cluster", "cluster_path", required=True, type=click.Path(dir_okay=False),
               help="Cluster spec YAML.")
-@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+@click.option("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), default=None,
               help="Samples per step (default: the model's).")
-@click.option("--seq-len", type=click.IntRange(min=1), default=None,
+@click.option("--seq-len", type=int_range(1, MAX_SEQ_LEN), default=None,
               help="Tokens per sample (default: the model's).")
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+@click.option("--time-limit", type=FiniteFloat(min=0.1, max=MAX_TIME_LIMIT_S), default=30.0, show_default=True,
               help="Wall-clock budget of the search, seconds.")
 @click.option("--schedule", "schedules", multiple=True,
               help="Restrict to these schedules (repeatable).")
-@click.option("--microbatches", "microbatches", multiple=True, type=click.IntRange(min=1),
+@click.option("--microbatches", "microbatches", multiple=True, type=int_range(1, MAX_MICROBATCHES),
               help="Restrict to these microbatch counts (repeatable).")
-@click.option("--max-tensor", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--max-tensor", type=int_range(1, MAX_TENSOR), default=8, show_default=True,
               help="Largest tensor-parallel degree considered.")
 @click.option("--even-split", is_flag=True, help="Force the usual hand split (equal layers per stage).")
 @click.option("--no-fsdp", is_flag=True, help="Do not consider fully sharded data parallel layouts.")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -12,24 +10,9 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from mpmd.files import write_atomic  # noqa: F401  (moved to mpmd.files; re-exported for old imports)
+
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "planner" / "plan.schema.json"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @lru_cache(maxsize=1)

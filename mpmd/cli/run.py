@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from mpmd.cli.params import MAX_STEPS, FiniteFloat, int_range
+
 
 def _cpu_devices(n: int) -> None:
     """Give JAX ``n`` CPU devices (only before its backend starts; GPUs are used when present)."""
@@ -16,13 +18,14 @@ def _cpu_devices(n: int) -> None:
 def register(main: click.Group, guard) -> None:
     @main.command()
     @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-    @click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+    @click.option("--steps", type=int_range(1, MAX_STEPS), default=10, show_default=True,
                   help="Training steps to run (the step time is the median of the later half).")
     @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
                   help="Cluster YAML (default: the plan's).")
-    @click.option("--check-every", type=click.IntRange(min=1), default=1, show_default=True,
+    @click.option("--check-every", type=int_range(1, MAX_STEPS), default=1, show_default=True,
                   help="Compare loss and gradients with jax.jit every N steps.")
-    @click.option("--lr", type=float, default=1e-3, show_default=True, help="Adam learning rate.")
+    @click.option("--lr", type=FiniteFloat(min=0.0, min_open=True, max=1e3), default=1e-3,
+                  show_default=True, help="Adam learning rate.")
     @guard
     def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, lr: float) -> None:
         """Compile PLAN.json into per-mesh programs and run real training steps on shipped text."""

@@ -2,36 +2,130 @@
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import click
 from rich.table import Table
 
+from mpmd.cli.params import MAX_MICROBATCHES, FiniteFloat, int_range
 
-def _pairs(items: tuple[str, ...], sep: str, what: str, fix: str) -> dict[str, float]:
+
+def _pairs(items: tuple[str, ...], sep: str, what: str, fix: str,
+           lo: float, hi: float, lo_open: bool = False) -> dict[str, float]:
+    """``NAME<sep>NUMBER`` strings as a dict; every number finite and in ``[lo, hi]``
+    (``(lo, hi]`` with ``lo_open``).
+
+    Raises:
+        click.BadParameter: a malformed item or a number out of range (one line with the fix).
+    """
     out = {}
     for it in items:
         key, _, val = it.rpartition(sep)
         try:
-            out[key] = float(val)
+            x = float(val)
         except ValueError:
             key = ""
         if not key:
-            raise click.BadParameter(f"{what} {it!r} is not NAME{sep}NUMBER; {fix}")
+            raise click.BadParameter(f"{it!r} is not NAME{sep}NUMBER; {fix}", param_hint=what)
+        if not (math.isfinite(x) and (lo < x if lo_open else lo <= x) and x <= hi):
+            raise click.BadParameter(f"{it!r}: {val} is not a number in {'(' if lo_open else '['}"
+                                     f"{lo:g}, {hi:g}]; {fix}", param_hint=what)
+        out[key] = x
     return out
 
 
+def _names(names: list[str], limit: int = 24) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def link_names(plan, cluster) -> dict[str, str]:
+    """Every spelling of a link a knob may name -> the name the simulator uses (``a<->b``).
+
+    The links are the cluster's explicit links plus the link between every two meshes of the plan
+    (the cluster's ``default_link`` where no explicit one exists); ``b<->a`` means ``a<->b``.
+    """
+    from hardware_profiles.types import ProfileError
+
+    links = {ln.name: (ln.a, ln.b) for ln in cluster.links}
+    meshes = list(dict.fromkeys(plan.rank_mesh))
+    for i, a in enumerate(meshes):
+        for b in meshes[i + 1:]:
+            try:
+                ln = cluster.link_between(a, b)
+            except ProfileError:
+                continue
+            links[ln.name] = (ln.a, ln.b)
+    out = {}
+    for name, (a, b) in links.items():
+        out[name] = name
+        out.setdefault(f"{b}<->{a}", name)
+    return out
+
+
+def check_knob_names(plan, cluster, stragglers: dict[str, float], degraded: dict[str, float],
+                     failed_links: dict[str, float], failed_meshes: dict[str, float]
+                     ) -> tuple[dict[str, float], dict[str, float]]:
+    """Check that the knobs name meshes of the plan and links of the cluster; return the link
+    knobs keyed by the simulator's link names (``degraded``, ``failed_links``).
+
+    Raises:
+        click.BadParameter: an unknown mesh or link (one line listing the valid names).
+    """
+    meshes = list(dict.fromkeys(plan.rank_mesh))
+    for opt, knob in (("--straggler", stragglers), ("--fail-mesh", failed_meshes)):
+        for m in knob:
+            if m not in meshes:
+                raise click.BadParameter(f"{m!r} is not a mesh of the plan; use one of "
+                                         f"{_names(meshes)}", param_hint=opt)
+    names = link_names(plan, cluster)
+    canonical = sorted(set(names.values()))
+    fixed = []
+    for opt, knob in (("--degrade-link", degraded), ("--fail-link", failed_links)):
+        out = {}
+        for ln, x in knob.items():
+            if ln not in names:
+                raise click.BadParameter(
+                    f"{ln!r} is not a link of cluster {cluster.name!r}; use one of "
+                    f"{_names(canonical) or '(none: the plan has one mesh)'}", param_hint=opt)
+            out[names[ln]] = x
+        fixed.append(out)
+    return fixed[0], fixed[1]
+
+
 def load_plan_inputs(plan_path: str):
-    """(plan, workload, cluster) for a plan file, re-costing its model from the zoo."""
+    """(plan, workload, cluster) for a plan file, re-costing its model from the zoo.
+
+    The plan is read by :func:`compiler.plan_file.load_plan` (guarded read, schema, sizes); its
+    meshes must exist in the cluster with the devices the plan names, and its stages must cover
+    the model's layers.
+
+    Raises:
+        mpmd.files.InputError, compiler.ir.IRError: a bad plan file (one line).
+        hardware_profiles.types.ProfileError: a bad cluster file.
+    """
     from compiler.costing import workload
-    from compiler.ir import plan_from_json
+    from compiler.ir import IRError
+    from compiler.plan_file import load_plan
     from hardware_profiles import load_cluster
 
-    plan = plan_from_json(json.loads(Path(plan_path).read_text()))
+    plan = load_plan(plan_path)
     cluster = load_cluster(plan.cluster_path or plan.cluster)
+    for m, lay in plan.layouts.items():
+        if m not in cluster.meshes:
+            raise IRError(f"{plan_path}: plan mesh {m!r} is not in cluster {cluster.name!r} "
+                          f"({_names(list(cluster.meshes))}); fix: re-plan on this cluster")
+        dev, n = plan.devices.get(m, ("", 0))
+        spec = cluster.meshes[m]
+        if (dev and dev != spec.device.name) or (n and n != spec.num_devices):
+            raise IRError(f"{plan_path}: plan mesh {m!r} has {n} x {dev} but the cluster's has "
+                          f"{spec.num_devices} x {spec.device.name}; fix: re-plan on this cluster")
     w = workload(plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len)
+    if plan.stages[-1].last != len(w.layers):
+        raise IRError(f"{plan_path}: plan stages cover layers [0, {plan.stages[-1].last}) but "
+                      f"{plan.model} has {len(w.layers)}; fix: regenerate it with 'mpmd plan'")
     return plan, w, cluster
 
 
@@ -67,13 +161,16 @@ def register(main: click.Group, guard) -> None:
     @click.option("--trace", type=click.Path(dir_okay=False), default=None,
                   help="Write a Perfetto/Chrome trace (open in ui.perfetto.dev).")
     @click.option("--schedule", default=None, help="Replay with another schedule.")
-    @click.option("--microbatches", type=click.IntRange(min=1), default=None,
+    @click.option("--microbatches", type=int_range(1, MAX_MICROBATCHES), default=None,
                   help="Replay with another microbatch count.")
-    @click.option("--jitter", type=float, default=0.0, help="Relative sigma of fragment-time noise.")
+    @click.option("--jitter", type=FiniteFloat(min=0.0, max=10.0), default=0.0,
+                  help="Relative sigma of fragment-time noise (0 to 10).")
     @click.option("--seed", type=int, default=0, help="Seed of the jitter.")
-    @click.option("--straggler", multiple=True, help="MESH=FACTOR: that mesh runs FACTOR x slower.")
-    @click.option("--degrade-link", multiple=True, help="LINK=FACTOR: bandwidth multiplier in (0, 1].")
-    @click.option("--fail-link", multiple=True, help="LINK@SECONDS: the link fails then.")
+    @click.option("--straggler", multiple=True,
+                  help="MESH=FACTOR: that mesh runs FACTOR x slower (FACTOR in (0, 1e6]).")
+    @click.option("--degrade-link", multiple=True,
+                  help="LINK=FACTOR: bandwidth multiplier in (0, 1]; LINK is A<->B (two meshes).")
+    @click.option("--fail-link", multiple=True, help="LINK@SECONDS: the link A<->B fails then.")
     @click.option("--fail-mesh", multiple=True, help="MESH@SECONDS: the mesh fails then.")
     @guard
     def simulate(plan_path: str, trace: str | None, schedule: str | None,
@@ -86,13 +183,15 @@ def register(main: click.Group, guard) -> None:
         from simulator.plan_sim import simulate_plan
         from simulator.trace import write_chrome_trace
 
+        stragglers = _pairs(straggler, "=", "--straggler", "use MESH=2.0", 0.0, 1e6, lo_open=True)
+        degraded = _pairs(degrade_link, "=", "--degrade-link", "use A<->B=0.5", 0.0, 1.0, lo_open=True)
+        failed_l = _pairs(fail_link, "@", "--fail-link", "use A<->B@1.5", 0.0, 1e9)
+        failed_m = _pairs(fail_mesh, "@", "--fail-mesh", "use MESH@1.5", 0.0, 1e9)
         plan, w, cluster = load_plan_inputs(plan_path)
         plan = reschedule(plan, schedule, microbatches)
-        knobs = Knobs(seed=seed, jitter=jitter,
-                      stragglers=_pairs(straggler, "=", "--straggler", "use MESH=2.0"),
-                      degraded_links=_pairs(degrade_link, "=", "--degrade-link", "use LINK=0.5"),
-                      failed_links=_pairs(fail_link, "@", "--fail-link", "use LINK@1.5"),
-                      failed_meshes=_pairs(fail_mesh, "@", "--fail-mesh", "use MESH@1.5"))
+        degraded, failed_l = check_knob_names(plan, cluster, stragglers, degraded, failed_l, failed_m)
+        knobs = Knobs(seed=seed, jitter=jitter, stragglers=stragglers, degraded_links=degraded,
+                      failed_links=failed_l, failed_meshes=failed_m)
         r = simulate_plan(plan, w, cluster, knobs=knobs)
         t = Table(title=f"{plan.model} on {plan.cluster}: {plan.schedule.name} x "
                         f"{plan.microbatches} microbatches", title_justify="left")
