@@ -4,10 +4,16 @@ For every schedule family and microbatch count (the outer loop) one CP-SAT solve
 (:mod:`planner.search`) picks the pipeline order, layer partition, per-mesh layouts and merge; each
 answer becomes a :class:`~compiler.ir.Plan`, is replayed exactly (:mod:`planner.predict`), and the
 fastest plan that fits memory wins. Deterministic: fixed candidate order, seed and worker count.
+
+A ``stop`` event ends the search early (checked between candidates; the running CP-SAT solve is
+stopped too): the result is the best plan so far, marked interrupted, with the honest search-wide
+bound (None when some candidates were never searched).
 """
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -16,7 +22,7 @@ from compiler.ir import Layout, Plan, StagePlan, Workload
 from hardware_profiles.types import Cluster, MeshSpec
 from planner.errors import InfeasibleError, PlannerError
 from planner.predict import Prediction, predict
-from planner.search import Assignment, Candidate, MeshOption, solve_timed
+from planner.search import Assignment, Candidate, MeshOption, solve_outcome
 from simulator import cost_model as cm
 from simulator.schedules import generate
 
@@ -56,13 +62,41 @@ class PlanOptions:
     fsdp: bool = True
 
 
+class PlanInterrupted(PlannerError):
+    """The search was stopped before any candidate gave a plan that fits memory."""
+
+
+Progress = Callable[[int, int, "float | None"], None]
+"""Progress callback ``(done, total, best_s)``: candidates searched, candidates in all, best
+predicted step time so far in seconds (None before the first plan that fits)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PlanResult:
-    """The best plan, its prediction, and every candidate tried (for reports)."""
+    """The best plan, its prediction, and every candidate tried (for reports).
+
+    Attributes:
+        candidates: (schedule, microbatches, predicted step time or None) per candidate searched.
+        interrupted: the ``stop`` event ended the search.
+        candidates_total: candidates the search meant to try (searched or not).
+        search_bound_s: proven lower bound on the surrogate step time over every candidate, seconds;
+            None when some candidates were not searched (their bound is unknown).
+        search_gap: ``(objective - search_bound_s) / objective`` of the chosen plan's surrogate
+            objective, or None with ``search_bound_s``.
+    """
 
     plan: Plan
     prediction: Prediction
     candidates: tuple[tuple[str, int, float | None], ...]   # (schedule, M, step time or None)
+    interrupted: bool = False
+    candidates_total: int = 0
+    search_bound_s: float | None = None
+    search_gap: float | None = None
+
+    @property
+    def unsearched(self) -> int:
+        """Candidates never searched (the time limit or a stop came first)."""
+        return max(0, self.candidates_total - len(self.candidates))
 
 
 def _split_layers(w: Workload) -> tuple[int, int, int]:
@@ -184,11 +218,18 @@ def _microbatch_counts(w: Workload, opts: PlanOptions, nmeshes: int) -> list[int
 
 
 def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
-         progress: Callable[[str], None] | None = None) -> PlanResult:
+         progress: Progress | None = None, *, stop: threading.Event | None = None) -> PlanResult:
     """Search plans for ``w`` on ``cluster``; return the fastest that fits memory.
+
+    Args:
+        progress: called ``(done, total, best_s)`` before each candidate and once at the end.
+        stop: when set (from a signal handler, another thread, or ``progress``), the search ends
+            within about 50 ms: no further candidate starts and the running CP-SAT solve stops,
+            keeping its best solution. Unset, the search is deterministic as before.
 
     Raises:
         InfeasibleError: no candidate fits; the message names the mesh that lacks the most bytes.
+        PlanInterrupted: ``stop`` was set before any candidate gave a plan that fits.
         PlannerError: bad options (an unknown schedule, no microbatch count dividing the batch).
     """
     t0 = time.monotonic()
@@ -208,14 +249,19 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
     combos = [(s, m) for m in counts for s in scheds
               if not (s == "interleaved-1f1b" and nb % opts.virtual_stages)]
     tried: list[tuple[str, int, float | None]] = []
+    bounds: list[float] = []          # per searched candidate: proven surrogate lower bound, s
     best: tuple[float, Plan, Prediction] | None = None
     det_used = 0.0
+    interrupted = False               # the stop event cut the search short
     for n, (sched, mb) in enumerate(combos):
+        if progress:
+            progress(len(tried), len(combos), best[0] if best else None)
+        if stop is not None and stop.is_set():
+            interrupted = True
+            break
         left = opts.time_limit_s - (time.monotonic() - t0)
         if left <= 0:
             break
-        if progress:
-            progress(f"{sched} x {mb} microbatches")
         samples = w.global_batch / mb
         split = sched.startswith("zb")
         v = opts.virtual_stages if sched == "interleaved-1f1b" else 1
@@ -223,6 +269,7 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
                                       opts.max_tensor, opts.fsdp) for ms in specs)
         if any(not o for o in options):
             tried.append((sched, mb, None))
+            bounds.append(math.inf)
             continue
         act = w.layer(pre).activation_bytes_per_sample * samples
         comm = tuple(tuple(0.0 if a == b else 2 * cm.transfer_time(
@@ -233,9 +280,12 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
         # an equal share of the deterministic budget still unused (CP-SAT's deterministic time is
         # reproducible, so is the split), capped by the wall clock left
         share = max(0.05, (opts.time_limit_s - det_used) / (len(combos) - n))
-        a, spent = solve_timed(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
-                               deterministic_limit=share)
-        det_used += spent
+        out = solve_outcome(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
+                            deterministic_limit=share, stop=stop)
+        det_used += out.deterministic_s
+        bounds.append(out.bound_s)
+        interrupted |= out.stopped
+        a = out.assignment
         if a is None:
             tried.append((sched, mb, None))
             continue
@@ -250,13 +300,24 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
         p = replace(p, predicted=pred.to_json(), solver=solver)
         if best is None or pred.step_time_s < best[0] * (1 - 1e-9):
             best = (pred.step_time_s, p, pred)
+    if progress:
+        progress(len(tried), len(combos), best[0] if best else None)
+    total_wall = time.monotonic() - t0
     if best is None:
+        if interrupted:
+            raise PlanInterrupted(f"interrupted after {total_wall:.0f} s before any feasible plan")
         raise InfeasibleError(explain_infeasible(w, cluster, meshes, opts.headroom,
                                                  opts.max_tensor))
     _, p, pred = best
-    total_wall = time.monotonic() - t0
-    p = replace(p, solver={**p.solver, "search_wall_s": total_wall, "candidates": len(tried)})
-    return PlanResult(p, pred, tuple(tried))
+    # the bound over every candidate is known only when every candidate was searched
+    bound = min(bounds) if len(tried) == len(combos) else None
+    obj = p.solver["objective"]
+    gap = None if bound is None else (max(0.0, (obj - bound) / obj) if obj else 0.0)
+    p = replace(p, solver={**p.solver, "search_wall_s": total_wall, "candidates": len(tried),
+                           "candidates_total": len(combos), "interrupted": interrupted,
+                           "search_bound": bound, "search_gap": gap})
+    return PlanResult(p, pred, tuple(tried), interrupted=interrupted,
+                      candidates_total=len(combos), search_bound_s=bound, search_gap=gap)
 
 
 def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], headroom: float,

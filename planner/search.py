@@ -21,11 +21,18 @@ subject to every mesh's memory (static + residuals of the microbatches in flight
 position, per the schedule) fitting its devices. Times are integer microseconds, memory integer
 megabytes (rounded against the plan). The exact step time of the chosen plan comes from the analytic
 replay in :mod:`planner.predict`, not from this surrogate.
+
+Stopping: the solve runs in a helper thread while the calling thread waits, so the caller's signal
+handlers keep running; setting the ``stop`` event ends the search through
+``CpSolver.StopSearch()``, keeping the best solution and the proven bound. CP-SAT's own SIGINT
+handling (``catch_sigint_signal``) is off: it replaces the process's SIGINT handler during a solve and
+resets it to the default (kill) afterwards.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -108,6 +115,27 @@ class Assignment:
     deterministic_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class SolveOutcome:
+    """Everything one solve tells the search driver.
+
+    Attributes:
+        assignment: the best solution found, or None (proven infeasible, or none found in time).
+        status: CP-SAT's status name (OPTIMAL, FEASIBLE, INFEASIBLE, UNKNOWN, MODEL_INVALID).
+        bound_s: proven lower bound on this candidate's surrogate step time, seconds; ``inf`` when
+            proven infeasible. Without a solution CP-SAT reports no bound, and 0 is used (valid: the
+            objective is never negative, as ``v * M >= 1``).
+        deterministic_s: CP-SAT's deterministic time spent.
+        stopped: the ``stop`` event ended the search before its limits did.
+    """
+
+    assignment: Assignment | None
+    status: str
+    bound_s: float
+    deterministic_s: float
+    stopped: bool = False
+
+
 def _mb(nbytes: float) -> int:
     """Bytes as whole megabytes, rounded up (so the model never under-counts memory)."""
     return math.ceil(nbytes / MB - 1e-9)
@@ -165,23 +193,66 @@ def _hint(model, c: Candidate, used, first, last, nblk, pos, sel) -> None:
 
 
 def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
-          deterministic_limit: float | None = None) -> Assignment | None:
+          deterministic_limit: float | None = None,
+          stop: threading.Event | None = None) -> Assignment | None:
     """Solve one candidate; None when CP-SAT proves it infeasible or finds nothing in time.
 
-    See :func:`solve_timed`, which also returns the deterministic time spent.
+    See :func:`solve_outcome`, which also returns the status, bound and deterministic time.
     """
-    return solve_timed(c, time_limit_s=time_limit_s, seed=seed, workers=workers,
-                       deterministic_limit=deterministic_limit)[0]
+    return solve_outcome(c, time_limit_s=time_limit_s, seed=seed, workers=workers,
+                         deterministic_limit=deterministic_limit, stop=stop).assignment
 
 
 def solve_timed(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
-                deterministic_limit: float | None = None) -> tuple[Assignment | None, float]:
-    """(the solve's :class:`Assignment` or None, CP-SAT's deterministic time spent).
+                deterministic_limit: float | None = None,
+                stop: threading.Event | None = None) -> tuple[Assignment | None, float]:
+    """(the solve's :class:`Assignment` or None, CP-SAT's deterministic time spent); see
+    :func:`solve_outcome`."""
+    o = solve_outcome(c, time_limit_s=time_limit_s, seed=seed, workers=workers,
+                      deterministic_limit=deterministic_limit, stop=stop)
+    return o.assignment, o.deterministic_s
+
+
+def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threading.Event | None):
+    """(status, stopped): ``solver.Solve(model)`` in a helper thread, polled every 50 ms for
+    ``stop``. An exception in the waiting thread (KeyboardInterrupt) stops the solve and waits for
+    it before propagating, so no solver thread outlives the call."""
+    box: list = []
+
+    def target() -> None:
+        try:
+            box.append(solver.Solve(model))
+        except BaseException as e:   # re-raised in the caller's thread
+            box.append(e)
+
+    th = threading.Thread(target=target, name="cp-sat", daemon=True)
+    th.start()
+    stopped = False
+    try:
+        while th.is_alive():
+            th.join(0.05)
+            if stop is not None and not stopped and stop.is_set() and th.is_alive():
+                solver.StopSearch()
+                stopped = True
+    finally:
+        if th.is_alive():
+            solver.StopSearch()
+            th.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0], stopped
+
+
+def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
+                  deterministic_limit: float | None = None,
+                  stop: threading.Event | None = None) -> SolveOutcome:
+    """Solve one candidate: the best :class:`Assignment` with its status and proven bound.
 
     Deterministic for the same inputs: a fixed seed and worker count, interleaved search, and a
     budget in CP-SAT's deterministic time (``deterministic_limit``, default ``time_limit_s``), so a
     loaded machine gives the same answer as an idle one unless the wall-clock ``time_limit_s``
-    runs out first.
+    runs out first, or ``stop`` is set (the search then ends within about 50 ms, keeping the best
+    solution found so far; ``SolveOutcome.stopped`` says so).
     """
     model = cp_model.CpModel()
     nm, v, L, M = len(c.meshes), c.virtual_stages, c.num_blocks, c.microbatches
@@ -300,21 +371,26 @@ def solve_timed(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: in
     solver.parameters.random_seed = seed
     solver.parameters.num_workers = workers
     solver.parameters.interleave_search = True
-    status = solver.Solve(model)
+    solver.parameters.catch_sigint_signal = False   # see the module docstring
+    status, stopped = _run(solver, model, stop)
+    name = solver.StatusName(status)
+    if status == cp_model.INFEASIBLE:
+        return SolveOutcome(None, name, math.inf, solver.deterministic_time, stopped)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, solver.deterministic_time
+        return SolveOutcome(None, name, 0.0, solver.deterministic_time, stopped)
+    bound_s = max(0.0, solver.BestObjectiveBound() / v / US)
     chosen = sorted((i for i in range(nm) if solver.Value(used[i])), key=lambda i: solver.Value(pos[i]))
     picked = [c.options[i][next(k for k in range(len(sel[i])) if solver.Value(sel[i][k]))]
               for i in chosen]
-    return Assignment(
+    return SolveOutcome(Assignment(
         order=tuple(c.meshes[i] for i in chosen),
         blocks=tuple(solver.Value(nblk[i]) for i in chosen),
         layouts=tuple(o.layout for o in picked),
         recompute=tuple(o.recompute for o in picked),
         merge=bool(solver.Value(merge)),
-        status=solver.StatusName(status),
+        status=name,
         objective_s=solver.ObjectiveValue() / v / US,
         bound_s=solver.BestObjectiveBound() / v / US,
         wall_s=solver.WallTime(),
         deterministic_s=solver.deterministic_time,
-    ), solver.deterministic_time
+    ), name, bound_s, solver.deterministic_time, stopped)

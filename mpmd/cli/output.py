@@ -31,8 +31,24 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.1f}"
 
 
+def search_gap_text(solver: dict[str, Any]) -> str:
+    """The search-wide gap of a plan's ``solver`` record, or why it is unknown: "gap 12.3%" or
+    "gap unknown: 7 of 12 candidates not searched" (their bound was never computed)."""
+    total, done = solver.get("candidates_total"), solver.get("candidates")
+    if total is not None and done is not None and done < total:
+        return f"gap unknown: {total - done} of {total} candidates not searched"
+    if solver.get("search_gap") is None:
+        return "gap unknown"
+    return f"gap {solver['search_gap'] * 100:.1f}%"
+
+
 def plan_table(result: Any, cluster: Any) -> Group:
-    """A readable summary of a :class:`planner.PlanResult`: stages, then step-level metrics."""
+    """A readable summary of a :class:`planner.PlanResult`: stages, then step-level metrics.
+
+    When the search was interrupted or left candidates unsearched, the solver row says its gap is
+    the chosen candidate's own, and a "search gap" row gives the gap over all candidates (or why it
+    is unknown).
+    """
     p, pred = result.plan, result.prediction
     stages = Table(title=f"{p.model} on {p.cluster}: stages", title_justify="left")
     for col in ("stage", "layers", "mesh", "device", "layout", "compute/mb (ms)",
@@ -61,6 +77,16 @@ def plan_table(result: Any, cluster: Any) -> Group:
                    f"{sv.get('bound', 0):.3f} s, gap {sv.get('gap', 0) * 100:.2f}%"),
         ("search", f"{sv.get('candidates')} candidates in {sv.get('search_wall_s', 0):.1f} s"),
     ]
+    total = sv.get("candidates_total")
+    if sv.get("interrupted") or (total is not None and sv.get("candidates", total) < total):
+        rows[-2] = (rows[-2][0], rows[-2][1] + " (this candidate)")
+        rows[-1] = ("search", f"{sv.get('candidates')} of {total} candidates in "
+                              f"{sv.get('search_wall_s', 0):.1f} s"
+                    + (", interrupted (Ctrl-C)" if sv.get("interrupted") else ", time limit reached"))
+        gap = search_gap_text(sv)
+        if sv.get("search_bound") is not None:
+            gap += f" (bound {sv['search_bound']:.3f} s over all candidates)"
+        rows.append(("search gap", gap.removeprefix("gap ")))
     for k, v in rows:
         s.add_row(k, v)
     return Group(stages, s)
