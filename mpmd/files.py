@@ -223,8 +223,9 @@ def read_yaml(path: str | Path, what: str, *, max_bytes: int = MAX_TEXT_BYTES) -
     """
     p = Path(path)
     text = read_text(p, what, max_bytes=max_bytes)
-    loader = _Limited(text)
+    loader = None
     try:
+        loader = _Limited(text)   # its reader already refuses control characters
         data = loader.get_single_data()
     except _LimitHit as e:
         if e.kind == "depth":
@@ -245,7 +246,8 @@ def read_yaml(path: str | Path, what: str, *, max_bytes: int = MAX_TEXT_BYTES) -
         raise InputError(_one_line(f"{p}: {what} has a value that cannot be read ({e}); "
                                    f"fix: correct that value")) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if loader._aliases and _expanded_size(data, MAX_EXPANDED) > MAX_EXPANDED:
         raise InputError(f"{p}: {what} expands to more than {MAX_EXPANDED} values through its "
                          f"{loader._aliases} YAML aliases (an alias bomb); fix: write the values out")
@@ -328,7 +330,7 @@ def read_csv_rows(path: str | Path, what: str, *, max_bytes: int = MAX_CSV_BYTES
             raise InputError(f"{p}: {what} file has no header line; fix: start it with the column names")
         return list(reader)
     except csv.Error as e:
-        raise InputError(_one_line(f"{p}: malformed CSV at line {reader.line_num} ({e}); "
+        raise InputError(_one_line(f"{p}: malformed CSV at line {reader.line_num + 1} ({e}); "
                                    f"fix: correct that line")) from None
 
 

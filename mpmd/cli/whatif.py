@@ -70,6 +70,17 @@ def register(main: click.Group, guard) -> None:
             price_map.update(parse_prices(prices))
         name = spec.get("name") or model
         out = out or f"whatif/{name}"
+        # every input is read and checked before the progress bar starts, so a bad one is one line
+        from compiler.zoo import get_config
+        from reports.pricing import parse_prices as check_prices
+        from reports.spec import read_yaml, to_option
+        from reports.sweep import parse_spec
+
+        get_config(model)
+        check_prices(price_map)
+        opts = [to_option(o, base) for o in opts]
+        if sweep is not None:
+            sweep = parse_spec(read_yaml(sweep, "sweep") if isinstance(sweep, str) else sweep)
         t0 = time.monotonic()
         with Progress(TextColumn("[bold]planning[/] {task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
