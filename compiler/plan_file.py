@@ -15,11 +15,13 @@ path of the bad value and the fix, never a ``KeyError`` or ``TypeError``.
 from __future__ import annotations
 
 import copy
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from compiler.ir import KINDS, IRError, Plan, plan_from_json
+from hardware_profiles.loader import NAME_PATTERN
 from mpmd.files import InputError, read_json
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "planner" / "plan.schema.json"
@@ -87,8 +89,8 @@ def check_schema(doc: Any, where: str) -> None:
 
 
 def check_sizes(doc: dict[str, Any], where: str) -> None:
-    """Bound the plan's sizes (:data:`LIMITS`) and check that its parts agree: every stage's mesh is
-    under ``meshes``, ranks and stages of the schedule exist, layer ranges are ordered.
+    """Bound the plan's sizes (:data:`LIMITS`), check its names (:data:`NAME_PATTERN`) and that its
+    parts agree: every stage's mesh is under ``meshes``, ranks and stages of the schedule exist, layer ranges are ordered.
 
     Raises:
         IRError: a value over its limit or an inconsistent reference, named by its JSON path.
@@ -96,6 +98,10 @@ def check_sizes(doc: dict[str, Any], where: str) -> None:
     def bad(path: str, value: Any, fix: str) -> IRError:
         return IRError(f"{where}: plan field {path} = {_short(value)}; fix: {fix}")
 
+    for path, value in [("model", doc["model"]), ("cluster", doc["cluster"])] + [
+            (f"meshes.{_short(m, 40)}", m) for m in doc["meshes"]]:
+        if not re.match(NAME_PATTERN, value) or len(value) > 200:
+            raise bad(path, value, f"names use letters, digits and _ . + - only ({FIX})")
     s = doc["schedule"]
     for path, value, key in (("global_batch", doc["global_batch"], "global_batch"),
                              ("seq_len", doc["seq_len"], "seq_len"),

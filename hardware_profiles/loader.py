@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +60,10 @@ MAX_US = 1e6
 """Largest latency or per-fragment overhead, us (one second)."""
 MAX_MESHES = 4096
 """Most meshes in one cluster."""
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+"""Cluster, mesh, device and host names: letters, digits and ``_ . + -`` (a name appears in link
+names ``a<->b``, in knobs ``MESH=2``/``MESH@1.5`` and in printed tables, so it holds none of
+``< > = @ [ ]``, spaces or control characters)."""
 
 TFLOPS = 1e12
 GB = 1e9
@@ -138,7 +143,7 @@ class _AltFile(_Strict):
 
 
 class _DeviceFile(_Strict):
-    name: str
+    name: str = Field(pattern=NAME_PATTERN, max_length=200)
     vendor: str
     description: str = ""
     peak_tflops: dict[str, _Figure] = Field(min_length=1)
@@ -167,14 +172,14 @@ class _DefaultLinkFile(_Strict):
 
 
 class _MeshFile(_Strict):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     device: str = Field(min_length=1, max_length=4096)
     num_devices: int = Field(ge=1, le=MAX_DEVICES)
     axes: dict[str, int] | None = None
     intra_link: _IntraLink | None = None
     price_usd_per_device_hour: float | None = Field(default=None, ge=0, le=MAX_FIGURE)
     power_w_per_device: float | None = Field(default=None, gt=0, le=MAX_FIGURE)
-    host: str | None = None
+    host: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
     devices_per_node: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     scale_out_link: _DefaultLinkFile | None = None
 
@@ -188,7 +193,7 @@ class _LinkFile(_Strict):
 
 
 class _ClusterFile(_Strict):
-    name: str | None = None
+    name: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
     description: str = ""
     meshes: list[_MeshFile] = Field(min_length=1, max_length=MAX_MESHES)
     links: list[_LinkFile] = []
@@ -207,6 +212,7 @@ _FIXES = {
     "less_than": "use a value below the maximum",
     "finite_number": "use a finite number",
     "string_too_long": "use a shorter string",
+    "string_pattern_mismatch": "use letters, digits and _ . + - only (starting with a letter or digit)",
     "float_parsing": "use a number",
     "float_type": "use a number",
     "int_parsing": "use an integer",
@@ -485,6 +491,9 @@ def load_cluster(path: str | Path) -> Cluster:
                                f"{sorted(hosts)}")
         if not 1 <= n <= MAX_DEVICES:
             raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a slot count from 1 to {MAX_DEVICES}")
+    if f.name is None and not re.match(NAME_PATTERN, p.stem):
+        raise ProfileError(f"{p}: the file name {p.stem!r} is not a usable cluster name; fix: set "
+                           f"'name:' (letters, digits and _ . + - only)")
     return Cluster(name=f.name or p.stem, meshes=meshes, links=tuple(links), default_link=default,
                    path=str(p), description=f.description, host_slots=dict(f.host_slots),
                    p2p=f.p2p)

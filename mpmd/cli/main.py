@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape   # error text quotes user input: '[/]' there is not markup
 
 from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MAX_TENSOR,
                              MAX_TIME_LIMIT_S, FiniteFloat, int_range)
@@ -56,7 +57,7 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
                 msg = f"no such file: {e.filename}; check the path"
             elif isinstance(e, json.JSONDecodeError):
                 msg = f"malformed JSON ({e.msg} at line {e.lineno}); regenerate the file"
-            err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
             sys.exit(2)
 
     return wrapper
@@ -75,7 +76,8 @@ class _OneLineGroup(click.Group):
             ctx = getattr(e, "ctx", None)
             where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
             msg = " ".join(e.format_message().split()).rstrip(".")
-            err_console.print(f"[bold red]error:[/] {msg}{where}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(msg + where)}", highlight=False,
+                              soft_wrap=True)
             sys.exit(e.exit_code)
         except click.exceptions.Abort:
             if not standalone_mode:

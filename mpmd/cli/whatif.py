@@ -38,6 +38,7 @@ def register(main: click.Group, guard) -> None:
     def whatif(model, options, more_options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
                deadline_days, prices, time_limit, screenshot, out) -> None:
         """Plan every hardware option, replay it, and write a what-if purchasing report."""
+        from rich.markup import escape
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         from mpmd.cli.main import console
@@ -88,7 +89,7 @@ def register(main: click.Group, guard) -> None:
             task = bar.add_task("", total=None)
 
             def progress(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total, description=label)
+                bar.update(task, completed=done, total=total, description=escape(label))
 
             df = run_whatif(model, opts, sweep=sweep, global_batch=pick(global_batch, "global_batch"),
                             seq_len=pick(seq_len, "seq_len"), tokens=pick(tokens, "tokens"),
@@ -109,12 +110,13 @@ def register(main: click.Group, guard) -> None:
 
         t = summary_table(df)
         keep = [c for c in t.columns if c not in ("Plan", "Devices")]
-        table = Table(title=df.attrs["title"], title_justify="left")
+        table = Table(title=escape(str(df.attrs["title"])), title_justify="left")
         for c in keep:
             table.add_column(c, overflow="fold")
         for _, r in t.iterrows():
-            table.add_row(*(str(r[c]) for c in keep))
+            table.add_row(*(escape(str(r[c])) for c in keep))   # labels and titles are user text
         console.print(table)
-        console.print(f"[bold]Recommendation.[/] {df.attrs['recommendation']}", highlight=False)
-        console.print(f"wrote {', '.join(str(p) for p in paths.values())} "
+        console.print(f"[bold]Recommendation.[/] {escape(str(df.attrs['recommendation']))}",
+                      highlight=False)
+        console.print(f"wrote {escape(', '.join(str(p) for p in paths.values()))} "
                       f"in {time.monotonic() - t0:.0f} s", highlight=False)
