@@ -387,15 +387,18 @@ def calibrate_command(out: str = "calibrated", *, device_out: str | None = None,
     ``host`` is given.
 
     Raises:
-        CalibrationError: too few devices.
+        CalibrationError: too few devices; an output path that cannot be written (checked
+            before measuring).
     """
     from rich.console import Console
 
-    from compiler.calibration_files import profile_paths, write_profiles
+    from compiler.calibration_files import check_writable, profile_paths, write_profiles
 
     console = console or Console()
-    host = host or read_host()
     device_path, cluster_path = profile_paths(out, device_out, cluster_out)
+    if write:
+        check_writable(device_path, cluster_path)
+    host = host or read_host()
     shown: list[str] = []
 
     def progress(msg: str, status: Any) -> None:

@@ -13,6 +13,7 @@ bundled one.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,30 @@ def profile_paths(out: str | Path = DEFAULT_OUT, device_out: str | Path | None =
     ``out/cpu4x2.yaml``, either replaced by an explicit ``device_out`` / ``cluster_out``."""
     return (Path(device_out) if device_out else Path(out) / DEVICE_FILE,
             Path(cluster_out) if cluster_out else Path(out) / CLUSTER_FILE)
+
+
+def check_writable(*paths: str | Path) -> None:
+    """Fail before calibrating (which takes a minute), not after, when a file cannot be written:
+    each path's nearest existing ancestor must be a writable folder, and the path itself, if it
+    exists, a file.
+
+    Raises:
+        CalibrationError: a path is a folder, lies under a file, or its folder is not writable.
+    """
+    for path in map(Path, paths):
+        if path.is_dir():
+            raise CalibrationError(f"{path} is a folder; name a file (or use --out FOLDER)")
+        parent = Path(os.path.abspath(path)).parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise CalibrationError(f"cannot write {path}: {parent} is a file, not a folder; "
+                                   f"choose another --out")
+        try:        # a real probe (os.access says yes to root even on read-only file systems)
+            tempfile.TemporaryFile(dir=parent).close()
+        except OSError as e:
+            raise CalibrationError(f"cannot write {path}: folder {parent} is not writable "
+                                   f"({e.strerror}); choose another --out") from None
 
 
 def device_reference(device_path: str | Path, cluster_path: str | Path) -> str:
@@ -180,10 +205,7 @@ def write_profiles(cal: Calibration, device_path: str | Path, cluster_path: str 
     Raises:
         CalibrationError: see :func:`device_yaml`.
     """
-    try:
-        from mpmd.files import write_atomic
-    except ImportError:
-        from mpmd.cli.output import write_atomic
+    from mpmd.files import write_atomic
 
     device_path, cluster_path = Path(device_path), Path(cluster_path)
     ref = device_reference(device_path, cluster_path)

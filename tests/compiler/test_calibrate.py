@@ -248,6 +248,27 @@ def test_calibrate_command_writes_both_files_and_shows_progress(tmp_path, monkey
     assert "--out" in res.output and "--device-out" in res.output
 
 
+def test_unwritable_outputs_fail_before_measuring(tmp_path, monkeypatch):
+    from mpmd.cli.main import main
+
+    def never(*a, **k):
+        raise AssertionError("measured before checking the outputs")
+
+    monkeypatch.setattr(calibrate_mod, "calibrate", never)
+    monkeypatch.setattr(calibrate_mod, "read_host", never)
+    (tmp_path / "f").write_text("")
+    (tmp_path / "d").mkdir()
+    cases = {("--out", str(tmp_path / "f" / "sub")): f"{tmp_path / 'f'} is a file, not a folder",
+             ("--cluster-out", str(tmp_path / "f" / "c.yaml")): "is a file, not a folder",
+             ("--out", str(tmp_path / "f")): "is a file",                 # click's own check
+             ("--device-out", str(tmp_path / "d")): "is a directory"}     # click's own check
+    for args, needle in cases.items():
+        res = CliRunner().invoke(main, ["calibrate", *args])
+        assert res.exit_code == 2 and needle in res.output, (args, res.output)
+        assert "Traceback" not in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f"]     # nothing written
+
+
 def test_shipped_cluster_and_profile_are_calibrated():
     c = load_cluster(REPO / "hardware_profiles/clusters/cpu4x2.yaml")
     assert list(c.meshes) == ["m0", "m1", "m2", "m3"]
