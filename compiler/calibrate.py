@@ -42,9 +42,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from compiler.calibration_fit import (LAYER_BODY, Calibration, CalibrationError, FragmentTiming,
-                                      HostInfo, fit_additive, fit_backward, fit_calibration,
-                                      fit_flops, grad_bytes, model_seconds, nominal_peaks, read_host,
-                                      simulator_costs)
+                                      HostInfo, cpu_model, fit_additive, fit_backward,
+                                      fit_calibration, fit_flops, grad_bytes, model_seconds,
+                                      nominal_peaks, read_host, simulator_costs)
 
 Progress = Callable[[str], None]
 
@@ -351,7 +351,8 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
         host_slots=max(1, int(round(achieved))),
         devices_per_mesh=devices_per_mesh, cores=host.cores, fragments=tuple(frags),
         fit_rel_error=fit["rel_error"], date=host.date, peak_source=peak_src,
-        memory_bytes=host.memory_bytes, host_devices=len(jax.devices()))
+        memory_bytes=host.memory_bytes, host_devices=len(jax.devices()),
+        cpu_model=cpu_model(host.cpuinfo))
 
 
 def print_calibration(cal: Calibration, console: Any) -> None:

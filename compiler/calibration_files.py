@@ -129,8 +129,9 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
         "scale_out": {"bandwidth_gbit_per_s_per_direction": {
             "value": round(cal.link_bandwidth * 8 / 1e9, 4),
             "source": f"{where}: jax.device_put of 16 MiB between two meshes"}},
-        "tdp_w": {"value": 10.0, "source": ("unknown: this virtual machine names no CPU model; a "
-                                            "nominal 10 W per device, not for power reports")},
+        "tdp_w": {"value": 10.0, "source": (
+            f"unknown: a nominal 10 W per device, not for power reports (CPU "
+            f"{repr(cal.cpu_model) if cal.cpu_model else 'model not named by /proc/cpuinfo'})")},
         "efficiency": {
             "matmul": {"value": round(cal.matmul_efficiency, 5), "origin": (
                 f"{where}: achievable {cal.achievable_flops / 1e9:.2f} GFLOP/s per device fitted "

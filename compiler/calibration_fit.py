@@ -93,6 +93,7 @@ class Calibration:
     peak_source: str = ""
     memory_bytes: float = 0.0
     host_devices: int = 8
+    cpu_model: str = ""
 
     @property
     def matmul_efficiency(self) -> float:
@@ -138,6 +139,12 @@ def read_host() -> HostInfo:
         memory = 0.0
     return HostInfo(cores=max(1, cores), cpuinfo=cpuinfo, memory_bytes=memory,
                     date=time.strftime("%Y-%m-%d"))
+
+
+def cpu_model(cpuinfo: str) -> str:
+    """The first ``model name`` of ``/proc/cpuinfo`` text ("" when it names none)."""
+    return next((l.partition(":")[2].strip() for l in cpuinfo.splitlines()
+                 if l.startswith("model name")), "")
 
 
 def nominal_peaks(devices_per_mesh: int, cores: int, cpuinfo: str, ghz: float | None = None

@@ -21,13 +21,15 @@ from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, H
                                 fit_additive, fit_backward, fit_calibration, fit_flops,
                                 local_meshes, measure_overhead, measure_runtime_concurrency,
                                 nominal_peaks, read_host)
+from compiler.calibration_fit import cpu_model
 from compiler.calibration_files import (cluster_yaml, device_reference, device_yaml, profile_paths,
                                         write_profiles)
 from hardware_profiles import load_cluster
 from hardware_profiles.loader import load_device
 
 REPO = Path(__file__).resolve().parents[2]
-AVX512 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\ncpu MHz\t\t: 2600.000\n"
+AVX512 = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Test CPU\nflags\t\t: fpu sse2 avx2 avx512f\n"
+          "cpu MHz\t\t: 2600.000\n")
 AVX2 = "flags\t\t: fpu sse2 avx avx2 fma\ncpu MHz\t\t: 2250.000\n"
 HOST = HostInfo(cores=2, cpuinfo=AVX512, memory_bytes=25.6e9, date="2026-01-02")
 
@@ -57,6 +59,7 @@ def test_nominal_peaks_come_from_the_given_cpuinfo_not_this_host():
     assert nominal_peaks(2, 2, AVX512, ghz=3.0)[0] == pytest.approx(2 * 3e9 * 64 / 2, rel=1e-15)
     # a flag that merely starts with avx512 is not avx512f
     assert "AVX2" in nominal_peaks(1, 1, "flags : avx2 avx512_vnni\n")[1]
+    assert cpu_model(AVX512) == "Intel(R) Xeon(R) Test CPU" and cpu_model(AVX2) == ""
 
 
 def test_read_host_reads_this_machine_once_into_plain_values():
@@ -161,6 +164,8 @@ def test_profiles_written_load_with_measured_origins(tmp_path):
     for k in ("matmul_efficiency", "memory_efficiency", "fragment_overhead"):
         assert d.sources[k].startswith("measured 2026-01-02 on this machine (2 cores shared by 8 ")
     assert d.sources["peak_flops.fp32"] == "2 cores x 2.60 GHz (given)"
+    assert "model not named" in d.sources["tdp_watts"]
+    assert "(CPU 'EPYC test')" in device_yaml(_cal(cpu_model="EPYC test"))["tdp_w"]["source"]
     data = yaml.safe_load(clu.read_text())
     assert data["host_slots"] == {"local": 1}
     assert [m["host"] for m in data["meshes"]] == ["local"] * 4
