@@ -373,5 +373,6 @@ def print_report(report: RunReport, console: Any = None) -> None:
     console.print(t)
     if report.simulated_step_s is not None and report.step_time_error >= 0.15:
         console.print("step time off by more than 15%: the cpu-host profile was calibrated on "
-                      "another machine or at another time; run 'mpmd calibrate' on an otherwise idle "
-                      "machine, then 'mpmd run' again")
+                      "another machine or at another time; run 'mpmd calibrate --out calibrated' on "
+                      "an otherwise idle machine, then 'mpmd run PLAN.json --cluster "
+                      "calibrated/cpu4x2.yaml'")
