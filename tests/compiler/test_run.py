@@ -210,5 +210,5 @@ def test_print_report_names_the_fix_when_the_step_time_is_off(measured, hint):
     console = Console(record=True, width=200)
     print_report(r, console)
     out = console.export_text()
-    assert ("run 'mpmd calibrate'" in out) is hint
+    assert ("run 'mpmd calibrate --out calibrated'" in out) is hint
     assert ("NO" in out.split("(d)")[1].splitlines()[0]) is hint
