@@ -138,9 +138,9 @@ def check_sizes(doc: dict[str, Any], where: str) -> None:
         if st["index"] != i or first != prev or last <= first:
             raise bad(f"stages[{i}]", st, f"stages must be numbered 0.. and cover consecutive, "
                       f"non-empty layer ranges [first, last) ({FIX})")
-        if st["mesh"] != ranks[s["stage_rank"][i]]:
-            raise bad(f"stages[{i}].mesh", st["mesh"], f"use the mesh of its rank, "
-                      f"{ranks[s['stage_rank'][i]]!r} ({FIX})")
+        rank_of = ranks[int(s["stage_rank"][i])]      # the schema's integers may be written 2.0
+        if st["mesh"] != rank_of:
+            raise bad(f"stages[{i}].mesh", st["mesh"], f"use the mesh of its rank, {rank_of!r} ({FIX})")
         prev = last
     for m, frags in s["order"].items():
         for j, f in enumerate(frags):

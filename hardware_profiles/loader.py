@@ -18,8 +18,9 @@ Layering: ``hardware_profiles`` imports no other project package except that lea
 
 Absurd values are refused with one line naming the value and the limit: at most
 :data:`MAX_DEVICES` devices per mesh (and per axis), figures in human units (TFLOP/s, GB, GB/s, W,
-USD per device-hour) at most :data:`MAX_FIGURE`, Gbit/s at most :data:`MAX_GBIT`, latencies and
-overheads under a second (:data:`MAX_US` us); no value may be infinite or NaN.
+USD per device-hour) at most :data:`MAX_FIGURE` and, except prices, at least :data:`MIN_FIGURE`;
+Gbit/s at most :data:`MAX_GBIT`; latencies and overheads under a second (:data:`MAX_US` us); at
+most :data:`MAX_MESHES` meshes; names as :data:`NAME_PATTERN`; no value infinite or NaN.
 """
 
 from __future__ import annotations
@@ -54,12 +55,17 @@ MAX_DEVICES = 2**20
 """Most devices in one mesh (and along one mesh axis): about a million, far above any machine built."""
 MAX_FIGURE = 1e6
 """Largest figure in human units: TFLOP/s, GB, GB/s, W, USD per device-hour (no device is near)."""
+MIN_FIGURE = 1e-3
+"""Smallest figure in human units (TFLOP/s, GB, GB/s, Gbit/s, W) and smallest efficiency: a
+tinier one makes step times overflow the planner's integer microseconds (a profile with
+1e-300 TFLOP/s crashed the CP-SAT model)."""
 MAX_GBIT = 8e6
 """Largest bandwidth in Gbit/s (= :data:`MAX_FIGURE` GB/s)."""
 MAX_US = 1e6
 """Largest latency or per-fragment overhead, us (one second)."""
-MAX_MESHES = 4096
-"""Most meshes in one cluster."""
+MAX_MESHES = 512
+"""Most meshes in one cluster (16x the largest bundled one; the planner's search grows with the
+mesh count: about 10 s at 64 meshes and minutes at 4096, measured on 2 cores)."""
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 """Cluster, mesh, device and host names: letters, digits and ``_ . + -`` (a name appears in link
 names ``a<->b``, in knobs ``MESH=2``/``MESH@1.5`` and in printed tables, so it holds none of
@@ -78,7 +84,7 @@ class _Strict(BaseModel):
 
 
 class _Figure(_Strict):
-    value: float = Field(gt=0, le=MAX_FIGURE)
+    value: float = Field(ge=MIN_FIGURE, le=MAX_FIGURE)
     source: str = Field(min_length=1)
     note: str = ""
 
@@ -90,7 +96,7 @@ class _Latency(_Strict):
 
 
 class _Efficiency(_Strict):
-    value: float = Field(gt=0, le=1)
+    value: float = Field(ge=MIN_FIGURE, le=1)
     origin: str = Field(min_length=1)
 
 
@@ -159,14 +165,14 @@ class _DeviceFile(_Strict):
 
 
 class _IntraLink(_Strict):
-    bandwidth_gb_per_s: float = Field(gt=0, le=MAX_FIGURE)
+    bandwidth_gb_per_s: float = Field(ge=MIN_FIGURE, le=MAX_FIGURE)
     latency_us: float = Field(ge=0, le=MAX_US)
     source: str = ""
 
 
 class _DefaultLinkFile(_Strict):
-    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0, le=MAX_GBIT)
-    bandwidth_gb_per_s: float | None = Field(default=None, gt=0, le=MAX_FIGURE)
+    bandwidth_gbit_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_GBIT)
+    bandwidth_gb_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
     latency_us: float = Field(ge=0, le=MAX_US)
     source: str = ""
 
@@ -178,7 +184,7 @@ class _MeshFile(_Strict):
     axes: dict[str, int] | None = None
     intra_link: _IntraLink | None = None
     price_usd_per_device_hour: float | None = Field(default=None, ge=0, le=MAX_FIGURE)
-    power_w_per_device: float | None = Field(default=None, gt=0, le=MAX_FIGURE)
+    power_w_per_device: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
     host: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
     devices_per_node: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     scale_out_link: _DefaultLinkFile | None = None
@@ -186,8 +192,8 @@ class _MeshFile(_Strict):
 
 class _LinkFile(_Strict):
     between: tuple[str, str]
-    bandwidth_gbit_per_s: float | None = Field(default=None, gt=0, le=MAX_GBIT)
-    bandwidth_gb_per_s: float | None = Field(default=None, gt=0, le=MAX_FIGURE)
+    bandwidth_gbit_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_GBIT)
+    bandwidth_gb_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
     latency_us: float = Field(ge=0, le=MAX_US)
     source: str = ""
 

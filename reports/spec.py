@@ -94,6 +94,9 @@ def to_option(x: Any, base: Path | None = None) -> Option:
     if bad:
         raise ReportError(f"option {x.get('cluster')!r} has unknown keys {sorted(bad)}; "
                           f"use {sorted(_OPTION_KEYS)}")
+    if not isinstance(x["cluster"], (str, Path, Cluster)) or not str(x["cluster"]).strip():
+        raise ReportError(f"option cluster {x['cluster']!r} is not a cluster file or bundled name; "
+                          f"write e.g. 'cluster: h100x64'")
     c = x["cluster"] if isinstance(x["cluster"], Cluster) else _load(x["cluster"], base)
     where = f"option {c.name!r}"
     try:
@@ -155,6 +158,14 @@ def load_example(name_or_path: str | Path) -> tuple[dict[str, Any], Path]:
         raise ReportError(f"example {str(p)!r} has unknown keys {sorted(bad)}; use {sorted(_EXAMPLE_KEYS)}")
     if "model" not in data or not ("options" in data or "sweep" in data):
         raise ReportError(f"example {str(p)!r} needs 'model:' and 'options:' or 'sweep:'")
+    for key, kind, example in (("options", list, "options: [h100x64]"),
+                               ("sweep", Mapping, "sweep: {budget_usd_per_hour: 100, devices: ...}"),
+                               ("prices", Mapping, "prices: {h100-sxm: [2.0, 3.0]}"),
+                               ("name", str, "name: my-example"), ("title", str, "title: My example"),
+                               ("model", str, "model: llama3-70b")):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            raise ReportError(f"example {str(p)!r}: {key} is {type(data[key]).__name__}; "
+                              f"write e.g. '{example}'")
     data.setdefault("name", p.stem)
     # PyYAML reads 1.0e12 (no exponent sign) as a string: coerce numeric keys explicitly
     for key, (kind, lo, hi) in _EXAMPLE_NUMBERS.items():

@@ -105,10 +105,11 @@ class Row:
         return f"{self.source}/{self.model}/b{self.global_batch}/{self.schedule or '-'}"
 
 
-INT_LIMITS = {"layers": 10_000, "hidden": 2**20, "heads": 2**16, "seq_len": 2**22, "vocab": 2**24,
-              "gpus": 2**20, "tp": 2**20, "pp": 2**20, "dp": 2**20, "global_batch": 2**24,
-              "micro_batch": 2**24, "microbatches": 2**24}
-"""Largest value accepted per integer column (every integer column is at least 1)."""
+INT_LIMITS = {"layers": 1024, "hidden": 2**18, "heads": 2**12, "seq_len": 2**22, "vocab": 2**24,
+              "gpus": 2**20, "tp": 1024, "pp": 1024, "dp": 2**20, "global_batch": 2**24,
+              "micro_batch": 2**24, "microbatches": 2**16}
+"""Largest value accepted per integer column (every integer column is at least 1); far above any
+published run (at most 128 layers, 8-way tensor and 64-way pipeline parallelism in the sources)."""
 
 
 def _int(d: Mapping[str, str], k: str, line: int, default: int | None = None) -> int | None:
@@ -195,6 +196,10 @@ def load_rows(path: str | Path) -> tuple[Row, ...]:
             raise ValidationError(
                 f"row {line}: global_batch {r.global_batch} is not micro_batch x microbatches x dp "
                 f"({r.micro_batch or '-'} x {r.microbatches or '-'} x {r.dp}); fix the row")
+        if r.global_batch // (r.dp * (r.micro_batch or 1)) > INT_LIMITS["microbatches"]:
+            raise ValidationError(
+                f"row {line}: global_batch {r.global_batch} makes over {INT_LIMITS['microbatches']} "
+                f"microbatches per pipeline; fix the row (set micro_batch)")
         rows.append(r)
     return tuple(rows)
 

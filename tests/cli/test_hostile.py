@@ -92,6 +92,11 @@ CLUSTERS = {
     "10**12 devices": (two_meshes(n="1000000000000").encode(),
                        ("meshes.0.num_devices = 1000000000000", "less than or equal to 1048576")),
     "syntax error": (b"meshes: [ {name: a\n", ("malformed YAML at line 2, column 1",)),
+    "markup in a mesh name": (two_meshes().replace("name: a,", "name: '[/]',").encode(),
+                              ("meshes.0.name = '[/]': String should match pattern",)),
+    "513 meshes": (("name: c\nmeshes:\n" + "".join(f"  - {{name: m{i}, device: h100-sxm, num_devices: 1}}\n"
+                                                   for i in range(513))).encode(),
+                   ("List should have at most 512 items",)),
     "not a mapping": (b"- 1\n- 2\n", ("top level is list, not a mapping",)),
     "empty": (b"", ("top level is NoneType, not a mapping",)),
 }
@@ -130,6 +135,7 @@ DEVICES = {
     "infinite peak": (None, ("peak_tflops.bf16.value = inf is not a finite number",)),
     "absurd memory bandwidth": (None, ("memory_bandwidth_gb_per_s.value = 1e+20",
                                        "less than or equal to 1000000")),
+    "tiny peak": (None, ("peak_tflops.bf16.value = 1e-300", "greater than or equal to 0.001")),
     "deep nesting": (b"name: x\nvendor: " + b"[" * 50_000 + b"]" * 50_000 + b"\n", ("nests deeper",)),
 }
 
@@ -140,6 +146,8 @@ def test_hostile_device_profile(tmp_path, case):
     text = H100.read_text()
     if case == "infinite peak":
         data = text.replace("bf16:\n    value: ", "bf16:\n    value: .inf #", 1).encode()
+    elif case == "tiny peak":
+        data = text.replace("bf16:\n    value: ", "bf16:\n    value: 1.0e-300 #", 1).encode()
     elif case == "absurd memory bandwidth":
         data = text.replace("memory_bandwidth_gb_per_s:\n  value: ",
                             "memory_bandwidth_gb_per_s:\n  value: 1.0e+20 #", 1).encode()
@@ -185,6 +193,8 @@ def broken_plans(doc: dict) -> dict[str, tuple[object, tuple[str, ...]]]:
                                  ("meshes.m0.layout", "data x tensor must equal num_devices 2")),
         "unknown mesh": (edit(lambda d: d.update(rank_mesh=["m0", "m1", "m2", "zz"])),
                          ("rank_mesh[3] = 'zz'",)),
+        "markup in the cluster name": (edit(lambda d: d.update(cluster="[/]")),
+                                       ("plan field cluster = '[/]'", "letters, digits")),
         "cluster file is binary": (edit(lambda d: d.update(cluster_path="/bin/sh")),
                                    ("/bin/sh: cluster file has a NUL byte",)),
         "layers do not cover the model": (edit(lambda d: d["stages"][-1]["layers"].__setitem__(1, 50)),
@@ -195,7 +205,7 @@ def broken_plans(doc: dict) -> dict[str, tuple[object, tuple[str, ...]]]:
 PLAN_CASES = ["binary", "not utf-8", "NaN", "Infinity in predictions", "deep nesting", "truncated",
               "top level list", "stages not a list", "missing schedule", "stage_rank out of range",
               "fragment of no stage", "global batch 10**15", "microbatches 10**9",
-              "layout over the mesh", "unknown mesh", "cluster file is binary",
+              "layout over the mesh", "unknown mesh", "markup in the cluster name", "cluster file is binary",
               "layers do not cover the model"]
 
 
@@ -289,6 +299,8 @@ EXAMPLES = {
     "tokens as the string inf": (None, ("tokens = 'inf' is not a number above 0",)),
     "global batch 10**12": (None, ("global_batch = 1000000000000 is not an integer from 1 to 16777216",)),
     "option time limit nan": (None, ("time_limit_s = 'nan' is not a number above 0",)),
+    "option without a cluster": (None, ("option cluster None is not a cluster file",)),
+    "options not a list": (None, ("options is int; write e.g. 'options: [h100x64]'",)),
 }
 
 
@@ -302,6 +314,10 @@ def test_hostile_example(tmp_path, case):
         data = text.replace("tokens: 1.0e12", "tokens: 'inf'").encode()
     elif case == "global batch 10**12":
         data = text.replace("global_batch: 256", "global_batch: 1000000000000").encode()
+    elif case == "option without a cluster":
+        data = text[:text.index("options:\n  - cluster:") + len("options:\n  - cluster:")].encode()
+    elif case == "options not a list":
+        data = text.split("options:\n")[0].encode() + b"options: 5\n"
     elif case == "option time limit nan":
         data = text.replace("options:\n  - cluster: h100x64\n",
                             "options:\n  - cluster: h100x64\n    time_limit_s: 'nan'\n").encode()
@@ -363,6 +379,8 @@ VALIDATION = {
                                    ("row 2: global_batch 144 is not micro_batch x microbatches x dp",)),
     "inconsistent layout": (lambda: csv_with(2, "tp", "2"), ("row 2: tp*pp*dp = 16 != gpus=8",)),
     "absurd gpus": (lambda: csv_with(2, "gpus", "1000000000000"), ("row 2: gpus=1000000000000 is out of range",)),
+    "too many microbatches": (lambda: csv_with(2, "global_batch", "16777216").replace(
+        "16777216,6,24,", "16777216,,,", 1), ("row 2: global_batch 16777216 makes over 65536 microbatches",)),
     "binary": (lambda: b"source,model\x00\n", ("NUL byte at offset 12",)),
     "not utf-8": (lambda: CSV.read_bytes().replace(b"zb,1.5B", b"zb,1.5\xb5", 1), ("not UTF-8",)),
     "header only": (lambda: CSV.read_text().splitlines()[0] + "\n", ("validation CSV has no rows",)),

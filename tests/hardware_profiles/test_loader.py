@@ -133,13 +133,14 @@ def test_unknown_device_direct():
 def test_non_positive_link_bandwidth(tmp_path, bw):
     p = _write(tmp_path, GOOD.replace("bandwidth_gbit_per_s: 400", f"bandwidth_gbit_per_s: {bw}"))
     msg = _one_line_error(load_cluster, p)
-    assert msg == (f"{p}: links.0.bandwidth_gbit_per_s = {bw}: Input should be greater than 0; "
-                   f"fix: use a positive number")
+    assert msg == (f"{p}: links.0.bandwidth_gbit_per_s = {bw}: Input should be greater than or "
+                   f"equal to 0.001; fix: use a number >= the minimum")
 
 
 def test_zero_intra_bandwidth(tmp_path):
     p = _write(tmp_path, GOOD.replace("bandwidth_gb_per_s: 450", "bandwidth_gb_per_s: 0"))
-    assert "meshes.0.intra_link.bandwidth_gb_per_s = 0: Input should be greater than 0" in _one_line_error(load_cluster, p)
+    assert ("meshes.0.intra_link.bandwidth_gb_per_s = 0: Input should be greater than or equal to 0.001"
+            in _one_line_error(load_cluster, p))
 
 
 def test_axes_product(tmp_path):
@@ -194,14 +195,14 @@ def _device_yaml(tmp_path, old, new, stem="h100-sxm"):
 def test_device_zero_bandwidth(tmp_path):
     p = _device_yaml(tmp_path, "memory_bandwidth_gb_per_s:\n  value: 3350", "memory_bandwidth_gb_per_s:\n  value: 0")
     msg = _one_line_error(load_device, p)
-    assert msg == (f"{p}: memory_bandwidth_gb_per_s.value = 0: Input should be greater than 0; "
-                   f"fix: use a positive number")
+    assert msg == (f"{p}: memory_bandwidth_gb_per_s.value = 0: Input should be greater than or "
+                   f"equal to 0.001; fix: use a number >= the minimum")
 
 
 def test_device_negative_scale_up(tmp_path):
     p = _device_yaml(tmp_path, "bandwidth_gb_per_s_per_direction:\n    value: 450",
                      "bandwidth_gb_per_s_per_direction:\n    value: -450")
-    assert "scale_up.bandwidth_gb_per_s_per_direction.value = -450: Input should be greater than 0" in \
+    assert "scale_up.bandwidth_gb_per_s_per_direction.value = -450: Input should be greater than or equal to 0.001" in \
         _one_line_error(load_device, p)
 
 
