@@ -6,6 +6,8 @@ import time
 
 import click
 
+from mpmd.cli.params import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TIME_LIMIT_S, FiniteFloat, int_range
+
 
 def register(main: click.Group, guard) -> None:
     @main.command()
@@ -18,17 +20,18 @@ def register(main: click.Group, guard) -> None:
                   help="Budget sweep spec YAML (see reports/sweep.py).")
     @click.option("--example", default=None,
                   help="Bundled example (reports/examples/NAME.yaml), e.g. llama70b-1t.")
-    @click.option("--global-batch", type=click.IntRange(min=1), default=None, help="Samples per step.")
-    @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Tokens per sample.")
-    @click.option("--tokens", type=click.FloatRange(min=0, min_open=True), default=None,
+    @click.option("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), default=None,
+                  help="Samples per step.")
+    @click.option("--seq-len", type=int_range(1, MAX_SEQ_LEN), default=None, help="Tokens per sample.")
+    @click.option("--tokens", type=FiniteFloat(min=0, min_open=True, max=1e18), default=None,
                   help="Training token budget, e.g. 1e12.")
-    @click.option("--videos-per-hour", type=click.FloatRange(min=0, min_open=True), default=None,
+    @click.option("--videos-per-hour", type=FiniteFloat(min=0, min_open=True, max=1e9), default=None,
                   help="Inference demand (Mochi): videos per hour.")
-    @click.option("--deadline-days", type=click.FloatRange(min=0, min_open=True), default=None,
+    @click.option("--deadline-days", type=FiniteFloat(min=0, min_open=True, max=1e5), default=None,
                   help="Training deadline the recommendation checks, days.")
     @click.option("--price", "prices", multiple=True,
                   help="DEVICE=LOW:HIGH USD per device-hour override (repeatable).")
-    @click.option("--time-limit", type=click.FloatRange(min=0.1), default=None,
+    @click.option("--time-limit", type=FiniteFloat(min=0.1, max=MAX_TIME_LIMIT_S), default=None,
                   help="Planner wall-clock budget per option, s (default 10, or the example's).")
     @click.option("--screenshot/--no-screenshot", default=True, show_default=True,
                   help="Also write OUT.png, the report's first screen (needs chromium; skipped without).")

@@ -353,6 +353,18 @@ def test_hostile_sweep(tmp_path, case):
     one_line(run(args), *outs, needles=needles)
 
 
+@pytest.mark.parametrize("args,needles", [
+    (["--tokens", "nan"], ("--tokens", "'nan' is not a finite number")),
+    (["--tokens", "inf"], ("--tokens", "'inf' is not a finite number")),
+    (["--global-batch", "100000000000"], ("--global-batch", "1<=x<=16777216")),
+    (["--deadline-days", "1e300"], ("--deadline-days",)),
+    (["--price", "h100-sxm=inf"], ("--price 'h100-sxm=inf'", "(finite)")),
+])
+def test_whatif_numbers(tmp_path, args, needles):
+    cmd, outs = whatif(tmp_path, "--example", EXAMPLE, *args)
+    one_line(run(cmd), *outs, needles=needles)
+
+
 def test_hostile_option_cluster(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(two_meshes(n="1000000000000"))
