@@ -25,13 +25,14 @@ replay in :mod:`planner.predict`, not from this surrogate.
 Stopping: the solve runs in a helper thread while the calling thread waits, so the caller's signal
 handlers keep running; setting the ``stop`` event ends the search through
 ``CpSolver.StopSearch()``, keeping the best solution and the proven bound. CP-SAT's own SIGINT
-handling (``catch_sigint_signal``) is off: it replaces the process's SIGINT handler during a solve and
-resets it to the default (kill) afterwards.
+handling (``catch_sigint_signal``) is off: it replaces the process's SIGINT handler during a
+solve and resets it to the default (kill) afterwards.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import threading
 from dataclasses import dataclass
 
@@ -215,29 +216,47 @@ def solve_timed(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: in
 
 def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threading.Event | None):
     """(status, stopped): ``solver.Solve(model)`` in a helper thread, polled every 50 ms for
-    ``stop``. An exception in the waiting thread (KeyboardInterrupt) stops the solve and waits for
-    it before propagating, so no solver thread outlives the call."""
+    ``stop``.
+
+    ``StopSearch`` is repeated at every poll while ``stop`` is set (it does nothing before CP-SAT
+    has begun the solve). An exception in the waiting thread (KeyboardInterrupt) stops the solve
+    and waits for it before propagating, so no solver thread outlives the call (one still running
+    at interpreter exit aborts the process). The thread starts with SIGINT blocked, so a Ctrl-C
+    cannot interrupt the start and the signal is always delivered to the waiting thread.
+    """
     box: list = []
+    cancel = threading.Event()
 
     def target() -> None:
         try:
-            box.append(solver.Solve(model))
+            box.append(None if cancel.is_set() else solver.Solve(model))
         except BaseException as e:   # re-raised in the caller's thread
             box.append(e)
 
     th = threading.Thread(target=target, name="cp-sat", daemon=True)
-    th.start()
+    mask = hasattr(signal, "pthread_sigmask")
+    if mask:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        th.start()
+    finally:
+        if mask:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
     stopped = False
     try:
         while th.is_alive():
             th.join(0.05)
-            if stop is not None and not stopped and stop.is_set() and th.is_alive():
+            if stop is not None and stop.is_set() and th.is_alive():
                 solver.StopSearch()
                 stopped = True
     finally:
-        if th.is_alive():
-            solver.StopSearch()
-            th.join()
+        cancel.set()
+        while th.is_alive():
+            try:
+                solver.StopSearch()
+                th.join(0.01)
+            except BaseException:   # a further Ctrl-C: end the solve first, then propagate
+                pass
     if isinstance(box[0], BaseException):
         raise box[0]
     return box[0], stopped

@@ -80,9 +80,9 @@ def plan_table(result: Any, cluster: Any) -> Group:
     total = sv.get("candidates_total")
     if sv.get("interrupted") or (total is not None and sv.get("candidates", total) < total):
         rows[-2] = (rows[-2][0], rows[-2][1] + " (this candidate)")
+        why = ", interrupted (Ctrl-C)" if sv.get("interrupted") else ", time limit reached"
         rows[-1] = ("search", f"{sv.get('candidates')} of {total} candidates in "
-                              f"{sv.get('search_wall_s', 0):.1f} s"
-                    + (", interrupted (Ctrl-C)" if sv.get("interrupted") else ", time limit reached"))
+                              f"{sv.get('search_wall_s', 0):.1f} s{why}")
         gap = search_gap_text(sv)
         if sv.get("search_bound") is not None:
             gap += f" (bound {sv['search_bound']:.3f} s over all candidates)"

@@ -27,7 +27,8 @@ from mpmd.cli.search_ui import CtrlC, SearchProgress
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "hardware_profiles" / "clusters" / "h100x16_p150bx32.yaml"
 WAIT_S = 300.0
-PROGRESS_WITH_PLAN = re.compile(r"^planning llama3-70b on \S+: \d+/\d+ candidates, best [0-9.]+ s/step")
+PROGRESS_WITH_PLAN = re.compile(
+    r"^planning llama3-70b on \S+: \d+/\d+ candidates, best [0-9.]+ s/step")
 
 
 class Plan:
@@ -35,8 +36,8 @@ class Plan:
 
     def __init__(self, out: Path) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mpmd", "plan", "--model", "llama3-70b", "--cluster", str(CLUSTER),
-             "--out", str(out), "--time-limit", "60"],
+            [sys.executable, "-m", "mpmd", "plan", "--model", "llama3-70b",
+             "--cluster", str(CLUSTER), "--out", str(out), "--time-limit", "60"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.err: list[str] = []
@@ -177,7 +178,8 @@ def test_table_says_gap_unknown_when_candidates_were_not_searched():
     con.print(plan_table(r, c))
     text = con.export_text()
     assert f"2 of {r.candidates_total} candidates" in text and "interrupted (Ctrl-C)" in text
-    assert f"unknown: {r.candidates_total - 2} of {r.candidates_total} candidates not searched" in text
+    n = r.candidates_total
+    assert f"unknown: {n - 2} of {n} candidates not searched" in text
     assert "(this candidate)" in text
 
     full = plan(workload(), c, PlanOptions(time_limit_s=20.0))

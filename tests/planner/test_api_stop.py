@@ -1,4 +1,4 @@
-"""Stopping the planner: between candidates, during a CP-SAT solve, and the honest bound it reports."""
+"""Stopping the planner: between candidates, during a CP-SAT solve; the honest bound it reports."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_uninterrupted_search_reports_its_bound(fast_slow_cluster):
 def test_stop_set_before_the_search_gives_no_plan(fast_slow_cluster):
     stop = threading.Event()
     stop.set()
-    with pytest.raises(PlanInterrupted, match=r"^interrupted after \d+ s before any feasible plan$"):
+    with pytest.raises(PlanInterrupted,
+                       match=r"^interrupted after \d+ s before any feasible plan$"):
         plan(workload(), fast_slow_cluster, OPTS, stop=stop)
 
 
