@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 from compiler.ir import Timeline
@@ -76,16 +75,9 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
 
 
 def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> None:
-    """Write :func:`to_chrome_trace` JSON to ``path`` atomically (temp file in the same folder,
-    then rename), so a reader never sees a half-written trace."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".trace-", suffix=".json.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(to_chrome_trace(timeline), fh, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write :func:`to_chrome_trace` JSON to ``path`` atomically (:func:`mpmd.files.write_atomic`:
+    a temporary file in the same folder, then a rename), so a reader never sees a half-written
+    trace and a failure leaves none."""
+    from mpmd.files import write_atomic
+
+    write_atomic(path, json.dumps(to_chrome_trace(timeline), separators=(",", ":")))
