@@ -219,10 +219,11 @@ def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threading.Eve
     ``stop``.
 
     ``StopSearch`` is repeated at every poll while ``stop`` is set (it does nothing before CP-SAT
-    has begun the solve). An exception in the waiting thread (KeyboardInterrupt) stops the solve
-    and waits for it before propagating, so no solver thread outlives the call (one still running
-    at interpreter exit aborts the process). The thread starts with SIGINT blocked, so a Ctrl-C
-    cannot interrupt the start and the signal is always delivered to the waiting thread.
+    has begun the solve). An exception in the waiting thread (KeyboardInterrupt), wherever it
+    lands, cancels a solve not yet begun or stops a running one and waits for it before
+    propagating: a solver thread still inside CP-SAT at interpreter exit aborts the process
+    ("terminate called without an active exception"). The thread starts with SIGINT blocked, so
+    the signal always goes to the waiting thread.
     """
     box: list = []
     cancel = threading.Event()
@@ -234,22 +235,22 @@ def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threading.Eve
             box.append(e)
 
     th = threading.Thread(target=target, name="cp-sat", daemon=True)
-    mask = hasattr(signal, "pthread_sigmask")
-    if mask:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        th.start()
-    finally:
-        if mask:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
     stopped = False
     try:
+        mask = hasattr(signal, "pthread_sigmask")
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if mask else None
+        try:
+            th.start()
+        finally:
+            if mask:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
         while th.is_alive():
             th.join(0.05)
             if stop is not None and stop.is_set() and th.is_alive():
                 solver.StopSearch()
                 stopped = True
     finally:
+        # cancel first: a thread not yet running then skips the solve; one running is alive
         cancel.set()
         while th.is_alive():
             try:

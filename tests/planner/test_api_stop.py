@@ -144,3 +144,36 @@ def test_an_unset_stop_event_changes_nothing(fast_slow_cluster):
     strip = lambda p: {k: v for k, v in plan_to_json(p).items() if k != "solver"}
     assert json.dumps(strip(a.plan), sort_keys=True) == json.dumps(strip(b.plan), sort_keys=True)
     assert a.candidates == b.candidates and not b.interrupted
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_keyboard_interrupt_at_thread_start_leaves_no_solver_running(hard, monkeypatch, when):
+    """A Ctrl-C landing as the solver thread starts (found by a core dump: a solver thread still in
+    CP-SAT at interpreter exit aborts the process) still ends the solve before propagating."""
+    import planner.search as search
+
+    class Captured(Exception):
+        pass
+
+    def capture(cand, **kw):
+        cands.append(cand)
+        raise Captured
+
+    cands = []
+    w, c = hard
+    monkeypatch.setattr(api, "solve_outcome", capture)
+    with pytest.raises(Captured):
+        plan(w, c, HARD_OPTS)
+    monkeypatch.undo()
+
+    class InterruptedStart(threading.Thread):
+        def start(self) -> None:
+            if when == "after":
+                super().start()
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(search.threading, "Thread", InterruptedStart)
+    with pytest.raises(KeyboardInterrupt):
+        solve_outcome(cands[0], time_limit_s=20.0)
+    monkeypatch.undo()
+    assert not [t for t in threading.enumerate() if t.name == "cp-sat" and t.is_alive()]
