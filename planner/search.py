@@ -32,7 +32,6 @@ solve and resets it to the default (kill) afterwards.
 from __future__ import annotations
 
 import math
-import signal
 import threading
 from dataclasses import dataclass
 
@@ -219,45 +218,46 @@ def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threading.Eve
     ``stop``.
 
     ``StopSearch`` is repeated at every poll while ``stop`` is set (it does nothing before CP-SAT
-    has begun the solve). An exception in the waiting thread (KeyboardInterrupt), wherever it
+    has begun the solve). An exception in the waiting thread (a KeyboardInterrupt), wherever it
     lands, cancels a solve not yet begun or stops a running one and waits for it before
     propagating: a solver thread still inside CP-SAT at interpreter exit aborts the process
-    ("terminate called without an active exception"). The thread starts with SIGINT blocked, so
-    the signal always goes to the waiting thread.
+    ("terminate called without an active exception"). Completion is tracked with the thread's own
+    event, not ``Thread.join``/``is_alive``: on Python 3.11 a KeyboardInterrupt inside a timed
+    ``join`` can mark a running thread as stopped (``Thread._wait_for_tstate_lock``).
     """
     box: list = []
-    cancel = threading.Event()
+    began, cancel, done = threading.Event(), threading.Event(), threading.Event()
 
     def target() -> None:
+        began.set()
         try:
             box.append(None if cancel.is_set() else solver.Solve(model))
         except BaseException as e:   # re-raised in the caller's thread
             box.append(e)
+        finally:
+            done.set()
 
     th = threading.Thread(target=target, name="cp-sat", daemon=True)
-    stopped = False
+    started = stopped = False
     try:
-        mask = hasattr(signal, "pthread_sigmask")
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if mask else None
-        try:
-            th.start()
-        finally:
-            if mask:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        while th.is_alive():
-            th.join(0.05)
-            if stop is not None and stop.is_set() and th.is_alive():
+        th.start()
+        started = True
+        while not done.wait(0.05):
+            if stop is not None and stop.is_set():
                 solver.StopSearch()
                 stopped = True
     finally:
-        # cancel first: a thread not yet running then skips the solve; one running is alive
-        cancel.set()
-        while th.is_alive():
-            try:
-                solver.StopSearch()
-                th.join(0.01)
-            except BaseException:   # a further Ctrl-C: end the solve first, then propagate
-                pass
+        cancel.set()   # a thread that has not reached the solve yet now skips it
+        # if start() itself was interrupted the thread may or may not exist: one that exists
+        # announces itself within moments
+        if not done.is_set() and (started or began.wait(5.0)):
+            while True:
+                try:
+                    solver.StopSearch()
+                    if done.wait(0.01):
+                        break
+                except BaseException:   # a further interrupt: end the solve first
+                    pass
     if isinstance(box[0], BaseException):
         raise box[0]
     return box[0], stopped

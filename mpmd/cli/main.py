@@ -135,7 +135,7 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
     """
     from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
-    from mpmd.cli.search_ui import CtrlC, SearchProgress
+    from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
     from compiler.ir import plan_to_json
     from hardware_profiles import load_cluster
     from planner import PlanOptions, plan as run_plan
@@ -156,11 +156,13 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
                     microbatches=microbatches or None, max_tensor=max_tensor,
                     even_split=even_split, fsdp=not no_fsdp), bar, stop=ctrl_c.stop)
             ctrl_c.searching = False
+            ctrl_c.check()
             if result.interrupted:
                 err_console.print(f"interrupted after {result.plan.solver['search_wall_s']:.0f} s; "
                                   f"best plan so far, {search_gap_text(result.plan.solver)}",
                                   highlight=False, soft_wrap=True)
             console.print(plan_table(result, cluster))
+            ctrl_c.check()
             if out:
                 doc = plan_to_json(result.plan)
                 validate_plan_json(doc)
@@ -168,10 +170,10 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
             with ctrl_c.committing():
                 if out:
                     write_atomic(Path(out), text)
-        except KeyboardInterrupt:
-            err_console.print("aborted by a second Ctrl-C; nothing written", highlight=False)
-            sys.exit(130)
-        except PlanInterrupted as e:
+        except (Aborted, PlanInterrupted) as e:
+            if isinstance(e, Aborted) or ctrl_c.aborted:
+                err_console.print("aborted by a second Ctrl-C; nothing written", highlight=False)
+                sys.exit(130)
             err_console.print(f"{e}; nothing written", highlight=False, soft_wrap=True)
             sys.exit(2)
     if out:

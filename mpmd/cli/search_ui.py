@@ -6,9 +6,9 @@
   :data:`DELAY_S` seconds, then at most every :data:`EVERY_S` seconds, and a heartbeat line at least
   every :data:`HEARTBEAT_S` seconds while a long candidate runs. Stdout is left alone.
 - :class:`CtrlC` installs, for the duration of a ``with`` block, a SIGINT handler that sets a
-  stop event on the first Ctrl-C (the planner then returns its best plan so far) and raises
-  :class:`KeyboardInterrupt` on the second (the CLI aborts with nothing written); the previous
-  handler is restored on exit.
+  stop event on the first Ctrl-C (the planner then returns its best plan so far) and an abort
+  flag on the second (the CLI then ends with nothing written); the previous handler is restored
+  on exit.
 """
 
 from __future__ import annotations
@@ -96,20 +96,27 @@ class SearchProgress:
             self._line(min_gap=HEARTBEAT_S)
 
 
+class Aborted(Exception):
+    """Ctrl-C was pressed a second time: the command ends at once with nothing written."""
+
+
 class CtrlC:
     """Ctrl-C for ``mpmd plan``, as a ``with`` block around the search and the output.
 
     Inside the block the first SIGINT sets :attr:`stop` (the planner returns its best plan so far)
-    and, while :attr:`searching`, says so on stderr at once; the second raises
-    :class:`KeyboardInterrupt` (the CLI aborts with nothing written). :meth:`committing` holds
-    Ctrl-C back while the output file is renamed into place, so an abort never leaves a file
-    behind, and ignores it afterwards. The previous handler is restored on exit. Outside the main
+    and, while :attr:`searching`, says so on stderr at once; the second sets :attr:`aborted`, and
+    :meth:`check` (called after the search and before each output) raises :class:`Aborted`. The
+    handler never raises: an exception landing at an arbitrary point could leave a solver thread
+    running or a file half-handled; the planner already winds down within about 50 ms once
+    :attr:`stop` is set. :meth:`committing` wraps the write: an abort before it writes nothing,
+    one during or after it is ignored. The previous handler is restored on exit. Outside the main
     thread (where Python allows no signal handlers) nothing is installed.
     """
 
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.searching = True
+        self.aborted = False
         self._armed = True
         self._installed = False
         self._old: Any = None
@@ -129,20 +136,20 @@ class CtrlC:
         if not self._armed:
             return
         if self.stop.is_set():
-            raise KeyboardInterrupt
+            self.aborted = True
+            return
         self.stop.set()
         if self.searching:   # os.write: no lock a print in progress could hold
             os.write(2, b"stopping the search (Ctrl-C again to abort, writing nothing) ...\n")
 
+    def check(self) -> None:
+        """Raise :class:`Aborted` once Ctrl-C was pressed twice."""
+        if self.aborted:
+            raise Aborted
+
     @contextmanager
     def committing(self) -> Iterator[None]:
-        """Run the block with SIGINT held back; after it succeeds Ctrl-C is ignored."""
-        mask = self._installed and hasattr(signal, "pthread_sigmask")
-        if mask:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            yield
-            self._armed = False
-        finally:
-            if mask:   # a SIGINT held back runs the handler now, which ignores it once disarmed
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        """:meth:`check`, then the block (the write); afterwards Ctrl-C is ignored."""
+        self.check()
+        yield
+        self._armed = False

@@ -22,7 +22,7 @@ import pytest
 
 from compiler.ir import plan_from_json, plan_to_json
 from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
-from mpmd.cli.search_ui import CtrlC, SearchProgress
+from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "hardware_profiles" / "clusters" / "h100x16_p150bx32.yaml"
@@ -111,24 +111,31 @@ def test_second_ctrl_c_aborts_and_writes_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_ctrl_c_handler_sets_stop_then_raises_and_is_restored():
+def test_ctrl_c_handler_sets_stop_then_aborts_and_is_restored():
     before = signal.getsignal(signal.SIGINT)
     with CtrlC() as c:
+        c.check()
         signal.raise_signal(signal.SIGINT)
-        assert c.stop.is_set()
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
+        assert c.stop.is_set() and not c.aborted
+        c.check()
+        signal.raise_signal(signal.SIGINT)        # never raises where it lands
+        assert c.aborted
+        with pytest.raises(Aborted):
+            c.check()
+        with pytest.raises(Aborted):
+            with c.committing():
+                pytest.fail("an aborted command must not write")
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_ctrl_c_is_held_back_while_committing_then_ignored():
+def test_ctrl_c_after_the_commit_is_ignored():
     with CtrlC() as c:
         signal.raise_signal(signal.SIGINT)
         with c.committing():
-            signal.raise_signal(signal.SIGINT)   # held back: the block runs to its end
-            reached = True
-        signal.raise_signal(signal.SIGINT)       # after a commit: ignored
-    assert reached and c.stop.is_set()
+            written = True
+        signal.raise_signal(signal.SIGINT)
+        c.check()
+    assert written and c.stop.is_set() and not c.aborted
 
 
 class FakeConsole:
@@ -188,3 +195,28 @@ def test_table_says_gap_unknown_when_candidates_were_not_searched():
     text = con.export_text()
     assert f"{full.candidates_total} candidates in" in text
     assert "search gap" not in text and "this candidate" not in text and "interrupted" not in text
+
+
+def test_ctrl_c_before_any_feasible_plan_writes_nothing(tmp_path, monkeypatch):
+    """The stop event is already set when the search starts (as if Ctrl-C came at once): one line,
+    exit 2, no file."""
+    from click.testing import CliRunner
+
+    import planner
+    from mpmd.cli.main import main
+
+    real = planner.plan
+
+    def stopped_at_once(*args, stop, **kw):
+        stop.set()
+        return real(*args, stop=stop, **kw)
+
+    monkeypatch.setattr(planner, "plan", stopped_at_once)
+    out = tmp_path / "plan.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster",
+                                    str(ROOT / "hardware_profiles" / "clusters" / "h100x64.yaml"),
+                                    "--global-batch", "32", "--seq-len", "2048", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert [ln for ln in res.output.splitlines() if ln.strip()] == [
+        "interrupted after 0 s before any feasible plan; nothing written"]
+    assert os.listdir(tmp_path) == []
