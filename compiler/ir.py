@@ -259,6 +259,23 @@ class Plan:
     recompute: Mapping[str, bool] = field(default_factory=dict)
     """mesh name -> whether its stages recompute activations in the backward (full activation
     checkpointing: a forward keeps only each layer's input; the backward reruns the forward)."""
+    carving: tuple[Mapping[str, int], ...] = ()
+    """For a cluster described as node groups: how the planner cut each group into the plan's
+    meshes, one ``{"group", "nodes", "nodes_per_mesh", "meshes_per_node"}`` per group used
+    (``hardware_profiles.carve.GroupShape``); empty when the cluster file lists its meshes."""
+    schedules: tuple[Mapping[str, Any], ...] = ()
+    """The candidate table: every (schedule, microbatches) the search replayed for the chosen
+    shape, ``{"schedule", "microbatches", "step_time_s" (None: did not fit)}``, best first."""
+
+    @property
+    def replicas(self) -> Mapping[str, int]:
+        """Mesh name -> pipeline replicas it carries: the nodes its data axis spans (1 for meshes
+        inside one node or a cluster file's meshes)."""
+        out = {}
+        for shape in self.carving:
+            for j in range(shape["nodes"] // shape["nodes_per_mesh"] * shape["meshes_per_node"]):
+                out[f"{shape['group']}.{j}"] = shape["nodes_per_mesh"]
+        return {m: out.get(m, 1) for m in self.rank_mesh}
 
     @property
     def microbatches(self) -> int:
@@ -266,6 +283,49 @@ class Plan:
 
     def mesh_order(self, mesh: str) -> tuple[FragmentRef, ...]:
         return self.schedule.order[self.rank_mesh.index(mesh)]
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelPlan:
+    """Heterogeneous data parallelism: independent pipelines (``parts``, each a :class:`Plan` on
+    its own meshes, typically one device kind each) that take uneven shares of the global batch
+    (each part's ``global_batch``, in whole microbatches), with gradients all-reduced across the
+    parts at the end of the step, before the optimizer (Metis, Um et al. ATC'24; HetHub).
+
+    Attributes:
+        parts: the pipelines; their batch shares sum to ``global_batch``.
+        sync_link / sync_bytes / sync_s: the cross-part gradient all-reduce: the narrowest link
+            between parts, the fp32 gradient bytes, and its seconds (ring over the parts).
+        reason: why the planner chose this over one mixed pipeline or fewer kinds (one line).
+    """
+
+    model: str
+    cluster: str
+    global_batch: int
+    seq_len: int
+    parts: tuple[Plan, ...]
+    sync_link: str
+    sync_bytes: float
+    sync_s: float
+    predicted: Mapping[str, Any] = field(default_factory=dict)
+    solver: Mapping[str, Any] = field(default_factory=dict)
+    cluster_path: str = ""
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise IRError("DataParallelPlan has no parts")
+        total = sum(p.global_batch for p in self.parts)
+        if total != self.global_batch:
+            raise IRError(f"DataParallelPlan: batch shares {[p.global_batch for p in self.parts]} sum to "
+                          f"{total}, not the global batch {self.global_batch}")
+        meshes = [m for p in self.parts for m in p.rank_mesh]
+        if len(set(meshes)) != len(meshes):
+            raise IRError("DataParallelPlan: two parts share a mesh; each part needs its own meshes")
+
+    @property
+    def carving(self) -> tuple[Mapping[str, int], ...]:
+        return tuple(c for p in self.parts for c in p.carving)
 
 
 # --------------------------------------------------------------------------- timeline
@@ -346,7 +406,53 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "schedule": schedule_to_json(plan.schedule, plan.rank_mesh),
         "predicted": dict(plan.predicted),
         "solver": dict(plan.solver),
+        "carving": [dict(c) for c in plan.carving],
+        "schedules": [dict(c) for c in plan.schedules],
     }
+
+
+def data_parallel_to_json(plan: DataParallelPlan) -> dict[str, Any]:
+    """A :class:`DataParallelPlan` as a JSON-ready dict: the parts as plans, plus the sync."""
+    return {
+        "format": PLAN_FORMAT,
+        "model": plan.model,
+        "cluster": plan.cluster,
+        "cluster_path": plan.cluster_path,
+        "global_batch": plan.global_batch,
+        "seq_len": plan.seq_len,
+        "parts": [plan_to_json(p) for p in plan.parts],
+        "sync": {"link": plan.sync_link, "bytes": plan.sync_bytes, "seconds": plan.sync_s},
+        "reason": plan.reason,
+        "predicted": dict(plan.predicted),
+        "solver": dict(plan.solver),
+    }
+
+
+def any_plan_to_json(plan: "Plan | DataParallelPlan") -> dict[str, Any]:
+    """:func:`plan_to_json` or :func:`data_parallel_to_json`, whichever ``plan`` is."""
+    return data_parallel_to_json(plan) if isinstance(plan, DataParallelPlan) else plan_to_json(plan)
+
+
+def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
+    """Parse a dict written by :func:`data_parallel_to_json`.
+
+    Raises:
+        IRError: a missing key or inconsistent value, named in the message.
+    """
+    try:
+        sync = d["sync"]
+        return DataParallelPlan(
+            model=str(d["model"]), cluster=str(d["cluster"]), global_batch=int(d["global_batch"]),
+            seq_len=int(d["seq_len"]), parts=tuple(plan_from_json(p) for p in d["parts"]),
+            sync_link=str(sync["link"]), sync_bytes=float(sync["bytes"]), sync_s=float(sync["seconds"]),
+            predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
+            cluster_path=str(d.get("cluster_path", "")), reason=str(d.get("reason", "")))
+    except KeyError as e:
+        raise IRError(f"plan is missing key {e.args[0]!r}; regenerate it with 'mpmd plan'") from None
+    except (TypeError, ValueError) as e:
+        if isinstance(e, IRError):
+            raise
+        raise IRError(f"plan has a malformed value ({e}); regenerate it with 'mpmd plan'") from None
 
 
 def plan_from_json(d: Mapping[str, Any]) -> Plan:
@@ -388,7 +494,12 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                     devices={str(m): (str(v.get("device", "")), int(v.get("num_devices", 0)))
                              for m, v in d["meshes"].items()},
                     recompute={str(m): bool(v.get("recompute", False))
-                               for m, v in d["meshes"].items()})
+                               for m, v in d["meshes"].items()},
+                    carving=tuple({"group": str(c["group"]), "nodes": int(c["nodes"]),
+                                   "nodes_per_mesh": int(c.get("nodes_per_mesh", 1)),
+                                   "meshes_per_node": int(c.get("meshes_per_node", 1))}
+                                  for c in d.get("carving", [])),
+                    schedules=tuple(dict(c) for c in d.get("schedules", [])))
     except KeyError as e:
         raise IRError(f"plan is missing key {e.args[0]!r}; regenerate it with 'mpmd plan'") from None
     except (TypeError, ValueError) as e:

@@ -3,6 +3,7 @@
 Leaf package: imports no other project package.
 """
 
+from hardware_profiles.carve import GroupShape, carve, default_shapes, shapes_from_json
 from hardware_profiles.collectives import (
     ALGORITHMS,
     all_gather,
@@ -31,6 +32,7 @@ from hardware_profiles.types import (
     InterMeshLink,
     Link,
     MeshSpec,
+    NodeGroup,
     ProfileError,
 )
 
@@ -41,15 +43,19 @@ __all__ = [
     "Alternative",
     "Cluster",
     "DeviceProfile",
+    "GroupShape",
     "InterMeshLink",
     "Link",
     "MeshSpec",
+    "NodeGroup",
     "ProfileError",
     "all_gather",
     "all_reduce",
     "all_to_all",
     "bundled_clusters",
+    "carve",
     "collective_time",
+    "default_shapes",
     "known_device_ids",
     "list_devices",
     "load_cluster",
@@ -59,5 +65,6 @@ __all__ = [
     "reduce_scatter",
     "ring_all_reduce",
     "send_recv",
+    "shapes_from_json",
     "tree_all_reduce",
 ]

@@ -42,6 +42,7 @@ from hardware_profiles.types import (
     InterMeshLink,
     Link,
     MeshSpec,
+    NodeGroup,
     ProfileError,
 )
 
@@ -198,10 +199,31 @@ class _LinkFile(_Strict):
     source: str = ""
 
 
+class _ScaleOutLinkFile(_Strict):
+    bandwidth_gbit_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_GBIT)
+    bandwidth_gb_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
+    latency_us: float = Field(ge=0, le=MAX_US)
+    source: str = Field(min_length=1)
+
+
+class _GroupFile(_Strict):
+    name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
+    device: str = Field(min_length=1, max_length=4096)
+    nodes: int = Field(ge=1, le=MAX_MESHES)
+    devices_per_node: int = Field(ge=1, le=MAX_DEVICES)
+    intra_link: _IntraLink | None = None
+    scale_out_link: _ScaleOutLinkFile
+    price_usd_per_device_hour: float | None = Field(default=None, ge=0, le=MAX_FIGURE)
+    power_w_per_device: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
+    description: str = ""
+
+
 class _ClusterFile(_Strict):
     name: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
     description: str = ""
-    meshes: list[_MeshFile] = Field(min_length=1, max_length=MAX_MESHES)
+    meshes: list[_MeshFile] = Field(default=[], max_length=MAX_MESHES)
+    node_groups: list[_GroupFile] = Field(default=[], max_length=64)
+    group_links: list[_LinkFile] = []
     links: list[_LinkFile] = []
     default_link: _DefaultLinkFile | None = None
     host_slots: dict[str, int] = {}
@@ -439,6 +461,73 @@ def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
                     devices_per_node=m.devices_per_node, scale_out_link=scale_out)
 
 
+def _group(path: Path, g: _GroupFile) -> NodeGroup:
+    device = load_device(g.device, base_dir=path.parent)
+    if g.intra_link is not None:
+        intra = Link(g.intra_link.bandwidth_gb_per_s * GB, g.intra_link.latency_us * US,
+                     g.intra_link.source or f"{path.name}: node group {g.name} intra_link")
+    else:
+        intra = Link(device.scale_up_bandwidth, device.scale_up_latency,
+                     f"device {device.name} scale_up: {device.sources.get('scale_up_bandwidth', '')}")
+    so = g.scale_out_link
+    if so.bandwidth_gbit_per_s is None and so.bandwidth_gb_per_s is None:
+        bw, src = device.scale_out_bandwidth, (f"device {device.name} scale_out: "
+                                               f"{device.sources.get('scale_out_bandwidth', '')}; {so.source}")
+    else:
+        bw = _bandwidth(path, f"node group {g.name!r} scale_out_link", so.bandwidth_gbit_per_s,
+                        so.bandwidth_gb_per_s)
+        src = so.source
+    return NodeGroup(name=g.name, device=device, nodes=g.nodes, devices_per_node=g.devices_per_node,
+                     intra_link=intra, scale_out_link=Link(bw, so.latency_us * US, src),
+                     price_per_device_hour=g.price_usd_per_device_hour,
+                     power_watts_per_device=g.power_w_per_device)
+
+
+def _node_group_cluster(p: Path, f: _ClusterFile) -> Cluster:
+    """A cluster described as node groups: its meshes are its nodes (one each) until carved."""
+    from hardware_profiles.carve import carve, default_shapes
+
+    if f.meshes or f.links or f.host_slots:
+        raise ProfileError(f"{p}: a cluster gives node_groups and also meshes/links/host_slots; fix: describe "
+                           f"the hardware as node_groups (with group_links) or as meshes, not both")
+    groups: dict[str, NodeGroup] = {}
+    for g in f.node_groups:
+        if g.name in groups:
+            raise ProfileError(f"{p}: duplicate node group name {g.name!r}; fix: give every group a unique name")
+        try:
+            groups[g.name] = _group(p, g)
+        except ProfileError as exc:
+            msg = str(exc)
+            raise ProfileError(msg if msg.startswith(str(p)) else f"{p}: node group {g.name!r}: {msg}") from None
+    if sum(g.nodes for g in groups.values()) > MAX_MESHES:
+        raise ProfileError(f"{p}: {sum(g.nodes for g in groups.values())} nodes in all; fix: use at most "
+                           f"{MAX_MESHES} nodes (describe larger nodes, e.g. a TPU slice as one node)")
+    glinks, seen = [], set()
+    for i, ln in enumerate(f.group_links):
+        a, b = ln.between
+        for end in (a, b):
+            if end not in groups:
+                raise ProfileError(f"{p}: group_links[{i}] names unknown node group {end!r}; fix: use one of "
+                                   f"{list(groups)}")
+        if a == b or frozenset((a, b)) in seen:
+            raise ProfileError(f"{p}: group_links[{i}] joins {a!r} to itself or repeats a pair; fix: one entry "
+                               f"per pair of different groups")
+        seen.add(frozenset((a, b)))
+        bw = _bandwidth(p, f"group_links[{i}]", ln.bandwidth_gbit_per_s, ln.bandwidth_gb_per_s)
+        glinks.append(InterMeshLink(a, b, Link(bw, ln.latency_us * US, ln.source)))
+    default = None
+    if f.default_link is not None:
+        d = f.default_link
+        default = Link(_bandwidth(p, "default_link", d.bandwidth_gbit_per_s, d.bandwidth_gb_per_s),
+                       d.latency_us * US, d.source)
+    if f.name is None and not re.match(NAME_PATTERN, p.stem):
+        raise ProfileError(f"{p}: the file name {p.stem!r} is not a usable cluster name; fix: set "
+                           f"'name:' (letters, digits and _ . + - only)")
+    physical = Cluster(name=f.name or p.stem, meshes={}, links=(), default_link=default, path=str(p),
+                       description=f.description, p2p=f.p2p, groups=groups, group_links=tuple(glinks))
+    return carve(physical, default_shapes(physical))
+
+
 def load_cluster(path: str | Path) -> Cluster:
     """Load a cluster spec: named meshes of one device type each, plus inter-mesh links.
 
@@ -461,6 +550,11 @@ def load_cluster(path: str | Path) -> Cluster:
         f = _ClusterFile.model_validate(data)
     except ValidationError as err:
         raise _from_validation(p, err) from None
+    if f.node_groups:
+        return _node_group_cluster(p, f)
+    if not f.meshes:
+        raise ProfileError(f"{p}: the cluster lists no meshes and no node_groups; fix: describe its hardware "
+                           f"under 'node_groups' (or list 'meshes')")
     meshes: dict[str, MeshSpec] = {}
     for m in f.meshes:
         if m.name in meshes:

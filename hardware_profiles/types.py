@@ -180,6 +180,32 @@ class InterMeshLink:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeGroup:
+    """Hardware as bought and cabled: ``nodes`` identical nodes (DGX boxes, TPU slices, Tenstorrent
+    LoudBoxes) of ``devices_per_node`` devices of one kind.
+
+    Attributes:
+        intra_link: per device, per direction, inside a node (NVLink, ICI, card-to-card Ethernet).
+        scale_out_link: per device, per direction, between nodes (the node's NICs divided by its
+            devices: a DGX H100 has one 400 Gb/s NIC per GPU).
+        price_per_device_hour / power_watts_per_device: overrides of the device profile's figures.
+    """
+
+    name: str
+    device: DeviceProfile
+    nodes: int
+    devices_per_node: int
+    intra_link: Link
+    scale_out_link: Link
+    price_per_device_hour: float | None = None
+    power_watts_per_device: float | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+@dataclass(frozen=True, slots=True)
 class Cluster:
     """Named meshes plus the links between them.
 
@@ -189,6 +215,12 @@ class Cluster:
         default_link: the link used between meshes with no explicit entry, or None.
         path: the file it was loaded from.
         host_slots: host name -> fragments that may run at once on it (see ``MeshSpec.host``).
+        groups: for a cluster described as hardware (node groups), group name -> group; the
+            planner carves logical meshes out of them (``hardware_profiles.carve``). Empty for a
+            cluster file that lists its meshes. ``meshes`` of a node-group cluster are its nodes, one
+            mesh each, until a carving says otherwise.
+        group_links: caps on the aggregate per-direction bandwidth between two node groups
+            (``InterMeshLink`` naming groups), when the fabric between them is narrower than their NICs.
         p2p: how the software on this cluster moves activations between pipeline stages:
             ``"overlapped"`` (default: a transfer runs on the send/receive streams while compute
             goes on) or ``"blocking"`` (the sender's compute stream waits for each send to finish,
@@ -204,6 +236,9 @@ class Cluster:
     description: str = ""
     host_slots: Mapping[str, int] = field(default_factory=dict)
     p2p: str = "overlapped"
+    groups: Mapping[str, NodeGroup] = field(default_factory=dict)
+    group_links: tuple[InterMeshLink, ...] = ()
+    _link_index: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def link_between(self, a: str, b: str) -> InterMeshLink:
         """The link joining meshes ``a`` and ``b``.
@@ -211,9 +246,12 @@ class Cluster:
         Raises:
             ProfileError: no explicit link and no ``default_link``.
         """
-        for ln in self.links:
-            if {ln.a, ln.b} == {a, b}:
-                return ln
+        if len(self._link_index) != len(self.links):      # built once, on first use
+            self._link_index.clear()
+            self._link_index.update({frozenset((ln.a, ln.b)): ln for ln in self.links})
+        ln = self._link_index.get(frozenset((a, b)))
+        if ln is not None:
+            return ln
         if self.default_link is not None:
             x, y = sorted((a, b))
             return InterMeshLink(x, y, self.default_link)

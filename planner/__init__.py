@@ -1,8 +1,11 @@
-"""The planner: a CP-SAT search over stage assignment, layouts, microbatches and schedules."""
+"""The planner: shapes node-group clusters into meshes, pipelines and data-parallel parts
+(:mod:`planner.shaping`), with a CP-SAT search over stage assignment, layouts, microbatches and
+schedules inside each pipeline (:mod:`planner.api`, :mod:`planner.search`)."""
 
-from planner.api import PlanOptions, PlanResult, build_plan, explain_infeasible, plan
+from planner.api import PlanOptions, PlanResult, build_plan, explain_infeasible
 from planner.errors import InfeasibleError, PlannerError
 from planner.predict import Prediction, predict
+from planner.shaping import plan
 
 __all__ = ["InfeasibleError", "PlanOptions", "PlanResult", "PlannerError", "Prediction",
            "build_plan", "explain_infeasible", "plan", "predict"]

@@ -15,21 +15,28 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
-from compiler.ir import Layout, Plan, StagePlan, Workload
+from compiler.ir import FragmentRef, Layout, Plan, ScheduleTable, StagePlan, Workload
 from hardware_profiles.types import Cluster, MeshSpec
 from planner.errors import InfeasibleError, PlannerError
 from planner.predict import Prediction, predict
-from planner.search import Assignment, Candidate, MeshOption, solve_outcome
+from planner.search import (V_SHAPED, Assignment, Candidate, MeshOption, SolveOutcome,
+                            solve_outcome)
 from simulator import cost_model as cm
-from simulator.schedules import generate
+from simulator.plan_costs import PlanCosts
+from simulator.schedules import ADAPTIVE_SCHEDULES, SPLIT_BACKWARD, generate, v_shape_stage_rank
 
-TRAIN_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
-"""Schedule families searched for training, in tie-break order."""
+TRAIN_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v",
+                   "dualpipe-v")
+"""Schedule families searched for training, in tie-break order: every schedule of
+:mod:`simulator.schedules` (the fixed patterns and the adaptive ZB-1p / ZB-2p)."""
 MERGEABLE = ("1f1b",)
 """Schedules whose last stage runs each microbatch's F immediately before its B."""
+SAME_MODEL = {"zb-1p": "zb-h1"}
+"""Schedules whose CP-SAT model is another's (same fragment kinds, in-flight counts and
+placement): the search solves it once and builds both plans from the one assignment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,8 @@ class PlanOptions:
         even_split: force equal blocks per stage on every mesh (the usual hand split).
         meshes: restrict to these meshes (None: all of the cluster's).
         fsdp: also consider fully sharded data parallel layouts.
+        fixed_order: use every mesh of ``meshes`` in that order as the pipeline (a carved
+            pipeline): the solve then only partitions layers and picks layouts (a linear model).
         seed / workers: CP-SAT determinism controls.
     """
 
@@ -60,6 +69,7 @@ class PlanOptions:
     even_split: bool = False
     meshes: tuple[str, ...] | None = None
     fsdp: bool = True
+    fixed_order: bool = False
 
 
 class PlanInterrupted(PlannerError):
@@ -108,6 +118,53 @@ def _split_layers(w: Workload) -> tuple[int, int, int]:
         raise PlannerError(f"model {w.model!r}: its repeated layer {body!r} is not contiguous; "
                            f"the planner partitions a run of identical blocks")
     return first, n, len(w.layers) - first - n
+
+
+def fragment_kinds(schedule: str, training: bool) -> tuple[str, ...]:
+    """The fragment kinds one microbatch runs per stage under ``schedule``: ``("F",)`` for
+    inference, ``("F", "B", "W")`` when the backward is split into input and weight gradients
+    (:data:`simulator.schedules.SPLIT_BACKWARD` and the adaptive ZB-1p / ZB-2p), else
+    ``("F", "B")``."""
+    if not training:
+        return ("F",)
+    if schedule in SPLIT_BACKWARD or schedule in ADAPTIVE_SCHEDULES:
+        return ("F", "B", "W")
+    return ("F", "B")
+
+
+def _stages_per_rank(schedule: str, virtual_stages: int) -> int:
+    """Stages each pipeline rank holds: ``virtual_stages`` for interleaved 1F1B, 2 in a V (ZB-V,
+    DualPipeV), else 1."""
+    if schedule == "interleaved-1f1b":
+        return virtual_stages
+    return 2 if schedule in V_SHAPED else 1
+
+
+def schedule_allowed(schedule: str, ranks: int, microbatches: int, num_blocks: int,
+                     virtual_stages: int) -> bool:
+    """Whether the planner can build ``schedule`` on ``ranks`` pipeline ranks for ``microbatches``
+    microbatches over ``num_blocks`` repeated blocks: the generator accepts the sizes
+    (:func:`simulator.schedules.generate`) and every stage gets at least one block, the same number
+    on each of a rank's stages.
+
+    Conditions: a schedule of :data:`TRAIN_SCHEDULES`; ``ranks, microbatches >= 1``; stages per rank
+    ``k`` (``virtual_stages`` >= 2 for interleaved 1F1B, 2 for ZB-V and DualPipeV, else 1) with
+    ``num_blocks % k == 0`` and ``num_blocks >= k * ranks``; interleaved 1F1B:
+    ``microbatches % ranks == 0`` (Megatron-LM's condition, ``interleaved.py``); DualPipeV:
+    ``microbatches >= 2 * ranks`` (``dualpipe_v.py``). The other generators take any sizes >= 1.
+    """
+    if schedule not in TRAIN_SCHEDULES or ranks < 1 or microbatches < 1:
+        return False
+    if schedule == "interleaved-1f1b" and virtual_stages < 2:
+        return False
+    k = _stages_per_rank(schedule, virtual_stages)
+    if num_blocks % k or num_blocks < k * ranks:
+        return False
+    if schedule == "interleaved-1f1b" and microbatches % ranks:
+        return False
+    if schedule == "dualpipe-v" and microbatches < 2 * ranks:
+        return False
+    return True
 
 
 def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool) -> list[Layout]:
@@ -181,31 +238,130 @@ def _undominated(opts: list[MeshOption]) -> tuple[MeshOption, ...]:
     return tuple(keep)
 
 
+_OPTIONS_LOCK = threading.Lock()
+_OPTIONS_CACHE: dict = {}
+"""``_mesh_options`` results of the latest workload: ``{"w": workload, "entries": {key: [(the
+mesh's fields but its name, options), ...]}}``; the workload is held (compared by identity), so
+another workload cannot take its place unnoticed."""
+
+
+def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
+                         split: bool, headroom: float, max_tensor: int, fsdp: bool
+                         ) -> tuple[MeshOption, ...]:
+    """:func:`_mesh_options`, computed once per workload and mesh spec (meshes that differ only by
+    name share their options: clusters repeat identical meshes)."""
+    spec = tuple(getattr(mesh, f.name) for f in fields(mesh) if f.name != "name")
+    key = (samples, kinds, split, headroom, max_tensor, fsdp)
+    with _OPTIONS_LOCK:
+        if _OPTIONS_CACHE.get("w") is not w:
+            _OPTIONS_CACHE.clear()
+            _OPTIONS_CACHE.update(w=w, entries={})
+        bucket = _OPTIONS_CACHE["entries"].setdefault(key, [])
+        for other, opts in bucket:
+            if other == spec:
+                return opts
+    opts = _mesh_options(w, mesh, samples, kinds, split, headroom, max_tensor, fsdp)
+    with _OPTIONS_LOCK:
+        if _OPTIONS_CACHE.get("w") is w:
+            bucket.append((spec, opts))
+    return opts
+
+
+def make_candidate(w: Workload, cluster: Cluster, meshes: tuple[str, ...], schedule: str,
+                   microbatches: int, opts: PlanOptions) -> Candidate | None:
+    """The CP-SAT input for ``schedule`` at ``microbatches`` microbatches over ``meshes``: per-mesh
+    layout options, the F + B transfer time of one microbatch's boundary activation between every
+    ordered pair of meshes (seconds), the pipeline depths the schedule accepts
+    (:func:`schedule_allowed`), and ``opts.even_split``, ``opts.fixed_order`` and
+    ``opts.virtual_stages``.
+
+    Returns None when some mesh has no layout option (no data-parallel degree divides the
+    microbatch) or the schedule accepts no pipeline depth (with ``fixed_order`` or ``even_split``
+    the depth is ``len(meshes)``).
+    """
+    pre, nb, _ = _split_layers(w)
+    nm = len(meshes)
+    depths = (nm,) if (opts.fixed_order or opts.even_split) else tuple(range(1, nm + 1))
+    counts = tuple(p for p in depths
+                   if schedule_allowed(schedule, p, microbatches, nb, opts.virtual_stages))
+    if not counts:
+        return None
+    samples = w.global_batch / microbatches
+    kinds = fragment_kinds(schedule, w.training)
+    split = "W" in kinds
+    options = []
+    for m in meshes:
+        o = _cached_mesh_options(w, cluster.meshes[m], samples, kinds, split, opts.headroom,
+                                 opts.max_tensor, opts.fsdp)
+        if not o:
+            return None
+        options.append(o)
+    act = w.layer(pre).activation_bytes_per_sample * samples
+    comm = tuple(tuple(0.0 if a == b else 2 * cm.transfer_time(
+        act, cluster.link_between(a, b).link) for b in meshes) for a in meshes)
+    return Candidate(schedule, microbatches, _stages_per_rank(schedule, opts.virtual_stages), nb,
+                     meshes, tuple(options), comm, schedule in MERGEABLE and w.training,
+                     even_split=opts.even_split,
+                     required_meshes=meshes if opts.even_split else (),
+                     fixed_order=opts.fixed_order, v_shape=schedule in V_SHAPED,
+                     rank_counts=counts)
+
+
 def build_plan(w: Workload, cluster: Cluster, a: Assignment, schedule: str, microbatches: int,
                virtual_stages: int) -> Plan:
-    """Turn a solve's :class:`Assignment` into a :class:`Plan` with its schedule table."""
+    """Turn a solve's :class:`Assignment` into a :class:`Plan` with its schedule table.
+
+    Stages follow the schedule's placement: round-robin (stage s on rank ``s % P``; interleaved
+    1F1B has ``virtual_stages`` per rank), or a V for ZB-V and DualPipeV (rank r holds stages r and
+    2P-1-r, :func:`simulator.schedules.v_shape_stage_rank`), each with ``a.blocks[rank]`` blocks;
+    the first stage also takes the layers before the blocks and the last the layers after them.
+    The adaptive ZB-1p / ZB-2p are generated from the plan's own per-stage fragment times and
+    boundary transfers (:class:`simulator.plan_costs.PlanCosts` of the plan under a placeholder
+    ZB-H1 table, which has the same stages and split backward).
+
+    Raises:
+        PlannerError: the generator placed stages other than expected (a bug).
+        simulator.schedules.ScheduleError: the schedule does not accept the sizes
+            (see :func:`schedule_allowed`).
+    """
     pre, nb, post = _split_layers(w)
     p = len(a.order)
-    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    v = _stages_per_rank(schedule, virtual_stages)
+    placement = (v_shape_stage_rank(p) if schedule in V_SHAPED
+                 else tuple(s % p for s in range(v * p)))
     stages, cursor = [], pre
-    for r in range(v):
-        for rank, (mesh, n) in enumerate(zip(a.order, a.blocks)):
-            idx = r * p + rank
-            lo = 0 if idx == 0 else cursor
-            cursor += n
-            hi = len(w.layers) if idx == v * p - 1 else cursor
-            stages.append(StagePlan(idx, lo, hi, mesh))
-    table = generate(schedule, p, microbatches, virtual_stages=v, forward_only=not w.training)
-    if tuple(table.stage_rank) != tuple(s % p for s in range(v * p)):
+    for idx, rank in enumerate(placement):
+        lo = 0 if idx == 0 else cursor
+        cursor += a.blocks[rank]
+        hi = len(w.layers) if idx == len(placement) - 1 else cursor
+        stages.append(StagePlan(idx, lo, hi, a.order[rank]))
+
+    def make(table: ScheduleTable) -> Plan:
+        return Plan(model=w.model, cluster=cluster.name, stages=tuple(stages),
+                    layouts=dict(zip(a.order, a.layouts)),
+                    recompute={m: rc for m, rc in zip(a.order, a.recompute) if rc},
+                    schedule=table, rank_mesh=a.order, merge_last_stage=a.merge,
+                    global_batch=w.global_batch, seq_len=w.seq_len, cluster_path=cluster.path,
+                    devices={m: (cluster.meshes[m].device.name, cluster.meshes[m].num_devices)
+                             for m in a.order})
+
+    if schedule in ADAPTIVE_SCHEDULES and w.training:
+        costs = PlanCosts(make(generate("zb-h1", p, microbatches)), w, cluster)
+
+        def durations(stage: int, kind: str) -> float:
+            return costs.fragment_time(FragmentRef(kind, stage, 0))
+
+        def comm(src: int, dst: int) -> float:
+            b = costs.boundary(src, dst)
+            return 0.0 if b is None else b[2]
+
+        table = generate(schedule, p, microbatches, durations=durations, comm=comm)
+    else:
+        table = generate(schedule, p, microbatches, virtual_stages=v, forward_only=not w.training)
+    if tuple(table.stage_rank) != placement:
         raise PlannerError(f"schedule {schedule!r} places stages {table.stage_rank}, "
-                           f"the planner expects round-robin placement")
-    return Plan(model=w.model, cluster=cluster.name, stages=tuple(stages),
-                layouts=dict(zip(a.order, a.layouts)),
-                recompute={m: rc for m, rc in zip(a.order, a.recompute) if rc}, schedule=table, rank_mesh=a.order,
-                merge_last_stage=a.merge, global_batch=w.global_batch, seq_len=w.seq_len,
-                cluster_path=cluster.path,
-                devices={m: (cluster.meshes[m].device.name, cluster.meshes[m].num_devices)
-                         for m in a.order})
+                           f"the planner expects {placement}")
+    return make(table)
 
 
 def _microbatch_counts(w: Workload, opts: PlanOptions, nmeshes: int) -> list[int]:
@@ -234,25 +390,29 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
     """
     t0 = time.monotonic()
     meshes = tuple(opts.meshes or cluster.meshes)
-    specs = [cluster.meshes[m] for m in meshes]
     if w.training:
         scheds = opts.schedules or TRAIN_SCHEDULES
-        kinds_of = {s: ("F", "B", "W") if s.startswith("zb") else ("F", "B") for s in scheds}
+        unknown = [s for s in scheds if s not in TRAIN_SCHEDULES]
+        if unknown:
+            raise PlannerError(f"unknown schedule {unknown[0]!r}; use one of "
+                               f"{', '.join(TRAIN_SCHEDULES)}")
     else:
         scheds = ("gpipe",)
-        kinds_of = {"gpipe": ("F",)}
     counts = _microbatch_counts(w, opts, len(meshes))
     if not counts:
         raise PlannerError(f"no microbatch count divides global batch {w.global_batch}; "
                            f"pass --global-batch with more divisors")
-    pre, nb, post = _split_layers(w)
+    _, nb, _ = _split_layers(w)
+    depths = ((len(meshes),) if (opts.fixed_order or opts.even_split)
+              else range(1, len(meshes) + 1))
     combos = [(s, m) for m in counts for s in scheds
-              if not (s == "interleaved-1f1b" and nb % opts.virtual_stages)]
+              if any(schedule_allowed(s, p, m, nb, opts.virtual_stages) for p in depths)]
     tried: list[tuple[str, int, float | None]] = []
     bounds: list[float] = []          # per searched candidate: proven surrogate lower bound, s
     best: tuple[float, Plan, Prediction] | None = None
     det_used = 0.0
     interrupted = False               # the stop event cut the search short
+    solved: dict[Candidate, SolveOutcome] = {}   # by model (SAME_MODEL): solves to reuse
     for n, (sched, mb) in enumerate(combos):
         if progress:
             progress(len(tried), len(combos), best[0] if best else None)
@@ -262,27 +422,23 @@ def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
         left = opts.time_limit_s - (time.monotonic() - t0)
         if left <= 0:
             break
-        samples = w.global_batch / mb
-        split = sched.startswith("zb")
-        v = opts.virtual_stages if sched == "interleaved-1f1b" else 1
-        options = tuple(_mesh_options(w, ms, samples, kinds_of[sched], split, opts.headroom,
-                                      opts.max_tensor, opts.fsdp) for ms in specs)
-        if any(not o for o in options):
+        cand = make_candidate(w, cluster, meshes, sched, mb, opts)
+        if cand is None:
             tried.append((sched, mb, None))
             bounds.append(math.inf)
             continue
-        act = w.layer(pre).activation_bytes_per_sample * samples
-        comm = tuple(tuple(0.0 if a == b else 2 * cm.transfer_time(
-            act, cluster.link_between(a, b).link) for b in meshes) for a in meshes)
-        cand = Candidate(sched, mb, v, nb, meshes, options, comm, sched in MERGEABLE and w.training,
-                         even_split=opts.even_split,
-                         required_meshes=meshes if opts.even_split else ())
-        # an equal share of the deterministic budget still unused (CP-SAT's deterministic time is
-        # reproducible, so is the split), capped by the wall clock left
-        share = max(0.05, (opts.time_limit_s - det_used) / (len(combos) - n))
-        out = solve_outcome(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
-                            deterministic_limit=share, stop=stop)
-        det_used += out.deterministic_s
+        v = cand.virtual_stages
+        key = replace(cand, schedule=SAME_MODEL.get(sched, sched))
+        out = solved.get(key)
+        if out is None:
+            # an equal share of the deterministic budget still unused (CP-SAT's deterministic time
+            # is reproducible, so is the split), capped by the wall clock left
+            share = max(0.05, (opts.time_limit_s - det_used) / (len(combos) - n))
+            out = solve_outcome(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
+                                deterministic_limit=share, stop=stop)
+            det_used += out.deterministic_s
+            if not out.stopped:
+                solved[key] = out
         bounds.append(out.bound_s)
         interrupted |= out.stopped
         a = out.assignment

@@ -45,6 +45,10 @@ class Prediction:
     tokens_per_s: float
     samples_per_s: float
     shortfall_bytes: dict[str, float] = field(default_factory=dict)
+    synced_s: dict[str, float] = field(default_factory=dict)
+    """Per mesh: when its pipeline work and its own gradient all-reduce end (before the optimizer)."""
+    optimizer_s: dict[str, float] = field(default_factory=dict)
+    """Per mesh: seconds of its end-of-step optimizer step."""
 
     @property
     def fits(self) -> bool:
@@ -91,12 +95,15 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
     rp = replay(table, duration, comm, activation=residual if workload.training else None)
     step = 0.0
     busy: dict[str, float] = {}
-    peak, cap, short = {}, {}, {}
+    peak, cap, short, synced, opt = {}, {}, {}, {}, {}
     for rank, mesh in enumerate(plan.rank_mesh):
-        tail = sum(t for _, t in costs.tail(mesh))
+        parts = dict(costs.tail(mesh))
+        tail = sum(parts.values())
         busy[mesh] = rp.busy[rank] + tail
         last_end = max((rp.end[(rank, f)] for f in table.order[rank]), default=0.0)
         step = max(step, last_end + tail)
+        opt[mesh] = parts.get("optimizer", 0.0)
+        synced[mesh] = last_end + parts.get("allreduce", 0.0)
         resid = rp.peak_activation[rank] if workload.training else 0.0
         peak[mesh] = costs.static_bytes(mesh) + resid + costs.working_bytes(mesh)
         cap[mesh] = costs.capacity(mesh)
@@ -121,4 +128,4 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
         mfu=workload.step_flops / (step * peak_flops),
         roofline_step_time_s=costs.roofline_step_time(),
         tokens_per_s=tokens / step, samples_per_s=plan.global_batch / step,
-        shortfall_bytes=short)
+        shortfall_bytes=short, synced_s=synced, optimizer_s=opt)

@@ -7,7 +7,8 @@ One solve fixes the schedule family and the microbatch count (the outer loop in
   ``AddCircuit``; an unused mesh takes its self-loop),
 - how many transformer blocks each mesh runs per virtual stage (a contiguous partition: the
   pipeline order fixes which blocks; the layers before and after the repeated block, such as the
-  embedding and the LM head, go to the first and last stage),
+  embedding and the LM head, go to the first and last stage, which for the V-shaped schedules
+  ZB-V and DualPipeV are both on the first mesh),
 - each mesh's data x tensor parallel layout among the factorizations of its size, and whether it
   recomputes activations in the backward (trading compute for memory),
 - whether the last stage's forward and backward merge into one fragment (one dispatch per pair),
@@ -18,8 +19,11 @@ minimising the steady-state step time of a pipeline with per-mesh work ``T_m`` p
     step ~ M * max_m T_m + (sum_m T_m + transfers - max_m T_m) / v + max_m tail_m
 
 subject to every mesh's memory (static + residuals of the microbatches in flight at its pipeline
-position, per the schedule) fitting its devices. Times are integer microseconds, memory integer
-megabytes (rounded against the plan). The exact step time of the chosen plan comes from the analytic
+position, per the schedule: :func:`inflight_count`) fitting its devices. Times are integer
+microseconds, memory integer megabytes (rounded against the plan). The surrogate charges every
+schedule the bubble of (interleaved) 1F1B, which overstates the bubble of the zero-bubble schedules
+(ZB-H1/H2, ZB-1p/2p, ZB-V, DualPipeV); the exact replay ranks the candidates, and the solver's
+bound is a bound on the surrogate. The exact step time of the chosen plan comes from the analytic
 replay in :mod:`planner.predict`, not from this surrogate.
 
 Stopping: the solve runs in a helper thread while the calling thread waits, so the caller's signal
@@ -97,6 +101,19 @@ class Candidate:
     mergeable: bool
     even_split: bool = False
     required_meshes: tuple[str, ...] = ()
+    fixed_order: bool = False
+    """Use every mesh, in the given order (a pipeline carved from node groups, whose order the
+    carving decides): no circuit, constant positions and in-flight counts, so the model is linear."""
+    v_shape: bool = False
+    """Stages in a V (ZB-V, DualPipeV; ``virtual_stages`` = 2): rank r holds stage r and stage
+    2P-1-r, so the layers after the repeated block (the LM head) run on the first mesh too."""
+    rank_counts: tuple[int, ...] = ()
+    """Pipeline depths (meshes used) the schedule accepts; empty: any from 1 to ``len(meshes)``."""
+
+    def __post_init__(self) -> None:
+        if self.v_shape and self.virtual_stages != 2:
+            raise ValueError(f"candidate {self.schedule!r}: a V has 2 stages per rank, not "
+                             f"virtual_stages={self.virtual_stages}; pass virtual_stages=2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,20 +158,109 @@ def _mb(nbytes: float) -> int:
     return math.ceil(nbytes / MB - 1e-9)
 
 
+V_SHAPED = frozenset({"zb-v", "dualpipe-v"})
+"""Schedules whose 2P stages sit in a V (:func:`simulator.schedules.v_shape_stage_rank`)."""
+
+
+def _chunks(schedule: str, virtual_stages: int) -> int:
+    """Stages per rank: ``virtual_stages`` for interleaved 1F1B, 2 in a V, else 1."""
+    if schedule == "interleaved-1f1b":
+        return virtual_stages
+    return 2 if schedule in V_SHAPED else 1
+
+
+def inflight_count(schedule: str, pos: int, ranks: int, microbatches: int, virtual_stages: int
+                   ) -> int:
+    """Virtual-stage instances (a stage's forward of one microbatch) whose residuals pipeline rank
+    ``pos`` of ``ranks`` holds at its peak under ``schedule``: an activation is held from the start
+    of its F to the end of its B (W when the backward is split), as
+    :func:`simulator.schedules.check.replay` counts it. Never below the replay's ``peak_inflight``
+    (``tests/planner/test_every_schedule.py`` holds every generator to it), so memory is never
+    under-counted:
+
+    - gpipe: every instance, ``v M``;
+    - 1F1B: ``P - p`` (Narayanan et al. 2021, Sec. 2.2);
+    - interleaved 1F1B: Megatron-LM's warm-up ``2 (P - p - 1) + (v - 1) P`` plus the one in flight;
+    - ZB-H1 and ZB-1p: ``P`` on every rank (Qi et al. 2024, Sec. 2.1: rank p delays its W's by p,
+      holding P - p forwards plus p pending W's; ZB-1p's memory limit is P activations per rank);
+    - ZB-H2: ``2P - 1`` on every rank (the generator's greedy limit, reached by every rank once
+      M >= 2P - 1, not only by rank 0); ZB-2p: ``2P`` (its limit);
+    - ZB-V: ``min(2P, M + p + 1)`` (Qi et al. 2024, "Pipeline Parallelism with Controllable
+      Memory": 2P chunk activations, i.e. 1F1B's rank-0 peak, on every rank in the steady state;
+      ``M + p + 1`` counted on the generator for small M);
+    - DualPipeV: ``2P + 1`` (deepseek-ai/DualPipe's table: PP + 1 chunk activations per device).
+
+    Each is capped at ``v M``, ``v`` the stages per rank: ``virtual_stages`` for interleaved 1F1B,
+    2 in a V, else 1 (so any ``virtual_stages`` may be passed for the other schedules).
+    """
+    P, M, p = ranks, microbatches, pos
+    v = _chunks(schedule, virtual_stages)
+    cap = M * v
+    if schedule == "gpipe":
+        return cap
+    if schedule == "interleaved-1f1b":
+        return min(2 * (P - p - 1) + (v - 1) * P + 1, cap)
+    if schedule in ("zb-h1", "zb-1p"):
+        return min(P, cap)
+    if schedule == "zb-h2":
+        return min(2 * P - 1, cap)
+    if schedule == "zb-2p":
+        return min(2 * P, cap)
+    if schedule == "zb-v":
+        return min(2 * P, M + p + 1, cap)
+    if schedule == "dualpipe-v":
+        return min(2 * P + 1, cap)
+    return min(P - p, cap)   # 1f1b
+
+
+def inflight_end_counts(schedule: str, ranks: int, microbatches: int, virtual_stages: int
+                        ) -> tuple[int, int]:
+    """(first, last): instances of the first stage (which holds the layers before the repeated
+    block) and of the last stage (the layers after it) that their rank holds at its peak.
+
+    For the V-shaped schedules both stages are on rank 0, which holds at most ``min(2P, M)``
+    first-stage instances (chunk 0 of rank 0) and one last-stage instance (its B and W follow its
+    F on the same rank: ZB-V's phase 3 and DualPipeV's step 2 run ``F1`` then ``B1`` of the last
+    stage without another ``F1`` between); counted on the generators in the tests. Otherwise the
+    rank's whole count (:func:`inflight_count` at positions 0 and P - 1; an over-count for
+    interleaved 1F1B, whose end stages are one chunk of several).
+    """
+    P, M = ranks, microbatches
+    if schedule in V_SHAPED:
+        return min(2 * P, M), 1
+    return (inflight_count(schedule, 0, P, M, virtual_stages),
+            inflight_count(schedule, P - 1, P, M, virtual_stages))
+
+
 def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str):
-    """Microbatches (virtual-stage instances) whose residuals a mesh holds at its peak."""
-    m, v = c.microbatches, c.virtual_stages
+    """:func:`inflight_count` with a variable position ``pos`` and pipeline depth ``n_used``."""
+    m, s = c.microbatches, c.schedule
+    v = _chunks(s, c.virtual_stages)
     cap = m * v
     infl = model.NewIntVar(0, cap, name)
-    if c.schedule == "gpipe":
+    if s == "gpipe":
         model.Add(infl == cap)
-    elif c.schedule == "interleaved-1f1b":
-        # Megatron-LM's warm-up count for rank p: 2 (P - p - 1) + (v - 1) P, plus the one in flight
+    elif s == "interleaved-1f1b":
         model.AddMinEquality(infl, [2 * (n_used - pos - 1) + (v - 1) * n_used + 1, cap])
-    elif c.schedule == "zb-h2":
-        model.AddMinEquality(infl, [2 * (n_used - pos) - 1, cap])
-    else:  # 1f1b, zb-h1: rank p holds P - p forwards (Narayanan et al. 2021; Qi et al. 2024)
+    elif s in ("zb-h1", "zb-1p"):
+        model.AddMinEquality(infl, [n_used, cap])
+    elif s == "zb-h2":
+        model.AddMinEquality(infl, [2 * n_used - 1, cap])
+    elif s == "zb-2p":
+        model.AddMinEquality(infl, [2 * n_used, cap])
+    elif s == "zb-v":
+        model.AddMinEquality(infl, [2 * n_used, m + pos + 1, cap])
+    elif s == "dualpipe-v":
+        model.AddMinEquality(infl, [2 * n_used + 1, cap])
+    else:  # 1f1b
         model.AddMinEquality(infl, [n_used - pos, cap])
+    return infl
+
+
+def _v_first_expr(model: cp_model.CpModel, c: Candidate, n_used, name: str):
+    """The first count of :func:`inflight_end_counts` for a V, with a variable pipeline depth."""
+    infl = model.NewIntVar(0, c.microbatches, name)
+    model.AddMinEquality(infl, [2 * n_used, c.microbatches])
     return infl
 
 
@@ -172,7 +278,8 @@ def _hint(model, c: Candidate, used, first, last, nblk, pos, sel) -> None:
     share[max(range(nm), key=lambda i: speed[i])] += per - sum(share)
     if min(share) < 1:
         return
-    inflight = min(nm, c.microbatches) * v
+    inflight = (min(nm, c.microbatches) * v if c.schedule in ("1f1b", "interleaved-1f1b", "gpipe")
+                else inflight_count(c.schedule, 0, nm, c.microbatches, v))
 
     def need(o: MeshOption, n: int) -> float:
         return (v * n * (o.static_block + inflight * o.resid_block) + o.static_pre + o.static_post
@@ -299,27 +406,39 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
     model.AddExactlyOne(last)
     n_used = model.NewIntVar(1, nm, "num_meshes")
     model.Add(n_used == sum(used))
-    if c.schedule == "interleaved-1f1b":
-        # Megatron-LM's interleaved schedule needs the microbatch count to be a multiple of the ranks
-        ok = [p for p in range(1, nm + 1) if M % p == 0]
+    # pipeline depths the schedule's generator accepts (Candidate.rank_counts, from
+    # planner.api.schedule_allowed); interleaved 1F1B also on its own, for hand-made candidates
+    ok = [p for p in range(1, nm + 1) if (not c.rank_counts or p in c.rank_counts)
+          and not (c.schedule == "interleaved-1f1b" and M % p)]
+    if len(ok) < nm or c.schedule == "interleaved-1f1b":
+        if not ok:
+            return SolveOutcome(None, "INFEASIBLE", math.inf, 0.0)
         model.AddLinearExpressionInDomain(n_used, cp_model.Domain.FromValues(ok))
 
-    # pipeline order: a circuit over a depot (node 0) and the meshes (nodes 1..nm)
-    arcs, comm_terms = [], []
-    for i in range(nm):
-        arcs.append((0, i + 1, first[i]))
-        arcs.append((i + 1, 0, last[i]))
-        arcs.append((i + 1, i + 1, used[i].Not()))
-        model.Add(pos[i] == 0).OnlyEnforceIf(first[i])
-        model.Add(pos[i] == 0).OnlyEnforceIf(used[i].Not())
-        model.Add(pos[i] == n_used - 1).OnlyEnforceIf(last[i])
-        for j in range(nm):
-            if i != j:
-                s = model.NewBoolVar(f"succ_{c.meshes[i]}_{c.meshes[j]}")
-                arcs.append((i + 1, j + 1, s))
-                model.Add(pos[j] == pos[i] + 1).OnlyEnforceIf(s)
-                comm_terms.append(s * int(round(v * c.comm_s[i][j] * US)))
-    model.AddCircuit(arcs)
+    if c.fixed_order:
+        for i in range(nm):
+            model.Add(used[i] == 1)
+            model.Add(first[i] == int(i == 0))
+            model.Add(last[i] == int(i == nm - 1))
+            model.Add(pos[i] == i)
+        comm_terms = [int(round(v * c.comm_s[i][i + 1] * US)) for i in range(nm - 1)]
+    else:
+        # pipeline order: a circuit over a depot (node 0) and the meshes (nodes 1..nm)
+        arcs, comm_terms = [], []
+        for i in range(nm):
+            arcs.append((0, i + 1, first[i]))
+            arcs.append((i + 1, 0, last[i]))
+            arcs.append((i + 1, i + 1, used[i].Not()))
+            model.Add(pos[i] == 0).OnlyEnforceIf(first[i])
+            model.Add(pos[i] == 0).OnlyEnforceIf(used[i].Not())
+            model.Add(pos[i] == n_used - 1).OnlyEnforceIf(last[i])
+            for j in range(nm):
+                if i != j:
+                    s = model.NewBoolVar(f"succ_{c.meshes[i]}_{c.meshes[j]}")
+                    arcs.append((i + 1, j + 1, s))
+                    model.Add(pos[j] == pos[i] + 1).OnlyEnforceIf(s)
+                    comm_terms.append(s * int(round(v * c.comm_s[i][j] * US)))
+        model.AddCircuit(arcs)
 
     # even split (the usual hand split), for the baseline
     if c.even_split:
@@ -335,7 +454,7 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
             same = c.options[i] == c.options[j] and all(
                 c.comm_s[i][k] == c.comm_s[j][k] and c.comm_s[k][i] == c.comm_s[k][j]
                 for k in range(nm) if k not in (i, j))
-            if same and c.meshes[j] not in c.required_meshes:
+            if same and c.meshes[j] not in c.required_meshes and not c.fixed_order:
                 model.AddImplication(used[j], used[i])
                 model.Add(pos[i] < pos[j]).OnlyEnforceIf([used[i], used[j]])
 
@@ -352,26 +471,38 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
         model.AddBoolOr([merge.Not(), last[i].Not()]).OnlyEnforceIf(merged.Not())
         model.Add(tm[i] == 0).OnlyEnforceIf(used[i].Not())
         model.Add(tail[i] == 0).OnlyEnforceIf(used[i].Not())
-        infl = _inflight_expr(model, c, pos[i], n_used, f"inflight_{name}")
-        infl_blocks = model.NewIntVar(0, M * v * L, f"inflight_blocks_{name}")
-        model.AddMultiplicationEquality(infl_blocks, [infl, nblk[i]])
-        infl_pre = model.NewIntVar(0, M * v, f"inflight_pre_{name}")
-        model.Add(infl_pre == infl).OnlyEnforceIf(first[i])
-        model.Add(infl_pre == 0).OnlyEnforceIf(first[i].Not())
-        infl_post = model.NewIntVar(0, M * v, f"inflight_post_{name}")
-        model.Add(infl_post == infl).OnlyEnforceIf(last[i])
-        model.Add(infl_post == 0).OnlyEnforceIf(last[i].Not())
+        # the layers after the repeated block run on the last mesh, or on the first in a V
+        post_on = first[i] if c.v_shape else last[i]
+        if c.fixed_order:
+            infl = inflight_count(c.schedule, i, nm, M, v)
+            infl_blocks = infl * nblk[i]
+            ends = inflight_end_counts(c.schedule, nm, M, v)
+            infl_pre = ends[0] if i == 0 else 0
+            infl_post = ends[1] if (i == 0 if c.v_shape else i == nm - 1) else 0
+        else:
+            infl = _inflight_expr(model, c, pos[i], n_used, f"inflight_{name}")
+            infl_blocks = model.NewIntVar(0, M * v * L, f"inflight_blocks_{name}")
+            model.AddMultiplicationEquality(infl_blocks, [infl, nblk[i]])
+            # first (last) stage instances: the whole count at position 0 (P - 1), except in a V
+            first_count = (_v_first_expr(model, c, n_used, f"inflight_first_{name}") if c.v_shape
+                           else infl)
+            infl_pre = model.NewIntVar(0, M * v, f"inflight_pre_{name}")
+            model.Add(infl_pre == first_count).OnlyEnforceIf(first[i])
+            model.Add(infl_pre == 0).OnlyEnforceIf(first[i].Not())
+            infl_post = model.NewIntVar(0, M * v, f"inflight_post_{name}")
+            model.Add(infl_post == (1 if c.v_shape else infl)).OnlyEnforceIf(post_on)
+            model.Add(infl_post == 0).OnlyEnforceIf(post_on.Not())
         for k, o in enumerate(c.options[i]):
             model.Add(tm[i] == int(round(v * o.block_s * US)) * nblk[i]
-                      + int(round(o.pre_s * US)) * first[i] + int(round(o.post_s * US)) * last[i]
+                      + int(round(o.pre_s * US)) * first[i] + int(round(o.post_s * US)) * post_on
                       + int(round(v * o.overhead_s * US))
                       - int(round(o.merge_saving_s * US)) * merged).OnlyEnforceIf(sel[i][k])
             model.Add(tail[i] == int(round(v * o.tail_block_s * US)) * nblk[i]
                       + int(round(o.tail_pre_s * US)) * first[i]
-                      + int(round(o.tail_post_s * US)) * last[i]).OnlyEnforceIf(sel[i][k])
+                      + int(round(o.tail_post_s * US)) * post_on).OnlyEnforceIf(sel[i][k])
             # memory, in MB per device: static + residuals in flight + working set <= usable
             model.Add(_mb(v * o.static_block) * nblk[i]
-                      + _mb(o.static_pre) * first[i] + _mb(o.static_post) * last[i]
+                      + _mb(o.static_pre) * first[i] + _mb(o.static_post) * post_on
                       + _mb(o.resid_block) * infl_blocks
                       + _mb(o.resid_pre) * infl_pre + _mb(o.resid_post) * infl_post
                       + _mb(o.working) <= int(o.capacity // MB)).OnlyEnforceIf(sel[i][k])

@@ -1,0 +1,188 @@
+"""Carve logical meshes out of node groups: the hardware as bought becomes the meshes a plan uses.
+
+A node group is ``N`` identical nodes of ``k`` devices (:class:`~hardware_profiles.types.NodeGroup`).
+A :class:`GroupShape` cuts it the way practitioners do (Narayanan et al. SC'21, sec. 3: tensor
+parallel inside a node, pipeline and data parallel across nodes):
+
+- ``meshes_per_node`` = ``s`` splits each node into ``s`` slices of ``k / s`` devices (two pipeline
+  stages inside one DGX box talk over NVLink);
+- ``nodes_per_mesh`` = ``R`` joins the same slice of ``R`` nodes into one mesh: its ``data`` axis
+  spans the nodes (R pipeline replicas, gradients all-reduced across them over the scale-out
+  network: a mesh of ``R`` x ``k / s`` devices is exactly R replicas of a ``k / s``-device stage);
+- ``nodes`` = ``U`` nodes of the group are used (the rest idle), ``U`` a multiple of ``R``.
+
+The group then yields ``U / R x s`` meshes, in pipeline order: the ``s`` slices of the first
+node set, then of the next. Mesh ``j`` is named ``{group}.{j}``.
+
+Links between two meshes (aggregate, per direction) follow from the devices at both ends: every
+device sends its share of the activation over its own link, so two slices of the same node set
+talk at ``R x k/s x intra-node bandwidth``, two meshes on different node sets at
+``R x k/s x per-device NIC bandwidth`` (at most the smaller end's), and meshes of two groups at the
+smaller end's NIC total, capped by the cluster's ``group_links`` (the fabric between the groups).
+A collective inside a mesh spanning nodes uses :meth:`MeshSpec.collective_link` (intra-node for a
+group inside one node, else ``k/s`` NIC rings in parallel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Mapping
+
+from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, NodeGroup, ProfileError
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    """How one node group is cut into meshes (see the module docstring).
+
+    Attributes:
+        group: the node group's name.
+        nodes: nodes used (``U``), a multiple of ``nodes_per_mesh``.
+        nodes_per_mesh: nodes one mesh spans (``R``: pipeline replicas as the mesh's data axis).
+        meshes_per_node: slices a node is cut into (``s``, dividing ``devices_per_node``).
+    """
+
+    group: str
+    nodes: int
+    nodes_per_mesh: int = 1
+    meshes_per_node: int = 1
+
+    @property
+    def num_meshes(self) -> int:
+        return self.nodes // self.nodes_per_mesh * self.meshes_per_node
+
+    def mesh_devices(self, devices_per_node: int) -> int:
+        """Devices in one mesh of this shape."""
+        return self.nodes_per_mesh * devices_per_node // self.meshes_per_node
+
+    def mesh_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.group}.{j}" for j in range(self.num_meshes))
+
+    def mesh_nodes(self, j: int) -> tuple[int, int, int]:
+        """(first node, nodes spanned, slice index) of mesh ``j``."""
+        node_set, part = divmod(j, self.meshes_per_node)
+        return node_set * self.nodes_per_mesh, self.nodes_per_mesh, part
+
+    def describe(self, devices_per_node: int) -> str:
+        """E.g. ``"4 meshes of 2 nodes x 8"`` or ``"2 meshes per node, 8 nodes"``."""
+        per = devices_per_node // self.meshes_per_node
+        if self.meshes_per_node == 1:
+            return f"{self.num_meshes} x ({self.nodes_per_mesh} node{'s' * (self.nodes_per_mesh > 1)} x {per})"
+        return (f"{self.num_meshes} x ({self.nodes_per_mesh} node{'s' * (self.nodes_per_mesh > 1)} x {per}: "
+                f"{self.meshes_per_node} per node)")
+
+    def to_json(self) -> dict:
+        return {"group": self.group, "nodes": self.nodes, "nodes_per_mesh": self.nodes_per_mesh,
+                "meshes_per_node": self.meshes_per_node}
+
+    @staticmethod
+    def from_json(d: Mapping) -> "GroupShape":
+        return GroupShape(str(d["group"]), int(d["nodes"]), int(d.get("nodes_per_mesh", 1)),
+                          int(d.get("meshes_per_node", 1)))
+
+
+def check_shape(cluster: Cluster, shape: GroupShape) -> NodeGroup:
+    """The shape's node group, after checking the shape fits it.
+
+    Raises:
+        ProfileError: unknown group, or a shape that does not divide the group's nodes/devices.
+    """
+    g = cluster.groups.get(shape.group)
+    if g is None:
+        raise ProfileError(f"cluster {cluster.name!r} has no node group {shape.group!r}; fix: use one of "
+                           f"{sorted(cluster.groups)}")
+    ok = (1 <= shape.nodes <= g.nodes and shape.nodes_per_mesh >= 1
+          and shape.nodes % shape.nodes_per_mesh == 0 and shape.meshes_per_node >= 1
+          and g.devices_per_node % shape.meshes_per_node == 0)
+    if not ok:
+        raise ProfileError(f"shape {shape.to_json()} does not fit node group {g.name!r} ({g.nodes} nodes "
+                           f"of {g.devices_per_node}); fix: use nodes <= {g.nodes}, a multiple of "
+                           f"nodes_per_mesh, and meshes_per_node dividing {g.devices_per_node}")
+    return g
+
+
+def _mesh(g: NodeGroup, shape: GroupShape, j: int) -> MeshSpec:
+    per_node = g.devices_per_node // shape.meshes_per_node
+    n = shape.nodes_per_mesh * per_node
+    return MeshSpec(name=f"{g.name}.{j}", device=g.device, num_devices=n, axes={"data": n},
+                    intra_link=g.intra_link, price_per_device_hour=g.price_per_device_hour,
+                    power_watts_per_device=g.power_watts_per_device, devices_per_node=per_node,
+                    scale_out_link=g.scale_out_link)
+
+
+def _group_link(cluster: Cluster, a: str, b: str) -> Link | None:
+    for ln in cluster.group_links:
+        if {ln.a, ln.b} == {a, b}:
+            return ln.link
+    return cluster.default_link
+
+
+def mesh_link(cluster: Cluster, ga: NodeGroup, sa: GroupShape, ja: int,
+              gb: NodeGroup, sb: GroupShape, jb: int) -> Link:
+    """The aggregate per-direction link between mesh ``ja`` of shape ``sa`` and mesh ``jb`` of ``sb``
+    (see the module docstring)."""
+    na, nb = sa.mesh_devices(ga.devices_per_node), sb.mesh_devices(gb.devices_per_node)
+    if ga.name == gb.name:
+        same_nodes = sa.mesh_nodes(ja)[0] == sb.mesh_nodes(jb)[0]
+        ln = ga.intra_link if same_nodes else ga.scale_out_link
+        return Link(min(na, nb) * ln.bandwidth, ln.latency,
+                    f"{min(na, nb)} devices x per-device {'intra-node' if same_nodes else 'scale-out'} "
+                    f"link of {ga.name}: {ln.source}")
+    bw = min(na * ga.scale_out_link.bandwidth, nb * gb.scale_out_link.bandwidth)
+    lat = max(ga.scale_out_link.latency, gb.scale_out_link.latency)
+    src = f"the smaller end's NICs ({ga.name} {na}, {gb.name} {nb} devices)"
+    cap = _group_link(cluster, ga.name, gb.name)
+    if cap is not None and cap.bandwidth < bw:
+        bw, src = cap.bandwidth, f"the fabric between {ga.name} and {gb.name}: {cap.source}"
+    if cap is not None:
+        lat = max(lat, cap.latency)
+    return Link(bw, lat, src)
+
+
+def carve(cluster: Cluster, shapes: Iterable[GroupShape]) -> Cluster:
+    """The logical cluster of ``shapes`` (one per node group used): its meshes, in pipeline order
+    within each group, and every link between them.
+
+    Raises:
+        ProfileError: a cluster without node groups, a shape that does not fit its group, or the
+            same group shaped twice.
+    """
+    shapes = tuple(shapes)
+    if not cluster.groups:
+        raise ProfileError(f"cluster {cluster.name!r} lists meshes, not node groups; it cannot be "
+                           f"carved; fix: describe its hardware under 'node_groups'")
+    seen = [s.group for s in shapes]
+    if len(set(seen)) != len(seen):
+        raise ProfileError(f"a carving shapes node group(s) {sorted({g for g in seen if seen.count(g) > 1})} "
+                           f"twice; fix: give one shape per group")
+    meshes: dict[str, MeshSpec] = {}
+    where: dict[str, tuple[NodeGroup, GroupShape, int]] = {}
+    for s in shapes:
+        g = check_shape(cluster, s)
+        for j in range(s.num_meshes):
+            m = _mesh(g, s, j)
+            meshes[m.name] = m
+            where[m.name] = (g, s, j)
+    names = list(meshes)
+    links = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            links.append(InterMeshLink(a, b, mesh_link(cluster, *where[a], *where[b])))
+    return replace(cluster, meshes=meshes, links=tuple(links), default_link=None)
+
+
+def default_shapes(cluster: Cluster) -> tuple[GroupShape, ...]:
+    """One mesh per node of every group (how a node-group cluster reads before planning)."""
+    return tuple(GroupShape(g.name, g.nodes) for g in cluster.groups.values())
+
+
+def shapes_from_json(items: Iterable[Mapping]) -> tuple[GroupShape, ...]:
+    """Parse a plan's ``carving`` list.
+
+    Raises:
+        ProfileError: a malformed entry.
+    """
+    try:
+        return tuple(GroupShape.from_json(d) for d in items)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProfileError(f"plan carving entry is malformed ({e}); regenerate the plan with 'mpmd plan'") from None

@@ -1,0 +1,516 @@
+"""The shape search: carve node groups into one pipeline's meshes and find its best plan.
+
+For a cluster described as node groups (``hardware_profiles.carve``), a *pipeline* is an ordered
+tuple of node groups; a *shape* gives each of them a :class:`~hardware_profiles.carve.GroupShape`
+(nodes joined into a mesh: pipeline replicas as the mesh's data axis; nodes split into several
+meshes). Each (shape, microbatch count) is a candidate. Its **lower bound** on the step time holds
+for every layer partition, layout and schedule (:func:`work_bound`: the busiest mesh must run its
+share of the step's work, after which every mesh still syncs gradients), so candidates are
+searched best-bound first and the search stops when the next bound is no better than the best plan
+found (branch and bound): the gap it reports is against a true lower bound.
+
+A searched candidate runs one CP-SAT solve per schedule family that the candidate allows (the
+layer partition and per-mesh layouts, :mod:`planner.search`, with the pipeline order fixed by the
+carving so the model is linear); every answer is replayed exactly (:mod:`planner.predict`) and the
+fastest that fits memory wins. The expert's hand configuration (:func:`megatron_shape`) is
+searched first so that the answer is never worse than it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from compiler.ir import Plan, Workload
+from hardware_profiles.carve import GroupShape, carve
+from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
+from planner import api
+from planner.errors import PlannerError
+from planner.predict import Prediction, predict
+from planner.search import MeshOption, inflight_count, solve_outcome
+
+MAX_STAGES = 64
+"""Longest pipeline a shape may have (meshes in one pipeline)."""
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def group_shapes(g: NodeGroup, max_meshes: int, nodes: int | None = None) -> list[GroupShape]:
+    """Every shape of ``g`` (or of its first ``nodes`` nodes) with at most ``max_meshes`` meshes:
+    ``nodes_per_mesh`` dividing the nodes, ``meshes_per_node`` dividing the node's devices."""
+    used = g.nodes if nodes is None else nodes
+    out = []
+    for r in _divisors(used):
+        for s in _divisors(g.devices_per_node):
+            sh = GroupShape(g.name, used, r, s)
+            if sh.num_meshes <= max_meshes:
+                out.append(sh)
+    return out
+
+
+def megatron_shape(w: Workload, g: NodeGroup, headroom: float) -> list[GroupShape]:
+    """The practitioner's hand shapes for one group (Narayanan et al. SC'21, sec. 3.3 and 5):
+    tensor parallel across one node, the shortest pipeline whose weights, gradients and optimizer
+    state fit, data parallel over the rest. Returned shortest first (one to three shapes), since
+    activations may need a longer one."""
+    from simulator import cost_model as cm
+    from compiler.ir import Layout
+
+    out = []
+    for p in _divisors(g.nodes):
+        r = g.nodes // p
+        lay = Layout(r, g.devices_per_node)
+        static = cm.stage_memory(w, 0, len(w.layers), lay, 1.0, False).static_bytes / p
+        if static <= g.device.memory_bytes * (1 - headroom) * 0.8:
+            out.append(GroupShape(g.name, g.nodes, r, 1))
+        if len(out) == 3:
+            break
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeCandidate:
+    """One (shape, microbatch count) of a pipeline, with its lower bound (seconds)."""
+
+    shapes: tuple[GroupShape, ...]
+    microbatches: int
+    bound_s: float
+    hand: bool = False      # the practitioner's configuration (searched first)
+    schedule_bounds: tuple[tuple[str, float], ...] = ()
+    """(schedule, its own lower bound) for every schedule the candidate allows, best first."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineResult:
+    """The best plan of a pipeline search.
+
+    Attributes:
+        plan / prediction: the fastest plan that fits memory (None when none was found).
+        bound_s: a true lower bound on the step time of every candidate (seconds).
+        searched / total: candidates searched / enumerated.
+        solves: CP-SAT solves run.
+        interrupted: the time limit or ``stop`` ended the search before the bound did.
+    """
+
+    plan: Plan | None
+    prediction: Prediction | None
+    bound_s: float
+    searched: int
+    total: int
+    solves: int
+    interrupted: bool
+
+    @property
+    def gap(self) -> float | None:
+        if self.prediction is None:
+            return None
+        s = self.prediction.step_time_s
+        return max(0.0, (s - self.bound_s) / s)
+
+
+class _Options:
+    """Per-mesh layout options, cached by what they depend on (identical meshes share them)."""
+
+    def __init__(self, w: Workload, opts: api.PlanOptions):
+        self.w, self.opts = w, opts
+
+    def get(self, mesh: MeshSpec, samples: float, kinds: tuple[str, ...], split: bool
+            ) -> tuple[MeshOption, ...]:
+        return api._cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
+                                        self.opts.max_tensor, self.opts.fsdp)
+
+
+Rank = tuple[float, tuple[tuple[float, float], ...]]
+"""A rank for the bound: (fixed seconds per microbatch, ((seconds per block, most blocks that
+fit memory), ...) per layout option)."""
+
+
+def _level(ranks: Sequence[Rank], num_blocks: int, microbatches: int, chain: float) -> float:
+    """The least ``tau`` such that ranks with ``tau >= chain * S_r + M * x_r`` (``S_r``: the
+    per-microbatch time of the ranks before ``r``; ``x_r = fixed_r + n_r * seconds per block`` of
+    an option that fits ``n_r`` blocks) can hold ``num_blocks`` blocks in all: the fluid optimum
+    over layer partitions and layouts (bisection on ``tau``)."""
+    def blocks(tau: float) -> float:
+        total, s = 0.0, 0.0
+        for f, opts in ranks:
+            x = (tau - chain * s) / microbatches
+            n = max((min(cap, (x - f) / b) for b, cap in opts if b > 0), default=0.0)
+            n = max(0.0, n)
+            total += n
+            s += max(x, f) if n > 0 else f
+        return total
+    worst = max(b for _, opts in ranks for b, _ in opts)
+    lo = 0.0
+    hi = microbatches * (sum(f for f, _ in ranks) + num_blocks * worst) * (1 + chain) + 1.0
+    if blocks(hi) < num_blocks:
+        return math.inf              # no partition fits memory
+    for _ in range(36):              # to ~1e-11 of the bracket: far below a microsecond
+        mid = (lo + hi) / 2
+        if blocks(mid) >= num_blocks:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
+           pre: bool = True, post_last: bool = False, merge: bool = False) -> list[Rank]:
+    """Per rank: fixed time (overhead; the first rank's pre-block layers, the last's post-block
+    layers when asked) and per option its block time and the most blocks its memory holds with
+    ``inflight[r]`` microbatch instances of residuals (pre/post layers' memory left out: a bound)."""
+    out = []
+    last = len(options) - 1
+    for r, opts in enumerate(options):
+        fixed = min(o.overhead_s for o in opts)
+        if pre and r == 0:
+            fixed += min(o.pre_s for o in opts)
+        if post_last and r == last:
+            fixed += min(o.post_s for o in opts)
+        if merge and r == last:          # the last stage's F and B may share one dispatch
+            fixed = max(0.0, fixed - max(o.merge_saving_s for o in opts))
+        per = []
+        for o in opts:
+            need = o.static_block + inflight[r] * o.resid_block / virtual_stages
+            room = o.capacity - o.working
+            cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
+            per.append((o.block_s, cap))
+        out.append((fixed, tuple(per)))
+    return out
+
+
+def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Sequence[MeshOption]],
+                    microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
+                    virtual_stages: int = 1, mergeable: bool = False) -> float:
+    """A lower bound on the step time of a pipeline over meshes with these options, seconds,
+    valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
+    sec. 2.2 give the uniform case it generalises).
+
+    - Work: every schedule runs each mesh's fragments one after another, so the step is at
+      least the busiest mesh's ``M x T_m`` (``T_m``: its per-microbatch work, ``work`` options: all
+      fragment kinds), where a mesh holding ``n`` blocks can only use a layout whose weights,
+      gradients, optimizer state and ``inflight`` residuals of ``n`` blocks fit its memory.
+    - Chain (``chain > 0``, schedules whose stage ``r`` runs on rank ``r``): rank ``r`` cannot start
+      before microbatch 0's forward has crossed ranks ``0..r-1`` and cannot end before the last
+      microbatch's backward has crossed them back, so the step is at least
+      ``chain x S_r + M x c_r`` with ``c_r`` its per-microbatch critical work (F and B; with a split
+      backward, F and the input gradient B: ``critical`` options) and ``S_r`` the critical work of
+      the ranks before it. ``chain`` is 1 for one stage per rank, ``1/v`` for ``v`` interleaved
+      chunks, 0 for V-shaped placements (no chain term).
+
+    Both are minimised over partitions as a fluid water level (:func:`_level`); the end-of-step
+    tail adds at least the mean over meshes of all blocks' gradient sync and optimizer time.
+    ``inf`` when no partition fits memory.
+    """
+    level = _level(_ranks(work, inflight, virtual_stages, merge=mergeable), num_blocks, microbatches, 0.0)
+    if chain > 0 and level < math.inf:
+        level = max(level, _level(_ranks(critical, inflight, virtual_stages, post_last=True,
+                                         merge=mergeable), num_blocks, microbatches, chain))
+    tail = num_blocks * min(min(o.tail_block_s for o in opts) for opts in work) / len(work)
+    return level + tail
+
+
+_V_SHAPED = ("zb-v", "dualpipe-v")
+
+
+def _schedules(w: Workload, opts: api.PlanOptions) -> tuple[str, ...]:
+    return opts.schedules or (api.TRAIN_SCHEDULES if w.training else ("gpipe",))
+
+
+def _kinds(sched: str, training: bool) -> tuple[str, ...]:
+    return api.fragment_kinds(sched, training)
+
+
+def _split(sched: str) -> bool:
+    return "W" in api.fragment_kinds(sched, True)
+
+
+def _chain(sched: str, virtual_stages: int) -> float:
+    if sched in _V_SHAPED:
+        return 0.0
+    return 1.0 / virtual_stages if sched == "interleaved-1f1b" else 1.0
+
+
+def _allowed(sched: str, ranks: int, m: int, num_blocks: int, virtual_stages: int) -> bool:
+    return api.schedule_allowed(sched, ranks, m, num_blocks, virtual_stages)
+
+
+def _pipeline_meshes(cluster: Cluster, shapes: tuple[GroupShape, ...]) -> tuple[Cluster, tuple[str, ...]]:
+    lc = carve(cluster, shapes)
+    return lc, tuple(lc.meshes)
+
+
+def quick_bound(work: Sequence[Sequence[MeshOption]], microbatches: int, num_blocks: int) -> float:
+    """A cheap lower bound, never above :func:`candidate_bound`: the fluid work bound without
+    memory, ``M x tau`` with ``sum_r (tau - f_r) / b_r = L`` left unclamped (a negative term only
+    lowers ``tau``), plus the mean tail."""
+    b = [min(o.block_s for o in x) for x in work]
+    f = [min(o.overhead_s for o in x) for x in work]
+    f[0] += min(o.pre_s for o in work[0])
+    f[-1] = max(0.0, f[-1] - max(o.merge_saving_s for o in work[-1]))
+    inv = sum(1.0 / x for x in b if x > 0)
+    tau = (num_blocks + sum(fi / bi for fi, bi in zip(f, b) if bi > 0)) / inv if inv else 0.0
+    tail = num_blocks * min(min(o.tail_block_s for o in opts) for opts in work) / len(work)
+    return microbatches * max(0.0, tau) + tail
+
+
+class _Enumeration:
+    """The candidates of one pipeline search, each with a quick bound; full (memory- and
+    schedule-aware) bounds computed on demand (:meth:`refine`)."""
+
+    def __init__(self, w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions,
+                 cache: _Options, nodes: dict[str, int] | None):
+        self.w, self.cluster, self.opts, self.cache = w, cluster, opts, cache
+        pre, self.nb, post = api._split_layers(w)
+        per_group = []
+        for gname in groups:
+            g = cluster.groups[gname]
+            limit = min(MAX_STAGES, self.nb) if len(groups) == 1 else max(1, min(16, self.nb) // len(groups))
+            per_group.append(group_shapes(g, limit, (nodes or {}).get(gname)))
+        hand = set()
+        if len(groups) == 1:
+            hand = set(megatron_shape(w, cluster.groups[groups[0]], opts.headroom))
+        combos: list[tuple[GroupShape, ...]] = [()]
+        for shapes in per_group:
+            combos = [c + (s,) for c in combos for s in shapes]
+        combos = [c for c in combos if sum(s.num_meshes for s in c) <= min(MAX_STAGES, self.nb)]
+        self.scheds = _schedules(w, opts)
+        self.lc: dict[tuple[GroupShape, ...], tuple[Cluster, tuple[str, ...]]] = {}
+        self.items: list[ShapeCandidate] = []
+        for shapes in combos:
+            lc, meshes = _pipeline_meshes(cluster, shapes)
+            self.lc[shapes] = (lc, meshes)
+            specs = [lc.meshes[m] for m in meshes]
+            for m in api._microbatch_counts(w, opts, len(meshes)):
+                kinds = api.fragment_kinds(self.scheds[0], w.training) if len(self.scheds) == 1 else \
+                    (("F", "B") if w.training else ("F",))
+                work = [cache.get(x, w.global_batch / m, kinds, "W" in kinds) for x in specs]
+                if any(not o for o in work):
+                    continue
+                self.items.append(ShapeCandidate(shapes, m, quick_bound(work, m, self.nb),
+                                                 hand=all(s in hand for s in shapes)))
+        self.memo: dict = {}
+
+    def refine(self, c: ShapeCandidate) -> ShapeCandidate:
+        """``c`` with its full bound: per allowed schedule, :func:`candidate_bound`; the candidate's
+        bound is the least of them (``inf`` when no schedule fits memory)."""
+        w, opts, nb = self.w, self.opts, self.nb
+        lc, meshes = self.lc[c.shapes]
+        specs = [lc.meshes[x] for x in meshes]
+        m, p = c.microbatches, len(meshes)
+        samples = w.global_batch / m
+        named = []
+        for sched in self.scheds:
+            if not _allowed(sched, p, m, nb, opts.virtual_stages):
+                continue
+            if p == 1 and sched != self.scheds[0] and self.scheds[0] == "1f1b":
+                continue        # one stage: every schedule runs F, B per microbatch; 1F1B holds least
+            if sched in api.ADAPTIVE_SCHEDULES and p * m > ADAPTIVE_MAX_FRAGMENTS:
+                continue
+            kinds = _kinds(sched, w.training)
+            work = [self.cache.get(x, samples, kinds, _split(sched)) for x in specs]
+            if any(not o for o in work):
+                continue
+            crit = ([self.cache.get(x, samples, ("F", "B"), True) for x in specs]
+                    if _split(sched) and w.training else work)
+            v = opts.virtual_stages if sched == "interleaved-1f1b" else (2 if sched in _V_SHAPED else 1)
+            infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
+            chain = _chain(sched, opts.virtual_stages)
+            key = (tuple(id(x) for x in work), tuple(id(x) for x in crit), m, chain, infl, v,
+                   sched in api.MERGEABLE)
+            if key not in self.memo:
+                self.memo[key] = candidate_bound(work, crit, m, nb, chain, infl, v,
+                                                 mergeable=sched in api.MERGEABLE and w.training)
+            named.append((sched, max(self.memo[key], c.bound_s)))
+        named.sort(key=lambda x: x[1])
+        return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
+
+
+ADAPTIVE_MAX_FRAGMENTS = 512
+"""Largest ranks x microbatches for which the automatic ZB-1p/2p are built (their local search
+replays the schedule many times; above this the fixed ZB-H1/H2/V patterns stand in)."""
+
+
+def enumerate_candidates(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions,
+                         cache: _Options, nodes: dict[str, int] | None = None) -> list[ShapeCandidate]:
+    """Every (shape, microbatch count) of a pipeline over ``groups`` (in that order) with its full
+    bound, best first (the hand configurations first)."""
+    e = _Enumeration(w, cluster, groups, opts, cache, nodes)
+    out = [e.refine(c) for c in e.items]
+    out = [c for c in out if c.bound_s < math.inf]
+    out.sort(key=lambda c: (not c.hand, c.bound_s))
+    return out
+
+
+def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions, *,
+                    deadline: float, stop: threading.Event | None = None,
+                    nodes: dict[str, int] | None = None,
+                    progress: Callable[[int, int, float | None], None] | None = None) -> PipelineResult:
+    """The best plan of one pipeline over node ``groups`` (in order) for workload ``w``.
+
+    Branch and bound: candidates come off a heap by bound (the practitioner's shapes first); a
+    candidate's cheap bound is replaced by its full one before it is searched; the search stops
+    when the least bound left is no better than the best plan (every candidate left is pruned),
+    or at ``deadline``/``stop``. The result's bound is the least of the best plan's step and every
+    unsearched candidate's bound.
+
+    Args:
+        deadline: ``time.monotonic()`` at which to stop searching (keeping the best plan so far).
+        nodes: use only this many nodes of a group (default: all).
+
+    Raises:
+        PlannerError: a group name the cluster lacks.
+    """
+    import heapq
+
+    for gname in groups:
+        if gname not in cluster.groups:
+            raise PlannerError(f"cluster {cluster.name!r} has no node group {gname!r}; use one of "
+                               f"{sorted(cluster.groups)}")
+    cache = _Options(w, opts)
+    e = _Enumeration(w, cluster, groups, opts, cache, nodes)
+    heap = [(not c.hand, c.bound_s, i, False, c) for i, c in enumerate(e.items)]
+    heapq.heapify(heap)
+    total = len(heap)
+    best: tuple[float, Plan, Prediction] | None = None
+    searched = solves = 0
+    searched_bounds: list[float] = []      # a searched candidate's bound still bounds its plans
+    interrupted = False
+    while heap:
+        unhanded, bound, i, full, cand = heap[0]
+        if best is not None and bound >= best[0]:
+            if unhanded:
+                break                               # the least bound left cannot beat the best plan
+            heapq.heappop(heap)                     # a hand shape that cannot beat it: pruned
+            continue
+        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+            interrupted = True
+            break
+        heapq.heappop(heap)
+        if not full:
+            cand = e.refine(cand)
+            if cand.bound_s < math.inf:
+                heapq.heappush(heap, (unhanded, cand.bound_s, i, True, cand))
+            continue
+        if progress:
+            progress(searched, total, best[0] if best else None)
+        lc, meshes = e.lc[cand.shapes]
+        table = []
+        for sched, sbound in cand.schedule_bounds:
+            if best is not None and sbound >= best[0]:
+                continue                            # this schedule cannot beat the best plan
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                interrupted = True
+                break
+            got = _solve_schedule(w, lc, meshes, sched, cand.microbatches, opts, cache, left, stop)
+            solves += 1
+            if got is None:
+                continue
+            p, pred = got
+            table.append({"schedule": sched, "microbatches": cand.microbatches,
+                          "step_time_s": pred.step_time_s if pred.fits else None})
+            if pred.fits and (best is None or pred.step_time_s < best[0] * (1 - 1e-9)):
+                best = (pred.step_time_s, replace(p, carving=tuple(s.to_json() for s in cand.shapes)), pred)
+        if best is not None and best[1].carving == tuple(s.to_json() for s in cand.shapes) \
+                and best[1].microbatches == cand.microbatches:
+            ranked = sorted(table, key=lambda r: (r["step_time_s"] is None, r["step_time_s"] or 0.0))
+            best = (best[0], replace(best[1], schedules=tuple(ranked)), best[2])
+        searched += 1
+        searched_bounds.append(cand.bound_s)
+        if interrupted:
+            break
+    left_bound = min([h[1] for h in heap] + searched_bounds, default=math.inf)
+    if best is None:
+        return PipelineResult(None, None, left_bound, searched, total, solves, interrupted)
+    return PipelineResult(best[1], best[2], min(left_bound, best[0]), searched, total, solves, interrupted)
+
+
+POLISH_MAX_FRAGMENTS = 256
+"""Largest ranks x microbatches whose CP-SAT answer is polished on the exact replay (each
+neighbour costs one replay)."""
+POLISH_ROUNDS = 8
+POLISH_PAIR_MESHES = 8
+"""Up to this many meshes, a block move is also tried together with a layout change of one of the
+two meshes it touches."""
+
+
+def _solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str, m: int,
+                    opts: api.PlanOptions, cache: _Options, left: float,
+                    stop: threading.Event | None) -> tuple[Plan, Prediction] | None:
+    """One CP-SAT solve of a carved pipeline for one schedule, polished on the exact replay
+    (:func:`_polish`); the plan and its prediction."""
+    o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(m,))
+    cand = api.make_candidate(w, lc, meshes, sched, m, o)
+    if cand is None:
+        return None
+    out = solve_outcome(cand, time_limit_s=max(0.05, min(left, 10.0)), seed=opts.seed,
+                        workers=opts.workers, deterministic_limit=1.0, stop=stop)
+    if out.assignment is None:
+        return None
+    a = out.assignment
+    p, pred = _evaluate(w, lc, a, sched, m, cand.virtual_stages, opts)
+    if len(meshes) * m <= POLISH_MAX_FRAGMENTS:
+        a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts)
+    solver = {"status": a.status, "objective": a.objective_s, "bound": a.bound_s,
+              "gap": (a.objective_s - a.bound_s) / a.objective_s if a.objective_s else 0.0,
+              "wall_s": a.wall_s}
+    return replace(p, predicted=pred.to_json(), solver=solver), pred
+
+
+def _evaluate(w, lc, a, sched, m, v, opts):
+    p = api.build_plan(w, lc, a, sched, m, v)
+    return p, predict(p, w, lc, headroom=opts.headroom)
+
+
+def _score(pred: Prediction) -> float:
+    return pred.step_time_s if pred.fits else math.inf
+
+
+def _polish(w, lc, cand, a, p, pred, sched, m, opts):
+    """Steepest descent on the exact replay from CP-SAT's answer: move one block between
+    neighbouring stages, switch one mesh to another of its layout options, or toggle the last
+    stage's F+B merge, while the replayed
+    step improves (the surrogate CP-SAT minimises is not the replay; this closes the difference on
+    small pipelines, where the test brute-forces the space)."""
+    picks = [next(k for k, o in enumerate(cand.options[i])
+                  if o.layout == a.layouts[i] and o.recompute == a.recompute[i])
+             for i in range(len(a.order))]
+    best = (_score(pred), a, p, pred)
+    for _ in range(POLISH_ROUNDS):
+        cur = best[1]
+        moves = []
+        blocks = list(cur.blocks)
+        for i in range(len(blocks) - 1):
+            for d in (1, -1):
+                nb = list(blocks)
+                nb[i] -= d
+                nb[i + 1] += d
+                if min(nb) >= 1:
+                    moves.append((tuple(nb), picks))
+                    # with a layout change on either mesh (memory may need both at once)
+                    for j in ((i, i + 1) if len(blocks) <= POLISH_PAIR_MESHES else ()):
+                        for k in range(len(cand.options[j])):
+                            if k != picks[j]:
+                                moves.append((tuple(nb), picks[:j] + [k] + picks[j + 1:]))
+        for i, opts_i in enumerate(cand.options):
+            for k in range(len(opts_i)):
+                if k != picks[i]:
+                    moves.append((tuple(blocks), picks[:i] + [k] + picks[i + 1:]))
+        merges = [(tuple(blocks), picks, not cur.merge)] if cand.mergeable else []
+        improved = None
+        for nb, pk, mg in [(b, k, cur.merge) for b, k in moves] + merges:
+            na = replace(cur, blocks=nb, layouts=tuple(cand.options[i][k].layout for i, k in enumerate(pk)),
+                         recompute=tuple(cand.options[i][k].recompute for i, k in enumerate(pk)), merge=mg)
+            np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
+            if _score(npred) < best[0] * (1 - 1e-12) and (improved is None or _score(npred) < improved[0]):
+                improved = (_score(npred), na, np_, npred, pk)
+        if improved is None:
+            break
+        best = improved[:4]
+        picks = list(improved[4])
+    return best[1], best[2], best[3]

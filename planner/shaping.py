@@ -1,0 +1,331 @@
+"""Plan a cluster described as node groups: the planner shapes the cluster.
+
+:func:`plan` is the planner's entry point. A cluster file that lists meshes goes to the mesh-level
+search (:func:`planner.api.plan`) as before. A cluster of node groups is shaped here:
+
+1. **One group alone** (:func:`planner.shapes.search_pipeline`): its nodes carved into a pipeline
+   of stage meshes (nodes joined as the data axis = pipeline replicas, or split), every schedule,
+   branch and bound on a true lower bound.
+2. **Heterogeneous data parallel**: each group runs its own pipeline on a share of the global batch
+   (whole microbatches; shares first in proportion to each group's measured rate, then moved a
+   granule at a time from the slowest part while the step improves), gradients all-reduced across
+   the parts over the links between groups (:func:`cross_sync`) before the optimizer. Subsets
+   that leave out the slowest groups are tried too.
+3. **One mixed pipeline** over all groups (stage meshes of different kinds in one pipeline, the
+   groups ordered by device memory, the largest first since the first stage holds the most
+   activations in flight).
+
+The fastest wins; the result says which and why. The reported bound is a true lower bound: for one
+group, the search's own (every candidate's bound); for several, the step can be no shorter than
+the batch's model FLOP over the sum of every device's achievable FLOP/s (the cost model never
+computes faster).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, replace
+from itertools import combinations
+from typing import Callable
+
+from compiler.ir import DataParallelPlan, Plan, Workload
+from hardware_profiles.collectives import ring_all_reduce
+from hardware_profiles.types import Cluster, Link
+from planner import api
+from planner.errors import InfeasibleError, PlannerError
+from planner.predict import Prediction
+from planner.shapes import PipelineResult, search_pipeline
+from simulator import cost_model as cm
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One configuration tried: a label, its parts' (groups, batch share), its step time."""
+
+    label: str
+    parts: tuple[tuple[tuple[str, ...], int], ...]
+    step_time_s: float | None
+
+
+def _peak(cluster: Cluster, groups, dtype: str) -> float:
+    return sum(cluster.groups[g].device.peak_flops.get(dtype, cluster.groups[g].device.peak_flops["bf16"])
+               * cluster.groups[g].num_devices for g in groups)
+
+
+def _achievable(cluster: Cluster, groups, dtype: str) -> float:
+    out = 0.0
+    for g in groups:
+        dev = cluster.groups[g].device
+        rate = dev.peak_flops.get(dtype, dev.peak_flops["bf16"] / 3.0) * dev.matmul_efficiency
+        out += rate * cluster.groups[g].num_devices
+    return out
+
+
+def flop_bound(w: Workload, cluster: Cluster, groups) -> float:
+    """A lower bound on any plan's step on ``groups``: the step's model FLOP over the sum of the
+    devices' achievable FLOP/s (the cost model charges every FLOP at most that fast), seconds."""
+    return w.step_flops / _achievable(cluster, groups, cm.compute_dtype(w))
+
+
+def cross_sync(w: Workload, cluster: Cluster, parts: tuple[tuple[str, ...], ...]) -> tuple[str, float, float]:
+    """(link name, bytes, seconds) of the gradient all-reduce across data-parallel ``parts``.
+
+    fp32 gradients of every parameter (``cm.GRAD_BYTES_PER_PARAM``), a ring over the parts
+    (Patarasuk and Yuan 2009: ``2 (K-1)/K x bytes / bandwidth``) at the narrowest link between
+    two parts. Each part's gradients are spread over all its devices, so a link between parts is
+    the smaller side's NIC total (devices x per-device scale-out bandwidth), capped by the
+    cluster's ``group_links`` between them.
+    """
+    nbytes = w.param_count * cm.GRAD_BYTES_PER_PARAM
+    k = len(parts)
+    if k < 2 or not w.training:
+        return "", nbytes, 0.0
+
+    def nic(part):
+        return sum(cluster.groups[g].num_devices * cluster.groups[g].scale_out_link.bandwidth for g in part)
+
+    best: tuple[float, float, str] | None = None
+    for a, b in combinations(parts, 2):
+        bw, lat, name = min(nic(a), nic(b)), 0.0, f"{'+'.join(a)}<->{'+'.join(b)}"
+        for ga in a:
+            for gb in b:
+                lat = max(lat, cluster.groups[ga].scale_out_link.latency, cluster.groups[gb].scale_out_link.latency)
+                cap = next((ln.link for ln in cluster.group_links if {ln.a, ln.b} == {ga, gb}),
+                           cluster.default_link)
+                if cap is not None:
+                    bw = min(bw, cap.bandwidth)
+                    lat = max(lat, cap.latency)
+        if best is None or bw < best[0]:
+            best = (bw, lat, name)
+    bw, lat, name = best
+    return name, nbytes, ring_all_reduce(nbytes, k, Link(bw, lat))
+
+
+def data_parallel_prediction(w: Workload, cluster: Cluster, plans: tuple[Plan, ...],
+                             preds: tuple[Prediction, ...], sync_s: float) -> Prediction:
+    """The prediction of parts run side by side: every mesh finishes its pipeline and its part's
+    gradient all-reduce (``Prediction.synced_s``), then the cross-part all-reduce (``sync_s``),
+    then every mesh's optimizer: ``step = max synced + sync_s + max optimizer``."""
+    s0 = max(t for p in preds for t in p.synced_s.values())
+    step = s0 + sync_s + max(t for p in preds for t in p.optimizer_s.values())
+    bubble, peak, cap, stage = {}, {}, {}, ()
+    for p in preds:
+        for m, b in p.bubble.items():
+            bubble[m] = 1.0 - (1.0 - b) * p.step_time_s / step
+        peak.update(p.peak_memory_bytes)
+        cap.update(p.capacity_bytes)
+        stage += p.stage_time_s
+    used = {g["group"] for plan in plans for g in plan.carving}
+    peak_flops = _peak(cluster, used, cm.compute_dtype(w))
+    tokens = w.global_batch * w.seq_len
+    return Prediction(step_time_s=step, bubble=bubble, peak_memory_bytes=peak, capacity_bytes=cap,
+                      stage_time_s=stage, mfu=w.step_flops / (step * peak_flops),
+                      roofline_step_time_s=w.step_flops / peak_flops, tokens_per_s=tokens / step,
+                      samples_per_s=w.global_batch / step,
+                      shortfall_bytes={k: v for p in preds for k, v in p.shortfall_bytes.items()},
+                      synced_s={k: v for p in preds for k, v in p.synced_s.items()},
+                      optimizer_s={k: v for p in preds for k, v in p.optimizer_s.items()})
+
+
+def _granule(batch: int, parts: int) -> int:
+    """The batch-share step: the largest power of two leaving at least 16 granules per part."""
+    q = 1
+    while batch % (2 * q) == 0 and batch // (2 * q) >= 16 * parts:
+        q *= 2
+    return q
+
+
+def _shares(batch: int, rates: list[float], q: int) -> list[int]:
+    """Shares of ``batch`` in multiples of ``q`` proportional to ``rates`` (largest remainder), each
+    at least ``q``."""
+    units = batch // q
+    raw = [units * r / sum(rates) for r in rates]
+    got = [max(1, int(x)) for x in raw]
+    while sum(got) > units:
+        i = max(range(len(got)), key=lambda i: (got[i] - raw[i], got[i]))
+        got[i] -= 1
+    while sum(got) < units:
+        i = max(range(len(got)), key=lambda i: raw[i] - got[i])
+        got[i] += 1
+    return [g * q for g in got]
+
+
+class _Search:
+    """Shared state of one cluster search: deadline, stop, progress and every option tried."""
+
+    def __init__(self, w: Workload, cluster: Cluster, opts: api.PlanOptions, progress, stop):
+        self.w, self.cluster, self.opts, self.stop = w, cluster, opts, stop
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + opts.time_limit_s
+        self.progress = progress
+        self.tried: list[Option] = []
+        self.cache: dict[tuple[tuple[str, ...], int, float], PipelineResult] = {}
+        self.interrupted = False
+        self.done, self.total = 0, 1
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def pipeline(self, groups: tuple[str, ...], batch: int, budget: float) -> PipelineResult:
+        key = (groups, batch)
+        if key in self.cache:
+            return self.cache[key]
+        w = replace(self.w, global_batch=batch)
+        deadline = min(self.deadline, time.monotonic() + max(0.2, budget))
+        r = search_pipeline(w, self.cluster, groups, self.opts, deadline=deadline, stop=self.stop)
+        self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
+        self.cache[key] = r
+        self.done += 1
+        if self.progress:
+            best = min((o.step_time_s for o in self.tried if o.step_time_s), default=None)
+            self.progress(self.done, max(self.total, self.done + 1), best)
+        return r
+
+
+def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(),
+         progress: Callable[[int, int, float | None], None] | None = None, *,
+         stop: threading.Event | None = None) -> api.PlanResult:
+    """The planner's entry point: shape a node-group cluster (see the module docstring), or search
+    a mesh-listing cluster's meshes (:func:`planner.api.plan`).
+
+    Raises:
+        InfeasibleError: no configuration fits memory.
+        PlanInterrupted: ``stop`` was set before any plan was found.
+        PlannerError: bad options.
+    """
+    if not cluster.groups or opts.meshes:
+        return api.plan(w, cluster, opts, progress, stop=stop)
+    s = _Search(w, cluster, opts, progress, stop)
+    groups = tuple(cluster.groups)
+    k = len(groups)
+    s.total = k + (k + 2 if k > 1 else 0)
+    alone: dict[str, PipelineResult] = {}
+    # 1. every group alone, on the whole batch
+    for i, g in enumerate(groups):
+        budget = s.left() * (0.5 if k > 1 else 1.0) / (k - i)
+        alone[g] = s.pipeline((g,), w.global_batch, budget)
+        r = alone[g]
+        s.tried.append(Option(f"{g} alone", (((g,), w.global_batch),),
+                              r.prediction.step_time_s if r.prediction else None))
+    candidates: list[tuple[float, str, object]] = []
+    for g, r in alone.items():
+        if r.plan is not None:
+            candidates.append((r.prediction.step_time_s, f"{g} alone", r))
+    if k > 1:
+        _heterogeneous(s, alone, candidates)
+        _mixed(s, groups, candidates)
+    if not candidates:
+        if s.interrupted:
+            raise api.PlanInterrupted(f"interrupted after {time.monotonic() - s.t0:.0f} s before any "
+                                      f"feasible plan")
+        raise InfeasibleError(_infeasible(w, cluster))
+    candidates.sort(key=lambda c: c[0])
+    step, label, chosen = candidates[0]
+    wall = time.monotonic() - s.t0
+    others = [f"{lab} {t:.2f} s" for t, lab, _ in candidates[1:4]]
+    reason = f"{label}: {step:.2f} s per step" + (f" (next: {'; '.join(others)})" if others else "")
+    if k == 1:
+        r: PipelineResult = chosen
+        bound = r.bound_s
+    else:
+        bound = flop_bound(w, cluster, groups)
+    gap = max(0.0, (step - bound) / step)
+    solver_extra = {"search_wall_s": wall, "search_bound": bound, "search_gap": gap,
+                    "interrupted": s.interrupted, "reason": reason,
+                    "options": [{"label": o.label, "parts": [{"groups": list(g), "batch": b} for g, b in o.parts],
+                                 "step_time_s": o.step_time_s} for o in s.tried]}
+    if isinstance(chosen, PipelineResult):
+        p = replace(chosen.plan, solver={**chosen.plan.solver, **solver_extra,
+                                         "candidates": chosen.searched, "candidates_total": chosen.total})
+        pred = chosen.prediction
+    else:
+        dp, pred = chosen
+        p = replace(dp, solver={**dp.solver, **solver_extra}, reason=reason)
+    cands = tuple((o.label, 0, o.step_time_s) for o in s.tried)
+    return api.PlanResult(p, pred, cands, interrupted=s.interrupted, candidates_total=len(cands),
+                          search_bound_s=bound, search_gap=gap)
+
+
+def _heterogeneous(s: _Search, alone: dict[str, PipelineResult], candidates: list) -> None:
+    """Heterogeneous data parallel over every subset of two or more groups that run alone."""
+    w = s.w
+    rates = {g: w.global_batch / r.prediction.step_time_s for g, r in alone.items() if r.prediction}
+    subsets = [c for n in range(len(rates), 1, -1) for c in combinations(sorted(rates, key=rates.get, reverse=True), n)]
+    # most promising first: the ideal step (batch over summed rates) plus the sync
+    def ideal(sub):
+        return w.global_batch / sum(rates[g] for g in sub) + cross_sync(w, s.cluster, tuple((g,) for g in sub))[2]
+    subsets.sort(key=ideal)
+    best_alone = min((r.prediction.step_time_s for r in alone.values() if r.prediction), default=math.inf)
+    for sub in subsets:
+        if s.left() <= 0 or (s.stop is not None and s.stop.is_set()):
+            break
+        if ideal(sub) >= best_alone:
+            continue                     # cannot beat the best group alone even perfectly balanced
+        got = _balance(s, sub, [rates[g] for g in sub])
+        if got is not None:
+            candidates.append(got)
+
+
+def _balance(s: _Search, groups: tuple[str, ...], rates: list[float]):
+    w = s.w
+    q = _granule(w.global_batch, len(groups))
+    shares = _shares(w.global_batch, rates, q)
+    parts = tuple((g,) for g in groups)
+    link, nbytes, sync = cross_sync(w, s.cluster, parts)
+    label = "data parallel " + " + ".join(groups)
+    best = None
+    seen = set()
+    for _ in range(6):
+        key = tuple(shares)
+        if key in seen or s.left() <= 0:
+            break
+        seen.add(key)
+        results = [s.pipeline((g,), b, s.left() / (2 * len(groups))) for g, b in zip(groups, shares)]
+        if any(r.plan is None for r in results):
+            break
+        preds = tuple(r.prediction for r in results)
+        plans = tuple(r.plan for r in results)
+        wp = data_parallel_prediction(w, s.cluster, plans, preds, sync)
+        s.tried.append(Option(label, tuple(((g,), b) for g, b in zip(groups, shares)), wp.step_time_s))
+        if best is None or wp.step_time_s < best[0]:
+            best = (wp.step_time_s, plans, wp)
+        # move one granule from the part that finishes last to the one that finishes first
+        ends = [max(p.synced_s.values()) for p in preds]
+        slow, fast = max(range(len(ends)), key=ends.__getitem__), min(range(len(ends)), key=ends.__getitem__)
+        if slow == fast or shares[slow] <= q:
+            break
+        shares = list(shares)
+        shares[slow] -= q
+        shares[fast] += q
+    if best is None:
+        return None
+    step, plans, wp = best
+    dp = DataParallelPlan(model=w.model, cluster=s.cluster.name, global_batch=w.global_batch,
+                          seq_len=w.seq_len, parts=plans, sync_link=link, sync_bytes=nbytes, sync_s=sync,
+                          predicted=wp.to_json(), solver={"status": "HEURISTIC"},
+                          cluster_path=s.cluster.path)
+    return step, label, (dp, wp)
+
+
+def _mixed(s: _Search, groups: tuple[str, ...], candidates: list) -> None:
+    """One pipeline through every group, the groups ordered by device memory (largest first)."""
+    if s.left() <= 0:
+        return
+    order = tuple(sorted(groups, key=lambda g: -s.cluster.groups[g].device.memory_bytes))
+    r = s.pipeline(order, s.w.global_batch, s.left())
+    label = "one pipeline " + " -> ".join(order)
+    s.tried.append(Option(label, ((order, s.w.global_batch),), r.prediction.step_time_s if r.prediction else None))
+    if r.plan is not None:
+        candidates.append((r.prediction.step_time_s, label, r))
+
+
+def _infeasible(w: Workload, cluster: Cluster) -> str:
+    mem = sum(g.device.memory_bytes * g.num_devices for g in cluster.groups.values())
+    need = cm.stage_memory(w, 0, len(w.layers), api.Layout(1, 1), 1.0, w.training).static_bytes
+    if need > mem:
+        return (f"model {w.model!r} does not fit cluster {cluster.name!r}: its weights, gradients and optimizer "
+                f"state need {need / 1e9:.0f} GB, the devices hold {mem / 1e9:.0f} GB; add nodes")
+    return (f"model {w.model!r} found no plan that fits memory on cluster {cluster.name!r} within the time "
+            f"limit; raise --time-limit or lower --global-batch/--seq-len")

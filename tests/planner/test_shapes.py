@@ -1,0 +1,143 @@
+"""The shape search: lower bounds that hold, and no better plan than the planner's on small
+instances searched exhaustively under the planner's own cost model (the exact replay)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from compiler.costing import workload
+from compiler.ir import Layout
+from hardware_profiles import carve, load_cluster
+from hardware_profiles.carve import GroupShape
+from planner import api
+from planner.predict import predict
+from planner.search import Assignment, MeshOption
+from planner.shapes import (
+    _Enumeration,
+    _Options,
+    candidate_bound,
+    group_shapes,
+    quick_bound,
+    search_pipeline,
+)
+
+SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
+
+
+def _cluster(tmp_path: Path, groups: list[tuple[str, str, int, int]]) -> "Cluster":
+    body = "name: tiny\nnode_groups:\n"
+    for name, device, nodes, per in groups:
+        body += (f"- name: {name}\n  device: {device}\n  nodes: {nodes}\n  devices_per_node: {per}\n"
+                 f"  scale_out_link:\n    latency_us: 5\n    source: test\n")
+    if len(groups) > 1:
+        body += "default_link:\n  bandwidth_gbit_per_s: 400\n  latency_us: 20\n  source: test\n"
+    p = tmp_path / "tiny.yaml"
+    p.write_text(body)
+    return load_cluster(p)
+
+
+def _compositions(n: int, k: int):
+    for cut in itertools.combinations(range(1, n), k - 1):
+        edges = (0,) + cut + (n,)
+        yield tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
+def _brute_force(w, cluster, groups, opts) -> float:
+    """The least exact step time over every shape, microbatch count, schedule, layer partition,
+    per-mesh layout and recomputation the planner may choose (same option sets, same memory
+    check)."""
+    pre, nb, post = api._split_layers(w)
+    best = math.inf
+    per_group = [group_shapes(cluster.groups[g], 8) for g in groups]
+    for shapes in itertools.product(*per_group):
+        lc = carve(cluster, shapes)
+        meshes = tuple(lc.meshes)
+        p = len(meshes)
+        for m in api._microbatch_counts(w, opts, p):
+            for sched in opts.schedules:
+                v = api._stages_per_rank(sched, opts.virtual_stages)
+                if not api.schedule_allowed(sched, p, m, nb, opts.virtual_stages):
+                    continue
+                o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(m,))
+                cand = api.make_candidate(w, lc, meshes, sched, m, o)
+                if cand is None:
+                    continue
+                for blocks in _compositions(nb // v, p):
+                    for picks in itertools.product(*cand.options):
+                        for merge in ((False, True) if cand.mergeable else (False,)):
+                            a = Assignment(meshes, blocks, tuple(x.layout for x in picks),
+                                           tuple(x.recompute for x in picks), merge, "BRUTE", 0, 0, 0)
+                            plan = api.build_plan(w, lc, a, sched, m, v)
+                            pred = predict(plan, w, lc, headroom=opts.headroom)
+                            if pred.fits:
+                                best = min(best, pred.step_time_s)
+    return best
+
+
+@pytest.mark.parametrize("groups,spec", [
+    (("h100",), [("h100", "h100-sxm", 2, 2)]),
+    (("h100", "a100"), [("h100", "h100-sxm", 1, 2), ("a100", "a100-80gb-sxm", 1, 2)]),
+    (("a100", "h100"), [("h100", "h100-sxm", 1, 2), ("a100", "a100-80gb-sxm", 1, 2)]),
+])
+def test_brute_force_finds_nothing_better(tmp_path, groups, spec):
+    w = workload("llama-tiny", 8)
+    cluster = _cluster(tmp_path, spec)
+    opts = api.PlanOptions(schedules=SCHEDULES, microbatches=(2, 4, 8))
+    got = search_pipeline(w, cluster, groups, opts, deadline=time.monotonic() + 600)
+    brute = _brute_force(w, cluster, groups, opts)
+    assert got.prediction is not None and math.isfinite(brute)
+    assert got.prediction.step_time_s <= brute * (1 + 1e-9)
+    assert got.bound_s <= brute * (1 + 1e-9)       # the bound holds
+
+
+def _opt(block, pre=0.0, tail=0.0, static=0.0, resid=0.0, cap=1e12, ovh=0.0):
+    return MeshOption(Layout(1, 1), False, block, pre, 0.0, ovh, 0.0, tail, 0.0, 0.0, static, 0.0, 0.0,
+                      resid, 0.0, 0.0, 0.0, cap)
+
+
+def test_work_bound_identical_meshes_is_even_split():
+    # 4 identical meshes, 8 blocks of 1 s, 3 microbatches: busiest mesh >= 3 x 2 s
+    opts = [[_opt(1.0)]] * 4
+    assert candidate_bound(opts, opts, 3, 8, 0.0, [1] * 4) == pytest.approx(6.0)
+    assert quick_bound(opts, 3, 8) == pytest.approx(6.0)
+
+
+def test_chain_bound_one_stage_per_rank():
+    # 2 ranks, 4 blocks of 1 s, M = 2: tau = S_r + M x_r with x_0 = tau/2, x_1 = (tau - x_0)/2,
+    # x_0 + x_1 = 4  ->  tau (1/2 + 1/4) = 4  ->  tau = 16/3 (the work bound alone gives 4)
+    opts = [[_opt(1.0)]] * 2
+    assert candidate_bound(opts, opts, 2, 4, 0.0, [2, 1]) == pytest.approx(4.0)
+    assert candidate_bound(opts, opts, 2, 4, 1.0, [2, 1]) == pytest.approx(16 / 3)
+
+
+def test_memory_caps_force_a_slower_option():
+    # fast option holds at most 1 block, slow one any: 2 blocks on 1 mesh -> the slow one
+    fast = _opt(1.0, static=10.0, cap=15.0)
+    slow = _opt(3.0)
+    assert candidate_bound([[fast, slow]], [[fast, slow]], 1, 2, 0.0, [1]) == pytest.approx(6.0)
+    assert candidate_bound([[fast]], [[fast]], 1, 2, 0.0, [1]) == math.inf
+
+
+def test_quick_bound_never_above_full_bound(tmp_path):
+    w = workload("llama-tiny", 8)
+    cluster = _cluster(tmp_path, [("h100", "h100-sxm", 4, 2)])
+    opts = api.PlanOptions(schedules=SCHEDULES)
+    e = _Enumeration(w, cluster, ("h100",), opts, _Options(w, opts), None)
+    assert e.items
+    for c in e.items:
+        assert c.bound_s <= e.refine(c).bound_s + 1e-12
+
+
+def test_group_shapes_cover_every_divisor_pair(tmp_path):
+    cluster = _cluster(tmp_path, [("h100", "h100-sxm", 4, 8)])
+    shapes = group_shapes(cluster.groups["h100"], 64)
+    assert {(s.nodes_per_mesh, s.meshes_per_node) for s in shapes} == {
+        (r, s) for r in (1, 2, 4) for s in (1, 2, 4, 8)}
+    assert all(s.num_meshes == 4 // s.nodes_per_mesh * s.meshes_per_node for s in shapes)
+    assert len(group_shapes(cluster.groups["h100"], 2)) == 3   # (4,1), (2,1), (4,2)
