@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from compiler import check
 from compiler.errors import CompilerError
-from compiler.ir import Plan
+from compiler.ir import DataParallelPlan, Plan
 from compiler.plan_config import config_from_plan
 from hardware_profiles.loader import load_cluster
 
@@ -118,6 +118,18 @@ def adam_update(params: Any, grads: Any, state: Any, lr: float) -> tuple[Any, An
 
 
 # --------------------------------------------------------------------------- cluster & topology
+def run_cluster(plan: Plan, cluster_path: str | Path) -> Any:
+    """The cluster ``plan`` runs on: the cluster file, carved into the plan's meshes when the plan
+    was made for a cluster described as node groups (:func:`simulator.plan_sim.plan_cluster`).
+
+    Raises:
+        hardware_profiles.types.ProfileError: a bad cluster file, or a carving that does not fit it.
+    """
+    from simulator.plan_sim import plan_cluster
+
+    return plan_cluster(plan, load_cluster(cluster_path))
+
+
 def topology_from_cluster(cluster: Any, devices: list | None = None) -> dict[str, Mesh]:
     """Mesh name -> ``jax.sharding.Mesh`` over consecutive local devices, with the cluster's axes.
 
@@ -280,11 +292,15 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
         from compiler.plan_file import load_plan
 
         plan = load_plan(plan_path)   # guarded read + schema: InputError / IRError, one line
+    if isinstance(plan, DataParallelPlan):
+        raise RunError(f"the plan is data parallel over {len(plan.parts)} pipelines (one per device "
+                       f"kind), but 'mpmd run' executes one pipeline; simulate it with 'mpmd simulate', "
+                       f"or run a single-pipeline plan")
     check_layouts(plan)
     cpath = cluster_path or plan.cluster_path
     if not cpath:
         raise RunError("the plan names no cluster file; pass cluster_path (--cluster)")
-    cluster = load_cluster(cpath)
+    cluster = run_cluster(plan, cpath)
     topology = topology_from_cluster(cluster)
     cfg = zoo.get_config(plan.model, seq_len=plan.seq_len, **dict(model_overrides or {}))
     M = plan.microbatches

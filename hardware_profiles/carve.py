@@ -168,7 +168,7 @@ def carve(cluster: Cluster, shapes: Iterable[GroupShape]) -> Cluster:
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             links.append(InterMeshLink(a, b, mesh_link(cluster, *where[a], *where[b])))
-    return replace(cluster, meshes=meshes, links=tuple(links), default_link=None)
+    return replace(cluster, meshes=meshes, links=tuple(links))
 
 
 def default_shapes(cluster: Cluster) -> tuple[GroupShape, ...]:

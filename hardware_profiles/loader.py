@@ -541,10 +541,16 @@ def load_cluster(path: str | Path) -> Cluster:
             mesh or joining a mesh to itself, duplicate links.
     """
     p = Path(path)
-    if not p.exists() and not _looks_like_path(str(path)) and (CLUSTERS_DIR / f"{path}.yaml").is_file():
-        p = CLUSTERS_DIR / f"{path}.yaml"
-    elif not p.exists() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
-        p = PACKAGE_ROOT / p    # a bundled file named as in the README, from any working directory
+    try:
+        if not p.exists() and not _looks_like_path(str(path)) and (CLUSTERS_DIR / f"{path}.yaml").is_file():
+            p = CLUSTERS_DIR / f"{path}.yaml"
+        elif not p.exists() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
+            p = PACKAGE_ROOT / p    # a bundled file named as in the README, from any working directory
+    except (OSError, ValueError) as e:    # a name too long, a NUL, an unencodable character
+        shown = repr(str(path))
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ProfileError(f"cluster path {shown} is not a usable file name ({type(e).__name__}); "
+                           f"fix: name an existing cluster YAML") from None
     data = _read_yaml(p, "cluster")
     try:
         f = _ClusterFile.model_validate(data)

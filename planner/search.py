@@ -492,7 +492,39 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
             infl_post = model.NewIntVar(0, M * v, f"inflight_post_{name}")
             model.Add(infl_post == (1 if c.v_shape else infl)).OnlyEnforceIf(post_on)
             model.Add(infl_post == 0).OnlyEnforceIf(post_on.Not())
-        for k, o in enumerate(c.options[i]):
+        if c.fixed_order:
+            # a disaggregated (convex-hull) form: blocks split over per-option counts n_ik, at
+            # most one nonzero; time, tail and memory are then linear in n_ik and sel_ik, whose LP
+            # relaxation is much tighter than big-M implications (Balas 1979)
+            pre_on, po = int(i == 0), int(i == 0 if c.v_shape else i == nm - 1)
+            merged_c = merge if (i == nm - 1 and c.mergeable) else 0
+            n_k = [model.NewIntVar(0, L, f"blocks_{name}_{k}") for k in range(len(c.options[i]))]
+            for k in range(len(n_k)):
+                model.Add(n_k[k] <= L * sel[i][k])
+            model.Add(sum(n_k) == nblk[i])
+            opts_i = c.options[i]
+            model.Add(tm[i] == sum(int(round(v * o.block_s * US)) * n_k[k]
+                                   + (int(round(o.pre_s * US)) * pre_on + int(round(o.post_s * US)) * po
+                                      + int(round(v * o.overhead_s * US))) * sel[i][k]
+                                   for k, o in enumerate(opts_i))
+                      - int(round(opts_i[0].merge_saving_s * US)) * merged_c)
+            model.Add(tail[i] == sum(int(round(v * o.tail_block_s * US)) * n_k[k]
+                                     + (int(round(o.tail_pre_s * US)) * pre_on
+                                        + int(round(o.tail_post_s * US)) * po) * sel[i][k]
+                                     for k, o in enumerate(opts_i)))
+            for k, o in enumerate(opts_i):
+                room = int(o.capacity // MB) - (_mb(o.static_pre) * pre_on + _mb(o.static_post) * po
+                                                + _mb(o.resid_pre) * infl_pre + _mb(o.resid_post) * infl_post
+                                                + _mb(o.working))
+                if room < 0:
+                    model.Add(sel[i][k] == 0)
+                    continue
+                model.Add((_mb(v * o.static_block) + _mb(o.resid_block) * infl) * n_k[k]
+                          <= room * sel[i][k])
+            opts_loop = ()
+        else:
+            opts_loop = tuple(enumerate(c.options[i]))
+        for k, o in opts_loop:
             model.Add(tm[i] == int(round(v * o.block_s * US)) * nblk[i]
                       + int(round(o.pre_s * US)) * first[i] + int(round(o.post_s * US)) * post_on
                       + int(round(v * o.overhead_s * US))

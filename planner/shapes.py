@@ -33,6 +33,8 @@ from planner.predict import Prediction, predict
 from planner.search import MeshOption, inflight_count, solve_outcome
 
 MAX_STAGES = 64
+TARGET_GAP = 0.01
+"""A pipeline search stops once its best plan is proven within this fraction of the optimum."""
 """Longest pipeline a shape may have (meshes in one pipeline)."""
 
 
@@ -125,26 +127,33 @@ class _Options:
                                         self.opts.max_tensor, self.opts.fsdp)
 
 
-Rank = tuple[float, tuple[tuple[float, float], ...]]
-"""A rank for the bound: (fixed seconds per microbatch, ((seconds per block, most blocks that
-fit memory), ...) per layout option)."""
+Rank = tuple[float, tuple[tuple[float, float, float], ...]]
+"""A rank for the bound: (fixed seconds per microbatch, ((seconds per block and microbatch,
+end-of-step tail seconds per block, most blocks that fit memory), ...) per layout option)."""
 
 
 def _level(ranks: Sequence[Rank], num_blocks: int, microbatches: int, chain: float) -> float:
-    """The least ``tau`` such that ranks with ``tau >= chain * S_r + M * x_r`` (``S_r``: the
-    per-microbatch time of the ranks before ``r``; ``x_r = fixed_r + n_r * seconds per block`` of
-    an option that fits ``n_r`` blocks) can hold ``num_blocks`` blocks in all: the fluid optimum
-    over layer partitions and layouts (bisection on ``tau``)."""
+    """The least ``tau`` such that ranks with ``tau >= chain * S_r + M * x_r + tail_r`` (``S_r``:
+    the per-microbatch time of the ranks before ``r``; ``x_r = fixed_r + n_r * seconds per block``
+    and ``tail_r = n_r * tail per block`` of one option that fits ``n_r`` blocks) can hold
+    ``num_blocks`` blocks in all: the fluid optimum over layer partitions and layouts (bisection on
+    ``tau``)."""
+    m = microbatches
+
     def blocks(tau: float) -> float:
         total, s = 0.0, 0.0
         for f, opts in ranks:
-            x = (tau - chain * s) / microbatches
-            n = max((min(cap, (x - f) / b) for b, cap in opts if b > 0), default=0.0)
-            n = max(0.0, n)
-            total += n
-            s += max(x, f) if n > 0 else f
+            room = tau - chain * s - m * f
+            best_n, best_b = 0.0, 0.0
+            for b, tb, cap in opts:
+                if b > 0:
+                    n = min(cap, room / (m * b + tb))
+                    if n > best_n:
+                        best_n, best_b = n, b
+            total += best_n
+            s += f + best_n * best_b
         return total
-    worst = max(b for _, opts in ranks for b, _ in opts)
+    worst = max(b + tb for _, opts in ranks for b, tb, _ in opts)
     lo = 0.0
     hi = microbatches * (sum(f for f, _ in ranks) + num_blocks * worst) * (1 + chain) + 1.0
     if blocks(hi) < num_blocks:
@@ -159,10 +168,12 @@ def _level(ranks: Sequence[Rank], num_blocks: int, microbatches: int, chain: flo
 
 
 def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
-           pre: bool = True, post_last: bool = False, merge: bool = False) -> list[Rank]:
+           pre: bool = True, post_last: bool = False, merge: bool = False, tail: bool = False
+           ) -> list[Rank]:
     """Per rank: fixed time (overhead; the first rank's pre-block layers, the last's post-block
-    layers when asked) and per option its block time and the most blocks its memory holds with
-    ``inflight[r]`` microbatch instances of residuals (pre/post layers' memory left out: a bound)."""
+    layers when asked) and per option its block time, its end-of-step tail per block (``tail``)
+    and the most blocks its memory holds with ``inflight[r]`` microbatch instances of residuals
+    (pre/post layers' memory left out: a bound)."""
     out = []
     last = len(options) - 1
     for r, opts in enumerate(options):
@@ -178,7 +189,7 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
             need = o.static_block + inflight[r] * o.resid_block / virtual_stages
             room = o.capacity - o.working
             cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
-            per.append((o.block_s, cap))
+            per.append((o.block_s, o.tail_block_s if tail else 0.0, cap))
         out.append((fixed, tuple(per)))
     return out
 
@@ -202,16 +213,17 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
       the ranks before it. ``chain`` is 1 for one stage per rank, ``1/v`` for ``v`` interleaved
       chunks, 0 for V-shaped placements (no chain term).
 
-    Both are minimised over partitions as a fluid water level (:func:`_level`); the end-of-step
-    tail adds at least the mean over meshes of all blocks' gradient sync and optimizer time.
+    Both are minimised over partitions as a fluid water level (:func:`_level`); in the work term
+    each mesh also pays, after its last fragment, the end-of-step gradient sync and optimizer time
+    of its blocks under the same option (``step >= M x T_m + tail_m``).
     ``inf`` when no partition fits memory.
     """
-    level = _level(_ranks(work, inflight, virtual_stages, merge=mergeable), num_blocks, microbatches, 0.0)
+    level = _level(_ranks(work, inflight, virtual_stages, merge=mergeable, tail=True), num_blocks,
+                   microbatches, 0.0)
     if chain > 0 and level < math.inf:
         level = max(level, _level(_ranks(critical, inflight, virtual_stages, post_last=True,
                                          merge=mergeable), num_blocks, microbatches, chain))
-    tail = num_blocks * min(min(o.tail_block_s for o in opts) for opts in work) / len(work)
-    return level + tail
+    return level
 
 
 _V_SHAPED = ("zb-v", "dualpipe-v")
@@ -247,15 +259,14 @@ def _pipeline_meshes(cluster: Cluster, shapes: tuple[GroupShape, ...]) -> tuple[
 def quick_bound(work: Sequence[Sequence[MeshOption]], microbatches: int, num_blocks: int) -> float:
     """A cheap lower bound, never above :func:`candidate_bound`: the fluid work bound without
     memory, ``M x tau`` with ``sum_r (tau - f_r) / b_r = L`` left unclamped (a negative term only
-    lowers ``tau``), plus the mean tail."""
+    lowers ``tau``)."""
     b = [min(o.block_s for o in x) for x in work]
     f = [min(o.overhead_s for o in x) for x in work]
     f[0] += min(o.pre_s for o in work[0])
     f[-1] = max(0.0, f[-1] - max(o.merge_saving_s for o in work[-1]))
     inv = sum(1.0 / x for x in b if x > 0)
     tau = (num_blocks + sum(fi / bi for fi, bi in zip(f, b) if bi > 0)) / inv if inv else 0.0
-    tail = num_blocks * min(min(o.tail_block_s for o in opts) for opts in work) / len(work)
-    return microbatches * max(0.0, tau) + tail
+    return microbatches * max(0.0, tau)
 
 
 class _Enumeration:
@@ -349,7 +360,8 @@ def enumerate_candidates(w: Workload, cluster: Cluster, groups: tuple[str, ...],
 def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions, *,
                     deadline: float, stop: threading.Event | None = None,
                     nodes: dict[str, int] | None = None,
-                    progress: Callable[[int, int, float | None], None] | None = None) -> PipelineResult:
+                    progress: Callable[[int, int, float | None], None] | None = None,
+                    target_gap: float = TARGET_GAP) -> PipelineResult:
     """The best plan of one pipeline over node ``groups`` (in order) for workload ``w``.
 
     Branch and bound: candidates come off a heap by bound (the practitioner's shapes first); a
@@ -361,6 +373,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
     Args:
         deadline: ``time.monotonic()`` at which to stop searching (keeping the best plan so far).
         nodes: use only this many nodes of a group (default: all).
+        target_gap: stop once the best plan is within this fraction of the least bound left.
 
     Raises:
         PlannerError: a group name the cluster lacks.
@@ -382,6 +395,10 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
     interrupted = False
     while heap:
         unhanded, bound, i, full, cand = heap[0]
+        if best is not None and unhanded:
+            least = min([bound] + searched_bounds)
+            if (best[0] - least) <= target_gap * best[0]:
+                break                               # proven within the target gap
         if best is not None and bound >= best[0]:
             if unhanded:
                 break                               # the least bound left cannot beat the best plan
@@ -407,7 +424,8 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             if left <= 0 or (stop is not None and stop.is_set()):
                 interrupted = True
                 break
-            got = _solve_schedule(w, lc, meshes, sched, cand.microbatches, opts, cache, left, stop)
+            got = _solve_schedule(w, lc, meshes, sched, cand.microbatches, opts, cache, left, stop,
+                                  best[0] if best else math.inf)
             solves += 1
             if got is None:
                 continue
@@ -434,14 +452,17 @@ POLISH_MAX_FRAGMENTS = 256
 """Largest ranks x microbatches whose CP-SAT answer is polished on the exact replay (each
 neighbour costs one replay)."""
 POLISH_ROUNDS = 8
-POLISH_PAIR_MESHES = 8
+POLISH_WITHIN = 1.10
+"""Only answers within this factor of the best plan so far are polished."""
+POLISH_PAIR_MESHES = 4
 """Up to this many meshes, a block move is also tried together with a layout change of one of the
 two meshes it touches."""
 
 
 def _solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str, m: int,
                     opts: api.PlanOptions, cache: _Options, left: float,
-                    stop: threading.Event | None) -> tuple[Plan, Prediction] | None:
+                    stop: threading.Event | None, incumbent: float = math.inf
+                    ) -> tuple[Plan, Prediction] | None:
     """One CP-SAT solve of a carved pipeline for one schedule, polished on the exact replay
     (:func:`_polish`); the plan and its prediction."""
     o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(m,))
@@ -454,8 +475,8 @@ def _solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: st
         return None
     a = out.assignment
     p, pred = _evaluate(w, lc, a, sched, m, cand.virtual_stages, opts)
-    if len(meshes) * m <= POLISH_MAX_FRAGMENTS:
-        a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts)
+    if len(meshes) * m <= POLISH_MAX_FRAGMENTS and _score(pred) <= POLISH_WITHIN * incumbent:
+        a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts, time.monotonic() + left)
     solver = {"status": a.status, "objective": a.objective_s, "bound": a.bound_s,
               "gap": (a.objective_s - a.bound_s) / a.objective_s if a.objective_s else 0.0,
               "wall_s": a.wall_s}
@@ -471,7 +492,7 @@ def _score(pred: Prediction) -> float:
     return pred.step_time_s if pred.fits else math.inf
 
 
-def _polish(w, lc, cand, a, p, pred, sched, m, opts):
+def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf):
     """Steepest descent on the exact replay from CP-SAT's answer: move one block between
     neighbouring stages, switch one mesh to another of its layout options, or toggle the last
     stage's F+B merge, while the replayed
@@ -504,6 +525,8 @@ def _polish(w, lc, cand, a, p, pred, sched, m, opts):
         merges = [(tuple(blocks), picks, not cur.merge)] if cand.mergeable else []
         improved = None
         for nb, pk, mg in [(b, k, cur.merge) for b, k in moves] + merges:
+            if time.monotonic() >= deadline:
+                break
             na = replace(cur, blocks=nb, layouts=tuple(cand.options[i][k].layout for i, k in enumerate(pk)),
                          recompute=tuple(cand.options[i][k].recompute for i, k in enumerate(pk)), merge=mg)
             np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)

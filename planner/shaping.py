@@ -117,8 +117,13 @@ def data_parallel_prediction(w: Workload, cluster: Cluster, plans: tuple[Plan, .
         peak.update(p.peak_memory_bytes)
         cap.update(p.capacity_bytes)
         stage += p.stage_time_s
-    used = {g["group"] for plan in plans for g in plan.carving}
-    peak_flops = _peak(cluster, used, cm.compute_dtype(w))
+    dtype = cm.compute_dtype(w)
+    peak_flops = 0.0                        # the devices the parts' meshes use
+    for plan in plans:
+        for shape in plan.carving:
+            dev = cluster.groups[shape["group"]].device
+            devices = shape["nodes"] * cluster.groups[shape["group"]].devices_per_node
+            peak_flops += dev.peak_flops.get(dtype, dev.peak_flops["bf16"]) * devices
     tokens = w.global_batch * w.seq_len
     return Prediction(step_time_s=step, bubble=bubble, peak_memory_bytes=peak, capacity_bytes=cap,
                       stage_time_s=stage, mfu=w.step_flops / (step * peak_flops),
@@ -130,9 +135,11 @@ def data_parallel_prediction(w: Workload, cluster: Cluster, plans: tuple[Plan, .
 
 
 def _granule(batch: int, parts: int) -> int:
-    """The batch-share step: the largest power of two leaving at least 16 granules per part."""
+    """The batch-share step: the largest power of two dividing the batch that leaves at least 4
+    granules per part (coarse shares keep each part's microbatches divisible by its data-parallel
+    degree: a 256-chip TPU mesh needs multiples of 32 samples)."""
     q = 1
-    while batch % (2 * q) == 0 and batch // (2 * q) >= 16 * parts:
+    while batch % (2 * q) == 0 and batch // (2 * q) >= 4 * parts:
         q *= 2
     return q
 
@@ -168,13 +175,15 @@ class _Search:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def pipeline(self, groups: tuple[str, ...], batch: int, budget: float) -> PipelineResult:
+    def pipeline(self, groups: tuple[str, ...], batch: int, budget: float,
+                 target_gap: float = 0.01) -> PipelineResult:
         key = (groups, batch)
         if key in self.cache:
             return self.cache[key]
         w = replace(self.w, global_batch=batch)
         deadline = min(self.deadline, time.monotonic() + max(0.2, budget))
-        r = search_pipeline(w, self.cluster, groups, self.opts, deadline=deadline, stop=self.stop)
+        r = search_pipeline(w, self.cluster, groups, self.opts, deadline=deadline, stop=self.stop,
+                            target_gap=target_gap)
         self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
         self.cache[key] = r
         self.done += 1
@@ -204,8 +213,8 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     alone: dict[str, PipelineResult] = {}
     # 1. every group alone, on the whole batch
     for i, g in enumerate(groups):
-        budget = s.left() * (0.5 if k > 1 else 1.0) / (k - i)
-        alone[g] = s.pipeline((g,), w.global_batch, budget)
+        budget = s.left() * (0.35 if k > 1 else 1.0) / (k - i)
+        alone[g] = s.pipeline((g,), w.global_batch, budget, 0.01 if k == 1 else 0.03)
         r = alone[g]
         s.tried.append(Option(f"{g} alone", (((g,), w.global_batch),),
                               r.prediction.step_time_s if r.prediction else None))
@@ -282,7 +291,7 @@ def _balance(s: _Search, groups: tuple[str, ...], rates: list[float]):
         if key in seen or s.left() <= 0:
             break
         seen.add(key)
-        results = [s.pipeline((g,), b, s.left() / (2 * len(groups))) for g, b in zip(groups, shares)]
+        results = [s.pipeline((g,), b, s.left() / (2 * len(groups)), 0.02) for g, b in zip(groups, shares)]
         if any(r.plan is None for r in results):
             break
         preds = tuple(r.prediction for r in results)

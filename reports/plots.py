@@ -112,8 +112,11 @@ def cost_vs_time(df: pd.DataFrame) -> bytes:
 
 
 def timeline_thumbnail(plan, sim, width: float = 6.0) -> bytes:
-    """One simulated step: a row per mesh (pipeline order), compute events colored by kind."""
-    meshes = list(plan.rank_mesh)
+    """One simulated step: a row per mesh (pipeline order; a data-parallel plan's parts one after
+    another), compute events colored by kind."""
+    from simulator.plan_sim import plan_meshes
+
+    meshes = list(plan_meshes(plan))
     rows = {m: i for i, m in enumerate(meshes)}
     spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for e in sim.timeline.events:

@@ -49,9 +49,46 @@ def _money_rng(lo, hi) -> str:
     return a if a == b else f"{a}-{b}"
 
 
+def _present(x) -> bool:
+    return x is not None and not (isinstance(x, float) and not math.isfinite(x))
+
+
+def _flag(x) -> bool:
+    """A boolean cell (``numpy.bool_`` in an all-feasible frame, NaN in an infeasible row)."""
+    return _present(x) and bool(x)
+
+
+def _pipelines(r) -> int:
+    x = r.get("pipelines")
+    return int(x) if _present(x) else 1
+
+
+def plan_text(r) -> str:
+    """The "Plan" cell of a feasible row: meshes, schedule, microbatches and stages (a data-parallel
+    plan: each pipeline's meshes and schedule)."""
+    stages = int(r["stages"])
+    pipelines = _pipelines(r)
+    if pipelines > 1:
+        return (f"data parallel over {pipelines} pipelines: {r['meshes']}; schedules {r['schedule']}, "
+                f"{stages} stages in all")
+    return (f"{r['meshes']}; {r['schedule']} x {int(r['microbatches'])} microbatches, "
+            f"{stages} stage{'s' if stages > 1 else ''}")
+
+
+def _shaped(df: pd.DataFrame) -> bool:
+    """Whether any feasible option was carved from node groups or split into several pipelines
+    (the summary then has a "Shape" column)."""
+    return any(r["feasible"] and (_flag(r.get("carved")) or _pipelines(r) > 1)
+               for r in df.to_dict("records"))
+
+
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The human table (strings), one row per option, same for HTML, Markdown and the console."""
+    """The human table (strings), one row per option, same for HTML, Markdown and the console.
+    When an option's plan carves node groups into meshes or splits the batch over several
+    pipelines, a "Shape" column gives each option's shape in one line (meshes per node group, the
+    nodes each spans, layouts; batch shares)."""
     training = df.attrs.get("kind", "training") == "training"
+    shaped = _shaped(df)
     rows = []
     for r in df.to_dict("records"):
         row = {"Option": r["option"], "Devices": r["devices"]}
@@ -60,8 +97,10 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
             rows.append(row)
             continue
         g = lambda k, r=r: r.get(k, math.nan)
-        row["Plan"] = (f"{r['meshes']}; {r['schedule']} x {int(r['microbatches'])} microbatches, "
-                       f"{int(r['stages'])} stage{'s' if r['stages'] > 1 else ''}")
+        row["Plan"] = plan_text(r)
+        if shaped:
+            row["Shape"] = (str(r.get("shape", "-")) if _flag(r.get("carved")) or _pipelines(r) > 1
+                            else "the cluster's meshes")
         row["Step (s)"] = _f(r["step_time_s"], "{:.3f}")
         if training:
             row["Tokens/s (best-worst)"] = (f"{g('tokens_per_s'):,.0f} ({g('tokens_per_s_best'):,.0f}-"
@@ -210,8 +249,19 @@ def to_html(df: pd.DataFrame) -> str:
                          f"{e(r['reason'])}</div></div>")
             continue
         p = r["plan"]
-        info = (f"<b>{e(r['option'])}</b> ({e(r['devices'])})<br>{e(r['meshes'])}<br>"
-                f"schedule {e(p.schedule.name)} x {p.microbatches} microbatches, {len(p.stages)} stages; "
+        shape = (f"<br>shape: {e(str(r['shape']))}"
+                 if _present(r.get("shape")) and (_flag(r.get("carved")) or _pipelines(r) > 1)
+                 else "")
+        if _pipelines(r) > 1:
+            sched = (f"data parallel over {_pipelines(r)} pipelines, schedules "
+                     f"{e(str(r['schedule']))}, {int(r['stages'])} stages in all")
+            if getattr(p, "reason", ""):
+                sched += f" ({e(p.reason)})"
+        else:
+            sched = (f"schedule {e(str(r['schedule']))} x {int(r['microbatches'])} microbatches, "
+                     f"{int(r['stages'])} stages")
+        info = (f"<b>{e(r['option'])}</b> ({e(r['devices'])})<br>{e(r['meshes'])}{shape}<br>"
+                f"{sched}; "
                 f"simulated step {r['step_time_s']:.3f} s (planner predicted "
                 f"{r['predicted_step_time_s']:.3f} s); solver {e(str(r['solver_status']))}, "
                 f"gap {_f(100 * r['solver_gap'], '{:.1f}%')}, planning took {r['plan_wall_s']:.1f} s")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from compiler.ir import Plan, Workload
+from compiler.ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.types import Alternative, Cluster, DeviceProfile, Link, MeshSpec
 from planner.predict import predict
 from simulator import cost_model as cm
@@ -92,20 +92,39 @@ def relevant(dev: DeviceProfile, dtype: str) -> list[Alternative]:
             if a.field in PERF_FIELDS or a.field == f"peak_flops.{dtype}"]
 
 
-def alternatives_outcomes(plan: Plan, workload: Workload, cluster: Cluster, *,
+def _step_and_fit(plan: "Plan | DataParallelPlan", workload: Workload, cluster: Cluster,
+                  headroom: float) -> tuple[float, bool]:
+    """(step time, fits memory) of ``plan``: the planner's exact replay for one pipeline; for a
+    data-parallel plan every part's fit and the step of its replay on the discrete-event engine
+    (contention-free, so equal to the planner's: parts, then the sync across them, then the
+    optimizer)."""
+    if not isinstance(plan, DataParallelPlan):
+        p = predict(plan, workload, cluster, headroom=headroom)
+        return p.step_time_s, p.fits
+    from simulator.plan_sim import part_workloads, simulate_data_parallel
+
+    ws = part_workloads(plan, workload)
+    fits = all(predict(p, w, cluster, headroom=headroom).fits for p, w in zip(plan.parts, ws))
+    return simulate_data_parallel(plan, ws, cluster).step_time_s, fits
+
+
+def alternatives_outcomes(plan: "Plan | DataParallelPlan", workload: Workload, cluster: Cluster, *,
                           headroom: float = 0.1) -> list[AltOutcome]:
-    """Re-predict ``plan`` once per relevant alternative of the devices it uses.
+    """Re-predict ``plan`` once per relevant alternative of the devices it uses. ``cluster`` is the
+    one the plan runs on (:func:`simulator.plan_sim.plan_cluster`); ``workload`` the whole step's
+    (a data-parallel plan's parts take their batch shares of it).
 
     Raises:
         simulator.plan_costs.CostError: the plan does not match the workload or cluster.
     """
+    from simulator.plan_sim import plan_meshes
+
     dtype = cm.compute_dtype(workload)
-    base = predict(plan, workload, cluster, headroom=headroom).step_time_s
-    devices = {cluster.meshes[m].device.name: cluster.meshes[m].device for m in plan.rank_mesh}
+    base, _ = _step_and_fit(plan, workload, cluster, headroom)
+    devices = {cluster.meshes[m].device.name: cluster.meshes[m].device for m in plan_meshes(plan)}
     out = []
     for name, dev in devices.items():
         for alt in relevant(dev, dtype):
-            p = predict(plan, workload, _swap_cluster(cluster, name, alt), headroom=headroom)
-            out.append(AltOutcome(name, alt.field, alt.value, alt.source, p.step_time_s, base,
-                                  p.fits))
+            step, fits = _step_and_fit(plan, workload, _swap_cluster(cluster, name, alt), headroom)
+            out.append(AltOutcome(name, alt.field, alt.value, alt.source, step, base, fits))
     return out

@@ -1,7 +1,10 @@
 """``whatif(model, options)``: plan every hardware option, replay it, and tabulate purchasing metrics.
 
 Every option is planned with :func:`planner.plan` and its plan replayed in the discrete-event
-simulator (:func:`simulator.plan_sim.simulate_plan`); the simulated step time drives every rate.
+simulator (:func:`simulator.plan_sim.simulate_any`: one pipeline, or a data-parallel plan's
+pipelines and the gradient sync across them) on the cluster the plan runs on (a node-group cluster
+carved as the plan says, :func:`simulator.plan_sim.plan_cluster`); the simulated step time drives
+every rate. Each row also gives the chosen shape in one line (:func:`shape_summary`).
 Formulas (all from the simulated step time ``T`` s, prices ``P`` USD per hour, power ``W`` watts):
 
 * training: tokens/s = global_batch x seq_len / T; USD per million tokens = P / (tokens/s x 3600)
@@ -25,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from compiler.costing import workload as make_workload
+from compiler.ir import DataParallelPlan
 from compiler.zoo import get_config
 from planner import PlanOptions
 from planner import plan as run_plan
@@ -40,7 +44,7 @@ from reports.recommend import pareto_front, recommendation
 from reports.spec import Option, to_option
 from reports.sweep import SweepResult, SweepSpec, generate, parse_spec
 from reports.uncertainty import alternatives_outcomes
-from simulator.plan_sim import simulate_plan
+from simulator.plan_sim import plan_cluster, plan_meshes, simulate_any
 
 DEFAULT_GLOBAL_BATCH = 256
 """Samples per training step when none is given (2M tokens at sequence length 8192), as ``mpmd plan``."""
@@ -52,8 +56,15 @@ HEADROOM = 0.1
 Progress = Callable[[int, int, str], None]
 
 
-def _mesh_summary(plan, cluster) -> str:
-    """E.g. ``8 meshes: 8 x h100-sxm(8) DP1xTP8`` (meshes in pipeline order, runs collapsed)."""
+def _mesh_summary(plan, cluster, idle: bool = True) -> str:
+    """E.g. ``8 meshes: 8 x h100-sxm(8) DP1xTP8`` (meshes in pipeline order, runs collapsed; with
+    ``idle``, how many of the cluster's meshes the plan leaves idle); for a data-parallel plan each
+    part's, ``" | "``-separated. ``cluster`` is the one the plan runs on."""
+    if isinstance(plan, DataParallelPlan):
+        text = " | ".join(f"part {i + 1}: {_mesh_summary(p, cluster, idle=False)}"
+                          for i, p in enumerate(plan.parts))
+        n, total = len(plan_meshes(plan)), len(cluster.meshes)
+        return text + (f" ({total - n} of {total} meshes idle)" if idle and n < total else "")
     parts: list[list[Any]] = []
     for m in plan.rank_mesh:
         lay = plan.layouts[m]
@@ -65,8 +76,51 @@ def _mesh_summary(plan, cluster) -> str:
         else:
             parts.append([1, key])
     n, total = len(plan.rank_mesh), len(cluster.meshes)
-    used = f" (of {total}; the others idle)" if n < total else ""
+    used = f" (of {total}; the others idle)" if idle and n < total else ""
     return f"{n} mesh{'es' if n > 1 else ''}{used}: " + ", ".join(f"{k} x {key}" for k, key in parts)
+
+
+def _layout_text(layouts) -> str:
+    """Distinct layouts, compact: ``tp8``, ``dp2 tp4``, ``dp8 fsdp`` (``/``-separated)."""
+    out = []
+    for lay in layouts:
+        bits = ([f"dp{lay.data}"] if lay.data > 1 else []) + ([f"tp{lay.tensor}"] if lay.tensor > 1 else [])
+        text = " ".join(bits + (["fsdp"] if lay.fsdp else [])) or "dp1"
+        if text not in out:
+            out.append(text)
+    return "/".join(out)
+
+
+def shape_summary(plan, cluster) -> str:
+    """The chosen shape in one line.
+
+    A plan carved from node groups: per group, its meshes and the nodes each spans, then the
+    layouts, e.g. ``h100: 4 x (2 nodes x 8), dp2 tp8``. A data-parallel plan: each part's with its
+    batch share, e.g. ``96 samples: h100: ... | 32 samples: tpu: ...``. A plan on a cluster that
+    lists its meshes: per device kind, e.g. ``h100-sxm: 8 x 8, tp8``.
+    """
+    from hardware_profiles.carve import GroupShape
+
+    if isinstance(plan, DataParallelPlan):
+        return " | ".join(f"{p.global_batch} samples: {shape_summary(p, cluster)}" for p in plan.parts)
+    out = []
+    if plan.carving:
+        for c in plan.carving:
+            shape = GroupShape.from_json(c)
+            g = cluster.groups.get(shape.group)
+            mine = [m for m in plan.rank_mesh if m.startswith(f"{shape.group}.")]
+            desc = shape.describe(g.devices_per_node) if g is not None else f"{len(mine)} meshes"
+            out.append(f"{shape.group}: {desc}, {_layout_text(plan.layouts[m] for m in mine)}")
+        return "; ".join(out)
+    kinds: dict[str, list[str]] = {}
+    for m in plan.rank_mesh:
+        kinds.setdefault(plan.devices.get(m, (cluster.meshes[m].device.name, 0))[0]
+                         or cluster.meshes[m].device.name, []).append(m)
+    for dev, ms in kinds.items():
+        sizes = sorted({cluster.meshes[m].num_devices for m in ms})
+        out.append(f"{dev}: {len(ms)} x {'/'.join(map(str, sizes))}, "
+                   f"{_layout_text(plan.layouts[m] for m in ms)}")
+    return "; ".join(out)
 
 
 def _devices(cluster) -> str:
@@ -87,22 +141,28 @@ def _base_row(opt: Option, prices: Mapping[str, tuple[float, float]]) -> dict[st
 
 def _metrics(row: dict[str, Any], res, sim, outcomes, cfg, w, cluster, tokens: float | None,
              demand: float | None, deadline_days: float | None) -> None:
-    """Fill ``row`` with the rates and costs of a feasible option (see the module docstring)."""
+    """Fill ``row`` with the rates and costs of a feasible option (see the module docstring).
+    ``cluster`` is the one the plan runs on (:func:`simulator.plan_sim.plan_cluster`)."""
     p, pred = res.plan, res.prediction
     T = sim.step_time_s
     fits = [o for o in outcomes if o.fits]
     t_best = min([T] + [T * o.step_time_s / o.base_step_time_s for o in fits])
     t_worst = max([T] + [T * o.step_time_s / o.base_step_time_s for o in fits])
     lo, hi = row["usd_per_hour_low"], row["usd_per_hour_high"]
-    caps = pred.capacity_bytes
+    parts = p.parts if isinstance(p, DataParallelPlan) else (p,)
     row.update({
         "feasible": True,
         "meshes": _mesh_summary(p, cluster),
-        "stages": len(p.stages), "schedule": p.schedule.name, "microbatches": p.microbatches,
+        "shape": shape_summary(p, cluster), "pipelines": len(parts), "carved": bool(p.carving),
+        "stages": sum(len(x.stages) for x in parts),
+        "schedule": " | ".join(f"{x.schedule.name} x {x.microbatches}" for x in parts)
+                    if len(parts) > 1 else p.schedule.name,
+        "microbatches": sum(x.microbatches for x in parts),
         "step_time_s": T, "predicted_step_time_s": pred.step_time_s,
         "mfu": sim.mfu, "bubble_mean": sum(sim.bubble.values()) / len(sim.bubble),
         "bubble_max": max(sim.bubble.values()),
-        "memory_headroom": min(1 - sim.peak_memory_bytes[m] / caps[m] for m in p.rank_mesh),
+        "memory_headroom": min(1 - sim.peak_memory_bytes[m] / cluster.meshes[m].device.memory_bytes
+                               for m in plan_meshes(p)),
         "samples_per_s": p.global_batch / T,
         "alternatives": "; ".join(o.describe() for o in outcomes if o.changes),
         "alternatives_fit": all(o.fits for o in outcomes),
@@ -175,7 +235,11 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
     Returns:
         DataFrame, one row per option in input order; infeasible options have ``feasible=False``
         and the planner's one-line ``reason``. Object columns ``plan`` and ``sim`` hold the
-        :class:`~compiler.ir.Plan` and :class:`~simulator.engine.SimResult` (None when infeasible).
+        :class:`~compiler.ir.Plan` (or :class:`~compiler.ir.DataParallelPlan`) and
+        :class:`~simulator.engine.SimResult` (None when infeasible). ``shape`` is the chosen shape
+        in one line (:func:`shape_summary`: carved meshes, replicas, batch shares), ``pipelines``
+        the number of data-parallel pipelines (1 for one pipeline), ``carved`` whether the plan
+        carved node groups into meshes.
         ``df.attrs`` holds the run's context: model, kind, workload, prices and their sources,
         Pareto frontier, recommendation, sweep summary.
 
@@ -218,11 +282,12 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
             continue
         row["plan_wall_s"] = time.monotonic() - t0
         t1 = time.monotonic()
-        sim = simulate_plan(res.plan, w, opt.cluster)
+        lc = plan_cluster(res.plan, opt.cluster)      # carved as the plan says (node groups)
+        sim = simulate_any(res.plan, w, lc)
         row["sim_wall_s"] = time.monotonic() - t1
-        outcomes = alternatives_outcomes(res.plan, w, opt.cluster, headroom=HEADROOM)
+        outcomes = alternatives_outcomes(res.plan, w, lc, headroom=HEADROOM)
         row["plan"], row["sim"] = res.plan, sim
-        _metrics(row, res, sim, outcomes, cfg, w, opt.cluster, tokens, videos_per_hour, deadline_days)
+        _metrics(row, res, sim, outcomes, cfg, w, lc, tokens, videos_per_hour, deadline_days)
         rows.append(row)
     if progress:
         progress(len(opts), len(opts), "done")

@@ -98,17 +98,28 @@ class PlanCosts:
             return 0.0
         return cm.grad_sync_time(self.workload, st.first, st.last, self.cluster.meshes[st.mesh], lay)
 
+    @cached_property
+    def _memo(self) -> dict:
+        """Per-instance caches of the pure per-(stage, kind) and per-boundary costs below."""
+        return {}
+
     def fragment_time(self, ref: FragmentRef) -> float:
-        """Seconds of fragment ``ref`` on its stage's mesh, dispatch overhead included.
+        """Seconds of fragment ``ref`` on its stage's mesh, dispatch overhead included (the same for
+        every microbatch, so computed once per stage and kind).
 
         When the last stage's F and B are merged, the pair pays one dispatch (on the F). On a
         cluster with ``p2p="blocking"`` the fragment also holds its mesh's compute stream while it
         sends its output to the next stage (F: stage + 1, B: stage - 1; see :meth:`send_time`).
         """
-        base = self._stage_kind_time[(ref.stage, ref.kind)] + self._microbatch_grad_sync(ref)
-        merged_b = self.plan.merge_last_stage and ref.kind == "B" and ref.stage == self.last_stage
-        return (base + (0.0 if merged_b else cm.fragment_overhead(self.stage_mesh(ref.stage)))
-                + self.send_time(ref))
+        key = ("t", ref.stage, ref.kind)
+        got = self._memo.get(key)
+        if got is None:
+            base = self._stage_kind_time[(ref.stage, ref.kind)] + self._microbatch_grad_sync(ref)
+            merged_b = self.plan.merge_last_stage and ref.kind == "B" and ref.stage == self.last_stage
+            got = (base + (0.0 if merged_b else cm.fragment_overhead(self.stage_mesh(ref.stage)))
+                   + self.send_time(ref))
+            self._memo[key] = got
+        return got
 
     @property
     def blocking_p2p(self) -> bool:
@@ -155,6 +166,12 @@ class PlanCosts:
         return x[0], x[1], 0.0
 
     def _transfer(self, src_stage: int, dst_stage: int) -> tuple[str, float, float] | None:
+        key = ("x", src_stage, dst_stage)
+        if key not in self._memo:
+            self._memo[key] = self._transfer_uncached(src_stage, dst_stage)
+        return self._memo[key]
+
+    def _transfer_uncached(self, src_stage: int, dst_stage: int) -> tuple[str, float, float] | None:
         a, b = self.plan.stages[src_stage].mesh, self.plan.stages[dst_stage].mesh
         if a == b:
             return None
@@ -180,6 +197,12 @@ class PlanCosts:
 
     # ------------------------------------------------------------------ memory
     def stage_memory(self, stage: int) -> cm.StageMemory:
+        key = ("m", stage)
+        if key not in self._memo:
+            self._memo[key] = self._stage_memory(stage)
+        return self._memo[key]
+
+    def _stage_memory(self, stage: int) -> cm.StageMemory:
         st = self.plan.stages[stage]
         return cm.stage_memory(self.workload, st.first, st.last, self.plan.layouts[st.mesh],
                                self.samples, self.recompute(st.mesh))

@@ -128,6 +128,11 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
          max_tensor: int, even_split: bool, no_fsdp: bool, out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
 
+    On a cluster described as node groups the plan also says how the nodes are carved into meshes
+    (which nodes each mesh spans, the pipeline replicas it carries), and may split the batch over
+    several pipelines (data parallelism across device kinds): the table then has one section per
+    pipeline, its batch share, and the gradient sync across them.
+
     Searches that run over a few seconds show progress on stderr. Ctrl-C stops the search and
     keeps the best plan found so far: the table is printed and, with --out, the plan is written,
     marked "interrupted" in its solver record. That exits 0, as when --time-limit cuts the search
@@ -136,15 +141,14 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     """
     from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
     from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
-    from compiler.ir import plan_to_json
+    from compiler.ir import any_plan_to_json
     from hardware_profiles import load_cluster
     from planner import PlanOptions, plan as run_plan
-    from planner.api import PlanInterrupted
-    from simulator.schedules import SCHEDULES
+    from planner.api import TRAIN_SCHEDULES, PlanInterrupted
 
     for s in schedules:
-        if s not in SCHEDULES:
-            raise click.BadParameter(f"unknown schedule {s!r}; use one of {', '.join(SCHEDULES)}")
+        if s not in TRAIN_SCHEDULES:
+            raise click.BadParameter(f"unknown schedule {s!r}; use one of {', '.join(TRAIN_SCHEDULES)}")
     cluster = load_cluster(cluster_path)
     workload = _workload(model, global_batch, seq_len)
     # Ctrl-C handling spans the search and the output, so a second Ctrl-C never leaves a file
@@ -158,13 +162,14 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
             ctrl_c.searching = False
             ctrl_c.check()
             if result.interrupted:
-                err_console.print(f"interrupted after {result.plan.solver['search_wall_s']:.0f} s; "
-                                  f"best plan so far, {search_gap_text(result.plan.solver)}",
+                sv = result.plan.solver
+                err_console.print(f"interrupted after {sv.get('search_wall_s', 0):.0f} s; "
+                                  f"best plan so far, {search_gap_text(sv)}",
                                   highlight=False, soft_wrap=True)
             console.print(plan_table(result, cluster))
             ctrl_c.check()
             if out:
-                doc = plan_to_json(result.plan)
+                doc = any_plan_to_json(result.plan)   # a pipeline plan or a data-parallel plan
                 validate_plan_json(doc)
                 text = json.dumps(doc, indent=1)
             with ctrl_c.committing():

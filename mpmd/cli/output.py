@@ -1,4 +1,5 @@
-"""Rendering and writing of CLI outputs: the plan table, JSON Schema validation, atomic writes."""
+"""Rendering and writing of CLI outputs: the plan table (pipeline and data-parallel plans, carved
+meshes, schedule candidates), JSON Schema validation, atomic writes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from mpmd.files import write_atomic  # noqa: F401  (moved to mpmd.files; re-exported for old imports)
 
@@ -21,7 +24,9 @@ def plan_schema() -> dict[str, Any]:
 
 
 def validate_plan_json(doc: dict[str, Any]) -> None:
-    """Check a plan dict against ``planner/plan.schema.json`` (raises jsonschema.ValidationError)."""
+    """Check a plan dict (a pipeline plan or a data-parallel plan, as
+    :func:`compiler.ir.any_plan_to_json` writes them) against ``planner/plan.schema.json``
+    (raises jsonschema.ValidationError)."""
     import jsonschema
 
     jsonschema.validate(doc, plan_schema())
@@ -42,51 +47,229 @@ def search_gap_text(solver: dict[str, Any]) -> str:
     return f"gap {solver['search_gap'] * 100:.1f}%"
 
 
+def _num(x: Any, fmt: str, default: str = "-") -> str:
+    """``fmt`` of a number, or ``default`` for anything else (a record the planner left out)."""
+    return fmt.format(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else default
+
+
+def mesh_spans(plan: Any, cluster: Any) -> dict[str, str]:
+    """For a plan carved from node groups: mesh -> the nodes it spans and its devices, e.g.
+    ``"nodes 0-1 (2 x 8 h100-sxm)"`` or ``"node 3, slice 2 of 2 (4 h100-sxm)"``; empty for a plan
+    on a cluster that lists its meshes. ``cluster`` is the physical (node-group) cluster."""
+    from hardware_profiles.carve import GroupShape
+
+    out: dict[str, str] = {}
+    for c in getattr(plan, "carving", ()):
+        shape = GroupShape.from_json(c)
+        g = cluster.groups.get(shape.group)
+        if g is None:
+            continue
+        per = g.devices_per_node // shape.meshes_per_node
+        for j in range(shape.num_meshes):
+            first, n, part = shape.mesh_nodes(j)
+            where = f"node {first}" if n == 1 else f"nodes {first}-{first + n - 1}"
+            if shape.meshes_per_node > 1:
+                where += f", slice {part + 1} of {shape.meshes_per_node}"
+            devs = f"{n} x {per}" if n > 1 else f"{per}"
+            out[f"{shape.group}.{j}"] = f"{where} ({devs} {g.device.name})"
+    return out
+
+
+def carving_text(plan: Any, cluster: Any) -> str:
+    """The carving in one line, e.g. ``"h100: 4 x (2 nodes x 8) of 8 nodes"``; "" when none."""
+    from hardware_profiles.carve import GroupShape
+
+    out = []
+    for c in getattr(plan, "carving", ()):
+        shape = GroupShape.from_json(c)
+        g = cluster.groups.get(shape.group)
+        if g is None:
+            continue
+        out.append(f"{shape.group}: {shape.describe(g.devices_per_node)} of {g.nodes} nodes")
+    return "; ".join(out)
+
+
+def meshes_table(plan: Any, cluster: Any) -> Group | None:
+    """The logical meshes of a carved plan: the nodes each spans, its devices, the pipeline replicas
+    its data axis carries (nodes per mesh) and its layout; None for a plan that is not carved."""
+    spans = mesh_spans(plan, cluster)
+    if not spans:
+        return None
+    t = Table()
+    for col in ("mesh", "spans", "replicas", "layout"):
+        t.add_column(col, justify="right" if col == "replicas" else "left")
+    replicas = plan.replicas
+    for m in plan.rank_mesh:
+        t.add_row(escape(m), escape(spans.get(m, "-")), str(replicas.get(m, 1)),
+                  str(plan.layouts[m]) + (" recompute" if plan.recompute.get(m) else ""))
+    return _titled(f"meshes carved from node groups: {carving_text(plan, cluster)}", t)
+
+
+def _titled(title: str, table: Table) -> Group:
+    """``table`` under a title line as wide as the console (rich wraps a table's own title to the
+    table's width, which breaks a long title of a narrow table into a column of words)."""
+    return Group(Text(title, style="table.title"), table)
+
+
+MAX_CANDIDATE_ROWS = 12
+"""Rows of the schedule candidate table shown (the rest are counted)."""
+
+
+def schedules_table(plan: Any) -> Group | None:
+    """The candidate table of a plan (``Plan.schedules``: every schedule and microbatch count the
+    search replayed for the chosen shape, best first), compact; None when the plan has none."""
+    rows = list(getattr(plan, "schedules", ()))
+    if not rows:
+        return None
+    times = [r.get("step_time_s") for r in rows]
+    best = min((x for x in times if isinstance(x, (int, float))), default=None)
+    t = Table()
+    for col in ("schedule", "microbatches", "step (s)", "vs best"):
+        t.add_column(col, justify="left" if col == "schedule" else "right")
+    for r in rows[:MAX_CANDIDATE_ROWS]:
+        x = r.get("step_time_s")
+        ok = isinstance(x, (int, float))
+        t.add_row(escape(str(r.get("schedule", "?"))), str(r.get("microbatches", "?")),
+                  f"{x:.4g}" if ok else "does not fit",
+                  f"{(x / best - 1) * 100:+.1f}%" if ok and best else "-")
+    if len(rows) > MAX_CANDIDATE_ROWS:
+        t.add_row(f"... {len(rows) - MAX_CANDIDATE_ROWS} more", "", "", "")
+    return _titled("schedule candidates (this shape)", t)
+
+
+def _stages_table(title: str, plan: Any, lc: Any, stage_times: Any, peak: Any, cap: Any) -> Any:
+    stages = Table()
+    for col in ("stage", "layers", "mesh", "device", "layout", "compute/mb (ms)",
+                "memory used / capacity (GB)"):
+        stages.add_column(col, justify="right" if "(" in col else "left")
+    times = list(stage_times) if isinstance(stage_times, (list, tuple)) else []
+    for i, st in enumerate(plan.stages):
+        mesh = lc.meshes[st.mesh]
+        t = times[i] if i < len(times) else None
+        used = peak.get(st.mesh) if isinstance(peak, dict) else None
+        has = cap.get(st.mesh) if isinstance(cap, dict) else None
+        has = has if isinstance(has, (int, float)) else mesh.device.memory_bytes
+        stages.add_row(str(st.index), f"{st.first}-{st.last - 1}", escape(st.mesh),
+                       f"{mesh.num_devices}x {mesh.device.name}", str(plan.layouts[st.mesh]),
+                       _num(t * 1e3 if isinstance(t, (int, float)) else None, "{:.2f}"),
+                       f"{_num(used / 1e9 if isinstance(used, (int, float)) else None, '{:.1f}')} / "
+                       f"{_gb(has)}")
+    return _titled(title, stages)
+
+
+def _solver_rows(sv: Any) -> list[tuple[str, str]]:
+    """The solver and search rows of the step table (robust to a record that lacks keys: the
+    shaping search of a node-group cluster records no CP-SAT objective for a data-parallel plan)."""
+    sv = sv if isinstance(sv, dict) else {}
+    rows = []
+    if isinstance(sv.get("objective"), (int, float)):
+        gap = sv.get("gap")
+        rows.append(("solver", f"{sv.get('status')} objective {sv['objective']:.3f} s, bound "
+                               f"{_num(sv.get('bound'), '{:.3f}')} s, gap "
+                               f"{_num(gap * 100 if isinstance(gap, (int, float)) else None, '{:.2f}')}%"))
+    elif sv.get("status"):
+        rows.append(("solver", str(sv["status"])))
+    wall = _num(sv.get("search_wall_s"), "{:.1f}", "?")
+    total, done = sv.get("candidates_total"), sv.get("candidates")
+    if isinstance(done, int):
+        rows.append(("search", f"{done} candidates in {wall} s"))
+    elif isinstance(sv.get("options"), list):
+        rows.append(("search", f"{len(sv['options'])} configurations in {wall} s"))
+    elif "search_wall_s" in sv:
+        rows.append(("search", f"{wall} s"))
+    if rows and rows[-1][0] == "search" and (
+            sv.get("interrupted") or (isinstance(total, int) and isinstance(done, int) and done < total)):
+        if rows[0][0] == "solver":
+            rows[0] = (rows[0][0], rows[0][1] + " (this candidate)")
+        why = ", interrupted (Ctrl-C)" if sv.get("interrupted") else ", time limit reached"
+        rows[-1] = ("search", (f"{done} of {total} candidates" if isinstance(done, int) else "search")
+                    + f" in {wall} s{why}")
+        gap = search_gap_text(sv)
+        if isinstance(sv.get("search_bound"), (int, float)):
+            gap += f" (bound {sv['search_bound']:.3f} s over all candidates)"
+        rows.append(("search gap", gap.removeprefix("gap ")))
+    return rows
+
+
+def _mean(d: Any) -> float | None:
+    vals = [v for v in d.values() if isinstance(v, (int, float))] if isinstance(d, dict) else []
+    return sum(vals) / len(vals) if vals else None
+
+
 def plan_table(result: Any, cluster: Any) -> Group:
     """A readable summary of a :class:`planner.PlanResult`: stages, then step-level metrics.
 
     When the search was interrupted or left candidates unsearched, the solver row says its gap is
     the chosen candidate's own, and a "search gap" row gives the gap over all candidates (or why it
     is unknown).
+
+    A plan carved from node groups also gets a table of its logical meshes (the nodes each spans,
+    the pipeline replicas its data axis carries) and its schedule candidate table. A
+    :class:`~compiler.ir.DataParallelPlan` gets one section per part (its batch share, stages,
+    meshes and candidates), then the step table with the gradient all-reduce across the parts and
+    the planner's reason. ``cluster`` is the cluster as loaded (:func:`simulator.plan_sim.plan_cluster`
+    carves it as the plan says).
     """
+    from compiler.ir import DataParallelPlan
+    from simulator.plan_sim import plan_cluster
+
     p, pred = result.plan, result.prediction
-    stages = Table(title=f"{p.model} on {p.cluster}: stages", title_justify="left")
-    for col in ("stage", "layers", "mesh", "device", "layout", "compute/mb (ms)",
-                "memory used / capacity (GB)"):
-        stages.add_column(col, justify="right" if "(" in col else "left")
-    for st, t in zip(p.stages, pred.stage_time_s):
-        mesh = cluster.meshes[st.mesh]
-        stages.add_row(str(st.index), f"{st.first}-{st.last - 1}", st.mesh,
-                       f"{mesh.num_devices}x {mesh.device.name}", str(p.layouts[st.mesh]),
-                       f"{t * 1e3:.2f}",
-                       f"{_gb(pred.peak_memory_bytes[st.mesh])} / {_gb(pred.capacity_bytes[st.mesh])}")
+    lc = plan_cluster(p, cluster)
+    peak = getattr(pred, "peak_memory_bytes", None)
+    cap = getattr(pred, "capacity_bytes", None)
+    out: list[Any] = []
+    if isinstance(p, DataParallelPlan):
+        for i, part in enumerate(p.parts):
+            pp = part.predicted if isinstance(part.predicted, dict) else {}
+            share = part.global_batch / p.global_batch
+            title = (f"{p.model} on {p.cluster}: part {i + 1} of {len(p.parts)}, {part.global_batch} of "
+                     f"{p.global_batch} samples ({share * 100:.0f}%), {part.schedule.name} x "
+                     f"{part.microbatches} microbatches of {part.global_batch // part.microbatches}"
+                     + (" (last stage F+B merged)" if part.merge_last_stage else ""))
+            part_peak = {**(pp.get("peak_memory_bytes") or {}), **(peak or {})}
+            out.append(_stages_table(title, part, lc, pp.get("stage_time_s"), part_peak,
+                                     {**(pp.get("capacity_bytes") or {}), **(cap or {})}))
+            for extra in (meshes_table(part, cluster), schedules_table(part)):
+                if extra is not None:
+                    out.append(extra)
+    else:
+        out.append(_stages_table(f"{p.model} on {p.cluster}: stages", p, lc,
+                                 getattr(pred, "stage_time_s", None), peak, cap))
+        t = meshes_table(p, cluster)
+        if t is not None:
+            out.append(t)
     s = Table(title="step", title_justify="left", show_header=False)
     s.add_column("metric")
     s.add_column("value", justify="right")
-    mean_bubble = sum(pred.bubble.values()) / len(pred.bubble)
-    sv = p.solver
-    rows = [
-        ("schedule", p.schedule.name + (" (last stage F+B merged)" if p.merge_last_stage else "")),
-        ("microbatches", f"{p.microbatches} x {p.global_batch // p.microbatches} samples"),
-        ("step time", f"{pred.step_time_s:.3f} s"),
-        ("tokens/s", f"{pred.tokens_per_s:,.0f}"),
-        ("MFU", f"{pred.mfu * 100:.1f}%"),
-        ("bubble (mean over meshes)", f"{mean_bubble * 100:.1f}%"),
-        ("roofline bound", f"{pred.roofline_step_time_s:.3f} s"),
-        ("solver", f"{sv.get('status')} objective {sv.get('objective', 0):.3f} s, bound "
-                   f"{sv.get('bound', 0):.3f} s, gap {sv.get('gap', 0) * 100:.2f}%"),
-        ("search", f"{sv.get('candidates')} candidates in {sv.get('search_wall_s', 0):.1f} s"),
+    mean_bubble = _mean(getattr(pred, "bubble", None))
+    rows: list[tuple[str, str]] = []
+    if isinstance(p, DataParallelPlan):
+        rows += [("data parallel", f"{len(p.parts)} pipelines, batch shares "
+                                   + " + ".join(str(x.global_batch) for x in p.parts)
+                                   + f" = {p.global_batch} samples"),
+                 ("gradient sync across parts", f"{p.sync_bytes / 1e9:.2f} GB over {p.sync_link} in "
+                                                f"{p.sync_s * 1e3:.1f} ms, before the optimizer")]
+    else:
+        rows += [("schedule", p.schedule.name + (" (last stage F+B merged)" if p.merge_last_stage else "")),
+                 ("microbatches", f"{p.microbatches} x {p.global_batch // p.microbatches} samples")]
+    reason = p.reason if isinstance(p, DataParallelPlan) else (p.solver or {}).get("reason")
+    if isinstance(reason, str) and reason:
+        rows.append(("reason", reason))
+    mfu = getattr(pred, "mfu", None)
+    rows += [
+        ("step time", f"{_num(getattr(pred, 'step_time_s', None), '{:.3f}')} s"),
+        ("tokens/s", _num(getattr(pred, "tokens_per_s", None), "{:,.0f}")),
+        ("MFU", _num(mfu * 100 if isinstance(mfu, (int, float)) else None, "{:.1f}%")),
+        ("bubble (mean over meshes)",
+         _num(mean_bubble * 100 if mean_bubble is not None else None, "{:.1f}%")),
+        ("roofline bound", f"{_num(getattr(pred, 'roofline_step_time_s', None), '{:.3f}')} s"),
     ]
-    total = sv.get("candidates_total")
-    if sv.get("interrupted") or (total is not None and sv.get("candidates", total) < total):
-        rows[-2] = (rows[-2][0], rows[-2][1] + " (this candidate)")
-        why = ", interrupted (Ctrl-C)" if sv.get("interrupted") else ", time limit reached"
-        rows[-1] = ("search", f"{sv.get('candidates')} of {total} candidates in "
-                              f"{sv.get('search_wall_s', 0):.1f} s{why}")
-        gap = search_gap_text(sv)
-        if sv.get("search_bound") is not None:
-            gap += f" (bound {sv['search_bound']:.3f} s over all candidates)"
-        rows.append(("search gap", gap.removeprefix("gap ")))
+    rows += _solver_rows(p.solver)
     for k, v in rows:
-        s.add_row(k, v)
-    return Group(stages, s)
+        s.add_row(escape(k), escape(v))
+    out.append(s)
+    if not isinstance(p, DataParallelPlan):
+        t = schedules_table(p)
+        if t is not None:
+            out.append(t)
+    return Group(*out)

@@ -45,14 +45,23 @@ def link_names(plan, cluster) -> dict[str, str]:
     """Every spelling of a link a knob may name -> the name the simulator uses (``a<->b``).
 
     The links are the cluster's explicit links plus the link between every two meshes of the plan
-    (the cluster's ``default_link`` where no explicit one exists); ``b<->a`` means ``a<->b``.
+    (the cluster's ``default_link`` where no explicit one exists), and for a data-parallel plan its
+    cross-part ``sync_link``; ``b<->a`` means ``a<->b``.
     """
+    from compiler.ir import DataParallelPlan
     from hardware_profiles.types import ProfileError
+    from simulator.plan_sim import plan_meshes
 
     links = {ln.name: (ln.a, ln.b) for ln in cluster.links}
-    meshes = list(dict.fromkeys(plan.rank_mesh))
+    if isinstance(plan, DataParallelPlan) and plan.sync_link:
+        a, _, b = plan.sync_link.partition("<->")
+        links.setdefault(plan.sync_link, (a, b or a))
+    meshes = list(dict.fromkeys(plan_meshes(plan)))
+    explicit = {frozenset((ln.a, ln.b)) for ln in cluster.links}   # a carved cluster links every pair
     for i, a in enumerate(meshes):
         for b in meshes[i + 1:]:
+            if frozenset((a, b)) in explicit:
+                continue
             try:
                 ln = cluster.link_between(a, b)
             except ProfileError:
@@ -74,12 +83,16 @@ def check_knob_names(plan, cluster, stragglers: dict[str, float], degraded: dict
     Raises:
         click.BadParameter: an unknown mesh or link (one line listing the valid names).
     """
-    meshes = list(dict.fromkeys(plan.rank_mesh))
+    from simulator.plan_sim import plan_meshes
+
+    meshes = list(dict.fromkeys(plan_meshes(plan)))
     for opt, knob in (("--straggler", stragglers), ("--fail-mesh", failed_meshes)):
         for m in knob:
             if m not in meshes:
                 raise click.BadParameter(f"{m!r} is not a mesh of the plan; use one of "
                                          f"{_names(meshes)}", param_hint=opt)
+    if not degraded and not failed_links:
+        return {}, {}
     names = link_names(plan, cluster)
     canonical = sorted(set(names.values()))
     fixed = []
@@ -98,47 +111,64 @@ def check_knob_names(plan, cluster, stragglers: dict[str, float], degraded: dict
 def load_plan_inputs(plan_path: str):
     """(plan, workload, cluster) for a plan file, re-costing its model from the zoo.
 
-    The plan is read by :func:`compiler.plan_file.load_plan` (guarded read, schema, sizes); its
-    meshes must exist in the cluster with the devices the plan names, and its stages must cover
-    the model's layers.
+    The plan is read by :func:`compiler.plan_file.load_plan` (guarded read, schema, sizes): a
+    :class:`~compiler.ir.Plan` or a :class:`~compiler.ir.DataParallelPlan`. The cluster is the one
+    the plan runs on (:func:`simulator.plan_sim.plan_cluster`: the plan's cluster file, carved as
+    the plan's ``carving`` says). The plan's meshes must exist in it with the devices the plan
+    names, and its stages (every part's) must cover the model's layers. The workload is the whole
+    step's (a data-parallel plan's parts take their batch shares of it).
 
     Raises:
         mpmd.files.InputError, compiler.ir.IRError: a bad plan file (one line).
-        hardware_profiles.types.ProfileError: a bad cluster file.
+        hardware_profiles.types.ProfileError: a bad cluster file, or a carving that does not fit it.
     """
     from compiler.costing import workload
-    from compiler.ir import IRError
+    from compiler.ir import DataParallelPlan, IRError
     from compiler.plan_file import load_plan
     from hardware_profiles import load_cluster
+    from simulator.plan_sim import plan_cluster
 
     plan = load_plan(plan_path)
-    cluster = load_cluster(plan.cluster_path or plan.cluster)
-    for m, lay in plan.layouts.items():
-        if m not in cluster.meshes:
-            raise IRError(f"{plan_path}: plan mesh {m!r} is not in cluster {cluster.name!r} "
-                          f"({_names(list(cluster.meshes))}); fix: re-plan on this cluster")
-        dev, n = plan.devices.get(m, ("", 0))
-        spec = cluster.meshes[m]
-        if (dev and dev != spec.device.name) or (n and n != spec.num_devices):
-            raise IRError(f"{plan_path}: plan mesh {m!r} has {n} x {dev} but the cluster's has "
-                          f"{spec.num_devices} x {spec.device.name}; fix: re-plan on this cluster")
+    cluster = plan_cluster(plan, load_cluster(plan.cluster_path or plan.cluster))
+    parts = plan.parts if isinstance(plan, DataParallelPlan) else (plan,)
+    for part in parts:
+        for m, lay in part.layouts.items():
+            if m not in cluster.meshes:
+                raise IRError(f"{plan_path}: plan mesh {m!r} is not in cluster {cluster.name!r} "
+                              f"({_names(list(cluster.meshes))}); fix: re-plan on this cluster")
+            dev, n = part.devices.get(m, ("", 0))
+            spec = cluster.meshes[m]
+            if (dev and dev != spec.device.name) or (n and n != spec.num_devices):
+                raise IRError(f"{plan_path}: plan mesh {m!r} has {n} x {dev} but the cluster's has "
+                              f"{spec.num_devices} x {spec.device.name}; fix: re-plan on this cluster")
     w = workload(plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len)
-    if plan.stages[-1].last != len(w.layers):
-        raise IRError(f"{plan_path}: plan stages cover layers [0, {plan.stages[-1].last}) but "
-                      f"{plan.model} has {len(w.layers)}; fix: regenerate it with 'mpmd plan'")
+    for part in parts:
+        if part.stages[-1].last != len(w.layers):
+            raise IRError(f"{plan_path}: plan stages cover layers [0, {part.stages[-1].last}) but "
+                          f"{plan.model} has {len(w.layers)}; fix: regenerate it with 'mpmd plan'")
     return plan, w, cluster
 
 
 def reschedule(plan, schedule: str | None, microbatches: int | None):
-    """The plan with another schedule and/or microbatch count over the same stages and meshes.
+    """The plan with another schedule and/or microbatch count over the same stages and meshes
+    (for a data-parallel plan: every part's, each over its own batch share).
 
     Raises:
         simulator.schedules.ScheduleError: the schedule does not fit the plan's stages.
     """
+    from compiler.ir import DataParallelPlan
     from simulator.schedules import ScheduleError, generate
 
     if schedule is None and microbatches is None:
         return plan
+    if isinstance(plan, DataParallelPlan):
+        parts = []
+        for i, part in enumerate(plan.parts):
+            try:
+                parts.append(reschedule(part, schedule, microbatches))
+            except ScheduleError as e:
+                raise ScheduleError(f"part {i + 1} of the data-parallel plan: {e}") from None
+        return replace(plan, parts=tuple(parts))
     name = schedule or plan.schedule.name
     mb = microbatches or plan.microbatches
     p = len(plan.rank_mesh)
@@ -153,6 +183,76 @@ def reschedule(plan, schedule: str | None, microbatches: int | None):
                             f"{plan.global_batch}; pick a divisor")
     merge = plan.merge_last_stage and name == "1f1b"
     return replace(plan, schedule=table, merge_last_stage=merge)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.1f}"
+
+
+def print_simulation(console, plan, cluster, r, *, compare: bool = True) -> None:
+    """Print a simulated step: per mesh busy, bubble, peak memory and capacity; per link volume;
+    for a data-parallel plan one line per part and the cross-part gradient all-reduce; the step
+    time, MFU and (``compare``) the planner's prediction; memory errors and a failure."""
+    from rich.markup import escape
+    from rich.text import Text
+
+    from compiler.ir import DataParallelPlan
+    from simulator.plan_sim import plan_meshes
+
+    dp = isinstance(plan, DataParallelPlan)
+    if dp:
+        title = (f"{plan.model} on {plan.cluster}: data parallel over {len(plan.parts)} pipelines, "
+                 f"global batch {plan.global_batch}")
+    else:
+        title = (f"{plan.model} on {plan.cluster}: {plan.schedule.name} x "
+                 f"{plan.microbatches} microbatches")
+    console.print(Text(title, style="table.title"), soft_wrap=True)   # not a table title: rich
+    t = Table()                                                        # wraps those to its width
+    cols = (("part",) if dp else ()) + ("mesh", "busy (s)", "bubble", "peak memory (GB)",
+                                        "capacity (GB)")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("mesh", "part") else "right")
+    part_of = {m: i for i, p in enumerate(plan.parts) for m in p.rank_mesh} if dp else {}
+    for m in plan_meshes(plan):
+        row = [str(part_of[m] + 1)] if dp else []
+        t.add_row(*row, m, f"{r.busy_s[m]:.3f}", f"{r.bubble[m] * 100:.1f}%",
+                  _gb(r.peak_memory_bytes[m]), _gb(cluster.meshes[m].device.memory_bytes))
+    console.print(t)
+    links = Table(title="transfer volume per link", title_justify="left")
+    links.add_column("link")
+    links.add_column("GB", justify="right")
+    for ln, b in sorted(r.link_bytes.items()):
+        links.add_row(escape(ln), f"{b / 1e9:.2f}")
+    console.print(links)
+    if dp:
+        for p in r.extra.get("parts", []):
+            console.print(
+                f"part {p['index'] + 1}: {p['global_batch']} of {plan.global_batch} samples, "
+                f"{escape(p['schedule'])} x {p['microbatches']} microbatches on "
+                f"{escape(_names(p['meshes'], 6))}: pipeline and its gradient all-reduce done at "
+                f"{p['pipeline_s']:.4f} s", highlight=False, soft_wrap=True)
+        sync = r.extra.get("sync", {})
+        planned = sync.get("seconds", 0.0)
+        if sync.get("start_s") is not None:
+            took = sync["end_s"] - sync["start_s"]
+            when = (f"in {took:.4f} s" + (f" (planned {planned:.4f} s)" if abs(took - planned) > 1e-12
+                                          else "") + f", {sync['start_s']:.4f}-{sync['end_s']:.4f} s")
+        else:
+            when = f"of {planned:.4f} s: did not run"
+        console.print(f"sync: gradient all-reduce across parts, {sync.get('bytes', 0) / 1e9:.2f} GB "
+                      f"over {escape(str(sync.get('link')))} {when}; then every mesh runs its optimizer",
+                      highlight=False, soft_wrap=True)
+        if plan.reason:
+            console.print(f"reason: {escape(plan.reason)}", highlight=False, soft_wrap=True)
+    pred = plan.predicted.get("step_time_s")
+    pred = pred if isinstance(pred, (int, float)) and pred > 0 else None
+    console.print(f"step time {r.step_time_s:.4f} s   MFU {r.mfu * 100:.1f}%"
+                  + (f"   planner predicted {pred:.4f} s ({(r.step_time_s / pred - 1) * 100:+.2f}%)"
+                     if pred and compare else ""))
+    for e in r.errors:
+        console.print(f"[red]memory:[/] {escape(e)}")
+    if r.failure:
+        console.print(f"[red]step failed:[/] {escape(r.failure)}")
 
 
 def register(main: click.Group, guard) -> None:
@@ -177,10 +277,13 @@ def register(main: click.Group, guard) -> None:
                  microbatches: int | None, jitter: float, seed: int, straggler: tuple[str, ...],
                  degrade_link: tuple[str, ...], fail_link: tuple[str, ...],
                  fail_mesh: tuple[str, ...]) -> None:
-        """Replay PLAN.json in the discrete-event simulator and print its metrics."""
+        """Replay PLAN.json in the discrete-event simulator and print its metrics.
+
+        A data-parallel plan (several pipelines) is replayed as one step: every part's pipeline,
+        the gradient all-reduce across parts, then every mesh's optimizer."""
         from mpmd.cli.main import console
         from simulator.knobs import Knobs
-        from simulator.plan_sim import simulate_plan
+        from simulator.plan_sim import simulate_any
         from simulator.trace import write_chrome_trace
 
         stragglers = _pairs(straggler, "=", "--straggler", "use MESH=2.0", 0.0, 1e6, lo_open=True)
@@ -192,30 +295,9 @@ def register(main: click.Group, guard) -> None:
         degraded, failed_l = check_knob_names(plan, cluster, stragglers, degraded, failed_l, failed_m)
         knobs = Knobs(seed=seed, jitter=jitter, stragglers=stragglers, degraded_links=degraded,
                       failed_links=failed_l, failed_meshes=failed_m)
-        r = simulate_plan(plan, w, cluster, knobs=knobs)
-        t = Table(title=f"{plan.model} on {plan.cluster}: {plan.schedule.name} x "
-                        f"{plan.microbatches} microbatches", title_justify="left")
-        for col in ("mesh", "busy (s)", "bubble", "peak memory (GB)", "capacity (GB)"):
-            t.add_column(col, justify="left" if col == "mesh" else "right")
-        for m in plan.rank_mesh:
-            t.add_row(m, f"{r.busy_s[m]:.3f}", f"{r.bubble[m] * 100:.1f}%",
-                      f"{r.peak_memory_bytes[m] / 1e9:.1f}",
-                      f"{cluster.meshes[m].device.memory_bytes / 1e9:.1f}")
-        console.print(t)
-        links = Table(title="transfer volume per link", title_justify="left")
-        links.add_column("link")
-        links.add_column("GB", justify="right")
-        for ln, b in sorted(r.link_bytes.items()):
-            links.add_row(ln, f"{b / 1e9:.2f}")
-        console.print(links)
-        pred = plan.predicted.get("step_time_s")
-        console.print(f"step time {r.step_time_s:.4f} s   MFU {r.mfu * 100:.1f}%"
-                      + (f"   planner predicted {pred:.4f} s ({(r.step_time_s / pred - 1) * 100:+.2f}%)"
-                         if pred and schedule is None and microbatches is None else ""))
-        for e in r.errors:
-            console.print(f"[red]memory:[/] {e}")
-        if r.failure:
-            console.print(f"[red]step failed:[/] {r.failure}")
+        r = simulate_any(plan, w, cluster, knobs=knobs)
+        print_simulation(console, plan, cluster, r,
+                         compare=schedule is None and microbatches is None)
         if trace:
             write_chrome_trace(r.timeline, trace)
             console.print(f"wrote {trace} (open it in ui.perfetto.dev)")

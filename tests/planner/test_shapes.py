@@ -89,7 +89,7 @@ def test_brute_force_finds_nothing_better(tmp_path, groups, spec):
     w = workload("llama-tiny", 8)
     cluster = _cluster(tmp_path, spec)
     opts = api.PlanOptions(schedules=SCHEDULES, microbatches=(2, 4, 8))
-    got = search_pipeline(w, cluster, groups, opts, deadline=time.monotonic() + 600)
+    got = search_pipeline(w, cluster, groups, opts, deadline=time.monotonic() + 600, target_gap=0.0)
     brute = _brute_force(w, cluster, groups, opts)
     assert got.prediction is not None and math.isfinite(brute)
     assert got.prediction.step_time_s <= brute * (1 + 1e-9)
