@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bench_planner  # noqa: E402
+import bench_shapes  # noqa: E402
 import bench_simulator  # noqa: E402
 
 from mpmd.files import write_atomic  # noqa: E402
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{date.today()}, "
             f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}.\n")
     parts = [head, "## Simulator\n", bench_simulator.markdown(), "## Planner\n",
-             bench_planner.markdown()]
+             bench_planner.markdown(), "## Planner at scale (node groups, 64 to 1024 devices)\n",
+             bench_shapes.markdown()]
     text = "\n".join(parts)
     print(text)
     if args.out:

@@ -319,8 +319,8 @@ def test_hostile_example(tmp_path, case):
     elif case == "options not a list":
         data = text.split("options:\n")[0].encode() + b"options: 5\n"
     elif case == "option time limit nan":
-        data = text.replace("options:\n  - cluster: h100x64\n",
-                            "options:\n  - cluster: h100x64\n    time_limit_s: 'nan'\n").encode()
+        data = text.replace("options:\n  - cluster: h100x64_nodes\n",
+                            "options:\n  - cluster: h100x64_nodes\n    time_limit_s: 'nan'\n").encode()
     assert data != text.encode(), case
     f = tmp_path / "ex.yaml"
     f.write_bytes(data)

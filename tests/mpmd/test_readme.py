@@ -128,8 +128,9 @@ def _run_readme(tmp_path: Path, slow: bool) -> list[str]:
 
 def test_readme_commands_run_as_written(tmp_path):
     ran = _run_readme(tmp_path, slow=False)
-    assert ran.count("plan") == 2 and "run" in ran and "calibrate" in ran
-    assert (tmp_path / "plan.json").is_file() and (tmp_path / "tiny.json").is_file()
+    assert ran.count("plan") == 4 and "run" in ran and "calibrate" in ran and "simulate" in ran
+    for name in ("plan.json", "tiny.json", "h100.json", "mixed.json"):
+        assert (tmp_path / name).is_file()
 
 
 @pytest.mark.slow
