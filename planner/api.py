@@ -217,7 +217,10 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
             resid_block=blk.residual_bytes_per_microbatch, resid_pre=pr.residual_bytes_per_microbatch,
             resid_post=po.residual_bytes_per_microbatch,
             working=max(blk.working_bytes, pr.working_bytes, po.working_bytes),
-            capacity=cm.usable_bytes(mesh, headroom)))
+            capacity=cm.usable_bytes(mesh, headroom),
+            block_w_s=(sum(cm.layer_time(w.layer(i), "W", samples, mesh, lay, dtype, split_backward=True,
+                                         recompute=rc) for i in range(pre, pre + 1))
+                       if "W" in kinds else 0.0)))
     return _undominated(opts)
 
 

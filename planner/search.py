@@ -85,6 +85,8 @@ class MeshOption:
     resid_post: float
     working: float
     capacity: float
+    block_w_s: float = 0.0
+    """The weight-gradient (W) part of ``block_s`` when the backward is split, else 0."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,38 +127,51 @@ class _Options:
                                         self.opts.max_tensor, self.opts.fsdp)
 
 
-Rank = tuple[float, tuple[tuple[float, float, float], ...]]
-"""A rank for the bound: (fixed seconds per microbatch, ((seconds per block and microbatch,
-end-of-step tail seconds per block, most blocks that fit memory), ...) per layout option)."""
+Rank = tuple[float, float, tuple[tuple[float, float, float], ...]]
+"""A rank for the bound: (fixed step seconds, fixed seconds per microbatch on the chain, ((step
+seconds per block, chain seconds per block and microbatch, most blocks that fit memory), ...) per
+layout option)."""
 
 
-def _level(ranks: Sequence[Rank], num_blocks: int, microbatches: int, chain: float) -> float:
-    """The least ``tau`` such that ranks with ``tau >= chain * S_r + M * x_r + tail_r`` (``S_r``:
-    the per-microbatch time of the ranks before ``r``; ``x_r = fixed_r + n_r * seconds per block``
-    and ``tail_r = n_r * tail per block`` of one option that fits ``n_r`` blocks) can hold
-    ``num_blocks`` blocks in all: the fluid optimum over layer partitions and layouts (bisection on
-    ``tau``)."""
-    m = microbatches
+def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int = 1,
+           comm: Sequence[float] = ()) -> float:
+    """The least ``tau`` such that ranks with ``tau >= chain * S_r + cost_r(n_r)`` can hold
+    ``num_blocks`` blocks in all, where rank ``r`` holds a whole multiple of ``per_rank`` blocks
+    ``n_r`` (its virtual stages hold equal counts) under one option that fits them,
+    ``cost_r(n) = fixed step seconds + n x step seconds per block``, and ``S_r`` is the chain time
+    of the ranks before ``r`` (fixed chain seconds plus their blocks at the fastest chain seconds
+    per block of any rank: a lower bound on it). As ``S_r`` does not depend on which earlier rank
+    holds a block and a block costs a rank at least as much step time as it adds to a later rank's
+    chain, moving a block to an earlier rank never tightens a constraint: filling ranks greedily
+    in order decides feasibility. Bisection on ``tau`` (the greedy total is monotone in it).
+    ``comm[r]``: seconds the path spends between rank ``r`` and ``r + 1`` (the forward's and the
+    backward's transfers), added to the chain in full.
+    """
+    fastest = min(c for _, _, opts in ranks for _, c, _ in opts)
+    hops = [0.0]
+    for r in range(len(ranks) - 1):
+        hops.append(hops[-1] + (comm[r] if r < len(comm) and chain > 0 else 0.0))
 
-    def blocks(tau: float) -> float:
-        total, s = 0.0, 0.0
-        for f, opts in ranks:
-            room = tau - chain * s - m * f
-            best_n, best_b = 0.0, 0.0
-            for b, tb, cap in opts:
-                if b > 0:
-                    n = min(cap, room / (m * b + tb))
-                    if n > best_n:
-                        best_n, best_b = n, b
-            total += best_n
-            s += f + best_n * best_b
+    def blocks(tau: float) -> int:
+        total, s = 0, 0.0
+        for r, (fixed, fixed_chain, opts) in enumerate(ranks):
+            room = tau - chain * s - hops[r] - fixed
+            n = 0
+            for cost, _, cap in opts:
+                if cost > 0 and room > 0:
+                    k = min(cap, math.floor(room / cost * (1 + 1e-12)))
+                    n = max(n, int(k) // per_rank * per_rank)
+                elif cost <= 0 and room >= 0:
+                    n = max(n, int(min(cap, num_blocks)) // per_rank * per_rank)
+            total += n
+            s += fixed_chain + n * fastest
         return total
-    worst = max(b + tb for _, opts in ranks for b, tb, _ in opts)
-    lo = 0.0
-    hi = microbatches * (sum(f for f, _ in ranks) + num_blocks * worst) * (1 + chain) + 1.0
+    hi = sum(f for f, _, _ in ranks) + num_blocks * max(c for _, _, opts in ranks for c, _, _ in opts)
+    hi = (hi + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hops[-1]) * 2 + 1.0
     if blocks(hi) < num_blocks:
         return math.inf              # no partition fits memory
-    for _ in range(36):              # to ~1e-11 of the bracket: far below a microsecond
+    lo = 0.0
+    for _ in range(40):              # to ~1e-12 of the bracket: far below a microsecond
         mid = (lo + hi) / 2
         if blocks(mid) >= num_blocks:
             hi = mid
@@ -168,35 +181,53 @@ def _level(ranks: Sequence[Rank], num_blocks: int, microbatches: int, chain: flo
 
 
 def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
-           pre: bool = True, post_last: bool = False, merge: bool = False, tail: bool = False
-           ) -> list[Rank]:
-    """Per rank: fixed time (overhead; the first rank's pre-block layers, the last's post-block
-    layers when asked) and per option its block time, its end-of-step tail per block (``tail``)
-    and the most blocks its memory holds with ``inflight[r]`` microbatch instances of residuals
-    (pre/post layers' memory left out: a bound)."""
+           microbatches: int, *, chain: bool = False, merge: bool = False,
+           post_rank: int | None = None) -> list[Rank]:
+    """Per rank, for :func:`_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
+    ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers), per
+    block ``M x block + tail per block``.
+    Chain ranks: the rank's critical work between its first forward and its last backward: all its
+    fragments except the weight gradients it may still owe after its last backward, at most its
+    in-flight count of chunk instances (each W waits on a held activation): per block
+    ``M x block - min(M v, in-flight) x W / v``, plus the F and B dispatches; its chain seconds per
+    block are F and B (the path through the rank). Memory: the most blocks an
+    option holds with ``inflight[r]`` chunk instances of residuals (pre/post layers' memory left
+    out: a bound)."""
     out = []
     last = len(options) - 1
+    m, v = microbatches, virtual_stages
     for r, opts in enumerate(options):
+        split = any(o.block_w_s > 0 for o in opts)
         fixed = min(o.overhead_s for o in opts)
-        if pre and r == 0:
-            fixed += min(o.pre_s for o in opts)
-        if post_last and r == last:
-            fixed += min(o.post_s for o in opts)
+        if chain:
+            # on the path: the F and B dispatches only; pre/post layers left out (their weight
+            # gradients may be owed after the last backward)
+            fixed *= 2 / 3 if split else 1.0
+        else:
+            if r == 0:
+                fixed += min(o.pre_s for o in opts)
+            if r == post_rank:           # the layers after the blocks (the LM head)
+                fixed += min(o.post_s for o in opts)
         if merge and r == last:          # the last stage's F and B may share one dispatch
             fixed = max(0.0, fixed - max(o.merge_saving_s for o in opts))
         per = []
+        owed = min(m * v, inflight[r]) / v
         for o in opts:
-            need = o.static_block + inflight[r] * o.resid_block / virtual_stages
+            need = o.static_block + inflight[r] * o.resid_block / v
             room = o.capacity - o.working
             cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
-            per.append((o.block_s, o.tail_block_s if tail else 0.0, cap))
-        out.append((fixed, tuple(per)))
+            if chain:
+                per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap))
+            else:
+                per.append((m * o.block_s + o.tail_block_s, o.block_s, cap))
+        out.append((m * fixed, fixed, tuple(per)))
     return out
 
 
 def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Sequence[MeshOption]],
                     microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
-                    virtual_stages: int = 1, mergeable: bool = False) -> float:
+                    virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
+                    post_rank: int | None = None) -> float:
     """A lower bound on the step time of a pipeline over meshes with these options, seconds,
     valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
     sec. 2.2 give the uniform case it generalises).
@@ -208,21 +239,25 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     - Chain (``chain > 0``, schedules whose stage ``r`` runs on rank ``r``): rank ``r`` cannot start
       before microbatch 0's forward has crossed ranks ``0..r-1`` and cannot end before the last
       microbatch's backward has crossed them back, so the step is at least
-      ``chain x S_r + M x c_r`` with ``c_r`` its per-microbatch critical work (F and B; with a split
-      backward, F and the input gradient B: ``critical`` options) and ``S_r`` the critical work of
-      the ranks before it. ``chain`` is 1 for one stage per rank, ``1/v`` for ``v`` interleaved
-      chunks, 0 for V-shaped placements (no chain term).
+      ``chain x S_r + C_r`` with ``C_r`` its critical work (every fragment but the weight
+      gradients it may still owe after its last backward, at most its in-flight count) and ``S_r``
+      the F and B time of the ranks before it (``critical`` options are no longer used: kept for
+      the signature). ``chain`` is 1 for one stage per rank, ``1/v`` for ``v`` interleaved
+      chunks, 1/2 for V-shaped placements (:func:`_chain`).
 
-    Both are minimised over partitions as a fluid water level (:func:`_level`); in the work term
+    Both are minimised over integer partitions (:func:`_level`: whole blocks per rank, a multiple
+    of the virtual stages; a water level filled greedily in pipeline order); in the work term
     each mesh also pays, after its last fragment, the end-of-step gradient sync and optimizer time
     of its blocks under the same option (``step >= M x T_m + tail_m``).
-    ``inf`` when no partition fits memory.
+    ``inf`` when no partition fits memory. ``comm``: per boundary, the forward plus backward
+    transfer seconds on the chain's path; ``post_rank``: the rank holding the post-block layers
+    (the last for a line, the first for a V).
     """
-    level = _level(_ranks(work, inflight, virtual_stages, merge=mergeable, tail=True), num_blocks,
-                   microbatches, 0.0)
+    level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
+                          post_rank=post_rank), num_blocks, 0.0, virtual_stages)
     if chain > 0 and level < math.inf:
-        level = max(level, _level(_ranks(critical, inflight, virtual_stages, post_last=True,
-                                         merge=mergeable), num_blocks, microbatches, chain))
+        level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
+                                         merge=mergeable), num_blocks, chain, virtual_stages, comm))
     return level
 
 
@@ -242,8 +277,14 @@ def _split(sched: str) -> bool:
 
 
 def _chain(sched: str, virtual_stages: int) -> float:
+    """The chain coefficient of :func:`candidate_bound`: the share of a rank's per-microbatch work
+    in the stage that microbatch 0's forward (and the last backward) crosses on its way to a later
+    rank: the whole rank with one stage per rank, one chunk of ``v`` interleaved, one of 2 in a V
+    (rank ``r``'s first-chunk stage ``r`` lies on the forward path to every later rank, and the
+    last microbatch's backward leaves rank ``r`` through it, after all of rank ``r``'s other
+    backwards: every generated schedule runs a stage's microbatches in order)."""
     if sched in _V_SHAPED:
-        return 0.0
+        return 0.5
     return 1.0 / virtual_stages if sched == "interleaved-1f1b" else 1.0
 
 
@@ -306,6 +347,17 @@ class _Enumeration:
                                                  hand=all(s in hand for s in shapes)))
         self.memo: dict = {}
 
+    def comm(self, shapes: tuple[GroupShape, ...], samples: float) -> tuple[float, ...]:
+        """Per boundary of the pipeline: the forward's activation plus the backward's gradient
+        transfer of one microbatch, seconds (what :func:`planner.api.make_candidate` charges)."""
+        from simulator import cost_model as cm
+        lc, meshes = self.lc[shapes]
+        pre = api._split_layers(self.w)[0]
+        act = self.w.layer(pre).activation_bytes_per_sample * samples
+        mult = 2 if self.w.training else 1
+        return tuple(mult * cm.transfer_time(act, lc.link_between(a, b).link)
+                     for a, b in zip(meshes, meshes[1:]))
+
     def refine(self, c: ShapeCandidate) -> ShapeCandidate:
         """``c`` with its full bound: per allowed schedule, :func:`candidate_bound`; the candidate's
         bound is the least of them (``inf`` when no schedule fits memory)."""
@@ -331,11 +383,13 @@ class _Enumeration:
             v = opts.virtual_stages if sched == "interleaved-1f1b" else (2 if sched in _V_SHAPED else 1)
             infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
             chain = _chain(sched, opts.virtual_stages)
-            key = (tuple(id(x) for x in work), tuple(id(x) for x in crit), m, chain, infl, v,
-                   sched in api.MERGEABLE)
+            post_rank = 0 if sched in _V_SHAPED else p - 1
+            comm = self.comm(c.shapes, samples)
+            key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank)
             if key not in self.memo:
                 self.memo[key] = candidate_bound(work, crit, m, nb, chain, infl, v,
-                                                 mergeable=sched in api.MERGEABLE and w.training)
+                                                 mergeable=sched in api.MERGEABLE and w.training,
+                                                 comm=comm, post_rank=post_rank)
             named.append((sched, max(self.memo[key], c.bound_s)))
         named.sort(key=lambda x: x[1])
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))

@@ -109,11 +109,19 @@ def test_work_bound_identical_meshes_is_even_split():
 
 
 def test_chain_bound_one_stage_per_rank():
-    # 2 ranks, 4 blocks of 1 s, M = 2: tau = S_r + M x_r with x_0 = tau/2, x_1 = (tau - x_0)/2,
-    # x_0 + x_1 = 4  ->  tau (1/2 + 1/4) = 4  ->  tau = 16/3 (the work bound alone gives 4)
+    # 2 ranks, 4 blocks of 1 s, M = 2: rank 0 ends by 2 n0, rank 1 by n0 + 2 n1; over (n0, n1)
+    # = (4,0) 8, (3,1) 6, (2,2) 6, (1,3) 7: the chain bound is 6 (the work bound alone 2 x 2 = 4)
     opts = [[_opt(1.0)]] * 2
     assert candidate_bound(opts, opts, 2, 4, 0.0, [2, 1]) == pytest.approx(4.0)
-    assert candidate_bound(opts, opts, 2, 4, 1.0, [2, 1]) == pytest.approx(16 / 3)
+    assert candidate_bound(opts, opts, 2, 4, 1.0, [2, 1]) == pytest.approx(6.0)
+
+
+def test_bound_counts_whole_blocks():
+    # 2 meshes, 3 blocks of 1 s, 1 microbatch: one mesh runs 2 blocks (the fluid level says 1.5)
+    opts = [[_opt(1.0)]] * 2
+    assert candidate_bound(opts, opts, 1, 3, 0.0, [1, 1]) == pytest.approx(2.0)
+    # interleaved with 2 chunks per rank: 4 blocks on 2 ranks -> 2 each; 6 blocks -> 4 and 2
+    assert candidate_bound(opts, opts, 1, 6, 0.0, [1, 1], virtual_stages=2) == pytest.approx(4.0)
 
 
 def test_memory_caps_force_a_slower_option():
