@@ -218,6 +218,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
             resid_post=po.residual_bytes_per_microbatch,
             working=max(blk.working_bytes, pr.working_bytes, po.working_bytes),
             capacity=cm.usable_bytes(mesh, headroom),
+            tail_marginal_s=(tail(pre, pre + 2) - tail(pre, pre + 1)) if nb >= 2 else tail(pre, pre + 1),
             block_w_s=(sum(cm.layer_time(w.layer(i), "W", samples, mesh, lay, dtype, split_backward=True,
                                          recompute=rc) for i in range(pre, pre + 1))
                        if "W" in kinds else 0.0)))

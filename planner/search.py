@@ -87,6 +87,9 @@ class MeshOption:
     capacity: float
     block_w_s: float = 0.0
     """The weight-gradient (W) part of ``block_s`` when the backward is split, else 0."""
+    tail_marginal_s: float = 0.0
+    """What one more block adds to the end-of-step tail (a stage's gradient all-reduce is one
+    collective: its latency is paid once, so ``tail_block_s`` x blocks over-counts it)."""
 
 
 @dataclass(frozen=True, slots=True)

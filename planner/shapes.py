@@ -30,7 +30,7 @@ from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
 from planner import api
 from planner.errors import PlannerError
 from planner.predict import Prediction, predict
-from planner.search import MeshOption, inflight_count, solve_outcome
+from planner.search import MeshOption, inflight_count, inflight_end_counts, solve_outcome
 
 MAX_STAGES = 64
 TARGET_GAP = 0.01
@@ -73,6 +73,50 @@ def megatron_shape(w: Workload, g: NodeGroup, headroom: float) -> list[GroupShap
         if len(out) == 3:
             break
     return out
+
+
+class Budget:
+    """A search budget: nominal seconds of work, counted from what the search did (CP-SAT's
+    deterministic time, fragments replayed, bounds refined) so the same inputs stop at the same
+    point on any machine, and a wall-clock deadline that cuts a search on a machine too slow to
+    spend the nominal budget in time (only then do results depend on the machine).
+
+    The nominal costs (:data:`COSTS`) are this project's 2-core reference machine's seconds.
+    """
+
+    def __init__(self, work_s: float, deadline: float, parent: "Budget | None" = None):
+        self.work_s, self.deadline, self.parent, self.used = work_s, deadline, parent, 0.0
+
+    def charge(self, nominal_s: float) -> None:
+        self.used += nominal_s
+        if self.parent is not None:
+            self.parent.charge(nominal_s)
+
+    def left(self) -> float:
+        """Nominal seconds left (never more than the parent's)."""
+        own = self.work_s - self.used
+        return own if self.parent is None else min(own, self.parent.left())
+
+    def wall_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def out(self) -> bool:
+        return self.left() <= 0 or self.wall_left() <= 0
+
+    def sub(self, work_s: float) -> "Budget":
+        """A child budget of at most ``work_s`` nominal seconds, charged to this one too."""
+        return Budget(min(work_s, max(0.0, self.left())), self.deadline, self)
+
+
+COSTS = {"cpsat": 5.0, "fragment": 1.0e-5, "bound": 6e-5, "candidate": 8e-4}
+"""Nominal seconds per unit of search work, measured on the reference machine (2 cores; timed
+per category over four searches of 64-512 devices, 2026-11-23): per second of CP-SAT
+deterministic time (3.5-12 s measured), per fragment replayed (4e-6 to 2e-5 s), per rank and
+schedule of a bound refined (5e-5 to 7e-5 s), per candidate enumerated (7e-4 to 9e-4 s)."""
+
+
+def _fragments(plan: Plan) -> int:
+    return sum(len(o) for o in plan.schedule.order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,26 +196,44 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
     for r in range(len(ranks) - 1):
         hops.append(hops[-1] + (comm[r] if r < len(comm) and chain > 0 else 0.0))
 
+    prepared = [(hops[r], fixed, fixed_chain,
+                 tuple((cost, cap) for cost, _, cap in opts if cost > 0),
+                 min((cap for cost, _, cap in opts if cost <= 0), default=-1))
+                for r, (fixed, fixed_chain, opts) in enumerate(ranks)]
+    floor = math.floor
+
     def blocks(tau: float) -> int:
         total, s = 0, 0.0
-        for r, (fixed, fixed_chain, opts) in enumerate(ranks):
-            room = tau - chain * s - hops[r] - fixed
+        for hop, fixed, fixed_chain, opts, free_cap in prepared:
+            room = tau - chain * s - hop - fixed
             n = 0
-            for cost, _, cap in opts:
-                if cost > 0 and room > 0:
-                    k = min(cap, math.floor(room / cost * (1 + 1e-12)))
-                    n = max(n, int(k) // per_rank * per_rank)
-                elif cost <= 0 and room >= 0:
-                    n = max(n, int(min(cap, num_blocks)) // per_rank * per_rank)
+            if room > 0:
+                for cost, cap in opts:
+                    k = floor(room / cost * (1 + 1e-12))
+                    k = cap if cap < k else k
+                    if k > n:
+                        n = k
+            if free_cap >= 0 and room >= 0:
+                n = max(n, min(free_cap, num_blocks))
+            n = int(n) // per_rank * per_rank
             total += n
             s += fixed_chain + n * fastest
         return total
-    hi = sum(f for f, _, _ in ranks) + num_blocks * max(c for _, _, opts in ranks for c, _, _ in opts)
-    hi = (hi + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hops[-1]) * 2 + 1.0
-    if blocks(hi) < num_blocks:
-        return math.inf              # no partition fits memory
+    # bracket: double from the fluid level without memory (a lower bound), then bisect to a
+    # relative 1e-7 (the returned lower end is never feasible: a valid bound)
     lo = 0.0
-    for _ in range(40):              # to ~1e-12 of the bracket: far below a microsecond
+    hi = max(1e-9, sum(f for f, _, _ in ranks) + num_blocks * min(c for _, _, o in ranks for c, _, _ in o)
+             / len(ranks))
+    worst = (sum(f for f, _, _ in ranks) + num_blocks * max(c for _, _, o in ranks for c, _, _ in o)
+             + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hops[-1]) * 2 + 1.0
+    while blocks(hi) < num_blocks:
+        lo, hi = hi, hi * 2
+        if hi > worst:
+            if blocks(worst) < num_blocks:
+                return math.inf      # no partition fits memory
+            hi = worst
+            break
+    while hi - lo > 1e-7 * hi:
         mid = (lo + hi) / 2
         if blocks(mid) >= num_blocks:
             hi = mid
@@ -182,17 +244,18 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
 
 def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
            microbatches: int, *, chain: bool = False, merge: bool = False,
-           post_rank: int | None = None) -> list[Rank]:
+           post_rank: int | None = None, ends: tuple[int, int] = (0, 0)) -> list[Rank]:
     """Per rank, for :func:`_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
     ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers), per
-    block ``M x block + tail per block``.
+    block ``M x block + the tail one more block adds`` (a stage's all-reduce pays its latency once).
     Chain ranks: the rank's critical work between its first forward and its last backward: all its
     fragments except the weight gradients it may still owe after its last backward, at most its
     in-flight count of chunk instances (each W waits on a held activation): per block
     ``M x block - min(M v, in-flight) x W / v``, plus the F and B dispatches; its chain seconds per
     block are F and B (the path through the rank). Memory: the most blocks an
-    option holds with ``inflight[r]`` chunk instances of residuals (pre/post layers' memory left
-    out: a bound)."""
+    option holds with ``inflight[r]`` chunk instances of residuals, after the pre/post layers'
+    weights and ``ends`` (first, last stage) instances of their residuals on the ranks holding
+    them (the CP-SAT model's own memory terms)."""
     out = []
     last = len(options) - 1
     m, v = microbatches, virtual_stages
@@ -215,11 +278,15 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
         for o in opts:
             need = o.static_block + inflight[r] * o.resid_block / v
             room = o.capacity - o.working
+            if r == 0:                   # the layers before the blocks and their residuals
+                room -= o.static_pre + ends[0] * o.resid_pre
+            if r == post_rank:           # the layers after them (on the last rank, or the first in a V)
+                room -= o.static_post + ends[1] * o.resid_post
             cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
             if chain:
                 per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap))
             else:
-                per.append((m * o.block_s + o.tail_block_s, o.block_s, cap))
+                per.append((m * o.block_s + o.tail_marginal_s, o.block_s, cap))
         out.append((m * fixed, fixed, tuple(per)))
     return out
 
@@ -227,7 +294,7 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
 def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Sequence[MeshOption]],
                     microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
                     virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
-                    post_rank: int | None = None) -> float:
+                    post_rank: int | None = None, ends: tuple[int, int] = (0, 0)) -> float:
     """A lower bound on the step time of a pipeline over meshes with these options, seconds,
     valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
     sec. 2.2 give the uniform case it generalises).
@@ -251,13 +318,15 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     of its blocks under the same option (``step >= M x T_m + tail_m``).
     ``inf`` when no partition fits memory. ``comm``: per boundary, the forward plus backward
     transfer seconds on the chain's path; ``post_rank``: the rank holding the post-block layers
-    (the last for a line, the first for a V).
+    (the last for a line, the first for a V); ``ends``: residual instances of the first and
+    last stage their ranks hold (:func:`planner.search.inflight_end_counts`).
     """
     level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
-                          post_rank=post_rank), num_blocks, 0.0, virtual_stages)
+                          post_rank=post_rank, ends=ends), num_blocks, 0.0, virtual_stages)
     if chain > 0 and level < math.inf:
         level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
-                                         merge=mergeable), num_blocks, chain, virtual_stages, comm))
+                                         merge=mergeable, post_rank=post_rank, ends=ends),
+                                  num_blocks, chain, virtual_stages, comm))
     return level
 
 
@@ -385,11 +454,16 @@ class _Enumeration:
             chain = _chain(sched, opts.virtual_stages)
             post_rank = 0 if sched in _V_SHAPED else p - 1
             comm = self.comm(c.shapes, samples)
-            key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank)
+            # the first/last stage's residual instances (the interleaved schedule's end stages are
+            # one chunk of several, which the CP-SAT model over-counts: left out, a bound)
+            ends = ((0, 0) if sched == "interleaved-1f1b" or not w.training
+                    else inflight_end_counts(sched, p, m, v))
+            key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank,
+                   ends)
             if key not in self.memo:
                 self.memo[key] = candidate_bound(work, crit, m, nb, chain, infl, v,
                                                  mergeable=sched in api.MERGEABLE and w.training,
-                                                 comm=comm, post_rank=post_rank)
+                                                 comm=comm, post_rank=post_rank, ends=ends)
             named.append((sched, max(self.memo[key], c.bound_s)))
         named.sort(key=lambda x: x[1])
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
@@ -415,7 +489,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
                     deadline: float, stop: threading.Event | None = None,
                     nodes: dict[str, int] | None = None,
                     progress: Callable[[int, int, float | None], None] | None = None,
-                    target_gap: float = TARGET_GAP) -> PipelineResult:
+                    target_gap: float = TARGET_GAP, budget: Budget | None = None) -> PipelineResult:
     """The best plan of one pipeline over node ``groups`` (in order) for workload ``w``.
 
     Branch and bound: candidates come off a heap by bound (the practitioner's shapes first); a
@@ -428,6 +502,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         deadline: ``time.monotonic()`` at which to stop searching (keeping the best plan so far).
         nodes: use only this many nodes of a group (default: all).
         target_gap: stop once the best plan is within this fraction of the least bound left.
+        budget: nominal work budget (:class:`Budget`; default: none beyond ``deadline``).
 
     Raises:
         PlannerError: a group name the cluster lacks.
@@ -438,8 +513,10 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         if gname not in cluster.groups:
             raise PlannerError(f"cluster {cluster.name!r} has no node group {gname!r}; use one of "
                                f"{sorted(cluster.groups)}")
+    budget = budget or Budget(math.inf, deadline)
     cache = _Options(w, opts)
     e = _Enumeration(w, cluster, groups, opts, cache, nodes)
+    budget.charge(COSTS["candidate"] * len(e.items))
     heap = [(not c.hand, c.bound_s, i, False, c) for i, c in enumerate(e.items)]
     heapq.heapify(heap)
     total = len(heap)
@@ -458,12 +535,13 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
                 break                               # the least bound left cannot beat the best plan
             heapq.heappop(heap)                     # a hand shape that cannot beat it: pruned
             continue
-        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
+        if budget.out() or time.monotonic() >= deadline or (stop is not None and stop.is_set()):
             interrupted = True
             break
         heapq.heappop(heap)
         if not full:
             cand = e.refine(cand)
+            budget.charge(COSTS["bound"] * len(e.lc[cand.shapes][1]) * max(1, len(cand.schedule_bounds)))
             if cand.bound_s < math.inf:
                 heapq.heappush(heap, (unhanded, cand.bound_s, i, True, cand))
             continue
@@ -474,12 +552,12 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         for sched, sbound in cand.schedule_bounds:
             if best is not None and sbound >= best[0]:
                 continue                            # this schedule cannot beat the best plan
-            left = deadline - time.monotonic()
-            if left <= 0 or (stop is not None and stop.is_set()):
+            left = min(deadline - time.monotonic(), budget.wall_left())
+            if left <= 0 or budget.out() or (stop is not None and stop.is_set()):
                 interrupted = True
                 break
             got = _solve_schedule(w, lc, meshes, sched, cand.microbatches, opts, cache, left, stop,
-                                  best[0] if best else math.inf)
+                                  best[0] if best else math.inf, budget)
             solves += 1
             if got is None:
                 continue
@@ -515,26 +593,70 @@ two meshes it touches."""
 
 def _solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str, m: int,
                     opts: api.PlanOptions, cache: _Options, left: float,
-                    stop: threading.Event | None, incumbent: float = math.inf
-                    ) -> tuple[Plan, Prediction] | None:
+                    stop: threading.Event | None, incumbent: float = math.inf,
+                    budget: Budget | None = None) -> tuple[Plan, Prediction] | None:
     """One CP-SAT solve of a carved pipeline for one schedule, polished on the exact replay
     (:func:`_polish`); the plan and its prediction."""
     o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(m,))
     cand = api.make_candidate(w, lc, meshes, sched, m, o)
     if cand is None:
         return None
+    budget = budget or Budget(math.inf, time.monotonic() + left)
+    det = max(0.01, min(1.0, budget.left() / COSTS["cpsat"]))
     out = solve_outcome(cand, time_limit_s=max(0.05, min(left, 10.0)), seed=opts.seed,
-                        workers=opts.workers, deterministic_limit=1.0, stop=stop)
+                        workers=opts.workers, deterministic_limit=det, stop=stop)
+    budget.charge(COSTS["cpsat"] * out.deterministic_s)
     if out.assignment is None:
         return None
     a = out.assignment
     p, pred = _evaluate(w, lc, a, sched, m, cand.virtual_stages, opts)
-    if len(meshes) * m <= POLISH_MAX_FRAGMENTS and _score(pred) <= POLISH_WITHIN * incumbent:
-        a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts, time.monotonic() + left)
+    budget.charge(COSTS["fragment"] * _fragments(p))
+    if _plans_in(cand) <= EXACT_MAX_PLANS and len(meshes) * m <= EXACT_MAX_FRAGMENTS:
+        a, p, pred = _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget)
+    elif len(meshes) * m <= POLISH_MAX_FRAGMENTS and _score(pred) <= POLISH_WITHIN * incumbent:
+        a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts, time.monotonic() + left, budget)
     solver = {"status": a.status, "objective": a.objective_s, "bound": a.bound_s,
               "gap": (a.objective_s - a.bound_s) / a.objective_s if a.objective_s else 0.0,
               "wall_s": a.wall_s}
     return replace(p, predicted=pred.to_json(), solver=solver), pred
+
+
+EXACT_MAX_PLANS = 2000
+"""Candidates with at most this many (partition, layouts, merge) plans are searched exhaustively
+on the exact replay after CP-SAT (small pipelines: the brute-force test's instances)."""
+EXACT_MAX_FRAGMENTS = 64
+
+
+def _compositions(n: int, k: int):
+    """Every way to give ``k`` ranks at least one of ``n`` blocks each, in order."""
+    import itertools
+    for cut in itertools.combinations(range(1, n), k - 1):
+        edges = (0,) + cut + (n,)
+        yield tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
+def _plans_in(cand) -> int:
+    p = len(cand.meshes)
+    per = cand.num_blocks // cand.virtual_stages
+    return (math.comb(per - 1, p - 1) * math.prod(len(o) for o in cand.options)
+            * (2 if cand.mergeable else 1)) if per >= p else 0
+
+
+def _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget):
+    """The best of every plan of a small candidate on the exact replay (CP-SAT's answer first)."""
+    import itertools
+    best = (_score(pred), a, p, pred)
+    per = cand.num_blocks // cand.virtual_stages
+    for blocks in _compositions(per, len(cand.meshes)):
+        for picks in itertools.product(*cand.options):
+            for merge in ((False, True) if cand.mergeable else (False,)):
+                na = replace(a, blocks=blocks, layouts=tuple(x.layout for x in picks),
+                             recompute=tuple(x.recompute for x in picks), merge=merge)
+                np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
+                budget.charge(COSTS["fragment"] * _fragments(np_))
+                if _score(npred) < best[0] * (1 - 1e-12):
+                    best = (_score(npred), na, np_, npred)
+    return best[1], best[2], best[3]
 
 
 def _evaluate(w, lc, a, sched, m, v, opts):
@@ -546,7 +668,8 @@ def _score(pred: Prediction) -> float:
     return pred.step_time_s if pred.fits else math.inf
 
 
-def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf):
+def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf,
+            budget: Budget | None = None):
     """Steepest descent on the exact replay from CP-SAT's answer: move one block between
     neighbouring stages, switch one mesh to another of its layout options, or toggle the last
     stage's F+B merge, while the replayed
@@ -579,11 +702,13 @@ def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf)
         merges = [(tuple(blocks), picks, not cur.merge)] if cand.mergeable else []
         improved = None
         for nb, pk, mg in [(b, k, cur.merge) for b, k in moves] + merges:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (budget is not None and budget.out()):
                 break
             na = replace(cur, blocks=nb, layouts=tuple(cand.options[i][k].layout for i, k in enumerate(pk)),
                          recompute=tuple(cand.options[i][k].recompute for i, k in enumerate(pk)), merge=mg)
             np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
+            if budget is not None:
+                budget.charge(COSTS["fragment"] * _fragments(np_))
             if _score(npred) < best[0] * (1 - 1e-12) and (improved is None or _score(npred) < improved[0]):
                 improved = (_score(npred), na, np_, npred, pk)
         if improved is None:

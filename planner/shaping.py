@@ -36,8 +36,13 @@ from hardware_profiles.types import Cluster, Link
 from planner import api
 from planner.errors import InfeasibleError, PlannerError
 from planner.predict import Prediction
-from planner.shapes import PipelineResult, search_pipeline
+from planner.shapes import Budget, PipelineResult, search_pipeline
 from simulator import cost_model as cm
+
+
+WORK_SHARE = 0.9
+"""Nominal work budget as a share of ``--time-limit``: on the reference machine the search ends on
+its deterministic budget a little before the wall clock would cut it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +171,7 @@ class _Search:
         self.w, self.cluster, self.opts, self.stop = w, cluster, opts, stop
         self.t0 = time.monotonic()
         self.deadline = self.t0 + opts.time_limit_s
+        self.budget = Budget(opts.time_limit_s * WORK_SHARE, self.deadline)
         self.progress = progress
         self.tried: list[Option] = []
         self.cache: dict[tuple[tuple[str, ...], int, float], PipelineResult] = {}
@@ -173,7 +179,12 @@ class _Search:
         self.done, self.total = 0, 1
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        """Nominal seconds of work left (see :class:`planner.shapes.Budget`)."""
+        return self.budget.left()
+
+    def out(self) -> bool:
+        """The work budget or the wall clock is spent, or Ctrl-C."""
+        return self.budget.out() or (self.stop is not None and self.stop.is_set())
 
     def pipeline(self, groups: tuple[str, ...], batch: int, budget: float,
                  target_gap: float = 0.01) -> PipelineResult:
@@ -181,9 +192,8 @@ class _Search:
         if key in self.cache:
             return self.cache[key]
         w = replace(self.w, global_batch=batch)
-        deadline = min(self.deadline, time.monotonic() + max(0.2, budget))
-        r = search_pipeline(w, self.cluster, groups, self.opts, deadline=deadline, stop=self.stop,
-                            target_gap=target_gap)
+        r = search_pipeline(w, self.cluster, groups, self.opts, deadline=self.deadline, stop=self.stop,
+                            target_gap=target_gap, budget=self.budget.sub(max(0.2, budget)))
         self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
         self.cache[key] = r
         self.done += 1
@@ -268,7 +278,7 @@ def _heterogeneous(s: _Search, alone: dict[str, PipelineResult], candidates: lis
     subsets.sort(key=ideal)
     best_alone = min((r.prediction.step_time_s for r in alone.values() if r.prediction), default=math.inf)
     for sub in subsets:
-        if s.left() <= 0 or (s.stop is not None and s.stop.is_set()):
+        if s.out():
             break
         if ideal(sub) >= best_alone:
             continue                     # cannot beat the best group alone even perfectly balanced
@@ -288,7 +298,7 @@ def _balance(s: _Search, groups: tuple[str, ...], rates: list[float]):
     seen = set()
     for _ in range(6):
         key = tuple(shares)
-        if key in seen or s.left() <= 0:
+        if key in seen or s.out():
             break
         seen.add(key)
         results = [s.pipeline((g,), b, s.left() / (2 * len(groups)), 0.02) for g, b in zip(groups, shares)]
@@ -320,7 +330,7 @@ def _balance(s: _Search, groups: tuple[str, ...], rates: list[float]):
 
 def _mixed(s: _Search, groups: tuple[str, ...], candidates: list) -> None:
     """One pipeline through every group, the groups ordered by device memory (largest first)."""
-    if s.left() <= 0:
+    if s.out():
         return
     order = tuple(sorted(groups, key=lambda g: -s.cluster.groups[g].device.memory_bytes))
     r = s.pipeline(order, s.w.global_batch, s.left())

@@ -84,8 +84,17 @@ def _brute_force(w, cluster, groups, opts) -> float:
     (("h100",), [("h100", "h100-sxm", 2, 2)]),
     (("h100", "a100"), [("h100", "h100-sxm", 1, 2), ("a100", "a100-80gb-sxm", 1, 2)]),
     (("a100", "h100"), [("h100", "h100-sxm", 1, 2), ("a100", "a100-80gb-sxm", 1, 2)]),
+    (("h200", "a100", "h100"), [("h100", "h100-sxm", 1, 1), ("a100", "a100-80gb-sxm", 1, 1),
+                                ("h200", "h200-sxm", 1, 1)]),
+    pytest.param(("h200", "a100", "h100", "b200"),
+                 [("h100", "h100-sxm", 1, 1), ("a100", "a100-80gb-sxm", 1, 1), ("h200", "h200-sxm", 1, 1),
+                  ("b200", "b200", 1, 1)], marks=pytest.mark.slow),
+    pytest.param(("h100",), [("h100", "h100-sxm", 4, 1)], marks=pytest.mark.slow),
 ])
 def test_brute_force_finds_nothing_better(tmp_path, groups, spec):
+    """Every shape, microbatch count, schedule, partition, layout and merge the planner may choose,
+    replayed exactly: none beats the planner's plan, and none beats its bound (up to 4 node groups
+    or 4 nodes: the last two cases are slow)."""
     w = workload("llama-tiny", 8)
     cluster = _cluster(tmp_path, spec)
     opts = api.PlanOptions(schedules=SCHEDULES, microbatches=(2, 4, 8))
@@ -149,3 +158,38 @@ def test_group_shapes_cover_every_divisor_pair(tmp_path):
         (r, s) for r in (1, 2, 4) for s in (1, 2, 4, 8)}
     assert all(s.num_meshes == 4 // s.nodes_per_mesh * s.meshes_per_node for s in shapes)
     assert len(group_shapes(cluster.groups["h100"], 2)) == 3   # (4,1), (2,1), (4,2)
+
+
+def test_bound_holds_for_random_plans(tmp_path):
+    """Every schedule's bound of a candidate is at most the exact step of any plan of that
+    candidate that fits memory: 4 nodes of 2 devices, every shape, random partitions and layouts."""
+    import random
+
+    rng = random.Random(0)
+    w = workload("llama-tiny", 16)
+    cluster = _cluster(tmp_path, [("h100", "h100-sxm", 4, 2)])
+    opts = api.PlanOptions(schedules=SCHEDULES)
+    e = _Enumeration(w, cluster, ("h100",), opts, _Options(w, opts), None)
+    pre, nb, post = api._split_layers(w)
+    checked = 0
+    for c in e.items:
+        c = e.refine(c)
+        lc, meshes = e.lc[c.shapes]
+        p = len(meshes)
+        for sched, bound in c.schedule_bounds:
+            v = api._stages_per_rank(sched, opts.virtual_stages)
+            o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(c.microbatches,))
+            cand = api.make_candidate(w, lc, meshes, sched, c.microbatches, o)
+            parts = list(_compositions(nb // v, p))
+            for _ in range(3):
+                blocks = rng.choice(parts)
+                picks = [rng.choice(x) for x in cand.options]
+                a = Assignment(meshes, blocks, tuple(x.layout for x in picks),
+                               tuple(x.recompute for x in picks), cand.mergeable and rng.random() < 0.5,
+                               "RANDOM", 0, 0, 0)
+                pred = predict(api.build_plan(w, lc, a, sched, c.microbatches, v), w, lc,
+                               headroom=opts.headroom)
+                if pred.fits:
+                    assert bound <= pred.step_time_s * (1 + 1e-9), (c.shapes, c.microbatches, sched)
+                    checked += 1
+    assert checked > 100
