@@ -108,15 +108,22 @@ class Budget:
         return Budget(min(work_s, max(0.0, self.left())), self.deadline, self)
 
 
-COSTS = {"cpsat": 5.0, "fragment": 1.0e-5, "bound": 6e-5, "candidate": 8e-4}
+COSTS = {"cpsat": 5.0, "fragment": 1.0e-5, "adaptive": 5e-5, "bound": 6e-5, "candidate": 8e-4}
 """Nominal seconds per unit of search work, measured on the reference machine (2 cores; timed
 per category over four searches of 64-512 devices, 2026-11-23): per second of CP-SAT
-deterministic time (3.5-12 s measured), per fragment replayed (4e-6 to 2e-5 s), per rank and
+deterministic time (3.5-12 s measured), per fragment built and replayed (4e-6 to 2e-5 s), per
+fragment of an automatic ZB-1p/2p schedule built (its local search: 4.8e-5 s), per rank and
 schedule of a bound refined (5e-5 to 7e-5 s), per candidate enumerated (7e-4 to 9e-4 s)."""
 
 
 def _fragments(plan: Plan) -> int:
     return sum(len(o) for o in plan.schedule.order)
+
+
+def _work(plan: Plan) -> float:
+    """Nominal seconds of building and replaying ``plan`` (see :data:`COSTS`)."""
+    per = COSTS["fragment"] + (COSTS["adaptive"] if plan.schedule.name in api.ADAPTIVE_SCHEDULES else 0.0)
+    return per * _fragments(plan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -610,7 +617,7 @@ def _solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: st
         return None
     a = out.assignment
     p, pred = _evaluate(w, lc, a, sched, m, cand.virtual_stages, opts)
-    budget.charge(COSTS["fragment"] * _fragments(p))
+    budget.charge(_work(p))
     if _plans_in(cand) <= EXACT_MAX_PLANS and len(meshes) * m <= EXACT_MAX_FRAGMENTS:
         a, p, pred = _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget)
     elif len(meshes) * m <= POLISH_MAX_FRAGMENTS and _score(pred) <= POLISH_WITHIN * incumbent:
@@ -653,7 +660,7 @@ def _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget):
                 na = replace(a, blocks=blocks, layouts=tuple(x.layout for x in picks),
                              recompute=tuple(x.recompute for x in picks), merge=merge)
                 np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
-                budget.charge(COSTS["fragment"] * _fragments(np_))
+                budget.charge(_work(np_))
                 if _score(npred) < best[0] * (1 - 1e-12):
                     best = (_score(npred), na, np_, npred)
     return best[1], best[2], best[3]
@@ -708,7 +715,7 @@ def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf,
                          recompute=tuple(cand.options[i][k].recompute for i, k in enumerate(pk)), merge=mg)
             np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
             if budget is not None:
-                budget.charge(COSTS["fragment"] * _fragments(np_))
+                budget.charge(_work(np_))
             if _score(npred) < best[0] * (1 - 1e-12) and (improved is None or _score(npred) < improved[0]):
                 improved = (_score(npred), na, np_, npred, pk)
         if improved is None:
