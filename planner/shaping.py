@@ -253,11 +253,13 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     gap = max(0.0, (step - bound) / step)
     solver_extra = {"search_wall_s": wall, "search_bound": bound, "search_gap": gap,
                     "interrupted": s.interrupted, "reason": reason,
+                    "budget_spent": s.budget.out() and not s.interrupted,
                     "options": [{"label": o.label, "parts": [{"groups": list(g), "batch": b} for g, b in o.parts],
                                  "step_time_s": o.step_time_s} for o in s.tried]}
     if isinstance(chosen, PipelineResult):
         p = replace(chosen.plan, solver={**chosen.plan.solver, **solver_extra,
-                                         "candidates": chosen.searched, "candidates_total": chosen.total})
+                                         "candidates": chosen.total, "candidates_total": chosen.total,
+                                         "candidates_searched": chosen.searched})
         pred = chosen.prediction
     else:
         dp, pred = chosen

@@ -171,6 +171,19 @@ def _solver_rows(sv: Any) -> list[tuple[str, str]]:
         rows.append(("solver", str(sv["status"])))
     wall = _num(sv.get("search_wall_s"), "{:.1f}", "?")
     total, done = sv.get("candidates_total"), sv.get("candidates")
+    if isinstance(sv.get("search_bound"), (int, float)) and "options" in sv:
+        # a node-group search: every candidate not searched was pruned by its proven bound
+        configs = len(sv["options"]) if isinstance(sv["options"], list) else 0
+        searched = sv.get("candidates_searched")
+        what = (f"{searched} of {total} candidates searched, the rest pruned by their bounds; "
+                if isinstance(searched, int) and isinstance(total, int) else "")
+        why = (", interrupted (Ctrl-C)" if sv.get("interrupted")
+               else ", budget spent" if sv.get("budget_spent") else "")
+        rows.append(("search", f"{what}{configs} configuration{'s' * (configs != 1)} in {wall} s{why}"))
+        gap = sv.get("search_gap")
+        rows.append(("search gap", f"{_num(gap * 100 if isinstance(gap, (int, float)) else None, '{:.1f}')}% "
+                                   f"against a proven lower bound of {sv['search_bound']:.3f} s"))
+        return rows
     if isinstance(done, int):
         rows.append(("search", f"{done} candidates in {wall} s"))
     elif isinstance(sv.get("options"), list):
