@@ -107,7 +107,7 @@ def _mesh(g: NodeGroup, shape: GroupShape, j: int) -> MeshSpec:
     return MeshSpec(name=f"{g.name}.{j}", device=g.device, num_devices=n, axes={"data": n},
                     intra_link=g.intra_link, price_per_device_hour=g.price_per_device_hour,
                     power_watts_per_device=g.power_watts_per_device, devices_per_node=per_node,
-                    scale_out_link=g.scale_out_link)
+                    scale_out_link=g.scale_out_link, host=g.host)
 
 
 def _group_link(cluster: Cluster, a: str, b: str) -> Link | None:

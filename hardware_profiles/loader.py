@@ -215,6 +215,7 @@ class _GroupFile(_Strict):
     scale_out_link: _ScaleOutLinkFile
     price_usd_per_device_hour: float | None = Field(default=None, ge=0, le=MAX_FIGURE)
     power_w_per_device: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
+    host: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
     description: str = ""
 
 
@@ -480,15 +481,15 @@ def _group(path: Path, g: _GroupFile) -> NodeGroup:
     return NodeGroup(name=g.name, device=device, nodes=g.nodes, devices_per_node=g.devices_per_node,
                      intra_link=intra, scale_out_link=Link(bw, so.latency_us * US, src),
                      price_per_device_hour=g.price_usd_per_device_hour,
-                     power_watts_per_device=g.power_w_per_device)
+                     power_watts_per_device=g.power_w_per_device, host=g.host)
 
 
 def _node_group_cluster(p: Path, f: _ClusterFile) -> Cluster:
     """A cluster described as node groups: its meshes are its nodes (one each) until carved."""
     from hardware_profiles.carve import carve, default_shapes
 
-    if f.meshes or f.links or f.host_slots:
-        raise ProfileError(f"{p}: a cluster gives node_groups and also meshes/links/host_slots; fix: describe "
+    if f.meshes or f.links:
+        raise ProfileError(f"{p}: a cluster gives node_groups and also meshes/links; fix: describe "
                            f"the hardware as node_groups (with group_links) or as meshes, not both")
     groups: dict[str, NodeGroup] = {}
     for g in f.node_groups:
@@ -523,8 +524,16 @@ def _node_group_cluster(p: Path, f: _ClusterFile) -> Cluster:
     if f.name is None and not re.match(NAME_PATTERN, p.stem):
         raise ProfileError(f"{p}: the file name {p.stem!r} is not a usable cluster name; fix: set "
                            f"'name:' (letters, digits and _ . + - only)")
+    hosts = {g.host for g in groups.values() if g.host}
+    for h, n in f.host_slots.items():
+        if h not in hosts:
+            raise ProfileError(f"{p}: host_slots names host {h!r}, which no node group uses; fix: use one of "
+                               f"{sorted(hosts)}")
+        if not 1 <= n <= MAX_DEVICES:
+            raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a slot count from 1 to {MAX_DEVICES}")
     physical = Cluster(name=f.name or p.stem, meshes={}, links=(), default_link=default, path=str(p),
-                       description=f.description, p2p=f.p2p, groups=groups, group_links=tuple(glinks))
+                       description=f.description, p2p=f.p2p, groups=groups, group_links=tuple(glinks),
+                       host_slots=dict(f.host_slots))
     return carve(physical, default_shapes(physical))
 
 

@@ -199,6 +199,9 @@ class NodeGroup:
     scale_out_link: Link
     price_per_device_hour: float | None = None
     power_watts_per_device: float | None = None
+    host: str | None = None
+    """The host whose compute every node of the group shares (``MeshSpec.host``: the CPU devices
+    of one machine), or None."""
 
     @property
     def num_devices(self) -> int:

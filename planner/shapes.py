@@ -108,11 +108,13 @@ class Budget:
         return Budget(min(work_s, max(0.0, self.left())), self.deadline, self)
 
 
-COSTS = {"cpsat": 5.0, "fragment": 1.0e-5, "adaptive": 5e-5, "bound": 6e-5, "candidate": 8e-4}
+COSTS = {"cpsat": 5.0, "fragment": 1.0e-5, "adaptive": 5e-5, "simulated": 1e-3, "bound": 6e-5,
+         "candidate": 8e-4}
 """Nominal seconds per unit of search work, measured on the reference machine (2 cores; timed
 per category over four searches of 64-512 devices, 2026-11-23): per second of CP-SAT
 deterministic time (3.5-12 s measured), per fragment built and replayed (4e-6 to 2e-5 s), per
-fragment of an automatic ZB-1p/2p schedule built (its local search: 4.8e-5 s), per rank and
+fragment of an automatic ZB-1p/2p schedule built (its local search: 4.8e-5 s), per fragment
+simulated (meshes sharing a host are timed by the simulator; estimate), per rank and
 schedule of a bound refined (5e-5 to 7e-5 s), per candidate enumerated (7e-4 to 9e-4 s)."""
 
 
@@ -618,7 +620,10 @@ def _solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: st
     a = out.assignment
     p, pred = _evaluate(w, lc, a, sched, m, cand.virtual_stages, opts)
     budget.charge(_work(p))
-    if _plans_in(cand) <= EXACT_MAX_PLANS and len(meshes) * m <= EXACT_MAX_FRAGMENTS:
+    simulated = any(lc.meshes[x].host for x in meshes)   # predict runs the simulator: costly
+    if simulated:
+        budget.charge(COSTS["simulated"] * _fragments(p))
+    elif _plans_in(cand) <= EXACT_MAX_PLANS and len(meshes) * m <= EXACT_MAX_FRAGMENTS:
         a, p, pred = _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget)
     elif len(meshes) * m <= POLISH_MAX_FRAGMENTS and _score(pred) <= POLISH_WITHIN * incumbent:
         a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts, time.monotonic() + left, budget)
