@@ -6,11 +6,12 @@ search (:func:`planner.api.plan`) as before. A cluster of node groups is shaped 
 1. **One group alone** (:func:`planner.shapes.search_pipeline`): its nodes carved into a pipeline
    of stage meshes (nodes joined as the data axis = pipeline replicas, or split), every schedule,
    branch and bound on a true lower bound.
-2. **Heterogeneous data parallel**: each group runs its own pipeline on a share of the global batch
-   (whole microbatches; shares first in proportion to each group's measured rate, then moved a
-   granule at a time from the slowest part while the step improves), gradients all-reduced across
+2. **Heterogeneous data parallel**: the groups split into parts, each part one pipeline (through
+   one group, or a mixed pipeline through several) on a share of the global batch (whole
+   microbatches; shares first in proportion to the parts' measured rates, then moved a granule at a
+   time from the part that finishes last while the step improves), gradients all-reduced across
    the parts over the links between groups (:func:`cross_sync`) before the optimizer. Subsets
-   that leave out the slowest groups are tried too.
+   that leave groups out are tried too.
 3. **One mixed pipeline** over all groups (stage meshes of different kinds in one pipeline, the
    groups ordered by device memory, the largest first since the first stage holds the most
    activations in flight).
@@ -233,7 +234,11 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
         if r.plan is not None:
             candidates.append((r.prediction.step_time_s, f"{g} alone", r))
     if k > 1:
+        # data-parallel splits get 60% of the work left, the one pipeline through every kind the rest
+        whole = s.budget
+        s.budget = whole.sub(whole.left() * 0.6)
         _heterogeneous(s, alone, candidates)
+        s.budget = whole
         _mixed(s, groups, candidates)
     if not candidates:
         if s.interrupted:
@@ -269,33 +274,61 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
                           search_bound_s=bound, search_gap=gap)
 
 
+def _partitions(items: list[str]):
+    """Every set partition of ``items`` (Bell-number many: 5 for 3 kinds, 15 for 4)."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for p in _partitions(rest):
+        yield [[first]] + p
+        for i in range(len(p)):
+            yield p[:i] + [[first] + p[i]] + p[i + 1:]
+
+
+def _by_memory(s: _Search, groups) -> tuple[str, ...]:
+    """A mixed pipeline's group order: largest device memory first (the first stage holds the
+    most activations in flight)."""
+    return tuple(sorted(groups, key=lambda g: -s.cluster.groups[g].device.memory_bytes))
+
+
 def _heterogeneous(s: _Search, alone: dict[str, PipelineResult], candidates: list) -> None:
-    """Heterogeneous data parallel over every subset of two or more groups that run alone."""
+    """Heterogeneous data parallel: every split of the groups that run alone into two or more
+    parts (a part of several groups is one mixed pipeline through them), subsets that leave
+    groups out included; the most promising first (ideal step: the batch over the parts' summed
+    rates plus the cross-part sync), skipping any that cannot beat the best group alone."""
     w = s.w
     rates = {g: w.global_batch / r.prediction.step_time_s for g, r in alone.items() if r.prediction}
-    subsets = [c for n in range(len(rates), 1, -1) for c in combinations(sorted(rates, key=rates.get, reverse=True), n)]
-    # most promising first: the ideal step (batch over summed rates) plus the sync
-    def ideal(sub):
-        return w.global_batch / sum(rates[g] for g in sub) + cross_sync(w, s.cluster, tuple((g,) for g in sub))[2]
-    subsets.sort(key=ideal)
+    ranked = sorted(rates, key=rates.get, reverse=True)
+    configs = []
+    for n in range(len(ranked), 1, -1):
+        for sub in combinations(ranked, n):
+            for split in _partitions(list(sub)):
+                if len(split) >= 2 and len(ranked) <= 4:
+                    configs.append(tuple(_by_memory(s, part) for part in split))
+
+    def ideal(parts):
+        return (w.global_batch / sum(rates[g] for part in parts for g in part)
+                + cross_sync(w, s.cluster, parts)[2])
+    # fewer mixed parts first among equals: one kind per part is the cheaper search
+    configs.sort(key=lambda parts: (ideal(parts), sum(len(x) > 1 for x in parts)))
     best_alone = min((r.prediction.step_time_s for r in alone.values() if r.prediction), default=math.inf)
-    for sub in subsets:
+    for parts in configs:
         if s.out():
             break
-        if ideal(sub) >= best_alone:
+        if ideal(parts) >= best_alone:
             continue                     # cannot beat the best group alone even perfectly balanced
-        got = _balance(s, sub, [rates[g] for g in sub])
+        got = _balance(s, parts, [sum(rates[g] for g in part) for part in parts])
         if got is not None:
             candidates.append(got)
 
 
-def _balance(s: _Search, groups: tuple[str, ...], rates: list[float]):
+def _balance(s: _Search, parts: tuple[tuple[str, ...], ...], rates: list[float]):
     w = s.w
-    q = _granule(w.global_batch, len(groups))
+    q = _granule(w.global_batch, len(parts))
     shares = _shares(w.global_batch, rates, q)
-    parts = tuple((g,) for g in groups)
     link, nbytes, sync = cross_sync(w, s.cluster, parts)
-    label = "data parallel " + " + ".join(groups)
+    label = "data parallel " + " + ".join(" -> ".join(part) for part in parts)
     best = None
     seen = set()
     for _ in range(6):
@@ -303,13 +336,13 @@ def _balance(s: _Search, groups: tuple[str, ...], rates: list[float]):
         if key in seen or s.out():
             break
         seen.add(key)
-        results = [s.pipeline((g,), b, s.left() / (2 * len(groups)), 0.02) for g, b in zip(groups, shares)]
+        results = [s.pipeline(part, b, s.left() / (2 * len(parts)), 0.02) for part, b in zip(parts, shares)]
         if any(r.plan is None for r in results):
             break
         preds = tuple(r.prediction for r in results)
         plans = tuple(r.plan for r in results)
         wp = data_parallel_prediction(w, s.cluster, plans, preds, sync)
-        s.tried.append(Option(label, tuple(((g,), b) for g, b in zip(groups, shares)), wp.step_time_s))
+        s.tried.append(Option(label, tuple((part, b) for part, b in zip(parts, shares)), wp.step_time_s))
         if best is None or wp.step_time_s < best[0]:
             best = (wp.step_time_s, plans, wp)
         # move one granule from the part that finishes last to the one that finishes first
@@ -334,7 +367,7 @@ def _mixed(s: _Search, groups: tuple[str, ...], candidates: list) -> None:
     """One pipeline through every group, the groups ordered by device memory (largest first)."""
     if s.out():
         return
-    order = tuple(sorted(groups, key=lambda g: -s.cluster.groups[g].device.memory_bytes))
+    order = _by_memory(s, groups)
     r = s.pipeline(order, s.w.global_batch, s.left())
     label = "one pipeline " + " -> ".join(order)
     s.tried.append(Option(label, ((order, s.w.global_batch),), r.prediction.step_time_s if r.prediction else None))
