@@ -94,6 +94,28 @@ def mixed(time_limit: float) -> list[dict]:
     return rows
 
 
+ZERO_BUBBLE = ("gpt3-175b", 1536, 2048, "h100x512_nodes")
+
+
+def zero_bubble(time_limit: float) -> list[str]:
+    """The planner's pick (all schedules) against the same search restricted to 1F1B, both
+    replayed in the discrete-event simulator on the carved cluster."""
+    from simulator.plan_sim import plan_cluster, simulate_any
+
+    model, batch, seq, name = ZERO_BUBBLE
+    w = workload(model, batch, seq)
+    c = load_cluster(f"hardware_profiles/clusters/{name}.yaml")
+    rows = [f"Zero-bubble pick: {model} (global batch {batch}, sequence {seq}) on {name}, all schedules "
+            f"against 1F1B only, each plan simulated", "",
+            "| schedules | picked | shape | predicted (s) | simulated (s) |", "|---|---|---|---:|---:|"]
+    for label, scheds in (("all", None), ("1f1b only", ("1f1b",))):
+        r = plan(w, c, PlanOptions(time_limit_s=time_limit, schedules=scheds))
+        sim = simulate_any(r.plan, w, plan_cluster(r.plan, c))
+        rows.append(f"| {label} | {r.plan.schedule.name} x {r.plan.microbatches} | {shape_text(r.plan)} | "
+                    f"{r.prediction.step_time_s:.3f} | {sim.step_time_s:.3f} |")
+    return rows + [""]
+
+
 def markdown(time_limit: float = 30.0, only: str | None = None) -> str:
     lines = []
     if only in (None, "homogeneous"):
@@ -112,6 +134,7 @@ def markdown(time_limit: float = 30.0, only: str | None = None) -> str:
                          f"{r['mfu'] * 100:.1f}% | {gap} | {r['roof']:.2f} | {hand} | {hmfu} | {ratio} "
                          f"| {r['shape']} | {r['hand_label']} |")
         lines.append("")
+        lines += zero_bubble(time_limit)
     if only in (None, "mixed"):
         rows = mixed(time_limit)
         lines += [f"Planner at scale, three kinds: llama3-70b, global batch 512, sequence 8192, --time-limit "
