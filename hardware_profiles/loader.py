@@ -429,6 +429,15 @@ def _bandwidth(path: Path, where: str, gbit: float | None, gb: float | None) -> 
     return gbit * GBIT if gbit is not None else gb * GB
 
 
+def _intra(path: Path, given: "_IntraLink | None", device: DeviceProfile, what: str) -> Link:
+    """The per-device link inside a mesh or node: as given, else the device's scale-up fabric."""
+    if given is not None:
+        return Link(given.bandwidth_gb_per_s * GB, given.latency_us * US,
+                    given.source or f"{path.name}: {what} intra_link")
+    return Link(device.scale_up_bandwidth, device.scale_up_latency,
+                f"device {device.name} scale_up: {device.sources.get('scale_up_bandwidth', '')}")
+
+
 def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
     device = load_device(m.device, base_dir=path.parent)
     axes = dict(m.axes) if m.axes else {"data": m.num_devices}
@@ -445,12 +454,7 @@ def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
         shown = "{" + ", ".join(f"{k}: {v}" for k, v in axes.items()) + "}"
         raise ProfileError(f"{path}: mesh {m.name!r} axes {shown} multiply to {product}, not num_devices "
                            f"{m.num_devices}; fix the axis sizes")
-    if m.intra_link is not None:
-        intra = Link(m.intra_link.bandwidth_gb_per_s * GB, m.intra_link.latency_us * US,
-                     m.intra_link.source or f"{path.name}: mesh {m.name} intra_link")
-    else:
-        intra = Link(device.scale_up_bandwidth, device.scale_up_latency,
-                     f"device {device.name} scale_up: {device.sources.get('scale_up_bandwidth', '')}")
+    intra = _intra(path, m.intra_link, device, f"mesh {m.name}")
     scale_out = None
     if m.scale_out_link is not None:
         so = m.scale_out_link
@@ -464,12 +468,7 @@ def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
 
 def _group(path: Path, g: _GroupFile) -> NodeGroup:
     device = load_device(g.device, base_dir=path.parent)
-    if g.intra_link is not None:
-        intra = Link(g.intra_link.bandwidth_gb_per_s * GB, g.intra_link.latency_us * US,
-                     g.intra_link.source or f"{path.name}: node group {g.name} intra_link")
-    else:
-        intra = Link(device.scale_up_bandwidth, device.scale_up_latency,
-                     f"device {device.name} scale_up: {device.sources.get('scale_up_bandwidth', '')}")
+    intra = _intra(path, g.intra_link, device, f"node group {g.name}")
     so = g.scale_out_link
     if so.bandwidth_gbit_per_s is None and so.bandwidth_gb_per_s is None:
         bw, src = device.scale_out_bandwidth, (f"device {device.name} scale_out: "
@@ -484,6 +483,60 @@ def _group(path: Path, g: _GroupFile) -> NodeGroup:
                      power_watts_per_device=g.power_w_per_device, host=g.host)
 
 
+def _named(p: Path, entries, kind: str, build) -> dict:
+    """``build(p, entry)`` per entry, by name: a duplicate name or a bad entry is one line."""
+    out: dict = {}
+    for e in entries:
+        if e.name in out:
+            raise ProfileError(f"{p}: duplicate {kind} name {e.name!r}; fix: give every {kind.split()[-1]} a "
+                               f"unique name")
+        try:
+            out[e.name] = build(p, e)
+        except ProfileError as exc:
+            msg = str(exc)
+            raise ProfileError(msg if msg.startswith(str(p)) else f"{p}: {kind} {e.name!r}: {msg}") from None
+    return out
+
+
+def _links(p: Path, entries, names, key: str, kind: str) -> tuple[InterMeshLink, ...]:
+    """The ``key`` list of links between named ``kind``s (meshes or node groups), checked."""
+    out, seen = [], set()
+    for i, ln in enumerate(entries):
+        a, b = ln.between
+        for end in (a, b):
+            if end not in names:
+                raise ProfileError(f"{p}: {key}[{i}] names unknown {kind} {end!r}; fix: use one of {list(names)}")
+        if a == b:
+            noun = "meshes" if kind == "mesh" else "groups"
+            raise ProfileError(f"{p}: {key}[{i}] joins {kind} {a!r} to itself; fix: name two different {noun}")
+        pair = frozenset((a, b))
+        if pair in seen:
+            raise ProfileError(f"{p}: {key}[{i}] duplicates the link between {a!r} and {b!r}; fix: keep one entry")
+        seen.add(pair)
+        bw = _bandwidth(p, f"{key}[{i}]", ln.bandwidth_gbit_per_s, ln.bandwidth_gb_per_s)
+        out.append(InterMeshLink(a, b, Link(bw, ln.latency_us * US, ln.source)))
+    return tuple(out)
+
+
+def _common(p: Path, f: "_ClusterFile", hosts: set[str], users: str) -> Link | None:
+    """Checks both cluster forms share (host slots naming a used host, a usable name) and the
+    default link."""
+    for h, n in f.host_slots.items():
+        if h not in hosts:
+            raise ProfileError(f"{p}: host_slots names host {h!r}, which no {users} uses; fix: use one of "
+                               f"{sorted(hosts)}")
+        if not 1 <= n <= MAX_DEVICES:
+            raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a slot count from 1 to {MAX_DEVICES}")
+    if f.name is None and not re.match(NAME_PATTERN, p.stem):
+        raise ProfileError(f"{p}: the file name {p.stem!r} is not a usable cluster name; fix: set "
+                           f"'name:' (letters, digits and _ . + - only)")
+    if f.default_link is None:
+        return None
+    d = f.default_link
+    return Link(_bandwidth(p, "default_link", d.bandwidth_gbit_per_s, d.bandwidth_gb_per_s),
+                d.latency_us * US, d.source)
+
+
 def _node_group_cluster(p: Path, f: _ClusterFile) -> Cluster:
     """A cluster described as node groups: its meshes are its nodes (one each) until carved."""
     from hardware_profiles.carve import carve, default_shapes
@@ -491,46 +544,12 @@ def _node_group_cluster(p: Path, f: _ClusterFile) -> Cluster:
     if f.meshes or f.links:
         raise ProfileError(f"{p}: a cluster gives node_groups and also meshes/links; fix: describe "
                            f"the hardware as node_groups (with group_links) or as meshes, not both")
-    groups: dict[str, NodeGroup] = {}
-    for g in f.node_groups:
-        if g.name in groups:
-            raise ProfileError(f"{p}: duplicate node group name {g.name!r}; fix: give every group a unique name")
-        try:
-            groups[g.name] = _group(p, g)
-        except ProfileError as exc:
-            msg = str(exc)
-            raise ProfileError(msg if msg.startswith(str(p)) else f"{p}: node group {g.name!r}: {msg}") from None
+    groups: dict[str, NodeGroup] = _named(p, f.node_groups, "node group", _group)
     if sum(g.nodes for g in groups.values()) > MAX_MESHES:
         raise ProfileError(f"{p}: {sum(g.nodes for g in groups.values())} nodes in all; fix: use at most "
                            f"{MAX_MESHES} nodes (describe larger nodes, e.g. a TPU slice as one node)")
-    glinks, seen = [], set()
-    for i, ln in enumerate(f.group_links):
-        a, b = ln.between
-        for end in (a, b):
-            if end not in groups:
-                raise ProfileError(f"{p}: group_links[{i}] names unknown node group {end!r}; fix: use one of "
-                                   f"{list(groups)}")
-        if a == b or frozenset((a, b)) in seen:
-            raise ProfileError(f"{p}: group_links[{i}] joins {a!r} to itself or repeats a pair; fix: one entry "
-                               f"per pair of different groups")
-        seen.add(frozenset((a, b)))
-        bw = _bandwidth(p, f"group_links[{i}]", ln.bandwidth_gbit_per_s, ln.bandwidth_gb_per_s)
-        glinks.append(InterMeshLink(a, b, Link(bw, ln.latency_us * US, ln.source)))
-    default = None
-    if f.default_link is not None:
-        d = f.default_link
-        default = Link(_bandwidth(p, "default_link", d.bandwidth_gbit_per_s, d.bandwidth_gb_per_s),
-                       d.latency_us * US, d.source)
-    if f.name is None and not re.match(NAME_PATTERN, p.stem):
-        raise ProfileError(f"{p}: the file name {p.stem!r} is not a usable cluster name; fix: set "
-                           f"'name:' (letters, digits and _ . + - only)")
-    hosts = {g.host for g in groups.values() if g.host}
-    for h, n in f.host_slots.items():
-        if h not in hosts:
-            raise ProfileError(f"{p}: host_slots names host {h!r}, which no node group uses; fix: use one of "
-                               f"{sorted(hosts)}")
-        if not 1 <= n <= MAX_DEVICES:
-            raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a slot count from 1 to {MAX_DEVICES}")
+    glinks = _links(p, f.group_links, groups, "group_links", "node group")
+    default = _common(p, f, {g.host for g in groups.values() if g.host}, "node group")
     physical = Cluster(name=f.name or p.stem, meshes={}, links=(), default_link=default, path=str(p),
                        description=f.description, p2p=f.p2p, groups=groups, group_links=tuple(glinks),
                        host_slots=dict(f.host_slots))
@@ -570,45 +589,9 @@ def load_cluster(path: str | Path) -> Cluster:
     if not f.meshes:
         raise ProfileError(f"{p}: the cluster lists no meshes and no node_groups; fix: describe its hardware "
                            f"under 'node_groups' (or list 'meshes')")
-    meshes: dict[str, MeshSpec] = {}
-    for m in f.meshes:
-        if m.name in meshes:
-            raise ProfileError(f"{p}: duplicate mesh name {m.name!r}; fix: give every mesh a unique name")
-        try:
-            meshes[m.name] = _mesh(p, m)
-        except ProfileError as exc:
-            msg = str(exc)
-            raise ProfileError(msg if msg.startswith(str(p)) else f"{p}: mesh {m.name!r}: {msg}") from None
-    links: list[InterMeshLink] = []
-    seen: set[frozenset[str]] = set()
-    for i, ln in enumerate(f.links):
-        a, b = ln.between
-        for end in (a, b):
-            if end not in meshes:
-                raise ProfileError(f"{p}: links[{i}] names unknown mesh {end!r}; fix: use one of {list(meshes)}")
-        if a == b:
-            raise ProfileError(f"{p}: links[{i}] joins mesh {a!r} to itself; fix: name two different meshes")
-        key = frozenset((a, b))
-        if key in seen:
-            raise ProfileError(f"{p}: links[{i}] duplicates the link between {a!r} and {b!r}; fix: keep one entry")
-        seen.add(key)
-        bw = _bandwidth(p, f"links[{i}]", ln.bandwidth_gbit_per_s, ln.bandwidth_gb_per_s)
-        links.append(InterMeshLink(a, b, Link(bw, ln.latency_us * US, ln.source)))
-    default = None
-    if f.default_link is not None:
-        d = f.default_link
-        default = Link(_bandwidth(p, "default_link", d.bandwidth_gbit_per_s, d.bandwidth_gb_per_s),
-                       d.latency_us * US, d.source)
-    hosts = {m.host for m in meshes.values() if m.host}
-    for h, n in f.host_slots.items():
-        if h not in hosts:
-            raise ProfileError(f"{p}: host_slots names host {h!r}, which no mesh uses; fix: use one of "
-                               f"{sorted(hosts)}")
-        if not 1 <= n <= MAX_DEVICES:
-            raise ProfileError(f"{p}: host_slots[{h!r}] = {n}; fix: use a slot count from 1 to {MAX_DEVICES}")
-    if f.name is None and not re.match(NAME_PATTERN, p.stem):
-        raise ProfileError(f"{p}: the file name {p.stem!r} is not a usable cluster name; fix: set "
-                           f"'name:' (letters, digits and _ . + - only)")
+    meshes: dict[str, MeshSpec] = _named(p, f.meshes, "mesh", _mesh)
+    links = _links(p, f.links, meshes, "links", "mesh")
+    default = _common(p, f, {m.host for m in meshes.values() if m.host}, "mesh")
     return Cluster(name=f.name or p.stem, meshes=meshes, links=tuple(links), default_link=default,
                    path=str(p), description=f.description, host_slots=dict(f.host_slots),
                    p2p=f.p2p)
