@@ -4,16 +4,15 @@ For a cluster described as node groups (``hardware_profiles.carve``), a *pipelin
 tuple of node groups; a *shape* gives each of them a :class:`~hardware_profiles.carve.GroupShape`
 (nodes joined into a mesh: pipeline replicas as the mesh's data axis; nodes split into several
 meshes). Each (shape, microbatch count) is a candidate. Its **lower bound** on the step time holds
-for every layer partition, layout and schedule (:func:`work_bound`: the busiest mesh must run its
-share of the step's work, after which every mesh still syncs gradients), so candidates are
-searched best-bound first and the search stops when the next bound is no better than the best plan
-found (branch and bound): the gap it reports is against a true lower bound.
+for every layer partition, layout and schedule (:mod:`planner.bounds`), so candidates are searched
+best-bound first and the search stops when the least bound left is within :data:`TARGET_GAP` of
+the best plan found (branch and bound): the gap it reports is against a true lower bound.
 
-A searched candidate runs one CP-SAT solve per schedule family that the candidate allows (the
-layer partition and per-mesh layouts, :mod:`planner.search`, with the pipeline order fixed by the
-carving so the model is linear); every answer is replayed exactly (:mod:`planner.predict`) and the
-fastest that fits memory wins. The expert's hand configuration (:func:`megatron_shape`) is
-searched first so that the answer is never worse than it.
+A searched candidate runs one CP-SAT solve per schedule whose own bound can still win
+(:func:`planner.candidate.solve_schedule`: the layer partition and per-mesh layouts, with the
+pipeline order fixed by the carving so the model is linear, then the exact replay); the fastest
+that fits memory wins. The practitioner's shapes (:func:`megatron_shape`) are searched first. The
+search spends a deterministic work budget (:class:`planner.budget.Budget`).
 """
 
 from __future__ import annotations
@@ -22,15 +21,18 @@ import math
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable
 
 from compiler.ir import Plan, Workload
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
 from planner import api
 from planner.errors import PlannerError
-from planner.predict import Prediction, predict
-from planner.search import MeshOption, inflight_count, inflight_end_counts, solve_outcome
+from planner.bounds import V_SHAPED, candidate_bound, chain_share, quick_bound
+from planner.budget import COSTS, Budget
+from planner.candidate import solve_schedule
+from planner.predict import Prediction
+from planner.search import MeshOption, inflight_count, inflight_end_counts
 
 MAX_STAGES = 64
 TARGET_GAP = 0.01
@@ -73,59 +75,6 @@ def megatron_shape(w: Workload, g: NodeGroup, headroom: float) -> list[GroupShap
         if len(out) == 3:
             break
     return out
-
-
-class Budget:
-    """A search budget: nominal seconds of work, counted from what the search did (CP-SAT's
-    deterministic time, fragments replayed, bounds refined) so the same inputs stop at the same
-    point on any machine, and a wall-clock deadline that cuts a search on a machine too slow to
-    spend the nominal budget in time (only then do results depend on the machine).
-
-    The nominal costs (:data:`COSTS`) are this project's 2-core reference machine's seconds.
-    """
-
-    def __init__(self, work_s: float, deadline: float, parent: "Budget | None" = None):
-        self.work_s, self.deadline, self.parent, self.used = work_s, deadline, parent, 0.0
-
-    def charge(self, nominal_s: float) -> None:
-        self.used += nominal_s
-        if self.parent is not None:
-            self.parent.charge(nominal_s)
-
-    def left(self) -> float:
-        """Nominal seconds left (never more than the parent's)."""
-        own = self.work_s - self.used
-        return own if self.parent is None else min(own, self.parent.left())
-
-    def wall_left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def out(self) -> bool:
-        return self.left() <= 0 or self.wall_left() <= 0
-
-    def sub(self, work_s: float) -> "Budget":
-        """A child budget of at most ``work_s`` nominal seconds, charged to this one too."""
-        return Budget(min(work_s, max(0.0, self.left())), self.deadline, self)
-
-
-COSTS = {"cpsat": 5.0, "fragment": 1.0e-5, "adaptive": 5e-5, "simulated": 1e-3, "bound": 6e-5,
-         "candidate": 8e-4}
-"""Nominal seconds per unit of search work, measured on the reference machine (2 cores; timed
-per category over four searches of 64-512 devices, 2026-11-23): per second of CP-SAT
-deterministic time (3.5-12 s measured), per fragment built and replayed (4e-6 to 2e-5 s), per
-fragment of an automatic ZB-1p/2p schedule built (its local search: 4.8e-5 s), per fragment
-simulated (meshes sharing a host are timed by the simulator; estimate), per rank and
-schedule of a bound refined (5e-5 to 7e-5 s), per candidate enumerated (7e-4 to 9e-4 s)."""
-
-
-def _fragments(plan: Plan) -> int:
-    return sum(len(o) for o in plan.schedule.order)
-
-
-def _work(plan: Plan) -> float:
-    """Nominal seconds of building and replaying ``plan`` (see :data:`COSTS`)."""
-    per = COSTS["fragment"] + (COSTS["adaptive"] if plan.schedule.name in api.ADAPTIVE_SCHEDULES else 0.0)
-    return per * _fragments(plan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,168 +129,6 @@ class _Options:
                                         self.opts.max_tensor, self.opts.fsdp)
 
 
-Rank = tuple[float, float, tuple[tuple[float, float, float], ...]]
-"""A rank for the bound: (fixed step seconds, fixed seconds per microbatch on the chain, ((step
-seconds per block, chain seconds per block and microbatch, most blocks that fit memory), ...) per
-layout option)."""
-
-
-def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int = 1,
-           comm: Sequence[float] = ()) -> float:
-    """The least ``tau`` such that ranks with ``tau >= chain * S_r + cost_r(n_r)`` can hold
-    ``num_blocks`` blocks in all, where rank ``r`` holds a whole multiple of ``per_rank`` blocks
-    ``n_r`` (its virtual stages hold equal counts) under one option that fits them,
-    ``cost_r(n) = fixed step seconds + n x step seconds per block``, and ``S_r`` is the chain time
-    of the ranks before ``r`` (fixed chain seconds plus their blocks at the fastest chain seconds
-    per block of any rank: a lower bound on it). As ``S_r`` does not depend on which earlier rank
-    holds a block and a block costs a rank at least as much step time as it adds to a later rank's
-    chain, moving a block to an earlier rank never tightens a constraint: filling ranks greedily
-    in order decides feasibility. Bisection on ``tau`` (the greedy total is monotone in it).
-    ``comm[r]``: seconds the path spends between rank ``r`` and ``r + 1`` (the forward's and the
-    backward's transfers), added to the chain in full.
-    """
-    fastest = min(c for _, _, opts in ranks for _, c, _ in opts)
-    hops = [0.0]
-    for r in range(len(ranks) - 1):
-        hops.append(hops[-1] + (comm[r] if r < len(comm) and chain > 0 else 0.0))
-
-    prepared = [(hops[r], fixed, fixed_chain,
-                 tuple((cost, cap) for cost, _, cap in opts if cost > 0),
-                 min((cap for cost, _, cap in opts if cost <= 0), default=-1))
-                for r, (fixed, fixed_chain, opts) in enumerate(ranks)]
-    floor = math.floor
-
-    def blocks(tau: float) -> int:
-        total, s = 0, 0.0
-        for hop, fixed, fixed_chain, opts, free_cap in prepared:
-            room = tau - chain * s - hop - fixed
-            n = 0
-            if room > 0:
-                for cost, cap in opts:
-                    k = floor(room / cost * (1 + 1e-12))
-                    k = cap if cap < k else k
-                    if k > n:
-                        n = k
-            if free_cap >= 0 and room >= 0:
-                n = max(n, min(free_cap, num_blocks))
-            n = int(n) // per_rank * per_rank
-            total += n
-            s += fixed_chain + n * fastest
-        return total
-    # bracket: double from the fluid level without memory (a lower bound), then bisect to a
-    # relative 1e-7 (the returned lower end is never feasible: a valid bound)
-    lo = 0.0
-    hi = max(1e-9, sum(f for f, _, _ in ranks) + num_blocks * min(c for _, _, o in ranks for c, _, _ in o)
-             / len(ranks))
-    worst = (sum(f for f, _, _ in ranks) + num_blocks * max(c for _, _, o in ranks for c, _, _ in o)
-             + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hops[-1]) * 2 + 1.0
-    while blocks(hi) < num_blocks:
-        lo, hi = hi, hi * 2
-        if hi > worst:
-            if blocks(worst) < num_blocks:
-                return math.inf      # no partition fits memory
-            hi = worst
-            break
-    while hi - lo > 1e-7 * hi:
-        mid = (lo + hi) / 2
-        if blocks(mid) >= num_blocks:
-            hi = mid
-        else:
-            lo = mid
-    return lo
-
-
-def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
-           microbatches: int, *, chain: bool = False, merge: bool = False,
-           post_rank: int | None = None, ends: tuple[int, int] = (0, 0)) -> list[Rank]:
-    """Per rank, for :func:`_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
-    ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers), per
-    block ``M x block + the tail one more block adds`` (a stage's all-reduce pays its latency once).
-    Chain ranks: the rank's critical work between its first forward and its last backward: all its
-    fragments except the weight gradients it may still owe after its last backward, at most its
-    in-flight count of chunk instances (each W waits on a held activation): per block
-    ``M x block - min(M v, in-flight) x W / v``, plus the F and B dispatches; its chain seconds per
-    block are F and B (the path through the rank). Memory: the most blocks an
-    option holds with ``inflight[r]`` chunk instances of residuals, after the pre/post layers'
-    weights and ``ends`` (first, last stage) instances of their residuals on the ranks holding
-    them (the CP-SAT model's own memory terms)."""
-    out = []
-    last = len(options) - 1
-    m, v = microbatches, virtual_stages
-    for r, opts in enumerate(options):
-        split = any(o.block_w_s > 0 for o in opts)
-        fixed = min(o.overhead_s for o in opts)
-        if chain:
-            # on the path: the F and B dispatches only; pre/post layers left out (their weight
-            # gradients may be owed after the last backward)
-            fixed *= 2 / 3 if split else 1.0
-        else:
-            if r == 0:
-                fixed += min(o.pre_s for o in opts)
-            if r == post_rank:           # the layers after the blocks (the LM head)
-                fixed += min(o.post_s for o in opts)
-        if merge and r == last:          # the last stage's F and B may share one dispatch
-            fixed = max(0.0, fixed - max(o.merge_saving_s for o in opts))
-        per = []
-        owed = min(m * v, inflight[r]) / v
-        for o in opts:
-            need = o.static_block + inflight[r] * o.resid_block / v
-            room = o.capacity - o.working
-            if r == 0:                   # the layers before the blocks and their residuals
-                room -= o.static_pre + ends[0] * o.resid_pre
-            if r == post_rank:           # the layers after them (on the last rank, or the first in a V)
-                room -= o.static_post + ends[1] * o.resid_post
-            cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
-            if chain:
-                per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap))
-            else:
-                per.append((m * o.block_s + o.tail_marginal_s, o.block_s, cap))
-        out.append((m * fixed, fixed, tuple(per)))
-    return out
-
-
-def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Sequence[MeshOption]],
-                    microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
-                    virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
-                    post_rank: int | None = None, ends: tuple[int, int] = (0, 0)) -> float:
-    """A lower bound on the step time of a pipeline over meshes with these options, seconds,
-    valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
-    sec. 2.2 give the uniform case it generalises).
-
-    - Work: every schedule runs each mesh's fragments one after another, so the step is at
-      least the busiest mesh's ``M x T_m`` (``T_m``: its per-microbatch work, ``work`` options: all
-      fragment kinds), where a mesh holding ``n`` blocks can only use a layout whose weights,
-      gradients, optimizer state and ``inflight`` residuals of ``n`` blocks fit its memory.
-    - Chain (``chain > 0``, schedules whose stage ``r`` runs on rank ``r``): rank ``r`` cannot start
-      before microbatch 0's forward has crossed ranks ``0..r-1`` and cannot end before the last
-      microbatch's backward has crossed them back, so the step is at least
-      ``chain x S_r + C_r`` with ``C_r`` its critical work (every fragment but the weight
-      gradients it may still owe after its last backward, at most its in-flight count) and ``S_r``
-      the F and B time of the ranks before it (``critical`` options are no longer used: kept for
-      the signature). ``chain`` is 1 for one stage per rank, ``1/v`` for ``v`` interleaved
-      chunks, 1/2 for V-shaped placements (:func:`_chain`).
-
-    Both are minimised over integer partitions (:func:`_level`: whole blocks per rank, a multiple
-    of the virtual stages; a water level filled greedily in pipeline order); in the work term
-    each mesh also pays, after its last fragment, the end-of-step gradient sync and optimizer time
-    of its blocks under the same option (``step >= M x T_m + tail_m``).
-    ``inf`` when no partition fits memory. ``comm``: per boundary, the forward plus backward
-    transfer seconds on the chain's path; ``post_rank``: the rank holding the post-block layers
-    (the last for a line, the first for a V); ``ends``: residual instances of the first and
-    last stage their ranks hold (:func:`planner.search.inflight_end_counts`).
-    """
-    level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
-                          post_rank=post_rank, ends=ends), num_blocks, 0.0, virtual_stages)
-    if chain > 0 and level < math.inf:
-        level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
-                                         merge=mergeable, post_rank=post_rank, ends=ends),
-                                  num_blocks, chain, virtual_stages, comm))
-    return level
-
-
-_V_SHAPED = ("zb-v", "dualpipe-v")
-
-
 def _schedules(w: Workload, opts: api.PlanOptions) -> tuple[str, ...]:
     return opts.schedules or (api.TRAIN_SCHEDULES if w.training else ("gpipe",))
 
@@ -353,19 +140,6 @@ def _kinds(sched: str, training: bool) -> tuple[str, ...]:
 def _split(sched: str) -> bool:
     return "W" in api.fragment_kinds(sched, True)
 
-
-def _chain(sched: str, virtual_stages: int) -> float:
-    """The chain coefficient of :func:`candidate_bound`: the share of a rank's per-microbatch work
-    in the stage that microbatch 0's forward (and the last backward) crosses on its way to a later
-    rank: the whole rank with one stage per rank, one chunk of ``v`` interleaved, one of 2 in a V
-    (rank ``r``'s first-chunk stage ``r`` lies on the forward path to every later rank, and the
-    last microbatch's backward leaves rank ``r`` through it, after all of rank ``r``'s other
-    backwards: every generated schedule runs a stage's microbatches in order)."""
-    if sched in _V_SHAPED:
-        return 0.5
-    return 1.0 / virtual_stages if sched == "interleaved-1f1b" else 1.0
-
-
 def _allowed(sched: str, ranks: int, m: int, num_blocks: int, virtual_stages: int) -> bool:
     return api.schedule_allowed(sched, ranks, m, num_blocks, virtual_stages)
 
@@ -373,20 +147,6 @@ def _allowed(sched: str, ranks: int, m: int, num_blocks: int, virtual_stages: in
 def _pipeline_meshes(cluster: Cluster, shapes: tuple[GroupShape, ...]) -> tuple[Cluster, tuple[str, ...]]:
     lc = carve(cluster, shapes)
     return lc, tuple(lc.meshes)
-
-
-def quick_bound(work: Sequence[Sequence[MeshOption]], microbatches: int, num_blocks: int) -> float:
-    """A cheap lower bound, never above :func:`candidate_bound`: the fluid work bound without
-    memory, ``M x tau`` with ``sum_r (tau - f_r) / b_r = L`` left unclamped (a negative term only
-    lowers ``tau``)."""
-    b = [min(o.block_s for o in x) for x in work]
-    f = [min(o.overhead_s for o in x) for x in work]
-    f[0] += min(o.pre_s for o in work[0])
-    f[-1] = max(0.0, f[-1] - max(o.merge_saving_s for o in work[-1]))
-    inv = sum(1.0 / x for x in b if x > 0)
-    tau = (num_blocks + sum(fi / bi for fi, bi in zip(f, b) if bi > 0)) / inv if inv else 0.0
-    return microbatches * max(0.0, tau)
-
 
 class _Enumeration:
     """The candidates of one pipeline search, each with a quick bound; full (memory- and
@@ -458,10 +218,10 @@ class _Enumeration:
                 continue
             crit = ([self.cache.get(x, samples, ("F", "B"), True) for x in specs]
                     if _split(sched) and w.training else work)
-            v = opts.virtual_stages if sched == "interleaved-1f1b" else (2 if sched in _V_SHAPED else 1)
+            v = opts.virtual_stages if sched == "interleaved-1f1b" else (2 if sched in V_SHAPED else 1)
             infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
-            chain = _chain(sched, opts.virtual_stages)
-            post_rank = 0 if sched in _V_SHAPED else p - 1
+            chain = chain_share(sched, opts.virtual_stages)
+            post_rank = 0 if sched in V_SHAPED else p - 1
             comm = self.comm(c.shapes, samples)
             # the first/last stage's residual instances (the interleaved schedule's end stages are
             # one chunk of several, which the CP-SAT model over-counts: left out, a bound)
@@ -565,8 +325,8 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             if left <= 0 or budget.out() or (stop is not None and stop.is_set()):
                 interrupted = True
                 break
-            got = _solve_schedule(w, lc, meshes, sched, cand.microbatches, opts, cache, left, stop,
-                                  best[0] if best else math.inf, budget)
+            got = solve_schedule(w, lc, meshes, sched, cand.microbatches, opts, left, stop,
+                                 best[0] if best else math.inf, budget)
             solves += 1
             if got is None:
                 continue
@@ -587,144 +347,3 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
     if best is None:
         return PipelineResult(None, None, left_bound, searched, total, solves, interrupted)
     return PipelineResult(best[1], best[2], min(left_bound, best[0]), searched, total, solves, interrupted)
-
-
-POLISH_MAX_FRAGMENTS = 256
-"""Largest ranks x microbatches whose CP-SAT answer is polished on the exact replay (each
-neighbour costs one replay)."""
-POLISH_ROUNDS = 8
-POLISH_WITHIN = 1.10
-"""Only answers within this factor of the best plan so far are polished."""
-POLISH_PAIR_MESHES = 4
-"""Up to this many meshes, a block move is also tried together with a layout change of one of the
-two meshes it touches."""
-
-
-def _solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str, m: int,
-                    opts: api.PlanOptions, cache: _Options, left: float,
-                    stop: threading.Event | None, incumbent: float = math.inf,
-                    budget: Budget | None = None) -> tuple[Plan, Prediction] | None:
-    """One CP-SAT solve of a carved pipeline for one schedule, polished on the exact replay
-    (:func:`_polish`); the plan and its prediction."""
-    o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(m,))
-    cand = api.make_candidate(w, lc, meshes, sched, m, o)
-    if cand is None:
-        return None
-    budget = budget or Budget(math.inf, time.monotonic() + left)
-    det = max(0.01, min(1.0, budget.left() / COSTS["cpsat"]))
-    out = solve_outcome(cand, time_limit_s=max(0.05, min(left, 10.0)), seed=opts.seed,
-                        workers=opts.workers, deterministic_limit=det, stop=stop)
-    budget.charge(COSTS["cpsat"] * out.deterministic_s)
-    if out.assignment is None:
-        return None
-    a = out.assignment
-    p, pred = _evaluate(w, lc, a, sched, m, cand.virtual_stages, opts)
-    budget.charge(_work(p))
-    simulated = any(lc.meshes[x].host for x in meshes)   # predict runs the simulator: costly
-    if simulated:
-        budget.charge(COSTS["simulated"] * _fragments(p))
-    elif _plans_in(cand) <= EXACT_MAX_PLANS and len(meshes) * m <= EXACT_MAX_FRAGMENTS:
-        a, p, pred = _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget)
-    elif len(meshes) * m <= POLISH_MAX_FRAGMENTS and _score(pred) <= POLISH_WITHIN * incumbent:
-        a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts, time.monotonic() + left, budget)
-    solver = {"status": a.status, "objective": a.objective_s, "bound": a.bound_s,
-              "gap": (a.objective_s - a.bound_s) / a.objective_s if a.objective_s else 0.0,
-              "wall_s": a.wall_s}
-    return replace(p, predicted=pred.to_json(), solver=solver), pred
-
-
-EXACT_MAX_PLANS = 2000
-"""Candidates with at most this many (partition, layouts, merge) plans are searched exhaustively
-on the exact replay after CP-SAT (small pipelines: the brute-force test's instances)."""
-EXACT_MAX_FRAGMENTS = 64
-
-
-def _compositions(n: int, k: int):
-    """Every way to give ``k`` ranks at least one of ``n`` blocks each, in order."""
-    import itertools
-    for cut in itertools.combinations(range(1, n), k - 1):
-        edges = (0,) + cut + (n,)
-        yield tuple(b - a for a, b in zip(edges, edges[1:]))
-
-
-def _plans_in(cand) -> int:
-    p = len(cand.meshes)
-    per = cand.num_blocks // cand.virtual_stages
-    return (math.comb(per - 1, p - 1) * math.prod(len(o) for o in cand.options)
-            * (2 if cand.mergeable else 1)) if per >= p else 0
-
-
-def _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget):
-    """The best of every plan of a small candidate on the exact replay (CP-SAT's answer first)."""
-    import itertools
-    best = (_score(pred), a, p, pred)
-    per = cand.num_blocks // cand.virtual_stages
-    for blocks in _compositions(per, len(cand.meshes)):
-        for picks in itertools.product(*cand.options):
-            for merge in ((False, True) if cand.mergeable else (False,)):
-                na = replace(a, blocks=blocks, layouts=tuple(x.layout for x in picks),
-                             recompute=tuple(x.recompute for x in picks), merge=merge)
-                np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
-                budget.charge(_work(np_))
-                if _score(npred) < best[0] * (1 - 1e-12):
-                    best = (_score(npred), na, np_, npred)
-    return best[1], best[2], best[3]
-
-
-def _evaluate(w, lc, a, sched, m, v, opts):
-    p = api.build_plan(w, lc, a, sched, m, v)
-    return p, predict(p, w, lc, headroom=opts.headroom)
-
-
-def _score(pred: Prediction) -> float:
-    return pred.step_time_s if pred.fits else math.inf
-
-
-def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf,
-            budget: Budget | None = None):
-    """Steepest descent on the exact replay from CP-SAT's answer: move one block between
-    neighbouring stages, switch one mesh to another of its layout options, or toggle the last
-    stage's F+B merge, while the replayed
-    step improves (the surrogate CP-SAT minimises is not the replay; this closes the difference on
-    small pipelines, where the test brute-forces the space)."""
-    picks = [next(k for k, o in enumerate(cand.options[i])
-                  if o.layout == a.layouts[i] and o.recompute == a.recompute[i])
-             for i in range(len(a.order))]
-    best = (_score(pred), a, p, pred)
-    for _ in range(POLISH_ROUNDS):
-        cur = best[1]
-        moves = []
-        blocks = list(cur.blocks)
-        for i in range(len(blocks) - 1):
-            for d in (1, -1):
-                nb = list(blocks)
-                nb[i] -= d
-                nb[i + 1] += d
-                if min(nb) >= 1:
-                    moves.append((tuple(nb), picks))
-                    # with a layout change on either mesh (memory may need both at once)
-                    for j in ((i, i + 1) if len(blocks) <= POLISH_PAIR_MESHES else ()):
-                        for k in range(len(cand.options[j])):
-                            if k != picks[j]:
-                                moves.append((tuple(nb), picks[:j] + [k] + picks[j + 1:]))
-        for i, opts_i in enumerate(cand.options):
-            for k in range(len(opts_i)):
-                if k != picks[i]:
-                    moves.append((tuple(blocks), picks[:i] + [k] + picks[i + 1:]))
-        merges = [(tuple(blocks), picks, not cur.merge)] if cand.mergeable else []
-        improved = None
-        for nb, pk, mg in [(b, k, cur.merge) for b, k in moves] + merges:
-            if time.monotonic() >= deadline or (budget is not None and budget.out()):
-                break
-            na = replace(cur, blocks=nb, layouts=tuple(cand.options[i][k].layout for i, k in enumerate(pk)),
-                         recompute=tuple(cand.options[i][k].recompute for i, k in enumerate(pk)), merge=mg)
-            np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
-            if budget is not None:
-                budget.charge(_work(np_))
-            if _score(npred) < best[0] * (1 - 1e-12) and (improved is None or _score(npred) < improved[0]):
-                improved = (_score(npred), na, np_, npred, pk)
-        if improved is None:
-            break
-        best = improved[:4]
-        picks = list(improved[4])
-    return best[1], best[2], best[3]

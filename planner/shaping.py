@@ -35,9 +35,10 @@ from compiler.ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Cluster, Link
 from planner import api
-from planner.errors import InfeasibleError, PlannerError
+from planner.errors import InfeasibleError
 from planner.predict import Prediction
-from planner.shapes import Budget, PipelineResult, search_pipeline
+from planner.budget import Budget
+from planner.shapes import PipelineResult, search_pipeline
 from simulator import cost_model as cm
 
 

@@ -14,23 +14,16 @@ import pytest
 from compiler.costing import workload
 from compiler.ir import Layout
 from hardware_profiles import carve, load_cluster
-from hardware_profiles.carve import GroupShape
 from planner import api
 from planner.predict import predict
 from planner.search import Assignment, MeshOption
-from planner.shapes import (
-    _Enumeration,
-    _Options,
-    candidate_bound,
-    group_shapes,
-    quick_bound,
-    search_pipeline,
-)
+from planner.bounds import candidate_bound, quick_bound
+from planner.shapes import _Enumeration, _Options, group_shapes, search_pipeline
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
 
 
-def _cluster(tmp_path: Path, groups: list[tuple[str, str, int, int]]) -> "Cluster":
+def _cluster(tmp_path: Path, groups: list[tuple[str, str, int, int]]):
     body = "name: tiny\nnode_groups:\n"
     for name, device, nodes, per in groups:
         body += (f"- name: {name}\n  device: {device}\n  nodes: {nodes}\n  devices_per_node: {per}\n"

@@ -3,7 +3,6 @@ kinds and one mixed pipeline, beats the hand configuration, and is deterministic
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

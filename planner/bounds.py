@@ -1,0 +1,201 @@
+"""Lower bounds on a carved pipeline's step time, valid for every layer partition, layout and
+schedule the planner may choose (:func:`candidate_bound`, :func:`quick_bound`).
+
+The shape search (:mod:`planner.shapes`) prunes by them, so they must never exceed a plan it could
+produce: ``tests/planner/test_shapes.py`` checks them against every plan of small instances
+(brute force) and random plans of larger ones.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from planner.search import MeshOption
+
+V_SHAPED = ("zb-v", "dualpipe-v")
+"""Schedules whose two stages per rank sit in a V."""
+
+
+Rank = tuple[float, float, tuple[tuple[float, float, float], ...]]
+"""A rank for the bound: (fixed step seconds, fixed seconds per microbatch on the chain, ((step
+seconds per block, chain seconds per block and microbatch, most blocks that fit memory), ...) per
+layout option)."""
+
+
+def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int = 1,
+           comm: Sequence[float] = ()) -> float:
+    """The least ``tau`` such that ranks with ``tau >= chain * S_r + cost_r(n_r)`` can hold
+    ``num_blocks`` blocks in all, where rank ``r`` holds a whole multiple of ``per_rank`` blocks
+    ``n_r`` (its virtual stages hold equal counts) under one option that fits them,
+    ``cost_r(n) = fixed step seconds + n x step seconds per block``, and ``S_r`` is the chain time
+    of the ranks before ``r`` (fixed chain seconds plus their blocks at the fastest chain seconds
+    per block of any rank: a lower bound on it). As ``S_r`` does not depend on which earlier rank
+    holds a block and a block costs a rank at least as much step time as it adds to a later rank's
+    chain, moving a block to an earlier rank never tightens a constraint: filling ranks greedily
+    in order decides feasibility. Bisection on ``tau`` (the greedy total is monotone in it).
+    ``comm[r]``: seconds the path spends between rank ``r`` and ``r + 1`` (the forward's and the
+    backward's transfers), added to the chain in full.
+    """
+    fastest = min(c for _, _, opts in ranks for _, c, _ in opts)
+    hops = [0.0]
+    for r in range(len(ranks) - 1):
+        hops.append(hops[-1] + (comm[r] if r < len(comm) and chain > 0 else 0.0))
+
+    prepared = [(hops[r], fixed, fixed_chain,
+                 tuple((cost, cap) for cost, _, cap in opts if cost > 0),
+                 min((cap for cost, _, cap in opts if cost <= 0), default=-1))
+                for r, (fixed, fixed_chain, opts) in enumerate(ranks)]
+    floor = math.floor
+
+    def blocks(tau: float) -> int:
+        total, s = 0, 0.0
+        for hop, fixed, fixed_chain, opts, free_cap in prepared:
+            room = tau - chain * s - hop - fixed
+            n = 0
+            if room > 0:
+                for cost, cap in opts:
+                    k = floor(room / cost * (1 + 1e-12))
+                    k = cap if cap < k else k
+                    if k > n:
+                        n = k
+            if free_cap >= 0 and room >= 0:
+                n = max(n, min(free_cap, num_blocks))
+            n = int(n) // per_rank * per_rank
+            total += n
+            s += fixed_chain + n * fastest
+        return total
+    # bracket: double from the fluid level without memory (a lower bound), then bisect to a
+    # relative 1e-7 (the returned lower end is never feasible: a valid bound)
+    lo = 0.0
+    hi = max(1e-9, sum(f for f, _, _ in ranks) + num_blocks * min(c for _, _, o in ranks for c, _, _ in o)
+             / len(ranks))
+    worst = (sum(f for f, _, _ in ranks) + num_blocks * max(c for _, _, o in ranks for c, _, _ in o)
+             + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hops[-1]) * 2 + 1.0
+    while blocks(hi) < num_blocks:
+        lo, hi = hi, hi * 2
+        if hi > worst:
+            if blocks(worst) < num_blocks:
+                return math.inf      # no partition fits memory
+            hi = worst
+            break
+    while hi - lo > 1e-7 * hi:
+        mid = (lo + hi) / 2
+        if blocks(mid) >= num_blocks:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
+           microbatches: int, *, chain: bool = False, merge: bool = False,
+           post_rank: int | None = None, ends: tuple[int, int] = (0, 0)) -> list[Rank]:
+    """Per rank, for :func:`_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
+    ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers), per
+    block ``M x block + the tail one more block adds`` (a stage's all-reduce pays its latency once).
+    Chain ranks: the rank's critical work between its first forward and its last backward: all its
+    fragments except the weight gradients it may still owe after its last backward, at most its
+    in-flight count of chunk instances (each W waits on a held activation): per block
+    ``M x block - min(M v, in-flight) x W / v``, plus the F and B dispatches; its chain seconds per
+    block are F and B (the path through the rank). Memory: the most blocks an
+    option holds with ``inflight[r]`` chunk instances of residuals, after the pre/post layers'
+    weights and ``ends`` (first, last stage) instances of their residuals on the ranks holding
+    them (the CP-SAT model's own memory terms)."""
+    out = []
+    last = len(options) - 1
+    m, v = microbatches, virtual_stages
+    for r, opts in enumerate(options):
+        split = any(o.block_w_s > 0 for o in opts)
+        fixed = min(o.overhead_s for o in opts)
+        if chain:
+            # on the path: the F and B dispatches only; pre/post layers left out (their weight
+            # gradients may be owed after the last backward)
+            fixed *= 2 / 3 if split else 1.0
+        else:
+            if r == 0:
+                fixed += min(o.pre_s for o in opts)
+            if r == post_rank:           # the layers after the blocks (the LM head)
+                fixed += min(o.post_s for o in opts)
+        if merge and r == last:          # the last stage's F and B may share one dispatch
+            fixed = max(0.0, fixed - max(o.merge_saving_s for o in opts))
+        per = []
+        owed = min(m * v, inflight[r]) / v
+        for o in opts:
+            need = o.static_block + inflight[r] * o.resid_block / v
+            room = o.capacity - o.working
+            if r == 0:                   # the layers before the blocks and their residuals
+                room -= o.static_pre + ends[0] * o.resid_pre
+            if r == post_rank:           # the layers after them (on the last rank, or the first in a V)
+                room -= o.static_post + ends[1] * o.resid_post
+            cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
+            if chain:
+                per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap))
+            else:
+                per.append((m * o.block_s + o.tail_marginal_s, o.block_s, cap))
+        out.append((m * fixed, fixed, tuple(per)))
+    return out
+
+
+def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Sequence[MeshOption]],
+                    microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
+                    virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
+                    post_rank: int | None = None, ends: tuple[int, int] = (0, 0)) -> float:
+    """A lower bound on the step time of a pipeline over meshes with these options, seconds,
+    valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
+    sec. 2.2 give the uniform case it generalises).
+
+    - Work: every schedule runs each mesh's fragments one after another, so the step is at
+      least the busiest mesh's ``M x T_m`` (``T_m``: its per-microbatch work, ``work`` options: all
+      fragment kinds), where a mesh holding ``n`` blocks can only use a layout whose weights,
+      gradients, optimizer state and ``inflight`` residuals of ``n`` blocks fit its memory.
+    - Chain (``chain > 0``, schedules whose stage ``r`` runs on rank ``r``): rank ``r`` cannot start
+      before microbatch 0's forward has crossed ranks ``0..r-1`` and cannot end before the last
+      microbatch's backward has crossed them back, so the step is at least
+      ``chain x S_r + C_r`` with ``C_r`` its critical work (every fragment but the weight
+      gradients it may still owe after its last backward, at most its in-flight count) and ``S_r``
+      the F and B time of the ranks before it (``critical`` options are no longer used: kept for
+      the signature). ``chain`` is 1 for one stage per rank, ``1/v`` for ``v`` interleaved
+      chunks, 1/2 for V-shaped placements (:func:`_chain`).
+
+    Both are minimised over integer partitions (:func:`_level`: whole blocks per rank, a multiple
+    of the virtual stages; a water level filled greedily in pipeline order); in the work term
+    each mesh also pays, after its last fragment, the end-of-step gradient sync and optimizer time
+    of its blocks under the same option (``step >= M x T_m + tail_m``).
+    ``inf`` when no partition fits memory. ``comm``: per boundary, the forward plus backward
+    transfer seconds on the chain's path; ``post_rank``: the rank holding the post-block layers
+    (the last for a line, the first for a V); ``ends``: residual instances of the first and
+    last stage their ranks hold (:func:`planner.search.inflight_end_counts`).
+    """
+    level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
+                          post_rank=post_rank, ends=ends), num_blocks, 0.0, virtual_stages)
+    if chain > 0 and level < math.inf:
+        level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
+                                         merge=mergeable, post_rank=post_rank, ends=ends),
+                                  num_blocks, chain, virtual_stages, comm))
+    return level
+
+
+def chain_share(sched: str, virtual_stages: int) -> float:
+    """The chain coefficient of :func:`candidate_bound`: the share of a rank's per-microbatch work
+    in the stage that microbatch 0's forward (and the last backward) crosses on its way to a later
+    rank: the whole rank with one stage per rank, one chunk of ``v`` interleaved, one of 2 in a V
+    (rank ``r``'s first-chunk stage ``r`` lies on the forward path to every later rank, and the
+    last microbatch's backward leaves rank ``r`` through it, after all of rank ``r``'s other
+    backwards: every generated schedule runs a stage's microbatches in order)."""
+    if sched in V_SHAPED:
+        return 0.5
+    return 1.0 / virtual_stages if sched == "interleaved-1f1b" else 1.0
+
+
+def quick_bound(work: Sequence[Sequence[MeshOption]], microbatches: int, num_blocks: int) -> float:
+    """A cheap lower bound, never above :func:`candidate_bound`: the fluid work bound without
+    memory, ``M x tau`` with ``sum_r (tau - f_r) / b_r = L`` left unclamped (a negative term only
+    lowers ``tau``)."""
+    b = [min(o.block_s for o in x) for x in work]
+    f = [min(o.overhead_s for o in x) for x in work]
+    f[0] += min(o.pre_s for o in work[0])
+    f[-1] = max(0.0, f[-1] - max(o.merge_saving_s for o in work[-1]))
+    inv = sum(1.0 / x for x in b if x > 0)
+    tau = (num_blocks + sum(fi / bi for fi, bi in zip(f, b) if bi > 0)) / inv if inv else 0.0
+    return microbatches * max(0.0, tau)

@@ -1,0 +1,62 @@
+"""The shape search's budget: nominal seconds of work, so a search stops at the same point on any
+machine (:class:`Budget`), with the measured cost of each unit of work (:data:`COSTS`)."""
+
+from __future__ import annotations
+
+import time
+
+from compiler.ir import Plan
+from simulator.schedules import ADAPTIVE_SCHEDULES
+
+
+class Budget:
+    """A search budget: nominal seconds of work, counted from what the search did (CP-SAT's
+    deterministic time, fragments replayed, bounds refined) so the same inputs stop at the same
+    point on any machine, and a wall-clock deadline that cuts a search on a machine too slow to
+    spend the nominal budget in time (only then do results depend on the machine).
+
+    The nominal costs (:data:`COSTS`) are this project's 2-core reference machine's seconds.
+    """
+
+    def __init__(self, work_s: float, deadline: float, parent: "Budget | None" = None):
+        self.work_s, self.deadline, self.parent, self.used = work_s, deadline, parent, 0.0
+
+    def charge(self, nominal_s: float) -> None:
+        self.used += nominal_s
+        if self.parent is not None:
+            self.parent.charge(nominal_s)
+
+    def left(self) -> float:
+        """Nominal seconds left (never more than the parent's)."""
+        own = self.work_s - self.used
+        return own if self.parent is None else min(own, self.parent.left())
+
+    def wall_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def out(self) -> bool:
+        return self.left() <= 0 or self.wall_left() <= 0
+
+    def sub(self, work_s: float) -> "Budget":
+        """A child budget of at most ``work_s`` nominal seconds, charged to this one too."""
+        return Budget(min(work_s, max(0.0, self.left())), self.deadline, self)
+
+
+COSTS = {"cpsat": 5.0, "fragment": 1.0e-5, "adaptive": 5e-5, "simulated": 1e-3, "bound": 6e-5,
+         "candidate": 8e-4}
+"""Nominal seconds per unit of search work, measured on the reference machine (2 cores; timed
+per category over four searches of 64-512 devices, 2026-11-23): per second of CP-SAT
+deterministic time (3.5-12 s measured), per fragment built and replayed (4e-6 to 2e-5 s), per
+fragment of an automatic ZB-1p/2p schedule built (its local search: 4.8e-5 s), per fragment
+simulated (meshes sharing a host are timed by the simulator; estimate), per rank and
+schedule of a bound refined (5e-5 to 7e-5 s), per candidate enumerated (7e-4 to 9e-4 s)."""
+
+
+def _fragments(plan: Plan) -> int:
+    return sum(len(o) for o in plan.schedule.order)
+
+
+def _work(plan: Plan) -> float:
+    """Nominal seconds of building and replaying ``plan`` (see :data:`COSTS`)."""
+    per = COSTS["fragment"] + (COSTS["adaptive"] if plan.schedule.name in ADAPTIVE_SCHEDULES else 0.0)
+    return per * _fragments(plan)
