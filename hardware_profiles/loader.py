@@ -29,11 +29,32 @@ import functools
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from mpmd.files import InputError, read_yaml
+
+from hardware_profiles.file_shapes import (  # noqa: F401  (limits re-exported: other modules name them here)
+    MAX_DEVICES,
+    MAX_FIGURE,
+    MIN_FIGURE,
+    MAX_GBIT,
+    MAX_US,
+    MAX_MESHES,
+    NAME_PATTERN,
+    TFLOPS,
+    GB,
+    GIB,
+    GBIT,
+    US,
+    _AltFile,
+    _ClusterFile,
+    _DeviceFile,
+    _GroupFile,
+    _IntraLink,
+    _MeshFile,
+)
 
 from hardware_profiles.types import (
     Alternative,
@@ -51,185 +72,6 @@ CLUSTERS_DIR = Path(__file__).parent / "clusters"
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 """The folder holding ``hardware_profiles/``: bundled files named ``hardware_profiles/clusters/X.yaml``
 (as the README does) resolve against it when no such file exists below the working directory."""
-
-MAX_DEVICES = 2**20
-"""Most devices in one mesh (and along one mesh axis): about a million, far above any machine built."""
-MAX_FIGURE = 1e6
-"""Largest figure in human units: TFLOP/s, GB, GB/s, W, USD per device-hour (no device is near)."""
-MIN_FIGURE = 1e-3
-"""Smallest figure in human units (TFLOP/s, GB, GB/s, Gbit/s, W) and smallest efficiency: a
-tinier one makes step times overflow the planner's integer microseconds (a profile with
-1e-300 TFLOP/s crashed the CP-SAT model)."""
-MAX_GBIT = 8e6
-"""Largest bandwidth in Gbit/s (= :data:`MAX_FIGURE` GB/s)."""
-MAX_US = 1e6
-"""Largest latency or per-fragment overhead, us (one second)."""
-MAX_MESHES = 512
-"""Most meshes in one cluster (16x the largest bundled one; the planner's search grows with the
-mesh count: about 10 s at 64 meshes and minutes at 4096, measured on 2 cores)."""
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
-"""Cluster, mesh, device and host names: letters, digits and ``_ . + -`` (a name appears in link
-names ``a<->b``, in knobs ``MESH=2``/``MESH@1.5`` and in printed tables, so it holds none of
-``< > = @ [ ]``, spaces or control characters)."""
-
-TFLOPS = 1e12
-GB = 1e9
-GIB = 2.0**30
-GBIT = 1e9 / 8
-US = 1e-6
-
-
-# ----------------------------------------------------------------------------- file shapes
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class _Figure(_Strict):
-    value: float = Field(ge=MIN_FIGURE, le=MAX_FIGURE)
-    source: str = Field(min_length=1)
-    note: str = ""
-
-
-class _Latency(_Strict):
-    value: float = Field(ge=0, le=MAX_US)
-    source: str = Field(min_length=1)
-    note: str = ""
-
-
-class _Efficiency(_Strict):
-    value: float = Field(ge=MIN_FIGURE, le=1)
-    origin: str = Field(min_length=1)
-
-
-class _Overhead(_Strict):
-    value: float = Field(ge=0, le=MAX_US)
-    origin: str = Field(min_length=1)
-
-
-class _Roofline(_Strict):
-    value: Literal["max", "sum"]
-    origin: str = Field(min_length=1)
-
-
-class _Fraction(_Strict):
-    value: float = Field(ge=0, le=1)
-    origin: str = Field(min_length=1)
-
-
-class _Efficiencies(_Strict):
-    matmul: _Efficiency
-    memory: _Efficiency
-    fragment_overhead_us: _Overhead
-    backward: _Efficiency | None = None
-    roofline: _Roofline | None = None
-    elementwise_traffic: _Fraction | None = None
-
-
-class _ScaleUp(_Strict):
-    bandwidth_gb_per_s_per_direction: _Figure
-    latency_us: _Latency
-    topology: str = ""
-
-
-class _ScaleOut(_Strict):
-    bandwidth_gbit_per_s_per_direction: _Figure
-
-
-class _Price(_Strict):
-    low: float = Field(gt=0, le=MAX_FIGURE)
-    high: float = Field(gt=0, le=MAX_FIGURE)
-    source: str = Field(min_length=1)
-    note: str = ""
-
-
-class _AltFile(_Strict):
-    field: str
-    value: float
-    source: str = Field(min_length=1)
-    note: str = ""
-
-
-class _DeviceFile(_Strict):
-    name: str = Field(pattern=NAME_PATTERN, max_length=200)
-    vendor: str
-    description: str = ""
-    peak_tflops: dict[str, _Figure] = Field(min_length=1)
-    memory_gb: _Figure | None = None
-    memory_gib: _Figure | None = None
-    memory_bandwidth_gb_per_s: _Figure
-    scale_up: _ScaleUp
-    scale_out: _ScaleOut
-    tdp_w: _Figure
-    price_usd_per_device_hour: _Price | None = None
-    efficiency: _Efficiencies
-    alternatives: list[_AltFile] = []
-
-
-class _IntraLink(_Strict):
-    bandwidth_gb_per_s: float = Field(ge=MIN_FIGURE, le=MAX_FIGURE)
-    latency_us: float = Field(ge=0, le=MAX_US)
-    source: str = ""
-
-
-class _DefaultLinkFile(_Strict):
-    bandwidth_gbit_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_GBIT)
-    bandwidth_gb_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
-    latency_us: float = Field(ge=0, le=MAX_US)
-    source: str = ""
-
-
-class _MeshFile(_Strict):
-    name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
-    device: str = Field(min_length=1, max_length=4096)
-    num_devices: int = Field(ge=1, le=MAX_DEVICES)
-    axes: dict[str, int] | None = None
-    intra_link: _IntraLink | None = None
-    price_usd_per_device_hour: float | None = Field(default=None, ge=0, le=MAX_FIGURE)
-    power_w_per_device: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
-    host: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
-    devices_per_node: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
-    scale_out_link: _DefaultLinkFile | None = None
-
-
-class _LinkFile(_Strict):
-    between: tuple[str, str]
-    bandwidth_gbit_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_GBIT)
-    bandwidth_gb_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
-    latency_us: float = Field(ge=0, le=MAX_US)
-    source: str = ""
-
-
-class _ScaleOutLinkFile(_Strict):
-    bandwidth_gbit_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_GBIT)
-    bandwidth_gb_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
-    latency_us: float = Field(ge=0, le=MAX_US)
-    source: str = Field(min_length=1)
-
-
-class _GroupFile(_Strict):
-    name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
-    device: str = Field(min_length=1, max_length=4096)
-    nodes: int = Field(ge=1, le=MAX_MESHES)
-    devices_per_node: int = Field(ge=1, le=MAX_DEVICES)
-    intra_link: _IntraLink | None = None
-    scale_out_link: _ScaleOutLinkFile
-    price_usd_per_device_hour: float | None = Field(default=None, ge=0, le=MAX_FIGURE)
-    power_w_per_device: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
-    host: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
-    description: str = ""
-
-
-class _ClusterFile(_Strict):
-    name: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
-    description: str = ""
-    meshes: list[_MeshFile] = Field(default=[], max_length=MAX_MESHES)
-    node_groups: list[_GroupFile] = Field(default=[], max_length=64)
-    group_links: list[_LinkFile] = []
-    links: list[_LinkFile] = []
-    default_link: _DefaultLinkFile | None = None
-    host_slots: dict[str, int] = {}
-    p2p: Literal["overlapped", "blocking"] = "overlapped"
-
 
 # ----------------------------------------------------------------------------- error translation
 _FIXES = {
