@@ -11,6 +11,7 @@ seconds, bytes, FLOP. Every other package speaks these types.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -384,15 +385,17 @@ def schedule_to_json(t: ScheduleTable, rank_mesh: tuple[str, ...]) -> dict[str, 
     }
 
 
+def _header(plan: "Plan | DataParallelPlan") -> dict[str, Any]:
+    """The keys every plan document starts with."""
+    return {"format": PLAN_FORMAT, "model": plan.model, "cluster": plan.cluster,
+            "cluster_path": plan.cluster_path, "global_batch": plan.global_batch,
+            "seq_len": plan.seq_len}
+
+
 def plan_to_json(plan: Plan) -> dict[str, Any]:
     """The plan as a JSON-ready dict following ``planner/plan.schema.json``."""
     return {
-        "format": PLAN_FORMAT,
-        "model": plan.model,
-        "cluster": plan.cluster,
-        "cluster_path": plan.cluster_path,
-        "global_batch": plan.global_batch,
-        "seq_len": plan.seq_len,
+        **_header(plan),
         "merge_last_stage": plan.merge_last_stage,
         "grad_sync": plan.grad_sync,
         "stages": [{"index": s.index, "layers": [s.first, s.last], "mesh": s.mesh}
@@ -414,12 +417,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 def data_parallel_to_json(plan: DataParallelPlan) -> dict[str, Any]:
     """A :class:`DataParallelPlan` as a JSON-ready dict: the parts as plans, plus the sync."""
     return {
-        "format": PLAN_FORMAT,
-        "model": plan.model,
-        "cluster": plan.cluster,
-        "cluster_path": plan.cluster_path,
-        "global_batch": plan.global_batch,
-        "seq_len": plan.seq_len,
+        **_header(plan),
         "parts": [plan_to_json(p) for p in plan.parts],
         "sync": {"link": plan.sync_link, "bytes": plan.sync_bytes, "seconds": plan.sync_s},
         "reason": plan.reason,
@@ -433,20 +431,11 @@ def any_plan_to_json(plan: "Plan | DataParallelPlan") -> dict[str, Any]:
     return data_parallel_to_json(plan) if isinstance(plan, DataParallelPlan) else plan_to_json(plan)
 
 
-def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
-    """Parse a dict written by :func:`data_parallel_to_json`.
-
-    Raises:
-        IRError: a missing key or inconsistent value, named in the message.
-    """
+@contextmanager
+def _parsing():
+    """Turn a missing key or a malformed value met while parsing a plan into one-line IRError."""
     try:
-        sync = d["sync"]
-        return DataParallelPlan(
-            model=str(d["model"]), cluster=str(d["cluster"]), global_batch=int(d["global_batch"]),
-            seq_len=int(d["seq_len"]), parts=tuple(plan_from_json(p) for p in d["parts"]),
-            sync_link=str(sync["link"]), sync_bytes=float(sync["bytes"]), sync_s=float(sync["seconds"]),
-            predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
-            cluster_path=str(d.get("cluster_path", "")), reason=str(d.get("reason", "")))
+        yield
     except KeyError as e:
         raise IRError(f"plan is missing key {e.args[0]!r}; regenerate it with 'mpmd plan'") from None
     except (TypeError, ValueError) as e:
@@ -455,13 +444,29 @@ def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
         raise IRError(f"plan has a malformed value ({e}); regenerate it with 'mpmd plan'") from None
 
 
+def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
+    """Parse a dict written by :func:`data_parallel_to_json`.
+
+    Raises:
+        IRError: a missing key or inconsistent value, named in the message.
+    """
+    with _parsing():
+        sync = d["sync"]
+        return DataParallelPlan(
+            model=str(d["model"]), cluster=str(d["cluster"]), global_batch=int(d["global_batch"]),
+            seq_len=int(d["seq_len"]), parts=tuple(plan_from_json(p) for p in d["parts"]),
+            sync_link=str(sync["link"]), sync_bytes=float(sync["bytes"]), sync_s=float(sync["seconds"]),
+            predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
+            cluster_path=str(d.get("cluster_path", "")), reason=str(d.get("reason", "")))
+
+
 def plan_from_json(d: Mapping[str, Any]) -> Plan:
     """Parse a plan dict (as written by :func:`plan_to_json`).
 
     Raises:
         IRError: a missing key or inconsistent value, named in the message.
     """
-    try:
+    with _parsing():
         rank_mesh = tuple(str(m) for m in d["rank_mesh"])
         s = d["schedule"]
         unknown = sorted(set(s["order"]) - set(rank_mesh))
@@ -500,9 +505,3 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                                    "meshes_per_node": int(c.get("meshes_per_node", 1))}
                                   for c in d.get("carving", [])),
                     schedules=tuple(dict(c) for c in d.get("schedules", [])))
-    except KeyError as e:
-        raise IRError(f"plan is missing key {e.args[0]!r}; regenerate it with 'mpmd plan'") from None
-    except (TypeError, ValueError) as e:
-        if isinstance(e, IRError):
-            raise
-        raise IRError(f"plan has a malformed value ({e}); regenerate it with 'mpmd plan'") from None

@@ -11,10 +11,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from planner.inflight import V_SHAPED
 from planner.search import MeshOption
-
-V_SHAPED = ("zb-v", "dualpipe-v")
-"""Schedules whose two stages per rank sit in a V."""
 
 
 Rank = tuple[float, float, tuple[tuple[float, float, float], ...]]
@@ -165,7 +163,7 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     ``inf`` when no partition fits memory. ``comm``: per boundary, the forward plus backward
     transfer seconds on the chain's path; ``post_rank``: the rank holding the post-block layers
     (the last for a line, the first for a V); ``ends``: residual instances of the first and
-    last stage their ranks hold (:func:`planner.search.inflight_end_counts`).
+    last stage their ranks hold (:func:`planner.inflight.inflight_end_counts`).
     """
     level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
                           post_rank=post_rank, ends=ends), num_blocks, 0.0, virtual_stages)

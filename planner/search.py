@@ -26,7 +26,8 @@ schedule the bubble of (interleaved) 1F1B, which overstates the bubble of the ze
 bound is a bound on the surrogate. The exact step time of the chosen plan comes from the analytic
 replay in :mod:`planner.predict`, not from this surrogate.
 
-Stopping: the solve runs in a helper thread while the calling thread waits, so the caller's signal
+Stopping: the solve runs in a helper thread (:func:`planner.cpsat_thread.run_solver`) while the
+calling thread waits, so the caller's signal
 handlers keep running; setting the ``stop`` event ends the search through
 ``CpSolver.StopSearch()``, keeping the best solution and the proven bound. CP-SAT's own SIGINT
 handling (``catch_sigint_signal``) is off: it replaces the process's SIGINT handler during a
@@ -42,6 +43,9 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from compiler.ir import Layout
+from planner.cpsat_thread import run_solver
+from planner.inflight import (  # noqa: F401  (re-exported: the model's callers name them here)
+    V_SHAPED, _chunks, inflight_count, inflight_end_counts)
 
 US = 1e6
 """Objective unit: microseconds per second."""
@@ -163,80 +167,6 @@ def _mb(nbytes: float) -> int:
     return math.ceil(nbytes / MB - 1e-9)
 
 
-V_SHAPED = frozenset({"zb-v", "dualpipe-v"})
-"""Schedules whose 2P stages sit in a V (:func:`simulator.schedules.v_shape_stage_rank`)."""
-
-
-def _chunks(schedule: str, virtual_stages: int) -> int:
-    """Stages per rank: ``virtual_stages`` for interleaved 1F1B, 2 in a V, else 1."""
-    if schedule == "interleaved-1f1b":
-        return virtual_stages
-    return 2 if schedule in V_SHAPED else 1
-
-
-def inflight_count(schedule: str, pos: int, ranks: int, microbatches: int, virtual_stages: int
-                   ) -> int:
-    """Virtual-stage instances (a stage's forward of one microbatch) whose residuals pipeline rank
-    ``pos`` of ``ranks`` holds at its peak under ``schedule``: an activation is held from the start
-    of its F to the end of its B (W when the backward is split), as
-    :func:`simulator.schedules.check.replay` counts it. Never below the replay's ``peak_inflight``
-    (``tests/planner/test_every_schedule.py`` holds every generator to it), so memory is never
-    under-counted:
-
-    - gpipe: every instance, ``v M``;
-    - 1F1B: ``P - p`` (Narayanan et al. 2021, Sec. 2.2);
-    - interleaved 1F1B: Megatron-LM's warm-up ``2 (P - p - 1) + (v - 1) P`` plus the one in flight;
-    - ZB-H1 and ZB-1p: ``P`` on every rank (Qi et al. 2024, Sec. 2.1: rank p delays its W's by p,
-      holding P - p forwards plus p pending W's; ZB-1p's memory limit is P activations per rank);
-    - ZB-H2: ``2P - 1`` on every rank (the generator's greedy limit, reached by every rank once
-      M >= 2P - 1, not only by rank 0); ZB-2p: ``2P`` (its limit);
-    - ZB-V: ``min(2P, M + p + 1)`` (Qi et al. 2024, "Pipeline Parallelism with Controllable
-      Memory": 2P chunk activations, i.e. 1F1B's rank-0 peak, on every rank in the steady state;
-      ``M + p + 1`` counted on the generator for small M);
-    - DualPipeV: ``2P + 1`` (deepseek-ai/DualPipe's table: PP + 1 chunk activations per device).
-
-    Each is capped at ``v M``, ``v`` the stages per rank: ``virtual_stages`` for interleaved 1F1B,
-    2 in a V, else 1 (so any ``virtual_stages`` may be passed for the other schedules).
-    """
-    P, M, p = ranks, microbatches, pos
-    v = _chunks(schedule, virtual_stages)
-    cap = M * v
-    if schedule == "gpipe":
-        return cap
-    if schedule == "interleaved-1f1b":
-        return min(2 * (P - p - 1) + (v - 1) * P + 1, cap)
-    if schedule in ("zb-h1", "zb-1p"):
-        return min(P, cap)
-    if schedule == "zb-h2":
-        return min(2 * P - 1, cap)
-    if schedule == "zb-2p":
-        return min(2 * P, cap)
-    if schedule == "zb-v":
-        return min(2 * P, M + p + 1, cap)
-    if schedule == "dualpipe-v":
-        return min(2 * P + 1, cap)
-    return min(P - p, cap)   # 1f1b
-
-
-def inflight_end_counts(schedule: str, ranks: int, microbatches: int, virtual_stages: int
-                        ) -> tuple[int, int]:
-    """(first, last): instances of the first stage (which holds the layers before the repeated
-    block) and of the last stage (the layers after it) that their rank holds at its peak.
-
-    For the V-shaped schedules both stages are on rank 0, which holds at most ``min(2P, M)``
-    first-stage instances (chunk 0 of rank 0) and one last-stage instance (its B and W follow its
-    F on the same rank: ZB-V's phase 3 and DualPipeV's step 2 run ``F1`` then ``B1`` of the last
-    stage without another ``F1`` between); counted on the generators in the tests. Otherwise the
-    rank's whole count (:func:`inflight_count` at positions 0 and P - 1; an over-count for
-    interleaved 1F1B, whose end stages are one chunk of several).
-    """
-    P, M = ranks, microbatches
-    if schedule in V_SHAPED:
-        return min(2 * P, M), 1
-    return (inflight_count(schedule, 0, P, M, virtual_stages),
-            inflight_count(schedule, P - 1, P, M, virtual_stages))
-
-
 def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str):
     """:func:`inflight_count` with a variable position ``pos`` and pipeline depth ``n_used``."""
     m, s = c.microbatches, c.schedule
@@ -323,56 +253,6 @@ def solve_timed(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: in
     o = solve_outcome(c, time_limit_s=time_limit_s, seed=seed, workers=workers,
                       deterministic_limit=deterministic_limit, stop=stop)
     return o.assignment, o.deterministic_s
-
-
-def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threading.Event | None):
-    """(status, stopped): ``solver.Solve(model)`` in a helper thread, polled every 50 ms for
-    ``stop``.
-
-    ``StopSearch`` is repeated at every poll while ``stop`` is set (it does nothing before CP-SAT
-    has begun the solve). An exception in the waiting thread (a KeyboardInterrupt), wherever it
-    lands, cancels a solve not yet begun or stops a running one and waits for it before
-    propagating: a solver thread still inside CP-SAT at interpreter exit aborts the process
-    ("terminate called without an active exception"). Completion is tracked with the thread's own
-    event, not ``Thread.join``/``is_alive``: on Python 3.11 a KeyboardInterrupt inside a timed
-    ``join`` can mark a running thread as stopped (``Thread._wait_for_tstate_lock``).
-    """
-    box: list = []
-    began, cancel, done = threading.Event(), threading.Event(), threading.Event()
-
-    def target() -> None:
-        began.set()
-        try:
-            box.append(None if cancel.is_set() else solver.Solve(model))
-        except BaseException as e:   # re-raised in the caller's thread
-            box.append(e)
-        finally:
-            done.set()
-
-    th = threading.Thread(target=target, name="cp-sat", daemon=True)
-    started = stopped = False
-    try:
-        th.start()
-        started = True
-        while not done.wait(0.05):
-            if stop is not None and stop.is_set():
-                solver.StopSearch()
-                stopped = True
-    finally:
-        cancel.set()   # a thread that has not reached the solve yet now skips it
-        # if start() itself was interrupted the thread may or may not exist: one that exists
-        # announces itself within moments
-        if not done.is_set() and (started or began.wait(5.0)):
-            while True:
-                try:
-                    solver.StopSearch()
-                    if done.wait(0.01):
-                        break
-                except BaseException:   # a further interrupt: end the solve first
-                    pass
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0], stopped
 
 
 def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
@@ -560,7 +440,7 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
     solver.parameters.num_workers = workers
     solver.parameters.interleave_search = True
     solver.parameters.catch_sigint_signal = False   # see the module docstring
-    status, stopped = _run(solver, model, stop)
+    status, stopped = run_solver(solver, model, stop)
     name = solver.StatusName(status)
     if status == cp_model.INFEASIBLE:
         return SolveOutcome(None, name, math.inf, solver.deterministic_time, stopped)

@@ -28,11 +28,13 @@ from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
 from planner import api
 from planner.errors import PlannerError
-from planner.bounds import V_SHAPED, candidate_bound, chain_share, quick_bound
+from planner.bounds import candidate_bound, chain_share, quick_bound
 from planner.budget import COSTS, Budget
 from planner.candidate import solve_schedule
 from planner.predict import Prediction
-from planner.search import MeshOption, inflight_count, inflight_end_counts
+from planner.inflight import V_SHAPED, inflight_count, inflight_end_counts
+from planner.options import _cached_mesh_options
+from planner.search import MeshOption
 
 MAX_STAGES = 64
 TARGET_GAP = 0.01
@@ -125,8 +127,8 @@ class _Options:
 
     def get(self, mesh: MeshSpec, samples: float, kinds: tuple[str, ...], split: bool
             ) -> tuple[MeshOption, ...]:
-        return api._cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
-                                        self.opts.max_tensor, self.opts.fsdp)
+        return _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
+                                    self.opts.max_tensor, self.opts.fsdp)
 
 
 def _schedules(w: Workload, opts: api.PlanOptions) -> tuple[str, ...]:
@@ -241,17 +243,6 @@ class _Enumeration:
 ADAPTIVE_MAX_FRAGMENTS = 512
 """Largest ranks x microbatches for which the automatic ZB-1p/2p are built (their local search
 replays the schedule many times; above this the fixed ZB-H1/H2/V patterns stand in)."""
-
-
-def enumerate_candidates(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions,
-                         cache: _Options, nodes: dict[str, int] | None = None) -> list[ShapeCandidate]:
-    """Every (shape, microbatch count) of a pipeline over ``groups`` (in that order) with its full
-    bound, best first (the hand configurations first)."""
-    e = _Enumeration(w, cluster, groups, opts, cache, nodes)
-    out = [e.refine(c) for c in e.items]
-    out = [c for c in out if c.bound_s < math.inf]
-    out.sort(key=lambda c: (not c.hand, c.bound_s))
-    return out
 
 
 def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions, *,

@@ -56,11 +56,6 @@ class Option:
     step_time_s: float | None
 
 
-def _peak(cluster: Cluster, groups, dtype: str) -> float:
-    return sum(cluster.groups[g].device.peak_flops.get(dtype, cluster.groups[g].device.peak_flops["bf16"])
-               * cluster.groups[g].num_devices for g in groups)
-
-
 def _achievable(cluster: Cluster, groups, dtype: str) -> float:
     out = 0.0
     for g in groups:

@@ -1,0 +1,130 @@
+"""Per-mesh layout options: each data x tensor layout (with or without FSDP) and recomputation
+choice of a mesh, costed per microbatch for the CP-SAT model (:class:`planner.search.MeshOption`),
+with the options another beats on every term dropped, and a cache so identical meshes share them.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import fields
+
+from compiler.ir import Layout, Workload
+from hardware_profiles.types import MeshSpec
+from planner.errors import PlannerError
+from planner.search import MeshOption
+from simulator import cost_model as cm
+
+
+def _split_layers(w: Workload) -> tuple[int, int, int]:
+    """(pre, blocks, post): layers before, count of, and layers after the repeated block."""
+    body = max(set(w.layers), key=w.layers.count)
+    first = w.layers.index(body)
+    n = w.layers.count(body)
+    if w.layers[first:first + n] != (body,) * n:
+        raise PlannerError(f"model {w.model!r}: its repeated layer {body!r} is not contiguous; "
+                           f"the planner partitions a run of identical blocks")
+    return first, n, len(w.layers) - first - n
+
+
+def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool) -> list[Layout]:
+    """Data x tensor factorizations of the mesh (data dividing the microbatch), each also with
+    fully sharded data parallel when training with more than one replica."""
+    out = []
+    for t in range(1, mesh.num_devices + 1):
+        if mesh.num_devices % t or t > max_tensor:
+            continue
+        d = mesh.num_devices // t
+        if samples >= d and float(samples / d).is_integer():
+            out.append(Layout(d, t))
+            if fsdp and d > 1:
+                out.append(Layout(d, t, fsdp=True))
+    return out
+
+
+def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
+                  split: bool, headroom: float, max_tensor: int, fsdp: bool = True
+                  ) -> tuple[MeshOption, ...]:
+    pre, nb, post = _split_layers(w)
+    dtype = cm.compute_dtype(w)
+    ovh = cm.fragment_overhead(mesh)
+    opts = []
+    choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training)
+               for rc in ((False, True) if w.training else (False,))]
+    for lay, rc in choices:
+        def t(lo: int, hi: int) -> float:
+            return sum(cm.layer_time(w.layer(i), k, samples, mesh, lay, dtype, split_backward=split,
+                                     recompute=rc)
+                       for i in range(lo, hi) for k in kinds)
+
+        def tail(lo: int, hi: int) -> float:
+            if hi <= lo:
+                return 0.0
+            return cm.grad_sync_time(w, lo, hi, mesh, lay) + cm.optimizer_time(w, lo, hi, mesh, lay)
+
+        def mem(lo: int, hi: int) -> cm.StageMemory:
+            if hi <= lo:
+                return cm.StageMemory(0.0, 0.0, 0.0)
+            return cm.stage_memory(w, lo, hi, lay, samples, rc)
+
+        blk, pr, po = mem(pre, pre + 1), mem(0, pre), mem(pre + nb, len(w.layers))
+        opts.append(MeshOption(
+            layout=lay, recompute=rc, block_s=t(pre, pre + 1), pre_s=t(0, pre), post_s=t(pre + nb, len(w.layers)),
+            overhead_s=ovh * len(kinds), merge_saving_s=ovh if "B" in kinds else 0.0,
+            tail_block_s=tail(pre, pre + 1), tail_pre_s=tail(0, pre),
+            tail_post_s=tail(pre + nb, len(w.layers)),
+            static_block=blk.static_bytes, static_pre=pr.static_bytes, static_post=po.static_bytes,
+            resid_block=blk.residual_bytes_per_microbatch, resid_pre=pr.residual_bytes_per_microbatch,
+            resid_post=po.residual_bytes_per_microbatch,
+            working=max(blk.working_bytes, pr.working_bytes, po.working_bytes),
+            capacity=cm.usable_bytes(mesh, headroom),
+            tail_marginal_s=(tail(pre, pre + 2) - tail(pre, pre + 1)) if nb >= 2 else tail(pre, pre + 1),
+            block_w_s=(sum(cm.layer_time(w.layer(i), "W", samples, mesh, lay, dtype, split_backward=True,
+                                         recompute=rc) for i in range(pre, pre + 1))
+                       if "W" in kinds else 0.0)))
+    return _undominated(opts)
+
+
+def _undominated(opts: list[MeshOption]) -> tuple[MeshOption, ...]:
+    """Drop options another option beats or ties on every time and memory term (exact pruning:
+    the CP-SAT model is monotone in each of them), keeping the first of equal ones."""
+    def terms(o: MeshOption) -> tuple[float, ...]:
+        return (o.block_s, o.pre_s, o.post_s, o.overhead_s, -o.merge_saving_s, o.tail_block_s,
+                o.tail_pre_s, o.tail_post_s, o.static_block, o.static_pre, o.static_post,
+                o.resid_block, o.resid_pre, o.resid_post, o.working)
+
+    keep = []
+    for i, o in enumerate(opts):
+        t = terms(o)
+        if not any(all(a <= b for a, b in zip(terms(p), t)) and (terms(p) != t or j < i)
+                   for j, p in enumerate(opts) if j != i):
+            keep.append(o)
+    return tuple(keep)
+
+
+_OPTIONS_LOCK = threading.Lock()
+_OPTIONS_CACHE: dict = {}
+"""``_mesh_options`` results of the latest workload: ``{"w": workload, "entries": {key: [(the
+mesh's fields but its name, options), ...]}}``; the workload is held (compared by identity), so
+another workload cannot take its place unnoticed."""
+
+
+def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
+                         split: bool, headroom: float, max_tensor: int, fsdp: bool
+                         ) -> tuple[MeshOption, ...]:
+    """:func:`_mesh_options`, computed once per workload and mesh spec (meshes that differ only by
+    name share their options: clusters repeat identical meshes)."""
+    spec = tuple(getattr(mesh, f.name) for f in fields(mesh) if f.name != "name")
+    key = (samples, kinds, split, headroom, max_tensor, fsdp)
+    with _OPTIONS_LOCK:
+        if _OPTIONS_CACHE.get("w") is not w:
+            _OPTIONS_CACHE.clear()
+            _OPTIONS_CACHE.update(w=w, entries={})
+        bucket = _OPTIONS_CACHE["entries"].setdefault(key, [])
+        for other, opts in bucket:
+            if other == spec:
+                return opts
+    opts = _mesh_options(w, mesh, samples, kinds, split, headroom, max_tensor, fsdp)
+    with _OPTIONS_LOCK:
+        if _OPTIONS_CACHE.get("w") is w:
+            bucket.append((spec, opts))
+    return opts
