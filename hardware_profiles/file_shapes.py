@@ -156,10 +156,10 @@ class _LinkFile(_Strict):
     source: str = ""
 
 
-class _ScaleOutLinkFile(_Strict):
-    bandwidth_gbit_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_GBIT)
-    bandwidth_gb_per_s: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
-    latency_us: float = Field(ge=0, le=MAX_US)
+class _ScaleOutLinkFile(_DefaultLinkFile):
+    """A node group's per-device link between nodes: bandwidth optional (the device profile's),
+    source required."""
+
     source: str = Field(min_length=1)
 
 
