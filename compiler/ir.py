@@ -203,14 +203,31 @@ class Layout:
 
     ``fsdp``: the data axis also shards parameters, gradients and optimizer state (ZeRO stage 3 /
     fully sharded data parallel), gathering each layer's parameters before use.
+
+    ``hsdp`` (with ``fsdp``): hybrid sharded data parallel (PyTorch FSDP ``HYBRID_SHARD``; MaxText's
+    ``dcn_data_parallelism`` over ``ici_fsdp_parallelism``): the data axis is ``hsdp`` replicas
+    of ``data / hsdp`` devices each; a replica shards parameters, gradients and optimizer state,
+    and the replicas all-reduce their gradient shards (typically across TPU slices or nodes).
     """
 
     data: int
     tensor: int
     fsdp: bool = False
+    hsdp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.hsdp < 1 or self.data % self.hsdp or (self.hsdp > 1 and not self.fsdp):
+            raise ValueError(f"Layout(data={self.data}, hsdp={self.hsdp}, fsdp={self.fsdp}): hsdp "
+                             f"must divide data and needs fsdp; use hsdp=1 or fsdp=True")
+
+    @property
+    def shard(self) -> int:
+        """Devices one parameter is sharded over: ``data / hsdp`` with fsdp, else 1."""
+        return self.data // self.hsdp if self.fsdp else 1
 
     def __str__(self) -> str:
-        return f"dp{self.data}xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
+        return (f"dp{self.data}xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
+                + (f"x{self.hsdp}" if self.hsdp > 1 else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,7 +419,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                    for s in plan.stages],
         "meshes": {m: {"device": plan.devices.get(m, ("", 0))[0],
                        "num_devices": plan.devices.get(m, ("", l.data * l.tensor))[1],
-                       "layout": {"data": l.data, "tensor": l.tensor, "fsdp": l.fsdp},
+                       "layout": {"data": l.data, "tensor": l.tensor, "fsdp": l.fsdp,
+                                  **({"hsdp": l.hsdp} if l.hsdp > 1 else {})},
                        "recompute": bool(plan.recompute.get(m, False))}
                    for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
@@ -482,9 +500,13 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
             forward_only=bool(s.get("forward_only", False)))
         stages = tuple(StagePlan(int(x["index"]), int(x["layers"][0]), int(x["layers"][1]),
                                  str(x["mesh"])) for x in d["stages"])
-        layouts = {str(m): Layout(int(v["layout"]["data"]), int(v["layout"]["tensor"]),
-                                  bool(v["layout"].get("fsdp", False)))
-                   for m, v in d["meshes"].items()}
+        try:
+            layouts = {str(m): Layout(int(v["layout"]["data"]), int(v["layout"]["tensor"]),
+                                      bool(v["layout"].get("fsdp", False)),
+                                      int(v["layout"].get("hsdp", 1)))
+                       for m, v in d["meshes"].items()}
+        except ValueError as e:
+            raise IRError(f"plan layout: {e}") from None
         for st in stages:
             if st.mesh not in layouts:
                 raise IRError(f"plan stage {st.index} names mesh {st.mesh!r}, which is not under "

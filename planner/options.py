@@ -59,7 +59,9 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
         def tail(lo: int, hi: int) -> float:
             if hi <= lo:
                 return 0.0
-            return cm.grad_sync_time(w, lo, hi, mesh, lay) + cm.optimizer_time(w, lo, hi, mesh, lay)
+            # what no overlap can hide: the optimizer step and the parameter all-gather after it
+            # (the gradient buckets may hide under the last backward: a lower bound on the tail)
+            return cm.optimizer_time(w, lo, hi, mesh, lay) + cm.param_gather_time(w, lo, hi, mesh, lay)
 
         def mem(lo: int, hi: int) -> cm.StageMemory:
             if hi <= lo:

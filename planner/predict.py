@@ -48,7 +48,8 @@ class Prediction:
     synced_s: dict[str, float] = field(default_factory=dict)
     """Per mesh: when its pipeline work and its own gradient all-reduce end (before the optimizer)."""
     optimizer_s: dict[str, float] = field(default_factory=dict)
-    """Per mesh: seconds of its end-of-step optimizer step."""
+    """Per mesh: seconds of its end-of-step ops after its gradient sync: the optimizer step and
+    the parameter all-gather after it."""
 
     @property
     def fits(self) -> bool:
@@ -66,6 +67,36 @@ class Prediction:
             "tokens_per_s": self.tokens_per_s,
             "samples_per_s": self.samples_per_s,
         }
+
+
+def _collective_ends(plan: Plan, costs: PlanCosts, end: dict) -> dict[str, float]:
+    """Per mesh, when its collective stream finishes the gradient buckets
+    (:meth:`~simulator.plan_costs.PlanCosts.grad_buckets`), replayed as the engine does: in
+    order of their releasing fragment's position in the mesh's order, then ready fraction; each
+    starts when the stream is free and its fragment has run that fraction."""
+    if not costs.workload.training or plan.schedule.forward_only:
+        return {}
+    table = plan.schedule
+    pending: dict[str, list] = {}
+    for s in range(table.num_stages):
+        buckets = costs.grad_buckets(s)
+        if not buckets:
+            continue
+        ref = costs.last_backward(s)
+        rank = table.stage_rank[s]
+        dur = costs.fragment_time(ref)
+        start = end[(rank, ref)] - dur
+        pos = table.order[rank].index(ref)
+        for k, (_, _, _, secs, frac) in enumerate(buckets):
+            pending.setdefault(plan.rank_mesh[rank], []).append(
+                (pos, frac, s, k, start + frac * dur, secs))
+    out = {}
+    for mesh, items in pending.items():
+        t = 0.0
+        for *_, ready, secs in sorted(items):
+            t = max(t, ready) + secs
+        out[mesh] = t
+    return out
 
 
 def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float = 0.0
@@ -96,14 +127,15 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
     step = 0.0
     busy: dict[str, float] = {}
     peak, cap, short, synced, opt = {}, {}, {}, {}, {}
+    coll_end = _collective_ends(plan, costs, rp.end)
     for rank, mesh in enumerate(plan.rank_mesh):
         parts = dict(costs.tail(mesh))
         tail = sum(parts.values())
         busy[mesh] = rp.busy[rank] + tail
         last_end = max((rp.end[(rank, f)] for f in table.order[rank]), default=0.0)
-        step = max(step, last_end + tail)
-        opt[mesh] = parts.get("optimizer", 0.0)
-        synced[mesh] = last_end + parts.get("allreduce", 0.0)
+        synced[mesh] = max(last_end, coll_end.get(mesh, 0.0)) + parts.get("allreduce", 0.0)
+        opt[mesh] = parts.get("optimizer", 0.0) + costs.param_gather(mesh)
+        step = max(step, synced[mesh] + opt[mesh])
         resid = rp.peak_activation[rank] if workload.training else 0.0
         peak[mesh] = costs.static_bytes(mesh) + resid + costs.working_bytes(mesh)
         cap[mesh] = costs.capacity(mesh)

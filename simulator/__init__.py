@@ -7,11 +7,12 @@ from simulator.metrics import TimelineMetrics, summarize
 from simulator.plan_costs import CostError, PlanCosts
 from simulator.plan_sim import (data_parallel_program, plan_cluster, plan_meshes, plan_program,
                                  simulate_any, simulate_data_parallel, simulate_plan)
-from simulator.program import OP_KINDS, SimError, SimOp, SimProgram, SimTransfer
+from simulator.program import (COLLECTIVE_KINDS, OP_KINDS, SimCollective, SimError, SimOp,
+                               SimProgram, SimTransfer)
 from simulator.trace import to_chrome_trace, write_chrome_trace
 
 __all__ = ["OP_KINDS", "BoundaryCost", "CostError", "FragmentCost", "Knobs", "PlanCosts",
-           "SimError", "SimOp", "SimProgram", "SimResult", "SimTransfer", "TailOp",
+           "SimError", "SimOp", "SimCollective", "COLLECTIVE_KINDS", "SimProgram", "SimResult", "SimTransfer", "TailOp",
            "TimelineMetrics", "data_parallel_program", "lower_schedule", "plan_cluster", "plan_meshes",
            "plan_program", "simulate", "simulate_any", "simulate_data_parallel", "simulate_plan",
            "summarize", "to_chrome_trace", "write_chrome_trace"]

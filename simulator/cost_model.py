@@ -17,7 +17,15 @@ parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weigh
   + tensor-parallel all-reduces of the activation over ``t`` devices (ring, ``collectives``)
   + the device's fixed dispatch overhead per fragment
 - transfer time  = link latency + bytes / link bandwidth
-- gradient sync  = ring all-reduce of the stage's gradients over ``d`` devices at the end of the step
+- gradient sync  = Megatron-LM's distributed optimizer with ``overlap_grad_reduce`` (Megatron-LM
+  ``DistributedDataParallel``: gradients reduce-scattered in buckets while the backward still runs):
+  one bucket per layer, a ring reduce-scatter of its fp32 gradients over ``d`` devices on the
+  mesh's collective stream, ready once the last microbatch's backward has passed that layer
+  (:func:`grad_buckets`); after the optimizer, a ring all-gather of the updated weights in the
+  compute dtype (:func:`param_gather_time`). With ``fsdp`` the backward's reduce-scatters already
+  sync gradients; with ``hsdp`` replicas their shards are all-reduced across replicas in the
+  same buckets (PyTorch HSDP; MaxText's data parallelism across slices over the data-center
+  network).
 - optimizer step = memory-bound Adam update over the device's shard of optimizer state
 
 Memory per device (mixed-precision Adam with a distributed optimizer, ZeRO stage 1: Rajbhandari et al.
@@ -115,10 +123,11 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
                    / mesh.device.achievable_bandwidth)
     comm = all_reduce_time(tp_bytes, t, mesh.collective_link(t)) if t > 1 else 0.0
     shard = 0.0
-    if layout.fsdp and d > 1:
-        link = mesh.collective_link(d, t)
-        gather = all_gather(cost.param_bytes / t, d, link)
-        scatter = reduce_scatter(cost.param_count * GRAD_BYTES_PER_PARAM / t, d, link)
+    g = layout.shard
+    if layout.fsdp and g > 1:
+        link = mesh.collective_link(g, t)
+        gather = all_gather(cost.param_bytes / t, g, link)
+        scatter = reduce_scatter(cost.param_count * GRAD_BYTES_PER_PARAM / t, g, link)
         shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
     body = max(combine_work(compute, memory, mesh.device.roofline), shard) + elementwise + comm
     if recompute and kind == "B":
@@ -168,7 +177,7 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     if workload.training:
         adam = ADAM_BYTES_PER_PARAM_BF16 if workload.dtype_bytes == 2 else ADAM_BYTES_PER_PARAM_FP32
         if layout.fsdp:
-            static = (weight_bytes + params * (GRAD_BYTES_PER_PARAM + adam)) / d / t
+            static = (weight_bytes + params * (GRAD_BYTES_PER_PARAM + adam)) / layout.shard / t
         else:
             static = (weight_bytes + params * GRAD_BYTES_PER_PARAM + params * adam / d) / t
         per_layer = [(workload.layer(i - 1).activation_bytes_per_sample if i > 0 else 0.0)
@@ -184,18 +193,56 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     return StageMemory(static, resid, act, gathered)
 
 
+def _sync_op(layout: Layout) -> str | None:
+    """The data-parallel gradient collective of a layout: ``"reduce_scatter"`` (distributed
+    optimizer over ``data``), ``"all_reduce"`` (HSDP replicas) or None (nothing to sync)."""
+    if layout.fsdp:
+        return "all_reduce" if layout.hsdp > 1 else None
+    return "reduce_scatter" if layout.data > 1 else None
+
+
+def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[str, float, float] | None:
+    """(collective, per-device bytes, seconds) that syncs one layer's gradients across data
+    parallel, or None: a ring reduce-scatter of the fp32 gradients over ``data`` (ZeRO-1), or with
+    ``hsdp`` a ring all-reduce of the device's gradient shard over the replicas (stride
+    ``shard x tensor``: across slices / nodes)."""
+    op = _sync_op(layout)
+    if op is None or cost.param_count == 0:
+        return None
+    t = layout.tensor
+    if op == "reduce_scatter":
+        nbytes = cost.param_count * GRAD_BYTES_PER_PARAM / t
+        return op, nbytes, reduce_scatter(nbytes, layout.data,
+                                          mesh.collective_link(layout.data, t))
+    g = layout.shard
+    nbytes = cost.param_count * GRAD_BYTES_PER_PARAM / t / g
+    return op, nbytes, all_reduce_time(nbytes, layout.hsdp, mesh.collective_link(layout.hsdp, g * t))
+
+
 def grad_sync_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
                    ) -> float:
-    """Data-parallel gradient all-reduce of layers ``[first, last)`` at the end of a step, seconds.
+    """Seconds of the data-parallel gradient sync of layers ``[first, last)`` if nothing hid it:
+    the sum of :func:`layer_grad_sync` over the layers (one bucket per layer) plus the parameter
+    all-gather after the optimizer (:func:`param_gather_time`)."""
+    if not workload.training:
+        return 0.0
+    total = 0.0
+    for i in range(first, last):
+        x = layer_grad_sync(workload.layer(i), mesh, layout)
+        total += x[2] if x else 0.0
+    return total + param_gather_time(workload, first, last, mesh, layout)
 
-    fp32 gradients, ring all-reduce over the ``data`` degree (a distributed optimizer's
-    reduce-scatter + all-gather moves the same bytes).
-    """
-    if not workload.training or layout.data <= 1 or layout.fsdp:
-        return 0.0      # with fsdp the backward's reduce-scatters already synchronised gradients
-    params = sum(workload.layer(i).param_count for i in range(first, last))
-    return all_reduce_time(params * GRAD_BYTES_PER_PARAM / layout.tensor, layout.data,
-                           mesh.collective_link(layout.data, layout.tensor))
+
+def param_gather_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
+                      ) -> float:
+    """The distributed optimizer's all-gather of updated weights (compute dtype) over ``data``
+    after the optimizer step, seconds (ring; 0 with fsdp, whose forward gathers them, and for a
+    data degree of 1). Megatron-LM's ``overlap_param_gather`` hides it behind the next step's
+    forward, which one step's replay does not show; it is charged in full."""
+    if not workload.training or layout.fsdp or layout.data <= 1:
+        return 0.0
+    nbytes = sum(workload.layer(i).param_bytes for i in range(first, last)) / layout.tensor
+    return all_gather(nbytes, layout.data, mesh.collective_link(layout.data, layout.tensor))
 
 
 def optimizer_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
@@ -204,7 +251,7 @@ def optimizer_time(workload: Workload, first: int, last: int, mesh: MeshSpec, la
     if not workload.training:
         return 0.0
     params = sum(workload.layer(i).param_count for i in range(first, last))
-    owned = params / (layout.data * layout.tensor)
+    owned = params / ((layout.shard if layout.fsdp else layout.data) * layout.tensor)
     return owned * ADAM_UPDATE_BYTES_PER_PARAM / mesh.device.achievable_bandwidth
 
 

@@ -13,6 +13,10 @@ Model (all times in seconds):
       stream and link serves its transfers one at a time, in order of (ready time, transfer id);
       a transfer starts when it is first in line on all three and all three are idle. Because
       all queues use the same global order, this cannot deadlock.
+    - Each mesh has a **collective stream** running its ``SimProgram.collectives`` in list order:
+      a collective starts when the stream is free and ``after_fraction`` of its ``after_op`` has
+      run (measured from that op's actual start and duration); ops listed in ``SimOp.waits``
+      wait for it. Collectives are not link-contended (they use the mesh's own fabric).
     - Host slots: a mesh with ``host_of[mesh] = h`` takes one of ``host_slots[h]`` (default 1)
       slots for each op it runs; waiting ops get slots in order of (request time, op id).
     - Deterministic tie breaks: resource grants made at one instant are decided after every other
@@ -123,6 +127,11 @@ class _Run:
         n, nt = len(prog.ops), len(prog.transfers)
         self.op_end: list[float | None] = [None] * n
         self.op_ev: dict[int, Event] = {}
+        self.op_start: list[float | None] = [None] * n
+        self.start_ev: dict[int, Event] = {}
+        nc = len(prog.collectives)
+        self.coll_end: list[float | None] = [None] * nc
+        self.coll_ev: dict[int, Event] = {}
         self.tr_end: list[float | None] = [None] * nt
         self.tr_ev: dict[int, Event] = {}
         self.out: list[list[int]] = [[] for _ in range(n)]
@@ -170,12 +179,18 @@ class _Run:
             self.mesh_tr_left[t.dst_mesh] += 1
             self.link_tr_left[t.link] = self.link_tr_left.get(t.link, 0) + 1
         self.ops_left = {m: len(prog.order.get(m, ())) for m in meshes}
+        by_mesh: dict[str, list[int]] = {}
+        for c in prog.collectives:
+            by_mesh.setdefault(c.mesh, []).append(c.id)
+        self.meshes_left += len(by_mesh)
         self.finished = env.event()
         self.failure: str | None = None
         self.failure_t = 0.0
         for m in meshes:
             self._check_capacity(m, "at step start")
             env.process(self._compute(m, prog.order.get(m, ())))
+        for m, ids in by_mesh.items():
+            env.process(self._collective(m, ids))
         # a failure at t acts after everything else that happens at t (ends at t complete)
         for what, items in (("link", knobs.failed_links), ("mesh", knobs.failed_meshes)):
             for name, t in sorted(items.items()):
@@ -274,6 +289,13 @@ class _Run:
                         ev = self.op_ev[d] = env.event()
                     self.waiting[m] = ("op", oid, d)
                     yield ev
+            for c in op.waits:
+                if self.coll_end[c] is None:
+                    ev = self.coll_ev.get(c)
+                    if ev is None:
+                        ev = self.coll_ev[c] = env.event()
+                    self.waiting[m] = ("collective", oid, c)
+                    yield ev
             for t in op.inputs:
                 if tr_end[t] is None:
                     ev = self.tr_ev.get(t)
@@ -297,6 +319,10 @@ class _Run:
                     self.peak[m] = mem[m]
                     self._check_capacity(m, f"{op.name} starts")
             self.running[m] = oid
+            self.op_start[oid] = start
+            sev = self.start_ev.pop(oid, None)
+            if sev is not None:
+                sev.succeed()
             yield Timeout(env, dur[oid])
             del self.running[m]
             end = env.now
@@ -317,6 +343,30 @@ class _Run:
                 w.succeed()
             for t in out[oid]:
                 self._transfer_ready(t)
+        self.meshes_left -= 1
+        if self.tr_left == 0 and self.meshes_left == 0 and not self.finished.triggered:
+            self.finished.succeed()
+
+    def _collective(self, m: str, ids: list[int]):
+        env, dur = self.env, self.dur
+        track = f"{m}/collective"
+        for cid in ids:
+            c = self.prog.collectives[cid]
+            if self.op_start[c.after_op] is None:
+                ev = self.start_ev.get(c.after_op)
+                if ev is None:
+                    ev = self.start_ev[c.after_op] = env.event()
+                yield ev
+            ready = self.op_start[c.after_op] + c.after_fraction * dur[c.after_op]
+            if ready > env.now:
+                yield Timeout(env, ready - env.now)
+            start = env.now
+            yield Timeout(env, c.duration_s)
+            self.coll_end[cid] = env.now
+            self.rows.append((c.name, c.kind, track, m, -1, -1, start, env.now, c.bytes))
+            w = self.coll_ev.pop(cid, None)
+            if w is not None:
+                w.succeed()
         self.meshes_left -= 1
         if self.tr_left == 0 and self.meshes_left == 0 and not self.finished.triggered:
             self.finished.succeed()
@@ -362,6 +412,8 @@ class _Run:
         name = self.ops[oid].name
         if what == "op":
             return f"{name} waits for op {self.ops[x].name} on mesh {self.ops[x].mesh!r}"
+        if what == "collective":
+            return f"{name} waits for collective {self.prog.collectives[x].name} on mesh {m!r}"
         if what == "transfer":
             tr = self.trs[x]
             src = self.ops[tr.src_op]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from compiler.ir import FragmentRef, ScheduleTable
-from simulator.program import SimError, SimOp, SimProgram, SimTransfer
+from simulator.program import SimCollective, SimError, SimOp, SimProgram, SimTransfer
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +100,9 @@ def lower_schedule(
     peak_flops: float = 0.0,
     host_of: Mapping[str, str] | None = None,
     host_slots: Mapping[str, int] | None = None,
+    grad_buckets: Callable[[int], tuple[tuple[str, str, float, float, float], ...]] | None = None,
+    last_backward: Callable[[int], FragmentRef] | None = None,
+    param_gather: Callable[[str], float] | None = None,
 ) -> SimProgram:
     """Lower ``table`` into a :class:`SimProgram` (see the module docstring for the rules).
 
@@ -113,6 +116,12 @@ def lower_schedule(
         baseline_bytes / capacity_bytes: per-mesh static memory and capacity per device, bytes.
         peak_flops: cluster peak FLOP/s, for MFU.
         host_of / host_slots: meshes sharing a host and the host's concurrent-op slots.
+        grad_buckets / last_backward: ``stage -> (name, collective, bytes, seconds, fraction)``
+            gradient buckets, each a collective on the stage's mesh released once ``fraction`` of
+            ``last_backward(stage)`` has run; the mesh's ``"allreduce"`` tail op waits for them
+            all (with ``tail``).
+        param_gather: ``mesh -> seconds`` of an all-gather collective after the mesh's last tail
+            op (the optimizer); 0 adds none.
 
     Raises:
         SimError: a table inconsistent with its own stage_rank, kinds or sizes, or a bad rank_mesh.
@@ -168,15 +177,41 @@ def lower_schedule(
                          alloc_bytes=alloc, free_bytes=free, flops=costs[i].flops))
     order = {mesh: [ids[f.kind, f.stage, f.microbatch] for f in table.order[r]]
              for r, mesh in enumerate(rank_mesh)}
+    colls: list[SimCollective] = []
+    by_mesh: dict[str, list[int]] = {m: [] for m in rank_mesh}
+    if grad_buckets is not None and last_backward is not None and not table.forward_only:
+        pos = {oid: k for m in rank_mesh for k, oid in enumerate(order[m])}
+        pending = []
+        for s in range(S):
+            ref = last_backward(s)
+            oid = ids[ref.kind, ref.stage, ref.microbatch]
+            for name, kind, nbytes, secs, frac in grad_buckets(s):
+                pending.append((pos[oid], frac, len(pending), name, kind, nbytes, secs, oid))
+        for _, frac, _, name, kind, nbytes, secs, oid in sorted(pending):
+            mesh = ops[oid].mesh
+            by_mesh[mesh].append(len(colls))
+            colls.append(SimCollective(id=len(colls), name=name, kind=kind, mesh=mesh,
+                                       after_op=oid, after_fraction=frac, duration_s=secs,
+                                       bytes=nbytes))
     if tail is not None:
         for mesh in rank_mesh:
+            last = None
             for t in tail(mesh):
                 i = len(ops)
+                waits = tuple(by_mesh[mesh]) if t.kind == "allreduce" else ()
                 ops.append(SimOp(id=i, name=f"{t.kind}@{mesh}", kind=t.kind, mesh=mesh, stage=-1,
-                                 microbatch=-1, duration_s=t.duration_s, flops=t.flops))
+                                 microbatch=-1, duration_s=t.duration_s, flops=t.flops,
+                                 waits=waits))
                 order[mesh].append(i)
+                last = i
+            secs = param_gather(mesh) if param_gather is not None else 0.0
+            if last is not None and secs > 0:
+                colls.append(SimCollective(id=len(colls), name=f"AG@{mesh}", kind="all_gather",
+                                           mesh=mesh, after_op=last, after_fraction=1.0,
+                                           duration_s=secs))
     return SimProgram(meshes=tuple(rank_mesh), order={k: tuple(v) for k, v in order.items()},
                       ops=tuple(ops), transfers=tuple(transfers),
                       baseline_bytes=dict(baseline_bytes or {}),
                       capacity_bytes=dict(capacity_bytes or {}), peak_flops=float(peak_flops),
-                      host_of=dict(host_of or {}), host_slots=dict(host_slots or {}))
+                      host_of=dict(host_of or {}), host_slots=dict(host_slots or {}),
+                      collectives=tuple(colls))

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 from compiler.ir import Timeline
 
-_STREAMS = ("compute", "send", "recv")
+_STREAMS = ("compute", "send", "recv", "collective")
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,9 +94,12 @@ class PlanCosts:
             return 0.0
         st = self.plan.stages[ref.stage]
         lay = self.plan.layouts[st.mesh]
-        if lay.fsdp:
+        if lay.fsdp or lay.data <= 1:
             return 0.0
-        return cm.grad_sync_time(self.workload, st.first, st.last, self.cluster.meshes[st.mesh], lay)
+        params = sum(self.workload.layer(i).param_count for i in range(st.first, st.last))
+        mesh = self.cluster.meshes[st.mesh]
+        return cm.all_reduce_time(params * cm.GRAD_BYTES_PER_PARAM / lay.tensor, lay.data,
+                                  mesh.collective_link(lay.data, lay.tensor))
 
     @cached_property
     def _memo(self) -> dict:
@@ -185,15 +188,60 @@ class PlanCosts:
         return [(s.first, s.last) for s in self.plan.stages if s.mesh == mesh]
 
     def tail(self, mesh: str) -> tuple[tuple[str, float], ...]:
-        """The end-of-step ops of ``mesh``: (kind, seconds) for the gradient all-reduce and the
-        optimizer step (empty for forward-only workloads)."""
+        """The end-of-step compute-stream ops of ``mesh``: (kind, seconds) for the gradient sync
+        point (``"allreduce"``, 0 s: it only waits for the mesh's gradient buckets,
+        :meth:`grad_buckets`) and the optimizer step (empty for forward-only workloads)."""
         if not self.workload.training:
             return ()
         spec, lay = self.cluster.meshes[mesh], self.plan.layouts[mesh]
-        ar = 0.0 if self.plan.grad_sync == "microbatch" else sum(
-            cm.grad_sync_time(self.workload, a, b, spec, lay) for a, b in self._mesh_layers(mesh))
         opt = sum(cm.optimizer_time(self.workload, a, b, spec, lay) for a, b in self._mesh_layers(mesh))
-        return (("allreduce", ar), ("optimizer", opt))
+        return (("allreduce", 0.0), ("optimizer", opt))
+
+    def last_backward(self, stage: int) -> FragmentRef:
+        """The fragment that finishes stage ``stage``'s weight gradients: the W (split backward)
+        or B of its last microbatch in its rank's order."""
+        kind = "W" if self.plan.schedule.split_backward else "B"
+        rank = self.plan.schedule.stage_rank[stage]
+        return [f for f in self.plan.schedule.order[rank] if f.kind == kind and f.stage == stage][-1]
+
+    def grad_buckets(self, stage: int) -> tuple[tuple[str, str, float, float, float], ...]:
+        """Stage ``stage``'s gradient-sync buckets on its mesh's collective stream, in backward
+        order (last layer first): (name, collective, per-device bytes, seconds, ready fraction).
+        One bucket per layer (:func:`simulator.cost_model.layer_grad_sync`), ready once that
+        fraction of :meth:`last_backward` has run (the backward visits layers last to first; the
+        fraction is the layer-time share of the fragment's duration). Empty for inference, a
+        data degree of 1, fsdp without hsdp, or ``plan.grad_sync == "microbatch"``."""
+        key = ("g", stage)
+        if key in self._memo:
+            return self._memo[key]
+        out: list[tuple[str, str, float, float, float]] = []
+        st = self.plan.stages[stage]
+        if self.workload.training and self.plan.grad_sync != "microbatch":
+            mesh, lay = self.cluster.meshes[st.mesh], self.plan.layouts[st.mesh]
+            ref = self.last_backward(stage)
+            total = self.fragment_time(ref)
+            split = self.plan.schedule.split_backward
+            done = 0.0
+            for i in reversed(range(st.first, st.last)):
+                c = self.workload.layer(i)
+                done += cm.layer_time(c, ref.kind, self.samples, mesh, lay, self.dtype,
+                                      split_backward=split, recompute=self.recompute(st.mesh))
+                x = cm.layer_grad_sync(c, mesh, lay)
+                if x is not None and x[2] > 0:
+                    frac = min(1.0, done / total) if total > 0 else 1.0
+                    tag = "RS" if x[0] == "reduce_scatter" else "AR"
+                    out.append((f"{tag}{stage}.L{i}", x[0], x[1], x[2], frac))
+        self._memo[key] = tuple(out)
+        return self._memo[key]
+
+    def param_gather(self, mesh: str) -> float:
+        """Seconds of ``mesh``'s parameter all-gather after its optimizer step
+        (:func:`simulator.cost_model.param_gather_time`; 0 for inference)."""
+        if not self.workload.training or self.plan.grad_sync == "microbatch":
+            return 0.0
+        spec, lay = self.cluster.meshes[mesh], self.plan.layouts[mesh]
+        return sum(cm.param_gather_time(self.workload, a, b, spec, lay)
+                   for a, b in self._mesh_layers(mesh))
 
     # ------------------------------------------------------------------ memory
     def stage_memory(self, stage: int) -> cm.StageMemory:

@@ -20,7 +20,7 @@ from simulator.engine import SimResult, simulate
 from simulator.knobs import Knobs
 from simulator.lowering import BoundaryCost, FragmentCost, TailOp, lower_schedule
 from simulator.plan_costs import CostError, PlanCosts
-from simulator.program import SimOp, SimProgram, SimTransfer
+from simulator.program import SimCollective, SimOp, SimProgram, SimTransfer
 
 
 def plan_program(plan: Plan, workload: Workload, cluster: Cluster) -> SimProgram:
@@ -49,7 +49,8 @@ def plan_program(plan: Plan, workload: Workload, cluster: Cluster) -> SimProgram
         capacity_bytes={m: costs.capacity(m) for m in meshes},
         peak_flops=costs.peak_flops,
         host_of={m: cluster.meshes[m].host for m in meshes if cluster.meshes[m].host},
-        host_slots=dict(cluster.host_slots))
+        host_slots=dict(cluster.host_slots), grad_buckets=costs.grad_buckets,
+        last_backward=costs.last_backward, param_gather=costs.param_gather)
 
 
 def simulate_plan(plan: Plan, workload: Workload, cluster: Cluster, *,
@@ -118,26 +119,32 @@ def part_workloads(dp: DataParallelPlan, workload: "Workload | Sequence[Workload
     return ws
 
 
-def _merge(programs: Sequence[SimProgram]) -> tuple[list[SimOp], list[SimTransfer], dict, tuple[str, ...]]:
-    """Ops, transfers and orders of ``programs`` (on disjoint meshes) renumbered into one."""
+def _merge(programs: Sequence[SimProgram]
+           ) -> tuple[list[SimOp], list[SimTransfer], dict, tuple[str, ...], list[SimCollective]]:
+    """Ops, transfers, orders and collectives of ``programs`` (on disjoint meshes) renumbered
+    into one."""
     ops: list[SimOp] = []
     trs: list[SimTransfer] = []
+    colls: list[SimCollective] = []
     order: dict[str, list[int]] = {}
     meshes: list[str] = []
     for prog in programs:
-        off, toff = len(ops), len(trs)
+        off, toff, coff = len(ops), len(trs), len(colls)
         for op in prog.ops:
             ops.append(replace(op, id=op.id + off, deps=tuple(d + off for d in op.deps),
-                               inputs=tuple(t + toff for t in op.inputs)))
+                               inputs=tuple(t + toff for t in op.inputs),
+                               waits=tuple(c + coff for c in op.waits)))
         for tr in prog.transfers:
             trs.append(replace(tr, id=tr.id + toff, src_op=tr.src_op + off))
+        for c in prog.collectives:
+            colls.append(replace(c, id=c.id + coff, after_op=c.after_op + off))
         for m in prog.meshes:
             if m in order:
                 raise CostError(f"mesh {m!r} is in two parts of the data-parallel plan; give each "
                                 f"part its own meshes")
             meshes.append(m)
             order[m] = [i + off for i in prog.order.get(m, ())]
-    return ops, trs, order, tuple(meshes)
+    return ops, trs, order, tuple(meshes), colls
 
 
 def _sync_ends(dp: DataParallelPlan) -> tuple[str, str]:
@@ -173,7 +180,7 @@ def data_parallel_program(dp: DataParallelPlan, workload: "Workload | Sequence[W
     """
     ws = part_workloads(dp, workload)
     progs = [plan_program(p, w, cluster) for p, w in zip(dp.parts, ws)]
-    ops, trs, order, meshes = _merge(progs)
+    ops, trs, order, meshes, colls = _merge(progs)
     training = ws[0].training
     if training:
         reduce_ops = [op.id for op in ops if op.kind == "allreduce" and op.stage == -1]
@@ -203,7 +210,8 @@ def data_parallel_program(dp: DataParallelPlan, workload: "Workload | Sequence[W
         transfers=tuple(trs),
         baseline_bytes={m: b for prog in progs for m, b in prog.baseline_bytes.items()},
         capacity_bytes={m: b for prog in progs for m, b in prog.capacity_bytes.items()},
-        peak_flops=peak, host_of=host_of, host_slots=dict(cluster.host_slots))
+        peak_flops=peak, host_of=host_of, host_slots=dict(cluster.host_slots),
+        collectives=tuple(colls))
 
 
 def simulate_data_parallel(dp: DataParallelPlan, workload: "Workload | Sequence[Workload]",

@@ -11,6 +11,12 @@ Conventions:
     - A transfer becomes ready when its ``src_op`` ends.
     - Memory is per device of a mesh: ``baseline_bytes[mesh]`` (parameters, gradients, optimizer
       state) + the ``alloc_bytes`` of every started op - the ``free_bytes`` of every finished op.
+    - Each mesh also has a **collective stream**: its :class:`SimCollective` ops (data-parallel
+      gradient reduce-scatters and all-reduces in buckets, the parameter all-gather after the
+      optimizer) run there one after another, in list order, overlapping its compute. A collective
+      becomes ready once ``after_fraction`` of its ``after_op`` has run (a bucket of gradients is
+      ready part-way through the backward that produces it); ``SimOp.waits`` names collectives
+      an op must wait for (the optimizer waits for its gradients).
     - ``link`` is the name of one contended resource. A full-duplex link whose two directions do
       not contend should be given two names (e.g. ``"a->b"`` and ``"b->a"``).
 """
@@ -22,6 +28,9 @@ from typing import Mapping
 
 OP_KINDS = ("F", "B", "W", "allreduce", "optimizer")
 """Kinds of compute op: forward, backward (input grad, or whole), weight grad, DP all-reduce, optimizer."""
+
+COLLECTIVE_KINDS = ("reduce_scatter", "all_reduce", "all_gather")
+"""Kinds of collective-stream op."""
 
 
 class SimError(ValueError):
@@ -58,6 +67,32 @@ class SimOp:
     alloc_bytes: float = 0.0
     free_bytes: float = 0.0
     flops: float = 0.0
+    waits: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SimCollective:
+    """A collective on its mesh's collective stream.
+
+    Attributes:
+        id: index into ``SimProgram.collectives``.
+        name: display name, e.g. ``"RS3.L12"`` (stage 3's gradient bucket of layer 12).
+        kind: one of :data:`COLLECTIVE_KINDS`.
+        mesh: the mesh whose collective stream runs it.
+        after_op: the op whose progress releases it.
+        after_fraction: it is ready once this fraction (0..1) of ``after_op``'s duration has run.
+        duration_s: time on the stream, s.
+        bytes: per-device buffer bytes (the collective's input; the output for an all-gather).
+    """
+
+    id: int
+    name: str
+    kind: str
+    mesh: str
+    after_op: int
+    after_fraction: float
+    duration_s: float
+    bytes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +147,7 @@ class SimProgram:
     peak_flops: float = 0.0
     host_of: Mapping[str, str] = field(default_factory=dict)
     host_slots: Mapping[str, int] = field(default_factory=dict)
+    collectives: tuple[SimCollective, ...] = ()
 
     def __post_init__(self) -> None:
         meshes = set(self.meshes)
@@ -136,6 +172,25 @@ class SimProgram:
             for t in op.inputs:
                 if not 0 <= t < nt:
                     raise SimError(f"op {op.name!r} takes input transfer {t}, which does not exist")
+            for c in op.waits:
+                if not 0 <= c < len(self.collectives):
+                    raise SimError(f"op {op.name!r} waits for collective {c}, which does not exist")
+        for i, c in enumerate(self.collectives):
+            if c.id != i:
+                raise SimError(f"collective {c.name!r} has id {c.id} at position {i}; "
+                               f"ids must equal positions")
+            if c.kind not in COLLECTIVE_KINDS:
+                raise SimError(f"collective {c.name!r} has kind {c.kind!r}; use one of "
+                               f"{COLLECTIVE_KINDS}")
+            if c.mesh not in meshes:
+                raise SimError(f"collective {c.name!r} runs on unknown mesh {c.mesh!r}")
+            if not 0 <= c.after_op < n:
+                raise SimError(f"collective {c.name!r} follows op {c.after_op}, which is not an op id")
+            if not 0.0 <= c.after_fraction <= 1.0:
+                raise SimError(f"collective {c.name!r}: after_fraction {c.after_fraction!r} must be "
+                               f"in [0, 1]")
+            if not c.duration_s >= 0 or not c.bytes >= 0:
+                raise SimError(f"collective {c.name!r}: bytes and duration_s must be >= 0")
         for i, tr in enumerate(self.transfers):
             if tr.id != i:
                 raise SimError(f"transfer {tr.name!r} has id {tr.id} at position {i}; "

@@ -28,6 +28,9 @@ class ModelConfig:
         hidden: model width h (the visual stream's width for Mochi).
         heads / kv_heads: query heads and key/value heads (GQA when fewer).
         ffn: MLP hidden width (the SwiGLU inner width for Llama / Mochi, 4h for GPT).
+        head_size: width of one attention head; 0 (the default) means ``hidden / heads``. Set it
+            when the head width is independent of the model width (MaxText's synthetic models:
+            ``head_dim`` 128 at any ``emb_dim``).
         vocab: vocabulary size (0 for Mochi, which has no token embedding).
         seq_len: tokens per sample (Mochi: visual + text tokens of the joint attention).
         training: True for a training model (``forward_loss``), False for inference (``forward``).
@@ -77,10 +80,12 @@ class ModelConfig:
     patch_size: int = 0
     sampling_steps: int = 0
     cfg_passes: int = 0
+    head_size: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        """Width of one attention head: ``head_size`` when set, else ``hidden // heads``."""
+        return self.head_size or self.hidden // self.heads
 
     @property
     def jnp_dtype(self):
