@@ -82,10 +82,16 @@ class _Efficiencies(_Strict):
     elementwise_traffic: _Fraction | None = None
 
 
+class _TorusDims(_Strict):
+    value: int = Field(ge=1, le=3)
+    source: str = Field(min_length=1)
+
+
 class _ScaleUp(_Strict):
     bandwidth_gb_per_s_per_direction: _Figure
     latency_us: _Latency
     topology: str = ""
+    torus_dimensions: _TorusDims | None = None
 
 
 class _ScaleOut(_Strict):

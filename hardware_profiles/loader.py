@@ -186,6 +186,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
         sources["elementwise_traffic"] = f.efficiency.elementwise_traffic.origin
     if f.scale_up.topology:
         sources["scale_up_topology"] = f.scale_up.topology
+    if f.scale_up.torus_dimensions is not None:
+        sources["torus_dims"] = f.scale_up.torus_dimensions.source
     price = None
     if f.price_usd_per_device_hour is not None:
         price = (f.price_usd_per_device_hour.low, f.price_usd_per_device_hour.high)
@@ -199,6 +201,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
         memory_bandwidth=f.memory_bandwidth_gb_per_s.value * GB,
         scale_up_bandwidth=f.scale_up.bandwidth_gb_per_s_per_direction.value * GB,
         scale_up_latency=f.scale_up.latency_us.value * US,
+        torus_dims=f.scale_up.torus_dimensions.value if f.scale_up.torus_dimensions else 0,
         scale_out_bandwidth=f.scale_out.bandwidth_gbit_per_s_per_direction.value * GBIT,
         tdp_watts=f.tdp_w.value,
         price_per_hour=price,

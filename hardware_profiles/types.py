@@ -53,6 +53,9 @@ class DeviceProfile:
             (``LayerCost.*_other_bytes_per_sample``) that the device's software stack still moves,
             charged as memory-bound time after the roofline (kernels run one after another);
             0 (the default) charges none, i.e. assumes every elementwise op fused into a matmul.
+        torus_dims: dimensions of the scale-up fabric's torus (TPU ICI: 2 on v5e / v6e, 3 on v4
+            / v5p), 0 for a switched fabric (NVSwitch). ``scale_up_bandwidth`` is then the
+            chip's total over all its torus ports, per direction.
         sources: field name -> citation for every published figure and the origin of every
             efficiency factor.
         alternatives: figures from other sources that disagree with the ones used.
@@ -77,6 +80,7 @@ class DeviceProfile:
     backward_efficiency: float = 1.0
     roofline: str = "max"
     elementwise_traffic: float = 0.0
+    torus_dims: int = 0
 
     def achievable_flops(self, dtype: str = "bf16") -> float:
         """Achievable matmul FLOP/s for ``dtype`` (peak x matmul_efficiency).
@@ -102,6 +106,29 @@ class Link:
     bandwidth: float
     latency: float
     source: str = ""
+
+
+def torus_shape(devices: int, dims: int) -> tuple[int, ...]:
+    """The axis sizes of a ``dims``-dimensional torus of ``devices`` chips, innermost first, as
+    even as powers of two allow (16x16 for 256 chips in 2D; 4x4x4 for 64 and 4x4x8 for 128 in
+    3D, as Google's v5p slice shapes are); ``(devices,)`` when ``devices`` is not a power of two."""
+    if devices < 1 or devices & (devices - 1):
+        return (devices,)
+    bits = devices.bit_length() - 1
+    base, extra = divmod(bits, dims)
+    return tuple(2 ** (base + (k >= dims - extra)) for k in range(dims))
+
+
+def torus_axes_spanned(devices: int, dims: int, group: int, stride: int = 1) -> int:
+    """How many axes of the ``dims``-D torus of ``devices`` chips (:func:`torus_shape`) a group
+    of ``group`` chips spaced ``stride`` apart in row-major order (innermost axis first) spans."""
+    used, below = 0, 1
+    for a in torus_shape(devices, dims):
+        above = below * a
+        if stride < above and stride * group > below:
+            used += 1
+        below = above
+    return used
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,9 +168,22 @@ class MeshSpec:
         collective sees ``k`` x the per-device scale-out bandwidth, capped by the intra-node link
         (NCCL's multi-ring all-reduce; NVIDIA, "NCCL: Optimized primitives for collective
         multi-GPU communication", 2017 talk; Narayanan et al. 2021, sec. 4).
+
+        On a torus fabric (``device.torus_dims`` > 0, TPU ICI) a group inside one node (a
+        slice) runs bidirectional rings along the torus axes it spans, so it gets that share of
+        the chip's ports: ``intra_link`` bandwidth x axes spanned / torus dimensions
+        (:func:`torus_axes_spanned`; jax-ml/scaling-book, "How to think about TPUs": collectives
+        over ``k`` axes of a torus use ``2k`` of the chip's links).
         """
+        node = self.devices_per_node or self.num_devices
         if (self.devices_per_node is None or self.scale_out_link is None
                 or group * stride <= self.devices_per_node):
+            dims = self.device.torus_dims
+            if dims and group > 1:
+                used = torus_axes_spanned(node, dims, group, stride)
+                if used:
+                    ln = self.intra_link
+                    return Link(ln.bandwidth * used / dims, ln.latency, ln.source)
             return self.intra_link
         per_node = max(1, min(group, self.devices_per_node // max(1, stride)))
         so = self.scale_out_link

@@ -31,7 +31,7 @@ def fake_workload(row: V.Row) -> Workload:
 
 def _row(**kw) -> V.Row:
     base = dict(source="zb", model="1.5B", layers=22, hidden=2304, heads=24, seq_len=1024,
-                vocab=51200, device="a100-80gb-sxm", gpus=8, tp=1, pp=8, dp=1, global_batch=144,
+                vocab=None, device="a100-80gb-sxm", gpus=8, tp=1, pp=8, dp=1, global_batch=144,
                 micro_batch=6, microbatches=24, schedule="1f1b", metric="samples_per_gpu_s",
                 value=11.8)
     base.update(kw)
@@ -40,9 +40,16 @@ def _row(**kw) -> V.Row:
 
 def test_csv_rows_load():
     rows = V.load_rows(CSV)
-    assert len(rows) == 31
-    assert {r.source for r in rows} == {"zb", "korthikanti", "narayanan"}
-    assert rows[0].vocab == 51200 and rows[-1].micro_batch is None and rows[-1].schedule is None
+    assert len(rows) == 54
+    assert {r.device for r in rows} == {"a100-80gb-sxm", "h100-sxm", "tpu-v5e", "tpu-v5p"}
+    assert rows[0].vocab is None and rows[0].devices_per_node == 8 and rows[0].glu is None
+    tt = [r for r in rows if r.metric == "tokens_per_gpu_s" and r.device == "h100-sxm"]
+    assert len(tt) == 2 and tt[0].kv_heads == 8 and tt[0].glu and tt[0].fsdp
+    assert tt[0].scale_out_gbit_per_device == 400.0 and tt[0].recompute == "selective"
+    v5p = [r for r in rows if r.device == "tpu-v5p"]
+    # MaxText counts its per-device batch over every chip: 6 per chip x 4-way tensor parallel
+    assert v5p[0].micro_batch == 24 and v5p[0].micro_batch * v5p[0].dp == v5p[0].global_batch
+    assert {r.head_dim for r in v5p} == {128} and v5p[1].slices == 2
 
 
 def test_row_builds_expected_1f1b_plan():
@@ -56,6 +63,8 @@ def test_row_builds_expected_1f1b_plan():
     assert p.stages[0].first == 0 and p.stages[-1].last == 24
     assert all(l.data == 1 and l.tensor == 1 for l in p.layouts.values())
     assert not any(p.recompute.values()) and s.recompute == "none"
+    # each blank field is filled by its one rule, and the rule is printed
+    assert "vocab: " + V.RULES["vocab"] in s.assumptions and "recompute: none" in s.assumptions
 
 
 def test_row_builds_interleaved_and_zb_plans():
@@ -78,7 +87,7 @@ def test_row_builds_interleaved_and_zb_plans():
 def test_narayanan_row_choices_and_layouts():
     r = _row(source="narayanan", model="145.6B", layers=80, hidden=12288, heads=96, seq_len=2048,
              gpus=1536, tp=8, pp=8, dp=24, global_batch=2304, micro_batch=None, microbatches=None,
-             schedule=None, metric="tflops_per_gpu", value=148)
+             schedule=None, metric="tflops_per_gpu", value=148, recompute="full")
     s = V.row_setup(r, fake_workload)
     assert s.micro_batch == 1 and s.microbatches == 96 and s.schedule == "interleaved-1f1b"
     assert s.virtual_stages == 2 and s.recompute == "full" and all(s.plan.recompute.values())
@@ -93,12 +102,39 @@ def test_narayanan_row_choices_and_layouts():
     assert c.link_between("stage0", "stage1").link.bandwidth == pytest.approx(25e9 * 192)
 
 
-def test_zb_cluster_links_follow_nodes():
-    c = V.build_cluster(_row(model="14.6B", gpus=16, pp=16), load_device("a100-80gb-sxm"))
+def test_cluster_links_follow_nodes_and_the_rows_network():
+    dev = load_device("a100-80gb-sxm")
+    c = V.build_cluster(_row(model="14.6B", gpus=16, pp=16), dev)
     nv = c.link_between("stage0", "stage1").link.bandwidth
     ib = c.link_between("stage7", "stage8").link.bandwidth
-    assert nv == pytest.approx(300e9) and ib == pytest.approx(12.5e9)   # RoCE: 100 Gb/s per GPU
+    assert nv == pytest.approx(300e9) and ib == pytest.approx(25e9)     # blank: the profile's NIC
     assert c.meshes["stage3"].scale_out_link is None
+    c = V.build_cluster(_row(model="14.6B", gpus=16, pp=16, scale_out_gbit_per_device=100.0), dev)
+    assert c.link_between("stage7", "stage8").link.bandwidth == pytest.approx(12.5e9)
+    c = V.build_cluster(_row(model="14.6B", gpus=16, pp=16, devices_per_node=4), dev)
+    assert c.link_between("stage3", "stage4").link.bandwidth == pytest.approx(25e9)
+    assert c.link_between("stage4", "stage5").link.bandwidth == pytest.approx(300e9)
+
+
+def test_interleaving_rule_reads_layers_per_rank_not_the_source():
+    few = V.row_setup(_row(source="anything", schedule="1f1b-interleaved"), fake_workload)
+    assert few.virtual_stages == 3                      # 22 layers / 8 ranks: one layer per chunk
+    many = V.row_setup(_row(source="zb", layers=80, schedule="1f1b-interleaved", pp=8),
+                       fake_workload)
+    assert many.virtual_stages == 2                     # 10 per rank: Megatron's 2 chunks
+
+
+def test_fsdp_rows_get_fsdp_and_hybrid_sharding_across_slices():
+    r = _row(source="x", layers=4, tp=1, pp=1, dp=1024, gpus=1024, global_batch=2048,
+             micro_batch=2, microbatches=1, schedule=None, fsdp=True, slices=4,
+             device="tpu-v5e", metric="tflops_per_device", value=100.0)
+    assert V.row_layout(r) == Layout(1024, 1, fsdp=True, hsdp=4) and r.node_size == 256
+    s = V.row_setup(r, fake_workload)
+    assert set(s.plan.layouts.values()) == {Layout(1024, 1, fsdp=True, hsdp=4)}
+    assert "hybrid sharding: fsdp within each of 4 slices" in s.assumptions
+    c = V.build_cluster(r, load_device("tpu-v5e"))
+    m = c.meshes["stage0"]
+    assert m.devices_per_node == 256 and m.scale_out_link.bandwidth == pytest.approx(25e9 / 8)
 
 
 def test_selective_recompute_adds_attention_core():
@@ -108,6 +144,26 @@ def test_selective_recompute_adds_attention_core():
     assert ws.costs["decoder_block"].bwd_flops_per_sample == 2e11 + extra
     assert ws.costs["decoder_block"].bwd_input_flops_per_sample == 1e11 + extra
     assert ws.costs["head"] == w.costs["head"]
+
+
+def test_maxtext_and_palm_flop_counts_exact():
+    r = _row(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32, ffn=256, glu=True, vocab=100,
+             seq_len=16, global_batch=3, gpus=2, tp=1, pp=1, dp=2, micro_batch=None,
+             microbatches=None, metric="tflops_per_device")
+    weights = 64 * 256 * 3 + 64 * (4 + 2 * 2) * 32 + 4 * 32 * 64
+    want = 3.0 * 3 * 16 * (2 * (weights * 2 + 64 * 100) + 4 * 16 * 4 * 32 * 2)
+    assert V.maxtext_flops(r) == want
+    assert V.metric_from_step(r, 2.0) == pytest.approx(want / 2.0 / 2 / 1e12, rel=1e-15)
+    palm = (6.0 * (weights * 2 + 64 * 100) + 12.0 * 2 * 4 * 32 * 16) * 3 * 16
+    assert V.palm_flops(r) == palm
+    m = _row(**{**{k: getattr(r, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim",
+                                             "ffn", "glu", "vocab", "seq_len", "global_batch",
+                                             "gpus", "tp", "pp", "dp")}, "metric": "mfu"})
+    assert V.metric_from_step(m, 2.0, 1e12) == pytest.approx(palm / 2.0 / (2 * 1e12), rel=1e-15)
+    t = _row(metric="tokens_per_gpu_s")
+    assert V.metric_from_step(t, 2.0) == 144 * 1024 / 2.0 / 8
+    with pytest.raises(V.ValidationError, match="peak"):
+        V.metric_from_step(m, 2.0)
 
 
 def test_metric_conversions_exact():
@@ -145,12 +201,29 @@ def test_small_rows_simulate_and_predict_agree():
         assert a > 0 and math.isclose(a, b, rel_tol=0.01)
 
 
+GOOD = "zb,1.5B,22,2304,24,1024,,a100-80gb-sxm,8,1,8,1,144,6,24,1f1b,samples_per_gpu_s,11,,,,,,,,8,,"
+
+
+@pytest.mark.parametrize("row, match", [
+    (GOOD.replace(",8,1,8,1,144", ",8,1,4,1,144"), r"row 2: tp\*pp\*dp = 4 != gpus=8"),
+    (GOOD.replace("a100-80gb-sxm", "a100-40gb"), r"row 2: device 'a100-40gb' is not a known profile"),
+    (GOOD.replace("samples_per_gpu_s", "hfu"), r"row 2: metric 'hfu' unknown"),
+    (GOOD.replace(",144,6,24,", ",145,6,24,"), r"row 2: global_batch 145 is not micro_batch x"),
+    (GOOD.replace(",,,,,,,,8,,", ",,,,,,maybe,,8,,"), r"row 2: recompute 'maybe' unknown"),
+    (GOOD.replace(",,,,,,,,8,,", ",,,,2,,,,8,,"), r"row 2: glu='2' is not 0 or 1"),
+])
+def test_bad_rows_raise_one_line(tmp_path, row, match):
+    p = tmp_path / "x.csv"
+    p.write_text(CSV.read_text().splitlines()[0] + "\n" + row + "\n")
+    with pytest.raises(V.ValidationError, match=match) as e:
+        V.load_rows(p)
+    assert "\n" not in str(e.value) and "fix" in str(e.value)
+
+
 def test_bad_rows_raise(tmp_path):
     p = tmp_path / "x.csv"
-    p.write_text(CSV.read_text().splitlines()[0] + "\n"
-                 "zb,1.5B,22,2304,24,1024,,a100-80gb-sxm,8,1,4,1,144,6,24,1f1b,samples_per_gpu_s,11\n")
-    with pytest.raises(V.ValidationError, match="tp\\*pp\\*dp"):
-        V.load_rows(p)
+    p.write_text(CSV.read_text().splitlines()[0] + "\n" + GOOD + "\n")
+    assert len(V.load_rows(p)) == 1
     with pytest.raises(V.ValidationError, match="microbatches"):
         V.row_setup(_row(microbatches=25), fake_workload)
 
