@@ -3,6 +3,13 @@
 Leaf package: imports no other project package.
 """
 
+from hardware_profiles.calibration import (
+    PRIOR_UNCERTAINTY,
+    calibration_origin,
+    calibration_status,
+    calibration_summary,
+    is_calibrated,
+)
 from hardware_profiles.carve import GroupShape, carve, default_shapes, shapes_from_json
 from hardware_profiles.collectives import (
     ALGORITHMS,
@@ -48,14 +55,19 @@ __all__ = [
     "Link",
     "MeshSpec",
     "NodeGroup",
+    "PRIOR_UNCERTAINTY",
     "ProfileError",
     "all_gather",
     "all_reduce",
     "all_to_all",
     "bundled_clusters",
+    "calibration_origin",
+    "calibration_status",
+    "calibration_summary",
     "carve",
     "collective_time",
     "default_shapes",
+    "is_calibrated",
     "known_device_ids",
     "list_devices",
     "load_cluster",

@@ -1,18 +1,21 @@
 """A printable table of every bundled device profile (for ``mpmd profiles``).
 
 Figures are shown in human units (TFLOP/s, GB, GB/s, W, USD per hour) converted back from the SI values
-of the loaded profiles; the sources are in the YAML files and in ``DeviceProfile.sources``.
+of the loaded profiles; the sources are in the YAML files and in ``DeviceProfile.sources``. The
+"efficiency" column says whether the efficiencies were fitted to measured runs ("calibrated") or
+are a "prior" (:func:`hardware_profiles.calibration.calibration_status`).
 """
 
 from __future__ import annotations
 
 from rich.table import Table
 
+from hardware_profiles.calibration import calibration_status
 from hardware_profiles.loader import list_devices
 from hardware_profiles.types import DeviceProfile
 
 COLUMNS = ("id", "vendor", "bf16 TFLOP/s", "memory GB", "mem BW GB/s", "scale-up GB/s/dir",
-           "TDP W", "price $/device-h", "matmul eff")
+           "TDP W", "price $/device-h", "matmul eff", "efficiency")
 
 
 def _fmt(x: float, digits: int = 0) -> str:
@@ -35,6 +38,7 @@ def _row(d: DeviceProfile) -> tuple[str, ...]:
         _fmt(d.tdp_watts),
         price,
         f"{d.matmul_efficiency:.2f}",
+        calibration_status(d),
     )
 
 
@@ -47,14 +51,17 @@ def profiles_table(devices: list[DeviceProfile] | None = None) -> Table:
     """A ``rich.table.Table`` listing every bundled device (or ``devices``).
 
     Columns: id, vendor, dense bf16 TFLOP/s, memory GB (1e9 B), memory bandwidth GB/s, scale-up GB/s per
-    direction, TDP W, price range USD per device-hour, matmul efficiency.
+    direction, TDP W, price range USD per device-hour, matmul efficiency, and whether the
+    efficiencies are "calibrated" (fitted to measured runs) or a "prior".
 
     Raises:
         ProfileError: a bundled profile is invalid.
     """
     table = Table(title="Device profiles (dense peaks; sources in hardware_profiles/devices/*.yaml)")
     for i, col in enumerate(COLUMNS):
-        table.add_column(col, justify="left" if i < 2 else "right", no_wrap=i == 0)
+        # a header's unit on its own line and no cell wrapped: the table fits 120 columns
+        table.add_column("\n".join(col.rsplit(" ", 1)), no_wrap=True,
+                         justify="left" if i < 2 or col == "efficiency" else "right")
     for row in profiles_rows(devices):
         table.add_row(*row)
     return table

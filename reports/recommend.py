@@ -94,7 +94,7 @@ def _training(df: pd.DataFrame) -> str:
     named = win.option if win.option == win.devices else f"{win.option} ({win.devices})"
     text = (f"Cheapest option that {what}: {named}. It trains {ttok} in "
             f"{win.time_to_train_days:.1f} days ({win.time_to_train_days_best:.1f}-"
-            f"{win.time_to_train_days_worst:.1f} across the disagreeing device figures) for "
+            f"{win.time_to_train_days_worst:.1f} across the disagreeing device figures and the prior profiles' +/-20%) for "
             f"{_mrange(win.cost_to_train_usd_low, win.cost_to_train_usd_high)} "
             f"(low-high price; {_mrange(win.cost_to_train_usd_best, win.cost_to_train_usd_worst)}"
             f" with figure uncertainty too), using "

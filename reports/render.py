@@ -3,6 +3,8 @@
 The HTML references nothing outside itself (no scripts, stylesheets, fonts or images by URL); the
 CSV holds every numeric column of :func:`reports.whatif` (SI units, USD); the Markdown holds the
 same summary table as the HTML plus the recommendation and the sources of every figure used.
+Both say, per device kind, whether its profile is calibrated or a prior (``df.attrs["profiles"]``)
+and list the re-predictions that widen each option's best/worst range.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from hardware_profiles.calibration import PRIOR_UNCERTAINTY
 from reports import plots
 from reports.errors import ReportError
 
@@ -166,14 +169,31 @@ def to_markdown(df: pd.DataFrame) -> str:
     alts = [(r["option"], r["alternatives"]) for r in df.to_dict("records")
             if r["feasible"] and r.get("alternatives")]
     if alts:
-        lines += ["", "## Disagreeing device figures (same plan re-predicted)", ""]
+        lines += ["", "## Disagreeing device figures and prior efficiencies (same plan re-predicted)",
+                  ""]
         lines += [f"- **{_md_escape(o)}**: {_md_escape(a)}" for o, a in alts]
+    profiles = df.attrs.get("profiles", [])
+    if profiles:
+        lines += ["", "## Device profiles: calibrated or prior", "", PROFILES_NOTE, "",
+                  "| Device | Efficiencies | Origin |", "|---|---|---|"]
+        lines += [f"| {p['device']} | {p['status']} | {_md_escape(p['origin'])} |" for p in profiles]
     lines += ["", "## Prices and efficiencies used", "", "| Device | Figure | Value | Source |",
               "|---|---|---|---|"]
     for f in df.attrs.get("figures", []):
         lines.append(f"| {f['device']} | {f['figure']} | {_md_escape(f['value'])} | "
                      f"{_md_escape(f['source'])} |")
     return "\n".join(lines) + "\n"
+
+
+PROFILES_NOTE = (
+    "A calibrated profile's efficiencies were fitted to measured runs (`mpmd validate --fit`, "
+    "`mpmd calibrate`); a prior's were set from published figures and never checked against a "
+    "measured training step. Before calibration the H100 prior predicted published runs 7-31% "
+    "too fast (mean 20%), so every option on a prior profile has its best/worst range widened by "
+    "re-predicting the same plan with that device's matmul efficiency "
+    f"+/-{PRIOR_UNCERTAINTY:.0%} (capped at 1).")
+"""The explanation above the Markdown and HTML table of profiles (source of the 20%:
+:data:`hardware_profiles.calibration.PRIOR_UNCERTAINTY`)."""
 
 
 def _context(df: pd.DataFrame) -> str:
@@ -190,7 +210,8 @@ def _context(df: pd.DataFrame) -> str:
     s += (f" Each option planned with a {a.get('time_limit_s', 0):g} s planner budget (unless the "
           f"option sets its own) and replayed in the discrete-event simulator; rates use the "
           f"simulated step time. Ranking uses the LOW price; ranges show low-high price and "
-          f"[best-worst] adds the device profiles' disagreeing figures.")
+          f"[best-worst] adds the device profiles' disagreeing figures and, for prior (never "
+          f"calibrated) profiles, matmul efficiency +/-{PRIOR_UNCERTAINTY:.0%}.")
     sw = a.get("sweep")
     if sw:
         s += (f" Budget sweep: clusters within ${sw['budget_usd_per_hour']:g}/h at the low price, at "
@@ -265,14 +286,23 @@ def to_html(df: pd.DataFrame) -> str:
                 f"simulated step {r['step_time_s']:.3f} s (planner predicted "
                 f"{r['predicted_step_time_s']:.3f} s); solver {e(str(r['solver_status']))}, "
                 f"gap {_f(100 * r['solver_gap'], '{:.1f}%')}, planning took {r['plan_wall_s']:.1f} s")
+        if r.get("profiles"):
+            info += f"<br><i>Profiles:</i> {e(r['profiles'])}"
         if r.get("alternatives"):
-            info += f"<br><i>Disagreeing figures:</i> {e(r['alternatives'])}"
+            info += f"<br><i>Disagreeing figures and prior efficiencies:</i> {e(r['alternatives'])}"
         if r.get("sim_errors"):
             info += f"<br><i>Simulator memory warnings:</i> {e(r['sim_errors'])}"
         if r.get("note"):
             info += f"<br><i>Note:</i> {e(r['note'])}"
         parts.append(f"<div class='opt'>{_img(plots.timeline_thumbnail(p, r['sim']), 'timeline of ' + r['option'], 'thumb')}"
                      f"<div>{info}</div></div>")
+    profiles = df.attrs.get("profiles", [])
+    if profiles:
+        parts.append(f"<h2>Device profiles: calibrated or prior</h2><p class='ctx'>{e(PROFILES_NOTE)}"
+                     "</p><table><tr><th>Device</th><th>Efficiencies</th><th>Origin</th></tr>")
+        parts += [f"<tr><td>{e(p['device'])}</td><td>{e(p['status'])}</td>"
+                  f"<td class='src'>{e(p['origin'])}</td></tr>" for p in profiles]
+        parts.append("</table>")
     parts.append("<h2>Prices, power and efficiencies used (with sources)</h2><table>"
                  "<tr><th>Device</th><th>Figure</th><th>Value</th><th>Source</th></tr>")
     for f in df.attrs.get("figures", []):

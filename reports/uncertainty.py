@@ -7,6 +7,12 @@ capacity and bandwidth, scale-up bandwidth and latency) the SAME plan is re-pred
 figure swapped in (:func:`planner.predict.predict`, exact schedule replay): step time moves, or
 the plan stops fitting memory. The plan is not re-searched; a plan that no longer fits is reported
 as such ("re-plan needed"), not silently replaced.
+
+A device whose profile is a prior (never fitted to a measured run:
+:func:`hardware_profiles.calibration.calibration_status`) adds two more outcomes: the same plan
+with that device's matmul efficiency scaled by (1 - u) and (1 + u), capped at 1.0, u =
+:data:`hardware_profiles.calibration.PRIOR_UNCERTAINTY` (0.20, the H100 prior's error against
+published runs before calibration). A calibrated profile adds none.
 """
 
 from __future__ import annotations
@@ -14,12 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from compiler.ir import DataParallelPlan, Plan, Workload
+from hardware_profiles.calibration import PRIOR_UNCERTAINTY, is_calibrated
 from hardware_profiles.types import Alternative, Cluster, DeviceProfile, Link, MeshSpec
 from planner.predict import predict
 from simulator import cost_model as cm
 
 PERF_FIELDS = ("memory_bytes", "memory_bandwidth", "scale_up_bandwidth", "scale_up_latency")
 """Profile fields (besides the compute dtype's ``peak_flops``) whose alternatives can move a plan."""
+PRIOR_FIELD = f"matmul_efficiency (prior, +/-{PRIOR_UNCERTAINTY:.0%})"
+"""``AltOutcome.field`` of the outcomes that widen a prior profile's range."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +71,22 @@ class AltOutcome:
         else:
             effect = f"step time {(self.step_time_s / self.base_step_time_s - 1) * 100:+.1f}%"
         return f"{self.device} {what} = {val} ({self.source}): {effect}"
+
+
+def prior_alternatives(dev: DeviceProfile) -> list[Alternative]:
+    """For a prior (uncalibrated) profile, its matmul efficiency scaled by (1 - PRIOR_UNCERTAINTY)
+    and (1 + PRIOR_UNCERTAINTY), capped at 1.0 (a value equal to the profile's own is left out);
+    none for a calibrated profile."""
+    if is_calibrated(dev):
+        return []
+    eff, out = dev.matmul_efficiency, []
+    for factor in (1 - PRIOR_UNCERTAINTY, 1 + PRIOR_UNCERTAINTY):
+        value = min(1.0, eff * factor)
+        if value != eff:
+            capped = ", capped at 1" if value < eff * factor else ""
+            out.append(Alternative("matmul_efficiency", value,
+                                   f"never fitted: {eff:g} x {factor:g}{capped}"))
+    return out
 
 
 def _swap(dev: DeviceProfile, alt: Alternative) -> DeviceProfile:
@@ -110,9 +135,11 @@ def _step_and_fit(plan: "Plan | DataParallelPlan", workload: Workload, cluster: 
 
 def alternatives_outcomes(plan: "Plan | DataParallelPlan", workload: Workload, cluster: Cluster, *,
                           headroom: float = 0.1) -> list[AltOutcome]:
-    """Re-predict ``plan`` once per relevant alternative of the devices it uses. ``cluster`` is the
-    one the plan runs on (:func:`simulator.plan_sim.plan_cluster`); ``workload`` the whole step's
-    (a data-parallel plan's parts take their batch shares of it).
+    """Re-predict ``plan`` once per relevant alternative of the devices it uses, and twice more per
+    device whose profile is a prior (:func:`prior_alternatives`, reported with field
+    :data:`PRIOR_FIELD`). ``cluster`` is the one the plan runs on
+    (:func:`simulator.plan_sim.plan_cluster`); ``workload`` the whole step's (a data-parallel
+    plan's parts take their batch shares of it).
 
     Raises:
         simulator.plan_costs.CostError: the plan does not match the workload or cluster.
@@ -124,7 +151,9 @@ def alternatives_outcomes(plan: "Plan | DataParallelPlan", workload: Workload, c
     devices = {cluster.meshes[m].device.name: cluster.meshes[m].device for m in plan_meshes(plan)}
     out = []
     for name, dev in devices.items():
-        for alt in relevant(dev, dtype):
+        tried = [(a.field, a) for a in relevant(dev, dtype)]
+        tried += [(PRIOR_FIELD, a) for a in prior_alternatives(dev)]
+        for field, alt in tried:
             step, fits = _step_and_fit(plan, workload, _swap_cluster(cluster, name, alt), headroom)
-            out.append(AltOutcome(name, alt.field, alt.value, alt.source, step, base, fits))
+            out.append(AltOutcome(name, field, alt.value, alt.source, step, base, fits))
     return out

@@ -15,7 +15,11 @@ Formulas (all from the simulated step time ``T`` s, prices ``P`` USD per hour, p
   fleet meeting a demand of D videos/h needs ceil(D / videos/h) copies of the option.
 
 Ranges: ``*_low``/``*_high`` use the low/high price at the nominal throughput; ``*_best``/``*_worst``
-also move throughput over the device profiles' disagreeing figures (:mod:`reports.uncertainty`).
+also move throughput over the device profiles' disagreeing figures and, for a prior (never
+calibrated) profile, its matmul efficiency +/-20% (:mod:`reports.uncertainty`). Each row's
+``profiles`` says per device kind whether its profile is calibrated or a prior; ``df.attrs["profiles"]``
+lists every device kind of the report with its status and origin
+(:mod:`hardware_profiles.calibration`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pandas as pd
 from compiler.costing import workload as make_workload
 from compiler.ir import DataParallelPlan
 from compiler.zoo import get_config
+from hardware_profiles.calibration import calibration_origin, calibration_status
 from planner import PlanOptions
 from planner import plan as run_plan
 from planner.errors import PlannerError
@@ -130,9 +135,23 @@ def _devices(cluster) -> str:
     return " + ".join(f"{n} {d}" for d, n in count.items())
 
 
+def profile_rows(clusters: Iterable[Any]) -> list[dict[str, str]]:
+    """Every device kind of ``clusters`` (first-seen order) as ``{"device", "status", "origin"}``:
+    "calibrated" or "prior" and where its matmul efficiency came from
+    (:func:`hardware_profiles.calibration.calibration_origin`)."""
+    seen: dict[str, dict[str, str]] = {}
+    for c in clusters:
+        for m in c.meshes.values():
+            d = m.device
+            seen.setdefault(d.name, {"device": d.name, "status": calibration_status(d),
+                                     "origin": calibration_origin(d)})
+    return list(seen.values())
+
+
 def _base_row(opt: Option, prices: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
     lo, hi, _ = cluster_price(opt.cluster, prices)
     return {"option": opt.label, "cluster": opt.cluster.name, "devices": _devices(opt.cluster),
+            "profiles": "; ".join(f"{r['device']} {r['status']}" for r in profile_rows([opt.cluster])),
             "num_devices": opt.cluster.num_devices, "feasible": False, "reason": "",
             "usd_per_hour_low": lo, "usd_per_hour_high": hi,
             "power_kw": cluster_power_watts(opt.cluster) / 1e3, "note": opt.note,
@@ -239,9 +258,11 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
         :class:`~simulator.engine.SimResult` (None when infeasible). ``shape`` is the chosen shape
         in one line (:func:`shape_summary`: carved meshes, replicas, batch shares), ``pipelines``
         the number of data-parallel pipelines (1 for one pipeline), ``carved`` whether the plan
-        carved node groups into meshes.
+        carved node groups into meshes. ``profiles`` says per device kind whether its profile is
+        calibrated or a prior (a prior widens the best/worst range, :mod:`reports.uncertainty`).
         ``df.attrs`` holds the run's context: model, kind, workload, prices and their sources,
-        Pareto frontier, recommendation, sweep summary.
+        the device profiles' calibration (:func:`profile_rows`), Pareto frontier,
+        recommendation, sweep summary.
 
     Raises:
         ReportError: no options, a bad option, sweep spec or price.
@@ -302,6 +323,7 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
         "time_limit_s": default_tl, "headroom": HEADROOM,
         "price_overrides": {k: list(v) for k, v in price_map.items()},
         "figures": figure_rows(clusters, price_map),
+        "profiles": profile_rows(clusters),
         "sweep": None if sweep_res is None else {
             "budget_usd_per_hour": sweep_res.spec.budget_usd_per_hour,
             "kept": len(sweep_res.kept), "over_budget": sweep_res.over_budget,

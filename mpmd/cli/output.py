@@ -209,6 +209,19 @@ def _mean(d: Any) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def profiles_line(plan: Any, cluster: Any) -> str:
+    """One line saying, per device kind the plan uses (pipeline order), whether its profile is
+    calibrated or a prior, e.g. ``"profiles: a100-80gb-sxm calibrated (fitted by `mpmd validate
+    --fit` on 31 rows, MAPE 5.2%); blackhole-p150b prior (never fitted: predictions may be off by
+    +/-20%)"`` (:func:`hardware_profiles.calibration.calibration_summary`). ``cluster`` is the one
+    the plan runs on (:func:`simulator.plan_sim.plan_cluster`)."""
+    from hardware_profiles.calibration import calibration_summary
+    from simulator.plan_sim import plan_meshes
+
+    return "profiles: " + calibration_summary(cluster.meshes[m].device for m in plan_meshes(plan)
+                                              if m in cluster.meshes)
+
+
 def plan_table(result: Any, cluster: Any) -> Group:
     """A readable summary of a :class:`planner.PlanResult`: stages, then step-level metrics.
 
@@ -220,8 +233,9 @@ def plan_table(result: Any, cluster: Any) -> Group:
     the pipeline replicas its data axis carries) and its schedule candidate table. A
     :class:`~compiler.ir.DataParallelPlan` gets one section per part (its batch share, stages,
     meshes and candidates), then the step table with the gradient all-reduce across the parts and
-    the planner's reason. ``cluster`` is the cluster as loaded (:func:`simulator.plan_sim.plan_cluster`
-    carves it as the plan says).
+    the planner's reason. A line under the step table says, per device kind, whether its profile
+    is calibrated or a prior (:func:`profiles_line`). ``cluster`` is the cluster as loaded
+    (:func:`simulator.plan_sim.plan_cluster` carves it as the plan says).
     """
     from compiler.ir import DataParallelPlan
     from simulator.plan_sim import plan_cluster
@@ -280,7 +294,7 @@ def plan_table(result: Any, cluster: Any) -> Group:
     rows += _solver_rows(p.solver)
     for k, v in rows:
         s.add_row(escape(k), escape(v))
-    out.append(s)
+    out += [s, Text(profiles_line(p, lc))]
     if not isinstance(p, DataParallelPlan):
         t = schedules_table(p)
         if t is not None:

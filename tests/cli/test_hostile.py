@@ -396,7 +396,7 @@ VALIDATION = {
     "binary": (lambda: b"source,model\x00\n", ("NUL byte at offset 12",)),
     "not utf-8": (lambda: CSV.read_bytes().replace(b"zb,1.5B", b"zb,1.5\xb5", 1), ("not UTF-8",)),
     "header only": (lambda: CSV.read_text().splitlines()[0] + "\n", ("validation CSV has no rows",)),
-    "extra field": (lambda: csv_with(2, "value", "11.8,99"), ("row 2: 19 fields, more than the 18 columns",)),
+    "extra field": (lambda: csv_with(2, "value", "11.8,99"), ("row 2: 29 fields, more than the 28 columns",)),
 }
 
 

@@ -331,6 +331,37 @@ def test_plan_table_of_a_data_parallel_plan(files):
     assert "the A100s take a quarter of the batch" in text
     assert re.search(r"step time +│ +0\.700 s", text) and "30.0%" in text and "10.0%" in text
     assert re.search(r"solver +│ +OPTIMAL │", text), text
+    fitted = r"calibrated \(fitted by `mpmd validate --fit` on \d+ rows, MAPE [0-9.]+%\)"
+    prior = r"prior \(never fitted: predictions may be off by \+/-20%\)"
+    line = next(ln for ln in text.splitlines() if ln.startswith("profiles: "))
+    assert re.fullmatch(rf"profiles: h100-sxm ({prior}|{fitted}); a100-80gb-sxm {fitted}",
+                        line.rstrip()), line
+
+
+def test_plan_table_says_which_profiles_are_priors():
+    """One line under the step table: per device kind in pipeline order, calibrated (with its
+    fit) or a prior (with its uncertainty); a kind used twice is named once."""
+    from mpmd.cli.output import plan_table
+    from tests.planner.conftest import cluster, device
+
+    pri = device("pri", 400.0, 80.0)
+    cal = replace(device("cal", 400.0, 80.0), sources={"matmul_efficiency": (
+        "fitted by `mpmd validate --fit` over the 6 cal rows of the published-training CSV: "
+        "MAPE 4.1%, 0 zero-bubble groups ranked wrongly (fitted)")})
+    c = cluster([("c0", cal, 2), ("p0", pri, 2), ("c1", cal, 2)])
+    meshes = ("c0", "p0", "c1")
+    p = Plan(model="toy", cluster="toy", stages=tuple(StagePlan(i, 4 * i, 4 * i + 4, m)
+                                                     for i, m in enumerate(meshes)),
+             layouts={m: Layout(2, 1) for m in meshes}, schedule=generate("1f1b", 3, 3),
+             rank_mesh=meshes, merge_last_stage=False, global_batch=6, seq_len=1024,
+             devices={m: (c.meshes[m].device.name, 2) for m in meshes},
+             recompute={m: False for m in meshes})
+    con = Console(width=220, record=True)
+    con.print(plan_table(SimpleNamespace(plan=p, prediction=_prediction(0.5, meshes)), c))
+    lines = con.export_text().splitlines()
+    i = lines.index("profiles: cal calibrated (fitted by `mpmd validate --fit` on 6 rows, MAPE 4.1%); "
+                    "pri prior (never fitted: predictions may be off by +/-20%)")
+    assert lines[i - 1].startswith("└")                    # right under the step table
 
 
 def test_plan_command_writes_a_data_parallel_plan(files, tmp_path, monkeypatch):
