@@ -218,7 +218,7 @@ def test_device_missing_source(tmp_path):
 
 
 def test_device_efficiency_out_of_range(tmp_path):
-    p = _device_yaml(tmp_path, "matmul:\n    value: 0.62", "matmul:\n    value: 1.5")
+    p = _device_yaml(tmp_path, "matmul:\n    value: 0.405", "matmul:\n    value: 1.5")
     assert "efficiency.matmul.value = 1.5: Input should be less than or equal to 1" in _one_line_error(load_device, p)
 
 
@@ -264,12 +264,17 @@ def test_p2p_mode(tmp_path):
 
 
 def test_device_elementwise_traffic(tmp_path):
-    assert load_device(DEVICES_DIR / "h100-sxm.yaml").elementwise_traffic == 0.0
-    field = "efficiency:\n  elementwise_traffic:\n    value: {}\n    origin: test\n"
-    p = _device_yaml(tmp_path, "efficiency:\n", field.format(0.4))
+    assert load_device(DEVICES_DIR / "h200-sxm.yaml").elementwise_traffic == 0.0
+    field = "  elementwise_traffic:\n    value: {}\n    origin: test\n"
+    old = "  elementwise_traffic:\n    value: 0.8\n"
+    src = (DEVICES_DIR / "h100-sxm.yaml").read_text()
+    start = src.index(old)
+    end = src.index("\n", src.index("origin:", start)) + 1
+    block = src[start:end]
+    p = _device_yaml(tmp_path, block, field.format(0.4))
     d = load_device(p)
     assert d.elementwise_traffic == 0.4 and d.sources["elementwise_traffic"] == "test"
     (tmp_path / "bad").mkdir()
-    p = _device_yaml(tmp_path / "bad", "efficiency:\n", field.format(1.5))
+    p = _device_yaml(tmp_path / "bad", block, field.format(1.5))
     msg = _one_line_error(load_device, p)
     assert "elementwise_traffic.value = 1.5" in msg and "\n" not in msg

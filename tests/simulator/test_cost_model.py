@@ -19,7 +19,8 @@ COST = LayerCost(name="block", fwd_flops_per_sample=4e12, bwd_flops_per_sample=8
 
 
 def _mesh(roofline: str) -> MeshSpec:
-    dev = dataclasses.replace(load_device("h100-sxm"), roofline=roofline, backward_efficiency=1.0)
+    dev = dataclasses.replace(load_device("h100-sxm"), roofline=roofline, backward_efficiency=1.0,
+                              elementwise_traffic=0.0)
     return MeshSpec("m", dev, 2, {"data": 2}, Link(1e11, 1e-6))
 
 
