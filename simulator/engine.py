@@ -343,6 +343,11 @@ class _Run:
                 w.succeed()
             for t in out[oid]:
                 self._transfer_ready(t)
+        self._stream_done()
+
+    def _stream_done(self) -> None:
+        """A mesh's compute or collective stream has run its last op; the step ends when every
+        stream has and every transfer has arrived."""
         self.meshes_left -= 1
         if self.tr_left == 0 and self.meshes_left == 0 and not self.finished.triggered:
             self.finished.succeed()
@@ -367,9 +372,7 @@ class _Run:
             w = self.coll_ev.pop(cid, None)
             if w is not None:
                 w.succeed()
-        self.meshes_left -= 1
-        if self.tr_left == 0 and self.meshes_left == 0 and not self.finished.triggered:
-            self.finished.succeed()
+        self._stream_done()
 
     # ------------------------------------------------------------------ failures
     def _fail(self, ev: Event) -> None:

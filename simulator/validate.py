@@ -1,5 +1,6 @@
 """Validation against published training runs: evaluate every row, fit one calibration, rank
-zero-bubble schedules. Rows, their setups and metrics are in :mod:`simulator.validation_rows`."""
+zero-bubble schedules. Rows and metrics are in :mod:`simulator.validation_rows`, their setups in
+:mod:`simulator.validation_setup`."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from simulator.plan_sim import simulate_plan
 from simulator.schedules.adaptive import zero_bubble_auto
 
 from simulator.validation_rows import (  # noqa: F401  (re-exported)
-    ADAPTIVE, DEFAULT_VOCAB, DEVICES_PER_NODE, METRICS, RULES, SCALE_OUT_LATENCY_S, SCHEDULE_MAP,
-    ZB_SCHEDULES, Row, Setup, ValidationError, build_cluster, build_plan, load_rows,
-    maxtext_flops, metric_from_step, narayanan_flops, palm_flops, row_layout, row_setup,
+    DEFAULT_VOCAB, DEVICES_PER_NODE, METRICS, SCHEDULE_MAP, ZB_SCHEDULES, Row, ValidationError,
+    load_rows, maxtext_flops, metric_from_step, narayanan_flops, palm_flops)
+from simulator.validation_setup import (  # noqa: F401  (re-exported)
+    ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, build_cluster, build_plan, row_layout, row_setup,
     selective_recompute, split_layers, with_efficiency)
 
 __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_rows", "row_setup",

@@ -1,10 +1,10 @@
-"""Validation rows: a published run (CSV row) -> its workload, cluster and plan, and its metric.
+"""Validation rows: a published run (CSV row), parsed and checked, and its metric.
 
 The calibration set is ``reports/validation/published_training.csv`` (a copy of
 ``/work/shared/validation/published_training.csv``; sources and columns in its README). Every
 row is data: its model, hardware, layout and recomputation come from its own columns, never from
-the name of its source. A blank field gets one practitioner's rule (:data:`RULES`), printed with
-the row as an assumption.
+the name of its source. A blank field is None here; :data:`simulator.validation_setup.RULES` fills
+it, printed with the row as an assumption.
 
 Metrics (each with its source's own FLOP count):
 
@@ -20,24 +20,8 @@ Metrics (each with its source's own FLOP count):
   FLOPs, Chowdhery et al. 2022 app. B; torchtitan's ``get_num_flop_per_token``), peak = the row's
   device profile's dense bf16.
 
-Layering: the simulator may not import ``compiler`` beyond its IR, so the workload is built by a
-callable the caller passes in (``workload_fn(row) -> Workload``; the CLI builds the row's decoder
-through the model zoo). Everything here is a pure function of its inputs.
-
-Cluster (synthetic, per row): ``pp`` meshes ``stage0..stage{pp-1}`` of ``tp*dp`` devices of the
-row's device each, axes ``{data: dp, tensor: tp}``, placed in Megatron's rank order (tensor
-innermost, then data, then pipeline) on nodes of ``devices_per_node`` devices (the scale-up
-fabric inside: NVLink/NVSwitch, or a TPU slice's ICI torus), joined by the scale-out network at
-``scale_out_gbit_per_device`` (blank: the device profile's NIC / data-center-network figure). A
-link between two pipeline meshes is the scale-up fabric when both lie in one node, else the
-scale-out network; its bandwidth is aggregate: every device of the mesh sends its slice of the
-activation (Megatron's scatter/gather optimisation, Narayanan et al. Sec. 4.1, and sequence
-parallelism split it over tensor parallel). Point-to-point transfers are blocking
-(``Cluster.p2p = "blocking"``): Megatron-LM's pipeline schedules wait for each send/receive before
-the next compute (``p2p_communication._communicate``), so a sending stage's compute stream is
-held for the transfer. Layout: ``Layout(dp, tp)``, with ``fsdp`` when the row says so and, across
-``slices`` > 1, hybrid sharding (each slice shards, slices all-reduce: MaxText's
-``dcn_data_parallelism``).
+The setup each row is simulated as (cluster, plan, recomputation, the rule for each blank field) is
+:mod:`simulator.validation_setup`.
 """
 
 
@@ -45,12 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
-from compiler.ir import Layout, Plan, StagePlan, Workload
-from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 from simulator.plan_costs import CostError
-from simulator.schedules import generate
+
 
 DEFAULT_VOCAB = 51200
 """Vocabulary when a row leaves it blank: Megatron-LM's padded GPT-2 vocabulary, which Narayanan et
@@ -60,42 +42,12 @@ DEVICES_PER_NODE = 8
 """Devices per node when a row gives neither ``devices_per_node`` nor ``slices``: the 8-GPU HGX /
 DGX board (NVIDIA DGX A100 / H100 reference architectures)."""
 
-SCALE_OUT_LATENCY_S = 5e-6
-"""Per-message latency of the scale-out network (InfiniBand / RoCE / data-center network): an
-estimate (a few us for RDMA send/recv through one switch tier, NCCL inter-node small-message
-figures), not a datasheet number."""
-
-LAYERS_PER_CHUNK_MAX = 4
-"""Interleaved 1F1B with no published chunk count: one layer per chunk when a rank holds at most
-this many layers (Megatron-LM's ``--num-layers-per-virtual-pipeline-stage 1``, the finest
-interleaving), else 2 chunks per rank (Narayanan et al. 2021, Sec. 2.2's example)."""
-
-RULES = {
-    "vocab": f"{DEFAULT_VOCAB} (Megatron-LM's padded GPT-2 vocabulary)",
-    "ffn": "4 x hidden",
-    "kv_heads": "heads (multi-head attention)",
-    "head_dim": "hidden / heads",
-    "glu": "0 (a GeLU MLP, GPT-style: LayerNorm, biases, learned positions)",
-    "fsdp": "0 (replicated weights; ZeRO-1 distributed optimizer)",
-    "recompute": "none",
-    "slices": "1",
-    "devices_per_node": f"gpus / slices when slices are given, else {DEVICES_PER_NODE}",
-    "scale_out_gbit_per_device": "the device profile's scale-out figure",
-    "micro_batch": "1",
-    "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation",
-}
-"""The practitioner's rule applied to each blank optional field (printed with the row)."""
-
 SCHEDULE_MAP = {"1f1b": "1f1b", "1f1b-interleaved": "interleaved-1f1b", "zb-1p": "zb-1p",
                 "zb-2p": "zb-2p"}
 """CSV schedule -> simulator schedule. Qi et al.'s ZB-1p / ZB-2p are found by their automatic
 scheduler over the profiled stage times under a 1p / 2p activation-memory limit (Sec. 3):
 :mod:`simulator.schedules.adaptive`, rebuilt for each device from the row's own fragment and
 transfer times (:func:`adapt_plan`)."""
-
-ADAPTIVE = ("zb-1p", "zb-2p")
-"""Simulator schedules built from the row's costs, and timed with post-validation (see
-:func:`post_validation_step`)."""
 
 ZB_SCHEDULES = ("1f1b", "1f1b-interleaved", "zb-1p", "zb-2p")
 
@@ -306,200 +258,6 @@ def load_rows(path: str | Path) -> tuple[Row, ...]:
     return tuple(rows)
 
 
-# --------------------------------------------------------------------------- setup choices
-@dataclass(frozen=True, slots=True)
-class Setup:
-    """What a row is simulated as: the plan, its workload, and every assumption made."""
-
-    row: Row
-    micro_batch: int
-    microbatches: int
-    schedule: str            # simulator schedule name
-    virtual_stages: int
-    recompute: str           # "none", "selective" or "full"
-    assumptions: tuple[str, ...]
-    workload: Workload
-    plan: Plan
-
-
-def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
-    """(micro_batch, simulator schedule, virtual_stages, recompute, assumptions) for ``row``:
-    its own fields, and the :data:`RULES` rule for each blank one (listed in the assumptions)."""
-    notes: list[str] = []
-    for k in ("vocab", "ffn", "kv_heads", "head_dim", "glu", "fsdp", "recompute",
-              "devices_per_node", "scale_out_gbit_per_device"):
-        if getattr(row, k) is None:
-            if k == "kv_heads" and row.glu is None:
-                continue                      # a GPT-style row: multi-head attention is implied
-            if k == "devices_per_node" and row.slices:
-                notes.append(f"{row.node_size} devices per slice")
-                continue
-            if k in ("glu", "fsdp") or (k == "scale_out_gbit_per_device" and row.gpus <= row.node_size):
-                continue                      # the defaults of the format; one node: no network
-            notes.append(f"{k}: {RULES[k]}")
-    mb = row.micro_batch
-    if mb is None:
-        mb = 1
-        notes.append("micro batch 1 (not published)")
-    sched = row.schedule
-    if sched is None:
-        sched = "1f1b-interleaved" if row.pp > 1 else "1f1b"
-        notes.append(f"{sched} (not published)" if row.pp > 1 else "no pipeline: grad accumulation")
-    name = SCHEDULE_MAP[sched]
-    v = 1
-    if name == "interleaved-1f1b":
-        per_rank = -(-row.layers // row.pp)
-        v = max(2, per_rank) if per_rank <= LAYERS_PER_CHUNK_MAX else 2
-        notes.append(f"{v} virtual stages")
-    if sched in ("zb-1p", "zb-2p"):
-        notes.append("auto schedule from the row's costs; post-validation")
-    recompute = row.recompute or "none"
-    if recompute != "none":
-        notes.append(f"{recompute} recompute" + (" (costed as selective)"
-                                                 if recompute == "minimal" else ""))
-    if row.fsdp and (row.slices or 1) > 1:
-        notes.append(f"hybrid sharding: fsdp within each of {row.slices} slices")
-    return mb, name, v, recompute, notes
-
-
-def split_layers(n: int, parts: int) -> list[int]:
-    """``n`` layers over ``parts`` stages as evenly as possible; the extra layers go to the
-    middle stages first, so the first and last stages (which also hold the embedding and the
-    head) get the fewer (Qi et al.'s 22 = 3*8 - 2 and 46 = 3*16 - 2 layer models are this split).
-
-    Raises:
-        ValidationError: fewer layers than stages.
-    """
-    if n < parts:
-        raise ValidationError(f"{n} layers cannot fill {parts} pipeline stages; use fewer stages")
-    base, rem = divmod(n, parts)
-    counts = [base] * parts
-    for s in sorted(range(parts), key=lambda s: (-min(s, parts - 1 - s), s))[:rem]:
-        counts[s] += 1
-    return counts
-
-
-def _same_node(a: int, b: int, n: int, node: int) -> bool:
-    """Meshes ``a`` and ``b`` of ``n`` devices each (Megatron rank order) lie in one node of
-    ``node`` devices."""
-    ranks = [r for m in (a, b) for r in (m * n, (m + 1) * n - 1)]
-    return len({r // node for r in ranks}) == 1
-
-
-def cluster_name(row: Row) -> str:
-    return f"{row.source}-{row.model}-{row.device}x{row.gpus}"
-
-
-def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
-    """The row's synthetic cluster of ``device`` (see the module docstring)."""
-    n, node = row.tp * row.dp, row.node_size
-    fabric = "ICI torus (profile)" if device.torus_dims else "NVLink / NVSwitch (profile)"
-    intra = Link(device.scale_up_bandwidth, device.scale_up_latency, fabric)
-    if row.scale_out_gbit_per_device is not None:
-        out = Link(row.scale_out_gbit_per_device * 1e9 / 8, SCALE_OUT_LATENCY_S,
-                   f"{row.scale_out_gbit_per_device:g} Gb/s per device (the row's)")
-    else:
-        out = Link(device.scale_out_bandwidth, SCALE_OUT_LATENCY_S,
-                   f"{device.name} scale-out (profile; not published for the row)")
-    meshes = {}
-    for k in range(row.pp):
-        big = n > node
-        meshes[f"stage{k}"] = MeshSpec(
-            name=f"stage{k}", device=device, num_devices=n, axes={"data": row.dp, "tensor": row.tp},
-            intra_link=intra, devices_per_node=node if big else None,
-            scale_out_link=out if big else None)
-    links = []
-    pairs = {(k, k + 1) for k in range(row.pp - 1)} | ({(0, row.pp - 1)} if row.pp > 2 else set())
-    for a, b in sorted(pairs):
-        per = intra if _same_node(a, b, n, node) else out
-        links.append(InterMeshLink(f"stage{a}", f"stage{b}",
-                                   Link(per.bandwidth * n, per.latency, per.source)))
-    return Cluster(name=cluster_name(row), meshes=meshes, links=tuple(links),
-                   description=f"synthetic {device.name} cluster for validation", p2p="blocking")
-
-
-def row_layout(row: Row) -> Layout:
-    """``Layout(dp, tp)``; with ``fsdp``, sharded over each slice's devices and replicated across
-    slices (hybrid sharding) when ``slices`` > 1."""
-    fsdp = bool(row.fsdp) and row.dp > 1
-    hsdp = (row.slices or 1) if fsdp else 1
-    return Layout(row.dp, row.tp, fsdp=fsdp, hsdp=hsdp if row.dp % hsdp == 0 else 1)
-
-
-def selective_recompute(workload: Workload, width: int) -> Workload:
-    """The workload under Korthikanti et al.'s selective recomputation: each decoder block's
-    backward first recomputes its attention core (``Q K^T`` and ``softmax . V``: ``4 s^2 w`` FLOP
-    per sample, ``w`` = heads x head width, Korthikanti et al. 2022 Sec. 5; no causal saving, as in
-    Megatron). The residuals are unchanged: the traced ones already exclude the ``s x s`` scores
-    (flash-attention style), which is exactly what selective recomputation drops."""
-    extra = 4.0 * workload.seq_len ** 2 * width
-    costs = {}
-    for name, c in workload.costs.items():
-        if name == "decoder_block":
-            c = replace(c, bwd_flops_per_sample=c.bwd_flops_per_sample + extra,
-                        bwd_input_flops_per_sample=c.bwd_input_flops_per_sample + extra)
-        costs[name] = c
-    return replace(workload, costs=costs)
-
-
-def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
-               virtual_stages: int = 1, recompute: bool = False) -> Plan:
-    """The row's plan: ``pp * virtual_stages`` stages (layers split over ranks by
-    :func:`split_layers`, then each rank's layers evenly over its chunks, so every schedule gives a
-    rank the same layers; embedding with the first stage, head with the last), stage ``s`` on mesh ``stage{s % pp}``,
-    layout :func:`row_layout` per mesh, ``global_batch / (micro_batch * dp)`` microbatches.
-
-    Raises:
-        ValidationError: the batch does not divide into microbatches.
-        simulator.schedules.ScheduleError: the schedule does not support the sizes.
-    """
-    per_pipe, rem = divmod(row.global_batch, micro_batch * row.dp)
-    if rem or per_pipe < 1:
-        raise ValidationError(f"{row.key}: global batch {row.global_batch} is not a multiple of "
-                              f"micro_batch*dp = {micro_batch * row.dp}; fix micro_batch")
-    if row.microbatches is not None and row.microbatches != per_pipe:
-        raise ValidationError(f"{row.key}: microbatches={row.microbatches} but global_batch/"
-                              f"(micro_batch*dp) = {per_pipe}; fix the row")
-    table = generate(schedule, row.pp, per_pipe, virtual_stages=max(virtual_stages, 2))
-    S = table.num_stages
-    blocks = len(workload.layers) - 2
-    if blocks != row.layers:
-        raise ValidationError(f"{row.key}: workload has {blocks} blocks, row says {row.layers}")
-    per_rank = split_layers(blocks, row.pp)
-    chunks = S // row.pp
-    counts = [0] * S
-    for r, n in enumerate(per_rank):                 # rank r holds stages r, r + pp, ...
-        base, rem = divmod(n, chunks)
-        within = [base + (c < rem) for c in range(chunks)]
-        if r == 0:                                   # the embedding's chunk takes the fewest
-            within.reverse()
-        for c, k in enumerate(within):
-            counts[c * row.pp + r] = k
-    stages, first = [], 0
-    for s, c in enumerate(counts):
-        last = first + c + (1 if s == 0 else 0) + (1 if s == S - 1 else 0)
-        stages.append(StagePlan(s, first, last, f"stage{table.stage_rank[s]}"))
-        first = last
-    meshes = tuple(f"stage{r}" for r in range(row.pp))
-    return Plan(model=workload.model, cluster=cluster_name(row),
-                stages=tuple(stages), layouts={m: row_layout(row) for m in meshes},
-                schedule=table, rank_mesh=meshes, merge_last_stage=False,
-                global_batch=row.global_batch, seq_len=row.seq_len,
-                devices={m: (row.device, row.tp * row.dp) for m in meshes},
-                recompute={m: recompute for m in meshes})
-
-
-def row_setup(row: Row, workload_fn: Callable[[Row], Workload]) -> Setup:
-    """Build the :class:`Setup` of ``row``; ``workload_fn(row)`` costs its model (see module doc)."""
-    mb, name, v, rc, notes = _choices(row)
-    w = workload_fn(row)
-    if rc in ("selective", "minimal"):
-        w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads))
-    plan = build_plan(row, w, schedule=name, micro_batch=mb, virtual_stages=v,
-                      recompute=rc == "full")
-    return Setup(row, mb, plan.microbatches, name, v, rc, tuple(notes), w, plan)
-
-
 # --------------------------------------------------------------------------- metrics
 def narayanan_flops(batch: int, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
     """FLOPs of one training step with activation recomputation, Narayanan et al. 2021 eq. (3):
@@ -561,15 +319,3 @@ def metric_from_step(row: Row, step_s: float, peak_flops: float = 0.0) -> float:
             raise ValidationError(f"{row.key}: metric mfu needs the device's peak FLOP/s")
         return palm_flops(row) / step_s / (row.gpus * peak_flops)
     raise ValidationError(f"unknown metric {row.metric!r}; use one of {METRICS}")
-
-
-def with_efficiency(device: DeviceProfile, matmul: float | None = None,
-                    memory: float | None = None, overhead_s: float | None = None,
-                    elementwise: float | None = None) -> DeviceProfile:
-    """``device`` with the given efficiency values (None keeps the profile's)."""
-    return replace(device,
-                   matmul_efficiency=device.matmul_efficiency if matmul is None else matmul,
-                   memory_efficiency=device.memory_efficiency if memory is None else memory,
-                   fragment_overhead=device.fragment_overhead if overhead_s is None else overhead_s,
-                   elementwise_traffic=(device.elementwise_traffic if elementwise is None
-                                        else elementwise))

@@ -29,7 +29,9 @@ def row_config(row):
     gated MLP (``glu`` 1) is a Llama-style block (RMSNorm, SwiGLU, RoPE, no biases, untied head),
     otherwise a GPT-style block (LayerNorm, GeLU, biases, learned positions, tied embeddings);
     grouped-query attention with ``kv_heads``; ``head_dim`` independent of the width. Blank fields
-    follow :data:`simulator.validation_rows.RULES`."""
+    follow :data:`simulator.validation_setup.RULES`."""
+    import dataclasses
+
     from compiler.zoo import ModelConfig, gpt_config
     from simulator.validation_rows import DEFAULT_VOCAB
 
@@ -38,18 +40,13 @@ def row_config(row):
     if not row.glu:
         cfg = gpt_config(row.layers, row.hidden, row.heads, vocab, seq_len=row.seq_len,
                          ffn=row.ffn, name=name)
-        return _replace(cfg, kv_heads=row.kv_heads or row.heads, head_size=row.head_dim or 0)
+        return dataclasses.replace(cfg, kv_heads=row.kv_heads or row.heads,
+                                   head_size=row.head_dim or 0)
     return ModelConfig(name=name, family="llama", layers=row.layers, hidden=row.hidden,
                        heads=row.heads, kv_heads=row.kv_heads or row.heads,
                        ffn=row.ffn or 4 * row.hidden, vocab=vocab, seq_len=row.seq_len,
                        head_size=row.head_dim or 0,
                        source=f"published run {row.source} {row.model} (validation CSV)")
-
-
-def _replace(cfg, **kw):
-    import dataclasses
-
-    return dataclasses.replace(cfg, **kw)
 
 
 @functools.lru_cache(maxsize=None)
