@@ -1,18 +1,20 @@
-"""The MPMD compiler on JAX, plus the plan-level IR and the workloads it traces.
+"""The MPMD compiler on JAX, with the plan-level IR, the model zoo it traces, its calibration and the
+training driver, one subpackage each:
 
-Frontend in JAX's idiom: label pieces of a program with :func:`named_computation`, then
-``jit(fn, config).lower(*args).compile()`` gives per-mesh programs that run like ``fn``.
+- :mod:`compiler.ir`: the plan-level IR every package speaks (imports nothing else of the project).
+- :mod:`compiler.zoo`: JAX models whose layers are named computations, and ``zoo.costing``: each
+  unique fragment body costed from XLA's analysis (a ``Workload``).
+- :mod:`compiler.core`: the compiler proper (frontend, program IR, passes, export, runtime).
+- :mod:`compiler.calibration`: ``mpmd calibrate``.
+- :mod:`compiler.train`: ``mpmd run``.
+
+The compiler proper's face is re-exported here: ``from compiler import jit, named_computation``.
 """
 
-from compiler.config import FragmentInfo, FragmentPattern, MpmdConfig, schedule_from_plan
-from compiler.driver import default_pipeline, run_passes
-from compiler.errors import CompilerError
-from compiler.export import export_program, run_sequential
-from compiler.frontend import jit
-from compiler.named import named_computation
-from compiler.plan_config import config_from_plan
-from compiler.program import Program, print_program
-from compiler.verify import verify
+from compiler.core import (CompilerError, FragmentInfo, FragmentPattern, MpmdConfig, Program,
+                           config_from_plan, default_pipeline, export_program, jit,
+                           named_computation, print_program, run_passes, run_sequential,
+                           schedule_from_plan, verify)
 
 __all__ = ["CompilerError", "FragmentInfo", "FragmentPattern", "MpmdConfig", "Program",
            "config_from_plan", "default_pipeline", "export_program", "jit", "named_computation",

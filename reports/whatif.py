@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from compiler.costing import workload as make_workload
+from compiler.zoo.costing import workload as make_workload
 from compiler.ir import DataParallelPlan
 from compiler.zoo import get_config
 from hardware_profiles.calibration import calibration_origin, calibration_status

@@ -98,7 +98,7 @@ def part_workloads(dp: DataParallelPlan, workload: "Workload | Sequence[Workload
 
     ``workload`` is either the whole step's workload (each part's is the same model at its
     ``global_batch``: a workload's costs are per sample and per step, so only the batch differs,
-    as ``compiler.costing.workload(model, share, seq_len)`` gives) or one workload per part.
+    as ``compiler.zoo.costing.workload(model, share, seq_len)`` gives) or one workload per part.
 
     Raises:
         simulator.plan_costs.CostError: a workload of another model or sequence length, or a

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from compiler.named import named_computation
+from compiler.core.named import named_computation
 from compiler.zoo import decoder, mochi
 from compiler.zoo.config import ModelConfig, ZooError, get_config, gpt_config, list_models
 from compiler.zoo.layers import init_from_shapes, shapes_to_specs
@@ -198,3 +198,9 @@ def example_batch(cfg: ModelConfig | str, key: jax.Array, batch: int,
             out[name] = v.astype(s.dtype)
         return out
     return jax.jit(draw)(key)
+
+
+# The costing of the zoo's bodies is part of the zoo's face; it imports the names above.
+from compiler.zoo.costing import analytic_training_flops, body_cost, workload  # noqa: E402
+
+__all__ += ["analytic_training_flops", "body_cost", "workload"]

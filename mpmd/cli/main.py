@@ -34,7 +34,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [InputError, IRError, ProfileError, PlannerError, CostError,
                                        FileNotFoundError, IsADirectoryError, json.JSONDecodeError]
     for mod, name in (("compiler.zoo", "ZooError"), ("simulator.schedules", "ScheduleError"),
-                      ("simulator.program", "SimError"), ("compiler.errors", "CompilerError"),
+                      ("simulator.program", "SimError"), ("compiler.core.errors", "CompilerError"),
                       ("reports", "ReportError")):
         try:
             errs.append(getattr(__import__(mod, fromlist=[name]), name))
@@ -191,7 +191,7 @@ DEFAULT_GLOBAL_BATCH = 256
 
 def _workload(model: str, global_batch: int | None, seq_len: int | None):
     """The model's traced workload; inference models default to one video or request."""
-    from compiler.costing import workload
+    from compiler.zoo.costing import workload
     from compiler.zoo import get_config
 
     cfg = get_config(model)

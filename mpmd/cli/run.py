@@ -32,7 +32,7 @@ def register(main: click.Group, guard) -> None:
         from mpmd.cli.main import console
 
         _cpu_devices(8)
-        from compiler.run import print_report, run_plan
+        from compiler.train.run import print_report, run_plan
 
         report = run_plan(plan_path, steps=steps, cluster_path=cluster_path,
                           check_every=check_every, lr=lr, console=console)
@@ -58,7 +58,7 @@ def register(main: click.Group, guard) -> None:
         from mpmd.cli.main import console
 
         _cpu_devices(8)
-        from compiler.calibrate import calibrate_command
+        from compiler.calibration.measure import calibrate_command
 
         calibrate_command(out, device_out=device_out, cluster_out=cluster_out, repeats=repeats,
                           console=console)

@@ -111,7 +111,7 @@ def check_knob_names(plan, cluster, stragglers: dict[str, float], degraded: dict
 def load_plan_inputs(plan_path: str):
     """(plan, workload, cluster) for a plan file, re-costing its model from the zoo.
 
-    The plan is read by :func:`compiler.plan_file.load_plan` (guarded read, schema, sizes): a
+    The plan is read by :func:`compiler.ir.plan_file.load_plan` (guarded read, schema, sizes): a
     :class:`~compiler.ir.Plan` or a :class:`~compiler.ir.DataParallelPlan`. The cluster is the one
     the plan runs on (:func:`simulator.plan_sim.plan_cluster`: the plan's cluster file, carved as
     the plan's ``carving`` says). The plan's meshes must exist in it with the devices the plan
@@ -122,9 +122,9 @@ def load_plan_inputs(plan_path: str):
         mpmd.files.InputError, compiler.ir.IRError: a bad plan file (one line).
         hardware_profiles.types.ProfileError: a bad cluster file, or a carving that does not fit it.
     """
-    from compiler.costing import workload
+    from compiler.zoo.costing import workload
     from compiler.ir import DataParallelPlan, IRError
-    from compiler.plan_file import load_plan
+    from compiler.ir.plan_file import load_plan
     from hardware_profiles import load_cluster
     from simulator.plan_sim import plan_cluster
 

@@ -51,13 +51,13 @@ def row_config(row):
 
 @functools.lru_cache(maxsize=None)
 def _workload(cfg, batch: int):
-    from compiler.costing import workload
+    from compiler.zoo.costing import workload
 
     return workload(cfg, batch, seq_len=cfg.seq_len)
 
 
 def workload_for(row):
-    """The row's workload: :func:`row_config` traced by ``compiler.costing.workload`` (cached per
+    """The row's workload: :func:`row_config` traced by ``compiler.zoo.costing.workload`` (cached per
     shape)."""
     return _workload(row_config(row), row.global_batch)
 

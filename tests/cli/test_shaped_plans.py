@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from compiler.costing import workload
+from compiler.zoo.costing import workload
 from compiler.ir import DataParallelPlan, IRError, Layout, Plan, StagePlan, any_plan_to_json
-from compiler.plan_file import load_plan
+from compiler.ir.plan_file import load_plan
 from hardware_profiles import load_cluster
 from mpmd.cli.main import main
 from tests.cli.test_mutation import check, mutated
@@ -385,7 +385,7 @@ def test_plan_command_writes_a_data_parallel_plan(files, tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- mpmd run
 def test_run_loads_the_carved_cluster(files):
-    from compiler.run import run_cluster
+    from compiler.train.run import run_cluster
 
     c = run_cluster(files.carved_plan, files.cluster)
     assert list(c.meshes) == ["h100.0", "h100.1"] and c.meshes["h100.0"].num_devices == 16

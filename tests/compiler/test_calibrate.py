@@ -1,4 +1,4 @@
-"""Tests of compiler.calibrate: the roofline fit, the runtime measurements, the profile files.
+"""Tests of compiler.calibration.measure: the roofline fit, the runtime measurements, the profile files.
 
 Every test here but the ``slow`` ones is independent of the machine: the host's figures (cores,
 /proc/cpuinfo, memory, date) are passed in as fixed values, never read, and nothing is timed.
@@ -16,13 +16,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import compiler.calibrate as calibrate_mod
-from compiler.calibrate import (Calibration, CalibrationError, FragmentTiming, HostInfo, grad_bytes,
+import compiler.calibration.measure as calibrate_mod
+from compiler.calibration.measure import (Calibration, CalibrationError, FragmentTiming, HostInfo, grad_bytes,
                                 fit_additive, fit_backward, fit_calibration, fit_flops,
                                 local_meshes, measure_overhead, measure_runtime_concurrency,
                                 nominal_peaks, read_host)
-from compiler.calibration_fit import cpu_model
-from compiler.calibration_files import (cluster_yaml, device_reference, device_yaml, profile_paths,
+from compiler.calibration.fit import cpu_model
+from compiler.calibration.files import (cluster_yaml, device_reference, device_yaml, profile_paths,
                                         write_profiles)
 from hardware_profiles import load_cluster
 from hardware_profiles.loader import load_device

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from compiler import costing, zoo
+from compiler.zoo import costing
+from compiler import zoo
 from compiler.ir import Workload
 from compiler.zoo import ZooError
 

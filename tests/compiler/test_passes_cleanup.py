@@ -6,12 +6,12 @@ import pytest
 from jax import lax
 from jax.sharding import Mesh
 
-from compiler.driver import run_passes
-from compiler.errors import VerificationError
-from compiler.passes import (copy_constants, fragment_dce, fragment_dedup, merge_transfers,
+from compiler.core.driver import run_passes
+from compiler.core.errors import VerificationError
+from compiler.core.passes import (copy_constants, fragment_dce, fragment_dedup, merge_transfers,
                              propagate_shardings, remove_transfer_cycles)
-from compiler.program import CONSTANT, Eqn, Fragment, Lit, Origin, Program, TensorType, Transfer, print_program
-from compiler.verify import verify
+from compiler.core.program import CONSTANT, Eqn, Fragment, Lit, Origin, Program, TensorType, Transfer, print_program
+from compiler.core.verify import verify
 
 T = TensorType((4,), "float32")
 

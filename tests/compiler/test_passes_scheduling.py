@@ -4,17 +4,17 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from compiler.config import FragmentPattern
-from compiler.errors import MergeError, ScheduleError
-from compiler.frontend import trace_program
+from compiler.core.config import FragmentPattern
+from compiler.core.errors import MergeError, ScheduleError
+from compiler.core.frontend import trace_program
 from compiler.ir import FragmentRef as R
-from compiler.named import named_computation
-from compiler.passes import (absorb_inferred_fragments, assign_meshes, comparator, fragment_dce,
+from compiler.core.named import named_computation
+from compiler.core.passes import (absorb_inferred_fragments, assign_meshes, comparator, fragment_dce,
                              gpipe_key, infer_meshes, merge_by_rules, merge_forward_backward,
                              merge_stages, one_f_one_b_key, schedule_fragments, split_backward,
                              unroll_call_counters)
-from compiler.program import Fragment, print_program
-from compiler.verify import verify
+from compiler.core.program import Fragment, print_program
+from compiler.core.verify import verify
 
 A1 = named_computation(lambda w, x: jnp.sin(x * w), name="a1")
 A2 = named_computation(lambda w, x: x * w, name="a2")

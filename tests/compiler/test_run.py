@@ -1,4 +1,4 @@
-"""Tests of compiler.run (mpmd run), compiler.plan_config and compiler.check."""
+"""Tests of compiler.train.run (mpmd run), compiler.core.plan_config and compiler.train.check."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import jax
 import numpy as np
 import pytest
 
-from compiler import check, zoo
-from compiler.errors import ConfigError
-from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
+from compiler.train import check
+from compiler import zoo
+from compiler.core.errors import ConfigError
+from compiler.core.exported import Call, Executable, ExportedProgram, MeshProgram
 from compiler.ir import Layout, Plan, StagePlan
-from compiler.plan_config import config_from_plan
+from compiler.core.plan_config import config_from_plan
 from hardware_profiles import load_cluster
-from compiler.run import (adam_init, adam_update, batches, load_text,
+from compiler.train.run import (adam_init, adam_update, batches, load_text,
                           simulated_step_time, split_microbatches, topology_from_cluster,
                           train_step_fn)
 from simulator.schedules import generate
@@ -140,21 +141,21 @@ def test_checks_order_bodies_and_errors():
 
 def _has_compiler() -> bool:
     try:
-        from compiler import frontend
+        from compiler.core import frontend
         return hasattr(frontend, "jit")
     except ImportError:
         return False
 
 
 needs_compiler = pytest.mark.skipif(not _has_compiler(),
-                                    reason="compiler.frontend.jit (the MPMD export) has not landed")
+                                    reason="compiler.core.frontend.jit (the MPMD export) has not landed")
 SMALL = dict(layers=6, hidden=64, heads=2, kv_heads=2, ffn=128)
 
 
 @needs_compiler
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_run_plan_fast_small_model(schedule):
-    from compiler.run import run_plan
+    from compiler.train.run import run_plan
     plan = make_plan(schedule, layers=8, seq_len=32)
     r = run_plan(plan, steps=3, model_overrides=SMALL, simulate=False)
     assert len(r.losses) == 3 and all(np.isfinite(r.losses))
@@ -172,7 +173,7 @@ def test_run_plan_llama_tiny_50_steps(schedule):
     bundled cpu-host profile matches (on another machine, refresh it first: ``mpmd calibrate
     --device-out hardware_profiles/devices/cpu-host.yaml --cluster-out
     hardware_profiles/clusters/cpu4x2.yaml``)."""
-    from compiler.run import run_plan
+    from compiler.train.run import run_plan
     plan = make_plan(schedule)
     r = run_plan(plan, steps=50, check_every=10)
     print(f"{schedule}: losses first {r.losses[0]:.4f} last {r.losses[-1]:.4f} "
@@ -187,7 +188,7 @@ def test_run_plan_llama_tiny_50_steps(schedule):
 
 
 def test_measured_step_time_is_the_median_of_the_later_half():
-    from compiler.run import measured_step_time
+    from compiler.train.run import measured_step_time
 
     assert measured_step_time([2.3, 2.9, 1.9, 2.1, 2.0, 1.8, 1.9, 1.85]) == pytest.approx(1.875)
     assert measured_step_time([3.0, 2.0, 1.0]) == 1.5
@@ -201,7 +202,7 @@ def test_measured_step_time_is_the_median_of_the_later_half():
 def test_print_report_names_the_fix_when_the_step_time_is_off(measured, hint):
     from rich.console import Console
 
-    from compiler.run import RunReport, print_report
+    from compiler.train.run import RunReport, print_report
 
     r = RunReport(plan=make_plan("1f1b"), losses=(5.0,), loss_rel_errors=(0.0,),
                   grad_rel_errors=(0.0,), order_mismatches=(), executables={},

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from compiler.costing import workload
-from compiler.run import run_plan
+from compiler.zoo.costing import workload
+from compiler.train.run import run_plan
 from hardware_profiles import GroupShape, carve, load_cluster
 from planner import PlanOptions
 from planner import api

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 from ortools.sat.python import cp_model
 
-from compiler.costing import workload
+from compiler.zoo.costing import workload
 from compiler.ir import FragmentRef
 from hardware_profiles import CLUSTERS_DIR, load_cluster
 from planner.api import (TRAIN_SCHEDULES, PlanOptions, build_plan, fragment_kinds, make_candidate,

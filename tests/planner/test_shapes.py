@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.costing import workload
+from compiler.zoo.costing import workload
 from compiler.ir import Layout
 from hardware_profiles import carve, load_cluster
 from planner import api

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.costing import workload
+from compiler.zoo.costing import workload
 from compiler.ir import DataParallelPlan, any_plan_to_json
 from hardware_profiles import load_cluster
 from hardware_profiles.collectives import ring_all_reduce

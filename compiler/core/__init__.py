@@ -1,0 +1,29 @@
+"""The MPMD compiler proper (the Shardy:MPMD RFC in Python on JAX).
+
+Label pieces of a program with :func:`named_computation`, then ``jit(fn, config).lower(*args)
+.compile()`` gives per-mesh programs that run like ``fn``. Modules: ``named.py`` (the label),
+``config.py`` / ``plan_config.py`` (what the user or a plan tells the compiler), ``frontend.py``
+(tracing into the program IR), ``program.py`` (the IR and its printer), ``passes/`` (pure
+``Program -> Program`` passes) run by ``driver.py`` with ``verify.py`` between them in tests,
+``export.py`` / ``exported.py`` (one executable per unique fragment body and mesh) and
+``runtime.py`` (running the per-mesh programs on JAX devices).
+"""
+
+from compiler.core.config import FragmentInfo, FragmentPattern, MpmdConfig, schedule_from_plan
+from compiler.core.driver import default_pipeline, run_passes
+from compiler.core.errors import CompilerError
+from compiler.core.export import export_program, run_sequential
+from compiler.core.exported import Call, Executable, ExportedProgram, MeshProgram, Send
+from compiler.core.frontend import jit
+from compiler.core.named import named_computation
+from compiler.core.plan_config import config_from_plan
+from compiler.core.program import Program, print_program
+from compiler.core.runtime import DeadlockError, Execution, MpmdRuntimeError, execute, run_program
+from compiler.core.verify import verify
+
+__all__ = ["Call", "CompilerError", "DeadlockError", "Executable", "Execution", "ExportedProgram",
+           "FragmentInfo", "FragmentPattern", "MeshProgram", "MpmdConfig", "MpmdRuntimeError", "Program",
+           "Send",
+           "config_from_plan", "default_pipeline", "execute", "export_program", "jit",
+           "named_computation", "print_program", "run_passes", "run_program", "run_sequential",
+           "schedule_from_plan", "verify"]

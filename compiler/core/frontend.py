@@ -1,0 +1,276 @@
+"""The MPMD frontend: ``jit(fn, config).lower(*args).compile()``, and tracing into the Program IR.
+
+Usage (RFC "MPMD + JAX")::
+
+    lowered = compiler.jit(step, config).lower(*args)   # traces and runs the passes
+    lowered.program      # the final Program (print with compiler.core.program.print_program)
+    lowered.exported     # the ExportedProgram for the runtime
+    compiled = lowered.compile()
+    outs = compiled(*args)  # same pytree as step(*args)
+
+Microbatching is the RFC's: the step function calls each named computation once per microbatch in a
+Python loop; the ``unroll`` pass gives those calls their call counters (see ``passes/unroll.py``).
+
+Tracing: 
+``jax.make_jaxpr`` gives the step's jaxpr. Each top-level ``jit`` equation whose ``name`` is a named
+computation (``compiler.core.named.named_computation``) becomes a :class:`NamedComputation` with its body
+inlined; its transpose count is the number of ``transpose(`` in the equation's
+``source_info.name_stack`` (``jax.grad`` names the backward ``transpose(jvp(...))``). A ``jit``
+equation that is not named but contains named computations is inlined; every other equation becomes
+a :class:`MeshlessOp`; closed-over constants become ``constant`` meshless ops.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterable
+
+import jax
+import numpy as np
+
+from compiler.core.errors import CompilerError
+from compiler.core.program import (CONSTANT, Atom, Eqn, Lit, MeshlessOp, NamedComputation, Op, Program,
+                              TensorType)
+
+_JIT = ("jit", "pjit")
+
+
+def _is_jit(eqn: Any) -> bool:
+    return eqn.primitive.name in _JIT and "jaxpr" in eqn.params
+
+
+def _contains_named(jaxpr: Any, names: set[str] | None) -> bool:
+    for e in jaxpr.eqns:
+        if _is_jit(e):
+            if names is None or e.params.get("name") in names:
+                return True
+            if _contains_named(e.params["jaxpr"].jaxpr, names):
+                return True
+    return False
+
+
+def _transpose_count(eqn: Any) -> int:
+    return str(eqn.source_info.name_stack).count("transpose(")
+
+
+class _Tracer:
+    def __init__(self, names: set[str] | None) -> None:
+        self.names = names
+        self.ids = itertools.count()
+        self.types: dict[str, TensorType] = {}
+        self.ops: list[Op] = []
+
+    def new(self, aval: Any) -> str:
+        if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
+            raise CompilerError(f"value of abstract type {aval} is not an array; the MPMD compiler "
+                                f"traces array programs only")
+        n = f"v{next(self.ids)}"
+        self.types[n] = TensorType(tuple(int(d) for d in aval.shape), str(np.dtype(aval.dtype)))
+        return n
+
+    def atom(self, env: dict[Any, Atom], a: Any) -> Atom:
+        if type(a).__name__ == "Literal":
+            return Lit(np.asarray(a.val).item(), str(np.dtype(a.aval.dtype)))
+        return env[a]
+
+    def eqns(self, jaxpr: Any, consts: Iterable[Any], env: dict[Any, Atom],
+             sink: Callable[[Eqn], None]) -> None:
+        """Translate ``jaxpr``'s equations (constvars bound to ``consts``) through ``sink``."""
+        for v, c in zip(jaxpr.constvars, consts):
+            n = self.new(v.aval)
+            env[v] = n
+            sink(Eqn(CONSTANT, {"value": np.asarray(c)}, (), (n,)))
+        for e in jaxpr.eqns:
+            ins = tuple(self.atom(env, a) for a in e.invars)
+            outs = tuple(self.new(v.aval) for v in e.outvars)
+            for v, n in zip(e.outvars, outs):
+                env[v] = n
+            sink(Eqn(e.primitive, dict(e.params), ins, outs, getattr(e, "ctx", None)))
+
+    def inline(self, closed: Any, ins: tuple[Atom, ...]) -> tuple[list[Eqn], list[Atom]]:
+        env: dict[Any, Atom] = dict(zip(closed.jaxpr.invars, ins))
+        body: list[Eqn] = []
+        self.eqns(closed.jaxpr, closed.consts, env, body.append)
+        return body, [self.atom(env, a) for a in closed.jaxpr.outvars]
+
+    def top(self, jaxpr: Any, consts: Iterable[Any], env: dict[Any, Atom]) -> None:
+        for v, c in zip(jaxpr.constvars, consts):
+            n = self.new(v.aval)
+            env[v] = n
+            self.ops.append(MeshlessOp(Eqn(CONSTANT, {"value": np.asarray(c)}, (), (n,))))
+        for e in jaxpr.eqns:
+            ins = tuple(self.atom(env, a) for a in e.invars)
+            if _is_jit(e) and (self.names is None or e.params.get("name") in self.names):
+                body, outs = self.inline(e.params["jaxpr"], ins)
+                defined = {o for b in body for o in b.outputs}
+                for v, a in zip(e.outvars, outs):
+                    env[v] = a
+                free = {}
+                for b in body:
+                    for a in b.inputs:
+                        if isinstance(a, str) and a not in defined:
+                            free[a] = None
+                outputs = tuple(dict.fromkeys(a for a in outs if isinstance(a, str) and a in defined))
+                self.ops.append(NamedComputation(str(e.params["name"]), _transpose_count(e),
+                                                 tuple(free), outputs, tuple(body)))
+            elif _is_jit(e) and _contains_named(e.params["jaxpr"].jaxpr, self.names):
+                inner = e.params["jaxpr"]
+                ienv: dict[Any, Atom] = dict(zip(inner.jaxpr.invars, ins))
+                self.top(inner.jaxpr, inner.consts, ienv)
+                for v, a in zip(e.outvars, inner.jaxpr.outvars):
+                    env[v] = self.atom(ienv, a)
+            else:
+                outs = tuple(self.new(v.aval) for v in e.outvars)
+                for v, n in zip(e.outvars, outs):
+                    env[v] = n
+                self.ops.append(MeshlessOp(Eqn(e.primitive, dict(e.params), ins, outs,
+                                               getattr(e, "ctx", None))))
+
+
+def trace_program(fn: Callable[..., Any], args: tuple[Any, ...], *, meshes: tuple[str, ...],
+                  names: set[str] | None = None) -> tuple[Program, Any, Any]:
+    """Trace ``fn(*args)`` into a Program.
+
+    Args:
+        fn: the step function (calls named computations).
+        args: example arguments (arrays or ``jax.ShapeDtypeStruct``), any pytree.
+        meshes: topology mesh names, in order.
+        names: the labels that count as named computations (None: every ``jit`` equation).
+
+    Returns:
+        ``(program, in_tree, out_tree)``; inputs are the flattened ``args``.
+    """
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    in_tree = jax.tree.structure(args)
+    out_tree = jax.tree.structure(out_shape)
+    t = _Tracer(names)
+    env: dict[Any, Atom] = {}
+    inputs = tuple(t.new(v.aval) for v in closed.jaxpr.invars)
+    env.update(zip(closed.jaxpr.invars, inputs))
+    t.top(closed.jaxpr, closed.consts, env)
+    outputs = []
+    for a in closed.jaxpr.outvars:
+        x = t.atom(env, a)
+        if isinstance(x, Lit):
+            n = t.new(a.aval)
+            t.ops.append(MeshlessOp(Eqn(CONSTANT, {"value": np.asarray(x.value, x.dtype)}, (), (n,))))
+            x = n
+        outputs.append(x)
+    prog = Program(meshes=tuple(meshes), inputs=inputs, input_meshes=(None,) * len(inputs),
+                   outputs=tuple(outputs), output_meshes=(None,) * len(outputs),
+                   ops=tuple(t.ops), types=dict(t.types))
+    return prog, in_tree, out_tree
+
+
+# --------------------------------------------------------------------------- jit API
+
+
+def _arg_specs(flat: list[Any]) -> dict[int, Any]:
+    out = {}
+    for k, a in enumerate(flat):
+        sh = getattr(a, "sharding", None)
+        if isinstance(sh, jax.sharding.NamedSharding):
+            out[k] = sh.spec
+    return out
+
+
+class Compiled:
+    """A compiled MPMD program, callable like the original function.
+
+    ``executor(exported, flat_args) -> flat_outputs`` runs it (default: the sequential executor of
+    ``compiler.core.export``; ``compiler.core.runtime`` provides the real one).
+    """
+
+    def __init__(self, lowered: "Lowered", executor: Callable[..., Any] | None = None) -> None:
+        from compiler.core.export import run_sequential
+        self.lowered = lowered
+        self.program = lowered.program
+        self.exported = lowered.exported
+        self.executor = executor or run_sequential
+
+    def __call__(self, *args: Any) -> Any:
+        flat, tree = jax.tree.flatten(args)
+        if tree != self.lowered.in_tree:
+            raise CompilerError(f"arguments have structure {tree}, the program was lowered for "
+                                f"{self.lowered.in_tree}; call it with the same pytree")
+        outs = self.executor(self.exported, flat)
+        return jax.tree.unflatten(self.lowered.out_tree, list(outs))
+
+
+class Lowered:
+    """The result of :meth:`MpmdFunction.lower`: programs before/after the passes and the export.
+
+    Attributes:
+        initial_program: the traced Program. program: after all passes. history: (pass, Program).
+        exported: the ExportedProgram. input_shardings: one ``NamedSharding`` per flat argument.
+    """
+
+    def __init__(self, initial: Program, history: list[tuple[str, Program]], final: Program,
+                 exported: Any, in_tree: Any, out_tree: Any) -> None:
+        self.initial_program = initial
+        self.history = history
+        self.program = final
+        self.exported = exported
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+        self.input_shardings = tuple(s for _v, _m, s in exported.inputs)
+
+    def compile(self, executor: Callable[..., Any] | None = None) -> Compiled:
+        """The callable program (its executables compile on first call)."""
+        return Compiled(self, executor)
+
+
+def compiler_pipeline(config: Any, in_specs: dict[int, Any] | None = None) -> list:
+    """``compiler.core.driver.default_pipeline`` with ``fold_zero_adds`` right before ``absorb`` and
+    ``accumulate`` right after ``schedule`` (both ``passes/accumulate.py``): sums across
+    microbatches become one add per fragment, so the fragments of all microbatches keep one body
+    (``accumulate`` must follow scheduling, whose order it accumulates in)."""
+    from compiler.core.driver import default_pipeline
+    from compiler.core.passes import accumulate_uniformly, fold_zero_adds
+
+    passes = list(default_pipeline(config, in_specs))
+    names = [name for name, _ in passes]
+    if "accumulate" not in names:
+        passes.insert(names.index("schedule") + 1, ("accumulate", accumulate_uniformly))
+    if "fold_zero_adds" not in names:
+        passes.insert(names.index("absorb"), ("fold_zero_adds", fold_zero_adds))
+    return passes
+
+
+class MpmdFunction:
+    """``jit(fn, config)``: lower with :meth:`lower`."""
+
+    def __init__(self, fn: Callable[..., Any], config: Any, verify: bool = False) -> None:
+        self.fn = fn
+        self.config = config
+        self.verify = verify
+
+    def lower(self, *args: Any) -> Lowered:
+        """Trace ``fn(*args)``, run the pass pipeline and export.
+
+        Raises:
+            CompilerError: any subclass, from the passes (assignment, inference, schedule, ...).
+        """
+        from compiler.core.driver import run_passes
+        from compiler.core.export import export_program
+        cfg = self.config
+        prog, in_tree, out_tree = trace_program(self.fn, args, meshes=cfg.mesh_names,
+                                                names=cfg.names())
+        specs = _arg_specs(jax.tree.leaves(args))
+        specs.update(cfg.in_specs)
+        history: list[tuple[str, Program]] = []
+        final = run_passes(prog, compiler_pipeline(cfg, specs), verify=self.verify,
+                           history=history)
+        return Lowered(prog, history, final, export_program(final, cfg.topology), in_tree,
+                       out_tree)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.lower(*args).compile()(*args)
+
+
+def jit(fn: Callable[..., Any], config: Any, *, verify: bool = False) -> MpmdFunction:
+    """MPMD-partition ``fn`` per ``config`` (an :class:`~compiler.core.config.MpmdConfig`).
+
+    ``verify=True`` runs the IR verifier between passes.
+    """
+    return MpmdFunction(fn, config, verify)

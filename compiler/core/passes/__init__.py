@@ -1,0 +1,21 @@
+"""The MPMD compiler passes: pure functions Program -> Program (one module per pass or family)."""
+
+from compiler.core.passes.absorb import absorb_inferred_fragments
+from compiler.core.passes.accumulate import accumulate_uniformly, fold_zero_adds
+from compiler.core.passes.assignment import assign_meshes
+from compiler.core.passes.constants import copy_constants
+from compiler.core.passes.dce import fragment_dce, fragment_dedup
+from compiler.core.passes.inference import infer_meshes
+from compiler.core.passes.merging import merge_by_rules, merge_forward_backward, merge_stages
+from compiler.core.passes.scheduling import (comparator, gpipe_key, one_f_one_b_key,
+                                        schedule_fragments)
+from compiler.core.passes.sharding import propagate_shardings
+from compiler.core.passes.split_backward import split_backward
+from compiler.core.passes.transfers import merge_transfers, remove_transfer_cycles
+from compiler.core.passes.unroll import unroll_call_counters
+
+__all__ = ["absorb_inferred_fragments", "accumulate_uniformly", "fold_zero_adds", "assign_meshes", "copy_constants", "fragment_dce",
+           "fragment_dedup", "infer_meshes", "merge_by_rules", "merge_forward_backward",
+           "merge_stages", "comparator", "gpipe_key", "one_f_one_b_key", "schedule_fragments",
+           "propagate_shardings", "split_backward", "merge_transfers", "remove_transfer_cycles",
+           "unroll_call_counters"]

@@ -1,0 +1,13 @@
+"""The training driver behind ``mpmd run``: compile a plan, train the plan's zoo model on the shipped
+text (``data/``) and check the run against ``jax.jit``, the plan's order, the executables per unique
+fragment body and the simulator.
+
+``run.py`` (the run and its report), ``check.py`` (the checks).
+"""
+
+from compiler.train.check import (ExecutableCount, executable_counts, max_rel_error,
+                                  order_mismatches, rel_error, step_time_error)
+from compiler.train.run import RunError, RunReport, print_report, run_plan
+
+__all__ = ["ExecutableCount", "RunError", "RunReport", "executable_counts", "max_rel_error",
+           "order_mismatches", "print_report", "rel_error", "run_plan", "step_time_error"]
