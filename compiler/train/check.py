@@ -168,6 +168,33 @@ def executable_counts(exported: ExportedProgram, plan: Plan,
     return out
 
 
+def placements(tree: Any, topology: Mapping[str, Any]) -> Any:
+    """``tree`` with each array replaced by ``(mesh name, PartitionSpec)``: the mesh of
+    ``topology`` (name -> ``jax.sharding.Mesh``) its ``NamedSharding`` is on, or ``(None, None)``
+    for an array placed otherwise. Trailing unsharded dimensions are dropped from the spec
+    (``P("model", None)`` reads ``P("model")``)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def where(x: Any) -> tuple[str | None, Any]:
+        s = getattr(x, "sharding", None)
+        if isinstance(s, NamedSharding):
+            for name, mesh in topology.items():
+                if s.mesh == mesh:
+                    dims = list(s.spec)
+                    while dims and dims[-1] is None:
+                        dims.pop()
+                    return name, PartitionSpec(*dims)
+        return None, None
+    return jax.tree.map(where, tree)
+
+
+def same_shardings(params: Any, *trees: Any) -> bool:
+    """Whether every leaf of each of ``trees`` has the sharding of the matching leaf of ``params``
+    (e.g. Adam's moments against the parameters they belong to)."""
+    ps = [x.sharding for x in jax.tree.leaves(params)]
+    return all([x.sharding for x in jax.tree.leaves(t)] == ps for t in trees)
+
+
 def step_time_error(measured_s: float, simulated_s: float) -> float:
     """``|measured - simulated| / measured``."""
     if measured_s <= 0:

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from compiler.train import check
 from compiler.core.errors import CompilerError
@@ -105,11 +105,20 @@ def _adam_leaf(p, g, m, v, lr, b1t, b2t):
     return p, m, v
 
 
+def _like(g: Any, p: Any) -> Any:
+    ps = getattr(p, "sharding", None)
+    return g if ps is None or getattr(g, "sharding", None) == ps else jax.device_put(g, ps)
+
+
 def adam_update(params: Any, grads: Any, state: Any, lr: float) -> tuple[Any, Any]:
-    """Adam (Kingma & Ba 2015, beta1 0.9, beta2 0.999, eps 1e-8), leaf by leaf on each leaf's mesh."""
+    """Adam (Kingma & Ba 2015, beta1 0.9, beta2 0.999, eps 1e-8), leaf by leaf on each leaf's mesh.
+
+    Each gradient is first placed like its parameter (a no-op when the compiler already returned it
+    so), so parameters and both moments stay sharded as the plan's layout says (FSDP: over
+    ``data``; tensor parallel: over ``model``)."""
     t = state["t"] + 1
     lp, tree = jax.tree.flatten(params)
-    out = [_adam_leaf(p, g, m, v, lr, 0.9 ** t, 0.999 ** t)
+    out = [_adam_leaf(p, _like(g, p), m, v, lr, 0.9 ** t, 0.999 ** t)
            for p, g, m, v in zip(lp, jax.tree.leaves(grads), jax.tree.leaves(state["m"]),
                                  jax.tree.leaves(state["v"]))]
     new_p = jax.tree.unflatten(tree, [o[0] for o in out])
@@ -150,6 +159,26 @@ def topology_from_cluster(cluster: Any, devices: list | None = None) -> dict[str
     return out
 
 
+def plan_topology(plan: Plan, cluster: Any, devices: list | None = None) -> dict[str, Mesh]:
+    """Mesh name -> ``Mesh`` shaped by the plan's layout for it (axes ``data``, ``model``, and
+    ``replica`` for hybrid sharding; :func:`compiler.train.layouts.topology_for_plan`).
+
+    Raises:
+        RunError: fewer local devices than the cluster has, or a layout that does not fit its mesh.
+    """
+    from compiler.train.layouts import topology_for_plan
+
+    devices = list(devices if devices is not None else jax.devices())
+    if len(devices) < cluster.num_devices:
+        raise RunError(f"cluster {cluster.name!r} needs {cluster.num_devices} devices, JAX has "
+                       f"{len(devices)}; set jax_num_cpu_devices={cluster.num_devices} (or "
+                       f"XLA_FLAGS) before JAX starts")
+    try:
+        return topology_for_plan(plan, cluster, devices)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+
+
 # --------------------------------------------------------------------------- report
 @dataclass(frozen=True)
 class RunReport:
@@ -160,6 +189,9 @@ class RunReport:
     ``grad_leaf_rel_errors``, for information);
     ``measured_step_s`` is :func:`measured_step_time` of the recorded steps; ``simulated_step_s``
     the simulator's step without the optimizer op (the optimizer runs outside the MPMD program here).
+    ``param_shardings`` is the parameter pytree after the last step with each leaf replaced by
+    ``(mesh name, PartitionSpec)`` of where it lives; ``opt_state_follows_params`` says whether
+    both Adam moments of every leaf are sharded exactly like it.
     """
 
     plan: Plan
@@ -174,6 +206,8 @@ class RunReport:
     executed_order: Mapping[str, tuple[str, ...]]
     timelines: tuple[Any, ...] = field(default=(), repr=False)
     grad_leaf_rel_errors: tuple[float, ...] = ()
+    param_shardings: Any = field(default=None, repr=False)
+    opt_state_follows_params: bool | None = None
 
     @property
     def max_rel_error(self) -> float:
@@ -213,18 +247,6 @@ def executed_plan(plan: Plan) -> Plan:
     return dataclasses.replace(plan, grad_sync="microbatch")
 
 
-def check_layouts(plan: Plan) -> None:
-    """Raise :class:`RunError` for layouts this runtime does not implement (tensor parallel, FSDP).
-
-    The compiler shards each microbatch over the mesh's ``data`` axis and replicates parameters;
-    Megatron-style tensor parallel and fully sharded parameters are planned, not yet compiled.
-    """
-    for m, lay in plan.layouts.items():
-        if lay.tensor > 1 or lay.fsdp:
-            raise RunError(f"mesh {m!r} has layout {lay}, but 'mpmd run' executes data-parallel "
-                           f"layouts only; re-plan with 'mpmd plan ... --max-tensor 1 --no-fsdp'")
-
-
 def simulated_step_time(plan: Plan, cluster: Any, cfg: Any) -> float:
     """The simulator's step time of ``plan`` as executed here (:func:`executed_plan`) on
     ``cluster``, without the optimizer op (the optimizer runs outside the MPMD program), s."""
@@ -236,21 +258,24 @@ def simulated_step_time(plan: Plan, cluster: Any, cfg: Any) -> float:
     return max((e.end_s for e in res.timeline.events if e.kind != "optimizer"), default=0.0)
 
 
-def with_batch_specs(config: Any, plan: Plan, params: Any, microbatches: Any) -> Any:
-    """``config`` with every microbatch array split over the ``data`` axis (the plan's data
-    parallel layout: each device of a mesh computes its share of the microbatch, as the calibration
-    and the simulator assume); parameters stay replicated. Unchanged when no mesh of the plan is
-    data parallel."""
-    import dataclasses
+def with_plan_specs(config: Any, plan: Plan, cfg: Any, params: Any, microbatches: Any) -> Any:
+    """``config`` with the plan's shardings as input specs (:mod:`compiler.train.layouts`): every
+    parameter sharded as its mesh's layout says (Megatron tensor parallel over ``model``, FSDP over
+    ``data``), every microbatch array split over the data axes of the mesh that reads it (the
+    first stage's mesh for the tokens, the last's for the targets: the spec is adapted to each
+    mesh's axes by the compiler)."""
+    from compiler import zoo
+    from compiler.train.layouts import batch_spec, param_specs
 
-    from jax.sharding import PartitionSpec
-
-    if not any(lay.data > 1 for lay in plan.layouts.values()):
-        return config
-    n_params = len(jax.tree.leaves(params))
+    names = zoo.layer_names(cfg)
     specs = dict(config.in_specs)
+    leaves = jax.tree.leaves(param_specs(cfg, plan, params, names),
+                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+    specs.update({k: s for k, s in enumerate(leaves) if k not in specs})
+    first = min(plan.stages, key=lambda s: s.index).mesh
+    bspec = batch_spec(plan.layouts[first])
     for k in range(len(jax.tree.leaves(microbatches))):
-        specs.setdefault(n_params + k, PartitionSpec("data"))
+        specs.setdefault(len(leaves) + k, bspec)
     return dataclasses.replace(config, in_specs=specs)
 
 
@@ -296,12 +321,11 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
         raise RunError(f"the plan is data parallel over {len(plan.parts)} pipelines (one per device "
                        f"kind), but 'mpmd run' executes one pipeline; simulate it with 'mpmd simulate', "
                        f"or run a single-pipeline plan")
-    check_layouts(plan)
     cpath = cluster_path or plan.cluster_path
     if not cpath:
         raise RunError("the plan names no cluster file; pass cluster_path (--cluster)")
     cluster = run_cluster(plan, cpath)
-    topology = topology_from_cluster(cluster)
+    topology = plan_topology(plan, cluster)
     cfg = zoo.get_config(plan.model, seq_len=plan.seq_len, **dict(model_overrides or {}))
     M = plan.microbatches
     if plan.global_batch % M:
@@ -311,7 +335,7 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
     data = batches(load_text(), M, plan.global_batch // M, plan.seq_len, seed=seed)
     first = split_microbatches(next(data))
     config = config_from_plan(plan, topology, layer_names=zoo.layer_names(cfg))
-    exported = _compile(step, with_batch_specs(config, plan, params, first), (params, first))
+    exported = _compile(step, with_plan_specs(config, plan, cfg, params, first), (params, first))
     flat_params, ptree = jax.tree.flatten(params)
     placed = [jax.device_put(x, sh) if sh is not None else x
               for x, (_, _, sh) in zip(flat_params, exported.inputs)]
@@ -350,7 +374,9 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
     sim = simulated_step_time(plan, cluster, cfg) if simulate else None
     from compiler.zoo.costing import workload as _wl
     bodies = _wl(cfg, plan.global_batch, plan.seq_len).layers
-    return RunReport(plan=plan, losses=tuple(losses), loss_rel_errors=tuple(lerr),
+    return RunReport(param_shardings=check.placements(params, topology),
+                     opt_state_follows_params=check.same_shardings(params, opt["m"], opt["v"]),
+                     plan=plan, losses=tuple(losses), loss_rel_errors=tuple(lerr),
                      grad_rel_errors=tuple(gerr), grad_leaf_rel_errors=tuple(leaf_err),
                      order_mismatches=tuple(check.order_mismatches(plan, order)),
                      executables=check.executable_counts(exported, plan, bodies),

@@ -5,8 +5,14 @@ its operands' shardings given, and the result shardings XLA chooses are read bac
 executable. Across a transfer, the MPMD layer propagates: the destination value gets the source's
 sharding by mesh-axis name (RFC: "we simply propagate using the Shardy axes names"), dropping an
 axis the destination mesh lacks or whose size does not divide the dimension. Inputs take the
-given spec, else replicated. Propagation is forward in program order (one sweep; results whose
-sharding XLA leaves unspecified become replicated). Fills ``Program.specs`` for every top-level value.
+given spec, else replicated. Propagation is forward in program order (results whose sharding XLA
+leaves unspecified become replicated). Fills ``Program.specs`` for every top-level value.
+
+Accumulators (``compiler.core.passes.accumulate``: a mesh's ``part="init"`` fragment makes the
+zeros that each microbatch's fragment adds its gradient to) take the sharding of what is added to
+them: a second sweep gives each zero the spec XLA chose for the sum it starts. Otherwise the zeros
+would be replicated, the first microbatch's fragment would read a replicated accumulator and the
+others a sharded one, and one body would need two executables (tensor parallel, FSDP).
 """
 
 from __future__ import annotations
@@ -58,6 +64,27 @@ def _sharding_spec(s: Any, ndim: int) -> Spec:
     return ((),) * ndim
 
 
+def _accumulator_specs(p: Program, specs: Mapping[str, Spec]) -> dict[str, Spec]:
+    """Init-fragment output -> the spec of the sum it starts (the output of the ``add`` /
+    ``add_any`` that reads it in the first fragment using it)."""
+    from compiler.core.passes.accumulate import ACC_PRIMS, INIT_PART
+
+    zeros = {v for op in p.ops if isinstance(op, Fragment) and op.part == INIT_PART
+             for v in op.outputs}
+    out: dict[str, Spec] = {}
+    for op in p.ops:
+        if not isinstance(op, Fragment) or op.part == INIT_PART:
+            continue
+        outs = set(op.outputs)
+        for e in op.body:
+            if getattr(e.prim, "name", None) in ACC_PRIMS and len(e.outputs) == 1 \
+                    and e.outputs[0] in outs and e.outputs[0] in specs:
+                for a in e.inputs:
+                    if isinstance(a, str) and a in zeros and a not in out:
+                        out[a] = specs[e.outputs[0]]
+    return out
+
+
 def propagate_shardings(p: Program, topology: Mapping[str, Any],
                         in_specs: Mapping[int, Spec] | None = None) -> Program:
     """Fill ``specs`` (see the module docstring).
@@ -66,6 +93,19 @@ def propagate_shardings(p: Program, topology: Mapping[str, Any],
         topology: mesh name -> ``jax.sharding.Mesh``.
         in_specs: flattened input index -> spec (others replicated).
     """
+    fixed: dict[str, Spec] = {}
+    specs = _sweep(p, topology, in_specs, fixed)
+    for _ in range(3):     # converges in one round: an accumulator's sum keeps the spec it had
+        new = _accumulator_specs(p, specs)
+        if not new or new == fixed:
+            break
+        fixed = new
+        specs = _sweep(p, topology, in_specs, fixed)
+    return replace(p, specs=specs)
+
+
+def _sweep(p: Program, topology: Mapping[str, Any], in_specs: Mapping[int, Spec] | None,
+           fixed: Mapping[str, Spec]) -> dict[str, Spec]:
     specs: dict[str, Spec] = {}
     for k, (v, m) in enumerate(zip(p.inputs, p.input_meshes)):
         shape = p.types[v].shape
@@ -92,4 +132,7 @@ def propagate_shardings(p: Program, topology: Mapping[str, Any],
                 cache[key] = tuple(_sharding_spec(s, len(p.types[v].shape))
                                    for s, v in zip(outs, op.outputs))
             specs.update(zip(op.outputs, cache[key]))
-    return replace(p, specs=specs)
+            for v in op.outputs:
+                if v in fixed:
+                    specs[v] = adapt(fixed[v], p.types[v].shape, topology[op.mesh])
+    return specs
