@@ -241,9 +241,10 @@ def measured_step_time(times: Sequence[float]) -> float:
 
 
 def executed_plan(plan: Plan) -> Plan:
-    """``plan`` as this runtime executes it, for the simulator: parameters are replicated and the
-    batch split over ``data``, so every backward returns all-reduced gradients for its microbatch
-    (``grad_sync="microbatch"``) rather than once per step."""
+    """``plan`` as this runtime executes it, for the simulator: each backward fragment is one XLA
+    program that reduces its microbatch's gradients over ``data`` itself (an all-reduce, or with
+    FSDP a reduce-scatter), so gradients are synced per microbatch (``grad_sync="microbatch"``)
+    rather than once per step."""
     return dataclasses.replace(plan, grad_sync="microbatch")
 
 
