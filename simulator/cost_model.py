@@ -94,7 +94,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     With ``layout.fsdp`` (ZeRO-3, Rajbhandari et al. 2020; PyTorch FSDP, Zhao et al. 2023) a
     forward all-gathers the layer's parameters over the data axis and a backward gathers them again
     and reduce-scatters the fp32 gradients (the W does the reduce-scatter when the backward is
-    split); prefetching overlaps that traffic with compute, so the layer takes the longer of the two.
+    split); prefetching overlaps that traffic with compute, so the layer takes the longer of the two
+    (on a device whose ``roofline`` is ``"sum"``, which overlaps nothing inside a fragment, the sum).
 
     No dispatch overhead is included (see :func:`fragment_overhead`).
     """
@@ -129,7 +130,10 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         gather = all_gather(cost.param_bytes / t, g, link)
         scatter = reduce_scatter(cost.param_count * GRAD_BYTES_PER_PARAM / t, g, link)
         shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
-    body = max(combine_work(compute, memory, mesh.device.roofline), shard) + elementwise + comm
+    work = combine_work(compute, memory, mesh.device.roofline)
+    # prefetching overlaps FSDP's gathers with compute; a device that overlaps nothing inside a
+    # fragment (roofline "sum": XLA:CPU runs a fragment's ops one after another) adds them
+    body = (work + shard if mesh.device.roofline == "sum" else max(work, shard)) + elementwise + comm
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype)
     return body

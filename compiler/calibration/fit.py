@@ -34,7 +34,8 @@ class FragmentTiming:
 
     ``flops`` / ``bytes`` are per device (XLA cost analysis of the partitioned executable, or the
     simulator's figures after :func:`simulator_costs`); ``seconds`` is the median wall time of one
-    call, dispatch included.
+    call, dispatch included; ``layout`` is the mesh's layout it ran under (``"dp"``, ``"tp"`` or
+    ``"fsdp"``: :mod:`compiler.calibration.layouts`).
     """
 
     layer: str
@@ -43,6 +44,7 @@ class FragmentTiming:
     flops: float
     bytes: float
     seconds: float
+    layout: str = "dp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,28 +184,15 @@ LAYER_BODY = {"embed": "embed", "block": "decoder_block", "head": "head"}
 
 def simulator_costs(frags: Sequence[FragmentTiming], devices_per_mesh: int, *,
                     model: str = "llama-tiny") -> list[FragmentTiming]:
-    """``frags`` with per-device FLOP and bytes replaced by what the simulator charges for them.
-
-    ``simulator.cost_model.layer_time`` charges a data-parallel F or (unsplit) B of ``samples``
-    samples ``flops_per_sample x samples / d`` and ``bytes_fixed + bytes_per_sample x samples / d``
-    per device (``d = devices_per_mesh``), with the ``compiler.zoo.costing`` workload's figures.
+    """``frags`` with per-device FLOP and bytes replaced by what the simulator charges for them
+    under each fragment's layout (:func:`compiler.calibration.layouts.layout_costs`): for a
+    data-parallel F or (unsplit) B of ``samples`` samples, ``flops_per_sample x samples / d`` and
+    ``bytes_fixed + bytes_per_sample x samples / d`` per device (``d = devices_per_mesh``), with
+    the ``compiler.zoo.costing`` workload's figures.
     """
-    from dataclasses import replace
+    from compiler.calibration.layouts import layout_costs
 
-    from compiler.zoo.costing import workload
-
-    wl = workload(model, max(f.samples for f in frags))
-    by_name = {c.name: c for c in (wl.layer(i) for i in range(len(wl.layers)))}
-    out = []
-    for f in frags:
-        c = by_name[LAYER_BODY[f.layer]]
-        per_dev = f.samples / devices_per_mesh
-        if f.kind == "F":
-            flops, nbytes = c.fwd_flops_per_sample * per_dev, c.fwd_bytes_fixed + c.fwd_bytes_per_sample * per_dev
-        else:
-            flops, nbytes = c.bwd_flops_per_sample * per_dev, c.bwd_bytes_fixed + c.bwd_bytes_per_sample * per_dev
-        out.append(replace(f, flops=flops, bytes=nbytes))
-    return out
+    return layout_costs(frags, devices_per_mesh, model=model)
 
 
 def grad_bytes(f: FragmentTiming, *, model: str = "llama-tiny") -> float:
@@ -214,15 +203,13 @@ def grad_bytes(f: FragmentTiming, *, model: str = "llama-tiny") -> float:
 
 
 def ring_terms(f: FragmentTiming, devices_per_mesh: int, latency: float) -> tuple[float, float]:
-    """``(fixed, per)``: the ring all-reduce of fragment ``f``'s layer gradients over the mesh takes
-    ``fixed + per / bandwidth`` seconds (``hardware_profiles.collectives.ring_all_reduce``, split
-    into its latency part and its part linear in 1 / bandwidth, which the fits solve for)."""
-    from hardware_profiles.collectives import ring_all_reduce
-    from hardware_profiles.types import Link
+    """``(fixed, per)``: fragment ``f``'s collectives over the mesh take ``fixed + per / bandwidth``
+    seconds (:func:`compiler.calibration.layouts.collective_terms`: for a data-parallel backward,
+    the ring all-reduce of its layer's gradients), split into the latency part and the part
+    linear in 1 / bandwidth, which the fits solve for."""
+    from compiler.calibration.layouts import collective_terms
 
-    g = grad_bytes(f)
-    return (ring_all_reduce(g, devices_per_mesh, Link(math.inf, latency)),
-            ring_all_reduce(g, devices_per_mesh, Link(1.0, 0.0)))
+    return collective_terms(f, devices_per_mesh, latency)
 
 
 def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
@@ -297,8 +284,13 @@ def fit_additive(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
     """(forward FLOP/s, backward FLOP/s, all-reduce B/s, relative rms error) of the additive model
     (``roofline: sum``) over forward and backward ``frags``, fitted together::
 
-        F: t = overhead + flops / F + bytes / bandwidth
-        B: t = overhead + flops / F_b + bytes / bandwidth + 2 (n-1) latency + 2 (n-1)/n g / B_ar
+        F: t = overhead + flops / F + bytes / bandwidth + fixed + per / B_ar
+        B: t = overhead + flops / F_b + bytes / bandwidth + fixed + per / B_ar
+
+    with each fragment's collectives as ``fixed + per / B_ar`` (:func:`ring_terms`: none for a
+    data-parallel forward, the gradient all-reduce ``2 (n-1) latency + 2 (n-1)/n g / B_ar`` for
+    its backward; the activation all-reduce, parameter all-gather and gradient reduce-scatter under
+    tensor parallel and FSDP).
 
     ``bandwidth`` is measured (the ``a + b`` fragment), not fitted: a fragment's FLOP and bytes both
     grow with its samples, so fitting both rates would trade one against the other. The model is
@@ -318,9 +310,10 @@ def fit_additive(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
     if not fwd or not bwd:
         raise CalibrationError("the additive fit needs forward and backward timings; measure both")
     rows, y = [], []
-    for f in fwd:
-        rows.append([f.flops, 0.0, 0.0])
-        y.append(f.seconds - overhead - f.bytes / bandwidth)
+    for f in fwd:     # a forward's collectives: tensor-parallel all-reduce, FSDP all-gather
+        fixed, per = ring_terms(f, devices_per_mesh, latency)
+        rows.append([f.flops, 0.0, per])
+        y.append(f.seconds - overhead - f.bytes / bandwidth - fixed)
     for f in bwd:
         fixed, per = ring_terms(f, devices_per_mesh, latency)
         rows.append([0.0, f.flops, per])
@@ -342,40 +335,44 @@ def fit_calibration(frags: Sequence[FragmentTiming], overhead: float, bandwidth:
 
     Overlapped (``max``: :func:`fit_flops` then :func:`fit_backward`) or additive (``sum``:
     :func:`fit_additive`) compute and memory time, both with the memory rate ``bandwidth`` of the
-    ``a + b`` fragment. Returns ``roofline``, ``achievable_flops`` (FLOP/s),
+    ``a + b`` fragment, compared on the data-parallel fragments. When the additive model wins and
+    tensor-parallel or FSDP fragments were timed, it is refitted over all of them: every
+    collective inside a fragment (gradient all-reduce, activation all-reduce, parameter all-gather,
+    gradient reduce-scatter) on the one fitted intra-mesh link. Returns ``roofline``, ``achievable_flops`` (FLOP/s),
     ``backward_efficiency``, ``allreduce_bandwidth`` (B/s), ``rel_error`` and
     ``roofline_errors`` (each model's relative rms error).
 
     Raises:
         CalibrationError: no forward or no backward fragments.
     """
-    fwd = [f for f in frags if f.kind == "F"]
-    bwd = [f for f in frags if f.kind != "F"]
+    dp = [f for f in frags if f.layout == "dp"]
+    fwd = [f for f in dp if f.kind == "F"]
+    bwd = [f for f in dp if f.kind != "F"]
     ach, rms_f = fit_flops(fwd, overhead, bandwidth)
     bwd_f, ar, rms_b = fit_backward(bwd, overhead, bandwidth, devices_per_mesh, latency,
                                     max_rate=ach)
     rms = math.sqrt((rms_f ** 2 * len(fwd) + rms_b ** 2 * len(bwd)) / (len(fwd) + len(bwd)))
     fits = {"max": (rms, ach, bwd_f, ar)}
-    f_s, fb_s, ar_s, rms_s = fit_additive(frags, overhead, bandwidth, devices_per_mesh, latency)
+    f_s, fb_s, ar_s, rms_s = fit_additive(dp, overhead, bandwidth, devices_per_mesh, latency)
     if all(math.isfinite(v) for v in (f_s, fb_s, ar_s)):
         fits["sum"] = (rms_s, f_s, min(fb_s, f_s), ar_s)
     roofline = min(fits, key=lambda k: fits[k][0])
     rms, ach_flops, bwd_flops, ar_bw = fits[roofline]
+    if roofline == "sum" and len(dp) < len(frags):
+        # tensor-parallel and FSDP fragments too: their collectives share the one fitted link
+        f_s, fb_s, ar_s, rms_s = fit_additive(frags, overhead, bandwidth, devices_per_mesh, latency)
+        if all(math.isfinite(v) for v in (f_s, fb_s, ar_s)):
+            rms, ach_flops, bwd_flops, ar_bw = rms_s, f_s, min(fb_s, f_s), ar_s
     return {"roofline": roofline, "achievable_flops": ach_flops,
             "backward_efficiency": min(1.0, bwd_flops / ach_flops), "allreduce_bandwidth": ar_bw,
             "rel_error": rms, "roofline_errors": tuple((k, v[0]) for k, v in fits.items())}
 
 
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
-    """The fitted model's time for fragment ``f`` (s): :meth:`Calibration.predict` for a forward;
-    for a backward, the backward rate and the layer's gradient all-reduce on the fitted link."""
-    if f.kind == "F":
-        return cal.predict(f.flops, f.bytes)
-    from hardware_profiles.collectives import ring_all_reduce
-    from hardware_profiles.types import Link
-
-    rate = cal.achievable_flops * cal.backward_efficiency
+    """The fitted model's time for fragment ``f`` (s): overhead, the work at the forward or
+    backward rate, and its collectives (:func:`ring_terms`) on the fitted intra-mesh link."""
+    rate = cal.achievable_flops * (1.0 if f.kind == "F" else cal.backward_efficiency)
+    fixed, per = ring_terms(f, cal.devices_per_mesh, cal.intra_latency)
     return (cal.fragment_overhead
             + work_time(f.flops, f.bytes, rate, cal.achievable_bandwidth, cal.roofline)
-            + ring_all_reduce(grad_bytes(f), cal.devices_per_mesh,
-                              Link(cal.intra_bandwidth, cal.intra_latency)))
+            + fixed + per / cal.intra_bandwidth)

@@ -4,8 +4,10 @@ What is measured (median of ``repeats`` runs each, ``block_until_ready`` for hon
 
 - **fragments**: forward and backward (``jax.vjp``; the backward consumes the forward's residuals)
   of the zoo's llama layers (``embed``, ``block``, ``head`` of :mod:`compiler.zoo.decoder`) at a few
-  microbatch sizes, on one mesh of ``devices_per_mesh`` devices with the batch split over ``data``
-  (the layout the plans use). Each fragment's per-device FLOP and bytes are the ones the
+  microbatch sizes, on one mesh of ``devices_per_mesh`` devices under each layout plans use
+  (:mod:`compiler.calibration.layouts`: data parallel, Megatron tensor parallel, FSDP), so the
+  collectives inside fragments (gradient all-reduce, activation all-reduce, parameter all-gather,
+  gradient reduce-scatter) are timed where they really run. Each fragment's per-device FLOP and bytes are the ones the
   simulator charges for it (:func:`simulator_costs`: the ``compiler.zoo.costing`` workload of llama-tiny
   through ``simulator.cost_model.layer_time``'s formulas), so the fitted rate reproduces the measured
   times *through the simulator's own costing*. (XLA:CPU's ``bytes accessed`` counts several times
@@ -40,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from compiler.calibration.layouts import LAYOUTS
 from compiler.calibration.fit import (LAYER_BODY, Calibration, CalibrationError, FragmentTiming,
                                       HostInfo, cpu_model, fit_additive, fit_backward,
                                       fit_calibration, fit_flops, grad_bytes, model_seconds,
@@ -98,21 +101,33 @@ def local_meshes(num_meshes: int, devices_per_mesh: int, axis: str = "data") -> 
 
 # --------------------------------------------------------------------------- measurements
 def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: str = "llama-tiny",
-                      repeats: int = 5, progress: Progress | None = None) -> list[FragmentTiming]:
-    """Time F and B of the zoo model's embed, block and head layers on ``mesh`` (batch on axis 0).
+                      repeats: int = 5, progress: Progress | None = None,
+                      layout: str = "dp") -> list[FragmentTiming]:
+    """Time F and B of the zoo model's embed, block and head layers on ``mesh``'s devices under
+    ``layout`` (``"dp"``: batch split, parameters replicated; ``"tp"``: Megatron tensor parallel;
+    ``"fsdp"``: batch and parameters split; the shardings ``mpmd run`` gives them,
+    :mod:`compiler.train.layouts`).
 
     ``progress`` (if given) is told each fragment before it is timed: ``"block B, 4 samples
     (8 of 18)"``.
     """
+    from compiler.calibration.layouts import layout_of
+    from compiler.train.layouts import batch_spec, layout_mesh, param_spec
     from compiler.zoo.config import get_config
     from compiler.zoo.decoder import block_fn, block_shapes, embed_fn, embed_shapes, head_fn, head_shapes
     from compiler.zoo.layers import init_from_shapes
 
     cfg = get_config(model)
-    axis = mesh.axis_names[0]
-    rep, bat = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
+    lay = layout_of(layout, mesh.devices.size)
+    mesh = layout_mesh(list(mesh.devices.flat), lay)
+    bat = NamedSharding(mesh, batch_spec(lay))
     key = jax.random.PRNGKey(0)
-    params = {n: jax.device_put(init_from_shapes(s(cfg), cfg.jnp_dtype, key), rep)
+
+    def placed(shapes: dict) -> dict:
+        vals = init_from_shapes(shapes, cfg.jnp_dtype, key)
+        return {k: jax.device_put(v, NamedSharding(mesh, param_spec(cfg, k, tuple(v.shape), lay)))
+                for k, v in vals.items()}
+    params = {n: placed(s(cfg))
               for n, s in (("embed", embed_shapes), ("block", block_shapes), ("head", head_shapes))}
     out: list[FragmentTiming] = []
     total, done = 2 * 3 * len(samples), 0
@@ -136,7 +151,7 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
             fwd = jax.jit(fn)
             f_flops, f_bytes = _cost(fwd.lower(*args).compile())
             out.append(FragmentTiming(name, "F", b, f_flops, f_bytes,
-                                      time_call(fwd, *args, repeats=repeats)))
+                                      time_call(fwd, *args, repeats=repeats), layout))
 
             def fwd_vjp(*a, fn=fn, diff=diff):
                 d = [a[i] for i in diff]
@@ -154,7 +169,7 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
             bwd = jax.jit(lambda f, c: f(c))
             b_flops, b_bytes = _cost(bwd.lower(vjp_fn, ct).compile())
             out.append(FragmentTiming(name, "B", b, b_flops, b_bytes,
-                                      time_call(bwd, vjp_fn, ct, repeats=repeats)))
+                                      time_call(bwd, vjp_fn, ct, repeats=repeats), layout))
     return out
 
 
@@ -317,9 +332,11 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
 
     meshes = local_meshes(num_meshes, devices_per_mesh)
     step(0)
-    frags = simulator_costs(measure_fragments(meshes[0], samples, repeats=repeats,
-                                              progress=lambda m: step(0, m)),
-                            devices_per_mesh)
+    timed: list[FragmentTiming] = []
+    for lay in LAYOUTS:     # data parallel, tensor parallel, FSDP: the layouts plans run
+        timed += measure_fragments(meshes[0], samples, repeats=repeats, layout=lay,
+                                   progress=lambda m, lay=lay: step(0, f"{lay} {m}"))
+    frags = simulator_costs(timed, devices_per_mesh)
     step(1)
     overhead = measure_overhead(meshes[0])
     step(2)
