@@ -5,9 +5,9 @@ compiles one denoising forward (``compiler.core.frontend.jit(forward_step_fn(...
 (...))``: the plan's microbatches through its stages, F fragments only) and drives a sampler with it:
 ``cfg.sampling_steps`` Euler steps from Gaussian noise, each one execution of the MPMD program
 followed by the guidance and Euler update in plain JAX (as ``mpmd run`` runs Adam outside the
-training program). It checks (a) the generated latents against one ``jax.jit`` of the whole sampler
-(:func:`sample_fn`, the same forward, on one device) and every step's velocities against
-``jax.jit`` of the forward at the same inputs, (b) the executed per-mesh order against the plan,
+training program). It checks (a) the generated latents and every step's velocities against one
+``jax.jit`` of the whole sampler (:func:`sample_fn`: the same forward and update, on one device,
+from the same noise), (b) the executed per-mesh order against the plan,
 (c) executables against unique fragment bodies (:mod:`compiler.train.check`), and reports (d) the
 measured step (one denoising forward) against the simulator's.
 
@@ -103,18 +103,20 @@ def euler_update(z: jax.Array, v_all: jax.Array, dsigma: float, scale: float) ->
 
 
 def sample_fn(cfg: Any, microbatches: int, scale: float = CFG_SCALE):
-    """``(params, noise [V,C,F,H,W], text [V,T,td]) -> latents``: the whole sampler in one
-    function (``cfg.sampling_steps`` Euler steps of :func:`forward_step_fn`), the reference that
-    :func:`generate_plan` checks the MPMD run against under ``jax.jit``."""
+    """``(params, noise [V,C,F,H,W], text [V,T,td]) -> (latents [V,C,F,H,W], velocities
+    [steps, 2V,C,F,H,W])``: the whole sampler in one function (``cfg.sampling_steps`` Euler steps
+    of :func:`forward_step_fn`, a ``jax.lax.scan`` over the steps), with every step's DiT
+    velocities; the reference that :func:`generate_plan` checks the MPMD run against under
+    ``jax.jit``."""
     step = forward_step_fn(cfg, microbatches)
     sig = sigma_schedule(cfg.sampling_steps)
 
     def sample(params, noise, text):
-        z = noise
-        for i in range(cfg.sampling_steps):
-            v = jnp.concatenate(step(params, split_rows(dit_inputs(z, sig[i], text), microbatches)))
-            z = euler_update(z, v, sig[i] - sig[i + 1], scale)
-        return z
+        def one(z, s):
+            sigma, dsigma = s[0], s[1]
+            v = jnp.concatenate(step(params, split_rows(dit_inputs(z, sigma, text), microbatches)))
+            return euler_update(z, v, dsigma, scale), v
+        return jax.lax.scan(one, noise, jnp.stack([sig[:-1], sig[:-1] - sig[1:]], axis=1))
     return sample
 
 
@@ -123,8 +125,8 @@ class GenerateReport:
     """What :func:`generate_plan` measured and checked (SI units).
 
     ``latent_rel_error``: the generated latents against ``jax.jit`` of :func:`sample_fn`;
-    ``velocity_rel_errors``: per denoising step, all velocities (one vector) against ``jax.jit``
-    of the forward at the MPMD run's inputs (:func:`compiler.train.check.tree_rel_error`);
+    ``velocity_rel_errors``: per denoising step, the step's velocities (all rows, one vector)
+    against the same step of ``jax.jit`` of :func:`sample_fn`;
     ``step_times_s``: one MPMD forward per denoising step; ``measured_step_s`` their
     :func:`~compiler.train.run.measured_step_time`; ``simulated_step_s`` the simulator's step.
     """
@@ -215,27 +217,22 @@ def generate_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | No
     params = jax.tree.unflatten(ptree, [jax.device_put(x, sh) if sh is not None else x
                                         for x, (_, _, sh) in zip(flat, exported.inputs)])
     ref_dev = jax.devices()[0]
-    host_params = jax.device_put(jax.device_get(params), ref_dev)
-    ref_step = jax.jit(step)
+    ref_z, ref_v = jax.jit(sample_fn(cfg, M, scale))(
+        *jax.device_put((jax.device_get(params), noise, text), ref_dev))
     update = jax.jit(euler_update, static_argnums=(3,))
     run_program(exported, (params, first), record=False)   # compile every executable first
     z, verr, times, order = noise, [], [], {}
     for i in range(cfg.sampling_steps):
-        mbs = split_rows(dit_inputs(z, sig[i], text), M)
-        ex = run_program(exported, (params, mbs))
+        ex = run_program(exported, (params, split_rows(dit_inputs(z, sig[i], text), M)))
         v = jnp.concatenate([jax.device_put(o, ref_dev) for o in ex.outputs])
-        ref = jnp.concatenate(ref_step(host_params, jax.device_put(mbs, ref_dev)))
-        verr.append(check.tree_rel_error(v, ref))
+        verr.append(check.rel_error(v, ref_v[i]))
         times.append(ex.timeline.step_time_s)
         order = ex.order
         z = update(jax.device_put(z, ref_dev), v, float(sig[i] - sig[i + 1]), scale)
         if not quiet and console is not None:
             console.print(f"denoising step {i}: sigma {sig[i]:.3f} -> {sig[i + 1]:.3f}  "
                           f"forward {times[-1] * 1e3:.1f} ms  velocity rel error {verr[-1]:.1e}")
-    ref_z = jax.jit(sample_fn(cfg, M, scale))(host_params, jax.device_put(noise, ref_dev),
-                                              jax.device_put(text, ref_dev))
-    from compiler.zoo.costing import workload
-    bodies = workload(cfg, plan.global_batch, plan.seq_len).layers
+    bodies = [zoo.body_of(cfg, n) for n in zoo.layer_names(cfg)]
     return GenerateReport(
         plan=plan, latents=z, latent_rel_error=check.rel_error(z, ref_z),
         velocity_rel_errors=tuple(verr), order_mismatches=tuple(check.order_mismatches(plan, order)),
