@@ -1,22 +1,22 @@
-"""``mpmd run`` of a forward-only (inference) plan: a DiT generates from noise through the MPMD program.
+"""``mpmd run`` of a forward-only (inference) plan: a DiT generates from noise through MPMD.
 
-:func:`generate_plan` loads a forward-only plan of a zoo DiT (``mochi-dit-tiny``, ``mochi-dit-10b``),
-compiles one denoising forward (``compiler.core.frontend.jit(forward_step_fn(...), config_from_plan
-(...))``: the plan's microbatches through its stages, F fragments only) and drives a sampler with it:
-``cfg.sampling_steps`` Euler steps from Gaussian noise, each one execution of the MPMD program
-followed by the guidance and Euler update in plain JAX (as ``mpmd run`` runs Adam outside the
-training program). It checks (a) the generated latents and every step's velocities against one
-``jax.jit`` of the whole sampler (:func:`sample_fn`: the same forward and update, on one device,
-from the same noise), (b) the executed per-mesh order against the plan,
-(c) executables against unique fragment bodies (:mod:`compiler.train.check`), and reports (d) the
-measured step (one denoising forward) against the simulator's.
+:func:`generate_plan` loads a forward-only plan of a zoo DiT (``mochi-dit-tiny``,
+``mochi-dit-10b``), compiles one denoising forward (``compiler.core.frontend.jit(
+forward_step_fn(...), config_from_plan(...))``: the plan's microbatches through its stages, F
+fragments only) and drives a sampler with it: ``cfg.sampling_steps`` Euler steps from Gaussian
+noise, each one execution of the MPMD program followed by the guidance and Euler update in plain
+JAX (as ``mpmd run`` runs Adam outside the training program). It checks (a) the generated latents
+and every step's velocities against one ``jax.jit`` of the whole sampler (:func:`sample_fn`: the
+same forward and update, on one device, from the same noise), (b) the executed per-mesh order
+against the plan, (c) executables against unique fragment bodies (:mod:`compiler.train.check`),
+and reports (d) the measured step (one denoising forward) against the simulator's.
 
-Sampler (after Genmo's Mochi 1 ``sample_model``, github.com/genmoai/mochi ``pipelines.py``): rectified
-flow, the DiT predicts the velocity ``v = z_0 - eps`` at noise level ``sigma`` (its timestep input);
-Euler steps ``z <- z + (sigma_i - sigma_{i+1}) * v`` over ``sigma`` from 1 to 0, with classifier-free
-guidance ``v = v_uncond + s * (v_cond - v_uncond)``. Simplifications: a linear sigma schedule
-(Mochi uses a linear-quadratic one), a constant guidance scale ``s`` (Mochi 1: 4.5), zero text
-features for the unconditional pass (Mochi encodes the empty prompt).
+Sampler (after Genmo's Mochi 1 ``sample_model``, github.com/genmoai/mochi ``pipelines.py``):
+rectified flow, the DiT predicts the velocity ``v = z_0 - eps`` at noise level ``sigma`` (its
+timestep input); Euler steps ``z <- z + (sigma_i - sigma_{i+1}) * v`` over ``sigma`` from 1 to 0,
+with classifier-free guidance ``v = v_uncond + s * (v_cond - v_uncond)``. Simplifications: a
+linear sigma schedule (Mochi uses a linear-quadratic one), a constant guidance scale ``s``
+(Mochi 1: 4.5), zero text features for the unconditional pass (Mochi encodes the empty prompt).
 
 Batch: the plan's ``global_batch`` is the DiT inputs of one denoising step, ``videos * cfg_passes``
 (``mpmd plan`` defaults it to ``sampling_steps * cfg_passes`` for inference models); rows
@@ -39,8 +39,8 @@ from compiler.train.run import (RunError, _compile, check_layouts, measured_step
                                 simulated_step_time, topology_from_cluster, with_batch_specs)
 
 CFG_SCALE = 4.5
-"""Classifier-free guidance scale: Mochi 1's default (Genmo 2024, github.com/genmoai/mochi README,
-``cfg_scale`` 4.5)."""
+"""Classifier-free guidance scale: Mochi 1's (Genmo 2024, github.com/genmoai/mochi; "CFG 4.5" in
+the source of the zoo's ``mochi-dit-10b``, ``compiler.zoo.config``)."""
 
 
 def sigma_schedule(steps: int) -> np.ndarray:
@@ -192,8 +192,8 @@ def generate_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | No
         from compiler.ir.plan_file import load_plan
         plan = load_plan(plan_path)
     if isinstance(plan, DataParallelPlan):
-        raise RunError(f"the plan is data parallel over {len(plan.parts)} pipelines, but 'mpmd run' "
-                       f"executes one pipeline; run a single-pipeline plan")
+        raise RunError(f"the plan is data parallel over {len(plan.parts)} pipelines, but "
+                       f"'mpmd run' executes one pipeline; run a single-pipeline plan")
     cfg = zoo.get_config(plan.model, **dict(model_overrides or {}))
     check_forward_only(plan, cfg)
     check_layouts(plan)
@@ -235,7 +235,8 @@ def generate_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | No
     bodies = [zoo.body_of(cfg, n) for n in zoo.layer_names(cfg)]
     return GenerateReport(
         plan=plan, latents=z, latent_rel_error=check.rel_error(z, ref_z),
-        velocity_rel_errors=tuple(verr), order_mismatches=tuple(check.order_mismatches(plan, order)),
+        velocity_rel_errors=tuple(verr),
+        order_mismatches=tuple(check.order_mismatches(plan, order)),
         executables=check.executable_counts(exported, plan, bodies),
         measured_step_s=measured_step_time(times),
         simulated_step_s=simulated_step_time(plan, cluster, cfg) if simulate else None,
@@ -257,8 +258,9 @@ def print_generate_report(report: GenerateReport, console: Any = None) -> None:
     t.add_row("(a) rel error vs jax.jit (latents; worst step's velocities)",
               f"{report.latent_rel_error:.2e}; {max(report.velocity_rel_errors):.2e}",
               "yes" if report.max_rel_error < 1e-5 else "NO")
-    t.add_row("(b) per-mesh order", "as planned" if not report.order_mismatches
-              else "; ".join(report.order_mismatches), "yes" if not report.order_mismatches else "NO")
+    bad = report.order_mismatches
+    t.add_row("(b) per-mesh order", "; ".join(bad) if bad else "as planned",
+              "NO" if bad else "yes")
     t.add_row("(c) executables = fragment bodies", ", ".join(
         str(c) for c in report.executables.values()), "yes" if report.executables_ok else "NO")
     if report.simulated_step_s is not None:

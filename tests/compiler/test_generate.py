@@ -1,11 +1,10 @@
-"""Tests of compiler.train.generate: forward-only (inference) plans of a DiT run through `mpmd run`."""
+"""Tests of compiler.train.generate: forward-only (inference) DiT plans run through `mpmd run`."""
 
 from __future__ import annotations
 
 import io
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -76,7 +75,8 @@ def test_only_forward_only_plans_of_a_dit_generate():
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory) -> str:
-    """`mpmd plan --model mochi-dit-tiny --cluster cpu4x2.yaml --out d.json`, no restricting flags."""
+    """`mpmd plan --model mochi-dit-tiny --cluster cpu4x2.yaml --out d.json` (no restricting
+    flags): the plan file's path."""
     out = tmp_path_factory.mktemp("dit") / "d.json"
     res = CliRunner().invoke(main, ["plan", "--model", "mochi-dit-tiny", "--cluster", CLUSTER,
                                     "--out", str(out)])
