@@ -294,7 +294,9 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
              lr: float = 1e-3, seed: int = 0, check_every: int = 1,
              model_overrides: Mapping[str, Any] | None = None, simulate: bool = True,
              console: Any = None, quiet: bool = False) -> RunReport:
-    """Compile and run ``steps`` training steps of a plan; see the module docstring.
+    """Compile and run ``steps`` training steps of a plan; see the module docstring. A forward-only
+    (inference) plan runs its DiT's sampler instead (``steps``, ``lr`` and ``check_every`` unused)
+    and returns :class:`compiler.train.generate.GenerateReport`.
 
     Args:
         plan_path: a plan.json path, or a :class:`Plan`.
@@ -318,6 +320,10 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
         from compiler.ir.plan_file import load_plan
 
         plan = load_plan(plan_path)   # guarded read + schema: InputError / IRError, one line
+    if not isinstance(plan, DataParallelPlan) and plan.schedule.forward_only:
+        from compiler.train.generate import generate_plan   # inference: a DiT samples from noise
+        return generate_plan(plan, cluster_path=cluster_path, seed=seed, simulate=simulate,
+                             model_overrides=model_overrides, console=console, quiet=quiet)
     if isinstance(plan, DataParallelPlan):
         raise RunError(f"the plan is data parallel over {len(plan.parts)} pipelines (one per device "
                        f"kind), but 'mpmd run' executes one pipeline; simulate it with 'mpmd simulate', "
@@ -386,9 +392,13 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
 
 
 def print_report(report: RunReport, console: Any = None) -> None:
-    """Print a :class:`RunReport` as rich tables."""
+    """Print a :class:`RunReport` (or a forward-only run's ``GenerateReport``) as rich tables."""
     from rich.console import Console
     from rich.table import Table
+
+    if not isinstance(report, RunReport):
+        from compiler.train.generate import print_generate_report
+        return print_generate_report(report, console)
 
     console = console or Console()
     p = report.plan

@@ -1,7 +1,8 @@
 """The model zoo: JAX models whose layers are named computations, each from its published config.
 
 Models: ``llama3-8b``, ``llama3-70b``, ``gpt3-175b``, ``mochi-dit-10b`` (inference only),
-``llama-tiny`` (CPU training test model), and :func:`gpt_config` for Megatron-style GPT runs.
+``llama-tiny`` (CPU training test model), ``mochi-dit-tiny`` (CPU inference test model), and
+:func:`gpt_config` for Megatron-style GPT runs.
 
 Parameters are a pytree ``{"embed": dict, "blocks": [dict per layer], "head": dict}``. Layers are
 named ``"embed"``, ``"block0"`` .. ``"block{L-1}"``, ``"head"`` (:func:`layer_names`); each is a

@@ -147,6 +147,18 @@ _REGISTRY: dict[str, ModelConfig] = {
         text_tokens=256, text_dim=4096, latent_channels=12, latent_frames=28, latent_height=60,
         latent_width=106, patch_size=2, sampling_steps=64, cfg_passes=2, pos_emb="rope",
         norm_eps=1e-6, source=_MOCHI_SRC),
+    "mochi-dit-tiny": ModelConfig(
+        name="mochi-dit-tiny", family="mochi", layers=4, hidden=64, heads=4, kv_heads=4, ffn=128,
+        vocab=0, seq_len=32 + 8, training=False, hidden_y=32, ffn_y=64, text_tokens=8,
+        text_dim=32, latent_channels=4, latent_frames=2, latent_height=8, latent_width=8,
+        patch_size=2, sampling_steps=4, cfg_passes=2, pos_emb="rope", norm_eps=1e-6,
+        dtype="float32",
+        source=("project test model: the Mochi 1 DiT block structure (Genmo 2024, see "
+                "mochi-dit-10b: asymmetric joint-attention blocks, last block context_pre_only, "
+                "patch embed with timestep + AttentionPool conditioning, adaLN head) scaled down "
+                "to 4 blocks, widths 64 / 32 (4 heads x 16), SwiGLU inner 128 / 64, 8 text tokens "
+                "of width 32, latent 4 x 2 x 8 x 8 with patch 2 (32 visual tokens); 4 Euler "
+                "sampling steps with classifier-free guidance (2 passes per step)")),
 }
 
 

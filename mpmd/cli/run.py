@@ -28,7 +28,10 @@ def register(main: click.Group, guard) -> None:
                   show_default=True, help="Adam learning rate.")
     @guard
     def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, lr: float) -> None:
-        """Compile PLAN.json into per-mesh programs and run real training steps on shipped text."""
+        """Compile PLAN.json into per-mesh programs and run real training steps on shipped text.
+
+        A forward-only (inference) plan of a DiT generates from noise instead: the model's
+        sampling steps, each one run of the program, checked against jax.jit."""
         from mpmd.cli.main import console
 
         _cpu_devices(8)

@@ -56,7 +56,7 @@ def test_published_fields():
 
 def test_list_and_unknown_model():
     assert zoo.list_models() == sorted(["gpt3-175b", "llama-tiny", "llama3-70b", "llama3-8b",
-                                        "mochi-dit-10b"])
+                                        "mochi-dit-10b", "mochi-dit-tiny"])
     with pytest.raises(ZooError, match="unknown model 'llama5'.*llama3-8b"):
         zoo.get_config("llama5")
     with pytest.raises(ZooError, match="nonsense"):
@@ -171,3 +171,21 @@ def test_mochi_tiny_forward_runs_with_named_blocks():
         "embed", "block0", "block1", "head"]
     with pytest.raises(ZooError, match="inference model"):
         zoo.forward_loss(cfg)
+
+
+def test_mochi_dit_tiny_has_the_10b_block_structure():
+    tiny, big = zoo.get_config("mochi-dit-tiny"), zoo.get_config("mochi-dit-10b")
+    assert (tiny.family, tiny.training, tiny.dtype, tiny.layers) == ("mochi", False, "float32", 4)
+    assert tiny.visual_tokens == 2 * 4 * 4 and tiny.seq_len == tiny.visual_tokens + 8
+    assert (tiny.sampling_steps, tiny.cfg_passes) == (4, 2)
+    assert [zoo.body_of(tiny, n) for n in zoo.layer_names(tiny)] == [
+        "embed", "asymm_dit_block", "asymm_dit_block", "asymm_dit_block",
+        "asymm_dit_block_final", "head"]
+    for t_name, b_name in (("embed", "embed"), ("block0", "block0"), ("block3", "block47"),
+                           ("head", "head")):
+        assert set(zoo.layer_param_shapes(tiny, t_name)) == set(zoo.layer_param_shapes(big, b_name))
+    params = zoo.init_params(tiny, jax.random.PRNGKey(0))
+    batch = zoo.example_batch(tiny, jax.random.PRNGKey(1), 2)
+    assert batch["latent"].shape == (2, 4, 2, 8, 8) and batch["text"].shape == (2, 8, 32)
+    out = jax.jit(zoo.forward(tiny))(params, batch)
+    assert out.shape == (2, 4, 2, 8, 8) and bool(jnp.all(jnp.isfinite(out)))
