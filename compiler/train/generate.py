@@ -35,8 +35,8 @@ import numpy as np
 
 from compiler.ir import DataParallelPlan, Plan
 from compiler.train import check
-from compiler.train.run import (RunError, _compile, check_layouts, measured_step_time, run_cluster,
-                                simulated_step_time, topology_from_cluster, with_batch_specs)
+from compiler.train.run import (RunError, _compile, measured_step_time, plan_topology, run_cluster,
+                                simulated_step_time, with_plan_specs)
 
 CFG_SCALE = 4.5
 """Classifier-free guidance scale: Mochi 1's (Genmo 2024, github.com/genmoai/mochi; "CFG 4.5" in
@@ -196,12 +196,11 @@ def generate_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | No
                        f"'mpmd run' executes one pipeline; run a single-pipeline plan")
     cfg = zoo.get_config(plan.model, **dict(model_overrides or {}))
     check_forward_only(plan, cfg)
-    check_layouts(plan)
     cpath = cluster_path or plan.cluster_path
     if not cpath:
         raise RunError("the plan names no cluster file; pass cluster_path (--cluster)")
     cluster = run_cluster(plan, cpath)
-    topology = topology_from_cluster(cluster)
+    topology = plan_topology(plan, cluster)
     M, V = plan.microbatches, plan.global_batch // 2
     k_p, k_z, k_t = jax.random.split(jax.random.PRNGKey(seed), 3)
     params = zoo.init_params(cfg, k_p)
@@ -212,7 +211,7 @@ def generate_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | No
     step = forward_step_fn(cfg, M)
     first = split_rows(dit_inputs(noise, sig[0], text), M)
     config = config_from_plan(plan, topology, layer_names=zoo.layer_names(cfg))
-    exported = _compile(step, with_batch_specs(config, plan, params, first), (params, first))
+    exported = _compile(step, with_plan_specs(config, plan, cfg, params, first), (params, first))
     flat, ptree = jax.tree.flatten(params)
     params = jax.tree.unflatten(ptree, [jax.device_put(x, sh) if sh is not None else x
                                         for x, (_, _, sh) in zip(flat, exported.inputs)])

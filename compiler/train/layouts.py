@@ -36,9 +36,12 @@ DATA, MODEL, REPLICA = "data", "model", "replica"
 # Megatron tensor parallel for the zoo's decoder parameters (compiler.zoo.decoder): which dimension
 # of a weight the "model" axis splits. "col": the output features (last dim), "row": the input
 # features (first dim), "vocab": the vocabulary dimension; missing names are replicated over "model".
-_COLUMN = {"wq": "q", "wk": "kv", "wv": "kv", "w_gate": "ffn", "w_up": "ffn", "w_in": "ffn"}
+_COLUMN = {"wq": "q", "wk": "kv", "wv": "kv", "w_gate": "ffn", "w_up": "ffn", "w_in": "ffn",
+           # Mochi's asymmetric DiT block (compiler.zoo.mochi): both streams' SwiGLU MLPs; its
+           # attention keeps a fused QKV and stays whole (its columns are not head-aligned)
+           "mlp_x_gate": "ffn", "mlp_x_up": "ffn", "mlp_y_gate": "ffn", "mlp_y_up": "ffn"}
 _COLUMN_BIAS = {"wq_b": "q", "wk_b": "kv", "wv_b": "kv", "w_in_b": "ffn"}
-_ROW = {"wo": "q", "w_down": "ffn", "w_out": "ffn"}
+_ROW = {"wo": "q", "w_down": "ffn", "w_out": "ffn", "mlp_x_down": "ffn", "mlp_y_down": "ffn"}
 
 
 def layout_mesh(devices: Sequence[Any], layout: Layout) -> Mesh:
@@ -87,11 +90,12 @@ def _tp_dim(cfg: Any, name: str, shape: tuple[int, ...], tensor: int) -> int | N
 def param_spec(cfg: Any, name: str, shape: tuple[int, ...], layout: Layout) -> PartitionSpec:
     """The ``PartitionSpec`` of one parameter (see the module docstring).
 
-    Tensor parallel takes its Megatron dimension first (decoder models only); FSDP then shards the
-    largest other dimension that ``layout.shard`` divides. 0-d parameters are replicated.
+    Tensor parallel takes its Megatron dimension first (decoders: attention and MLP; Mochi's DiT:
+    the MLPs); FSDP then shards the largest other dimension that ``layout.shard`` divides. 0-d
+    parameters are replicated.
     """
     dims: list[str | None] = [None] * len(shape)
-    tp = _tp_dim(cfg, name, shape, layout.tensor) if getattr(cfg, "family", "") != "mochi" else None
+    tp = _tp_dim(cfg, name, shape, layout.tensor)
     if tp is not None:
         dims[tp] = MODEL
     if layout.fsdp and layout.shard > 1:

@@ -111,3 +111,14 @@ def test_forward_only_plan_generates_and_matches_jax_jit(planned):
     print_report(report, Console(file=buf, width=200))
     text = buf.getvalue()
     assert "forward only" in text and "as planned" in text and "NO" not in text
+
+
+def test_forward_only_plan_with_tensor_parallel_and_fsdp_matches_jax_jit():
+    """The DiT over a tensor-parallel mesh (its MLPs column/row parallel) and an FSDP mesh."""
+    from dataclasses import replace
+
+    plan = replace(_plan("mochi-dit-tiny", True),
+                   layouts={"m0": Layout(1, 2), "m1": Layout(2, 1, fsdp=True)})
+    report = run_plan(plan, model_overrides={"sampling_steps": 2}, simulate=False)
+    assert report.latent_rel_error < 1e-5 and max(report.velocity_rel_errors) < 1e-5
+    assert report.order_mismatches == () and report.executables_ok
