@@ -314,7 +314,7 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
     from compiler import zoo
     from compiler.core.runtime import run_program
 
-    if isinstance(plan_path, Plan):
+    if isinstance(plan_path, (Plan, DataParallelPlan)):
         plan = plan_path
     else:
         from compiler.ir.plan_file import load_plan
@@ -324,11 +324,14 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
         from compiler.train.generate import generate_plan   # inference: a DiT samples from noise
         return generate_plan(plan, cluster_path=cluster_path, seed=seed, simulate=simulate,
                              model_overrides=model_overrides, console=console, quiet=quiet)
-    if isinstance(plan, DataParallelPlan):
-        raise RunError(f"the plan is data parallel over {len(plan.parts)} pipelines (one per device "
-                       f"kind), but 'mpmd run' executes one pipeline; simulate it with 'mpmd simulate', "
-                       f"or run a single-pipeline plan")
     cpath = cluster_path or plan.cluster_path
+    if isinstance(plan, DataParallelPlan):   # pipelines side by side on uneven batch shares
+        from compiler.train.data_parallel import run_data_parallel
+        if not cpath:
+            raise RunError("the plan names no cluster file; pass cluster_path (--cluster)")
+        return run_data_parallel(plan, steps, cluster_path=cpath, lr=lr, seed=seed,
+                                 check_every=check_every, model_overrides=model_overrides,
+                                 simulate=simulate, console=console, quiet=quiet)
     if not cpath:
         raise RunError("the plan names no cluster file; pass cluster_path (--cluster)")
     cluster = run_cluster(plan, cpath)
@@ -402,8 +405,13 @@ def print_report(report: RunReport, console: Any = None) -> None:
 
     console = console or Console()
     p = report.plan
-    t = Table(title=f"mpmd run: {p.model} on {p.cluster}, {p.schedule.name}, "
-                    f"{p.microbatches} microbatches")
+    if isinstance(p, DataParallelPlan):
+        how = " + ".join(f"{q.schedule.name} x{q.microbatches} on {q.global_batch} samples"
+                         for q in p.parts)
+        t = Table(title=f"mpmd run: {p.model} on {p.cluster}, data parallel: {how}")
+    else:
+        t = Table(title=f"mpmd run: {p.model} on {p.cluster}, {p.schedule.name}, "
+                        f"{p.microbatches} microbatches")
     t.add_column("check")
     t.add_column("result", justify="right")
     t.add_column("ok")

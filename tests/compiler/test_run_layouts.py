@@ -131,3 +131,29 @@ def test_param_specs_follow_each_layers_mesh():
     assert specs["blocks"][3]["wo"] == P("model", "data")
     assert specs["blocks"][5]["wo"] == P("data")
     assert specs["head"]["norm"] == P("data")
+
+
+def test_data_parallel_plan_with_uneven_batch_shares_matches_jax_jit():
+    """Two pipelines side by side on 6 and 2 of 8 samples (the first on meshes a and b: tensor
+    parallel and FSDP; the second on c alone), gradients all-reduced across the parts: the
+    share-weighted loss and gradients equal jax.jit of the whole batch; every part's order is its
+    schedule; both parts' parameter replicas stay equal."""
+    from compiler.ir import DataParallelPlan
+
+    t2, t1 = generate("1f1b", 2, 3), generate("1f1b", 1, 1)
+    big = Plan(model="llama-tiny", cluster="cpu-uneven",
+               stages=(StagePlan(0, 0, 4, "a"), StagePlan(1, 4, 8, "b")),
+               layouts={"a": Layout(1, 2), "b": Layout(2, 2, fsdp=True)}, schedule=t2,
+               rank_mesh=("a", "b"), merge_last_stage=False, global_batch=6, seq_len=32,
+               cluster_path=UNEVEN)
+    small = Plan(model="llama-tiny", cluster="cpu-uneven", stages=(StagePlan(0, 0, 8, "c"),),
+                 layouts={"c": Layout(2, 1)}, schedule=t1, rank_mesh=("c",),
+                 merge_last_stage=False, global_batch=2, seq_len=32, cluster_path=UNEVEN)
+    dp = DataParallelPlan(model="llama-tiny", cluster="cpu-uneven", global_batch=8, seq_len=32,
+                          parts=(big, small), sync_link="default", sync_bytes=0.0, sync_s=0.0,
+                          cluster_path=UNEVEN)
+    r = run_plan(dp, steps=2, model_overrides=SMALL, simulate=False, quiet=True)
+    assert len(r.losses) == 2 and r.max_rel_error < 1e-5, (r.loss_rel_errors, r.grad_rel_errors)
+    assert r.order_mismatches == ()
+    assert r.executables_ok and set(r.executables) == {"a", "b", "c"}
+    assert r.opt_state_follows_params
