@@ -132,8 +132,10 @@ class MpmdConfig:
         return tuple(self.topology)
 
     def names(self) -> set[str]:
-        """The named computations this config places."""
-        return set(self.assignment) | set(self.stage_assignment)
+        """The named computations this config places (``"layer"`` too when it places iterations
+        of a loop over it one by one: ``"layer[0]"``, ``"layer[1]"``, ...)."""
+        named = set(self.assignment) | set(self.stage_assignment)
+        return named | {n[:n.index("[")] for n in named if n.endswith("]") and "[" in n}
 
     def place(self, name: str) -> tuple[str, int] | None:
         """(mesh, stage) of a named computation, or None if the config does not place it."""

@@ -2,6 +2,9 @@
 
 :func:`default_pipeline` is the compiler's pass order for an :class:`~compiler.core.config.MpmdConfig`:
 
+0. loops and calls (``passes/loops.py``, ``passes/calls.py``): ``unroll_for_loops``,
+``from_unroll_to_call_counter``, ``erase_unused_callee_block_arguments``,
+``sink_negligible_ops_into_call_op``, ``call_inline`` (each returns a loop-free program unchanged),
 1. ``unroll`` (call counters), 2. ``assignment`` (mesh assignment + direct transfers),
 3. ``inference`` (mesh inference), 4. ``dce``, 5. ``absorb`` (inferred into user fragments),
 6. ``split_backward`` (only for schedules with W), 7. ``merge_stages``, 8. ``schedule``,
@@ -16,6 +19,9 @@ from functools import partial
 from typing import Callable, Sequence
 
 from compiler.core.config import MpmdConfig
+from compiler.core.passes import (call_inline, erase_unused_callee_block_arguments,
+                                  from_unroll_to_call_counter, sink_negligible_ops_into_call_op,
+                                  unroll_for_loops)
 from compiler.core.passes import (absorb_inferred_fragments, assign_meshes, copy_constants,
                              fragment_dce, fragment_dedup, infer_meshes, merge_by_rules,
                              merge_forward_backward, merge_stages, merge_transfers,
@@ -52,6 +58,11 @@ def run_passes(p: Program, passes: Sequence[Pass], *, verify: bool = False,
 def default_pipeline(config: MpmdConfig, in_specs: dict[int, object] | None = None) -> list[Pass]:
     """The compiler's passes for ``config`` (see the module docstring)."""
     passes: list[Pass] = [
+        ("unroll_for_loops", unroll_for_loops),
+        ("from_unroll_to_call_counter", partial(from_unroll_to_call_counter, place=config.place)),
+        ("erase_unused_callee_block_arguments", erase_unused_callee_block_arguments),
+        ("sink_negligible_ops_into_call_op", sink_negligible_ops_into_call_op),
+        ("call_inline", call_inline),
         ("unroll", partial(unroll_call_counters, microbatches=config.microbatches)),
         ("assignment", partial(assign_meshes, place=config.place,
                                input_meshes=dict(config.input_meshes),

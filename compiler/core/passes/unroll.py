@@ -31,9 +31,14 @@ def unroll_call_counters(p: Program, microbatches: int | None = None) -> Program
             mask |= anc.get(v, 0)
         if isinstance(op, NamedComputation):
             if op.transpose == 0:
-                cc[i] = fwd_cc[i] = counts.get(op.name, 0)
-                counts[op.name] = cc[i] + 1
+                # a counter set by an unrolled loop (from_unroll_to_call_counter) is kept
+                cc[i] = fwd_cc[i] = counts.get(op.name, 0) if op.call_counter is None \
+                    else op.call_counter
+                counts[op.name] = max(counts.get(op.name, 0), cc[i] + 1)
                 mask |= 1 << i
+            elif op.call_counter is not None:
+                cc[i] = op.call_counter
+                cands[i] = {op.call_counter}
             else:
                 cands[i] = {fwd_cc[k] for k in fwd_cc
                             if mask >> k & 1 and p.ops[k].name == op.name}  # type: ignore[union-attr]
