@@ -176,7 +176,7 @@ def _counters(op: CallOp, place: Placer | None) -> CallOp:
     k = op.unroll_counter
     if k is None:
         return op
-    names = sorted({n.name for n in walk_named(callee.ops)})
+    names = sorted(_unindexed_names(callee.ops))
     indexed = [n for n in names if place is not None and place(f"{n}[{k}]") is not None]
     if not indexed:
         return replace(op, unroll_counter=None, call_counter=k)
@@ -186,6 +186,18 @@ def _counters(op: CallOp, place: Placer | None) -> CallOp:
                             f"iterations are assigned one by one ({indexed[0]}[{k}]), but "
                             f"'{miss}[{k}]' is not assigned; assign every iteration of both")
     return replace(op, unroll_counter=None, index=k)
+
+
+def _unindexed_names(ops: Sequence[Any]) -> set[str]:
+    """Names of the named computations in ``ops`` not inside a call that already indexes them
+    (an inner loop over layers)."""
+    out: set[str] = set()
+    for op in ops:
+        if isinstance(op, CallOp) and op.index is None:
+            out |= _unindexed_names(op.callee.ops)
+        elif not isinstance(op, CallOp):
+            out |= {n.name for n in walk_named([op])}
+    return out
 
 
 def from_unroll_to_call_counter(p: Program, place: Placer | None = None) -> Program:
