@@ -25,6 +25,9 @@ Following the Shardy:MPMD RFC (``shared/reference/000_*.txt``, "MPMD + JAX" and 
   call counters the frontend finds; None: not checked).
 - ``split_backward``: split backward fragments into B (input gradient) and W (weight gradient);
   None means "when the schedule names a W fragment".
+- ``transfer_aware_merge`` / ``split_transfer_independent``: run the optional passes of
+  ``compiler.core.passes.transfer_aware`` (move inferred code across a transfer where that
+  shrinks it; split a fragment so its part that waits on no transfer runs first).
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ class MpmdConfig:
     infer_transfers: bool = True
     microbatches: int | None = None
     split_backward: bool | None = None
+    transfer_aware_merge: bool = False
+    split_transfer_independent: bool = False
 
     def __post_init__(self) -> None:
         meshes = list(self.topology)
