@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from compiler.core.program import Atom, Eqn, Lit, MeshlessOp, NamedComputation, TensorType
+from compiler.core.program import Atom, Eqn, MeshlessOp, NamedComputation, TensorType
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,5 +176,4 @@ def func_lines(f: Func, names: Any, types: Mapping[str, TensorType], printer: An
     return lines
 
 
-__all__ = ["Func", "ForLoop", "CallOp", "substitute", "func_uses", "walk_named", "op_lines",
-           "Lit"]
+__all__ = ["Func", "ForLoop", "CallOp", "substitute", "func_uses", "walk_named", "op_lines"]

@@ -10,6 +10,11 @@ Usage (RFC "MPMD + JAX")::
 
 Microbatching is the RFC's: the step function calls each named computation once per microbatch in a
 Python loop; the ``unroll`` pass gives those calls their call counters (see ``passes/unroll.py``).
+A ``scan`` (or static ``fori_loop``) whose body calls named computations becomes a
+:class:`~compiler.core.calls.ForLoop` (body traced the same way, its named computations' transpose
+counts including the scan's own); the loop passes unroll it (``passes/loops.py``). A named
+computation inside a ``while_loop``, ``cond`` or any other higher-order primitive raises
+:class:`CompilerError` naming it. An empty named ``jit`` (a residue of partial evaluation) is dropped.
 
 Tracing: 
 ``jax.make_jaxpr`` gives the step's jaxpr. Each top-level ``jit`` equation whose ``name`` is a named
@@ -159,10 +164,8 @@ class _Tracer:
                 env.update(zip(e.outvars, outs))
                 ops.append(self.loop(e, ins, outs))
             elif any(_contains_named(j, self.names) for j in _sub_jaxprs(e)):
-                name = _first_named(e.params.get("body_jaxpr", _sub_jaxprs(e)[0]), self.names) \
-                    if e.primitive.name == "while" else \
-                    next(_first_named(j, self.names) for j in _sub_jaxprs(e)
-                         if _contains_named(j, self.names))
+                name = next(_first_named(j, self.names) for j in _sub_jaxprs(e)
+                            if _contains_named(j, self.names))
                 why = _WHY.get(e.primitive.name, f"{e.primitive.name} is not a loop the compiler "
                                f"unrolls; call the named computation outside it")
                 raise CompilerError(f"named computation {name!r} is called inside "

@@ -7,6 +7,9 @@ the forward call of the same name it depends on through the data flow when that 
 the remaining backward calls take the remaining counters in reverse program order (``jax.grad``
 transposes a loop last-microbatch-first).
 
+A call counter already set (by ``from_unroll_to_call_counter``, for a named computation from an
+unrolled ``fori_loop``) is kept.
+
 Raises ``ConfigError`` when ``microbatches`` is given and a name is called a different number of times.
 """
 
