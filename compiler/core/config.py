@@ -25,6 +25,9 @@ Following the Shardy:MPMD RFC (``shared/reference/000_*.txt``, "MPMD + JAX" and 
   call counters the frontend finds; None: not checked).
 - ``split_backward``: split backward fragments into B (input gradient) and W (weight gradient);
   None means "when the schedule names a W fragment".
+- ``transfer_aware_merge`` / ``split_transfer_independent``: run the optional passes of
+  ``compiler.core.passes.transfer_aware`` (move inferred code across a transfer where that
+  shrinks it; split a fragment so its part that waits on no transfer runs first).
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ class MpmdConfig:
     infer_transfers: bool = True
     microbatches: int | None = None
     split_backward: bool | None = None
+    transfer_aware_merge: bool = False
+    split_transfer_independent: bool = False
 
     def __post_init__(self) -> None:
         meshes = list(self.topology)
@@ -132,8 +137,10 @@ class MpmdConfig:
         return tuple(self.topology)
 
     def names(self) -> set[str]:
-        """The named computations this config places."""
-        return set(self.assignment) | set(self.stage_assignment)
+        """The named computations this config places (``"layer"`` too when it places iterations
+        of a loop over it one by one: ``"layer[0]"``, ``"layer[1]"``, ...)."""
+        named = set(self.assignment) | set(self.stage_assignment)
+        return named | {n[:n.index("[")] for n in named if n.endswith("]") and "[" in n}
 
     def place(self, name: str) -> tuple[str, int] | None:
         """(mesh, stage) of a named computation, or None if the config does not place it."""

@@ -2,10 +2,16 @@
 
 :func:`default_pipeline` is the compiler's pass order for an :class:`~compiler.core.config.MpmdConfig`:
 
+0. loops and calls (``passes/loops.py``, ``passes/calls.py``): ``unroll_for_loops``,
+``from_unroll_to_call_counter``, ``erase_unused_callee_block_arguments``,
+``sink_negligible_ops_into_call_op``, ``call_inline`` (each returns a loop-free program unchanged),
 1. ``unroll`` (call counters), 2. ``assignment`` (mesh assignment + direct transfers),
 3. ``inference`` (mesh inference), 4. ``dce``, 5. ``absorb`` (inferred into user fragments),
+then ``transfer_aware_merge`` (if asked: inferred code moved across a transfer that it shrinks),
 6. ``split_backward`` (only for schedules with W), 7. ``merge_stages``, 8. ``schedule``,
-9. ``merge_forward_backward`` (if asked), 10. ``merge_rules`` (if any), 11. ``merge_transfers``,
+9. ``merge_forward_backward`` (if asked), 10. ``merge_rules`` (if any), then
+``split_transfer_independent`` (if asked: after every merge, which would undo it), 11.
+``merge_transfers``,
 12. ``remove_transfer_cycles``, 13. ``copy_constants``, 14. ``dce``, 15. ``dedup``,
 16. ``sharding`` (SPMD propagation).
 """
@@ -16,6 +22,11 @@ from functools import partial
 from typing import Callable, Sequence
 
 from compiler.core.config import MpmdConfig
+from compiler.core.passes import (call_inline, erase_unused_callee_block_arguments,
+                                  from_unroll_to_call_counter, sink_negligible_ops_into_call_op,
+                                  unroll_for_loops)
+from compiler.core.passes.transfer_aware import (
+    split_and_prioritize_transfer_independent_computations, transfer_aware_merge)
 from compiler.core.passes import (absorb_inferred_fragments, assign_meshes, copy_constants,
                              fragment_dce, fragment_dedup, infer_meshes, merge_by_rules,
                              merge_forward_backward, merge_stages, merge_transfers,
@@ -52,6 +63,11 @@ def run_passes(p: Program, passes: Sequence[Pass], *, verify: bool = False,
 def default_pipeline(config: MpmdConfig, in_specs: dict[int, object] | None = None) -> list[Pass]:
     """The compiler's passes for ``config`` (see the module docstring)."""
     passes: list[Pass] = [
+        ("unroll_for_loops", unroll_for_loops),
+        ("from_unroll_to_call_counter", partial(from_unroll_to_call_counter, place=config.place)),
+        ("erase_unused_callee_block_arguments", erase_unused_callee_block_arguments),
+        ("sink_negligible_ops_into_call_op", sink_negligible_ops_into_call_op),
+        ("call_inline", call_inline),
         ("unroll", partial(unroll_call_counters, microbatches=config.microbatches)),
         ("assignment", partial(assign_meshes, place=config.place,
                                input_meshes=dict(config.input_meshes),
@@ -60,6 +76,8 @@ def default_pipeline(config: MpmdConfig, in_specs: dict[int, object] | None = No
         ("dce", fragment_dce),
         ("absorb", absorb_inferred_fragments),
     ]
+    if config.transfer_aware_merge:
+        passes.append(("transfer_aware_merge", transfer_aware_merge))
     if config.wants_split_backward():
         passes.append(("split_backward", split_backward))
     passes += [("merge_stages", merge_stages),
@@ -74,6 +92,9 @@ def default_pipeline(config: MpmdConfig, in_specs: dict[int, object] | None = No
         s = {k: spec_of(v, len(p.types[p.inputs[k]].shape)) for k, v in specs.items()}
         return propagate_shardings(p, config.topology, s)
 
+    if config.split_transfer_independent:
+        passes.append(("split_transfer_independent",
+                       split_and_prioritize_transfer_independent_computations))
     passes += [("merge_transfers", merge_transfers),
                ("remove_transfer_cycles", remove_transfer_cycles),
                ("copy_constants", copy_constants),

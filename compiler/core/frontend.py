@@ -10,6 +10,11 @@ Usage (RFC "MPMD + JAX")::
 
 Microbatching is the RFC's: the step function calls each named computation once per microbatch in a
 Python loop; the ``unroll`` pass gives those calls their call counters (see ``passes/unroll.py``).
+A ``scan`` (or static ``fori_loop``) whose body calls named computations becomes a
+:class:`~compiler.core.calls.ForLoop` (body traced the same way, its named computations' transpose
+counts including the scan's own); the loop passes unroll it (``passes/loops.py``). A named
+computation inside a ``while_loop``, ``cond`` or any other higher-order primitive raises
+:class:`CompilerError` naming it. An empty named ``jit`` (a residue of partial evaluation) is dropped.
 
 Tracing: 
 ``jax.make_jaxpr`` gives the step's jaxpr. Each top-level ``jit`` equation whose ``name`` is a named
@@ -28,6 +33,7 @@ from typing import Any, Callable, Iterable
 import jax
 import numpy as np
 
+from compiler.core.calls import ForLoop, Func
 from compiler.core.errors import CompilerError
 from compiler.core.program import (CONSTANT, Atom, Eqn, Lit, MeshlessOp, NamedComputation, Op, Program,
                               TensorType)
@@ -39,14 +45,40 @@ def _is_jit(eqn: Any) -> bool:
     return eqn.primitive.name in _JIT and "jaxpr" in eqn.params
 
 
+def _sub_jaxprs(eqn: Any) -> list[Any]:
+    """The jaxprs nested in ``eqn``'s parameters (scan/while bodies, cond branches, ...)."""
+    out = []
+    for v in eqn.params.values():
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            j = getattr(x, "jaxpr", x)
+            if type(j).__name__ == "Jaxpr":
+                out.append(j)
+    return out
+
+
 def _contains_named(jaxpr: Any, names: set[str] | None) -> bool:
     for e in jaxpr.eqns:
-        if _is_jit(e):
-            if names is None or e.params.get("name") in names:
-                return True
-            if _contains_named(e.params["jaxpr"].jaxpr, names):
-                return True
+        if _is_jit(e) and (names is None or e.params.get("name") in names):
+            return True
+        if any(_contains_named(j, names) for j in _sub_jaxprs(e)):
+            return True
     return False
+
+
+def _first_named(jaxpr: Any, names: set[str] | None) -> str:
+    for e in jaxpr.eqns:
+        if _is_jit(e) and (names is None or e.params.get("name") in names):
+            return str(e.params["name"])
+        for j in _sub_jaxprs(e):
+            if _contains_named(j, names):
+                return _first_named(j, names)
+    return "?"
+
+
+_WHY = {"while": "a while_loop (a fori_loop with traced bounds, or a data-dependent trip count) "
+                 "cannot be unrolled; use jax.lax.fori_loop with Python int bounds or jax.lax.scan",
+        "cond": "a lax.cond branch cannot be placed on meshes; compute both branches and select, "
+                "or move the cond inside the named computation"}
 
 
 def _transpose_count(eqn: Any) -> int:
@@ -59,6 +91,8 @@ class _Tracer:
         self.ids = itertools.count()
         self.types: dict[str, TensorType] = {}
         self.ops: list[Op] = []
+        self.loops = itertools.count()
+        self.tbase = 0  # transposes of the enclosing loops (a scan body's name stack is relative)
 
     def new(self, aval: Any) -> str:
         if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
@@ -93,14 +127,19 @@ class _Tracer:
         self.eqns(closed.jaxpr, closed.consts, env, body.append)
         return body, [self.atom(env, a) for a in closed.jaxpr.outvars]
 
-    def top(self, jaxpr: Any, consts: Iterable[Any], env: dict[Any, Atom]) -> None:
+    def top(self, jaxpr: Any, consts: Iterable[Any], env: dict[Any, Atom],
+            ops: list[Any] | None = None) -> None:
+        """Translate ``jaxpr`` into ops appended to ``ops`` (default: the program's)."""
+        ops = self.ops if ops is None else ops
         for v, c in zip(jaxpr.constvars, consts):
             n = self.new(v.aval)
             env[v] = n
-            self.ops.append(MeshlessOp(Eqn(CONSTANT, {"value": np.asarray(c)}, (), (n,))))
+            ops.append(MeshlessOp(Eqn(CONSTANT, {"value": np.asarray(c)}, (), (n,))))
         for e in jaxpr.eqns:
             ins = tuple(self.atom(env, a) for a in e.invars)
             if _is_jit(e) and (self.names is None or e.params.get("name") in self.names):
+                if not e.outvars and not e.params["jaxpr"].jaxpr.eqns:
+                    continue  # an empty residue of partial evaluation: computes nothing
                 body, outs = self.inline(e.params["jaxpr"], ins)
                 defined = {o for b in body for o in b.outputs}
                 for v, a in zip(e.outvars, outs):
@@ -111,20 +150,57 @@ class _Tracer:
                         if isinstance(a, str) and a not in defined:
                             free[a] = None
                 outputs = tuple(dict.fromkeys(a for a in outs if isinstance(a, str) and a in defined))
-                self.ops.append(NamedComputation(str(e.params["name"]), _transpose_count(e),
-                                                 tuple(free), outputs, tuple(body)))
+                ops.append(NamedComputation(str(e.params["name"]), _transpose_count(e) + self.tbase,
+                                            tuple(free), outputs, tuple(body)))
             elif _is_jit(e) and _contains_named(e.params["jaxpr"].jaxpr, self.names):
                 inner = e.params["jaxpr"]
                 ienv: dict[Any, Atom] = dict(zip(inner.jaxpr.invars, ins))
-                self.top(inner.jaxpr, inner.consts, ienv)
+                self.top(inner.jaxpr, inner.consts, ienv, ops)
                 for v, a in zip(e.outvars, inner.jaxpr.outvars):
                     env[v] = self.atom(ienv, a)
+            elif e.primitive.name == "scan" and _contains_named(e.params["jaxpr"].jaxpr,
+                                                                self.names):
+                outs = tuple(self.new(v.aval) for v in e.outvars)
+                env.update(zip(e.outvars, outs))
+                ops.append(self.loop(e, ins, outs))
+            elif any(_contains_named(j, self.names) for j in _sub_jaxprs(e)):
+                name = next(_first_named(j, self.names) for j in _sub_jaxprs(e)
+                            if _contains_named(j, self.names))
+                why = _WHY.get(e.primitive.name, f"{e.primitive.name} is not a loop the compiler "
+                               f"unrolls; call the named computation outside it")
+                raise CompilerError(f"named computation {name!r} is called inside "
+                                    f"{e.primitive.name}: {why}")
             else:
                 outs = tuple(self.new(v.aval) for v in e.outvars)
                 for v, n in zip(e.outvars, outs):
                     env[v] = n
-                self.ops.append(MeshlessOp(Eqn(e.primitive, dict(e.params), ins, outs,
-                                               getattr(e, "ctx", None))))
+                ops.append(MeshlessOp(Eqn(e.primitive, dict(e.params), ins, outs,
+                                          getattr(e, "ctx", None))))
+
+    def loop(self, e: Any, ins: tuple[Atom, ...], outs: tuple[str, ...]) -> ForLoop:
+        """A ``scan`` equation whose body calls named computations, as a :class:`ForLoop`."""
+        closed = e.params["jaxpr"]
+        k = next(self.loops)
+        params = tuple(self.new(v.aval) for v in closed.jaxpr.invars)
+        benv: dict[Any, Atom] = dict(zip(closed.jaxpr.invars, params))
+        body: list[Any] = []
+        base, self.tbase = self.tbase, self.tbase + _transpose_count(e)
+        try:
+            self.top(closed.jaxpr, closed.consts, benv, body)
+        finally:
+            self.tbase = base
+        results = []
+        for a in closed.jaxpr.outvars:
+            x = self.atom(benv, a)
+            if isinstance(x, Lit):
+                n = self.new(a.aval)
+                body.append(MeshlessOp(Eqn(CONSTANT, {"value": np.asarray(x.value, x.dtype)},
+                                           (), (n,))))
+                x = n
+            results.append(x)
+        return ForLoop(ins, outs, Func(f"loop{k}", params, tuple(body), tuple(results)),
+                       int(e.params["length"]), int(e.params["num_consts"]),
+                       int(e.params["num_carry"]), bool(e.params["reverse"]), f"scan#{k}")
 
 
 def trace_program(fn: Callable[..., Any], args: tuple[Any, ...], *, meshes: tuple[str, ...],

@@ -454,6 +454,9 @@ def print_program(p: Program) -> str:
 
 def _op_lines(p: Program, op: Op, names: _Names, res: str,
               meshes: Mapping[str, str | None]) -> list[str]:
+    if not isinstance(op, (MeshlessOp, Transfer, NamedComputation, Fragment)):
+        from compiler.core.calls import op_lines  # ForLoop / CallOp (before mesh assignment)
+        return op_lines(op, names, res, p.types, lambda o, n, r: _op_lines(p, o, n, r, meshes))
     if isinstance(op, MeshlessOp):
         return [res + eqn_str(op.eqn, names, p.types).split(" = ", 1)[1]]
     if isinstance(op, Transfer):

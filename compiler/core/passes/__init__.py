@@ -3,9 +3,12 @@
 from compiler.core.passes.absorb import absorb_inferred_fragments
 from compiler.core.passes.accumulate import accumulate_uniformly, fold_zero_adds
 from compiler.core.passes.assignment import assign_meshes
+from compiler.core.passes.calls import (call_inline, erase_unused_callee_block_arguments,
+                                        sink_negligible_ops_into_call_op)
 from compiler.core.passes.constants import copy_constants
 from compiler.core.passes.dce import fragment_dce, fragment_dedup
 from compiler.core.passes.inference import infer_meshes
+from compiler.core.passes.loops import from_unroll_to_call_counter, unroll_for_loops
 from compiler.core.passes.merging import merge_by_rules, merge_forward_backward, merge_stages
 from compiler.core.passes.scheduling import (comparator, gpipe_key, one_f_one_b_key,
                                         schedule_fragments)
@@ -18,4 +21,6 @@ __all__ = ["absorb_inferred_fragments", "accumulate_uniformly", "fold_zero_adds"
            "fragment_dedup", "infer_meshes", "merge_by_rules", "merge_forward_backward",
            "merge_stages", "comparator", "gpipe_key", "one_f_one_b_key", "schedule_fragments",
            "propagate_shardings", "split_backward", "merge_transfers", "remove_transfer_cycles",
-           "unroll_call_counters"]
+           "unroll_call_counters", "unroll_for_loops", "from_unroll_to_call_counter",
+           "erase_unused_callee_block_arguments", "sink_negligible_ops_into_call_op",
+           "call_inline"]

@@ -7,6 +7,9 @@ the forward call of the same name it depends on through the data flow when that 
 the remaining backward calls take the remaining counters in reverse program order (``jax.grad``
 transposes a loop last-microbatch-first).
 
+A call counter already set (by ``from_unroll_to_call_counter``, for a named computation from an
+unrolled ``fori_loop``) is kept.
+
 Raises ``ConfigError`` when ``microbatches`` is given and a name is called a different number of times.
 """
 
@@ -31,9 +34,14 @@ def unroll_call_counters(p: Program, microbatches: int | None = None) -> Program
             mask |= anc.get(v, 0)
         if isinstance(op, NamedComputation):
             if op.transpose == 0:
-                cc[i] = fwd_cc[i] = counts.get(op.name, 0)
-                counts[op.name] = cc[i] + 1
+                # a counter set by an unrolled loop (from_unroll_to_call_counter) is kept
+                cc[i] = fwd_cc[i] = counts.get(op.name, 0) if op.call_counter is None \
+                    else op.call_counter
+                counts[op.name] = max(counts.get(op.name, 0), cc[i] + 1)
                 mask |= 1 << i
+            elif op.call_counter is not None:
+                cc[i] = op.call_counter
+                cands[i] = {op.call_counter}
             else:
                 cands[i] = {fwd_cc[k] for k in fwd_cc
                             if mask >> k & 1 and p.ops[k].name == op.name}  # type: ignore[union-attr]
