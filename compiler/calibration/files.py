@@ -137,8 +137,9 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
                 f"{where}: achievable {cal.achievable_flops / 1e9:.2f} GFLOP/s per device fitted "
                 f"(least squares in seconds, relative rms error {cal.fit_rel_error:.3f}) to "
                 f"{len(cal.fragments)} fragments ({', '.join(f'{l} {k}' for l, k in blocks)} of "
-                f"llama-tiny at {sorted({f.samples for f in cal.fragments})} samples, data-parallel "
-                f"over {cal.devices_per_mesh} devices; FLOP and bytes as the simulator charges them: "
+                f"llama-tiny at {sorted({f.samples for f in cal.fragments})} samples, "
+                f"{'/'.join(sorted({f.layout for f in cal.fragments}))} over "
+                f"{cal.devices_per_mesh} devices; FLOP and bytes as the simulator charges them: "
                 f"compiler.zoo.costing workload) with "
                 f"overhead + {cal.roofline}(flops/F, bytes/B), B the measured a + b bandwidth")},
             "backward": {"value": round(cal.backward_efficiency, 5), "origin": (
@@ -162,9 +163,13 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
 
 
 def _allreduce_source(cal: Calibration, where: str) -> str:
-    return (f"{where}: the gradient all-reduce inside data-parallel backward fragments over a "
-            f"{cal.devices_per_mesh}-device mesh, fitted with the backward rate (compiler."
-            f"calibration_fit.{'fit_backward' if cal.roofline == 'max' else 'fit_additive'}, ring "
+    inside = ("the gradient all-reduce inside data-parallel backward fragments"
+              if {f.layout for f in cal.fragments} <= {"dp"} or cal.roofline == "max" else
+              "the collectives inside data-parallel, tensor-parallel and FSDP fragments (gradient "
+              "and activation all-reduces, parameter all-gathers, gradient reduce-scatters)")
+    return (f"{where}: {inside} over a "
+            f"{cal.devices_per_mesh}-device mesh, fitted with the compute rates (compiler."
+            f"calibration.fit.{'fit_backward' if cal.roofline == 'max' else 'fit_additive'}, ring "
             f"model); XLA's all-reduce of 16 MiB timed "
             f"alone reached {cal.standalone_allreduce_bandwidth / 1e9:.2f} GB/s")
 
