@@ -376,10 +376,10 @@ def print_calibration(cal: Calibration, console: Any) -> None:
     from rich.table import Table
 
     t = Table(title="fragment timings (per device of a mesh)")
-    for c in ("layer", "kind", "samples", "GFLOP", "MB", "measured ms", "model ms"):
+    for c in ("layout", "layer", "kind", "samples", "GFLOP", "MB", "measured ms", "model ms"):
         t.add_column(c, justify="right")
     for f in cal.fragments:
-        t.add_row(f.layer, f.kind, str(f.samples), f"{f.flops / 1e9:.3f}", f"{f.bytes / 1e6:.2f}",
+        t.add_row(f.layout, f.layer, f.kind, str(f.samples), f"{f.flops / 1e9:.3f}", f"{f.bytes / 1e6:.2f}",
                   f"{f.seconds * 1e3:.3f}", f"{model_seconds(cal, f) * 1e3:.3f}")
     console.print(t)
     console.print(
