@@ -112,6 +112,7 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
                         stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL,
                         preexec_fn=_die_with_parent))
             _wait(procs, errs, timeout_s, progress)
+            progress()
         finally:
             _kill(procs)
         return DistributedReport.from_json(json.loads(result.read_text()))
@@ -181,6 +182,7 @@ def _worker_main(argv: Sequence[str]) -> int:
               "--processes N')", file=sys.stderr)
         return 2
     spec = json.loads(argv[1])
+    sys.stdout.reconfigure(line_buffering=True)   # the launcher relays progress lines as they come
     try:
         from compiler.train.process_run import run_worker
         from mpmd.cli.main import console
