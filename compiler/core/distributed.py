@@ -40,7 +40,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from compiler.core.exported import Call, ExportedProgram, Send
-from compiler.core.runtime import DeadlockError, Execution, MpmdRuntimeError, _block, _nbytes
+from compiler.core.runtime import DeadlockError, Execution, MpmdRuntimeError, _block, _last_uses
 from compiler.ir import Timeline, TimelineEvent
 
 
@@ -315,11 +315,10 @@ def run_process(pp: ProcessProgram, args: Sequence[Any] | Any, *, record: bool =
     called: dict[str, list[str]] = {m: [] for m in pp.meshes}
     events: list[TimelineEvent] = []
     t0 = time.perf_counter() if t0 is None else t0
+    last = _last_uses(ex_prog)   # (mesh, step) -> values read there for the last time
     for mesh, i in pp.order:
         st = ex_prog.programs[mesh].steps[i]
-        if isinstance(st, Call):
-            if mesh not in mine:
-                continue
+        if isinstance(st, Call) and mesh in mine:
             start = time.perf_counter()
             outs = ex_prog.executables[st.executable].fn(*[env[mesh][v] for v in st.inputs])
             if not isinstance(outs, (tuple, list)):
@@ -338,37 +337,15 @@ def run_process(pp: ProcessProgram, args: Sequence[Any] | Any, *, record: bool =
             if record:
                 events.append(TimelineEvent(st.name, st.kind, f"{mesh}/compute", mesh, st.stage,
                                             st.microbatch, start - t0, time.perf_counter() - t0))
-            continue
-        src_mine, dst_mine = mesh in mine, st.dst_mesh in mine
-        if not (src_mine or dst_mine):
-            continue
-        start = time.perf_counter()
-        label = f"{st.value}->{st.dst_mesh}"
-        if src_mine and dst_mine:
-            x = env[mesh][st.value]
-            y = jax.device_put(x, st.sharding) if st.sharding is not None else x
-            if record:
-                _block(y)
-            env[st.dst_mesh][st.out] = y
-        elif src_mine:
-            x = env[mesh][st.value]
-            _TRANSPORT.move(x, pp.avals[st.value], pp.devices[mesh][0], pp.devices[st.dst_mesh][0])
-        else:
-            y = _TRANSPORT.move(None, pp.avals[st.value], pp.devices[mesh][0],
-                                pp.devices[st.dst_mesh][0])
-            env[st.dst_mesh][st.out] = jax.device_put(y, st.sharding)
-            if record:
-                _block(env[st.dst_mesh][st.out])
-        end = time.perf_counter()
-        nbytes = float(np.prod(pp.avals[st.value].shape)) * pp.avals[st.value].dtype.itemsize
-        if src_mine:
-            steps_done[mesh].append(f"send:{label}")
-            if record:
-                events.append(TimelineEvent(label, "transfer", f"{mesh}/send", mesh, -1, -1,
-                                            start - t0, end - t0, nbytes))
-        if dst_mine and not src_mine and record:
-            events.append(TimelineEvent(label, "transfer", f"{st.dst_mesh}/recv", st.dst_mesh, -1,
-                                        -1, start - t0, end - t0, nbytes))
+        elif isinstance(st, Send) and (mesh in mine or st.dst_mesh in mine):
+            event = _send(pp, st, mesh, env, record, t0)
+            if mesh in mine:
+                steps_done[mesh].append(f"send:{st.value}->{st.dst_mesh}")
+            if event is not None:
+                events.append(event)
+        if mesh in mine:
+            for v in last.get((mesh, i), ()):
+                env[mesh].pop(v, None)
     results = []
     for name, mesh in ex_prog.outputs:
         if mesh in mine and name not in env[mesh]:
@@ -385,3 +362,30 @@ def run_process(pp: ProcessProgram, args: Sequence[Any] | Any, *, record: bool =
 
 
 _TRANSPORT = Transport()
+
+
+def _send(pp: ProcessProgram, st: Send, mesh: str, env: dict[str, dict[str, Any]], record: bool,
+          t0: float) -> TimelineEvent | None:
+    """This process's side of ``st`` (sent by ``mesh``): a ``device_put`` when both meshes are
+    local, else the sender's or the receiver's half of a :class:`Transport` move. Returns the
+    timeline event (``None`` unrecorded): on the sender's send track, or the receiver's recv track."""
+    mine = set(env)
+    src_mine, dst_mine = mesh in mine, st.dst_mesh in mine
+    aval = pp.avals[st.value]
+    start = time.perf_counter()
+    if src_mine and dst_mine:
+        x = env[mesh][st.value]
+        env[st.dst_mesh][st.out] = y = jax.device_put(x, st.sharding) if st.sharding is not None else x
+    elif src_mine:
+        _TRANSPORT.move(env[mesh][st.value], aval, pp.devices[mesh][0], pp.devices[st.dst_mesh][0])
+        y = None
+    else:
+        y = _TRANSPORT.move(None, aval, pp.devices[mesh][0], pp.devices[st.dst_mesh][0])
+        env[st.dst_mesh][st.out] = y = jax.device_put(y, st.sharding)
+    if not record:
+        return None
+    _block(y)
+    where, track = (mesh, f"{mesh}/send") if src_mine else (st.dst_mesh, f"{st.dst_mesh}/recv")
+    return TimelineEvent(f"{st.value}->{st.dst_mesh}", "transfer", track, where, -1, -1,
+                         start - t0, time.perf_counter() - t0,
+                         float(np.prod(aval.shape)) * np.dtype(aval.dtype).itemsize)
