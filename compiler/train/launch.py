@@ -197,7 +197,8 @@ def _worker_main(argv: Sequence[str]) -> int:
         traceback.print_exc(file=sys.stderr)
         msg = str(e).splitlines()[0] if str(e) else ""
         print(f"{type(e).__name__}: {msg}", file=sys.stderr, flush=True)
-        return 2
+        sys.stdout.flush()
+        os._exit(2)   # now: a normal exit could wait on jax.distributed's peers
     return 0
 
 

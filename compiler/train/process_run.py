@@ -28,6 +28,8 @@ from compiler.ir import Timeline, TimelineEvent
 
 #: seconds a process waits for all processes to join ``jax.distributed`` before failing
 JOIN_TIMEOUT_S = 120
+#: seconds a finished process waits at ``jax.distributed.shutdown`` for the others
+SHUTDOWN_TIMEOUT_S = 60
 
 
 class ProcessRunError(CompilerError):
@@ -120,6 +122,7 @@ def start_distributed(coordinator: str, processes: int, process_id: int, local_d
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator, num_processes=processes, process_id=process_id,
                                initialization_timeout=JOIN_TIMEOUT_S,
+                               shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
                                coordinator_bind_address=coordinator if loopback else None)
 
 
@@ -171,14 +174,13 @@ def run_worker(plan_path: str | Path, *, process_id: int, processes: int, coordi
                               f"process a distinct id below --processes {processes}")
     local = sum(cluster.meshes[m].num_devices for m in groups[process_id])
     start_distributed(coordinator, processes, process_id, local, loopback=loopback)
-    try:
-        part = _train(plan, cluster, groups, steps=steps, lr=lr, seed=seed,
-                      model_overrides=model_overrides, console=console)
-        parts = _allgather_json(part)
-    finally:
-        import jax
+    part = _train(plan, cluster, groups, steps=steps, lr=lr, seed=seed,
+                  model_overrides=model_overrides, console=console)
+    parts = _allgather_json(part)
+    import jax
 
-        jax.distributed.shutdown()
+    # only after success: a failed process leaves at once (its peers' shutdown would wait for it)
+    jax.distributed.shutdown()
     if process_id != 0:
         return None
     report = _merge(str(plan_path), plan, groups, parts)

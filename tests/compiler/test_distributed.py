@@ -223,3 +223,14 @@ def test_llama_tiny_four_processes_match_one(tmp_path, schedule):
     assert np.allclose(r.losses, ref.losses, rtol=0, atol=1e-6), (r.losses, ref.losses)
     assert r.order_mismatches == () and r.order == ref.executed_order
     assert (tmp_path / "t.json").exists()
+
+
+def test_a_failing_worker_fails_the_launch_in_one_line(tmp_path):
+    """Workers that fail after joining jax.distributed (here: a bad model override, raised while
+    compiling) stop the run promptly with one line naming a process and its error."""
+    path = _plan_file(tmp_path, "1f1b", layers=4, global_batch=4, seq_len=16)
+    t = time.monotonic()
+    with pytest.raises(LaunchError, match=r"^process [01] of 2 failed \(exit 2\): ZooError: unknown "
+                                          r"ModelConfig field\(s\) \['bogus'\]"):
+        launch(path, 2, steps=1, model_overrides={**TINY, "bogus": 1}, timeout_s=120)
+    assert time.monotonic() - t < 90
