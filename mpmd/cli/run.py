@@ -28,7 +28,8 @@ def register(main: click.Group, guard) -> None:
                   show_default=True, help="Adam learning rate.")
     @click.option("--processes", type=int_range(1, 4096), default=None,
                   help="Run as N processes (one per mesh, or per group of meshes) on "
-                       "jax.distributed; without --process-id, all N start on this host.")
+                       "jax.distributed; without --process-id, all N start on this host. Checks "
+                       "the order; the jax.jit comparison needs one process.")
     @click.option("--process-id", type=int_range(0, 4095), default=None,
                   help="Run only process I of --processes N (one per host); needs --coordinator.")
     @click.option("--coordinator", default=None, metavar="HOST:PORT",
