@@ -11,7 +11,8 @@ Python processes (``python -m compiler.train.launch --worker ...``), each runnin
   whatever still runs), so no process outlives it;
 - the coordinator binds 127.0.0.1 and gloo listens on the host name's address (127.0.0.1 here).
 
-Process 0 writes the merged report (JSON) into a temporary folder the launcher reads back, and the
+The process holding the loss prints each step's loss (relayed by the launcher);
+process 0 writes the merged report (JSON) into a temporary folder the launcher reads back, and the
 merged Perfetto trace where ``trace_path`` says. On several hosts, run the same command on each with
 ``--process-id`` and ``--coordinator`` instead (see the README); no launcher is involved.
 """
@@ -101,7 +102,7 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
                 "result_path": str(result)}
         procs: list[subprocess.Popen] = []
         errs: list[Path] = []
-        progress = _Progress(Path(tmp) / "process0.out", console)
+        progress = _Progress([Path(tmp) / f"process{i}.out" for i in range(processes)], console)
         try:
             for i in range(processes):
                 errs.append(Path(tmp) / f"process{i}.err")
@@ -119,22 +120,26 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
 
 
 class _Progress:
-    """Relays process 0's ``step K: loss ...`` lines to the console as they are written."""
+    """Relays the workers' ``step K: loss ...`` lines (printed by the process holding the loss) to
+    the console as they are written."""
 
-    def __init__(self, path: Path, console: Any) -> None:
-        self.path, self.console, self.pos = path, console, 0
+    def __init__(self, paths: Sequence[Path], console: Any) -> None:
+        self.paths, self.console, self.pos = list(paths), console, [0] * len(paths)
 
     def __call__(self) -> None:
-        if self.console is None or not self.path.exists():
+        if self.console is None:
             return
-        with open(self.path, "rb") as f:
-            f.seek(self.pos)
-            data = f.read()
-        cut = data.rfind(b"\n") + 1
-        self.pos += cut
-        for line in data[:cut].decode(errors="replace").splitlines():
-            if line.startswith("step "):
-                self.console.print(line, highlight=False)
+        for k, path in enumerate(self.paths):
+            if not path.exists():
+                continue
+            with open(path, "rb") as f:
+                f.seek(self.pos[k])
+                data = f.read()
+            cut = data.rfind(b"\n") + 1
+            self.pos[k] += cut
+            for line in data[:cut].decode(errors="replace").splitlines():
+                if line.startswith("step "):
+                    self.console.print(line, highlight=False)
 
 
 def _wait(procs: Sequence[subprocess.Popen], errs: Sequence[Path], timeout_s: float,
@@ -191,8 +196,7 @@ def _worker_main(argv: Sequence[str]) -> int:
                    coordinator=spec["coordinator"], steps=spec["steps"],
                    cluster_path=spec["cluster_path"], lr=spec["lr"], seed=spec["seed"],
                    model_overrides=spec["model_overrides"], trace_path=spec["trace_path"],
-                   result_path=spec["result_path"], loopback=True,
-                   console=console if spec["process_id"] == 0 else None)
+                   result_path=spec["result_path"], loopback=True, console=console)
     except Exception as e:  # noqa: BLE001 - reported to the launcher as one line
         traceback.print_exc(file=sys.stderr)
         msg = str(e).splitlines()[0] if str(e) else ""

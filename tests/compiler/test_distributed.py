@@ -234,3 +234,25 @@ def test_a_failing_worker_fails_the_launch_in_one_line(tmp_path):
                                           r"ModelConfig field\(s\) \['bogus'\]"):
         launch(path, 2, steps=1, model_overrides={**TINY, "bogus": 1}, timeout_s=120)
     assert time.monotonic() - t < 90
+
+
+def test_launcher_relays_step_lines_from_every_worker(tmp_path):
+    from compiler.train.launch import _Progress
+
+    class Console:
+        lines: list = []
+
+        def print(self, line, highlight=True):
+            self.lines.append(line)
+
+    a, b = tmp_path / "process0.out", tmp_path / "process1.out"
+    a.write_text("[Gloo] Rank 0 is connected to 1 peer ranks\n")
+    b.write_text("step 0: loss 5.5900  process step 12.0 ms\nstep 1: lo")
+    con = Console()
+    relay = _Progress([a, b, tmp_path / "process2.out"], con)
+    relay()
+    assert con.lines == ["step 0: loss 5.5900  process step 12.0 ms"]
+    with open(b, "a") as f:
+        f.write("ss 4.5190  process step 11.0 ms\n")
+    relay()
+    assert con.lines[1:] == ["step 1: loss 4.5190  process step 11.0 ms"]
