@@ -7,8 +7,8 @@ Python processes (``python -m compiler.train.launch --worker ...``), each runnin
 - a worker that exits non-zero stops the run: the others are killed and :class:`LaunchError` names
   the process and the last line of its error output;
 - the whole run is bounded by ``timeout_s``; past it every worker is killed;
-- workers die with the launcher (``PR_SET_PDEATHSIG`` on Linux, and a ``finally`` that kills
-  whatever still runs), so no process outlives it;
+- workers die with the launcher (each sets ``PR_SET_PDEATHSIG`` on Linux; the launcher's
+  ``finally`` kills and reaps whatever still runs), so no process outlives it;
 - the coordinator binds 127.0.0.1 and gloo listens on the host name's address (127.0.0.1 here).
 
 The process holding the loss prints each step's loss (relayed by the launcher);
@@ -47,13 +47,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:   # runs in the child between fork and exec
+def _die_with_parent(parent: int) -> None:
+    """In a worker: be killed when the launcher ``parent`` dies (Linux ``PR_SET_PDEATHSIG``), and
+    exit now if it already has. Set by the worker itself, first thing: a ``preexec_fn`` would run
+    Python between fork and exec in the launcher, which JAX's threads make unsafe."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(3)
 
 
 def _last_line(path: Path) -> str:
@@ -99,7 +104,7 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
                 "cluster_path": str(Path(cluster_path).resolve()) if cluster_path else None,
                 "lr": lr, "seed": seed, "model_overrides": dict(model_overrides or {}),
                 "trace_path": str(Path(trace_path).resolve()) if trace_path else None,
-                "result_path": str(result)}
+                "result_path": str(result), "launcher": os.getpid()}
         procs: list[subprocess.Popen] = []
         errs: list[Path] = []
         progress = _Progress([Path(tmp) / f"process{i}.out" for i in range(processes)], console)
@@ -110,8 +115,7 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
                     procs.append(subprocess.Popen(
                         [sys.executable, "-m", "compiler.train.launch", "--worker",
                          json.dumps({**spec, "process_id": i})],
-                        stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL,
-                        preexec_fn=_die_with_parent))
+                        stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL))
             _wait(procs, errs, timeout_s, progress)
             progress()
         finally:
@@ -187,6 +191,7 @@ def _worker_main(argv: Sequence[str]) -> int:
               "--processes N')", file=sys.stderr)
         return 2
     spec = json.loads(argv[1])
+    _die_with_parent(spec["launcher"])
     sys.stdout.reconfigure(line_buffering=True)   # the launcher relays progress lines as they come
     try:
         from compiler.train.process_run import run_worker

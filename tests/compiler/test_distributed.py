@@ -183,6 +183,18 @@ def test_two_processes_match_the_single_process_run(tmp_path):
     assert len(calls) == sum(len(v) for v in ref.executed_order.values())
 
 
+@pytest.mark.slow
+def test_three_processes_with_uneven_groups_match_one(tmp_path):
+    """4 meshes over 3 processes: process 0 holds m0 and m1 (4 devices), processes 1 and 2 one mesh
+    (2 devices) each; ZB-H1 (split backward) sends across and within processes."""
+    path = _plan_file(tmp_path, "zb-h1", layers=4, global_batch=4, seq_len=16)
+    r = launch(path, 3, steps=2, model_overrides=TINY, timeout_s=300)
+    ref = run_plan(path, steps=2, model_overrides=TINY, simulate=False)
+    assert r.groups == (("m0", "m1"), ("m2",), ("m3",))
+    assert np.allclose(r.losses, ref.losses, rtol=0, atol=1e-6), (r.losses, ref.losses)
+    assert r.order_mismatches == () and r.order == ref.executed_order
+
+
 def test_cli_rejects_bad_process_flags(tmp_path):
     from click.testing import CliRunner
 
@@ -256,3 +268,33 @@ def test_launcher_relays_step_lines_from_every_worker(tmp_path):
         f.write("ss 4.5190  process step 11.0 ms\n")
     relay()
     assert con.lines[1:] == ["step 1: loss 4.5190  process step 11.0 ms"]
+
+
+def test_a_worker_dies_with_its_launcher():
+    """A worker sets PR_SET_PDEATHSIG itself: when the launcher process is killed, so is it."""
+    import os
+    import signal
+
+    child = ("import os, sys, time; from compiler.train.launch import _die_with_parent; "
+             "_die_with_parent(os.getppid()); print('armed', flush=True); time.sleep(60)")
+    parent = ("import subprocess, sys, time; "
+              f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE); "
+              "c.stdout.readline(); print(c.pid, flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        worker = int(p.stdout.readline())
+        os.kill(worker, 0)               # alive while its launcher lives
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail(f"worker {worker} outlived its launcher")
