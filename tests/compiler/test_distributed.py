@@ -298,3 +298,22 @@ def test_a_worker_dies_with_its_launcher():
     else:
         os.kill(worker, signal.SIGKILL)
         pytest.fail(f"worker {worker} outlived its launcher")
+
+
+def test_single_process_run_writes_the_last_steps_trace(tmp_path, monkeypatch):
+    """``mpmd run PLAN --trace FILE`` without --processes: the last step's timeline as a trace
+    (run_plan is replaced by a stub report here; the trace writer is the simulator's)."""
+    from click.testing import CliRunner
+
+    import compiler.train.run as run_mod
+    from mpmd.cli.main import main
+
+    ev = lambda n, s: TimelineEvent(n, "F", "m0/compute", "m0", 0, 0, s, s + 0.5)  # noqa: E731
+    report = SimpleNamespace(timelines=(Timeline((ev("F0.0", 0.0),)), Timeline((ev("F0.1", 1.0),))))
+    monkeypatch.setattr(run_mod, "run_plan", lambda *a, **k: report)
+    monkeypatch.setattr(run_mod, "print_report", lambda *a, **k: None)
+    trace = tmp_path / "t.json"
+    res = CliRunner().invoke(main, ["run", str(_plan_file(tmp_path, "1f1b")), "--trace", str(trace)])
+    assert res.exit_code == 0, res.output
+    xs = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert [(e["name"], e["ts"], e["dur"]) for e in xs] == [("F0.1", 1e6, 0.5e6)]
