@@ -236,6 +236,41 @@ class Transport:
         return shard.data.reshape(aval.shape)
 
 
+# --------------------------------------------------------------------------- all processes
+_GATHER: dict[int, tuple[Any, NamedSharding, Any]] = {}
+
+
+def allgather(x: Any) -> np.ndarray:
+    """Every process's ``x`` (a host array of the same shape and dtype in all), stacked
+    ``[process_count, *x.shape]`` in process order; every process must call it.
+
+    A jitted ``all_gather`` over one device per process (each process's first device).
+    ``jax.experimental.multihost_utils.process_allgather`` would do, but it assumes every process
+    has as many devices, and here a process has as many as its meshes.
+    """
+    n = jax.process_count()
+    if n not in _GATHER:
+        devices = jax.devices()
+        firsts = [min((d for d in devices if d.process_index == p), key=lambda d: d.id)
+                  for p in range(n)]
+        mesh = Mesh(np.array(firsts), ("proc",))
+        spec = PartitionSpec("proc")
+        fn = jax.jit(jax.shard_map(lambda v: jax.lax.all_gather(v, "proc", tiled=True)[None],
+                                   mesh=mesh, in_specs=spec, out_specs=spec))
+        _GATHER[n] = (fn, NamedSharding(mesh, spec), firsts[jax.process_index()])
+    fn, sharding, mine = _GATHER[n]
+    x = np.asarray(x)
+    local = jax.device_put(x[None], mine)
+    y = fn(jax.make_array_from_single_device_arrays((n,) + x.shape, sharding, [local]))
+    (shard,) = y.addressable_shards
+    return np.asarray(shard.data)[0]
+
+
+def barrier() -> None:
+    """Return once every process has called it (an :func:`allgather` of one number)."""
+    allgather(np.zeros(1, np.int32))
+
+
 # --------------------------------------------------------------------------- run
 @dataclass(frozen=True, slots=True)
 class ProcessProgram:

@@ -9,7 +9,7 @@ meshes' per-mesh programs with :func:`compiler.core.distributed.run_process`: ac
 gradients cross processes as two-device ``ppermute`` collectives. Each process updates (Adam) the
 parameters of its own meshes. At the end every process's losses, step times, executed order and
 timelines are gathered to process 0 over the same engine
-(``jax.experimental.multihost_utils.process_allgather``), which merges them into a
+(:func:`compiler.core.distributed.allgather`), which merges them into a
 :class:`DistributedReport`, writes the merged Perfetto trace and the report.
 """
 
@@ -128,13 +128,13 @@ def start_distributed(coordinator: str, processes: int, process_id: int, local_d
 
 def _allgather_json(obj: Any) -> list[Any]:
     """Every process's ``obj`` (JSON-able), gathered over jax.distributed, in process order."""
-    from jax.experimental.multihost_utils import process_allgather
+    from compiler.core.distributed import allgather
 
     data = np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
-    sizes = np.asarray(process_allgather(np.array([data.size], dtype=np.int32))).reshape(-1)
+    sizes = allgather(np.array([data.size], dtype=np.int32)).reshape(-1)
     buf = np.zeros(int(sizes.max()), dtype=np.uint8)
     buf[:data.size] = data
-    rows = np.asarray(process_allgather(buf)).reshape(len(sizes), -1)
+    rows = allgather(buf)
     return [json.loads(bytes(r[:n]).decode()) for r, n in zip(rows, sizes)]
 
 
@@ -199,9 +199,9 @@ def _train(plan: Any, cluster: Any, groups: tuple[tuple[str, ...], ...], *, step
            seed: int, model_overrides: Mapping[str, Any] | None, console: Any) -> dict[str, Any]:
     """This process's training loop; returns its part of the report (JSON-able)."""
     import jax
-    from jax.experimental.multihost_utils import sync_global_devices
 
-    from compiler.core.distributed import DistributedError, prepare, process_topology, run_process
+    from compiler.core.distributed import (DistributedError, barrier, prepare, process_topology,
+                                           run_process)
     from compiler.train.run import adam_init, adam_update, compile_plan, split_microbatches
 
     topology = process_topology({m: dict(s.axes) for m, s in cluster.meshes.items()}, groups)
@@ -225,7 +225,7 @@ def _train(plan: Any, cluster: Any, groups: tuple[tuple[str, ...], ...], *, step
     run_process(pp, (jax.tree.unflatten(ptree, leaves), batch), record=False)  # compile, warm up
     losses, times, timelines, order = [], [], [], {}
     for k in range(steps):
-        sync_global_devices(f"mpmd step {k}")
+        barrier()
         t0 = time.perf_counter()
         ex = run_process(pp, (jax.tree.unflatten(ptree, leaves), batch), t0=t0)
         outs = ex.outputs   # flat: loss, then the gradients in parameter order
