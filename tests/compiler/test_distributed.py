@@ -206,7 +206,9 @@ def test_cli_rejects_bad_process_flags(tmp_path):
                       (["--processes", "2", "--process-id", "1"], "give --process-id and "
                                                                   "--coordinator together"),
                       (["--processes", "2", "--process-id", "0", "--coordinator", "nohost"],
-                       "--coordinator 'nohost' is not HOST:PORT")):
+                       "--coordinator 'nohost' is not HOST:PORT"),
+                      (["--processes", "0"], "1<=x<=4096"),
+                      (["--processes", "2", "--timeout", "5"], "10<=x<=86400")):
         res = CliRunner().invoke(main, ["run", str(path), *args])
         assert res.exit_code == 2, (args, res.output)
         assert msg in res.output, (args, res.output)
