@@ -14,8 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from compiler.core.distributed import (DistributedError, assign_meshes, mesh_devices, prepare,
-                                       process_topology, run_process, serial_order)
+from compiler.core.distributed import (DistributedError, allgather, assign_meshes, barrier,
+                                       mesh_devices, prepare, process_topology, run_process,
+                                       serial_order)
 from compiler.core.exported import Call, Executable, ExportedProgram, MeshProgram, Send
 from compiler.core.runtime import run_program
 from compiler.ir import Timeline, TimelineEvent
@@ -117,6 +118,14 @@ def test_merge_timelines_and_report_json_round_trip():
     r = DistributedReport("p.json", 2, (("m0",), ("m1",)), (5.5, 4.5), (3.0, 2.0),
                           {"m0": ("F0.0",)}, (), (m,))
     assert DistributedReport.from_json(json.loads(json.dumps(r.to_json()))) == r
+
+
+def test_allgather_in_one_process_and_its_64_bit_guard():
+    np.testing.assert_array_equal(allgather(np.array([[1, 2], [3, 4]], np.int32)),
+                                  [[[1, 2], [3, 4]]])
+    barrier()
+    with pytest.raises(DistributedError, match="allgather of float64 would be cast to 32 bits"):
+        allgather(np.array([1.0]))
 
 
 def _sleeper(code: str) -> subprocess.Popen:
