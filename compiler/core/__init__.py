@@ -6,10 +6,13 @@ Label pieces of a program with :func:`named_computation`, then ``jit(fn, config)
 (tracing into the program IR), ``program.py`` (the IR and its printer), ``passes/`` (pure
 ``Program -> Program`` passes) run by ``driver.py`` with ``verify.py`` between them in tests,
 ``export.py`` / ``exported.py`` (one executable per unique fragment body and mesh) and
-``runtime.py`` (running the per-mesh programs on JAX devices).
+``runtime.py`` (running the per-mesh programs on JAX devices), ``distributed.py`` (the same, one
+process per mesh or group of meshes, on ``jax.distributed``).
 """
 
 from compiler.core.config import FragmentInfo, FragmentPattern, MpmdConfig, schedule_from_plan
+from compiler.core.distributed import (DistributedError, ProcessProgram, assign_meshes, prepare,
+                                       process_topology, run_process)
 from compiler.core.driver import default_pipeline, run_passes
 from compiler.core.errors import CompilerError
 from compiler.core.export import export_program, run_sequential
@@ -21,7 +24,9 @@ from compiler.core.program import Program, print_program
 from compiler.core.runtime import DeadlockError, Execution, MpmdRuntimeError, execute, run_program
 from compiler.core.verify import verify
 
-__all__ = ["Call", "CompilerError", "DeadlockError", "Executable", "Execution", "ExportedProgram",
+__all__ = ["Call", "CompilerError", "DeadlockError", "DistributedError", "Executable", "Execution",
+           "ExportedProgram", "ProcessProgram", "assign_meshes", "prepare", "process_topology",
+           "run_process",
            "FragmentInfo", "FragmentPattern", "MeshProgram", "MpmdConfig", "MpmdRuntimeError", "Program",
            "Send",
            "config_from_plan", "default_pipeline", "execute", "export_program", "jit",

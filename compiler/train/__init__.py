@@ -2,12 +2,16 @@
 text (``data/``) and check the run against ``jax.jit``, the plan's order, the executables per unique
 fragment body and the simulator.
 
-``run.py`` (the run and its report), ``check.py`` (the checks).
+``run.py`` (the run and its report), ``check.py`` (the checks), ``process_run.py`` (one process of
+a multi-process run), ``launch.py`` (starting those processes on this host: ``compiler.train.launch.launch``).
 """
 
 from compiler.train.check import (ExecutableCount, executable_counts, max_rel_error,
                                   order_mismatches, rel_error, step_time_error)
+from compiler.train.launch import LaunchError
+from compiler.train.process_run import DistributedReport, ProcessRunError, run_worker
 from compiler.train.run import RunError, RunReport, print_report, run_plan
 
-__all__ = ["ExecutableCount", "RunError", "RunReport", "executable_counts", "max_rel_error",
-           "order_mismatches", "print_report", "rel_error", "run_plan", "step_time_error"]
+__all__ = ["DistributedReport", "ExecutableCount", "LaunchError", "ProcessRunError", "RunError",
+           "RunReport", "executable_counts", "max_rel_error", "order_mismatches", "print_report",
+           "rel_error", "run_plan", "run_worker", "step_time_error"]

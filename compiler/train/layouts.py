@@ -44,6 +44,21 @@ _COLUMN_BIAS = {"wq_b": "q", "wk_b": "kv", "wv_b": "kv", "w_in_b": "ffn"}
 _ROW = {"wo": "q", "w_down": "ffn", "w_out": "ffn", "mlp_x_down": "ffn", "mlp_y_down": "ffn"}
 
 
+def layout_axes(layout: Layout) -> dict[str, int]:
+    """The mesh axes (name -> size, in device order) of ``layout``: ``{"data": d, "model": t}``,
+    or ``{"replica": hsdp, "data": d / hsdp, "model": t}`` with hybrid sharding."""
+    if layout.hsdp > 1:
+        return {REPLICA: layout.hsdp, DATA: layout.data // layout.hsdp, MODEL: layout.tensor}
+    return {DATA: layout.data, MODEL: layout.tensor}
+
+
+def plan_mesh_axes(plan: Plan, cluster: Any) -> dict[str, dict[str, int]]:
+    """Mesh name -> :func:`layout_axes` of the plan's layout for it (a mesh the plan leaves idle:
+    one ``data`` axis over all its devices)."""
+    return {name: layout_axes(plan.layouts.get(name, Layout(spec.num_devices, 1)))
+            for name, spec in cluster.meshes.items()}
+
+
 def layout_mesh(devices: Sequence[Any], layout: Layout) -> Mesh:
     """The ``jax.sharding.Mesh`` of ``devices`` shaped as ``layout``: axes ``("data", "model")`` of
     sizes ``(data, tensor)``, or ``("replica", "data", "model")`` of sizes
@@ -56,10 +71,8 @@ def layout_mesh(devices: Sequence[Any], layout: Layout) -> Mesh:
     if devs.size != layout.data * layout.tensor:
         raise ValueError(f"layout {layout} needs {layout.data * layout.tensor} devices, got "
                          f"{devs.size}")
-    if layout.hsdp > 1:
-        return Mesh(devs.reshape(layout.hsdp, layout.data // layout.hsdp, layout.tensor),
-                    (REPLICA, DATA, MODEL))
-    return Mesh(devs.reshape(layout.data, layout.tensor), (DATA, MODEL))
+    axes = layout_axes(layout)
+    return Mesh(devs.reshape(tuple(axes.values())), tuple(axes))
 
 
 def batch_spec(layout: Layout) -> PartitionSpec:

@@ -290,6 +290,63 @@ def _compile(step, config, example):
     return exported
 
 
+@dataclass(frozen=True)
+class PlanProgram:
+    """A plan's training step compiled for a topology (:func:`compile_plan`).
+
+    Attributes:
+        cfg: the zoo model config. step: ``(params, microbatches) -> (loss, grads)``.
+        params: the initial parameters (seeded, not yet placed on meshes).
+        data: the batch iterator (:func:`batches`); ``first`` its first batch, split into
+            microbatches, which the program was lowered with.
+        exported: the :class:`~compiler.core.exported.ExportedProgram`.
+    """
+
+    cfg: Any
+    step: Any
+    params: Any
+    data: Any
+    first: Any
+    exported: Any
+
+
+def compile_plan(plan: Plan, topology: Mapping[str, Mesh], *, seed: int = 0,
+                 model_overrides: Mapping[str, Any] | None = None) -> PlanProgram:
+    """Build the plan's training step, parameters and data, and compile the step over
+    ``topology`` (mesh name -> ``Mesh``) into per-mesh programs.
+
+    Raises:
+        RunError: the global batch does not divide into the plan's microbatches, or no compiler.
+    """
+    from compiler import zoo
+
+    cfg = zoo.get_config(plan.model, seq_len=plan.seq_len, **dict(model_overrides or {}))
+    M = plan.microbatches
+    if plan.global_batch % M:
+        raise RunError(f"global batch {plan.global_batch} is not divisible by {M} microbatches")
+    step = train_step_fn(cfg, M)
+    params = zoo.init_params(cfg, jax.random.PRNGKey(seed))
+    data = batches(load_text(), M, plan.global_batch // M, plan.seq_len, seed=seed)
+    first = split_microbatches(next(data))
+    config = config_from_plan(plan, topology, layer_names=zoo.layer_names(cfg))
+    exported = _compile(step, with_plan_specs(config, plan, cfg, params, first), (params, first))
+    return PlanProgram(cfg, step, params, data, first, exported)
+
+
+def load_run_plan(plan_path: str | Path | Plan | DataParallelPlan) -> Plan | DataParallelPlan:
+    """The plan ``mpmd run`` executes, read through the guarded reader (a plan object is taken as
+    it is).
+
+    Raises:
+        mpmd.files.InputError / compiler.ir.IRError: an unreadable or malformed plan file.
+    """
+    if isinstance(plan_path, (Plan, DataParallelPlan)):
+        return plan_path
+    from compiler.ir.plan_file import load_plan
+
+    return load_plan(plan_path)   # guarded read + schema: InputError / IRError, one line
+
+
 def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str | Path | None = None,
              lr: float = 1e-3, seed: int = 0, check_every: int = 1,
              model_overrides: Mapping[str, Any] | None = None, simulate: bool = True,
@@ -311,15 +368,9 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
         mpmd.files.InputError / compiler.ir.IRError: an unreadable or malformed plan file
             (:func:`compiler.ir.plan_file.load_plan`).
     """
-    from compiler import zoo
     from compiler.core.runtime import run_program
 
-    if isinstance(plan_path, (Plan, DataParallelPlan)):
-        plan = plan_path
-    else:
-        from compiler.ir.plan_file import load_plan
-
-        plan = load_plan(plan_path)   # guarded read + schema: InputError / IRError, one line
+    plan = load_run_plan(plan_path)
     if not isinstance(plan, DataParallelPlan) and plan.schedule.forward_only:
         from compiler.train.generate import generate_plan   # inference: a DiT samples from noise
         return generate_plan(plan, cluster_path=cluster_path, seed=seed, simulate=simulate,
@@ -336,16 +387,9 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
         raise RunError("the plan names no cluster file; pass cluster_path (--cluster)")
     cluster = run_cluster(plan, cpath)
     topology = plan_topology(plan, cluster)
-    cfg = zoo.get_config(plan.model, seq_len=plan.seq_len, **dict(model_overrides or {}))
-    M = plan.microbatches
-    if plan.global_batch % M:
-        raise RunError(f"global batch {plan.global_batch} is not divisible by {M} microbatches")
-    step = train_step_fn(cfg, M)
-    params = zoo.init_params(cfg, jax.random.PRNGKey(seed))
-    data = batches(load_text(), M, plan.global_batch // M, plan.seq_len, seed=seed)
-    first = split_microbatches(next(data))
-    config = config_from_plan(plan, topology, layer_names=zoo.layer_names(cfg))
-    exported = _compile(step, with_plan_specs(config, plan, cfg, params, first), (params, first))
+    prog = compile_plan(plan, topology, seed=seed, model_overrides=model_overrides)
+    cfg, step, params, data, first = prog.cfg, prog.step, prog.params, prog.data, prog.first
+    exported = prog.exported
     flat_params, ptree = jax.tree.flatten(params)
     placed = [jax.device_put(x, sh) if sh is not None else x
               for x, (_, _, sh) in zip(flat_params, exported.inputs)]

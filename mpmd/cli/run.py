@@ -26,20 +26,47 @@ def register(main: click.Group, guard) -> None:
                   help="Compare loss and gradients with jax.jit every N steps.")
     @click.option("--lr", type=FiniteFloat(min=0.0, min_open=True, max=1e3), default=1e-3,
                   show_default=True, help="Adam learning rate.")
+    @click.option("--processes", type=int_range(1, 4096), default=None,
+                  help="Run as N processes (one per mesh, or per group of meshes) on "
+                       "jax.distributed; without --process-id, all N start on this host. Checks "
+                       "the order; the jax.jit comparison needs one process.")
+    @click.option("--process-id", type=int_range(0, 4095), default=None,
+                  help="Run only process I of --processes N (one per host); needs --coordinator.")
+    @click.option("--coordinator", default=None, metavar="HOST:PORT",
+                  help="Process 0's address for jax.distributed (with --process-id).")
+    @click.option("--timeout", "timeout_s", type=int_range(10, 86400), default=900,
+                  show_default=True, help="Bound on a local --processes run, in seconds.")
+    @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+                  help="Write the last step's measured timeline (all processes merged) as a "
+                       "Perfetto/Chrome trace.")
     @guard
-    def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, lr: float) -> None:
+    def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, lr: float,
+            processes: int | None, process_id: int | None, coordinator: str | None,
+            timeout_s: int, trace_path: str | None) -> None:
         """Compile PLAN.json into per-mesh programs and run real training steps on shipped text.
 
         A forward-only (inference) plan of a DiT generates from noise instead: the model's
-        sampling steps, each one run of the program, checked against jax.jit."""
+        sampling steps, each one run of the program, checked against jax.jit. A data-parallel plan
+        runs its pipelines on their batch shares and all-reduces their gradients."""
         from mpmd.cli.main import console
 
+        if processes is not None or process_id is not None or coordinator is not None:
+            from compiler.train.process_run import run_processes
+
+            run_processes(plan_path, processes, process_id, coordinator, steps=steps,
+                          cluster_path=cluster_path, lr=lr, timeout_s=timeout_s,
+                          trace_path=trace_path, console=console)
+            return
         _cpu_devices(8)
         from compiler.train.run import print_report, run_plan
 
         report = run_plan(plan_path, steps=steps, cluster_path=cluster_path,
                           check_every=check_every, lr=lr, console=console)
         print_report(report, console=console)
+        if trace_path is not None and report.timelines:
+            from simulator.trace import write_chrome_trace
+
+            write_chrome_trace(report.timelines[-1], trace_path)
 
     @main.command()
     @click.option("--out", default="calibrated", show_default=True,
