@@ -393,9 +393,11 @@ def test_run_loads_the_carved_cluster(files):
         "h100.0", "h100.1", "h100.2", "h100.3", "a100.0", "a100.1"]
 
 
-def test_run_refuses_a_data_parallel_plan(files):
+def test_run_of_a_data_parallel_plan_too_big_for_this_host_is_one_line(files):
+    """Data-parallel plans run (tests/compiler/test_run_layouts.py); this one's cluster has 48
+    devices, more than the 8 CPU devices here: one line naming the count and the fix."""
     one_line(run(["run", files.dp, "--steps", "1"]),
-             "the plan is data parallel over 2 pipelines", "executes one pipeline")
+             "cluster 'dgx6' needs 48 devices, JAX has 8", "jax_num_cpu_devices=48")
 
 
 # ----------------------------------------------------------------------------- what-if report
