@@ -43,6 +43,7 @@ Residuals (activations a forward keeps for its backward) are held per microbatch
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -116,7 +117,13 @@ def gemm_utilisation(cost: LayerCost, tokens: float, tensor: int, seq_len: int,
     h = cost.activation_bytes_per_sample / (seq_len * dtype_bytes)
     if h < 1 or cost.param_count <= 0:
         return 1.0
-    n = cost.param_count / (2.0 * h) / tensor
+    return _layer_utilisation(h, cost.param_count / (2.0 * h) / tensor, tokens, tiling)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_utilisation(h: float, n: float, tokens: float, tiling: tuple[int, int, int]) -> float:
+    """:func:`gemm_utilisation` for width ``h``, per-device column width ``n`` (cached: the
+    planner costs the same few shapes many times)."""
     inv_act = (1.0 / wave_utilisation(tokens, n, tiling) + 1.0 / wave_utilisation(tokens, h, tiling)) / 2
     inv_w = 1.0 / wave_utilisation(h, n, tiling)
     return 1.0 / (2.0 / 3.0 * inv_act + 1.0 / 3.0 * inv_w)
