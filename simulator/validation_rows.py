@@ -97,6 +97,7 @@ class Row:
     devices_per_node: int | None = None
     scale_out_gbit_per_device: float | None = None
     power_limit_w: float | None = None
+    eager: bool | None = None
     note: str = ""
     line: int = 0
 
@@ -238,6 +239,7 @@ def load_rows(path: str | Path) -> tuple[Row, ...]:
                 glu=_flag(d, "glu", line), fsdp=_flag(d, "fsdp", line), recompute=rc,
                 slices=_int(d, "slices", line), devices_per_node=_int(d, "devices_per_node", line),
                 scale_out_gbit_per_device=scale_out, power_limit_w=power,
+                eager=_flag(d, "eager", line),
                 note=(d.get("note") or "").strip(), line=line)
         if r.kv_heads is not None and r.heads % r.kv_heads:
             raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="

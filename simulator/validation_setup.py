@@ -21,7 +21,9 @@ the next compute (``p2p_communication._communicate``), so a sending stage's comp
 held for the transfer. A row whose devices ran under a power cap (``power_limit_w``, or a cap its
 note states) gets the profile with its peak rates scaled to the capped clock (:func:`power_capped`):
 the cap belongs to the row's hosts, not to the device kind, so the profile stays right for a
-device at its TDP. Layout: ``Layout(dp, tp)``, with ``fsdp`` when the row says so and, across
+device at its TDP. Likewise a run in PyTorch eager mode (``eager``, or "eager" in its note) moves
+every unfused non-matmul op's traffic (elementwise traffic 1) whatever the profile's fitted
+fraction, which describes a compiled / fused-kernel stack. Layout: ``Layout(dp, tp)``, with ``fsdp`` when the row says so and, across
 ``slices`` > 1, hybrid sharding (each slice shards, slices all-reduce: MaxText's
 ``dcn_data_parallelism``).
 """
@@ -62,6 +64,8 @@ RULES = {
     "scale_out_gbit_per_device": "the device profile's scale-out figure",
     "power_limit_w": "the note's \"N W power limit\" when it states one, else none (the "
                      "profile's TDP)",
+    "eager": "1 when the note says the run was eager (e.g. \"eager (no torch.compile)\"), else "
+             "the device profile's elementwise traffic",
     "micro_batch": "1",
     "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation",
 }
@@ -103,6 +107,36 @@ def power_capped(device: DeviceProfile, cap_w: float | None) -> DeviceProfile:
                    description=f"{device.description} (power-capped at {cap_w:g} W: clock x {f:.3f})")
 
 
+EAGER_NOTE = re.compile(r"\beager\b", re.IGNORECASE)
+"""How a row's ``note`` says its framework ran op by op (PyTorch eager mode, no ``torch.compile``):
+read when the ``eager`` column is blank or absent."""
+
+EAGER_ELEMENTWISE_TRAFFIC = 1.0
+"""The elementwise-traffic fraction of an eager run: PyTorch eager launches every non-matmul op as
+its own kernel, each reading its operands from HBM and writing its result, which is exactly the
+unfused traffic ``compiler.costing`` counts (``LayerCost.*_other_bytes_per_sample``)."""
+
+
+def eager(row: Row) -> tuple[bool, str | None]:
+    """(whether the row's run was eager, the assumption to print or None): the ``eager`` column,
+    else whether its ``note`` says so (:data:`EAGER_NOTE`)."""
+    if row.eager is not None:
+        return row.eager, None
+    if EAGER_NOTE.search(row.note):
+        return True, f"eager: 1 (from the note: elementwise traffic {EAGER_ELEMENTWISE_TRAFFIC:g})"
+    return False, None
+
+
+def row_device(row: Row, device: DeviceProfile) -> DeviceProfile:
+    """``device`` as the row's hosts ran it: under the row's power cap (:func:`power_capped`) and,
+    for an eager run, with every unfused non-matmul op's traffic charged
+    (:data:`EAGER_ELEMENTWISE_TRAFFIC`). Both are properties of the run, not of the device kind."""
+    device = power_capped(device, power_limit(row)[0])
+    if eager(row)[0]:
+        device = replace(device, elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC)
+    return device
+
+
 ADAPTIVE = ("zb-1p", "zb-2p")
 """Simulator schedules built from the row's costs, and timed with post-validation (see
 :func:`post_validation_step`)."""
@@ -138,9 +172,9 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
             if k in ("glu", "fsdp") or (k == "scale_out_gbit_per_device" and row.gpus <= row.node_size):
                 continue                      # the defaults of the format; one node: no network
             notes.append(f"{k}: {RULES[k]}")
-    _, why = power_limit(row)
-    if why:
-        notes.append(why)
+    for why in (power_limit(row)[1], eager(row)[1]):
+        if why:
+            notes.append(why)
     mb = row.micro_batch
     if mb is None:
         mb = 1
@@ -195,9 +229,9 @@ def cluster_name(row: Row) -> str:
 
 
 def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
-    """The row's synthetic cluster of ``device`` (see the module docstring), under the row's
-    power cap (:func:`power_limit`, :func:`power_capped`)."""
-    device = power_capped(device, power_limit(row)[0])
+    """The row's synthetic cluster of ``device`` (see the module docstring), as the row's hosts
+    ran it (:func:`row_device`: power cap, eager mode)."""
+    device = row_device(row, device)
     n, node = row.tp * row.dp, row.node_size
     fabric = "ICI torus (profile)" if device.torus_dims else "NVLink / NVSwitch (profile)"
     intra = Link(device.scale_up_bandwidth, device.scale_up_latency, fabric)
