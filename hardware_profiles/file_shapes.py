@@ -87,6 +87,13 @@ class _TorusDims(_Strict):
     source: str = Field(min_length=1)
 
 
+class _GemmTiling(_Strict):
+    compute_units: int = Field(ge=1, le=100000)
+    tile_m: int = Field(ge=1, le=4096)
+    tile_n: int = Field(ge=1, le=4096)
+    source: str = Field(min_length=1)
+
+
 class _ScaleUp(_Strict):
     bandwidth_gb_per_s_per_direction: _Figure
     latency_us: _Latency
@@ -125,6 +132,7 @@ class _DeviceFile(_Strict):
     tdp_w: _Figure
     price_usd_per_device_hour: _Price | None = None
     efficiency: _Efficiencies
+    gemm_tiling: _GemmTiling | None = None
     alternatives: list[_AltFile] = []
 
 

@@ -188,6 +188,11 @@ def _device_from_file(path: Path) -> DeviceProfile:
         sources["scale_up_topology"] = f.scale_up.topology
     if f.scale_up.torus_dimensions is not None:
         sources["torus_dims"] = f.scale_up.torus_dimensions.source
+    tiling = None
+    if f.gemm_tiling is not None:
+        g = f.gemm_tiling
+        tiling = (g.compute_units, g.tile_m, g.tile_n)
+        sources["gemm_tiling"] = g.source
     price = None
     if f.price_usd_per_device_hour is not None:
         price = (f.price_usd_per_device_hour.low, f.price_usd_per_device_hour.high)
@@ -212,6 +217,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
         roofline=f.efficiency.roofline.value if f.efficiency.roofline else "max",
         elementwise_traffic=(f.efficiency.elementwise_traffic.value
                              if f.efficiency.elementwise_traffic else 0.0),
+        gemm_tiling=tiling,
         sources=sources,
         alternatives=tuple(_alternative(path, a) for a in f.alternatives),
     )

@@ -56,6 +56,11 @@ class DeviceProfile:
         torus_dims: dimensions of the scale-up fabric's torus (TPU ICI: 2 on v5e / v6e, 3 on v4
             / v5p), 0 for a switched fabric (NVSwitch). ``scale_up_bandwidth`` is then the
             chip's total over all its torus ports, per direction.
+        gemm_tiling: ``(compute units, tile rows, tile columns)`` of the device's matmul kernels
+            (e.g. 108 SMs and 256 x 128 output tiles on an A100), or None: a GEMM's output is cut
+            into tiles run in waves of one tile per unit, and the last wave's idle units are lost
+            (wave quantisation, see :func:`simulator.cost_model.wave_utilisation`). None charges
+            no quantisation (``matmul_efficiency`` alone).
         sources: field name -> citation for every published figure and the origin of every
             efficiency factor.
         alternatives: figures from other sources that disagree with the ones used.
@@ -81,6 +86,7 @@ class DeviceProfile:
     roofline: str = "max"
     elementwise_traffic: float = 0.0
     torus_dims: int = 0
+    gemm_tiling: tuple[int, int, int] | None = None
 
     def achievable_flops(self, dtype: str = "bf16") -> float:
         """Achievable matmul FLOP/s for ``dtype`` (peak x matmul_efficiency).

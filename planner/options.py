@@ -53,7 +53,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     for lay, rc in choices:
         def t(lo: int, hi: int) -> float:
             return sum(cm.layer_time(w.layer(i), k, samples, mesh, lay, dtype, split_backward=split,
-                                     recompute=rc)
+                                     recompute=rc, seq_len=w.seq_len)
                        for i in range(lo, hi) for k in kinds)
 
         def tail(lo: int, hi: int) -> float:
@@ -81,7 +81,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
             capacity=cm.usable_bytes(mesh, headroom),
             tail_marginal_s=(tail(pre, pre + 2) - tail(pre, pre + 1)) if nb >= 2 else tail(pre, pre + 1),
             block_w_s=(sum(cm.layer_time(w.layer(i), "W", samples, mesh, lay, dtype, split_backward=True,
-                                         recompute=rc) for i in range(pre, pre + 1))
+                                         recompute=rc, seq_len=w.seq_len) for i in range(pre, pre + 1))
                        if "W" in kinds else 0.0)))
     return _undominated(opts)
 

@@ -6,8 +6,13 @@ Everything the planner predicts and the simulator replays is costed here, from a
 Formulas (all per device of the mesh; ``b`` = samples of one microbatch, ``d``/``t`` = data/tensor
 parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weight matrix):
 
-- compute time   = FLOP / (d * t) / achievable FLOP/s          (Megatron tensor parallel splits every
-  matmul ``t`` ways: Shoeybi et al. 2019, Narayanan et al. 2021)
+- compute time   = FLOP / (d * t) / (achievable FLOP/s x wave utilisation)   (Megatron tensor
+  parallel splits every matmul ``t`` ways: Shoeybi et al. 2019, Narayanan et al. 2021). The wave
+  utilisation (:func:`gemm_utilisation`, only for a device whose profile gives ``gemm_tiling``)
+  is NVIDIA's tile / wave quantisation (NVIDIA "Matrix Multiplication Background User's Guide",
+  sections "Tile Quantization" and "Wave Quantization"): a GEMM's output is cut into tiles, run in
+  waves of one tile per SM, and the last wave's idle SMs are lost, so small per-device GEMMs (a
+  narrow ``h / t``, few tokens per microbatch) run below the large-matrix rate
 - memory time    = (fixed bytes / t + per-sample bytes * b / (d * t)) / achievable bandwidth
 - fragment time  = max(compute, memory)  (the roofline, Williams et al. 2009; compute + memory for
   a device whose profile says ``roofline: sum``, i.e. XLA:CPU, where they do not overlap)
@@ -38,6 +43,8 @@ Residuals (activations a forward keeps for its backward) are held per microbatch
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 from compiler.ir import LayerCost, Layout, Workload
@@ -79,9 +86,52 @@ def combine_work(compute: float, memory: float, roofline: str = "max") -> float:
     return max(compute, memory) if roofline == "max" else compute + memory
 
 
+def wave_utilisation(rows: float, cols: float, tiling: tuple[int, int, int]) -> float:
+    """The fraction of a device's matmul units a GEMM with a ``rows x cols`` output keeps busy:
+    ``tiles / (waves x units)``, ``tiles = ceil(rows / tile_m) x ceil(cols / tile_n)``,
+    ``waves = ceil(tiles / units)`` (NVIDIA "Matrix Multiplication Background User's Guide",
+    "Wave Quantization"; tile padding of a partial tile is charged the same way). 1 for an empty
+    GEMM."""
+    units, tm, tn = tiling
+    if rows <= 0 or cols <= 0:
+        return 1.0
+    tiles = math.ceil(rows / tm - 1e-9) * math.ceil(cols / tn - 1e-9)
+    return tiles / (math.ceil(tiles / units) * units)
+
+
+def gemm_utilisation(cost: LayerCost, tokens: float, tensor: int, seq_len: int,
+                     dtype_bytes: int, tiling: tuple[int, int, int] | None) -> float:
+    """The wave utilisation of one layer's GEMMs on one device (1 = no quantisation loss).
+
+    The layer's shapes come from its own costs: width ``h`` = output bytes per token / dtype
+    bytes; its weights (``param_count = h x 2n``) are taken as Megatron's pairs of equal FLOP
+    (Shoeybi et al. 2019): a column-parallel GEMM with output ``tokens x n / t`` and a
+    row-parallel one with output ``tokens x h``. A training step runs them three times: the
+    forward and the input gradient on outputs of those shapes (2/3 of the FLOP), the weight
+    gradient on outputs ``h x n / t`` (1/3). The figure is their FLOP-weighted harmonic mean, one
+    per layer, so the traced forward / input-gradient / weight-gradient split of a layer (what the
+    zero-bubble schedules balance) is kept. ``tokens`` = tokens of the microbatch on one device.
+    1 without ``tiling``, ``seq_len`` or a layer width (e.g. a loss head)."""
+    if tiling is None or seq_len <= 0 or cost.activation_bytes_per_sample <= 0 or tokens <= 0:
+        return 1.0
+    h = cost.activation_bytes_per_sample / (seq_len * dtype_bytes)
+    if h < 1 or cost.param_count <= 0:
+        return 1.0
+    return _layer_utilisation(h, cost.param_count / (2.0 * h) / tensor, tokens, tiling)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_utilisation(h: float, n: float, tokens: float, tiling: tuple[int, int, int]) -> float:
+    """:func:`gemm_utilisation` for width ``h``, per-device column width ``n`` (cached: the
+    planner costs the same few shapes many times)."""
+    inv_act = (1.0 / wave_utilisation(tokens, n, tiling) + 1.0 / wave_utilisation(tokens, h, tiling)) / 2
+    inv_w = 1.0 / wave_utilisation(h, n, tiling)
+    return 1.0 / (2.0 / 3.0 * inv_act + 1.0 / 3.0 * inv_w)
+
+
 def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layout: Layout,
-               dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False
-               ) -> float:
+               dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False,
+               seq_len: int = 0) -> float:
     """Seconds one device of ``mesh`` spends on ``kind`` of one layer for a ``samples`` microbatch.
 
     Args:
@@ -90,6 +140,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         samples: samples in the microbatch (the whole mesh's share, before data parallel).
         recompute: full activation recomputation: the B reruns the forward first (Chen et al.
             2016, "Training Deep Nets with Sublinear Memory Cost"; Megatron-LM's full recompute).
+        seq_len: tokens per sample (the workload's); with the profile's ``gemm_tiling`` it sizes
+            the layer's GEMMs for wave quantisation (:func:`gemm_utilisation`); 0 charges none.
 
     With ``layout.fsdp`` (ZeRO-3, Rajbhandari et al. 2020; PyTorch FSDP, Zhao et al. 2023) a
     forward all-gathers the layer's parameters over the data axis and a backward gathers them again
@@ -101,6 +153,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     """
     d, t = layout.data, layout.tensor
     per_dev = samples / d
+    util = gemm_utilisation(cost, per_dev * seq_len, t, seq_len, 2 if dtype == "bf16" else 4,
+                            mesh.device.gemm_tiling)
     if kind == "F":
         flops = cost.fwd_flops_per_sample * per_dev
         mem = cost.fwd_bytes_fixed + cost.fwd_bytes_per_sample * per_dev
@@ -118,7 +172,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     else:
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
     rate = _flops_rate(mesh, dtype) * (1.0 if kind == "F" else mesh.device.backward_efficiency)
-    compute = flops / t / rate
+    compute = flops / t / rate / util
     memory = mem / t / mesh.device.achievable_bandwidth
     elementwise = (mesh.device.elementwise_traffic * other * per_dev / t
                    / mesh.device.achievable_bandwidth)
@@ -135,7 +189,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     # fragment (roofline "sum": XLA:CPU runs a fragment's ops one after another) adds them
     body = (work + shard if mesh.device.roofline == "sum" else max(work, shard)) + elementwise + comm
     if recompute and kind == "B":
-        return body + layer_time(cost, "F", samples, mesh, layout, dtype)
+        return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len)
     return body
 
 

@@ -81,7 +81,8 @@ class PlanCosts:
             for kind in ("F", "B", "W"):
                 out[(st.index, kind)] = sum(
                     cm.layer_time(self.workload.layer(i), kind, self.samples, mesh, lay,
-                                  self.dtype, split_backward=split, recompute=rc)
+                                  self.dtype, split_backward=split, recompute=rc,
+                                  seq_len=self.workload.seq_len)
                     for i in range(st.first, st.last))
         return out
 
@@ -225,7 +226,8 @@ class PlanCosts:
             for i in reversed(range(st.first, st.last)):
                 c = self.workload.layer(i)
                 done += cm.layer_time(c, ref.kind, self.samples, mesh, lay, self.dtype,
-                                      split_backward=split, recompute=self.recompute(st.mesh))
+                                      split_backward=split, recompute=self.recompute(st.mesh),
+                                      seq_len=self.workload.seq_len)
                 x = cm.layer_grad_sync(c, mesh, lay)
                 if x is not None and x[2] > 0:
                     frac = min(1.0, done / total) if total > 0 else 1.0

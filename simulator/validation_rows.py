@@ -96,6 +96,8 @@ class Row:
     slices: int | None = None
     devices_per_node: int | None = None
     scale_out_gbit_per_device: float | None = None
+    power_limit_w: float | None = None
+    eager: bool | None = None
     note: str = ""
     line: int = 0
 
@@ -216,6 +218,15 @@ def load_rows(path: str | Path) -> tuple[Row, ...]:
         if scale_out is not None and not 1e-3 <= scale_out <= 1e6:
             raise ValidationError(f"row {line}: scale_out_gbit_per_device={scale_out!r} is out of "
                                   f"range; fix the CSV (Gb/s per device, 0.001 to 1e6)")
+        pw = (d.get("power_limit_w") or "").strip()
+        try:
+            power = float(pw) if pw else None
+        except ValueError:
+            raise ValidationError(f"row {line}: power_limit_w={pw[:40]!r} is not a number; "
+                                  f"fix the CSV") from None
+        if power is not None and not 1.0 <= power <= 1e5:
+            raise ValidationError(f"row {line}: power_limit_w={power!r} is out of range; fix the "
+                                  f"CSV (W per device, 1 to 1e5)")
         r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
                 layers=_int(d, "layers", line), hidden=_int(d, "hidden", line),
                 heads=_int(d, "heads", line), seq_len=_int(d, "seq_len", line),
@@ -227,7 +238,9 @@ def load_rows(path: str | Path) -> tuple[Row, ...]:
                 kv_heads=_int(d, "kv_heads", line), head_dim=_int(d, "head_dim", line),
                 glu=_flag(d, "glu", line), fsdp=_flag(d, "fsdp", line), recompute=rc,
                 slices=_int(d, "slices", line), devices_per_node=_int(d, "devices_per_node", line),
-                scale_out_gbit_per_device=scale_out, note=(d.get("note") or "").strip(), line=line)
+                scale_out_gbit_per_device=scale_out, power_limit_w=power,
+                eager=_flag(d, "eager", line),
+                note=(d.get("note") or "").strip(), line=line)
         if r.kv_heads is not None and r.heads % r.kv_heads:
             raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
                                   f"{r.kv_heads}; fix the row")

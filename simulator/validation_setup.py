@@ -18,13 +18,19 @@ activation (Megatron's scatter/gather optimisation, Narayanan et al. Sec. 4.1, a
 parallelism split it over tensor parallel). Point-to-point transfers are blocking
 (``Cluster.p2p = "blocking"``): Megatron-LM's pipeline schedules wait for each send/receive before
 the next compute (``p2p_communication._communicate``), so a sending stage's compute stream is
-held for the transfer. Layout: ``Layout(dp, tp)``, with ``fsdp`` when the row says so and, across
+held for the transfer. A row whose devices ran under a power cap (``power_limit_w``, or a cap its
+note states) gets the profile with its peak rates scaled to the capped clock (:func:`power_capped`):
+the cap belongs to the row's hosts, not to the device kind, so the profile stays right for a
+device at its TDP. Likewise a run in PyTorch eager mode (``eager``, or "eager" in its note) moves
+every unfused non-matmul op's traffic (elementwise traffic 1) whatever the profile's fitted
+fraction, which describes a compiled / fused-kernel stack. Layout: ``Layout(dp, tp)``, with ``fsdp`` when the row says so and, across
 ``slices`` > 1, hybrid sharding (each slice shards, slices all-reduce: MaxText's
 ``dcn_data_parallelism``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -56,10 +62,80 @@ RULES = {
     "slices": "1",
     "devices_per_node": f"gpus / slices when slices are given, else {DEVICES_PER_NODE}",
     "scale_out_gbit_per_device": "the device profile's scale-out figure",
+    "power_limit_w": "the note's \"N W power limit\" when it states one, else none (the "
+                     "profile's TDP)",
+    "eager": "1 when the note says the run was eager (e.g. \"eager (no torch.compile)\"), else "
+             "the device profile's elementwise traffic",
     "micro_batch": "1",
     "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation",
 }
 """The practitioner's rule applied to each blank optional field (printed with the row)."""
+
+POWER_LIMIT_NOTE = re.compile(r"(\d+(?:\.\d+)?)\s*W power limit")
+"""How a row's ``note`` states a power cap (e.g. "at a 500 W power limit"): read when the
+``power_limit_w`` column is blank or absent."""
+
+POWER_CLOCK_EXPONENT = 1.0 / 3.0
+"""Sustained clock under a power cap = nominal x (cap / TDP) ** (1/3): dynamic CMOS power is
+``C V^2 f`` and over the DVFS range the voltage scales with the frequency, so power ~ ``f^3``
+(Hennessy & Patterson, "Computer Architecture: A Quantitative Approach", 6th ed., Sec. 1.5). It
+assumes a matmul-bound training run draws the full TDP at the nominal clock and ignores static
+power (so it slightly understates the slow-down)."""
+
+
+def power_limit(row: Row) -> tuple[float | None, str | None]:
+    """(the row's per-device power cap in W or None, the assumption to print or None): the
+    ``power_limit_w`` column, else the cap its ``note`` states (:data:`POWER_LIMIT_NOTE`)."""
+    if row.power_limit_w is not None:
+        return row.power_limit_w, None
+    m = POWER_LIMIT_NOTE.search(row.note)
+    if m:
+        return float(m.group(1)), f"power_limit_w: {float(m.group(1)):g} W (from the note)"
+    return None, None
+
+
+def power_capped(device: DeviceProfile, cap_w: float | None) -> DeviceProfile:
+    """``device`` run under a ``cap_w`` power limit: every peak rate x
+    ``(cap / tdp) ** POWER_CLOCK_EXPONENT`` (:data:`POWER_CLOCK_EXPONENT`); unchanged when there
+    is no cap or it is at or above the TDP. Memory bandwidth is kept (HBM's clock is not the
+    core's)."""
+    if cap_w is None or cap_w >= device.tdp_watts:
+        return device
+    f = (cap_w / device.tdp_watts) ** POWER_CLOCK_EXPONENT
+    return replace(device, peak_flops={k: v * f for k, v in device.peak_flops.items()},
+                   tdp_watts=cap_w,
+                   description=f"{device.description} (power-capped at {cap_w:g} W: clock x {f:.3f})")
+
+
+EAGER_NOTE = re.compile(r"\beager\b", re.IGNORECASE)
+"""How a row's ``note`` says its framework ran op by op (PyTorch eager mode, no ``torch.compile``):
+read when the ``eager`` column is blank or absent."""
+
+EAGER_ELEMENTWISE_TRAFFIC = 1.0
+"""The elementwise-traffic fraction of an eager run: PyTorch eager launches every non-matmul op as
+its own kernel, each reading its operands from HBM and writing its result, which is exactly the
+unfused traffic ``compiler.costing`` counts (``LayerCost.*_other_bytes_per_sample``)."""
+
+
+def eager(row: Row) -> tuple[bool, str | None]:
+    """(whether the row's run was eager, the assumption to print or None): the ``eager`` column,
+    else whether its ``note`` says so (:data:`EAGER_NOTE`)."""
+    if row.eager is not None:
+        return row.eager, None
+    if EAGER_NOTE.search(row.note):
+        return True, f"eager: 1 (from the note: elementwise traffic {EAGER_ELEMENTWISE_TRAFFIC:g})"
+    return False, None
+
+
+def row_device(row: Row, device: DeviceProfile) -> DeviceProfile:
+    """``device`` as the row's hosts ran it: under the row's power cap (:func:`power_capped`) and,
+    for an eager run, with every unfused non-matmul op's traffic charged
+    (:data:`EAGER_ELEMENTWISE_TRAFFIC`). Both are properties of the run, not of the device kind."""
+    device = power_capped(device, power_limit(row)[0])
+    if eager(row)[0]:
+        device = replace(device, elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC)
+    return device
+
 
 ADAPTIVE = ("zb-1p", "zb-2p")
 """Simulator schedules built from the row's costs, and timed with post-validation (see
@@ -96,6 +172,9 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
             if k in ("glu", "fsdp") or (k == "scale_out_gbit_per_device" and row.gpus <= row.node_size):
                 continue                      # the defaults of the format; one node: no network
             notes.append(f"{k}: {RULES[k]}")
+    for why in (power_limit(row)[1], eager(row)[1]):
+        if why:
+            notes.append(why)
     mb = row.micro_batch
     if mb is None:
         mb = 1
@@ -150,7 +229,9 @@ def cluster_name(row: Row) -> str:
 
 
 def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
-    """The row's synthetic cluster of ``device`` (see the module docstring)."""
+    """The row's synthetic cluster of ``device`` (see the module docstring), as the row's hosts
+    ran it (:func:`row_device`: power cap, eager mode)."""
+    device = row_device(row, device)
     n, node = row.tp * row.dp, row.node_size
     fabric = "ICI torus (profile)" if device.torus_dims else "NVLink / NVSwitch (profile)"
     intra = Link(device.scale_up_bandwidth, device.scale_up_latency, fabric)

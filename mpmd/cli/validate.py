@@ -84,12 +84,12 @@ def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_
 
     o_mat = q(origin + " (fitted)")
     o_mem = q(origin + " (held at the prior: no row is memory-bound, so it is not identifiable)")
-    o_ovh = q(origin + " (held)")
+    o_ovh = q(origin + " (held at the profile's own value, not fitted)")
     from simulator.validate import ELEMENTWISE_GRID
 
     grid = ", ".join(f"{g:g}" for g in ELEMENTWISE_GRID)
     o_ew = q(origin + f" (best of the grid {grid}: most schedule groups ranked as measured, then "
-             "the lowest MAPE)")
+             "the lowest MAPE; a larger fraction must lower it by more than 0.1 points)")
     block = ("efficiency:\n"
              f"  matmul:\n    value: {matmul:.3f}\n    origin: {o_mat}\n"
              f"  memory:\n    value: {memory:.3f}\n    origin: {o_mem}\n"
@@ -230,7 +230,7 @@ def register(main: click.Group, guard) -> None:
             for name, base in list(devices.items()):
                 mine = [s for s in setups if s.row.device == name]
                 with console.status(f"fitting {name} over its {len(mine)} rows ..."):
-                    f = V.fit(mine, base, predict_step)
+                    f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,))
                 loso = {}
                 if len({s.row.source for s in mine}) == 1:
                     console.print(f"{name}: one source ({mine[0].row.source}); "

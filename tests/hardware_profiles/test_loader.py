@@ -218,7 +218,7 @@ def test_device_missing_source(tmp_path):
 
 
 def test_device_efficiency_out_of_range(tmp_path):
-    p = _device_yaml(tmp_path, "matmul:\n    value: 0.405", "matmul:\n    value: 1.5")
+    p = _device_yaml(tmp_path, "matmul:\n    value: 0.480", "matmul:\n    value: 1.5")
     assert "efficiency.matmul.value = 1.5: Input should be less than or equal to 1" in _one_line_error(load_device, p)
 
 
@@ -263,10 +263,18 @@ def test_p2p_mode(tmp_path):
     assert msg.startswith(f"{p}: p2p") and "sometimes" in msg, msg
 
 
+def test_device_gemm_tiling(tmp_path):
+    assert load_device(DEVICES_DIR / "a100-80gb-sxm.yaml").gemm_tiling == (108, 256, 128)
+    assert load_device(DEVICES_DIR / "tpu-v5e.yaml").gemm_tiling is None
+    p = _device_yaml(tmp_path, "  compute_units: 132\n", "  compute_units: 0\n")
+    msg = _one_line_error(load_device, p)
+    assert "gemm_tiling.compute_units = 0" in msg and "\n" not in msg
+
+
 def test_device_elementwise_traffic(tmp_path):
     assert load_device(DEVICES_DIR / "h200-sxm.yaml").elementwise_traffic == 0.0
     field = "  elementwise_traffic:\n    value: {}\n    origin: test\n"
-    old = "  elementwise_traffic:\n    value: 0.8\n"
+    old = "  elementwise_traffic:\n    value: 0\n"
     src = (DEVICES_DIR / "h100-sxm.yaml").read_text()
     start = src.index(old)
     end = src.index("\n", src.index("origin:", start)) + 1

@@ -49,3 +49,52 @@ def test_elementwise_traffic_adds_after_the_roofline(kind, split, other):
     extra = 0.5 * other / m.device.achievable_bandwidth                       # one sample per device
     assert layer_time(OTHER, kind, 2, half, lay, split_backward=split) == pytest.approx(
         base + extra, rel=1e-12)
+
+
+# --------------------------------------------------------------------------- wave quantisation
+A100_TILING = (108, 256, 128)
+
+
+@pytest.mark.parametrize("rows,cols,expected", [
+    (2048, 2304, 144 / 216),      # 8 x 18 = 144 tiles: 2 waves of 108 SMs, the second a third full
+    (6144, 2304, 1.0),            # 24 x 18 = 432 tiles = 4 full waves
+    (100, 100, 1 / 108),          # one partial tile on one SM
+    (0, 2304, 1.0),               # an empty GEMM loses nothing
+])
+def test_wave_utilisation_exact(rows, cols, expected):
+    from simulator.cost_model import wave_utilisation
+
+    assert wave_utilisation(rows, cols, A100_TILING) == pytest.approx(expected, rel=1e-12)
+
+
+H, S = 2304, 1024
+GPT_BLOCK = dataclasses.replace(COST, activation_bytes_per_sample=S * H * 2, param_count=12 * H * H)
+
+
+def test_gemm_utilisation_of_a_gpt_block_exact():
+    """h = 2304 from the output bytes; n = 12 h^2 / (2 h) = 6 h. At 2048 tokens: the column GEMM
+    (2048 x 13824: 864 tiles, 8 full waves) loses nothing, the row GEMM (2048 x 2304: 144 tiles)
+    keeps 2/3; the weight gradient (2304 x 13824: 972 tiles, 9 waves) loses nothing:
+    1 / (2/3 x (1 + 3/2) / 2 + 1/3 x 1) = 6/7."""
+    from simulator.cost_model import gemm_utilisation
+
+    assert gemm_utilisation(GPT_BLOCK, 2048, 1, S, 2, A100_TILING) == pytest.approx(6 / 7, rel=1e-12)
+    assert gemm_utilisation(GPT_BLOCK, 2048, 1, S, 2, None) == 1.0        # no tiling: none
+    assert gemm_utilisation(GPT_BLOCK, 2048, 1, 0, 2, A100_TILING) == 1.0  # no seq_len: none
+    head = dataclasses.replace(GPT_BLOCK, activation_bytes_per_sample=0.0)
+    assert gemm_utilisation(head, 2048, 1, S, 2, A100_TILING) == 1.0       # no width: none
+
+
+@pytest.mark.parametrize("kind", ["F", "B", "W"])
+def test_layer_time_divides_compute_by_the_wave_utilisation(kind):
+    dev = dataclasses.replace(load_device("a100-80gb-sxm"), backward_efficiency=1.0,
+                              elementwise_traffic=0.0)
+    assert dev.gemm_tiling == A100_TILING
+    m = MeshSpec("m", dev, 2, {"data": 2}, Link(1e11, 1e-6))
+    lay = Layout(data=2, tensor=1)
+    flops = {"F": 4e12, "B": 8e12, "W": 4e12}[kind] * 2        # 4 samples over data 2
+    split = kind == "W"
+    t = layer_time(GPT_BLOCK, kind, 4, m, lay, split_backward=split, seq_len=S)
+    assert t == pytest.approx(flops / dev.achievable_flops("bf16") * 7 / 6, rel=1e-12)
+    assert layer_time(GPT_BLOCK, kind, 4, m, lay, split_backward=split) == pytest.approx(
+        flops / dev.achievable_flops("bf16"), rel=1e-12)         # seq_len 0: no quantisation
