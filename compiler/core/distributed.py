@@ -41,7 +41,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from compiler.core.exported import Call, ExportedProgram, Send
-from compiler.core.runtime import DeadlockError, Execution, MpmdRuntimeError, _block, _last_uses
+from compiler.core.runtime import (DeadlockError, Execution, MpmdRuntimeError, _block, _last_uses,
+                                   call_step)
 from compiler.ir import Timeline, TimelineEvent
 
 
@@ -363,13 +364,7 @@ def run_process(pp: ProcessProgram, args: Sequence[Any] | Any, *, record: bool =
         st = ex_prog.programs[mesh].steps[i]
         if isinstance(st, Call) and mesh in mine:
             start = time.perf_counter()
-            outs = ex_prog.executables[st.executable].fn(*[env[mesh][v] for v in st.inputs])
-            if not isinstance(outs, (tuple, list)):
-                outs = (outs,)
-            if len(outs) != len(st.outputs):
-                raise MpmdRuntimeError(f"mesh {mesh!r} step {st.name!r}: executable "
-                                       f"{st.executable!r} returned {len(outs)} values, the "
-                                       f"program names {len(st.outputs)}")
+            outs = call_step(ex_prog, mesh, st, env[mesh])
             if record:
                 _block(outs)
             env[mesh].update(zip(st.outputs, outs))

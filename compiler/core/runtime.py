@@ -86,6 +86,21 @@ def _last_uses(exported: ExportedProgram) -> dict[tuple[str, int], list[str]]:
     return out
 
 
+def call_step(exported: ExportedProgram, mesh: str, st: Call, env: Mapping[str, Any]) -> tuple:
+    """Run call ``st`` of ``mesh`` on the values ``env`` holds; its outputs as a tuple.
+
+    Raises:
+        MpmdRuntimeError: the executable returned another number of values than the call names.
+    """
+    outs = exported.executables[st.executable].fn(*[env[v] for v in st.inputs])
+    if not isinstance(outs, (tuple, list)):
+        outs = (outs,)
+    if len(outs) != len(st.outputs):
+        raise MpmdRuntimeError(f"mesh {mesh!r} step {st.name!r}: executable {st.executable!r} "
+                               f"returned {len(outs)} values, the program names {len(st.outputs)}")
+    return tuple(outs)
+
+
 def _check(exported: ExportedProgram, n_args: int) -> None:
     if n_args != len(exported.inputs):
         raise MpmdRuntimeError(f"program takes {len(exported.inputs)} flattened arguments, got {n_args}; "
@@ -163,14 +178,7 @@ def run_program(exported: ExportedProgram, args: Sequence[Any] | Any, *,
                     break
                 start = time.perf_counter()
                 if isinstance(st, Call):
-                    ex = exported.executables[st.executable]
-                    outs = ex.fn(*[env[mesh][v] for v in st.inputs])
-                    if not isinstance(outs, (tuple, list)):
-                        outs = (outs,)
-                    if len(outs) != len(st.outputs):
-                        raise MpmdRuntimeError(f"mesh {mesh!r} step {st.name!r}: executable "
-                                            f"{st.executable!r} returned {len(outs)} values, the "
-                                            f"program names {len(st.outputs)}")
+                    outs = call_step(exported, mesh, st, env[mesh])
                     if record:
                         _block(outs)
                     end = time.perf_counter()
