@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from compiler.calibration.layouts import LAYER_BODY, collective_terms
 from compiler.core.errors import CompilerError
 
 
@@ -33,7 +34,7 @@ class FragmentTiming:
     """One measured fragment: ``layer`` ``kind`` (F or B) for ``samples`` samples on one mesh.
 
     ``flops`` / ``bytes`` are per device (XLA cost analysis of the partitioned executable, or the
-    simulator's figures after :func:`simulator_costs`); ``seconds`` is the median wall time of one
+    simulator's figures after :func:`~compiler.calibration.layouts.layout_costs`); ``seconds`` is the median wall time of one
     call, dispatch included; ``layout`` is the mesh's layout it ran under (``"dp"``, ``"tp"`` or
     ``"fsdp"``: :mod:`compiler.calibration.layouts`).
     """
@@ -179,37 +180,11 @@ def nominal_peaks(devices_per_mesh: int, cores: int, cpuinfo: str, ghz: float | 
     return host / devices_per_mesh, src, ghz
 
 
-LAYER_BODY = {"embed": "embed", "block": "decoder_block", "head": "head"}
-
-
-def simulator_costs(frags: Sequence[FragmentTiming], devices_per_mesh: int, *,
-                    model: str = "llama-tiny") -> list[FragmentTiming]:
-    """``frags`` with per-device FLOP and bytes replaced by what the simulator charges for them
-    under each fragment's layout (:func:`compiler.calibration.layouts.layout_costs`): for a
-    data-parallel F or (unsplit) B of ``samples`` samples, ``flops_per_sample x samples / d`` and
-    ``bytes_fixed + bytes_per_sample x samples / d`` per device (``d = devices_per_mesh``), with
-    the ``compiler.zoo.costing`` workload's figures.
-    """
-    from compiler.calibration.layouts import layout_costs
-
-    return layout_costs(frags, devices_per_mesh, model=model)
-
-
 def grad_bytes(f: FragmentTiming, *, model: str = "llama-tiny") -> float:
     """Bytes of layer ``f.layer``'s fp32 gradients on each device (parameters are replicated)."""
     from compiler.zoo.costing import workload
 
     return workload(model, max(1, f.samples)).costs[LAYER_BODY[f.layer]].param_count * 4.0
-
-
-def ring_terms(f: FragmentTiming, devices_per_mesh: int, latency: float) -> tuple[float, float]:
-    """``(fixed, per)``: fragment ``f``'s collectives over the mesh take ``fixed + per / bandwidth``
-    seconds (:func:`compiler.calibration.layouts.collective_terms`: for a data-parallel backward,
-    the ring all-reduce of its layer's gradients), split into the latency part and the part
-    linear in 1 / bandwidth, which the fits solve for."""
-    from compiler.calibration.layouts import collective_terms
-
-    return collective_terms(f, devices_per_mesh, latency)
 
 
 def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: float,
@@ -238,7 +213,7 @@ def fit_backward(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
     frags = [f for f in frags if f.seconds > 0]
     if not frags:
         raise CalibrationError("no backward timings to fit; measure some fragments first")
-    terms = [ring_terms(f, devices_per_mesh, latency) for f in frags]
+    terms = [collective_terms(f, devices_per_mesh, latency) for f in frags]
     ring = [per for _, per in terms]
     norm = sum(f.seconds ** 2 for f in frags)
 
@@ -287,7 +262,7 @@ def fit_additive(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
         F: t = overhead + flops / F + bytes / bandwidth + fixed + per / B_ar
         B: t = overhead + flops / F_b + bytes / bandwidth + fixed + per / B_ar
 
-    with each fragment's collectives as ``fixed + per / B_ar`` (:func:`ring_terms`: none for a
+    with each fragment's collectives as ``fixed + per / B_ar`` (:func:`~compiler.calibration.layouts.collective_terms`: none for a
     data-parallel forward, the gradient all-reduce ``2 (n-1) latency + 2 (n-1)/n g / B_ar`` for
     its backward; the activation all-reduce, parameter all-gather and gradient reduce-scatter under
     tensor parallel and FSDP).
@@ -311,11 +286,11 @@ def fit_additive(frags: Sequence[FragmentTiming], overhead: float, bandwidth: fl
         raise CalibrationError("the additive fit needs forward and backward timings; measure both")
     rows, y = [], []
     for f in fwd:     # a forward's collectives: tensor-parallel all-reduce, FSDP all-gather
-        fixed, per = ring_terms(f, devices_per_mesh, latency)
+        fixed, per = collective_terms(f, devices_per_mesh, latency)
         rows.append([f.flops, 0.0, per])
         y.append(f.seconds - overhead - f.bytes / bandwidth - fixed)
     for f in bwd:
-        fixed, per = ring_terms(f, devices_per_mesh, latency)
+        fixed, per = collective_terms(f, devices_per_mesh, latency)
         rows.append([0.0, f.flops, per])
         y.append(f.seconds - overhead - f.bytes / bandwidth - fixed)
     A, b = np.array(rows), np.array(y)
@@ -370,9 +345,9 @@ def fit_calibration(frags: Sequence[FragmentTiming], overhead: float, bandwidth:
 
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
     """The fitted model's time for fragment ``f`` (s): overhead, the work at the forward or
-    backward rate, and its collectives (:func:`ring_terms`) on the fitted intra-mesh link."""
+    backward rate, and its collectives (:func:`~compiler.calibration.layouts.collective_terms`) on the fitted intra-mesh link."""
     rate = cal.achievable_flops * (1.0 if f.kind == "F" else cal.backward_efficiency)
-    fixed, per = ring_terms(f, cal.devices_per_mesh, cal.intra_latency)
+    fixed, per = collective_terms(f, cal.devices_per_mesh, cal.intra_latency)
     return (cal.fragment_overhead
             + work_time(f.flops, f.bytes, rate, cal.achievable_bandwidth, cal.roofline)
             + fixed + per / cal.intra_bandwidth)

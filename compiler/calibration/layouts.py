@@ -21,11 +21,13 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
-from compiler.calibration.fit import LAYER_BODY
 from compiler.ir import Layout
 
 LAYOUTS = ("dp", "tp", "fsdp")
 """Layouts fragments are timed under (see the module docstring)."""
+
+LAYER_BODY = {"embed": "embed", "block": "decoder_block", "head": "head"}
+"""Timed layer -> the unique fragment body of the workload it is costed as."""
 
 def layout_of(name: str, devices: int) -> Layout:
     """The :class:`~compiler.ir.Layout` of ``devices`` devices that layout ``name`` means.
@@ -50,7 +52,8 @@ def _cost(model: str, samples: int, layer: str):
 
 def layout_costs(frags: Sequence, devices: int, *, model: str = "llama-tiny") -> list:
     """``frags`` (:class:`~compiler.calibration.fit.FragmentTiming`) with per-device FLOP and bytes
-    replaced by what ``simulator.cost_model.layer_time`` charges: ``flops_per_sample x samples /
+    replaced by what ``simulator.cost_model.layer_time`` charges, so the fitted rates reproduce the
+    measured times through the simulator's own costing: ``flops_per_sample x samples /
     d / t`` and ``(bytes_fixed + bytes_per_sample x samples / d) / t`` for the fragment's layout
     ``d x t`` (the ``compiler.zoo.costing`` workload's figures)."""
     out = []

@@ -8,7 +8,7 @@ What is measured (median of ``repeats`` runs each, ``block_until_ready`` for hon
   (:mod:`compiler.calibration.layouts`: data parallel, Megatron tensor parallel, FSDP), so the
   collectives inside fragments (gradient all-reduce, activation all-reduce, parameter all-gather,
   gradient reduce-scatter) are timed where they really run. Each fragment's per-device FLOP and bytes are the ones the
-  simulator charges for it (:func:`simulator_costs`: the ``compiler.zoo.costing`` workload of llama-tiny
+  simulator charges for it (:func:`compiler.calibration.layouts.layout_costs`: the ``compiler.zoo.costing`` workload of llama-tiny
   through ``simulator.cost_model.layer_time``'s formulas), so the fitted rate reproduces the measured
   times *through the simulator's own costing*. (XLA:CPU's ``bytes accessed`` counts several times
   the workload's fused-roofline bytes; a bandwidth fitted to it would be applied to the workload's
@@ -42,11 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from compiler.calibration.layouts import LAYOUTS
+from compiler.calibration.layouts import LAYOUTS, layout_costs
 from compiler.calibration.fit import (LAYER_BODY, Calibration, CalibrationError, FragmentTiming,
                                       HostInfo, cpu_model, fit_additive, fit_backward,
                                       fit_calibration, fit_flops, grad_bytes, model_seconds,
-                                      nominal_peaks, read_host, simulator_costs)
+                                      nominal_peaks, read_host)
 
 Progress = Callable[[str], None]
 
@@ -55,7 +55,7 @@ __all__ = ["Calibration", "CalibrationError", "FragmentTiming", "HostInfo", "LAY
            "measure_allreduce", "measure_bandwidth", "measure_concurrency", "measure_fragments",
            "fit_calibration", "measure_link", "measure_overhead", "measure_runtime_concurrency",
            "measure_stream", "print_calibration",
-           "model_seconds", "nominal_peaks", "read_host", "simulator_costs", "time_call"]
+           "model_seconds", "nominal_peaks", "read_host", "time_call"]
 
 
 # --------------------------------------------------------------------------- timing helpers
@@ -336,7 +336,7 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
     for lay in LAYOUTS:     # data parallel, tensor parallel, FSDP: the layouts plans run
         timed += measure_fragments(meshes[0], samples, repeats=repeats, layout=lay,
                                    progress=lambda m, lay=lay: step(0, f"{lay} {m}"))
-    frags = simulator_costs(timed, devices_per_mesh)
+    frags = layout_costs(timed, devices_per_mesh)
     step(1)
     overhead = measure_overhead(meshes[0])
     step(2)

@@ -33,8 +33,9 @@ import numpy as np
 from compiler.ir import DataParallelPlan
 from compiler.train import check
 from compiler.train.run import (RunError, RunReport, _compile, adam_init, adam_update, batches,
-                                executed_plan, load_text, measured_step_time, plan_topology,
-                                run_cluster, split_microbatches, train_step_fn, with_plan_specs)
+                                executed_plan, load_text, measured_step_time, place_inputs,
+                                plan_topology, run_cluster, split_microbatches, step_outputs,
+                                train_step_fn, with_plan_specs)
 
 
 def _shares(plan: DataParallelPlan, batch: Mapping[str, np.ndarray]) -> list[tuple[dict, ...]]:
@@ -106,9 +107,7 @@ def run_data_parallel(plan: DataParallelPlan, steps: int, *, cluster_path: str, 
         step = train_step_fn(cfg, part.microbatches)
         config = config_from_plan(part, topology, layer_names=names)
         ex = _compile(step, with_plan_specs(config, part, cfg, params0, mbs), (params0, mbs))
-        flat, tree = jax.tree.flatten(params0)
-        placed = jax.tree.unflatten(tree, [jax.device_put(x, sh) if sh is not None else x
-                                           for x, (_, _, sh) in zip(flat, ex.inputs)])
+        placed = place_inputs(params0, ex)
         exported.append(ex)
         out_trees.append(jax.tree.structure(jax.eval_shape(step, params0, mbs)))
         params.append(placed)
@@ -122,10 +121,7 @@ def run_data_parallel(plan: DataParallelPlan, steps: int, *, cluster_path: str, 
         part_loss, part_grads, step_s = [], [], 0.0
         for k, (ex, mbs) in enumerate(zip(exported, shares)):
             run = run_program(ex, (params[k], mbs))
-            outs = run.outputs
-            if isinstance(outs, tuple) and len(outs) == out_trees[k].num_leaves != 2:
-                outs = jax.tree.unflatten(out_trees[k], outs)
-            loss_k, grads_k = outs
+            loss_k, grads_k = step_outputs(run.outputs, out_trees[k])
             part_loss.append(float(loss_k))
             part_grads.append(grads_k)
             step_s += run.timeline.step_time_s

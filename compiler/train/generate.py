@@ -35,8 +35,8 @@ import numpy as np
 
 from compiler.ir import DataParallelPlan, Plan
 from compiler.train import check
-from compiler.train.run import (RunError, _compile, measured_step_time, plan_topology, run_cluster,
-                                simulated_step_time, with_plan_specs)
+from compiler.train.run import (RunError, _compile, measured_step_time, place_inputs, plan_topology,
+                                run_cluster, simulated_step_time, with_plan_specs)
 
 CFG_SCALE = 4.5
 """Classifier-free guidance scale: Mochi 1's (Genmo 2024, github.com/genmoai/mochi; "CFG 4.5" in
@@ -212,9 +212,7 @@ def generate_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | No
     first = split_rows(dit_inputs(noise, sig[0], text), M)
     config = config_from_plan(plan, topology, layer_names=zoo.layer_names(cfg))
     exported = _compile(step, with_plan_specs(config, plan, cfg, params, first), (params, first))
-    flat, ptree = jax.tree.flatten(params)
-    params = jax.tree.unflatten(ptree, [jax.device_put(x, sh) if sh is not None else x
-                                        for x, (_, _, sh) in zip(flat, exported.inputs)])
+    params = place_inputs(params, exported)
     ref_dev = jax.devices()[0]
     ref_z, ref_v = jax.jit(sample_fn(cfg, M, scale))(
         *jax.device_put((jax.device_get(params), noise, text), ref_dev))

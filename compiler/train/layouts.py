@@ -153,7 +153,8 @@ def topology_for_plan(plan: Plan, cluster: Any, devices: Sequence[Any]) -> dict[
     devices = list(devices)
     if len(devices) < cluster.num_devices:
         raise ValueError(f"cluster {cluster.name!r} needs {cluster.num_devices} devices, JAX has "
-                         f"{len(devices)}")
+                         f"{len(devices)}; set jax_num_cpu_devices={cluster.num_devices} (or "
+                         f"XLA_FLAGS) before JAX starts")
     out, i = {}, 0
     for name, spec in cluster.meshes.items():
         devs = devices[i:i + spec.num_devices]

@@ -206,9 +206,8 @@ def _train(plan: Any, cluster: Any, groups: tuple[tuple[str, ...], ...], *, step
 
     from compiler.core.distributed import (DistributedError, barrier, prepare, process_topology,
                                            run_process)
-    from compiler.train.run import adam_init, adam_update, compile_plan, split_microbatches
-
     from compiler.train.layouts import plan_mesh_axes
+    from compiler.train.run import adam_init, adam_update, compile_plan, split_microbatches
 
     topology = process_topology(plan_mesh_axes(plan, cluster), groups)
     prog = compile_plan(plan, topology, seed=seed, model_overrides=model_overrides)

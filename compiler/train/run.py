@@ -168,15 +168,26 @@ def plan_topology(plan: Plan, cluster: Any, devices: list | None = None) -> dict
     """
     from compiler.train.layouts import topology_for_plan
 
-    devices = list(devices if devices is not None else jax.devices())
-    if len(devices) < cluster.num_devices:
-        raise RunError(f"cluster {cluster.name!r} needs {cluster.num_devices} devices, JAX has "
-                       f"{len(devices)}; set jax_num_cpu_devices={cluster.num_devices} (or "
-                       f"XLA_FLAGS) before JAX starts")
     try:
-        return topology_for_plan(plan, cluster, devices)
+        return topology_for_plan(plan, cluster, devices if devices is not None else jax.devices())
     except ValueError as e:
         raise RunError(str(e)) from None
+
+
+def place_inputs(tree: Any, exported: Any) -> Any:
+    """``tree`` (the leading arguments of the compiled step, e.g. the parameters) with each leaf
+    placed on the sharding the exported program's matching input expects (its mesh and spec)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return jax.tree.unflatten(treedef, [jax.device_put(x, sh) if sh is not None else x
+                                        for x, (_, _, sh) in zip(leaves, exported.inputs)])
+
+
+def step_outputs(outs: Any, out_tree: Any) -> Any:
+    """A program run's outputs as the step's ``(loss, grads)``: flat outputs are unflattened with
+    ``out_tree`` (the step's output structure)."""
+    if isinstance(outs, tuple) and len(outs) == out_tree.num_leaves != 2:
+        return jax.tree.unflatten(out_tree, outs)
+    return outs
 
 
 # --------------------------------------------------------------------------- report
@@ -390,10 +401,7 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
     prog = compile_plan(plan, topology, seed=seed, model_overrides=model_overrides)
     cfg, step, params, data, first = prog.cfg, prog.step, prog.params, prog.data, prog.first
     exported = prog.exported
-    flat_params, ptree = jax.tree.flatten(params)
-    placed = [jax.device_put(x, sh) if sh is not None else x
-              for x, (_, _, sh) in zip(flat_params, exported.inputs)]
-    params = jax.tree.unflatten(ptree, placed)
+    params = place_inputs(params, exported)
     out_tree = jax.tree.structure(jax.eval_shape(step, params, first))
     ref_dev = jax.devices()[0]
     ref_step = jax.jit(step)
@@ -406,10 +414,7 @@ def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str 
     run_program(exported, (params, batch), record=False)
     for i in range(steps):
         ex = run_program(exported, (params, batch))
-        outs = ex.outputs
-        if isinstance(outs, tuple) and len(outs) == out_tree.num_leaves != 2:
-            outs = jax.tree.unflatten(out_tree, outs)
-        loss, grads = outs
+        loss, grads = step_outputs(ex.outputs, out_tree)
         losses.append(float(loss))
         times.append(ex.timeline.step_time_s)
         timelines.append(ex.timeline)
