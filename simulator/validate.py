@@ -18,14 +18,16 @@ from simulator.validation_rows import (  # noqa: F401  (re-exported)
     load_rows, maxtext_flops, metric_from_step, narayanan_flops, palm_flops)
 from simulator.validation_setup import (  # noqa: F401  (re-exported)
     ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, build_cluster, build_plan, row_layout, row_setup,
-    selective_recompute, split_layers, with_efficiency)
+    selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
+    with_efficiency)
 
 __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_rows", "row_setup",
            "build_cluster", "build_plan", "split_layers", "selective_recompute", "narayanan_flops",
            "maxtext_flops", "palm_flops", "row_layout", "RULES", "METRICS",
            "metric_from_step", "evaluate", "ranking_agrees", "zb_rankings", "mape", "fit",
            "leave_one_source_out", "with_efficiency", "adapt_plan", "post_validation_step",
-           "SCHEDULE_MAP", "ZB_SCHEDULES", "ADAPTIVE"]
+           "SCHEDULE_MAP", "ZB_SCHEDULES", "ADAPTIVE", "tune_virtual_stages",
+           "virtual_stage_candidates"]
 
 # --------------------------------------------------------------------------- evaluation
 StepFn = Callable[[Plan, Workload, Cluster], float]

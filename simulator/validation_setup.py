@@ -47,9 +47,20 @@ estimate (a few us for RDMA send/recv through one switch tier, NCCL inter-node s
 figures), not a datasheet number."""
 
 LAYERS_PER_CHUNK_MAX = 4
-"""Interleaved 1F1B with no published chunk count: one layer per chunk when a rank holds at most
-this many layers (Megatron-LM's ``--num-layers-per-virtual-pipeline-stage 1``, the finest
-interleaving), else 2 chunks per rank (Narayanan et al. 2021, Sec. 2.2's example)."""
+"""Interleaved 1F1B with no published chunk count and no step function to tune it with
+(:func:`row_setup` without ``step_fn``): one layer per chunk when a rank holds at most this many
+layers (Megatron-LM's ``--num-layers-per-virtual-pipeline-stage 1``, the finest interleaving), else
+2 chunks per rank (Narayanan et al. 2021, Sec. 2.2's example). With a step function the count is
+tuned instead (:func:`tune_virtual_stages`)."""
+
+
+def virtual_stage_candidates(row: Row) -> list[int]:
+    """Chunk counts ``v`` a practitioner would try for ``row``'s interleaved schedule: every
+    ``v >= 2`` that divides the layers of a rank (``ceil(layers / pp)``) evenly, as Megatron-LM's
+    ``--num-layers-per-virtual-pipeline-stage`` requires; ``[2]`` when none does."""
+    per_rank = -(-row.layers // row.pp)
+    return [v for v in range(2, per_rank + 1) if per_rank % v == 0] or [2]
+
 
 RULES = {
     "vocab": f"{DEFAULT_VOCAB} (Megatron-LM's padded GPT-2 vocabulary)",
@@ -188,7 +199,7 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
     if name == "interleaved-1f1b":
         per_rank = -(-row.layers // row.pp)
         v = max(2, per_rank) if per_rank <= LAYERS_PER_CHUNK_MAX else 2
-        notes.append(f"{v} virtual stages")
+        notes.append(f"{v} virtual stages")          # replaced when tuned (row_setup)
     if sched in ("zb-1p", "zb-2p"):
         notes.append("auto schedule from the row's costs; post-validation")
     recompute = row.recompute or "none"
@@ -329,12 +340,48 @@ def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
                 recompute={m: recompute for m in meshes})
 
 
-def row_setup(row: Row, workload_fn: Callable[[Row], Workload]) -> Setup:
-    """Build the :class:`Setup` of ``row``; ``workload_fn(row)`` costs its model (see module doc)."""
+StepFn = Callable[[Plan, Workload, Cluster], float]
+"""``step_fn(plan, workload, cluster) -> seconds`` of one training step."""
+
+
+def tune_virtual_stages(row: Row, workload: Workload, micro_batch: int, recompute: str,
+                        step_fn: StepFn, device: DeviceProfile) -> tuple[int, float, list[int]]:
+    """(v, step seconds, candidates): the interleaved chunk count among
+    :func:`virtual_stage_candidates` whose plan ``step_fn`` times fastest on ``row``'s cluster of
+    ``device`` (ties keep the smaller v). Practitioners tune this knob per model and pipeline depth
+    (Narayanan et al. 2021, Sec. 3.1: more chunks shrink the bubble by ``v`` and multiply the
+    point-to-point traffic by ``v``), so a row that does not publish it is simulated at its best.
+    """
+    cluster = build_cluster(row, device)
+    best: tuple[float, int] | None = None
+    cands = virtual_stage_candidates(row)
+    for v in cands:
+        plan = build_plan(row, workload, schedule="interleaved-1f1b", micro_batch=micro_batch,
+                          virtual_stages=v, recompute=recompute == "full")
+        t = step_fn(plan, workload, cluster)
+        if best is None or t < best[0] * (1 - 1e-9):
+            best = (t, v)
+    assert best is not None
+    return best[1], best[0], cands
+
+
+def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
+              step_fn: StepFn | None = None, device: DeviceProfile | None = None) -> Setup:
+    """Build the :class:`Setup` of ``row``; ``workload_fn(row)`` costs its model (see module doc).
+
+    With ``step_fn`` and ``device``, an interleaved row that does not publish its chunk count gets
+    the fastest one (:func:`tune_virtual_stages`, listed in the assumptions); without them, the
+    :data:`LAYERS_PER_CHUNK_MAX` rule."""
     mb, name, v, rc, notes = _choices(row)
     w = workload_fn(row)
     if rc in ("selective", "minimal"):
         w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads))
+    if name == "interleaved-1f1b" and step_fn is not None and device is not None:
+        v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
+        why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1
+               else "the only even split of a rank's layers")
+        notes = [f"{v} virtual stages ({why})" if n.endswith(" virtual stages") else n
+                 for n in notes]
     plan = build_plan(row, w, schedule=name, micro_batch=mb, virtual_stages=v,
                       recompute=rc == "full")
     return Setup(row, mb, plan.microbatches, name, v, rc, tuple(notes), w, plan)

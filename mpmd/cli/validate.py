@@ -223,7 +223,8 @@ def register(main: click.Group, guard) -> None:
             task = bar.add_task(f"costing {len(rows)} rows", total=len(rows))
             setups = []
             for r in rows:
-                setups.append(V.row_setup(r, workload_for))
+                setups.append(V.row_setup(r, workload_for, step_fn=predict_step,
+                                          device=devices[r.device]))
                 bar.advance(task)
         fit_info = []
         if fit:

@@ -157,6 +157,35 @@ def test_interleaving_rule_reads_layers_per_rank_not_the_source():
     assert many.virtual_stages == 2                     # 10 per rank: Megatron's 2 chunks
 
 
+def test_virtual_stage_candidates_divide_a_ranks_layers():
+    assert V.virtual_stage_candidates(_row(layers=80, pp=8)) == [2, 5, 10]
+    assert V.virtual_stage_candidates(_row(layers=22, pp=8)) == [3]      # ceil(22 / 8) = 3
+    assert V.virtual_stage_candidates(_row(layers=8, pp=8)) == [2]       # one layer each: 2
+    assert V.virtual_stage_candidates(_row(layers=126, pp=16)) == [2, 4, 8]
+
+
+def test_tuned_interleaving_takes_the_fastest_chunk_count():
+    row = _row(layers=80, pp=8, schedule="1f1b-interleaved", microbatches=None)
+    seen = []
+
+    def step(plan, workload, cluster):           # 5 chunks fastest; 2 and 10 slower
+        v = plan.schedule.num_stages // 8
+        seen.append(v)
+        return {2: 3.0, 5: 1.0, 10: 2.0}[v]
+
+    dev = load_device("a100-80gb-sxm")
+    assert V.tune_virtual_stages(row, fake_workload(row), 6, "none", step, dev) == (5, 1.0,
+                                                                                    [2, 5, 10])
+    assert seen == [2, 5, 10]
+    s = V.row_setup(row, fake_workload, step_fn=step, device=dev)
+    assert s.virtual_stages == 5 and s.plan.schedule.num_stages == 40
+    assert "5 virtual stages (the fastest of v in {2, 5, 10})" in s.assumptions
+    tie = V.row_setup(row, fake_workload, step_fn=lambda p, w, c: 1.0, device=dev)
+    assert tie.virtual_stages == 2                                       # ties keep the smaller v
+    plain = V.row_setup(_row(schedule="1f1b"), fake_workload, step_fn=step, device=dev)
+    assert plain.virtual_stages == 1 and seen == [2, 5, 10] * 2          # only interleaved tunes
+
+
 def test_fsdp_rows_get_fsdp_and_hybrid_sharding_across_slices():
     r = _row(source="x", layers=4, tp=1, pp=1, dp=1024, gpus=1024, global_batch=2048,
              micro_batch=2, microbatches=1, schedule=None, fsdp=True, slices=4,
@@ -273,7 +302,8 @@ def _per_kind():
         r"- \*\*([\w.-]+)\*\*: mean ([\d.]+)%, max ([\d.]+)%", md))
     assert set(want) == {"a100-80gb-sxm", "h100-sxm", "tpu-v5e", "tpu-v5p"}, \
         "validation.md has no per-kind summary; run mpmd validate --fit --out"
-    setups = [V.row_setup(r, workload_for) for r in V.load_rows(CSV)]
+    setups = [V.row_setup(r, workload_for, step_fn=predict_step, device=load_device(r.device))
+              for r in V.load_rows(CSV)]   # as `mpmd validate` builds them
     res = []
     for dev in want:
         mine = [s for s in setups if s.row.device == dev]
