@@ -43,7 +43,9 @@ DEVICES_PER_NODE = 8
 DGX board (NVIDIA DGX A100 / H100 reference architectures)."""
 
 SCHEDULE_MAP = {"1f1b": "1f1b", "1f1b-interleaved": "interleaved-1f1b", "zb-1p": "zb-1p",
-                "zb-2p": "zb-2p"}
+                "zb-2p": "zb-2p", "interleaved-1f1b": "interleaved-1f1b", "gpipe": "gpipe",
+                "zb-h1": "zb-h1", "zb-h2": "zb-h2", "zb-v": "zb-v", "zbv": "zb-v",
+                "dualpipe-v": "dualpipe-v"}
 """CSV schedule -> simulator schedule. Qi et al.'s ZB-1p / ZB-2p are found by their automatic
 scheduler over the profiled stage times under a 1p / 2p activation-memory limit (Sec. 3):
 :mod:`simulator.schedules.adaptive`, rebuilt for each device from the row's own fragment and
@@ -185,7 +187,7 @@ def load_rows(path: str | Path) -> tuple[Row, ...]:
         if None in d:
             raise ValidationError(f"row {line}: {len(d) - 1 + len(d[None])} fields, more than the "
                                   f"{len(d) - 1} columns of the header; fix the row")
-        sched = (d.get("schedule") or "").strip() or None
+        sched = (d.get("schedule") or "").strip().lower() or None
         if sched is not None and sched not in SCHEDULE_MAP:
             raise ValidationError(f"row {line}: schedule {sched[:40]!r} unknown; fix: use one of "
                                   f"{', '.join(sorted(SCHEDULE_MAP))} or leave it blank")

@@ -297,7 +297,8 @@ def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
                virtual_stages: int = 1, recompute: bool = False) -> Plan:
     """The row's plan: ``pp * virtual_stages`` stages (layers split over ranks by
     :func:`split_layers`, then each rank's layers evenly over its chunks, so every schedule gives a
-    rank the same layers; embedding with the first stage, head with the last), stage ``s`` on mesh ``stage{s % pp}``,
+    rank the same layers; embedding with the first stage, head with the last), stage ``s`` on the
+    mesh of the schedule's rank for it (``stage{s % pp}`` when interleaved, V-shaped for zb-v),
     layout :func:`row_layout` per mesh, ``global_batch / (micro_batch * dp)`` microbatches.
 
     Raises:
@@ -317,15 +318,15 @@ def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
     if blocks != row.layers:
         raise ValidationError(f"{row.key}: workload has {blocks} blocks, row says {row.layers}")
     per_rank = split_layers(blocks, row.pp)
-    chunks = S // row.pp
     counts = [0] * S
-    for r, n in enumerate(per_rank):                 # rank r holds stages r, r + pp, ...
-        base, rem = divmod(n, chunks)
-        within = [base + (c < rem) for c in range(chunks)]
+    for r, n in enumerate(per_rank):                 # rank r's stages, in pipeline order
+        mine = [s for s in range(S) if table.stage_rank[s] == r]
+        base, rem = divmod(n, len(mine))
+        within = [base + (c < rem) for c in range(len(mine))]
         if r == 0:                                   # the embedding's chunk takes the fewest
             within.reverse()
-        for c, k in enumerate(within):
-            counts[c * row.pp + r] = k
+        for s, k in zip(mine, within):
+            counts[s] = k
     stages, first = [], 0
     for s, c in enumerate(counts):
         last = first + c + (1 if s == 0 else 0) + (1 if s == S - 1 else 0)

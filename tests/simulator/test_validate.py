@@ -186,6 +186,33 @@ def test_tuned_interleaving_takes_the_fastest_chunk_count():
     assert plain.virtual_stages == 1 and seen == [2, 5, 10] * 2          # only interleaved tunes
 
 
+def test_other_published_schedules_build_with_each_rank_holding_its_layers():
+    """GPipe, ZB-H1/H2, ZB-V and DualPipe-V rows (any case) build plans in which every rank holds
+    the layers split_layers gives it, whatever the schedule's stage-to-rank map (V-shaped for ZB-V:
+    rank 0 holds the first and the last stage)."""
+    for sched, name, S in (("GPipe", "gpipe", 8), ("zb-h1", "zb-h1", 8), ("ZB-H2", "zb-h2", 8),
+                           ("zbv", "zb-v", 16), ("zb-v", "zb-v", 16),
+                           ("dualpipe-v", "dualpipe-v", 16)):
+        row = dataclasses.replace(_row(), schedule=sched.lower())
+        p = V.row_setup(row, fake_workload).plan
+        assert p.schedule.name == name and p.schedule.num_stages == S
+        per_mesh = {}
+        for st in p.stages:
+            blocks = st.last - st.first - (st.index == 0) - (st.index == S - 1)
+            per_mesh[st.mesh] = per_mesh.get(st.mesh, 0) + blocks
+        assert [per_mesh[f"stage{r}"] for r in range(8)] == V.split_layers(22, 8)
+    v = V.row_setup(dataclasses.replace(_row(), schedule="zb-v"), fake_workload).plan
+    assert v.stages[0].mesh == v.stages[15].mesh == "stage0"
+
+
+def test_schedule_names_are_read_case_insensitively(tmp_path):
+    text = CSV.read_text().splitlines()
+    head, first = text[0], text[1].replace(",1f1b,", ",1F1B,")
+    f = tmp_path / "rows.csv"
+    f.write_text(head + "\n" + first + "\n")
+    assert V.load_rows(f)[0].schedule == "1f1b"
+
+
 def test_fsdp_rows_get_fsdp_and_hybrid_sharding_across_slices():
     r = _row(source="x", layers=4, tp=1, pp=1, dp=1024, gpus=1024, global_batch=2048,
              micro_batch=2, microbatches=1, schedule=None, fsdp=True, slices=4,
