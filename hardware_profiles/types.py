@@ -272,9 +272,10 @@ class Cluster:
             (``InterMeshLink`` naming groups), when the fabric between them is narrower than their NICs.
         p2p: how the software on this cluster moves activations between pipeline stages:
             ``"overlapped"`` (default: a transfer runs on the send/receive streams while compute
-            goes on) or ``"blocking"`` (the sender's compute stream waits for each send to finish,
-            as in Megatron-LM's pipeline schedules, whose point-to-point ops are waited for before
-            the next compute: ``p2p_communication._communicate``).
+            goes on) or ``"blocking"`` (the sender's compute stream waits for each send to finish
+            and the receiver's for each receive, as in Megatron-LM's pipeline schedules, whose
+            point-to-point ops are waited for before the next compute:
+            ``p2p_communication._communicate``).
     """
 
     name: str

@@ -123,7 +123,11 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
     def residual(rank: int, ref) -> float:
         return costs.residual_bytes(ref)
 
-    rp = replay(table, duration, comm, activation=residual if workload.training else None)
+    def receive(rank: int, ref) -> float:
+        return costs.recv_time(ref)
+
+    rp = replay(table, duration, comm, activation=residual if workload.training else None,
+                receive=receive if costs.blocking_p2p else None)
     step = 0.0
     busy: dict[str, float] = {}
     peak, cap, short, synced, opt = {}, {}, {}, {}, {}

@@ -4,7 +4,9 @@ Model (all times in seconds):
     - Each mesh has one **compute stream**: a simpy process that runs the mesh's ``order``
       sequentially. An op starts when the previous op in the order is done, all its ``deps`` are
       done and all its ``inputs`` transfers have arrived (and, for meshes that share a host, when
-      it holds one of the host's slots). Memory: ``alloc_bytes`` at start, ``free_bytes`` at end.
+      it holds one of the host's slots), and no earlier than the previous op's end plus its
+      ``recv_s`` (a blocking receive on the compute stream). Memory: ``alloc_bytes`` at start,
+      ``free_bytes`` at end.
     - Each mesh has a **send stream** and a **receive stream**, separate from compute, so transfers
       overlap compute. Each **link** is a contended resource. A transfer becomes ready when its
       ``src_op`` ends and runs for ``duration_s`` holding its source's send stream, its link and
@@ -280,6 +282,7 @@ class _Run:
         host = self.host_of.get(m)
         mem, samples, rows, out = self.mem, self.samples[m], self.rows, self.out
         track = f"{m}/compute"
+        free_at = 0.0                     # when the stream finished its previous op
         for oid in order:
             op = ops[oid]
             for d in op.deps:
@@ -303,6 +306,8 @@ class _Run:
                         ev = self.tr_ev[t] = env.event()
                     self.waiting[m] = ("transfer", oid, t)
                     yield ev
+            if op.recv_s > 0 and env.now < free_at + op.recv_s:
+                yield Timeout(env, free_at + op.recv_s - env.now)
             if host is not None:
                 ev = env.event()
                 heappush(self.slot_q[host], (env.now, oid, ev))
@@ -327,6 +332,7 @@ class _Run:
             del self.running[m]
             end = env.now
             op_end[oid] = end
+            free_at = end
             self.ops_left[m] -= 1
             self.flops += op.flops
             if host is not None:

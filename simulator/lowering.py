@@ -27,7 +27,8 @@ from simulator.program import SimCollective, SimError, SimOp, SimProgram, SimTra
 
 @dataclass(frozen=True, slots=True)
 class FragmentCost:
-    """Cost of one fragment on its rank's mesh: time (s), model FLOP, residual bytes per device.
+    """Cost of one fragment on its rank's mesh: time (s), model FLOP, residual bytes per device,
+    and the seconds its compute stream spends receiving its inputs first (blocking P2P, else 0).
 
     ``residual_bytes`` is read from F fragments only (what the forward keeps for the backward).
     """
@@ -35,6 +36,7 @@ class FragmentCost:
     duration_s: float
     flops: float = 0.0
     residual_bytes: float = 0.0
+    recv_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +176,8 @@ def lower_schedule(
             free = costs[ids["F", s, m]].residual_bytes
         ops.append(SimOp(id=i, name=str(f), kind=f.kind, mesh=rank_mesh[r], stage=s, microbatch=m,
                          duration_s=costs[i].duration_s, deps=tuple(deps), inputs=tuple(inputs),
-                         alloc_bytes=alloc, free_bytes=free, flops=costs[i].flops))
+                         alloc_bytes=alloc, free_bytes=free, flops=costs[i].flops,
+                         recv_s=costs[i].recv_s))
     order = {mesh: [ids[f.kind, f.stage, f.microbatch] for f in table.order[r]]
              for r, mesh in enumerate(rank_mesh)}
     colls: list[SimCollective] = []

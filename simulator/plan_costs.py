@@ -142,6 +142,22 @@ class PlanCosts:
         b = self._transfer(ref.stage, dst)
         return 0.0 if b is None else b[2]
 
+    def recv_time(self, ref: FragmentRef) -> float:
+        """Seconds fragment ``ref``'s compute stream spends receiving its input before it starts:
+        on a cluster with ``p2p="blocking"``, the transfer from the stage its input comes from
+        (F: stage - 1, B: stage + 1) when that stage is on another mesh, else 0. A blocking receive
+        is a kernel on the receiver's compute stream too (NCCL ``recv``; Megatron-LM with
+        ``--no-overlap-p2p-communication`` waits on its batched ``isend``/``irecv`` before the next
+        compute), so the fragment starts no earlier than its rank's previous fragment's end plus
+        this. The sender's side is :meth:`send_time`."""
+        if not self.blocking_p2p or ref.kind not in ("F", "B"):
+            return 0.0
+        src = ref.stage + (-1 if ref.kind == "F" else 1)
+        if not 0 <= src < len(self.plan.stages):
+            return 0.0
+        b = self._transfer(src, ref.stage)
+        return 0.0 if b is None else b[2]
+
     def fragment_flops(self, ref: FragmentRef) -> float:
         """Model FLOP of fragment ``ref`` (all devices of its mesh together)."""
         st = self.plan.stages[ref.stage]

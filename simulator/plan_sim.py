@@ -33,7 +33,8 @@ def plan_program(plan: Plan, workload: Workload, cluster: Cluster) -> SimProgram
 
     def fragment(rank: int, ref: FragmentRef) -> FragmentCost:
         return FragmentCost(costs.fragment_time(ref), costs.fragment_flops(ref),
-                            costs.residual_bytes(ref) if workload.training else 0.0)
+                            costs.residual_bytes(ref) if workload.training else 0.0,
+                            costs.recv_time(ref))
 
     def boundary(src: int, dst: int, ref: FragmentRef) -> BoundaryCost | None:
         b = costs.boundary(src, dst)

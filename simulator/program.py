@@ -53,6 +53,9 @@ class SimOp:
         alloc_bytes: per-device bytes allocated on ``mesh`` when the op starts.
         free_bytes: per-device bytes freed on ``mesh`` when the op ends.
         flops: model FLOP of the op (whole mesh), for MFU.
+        recv_s: seconds the mesh's compute stream spends receiving the op's inputs before it
+            starts (blocking point-to-point: the receive runs on the compute stream, so the op
+            starts no earlier than the previous op's end plus ``recv_s``); 0 for none.
     """
 
     id: int
@@ -68,6 +71,7 @@ class SimOp:
     free_bytes: float = 0.0
     flops: float = 0.0
     waits: tuple[int, ...] = ()
+    recv_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +168,10 @@ class SimProgram:
                 raise SimError(f"op {op.name!r} runs on unknown mesh {op.mesh!r}; add it to meshes")
             if op.kind not in OP_KINDS:
                 raise SimError(f"op {op.name!r} has kind {op.kind!r}; use one of {OP_KINDS}")
-            if not op.duration_s >= 0 or not op.alloc_bytes >= 0 or not op.free_bytes >= 0:
-                raise SimError(f"op {op.name!r}: duration_s, alloc_bytes and free_bytes must be >= 0")
+            if not (op.duration_s >= 0 and op.alloc_bytes >= 0 and op.free_bytes >= 0
+                    and op.recv_s >= 0):
+                raise SimError(f"op {op.name!r}: duration_s, alloc_bytes, free_bytes and recv_s "
+                               f"must be >= 0")
             for d in op.deps:
                 if not 0 <= d < n or d == i:
                     raise SimError(f"op {op.name!r} depends on op {d}, which is not another op id")

@@ -57,8 +57,11 @@ class RowResult:
 def adapt_plan(plan: Plan, workload: Workload, cluster: Cluster) -> Plan:
     """``plan`` with its ZB-1p / ZB-2p schedule rebuilt by the automatic scheduler
     (:func:`simulator.schedules.adaptive.zero_bubble_auto`) from the plan's own costs on
-    ``cluster``: each stage's F, B, W fragment seconds (dispatch overhead included) and each
-    boundary's transfer seconds, as Qi et al. profile them (Sec. 3). Other plans are returned as is.
+    ``cluster``: each stage's F, B, W fragment seconds (dispatch overhead included), each
+    boundary's transfer seconds and each fragment's blocking receive, as Qi et al. profile them
+    (Sec. 3), under their activation-memory budget in bytes
+    (:func:`simulator.schedules.adaptive.per_rank_limits` over each stage's residual bytes per
+    microbatch). Other plans are returned as is.
     """
     name = plan.schedule.name
     if name not in ADAPTIVE:
@@ -73,8 +76,11 @@ def adapt_plan(plan: Plan, workload: Workload, cluster: Cluster) -> Plan:
                 x = costs.boundary(a, b)
                 comm[(a, b)] = 0.0 if x is None else x[2]
     limit = P if name == "zb-1p" else 2 * P
+    act = [costs.residual_bytes(FragmentRef("F", s, 0)) for s in range(P)]
+    rcv = {(s, k): costs.recv_time(FragmentRef(k, s, 0)) for s in range(P) for k in "FBW"}
     table = zero_bubble_auto(P, M, lambda s, k: dur[(s, k)], lambda a, b: comm[(a, b)],
-                             memory_limit=limit, name=name, objective="span")
+                             memory_limit=limit, name=name, objective="span", activation=act,
+                             receive=(lambda s, k: rcv[(s, k)]) if costs.blocking_p2p else None)
     return replace(plan, schedule=table)
 
 

@@ -17,8 +17,9 @@ scale-out network; its bandwidth is aggregate: every device of the mesh sends it
 activation (Megatron's scatter/gather optimisation, Narayanan et al. Sec. 4.1, and sequence
 parallelism split it over tensor parallel). Point-to-point transfers are blocking
 (``Cluster.p2p = "blocking"``): Megatron-LM's pipeline schedules wait for each send/receive before
-the next compute (``p2p_communication._communicate``), so a sending stage's compute stream is
-held for the transfer. A row whose devices ran under a power cap (``power_limit_w``, or a cap its
+the next compute (``p2p_communication._communicate``; Qi et al.'s runs pass
+``--no-overlap-p2p-communication``), so the sending and the receiving stage's compute streams are
+both held for the transfer. A row whose devices ran under a power cap (``power_limit_w``, or a cap its
 note states) gets the profile with its peak rates scaled to the capped clock (:func:`power_capped`):
 the cap belongs to the row's hosts, not to the device kind, so the profile stays right for a
 device at its TDP. Likewise a run in PyTorch eager mode (``eager``, or "eager" in its note) moves

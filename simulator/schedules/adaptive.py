@@ -24,20 +24,25 @@ A fragment is placed only once all its inputs have been placed, at a time no ear
 ends plus ``comm``, so every rank's order is a real execution order: the table never deadlocks, for
 ANY durations (the global start-time order is a topological order consistent with every rank's
 order). Activations are counted as in :mod:`.check` (from the start of F to the end of W), so the
-peak per rank is at most ``memory_limit``.
+peak per rank is at most its limit: ``memory_limit``, or, given each stage's activation bytes, a
+byte budget of ``memory_limit`` microbatches of the first two stages (:func:`per_rank_limits`, as
+Qi et al.'s implementation budgets it), so a stage whose microbatch keeps more (the vocabulary
+head's) holds fewer.
 
 "Local improvement" (the paper's ILP, replaced by a cheap search): several candidates are built
 (both W-fill rules; warm-up forwards capped at ``memory_limit - k`` for small k; the handcrafted
-ZB-H1 when ``memory_limit >= P`` and ZB-H2 when ``memory_limit >= 2P - 1``, both within the limit)
-and the one with the smallest exact :func:`.check.replay` makespan wins; ties keep the earlier one.
-So ZB-2p is never slower than ZB-1p or ZB-H2, nor ZB-1p than ZB-H1, for the given durations.
+ZB-H1 and ZB-H2, each also with its W lag or warm-up cut to every rank's limit) and, of those
+within every rank's limit, the one with the smallest exact :func:`.check.replay` makespan (or
+span) wins; ties keep the earlier one. So ZB-2p is never slower than ZB-1p or ZB-H2, nor ZB-1p
+than ZB-H1, for the given durations, whenever those fit the limits.
 """
 
 from __future__ import annotations
 
 import heapq
+import sys
 from collections import deque
-from typing import Callable, Union
+from typing import Callable, Sequence, Union
 
 from compiler.ir import FragmentRef, ScheduleTable
 
@@ -68,11 +73,12 @@ def _comm_fn(comm: StageComm) -> Callable[[int, int], float]:
 
 
 def list_schedule(P: int, M: int, dur: StageDuration, comm: Callable[[int, int], float], *,
-                  limit: int, fill: str = "greedy", warmup: int | None = None
+                  limit: int | Sequence[int], fill: str = "greedy", warmup: int | None = None
                   ) -> list[list[FragmentRef]]:
     """One greedy list schedule (see the module docstring); returns each rank's order.
 
-    ``warmup`` caps the forwards a rank runs before its first B (None: ``limit``).
+    ``limit`` is the most activations a rank may hold (one int for every rank, or one per rank);
+    ``warmup`` caps the forwards a rank runs before its first B (None: its limit).
     """
     d = {(s, k): dur(s, k) for s in range(P) for k in "FBW"}
     for key, v in d.items():
@@ -83,7 +89,10 @@ def list_schedule(P: int, M: int, dur: StageDuration, comm: Callable[[int, int],
     for key, v in cm.items():
         if not v >= 0:
             raise ScheduleError(f"comm from stage {key[0]} to {key[1]} is {v!r}; use >= 0 seconds")
-    warm = limit if warmup is None else max(1, min(warmup, limit))
+    lim = [limit] * P if isinstance(limit, int) else [int(x) for x in limit]
+    if len(lim) != P or min(lim) < 1:
+        raise ScheduleError(f"limit={limit!r}: give one int >= 1, or one per rank ({P})")
+    warm = [x if warmup is None else max(1, min(warmup, x)) for x in lim]
     end_f = [[None] * M for _ in range(P)]          # end time of F(r, m) once placed
     end_b = [[None] * M for _ in range(P)]
     nf, nb, nw = [0] * P, [0] * P, [0] * P
@@ -147,13 +156,13 @@ def list_schedule(P: int, M: int, dur: StageDuration, comm: Callable[[int, int],
             place(r, t, "B")
             continue
         held = nf[r] - nw[r]
-        f_ok = nf[r] < M and held < limit and (nb[r] > 0 or nf[r] < warm)
+        f_ok = nf[r] < M and held < lim[r] and (nb[r] > 0 or nf[r] < warm[r])
         af = arrival_f(r) if f_ok else None
         if af is not None and af <= t:
             place(r, t, "F")
             continue
         pending_w = nw[r] < nb[r]
-        if pending_w and (fill == "greedy" or (nf[r] < M and held >= limit)):
+        if pending_w and (fill == "greedy" or (nf[r] < M and held >= lim[r])):
             place(r, t, "W")   # greedy fill, or memory blocks the next F
             continue
         if pending_w:          # fill == "fit": a W only if it ends before the next input
@@ -176,10 +185,28 @@ def list_schedule(P: int, M: int, dur: StageDuration, comm: Callable[[int, int],
     return order
 
 
+def per_rank_limits(memory_limit: int, activation: Sequence[float]) -> list[int]:
+    """Activations each rank may hold when the limit is a byte budget: ``memory_limit`` times the
+    larger per-microbatch activation of the first two stages, divided by each stage's own
+    (at least 1). Qi et al.'s implementation sets ZB-1p's budget that way (``--zero-bubble-max-
+    pending-backward`` x the profiled activation of stages 0 and 1, the same for every stage), so a
+    stage whose microbatch keeps more (the last, with the vocabulary head's logits) holds fewer.
+
+    Raises:
+        ScheduleError: a negative activation, or none given.
+    """
+    if not activation or min(activation) < 0:
+        raise ScheduleError(f"activation={list(activation)!r}: give each stage's bytes, >= 0")
+    budget = memory_limit * max(activation[:2])
+    return [max(1, int(budget // a)) if a > 0 else sys.maxsize for a in activation]
+
+
 def zero_bubble_auto(num_ranks: int, microbatches: int,
                      durations: StageDuration | None = None, comm: StageComm = 0.0, *,
                      memory_limit: int, name: str | None = None, objective: str = "makespan",
-                     forward_only: bool = False) -> ScheduleTable:
+                     forward_only: bool = False,
+                     activation: Sequence[float] | None = None,
+                     receive: StageDuration | None = None) -> ScheduleTable:
     """The automatic zero-bubble schedule for the given stage times and memory limit.
 
     Args:
@@ -191,6 +218,10 @@ def zero_bubble_auto(num_ranks: int, microbatches: int,
             previous rank (a constant or ``comm(src_stage, dst_stage)``).
         memory_limit: the most activations (microbatches in flight, F start to W end) any rank may
             hold; ``P`` gives ZB-1p, ``2P`` ZB-2p (Qi et al. 2024, Sec. 3).
+        activation: optional bytes one microbatch keeps on each stage; the limit then becomes a
+            byte budget (:func:`per_rank_limits`), so each rank holds as many as its own fit.
+        receive: optional ``receive(stage, kind) -> seconds`` a rank's stream spends receiving a
+            fragment's input (blocking point-to-point), used when the candidates are timed.
         name: table name (default ``"zb-1p"``/``"zb-2p"`` for those limits, else ``"zb-auto"``).
         objective: what the candidate search minimises: ``"makespan"`` (one isolated step: the
             optimizer waits for every rank) or ``"span"`` (the largest per-rank span, first start to
@@ -212,18 +243,26 @@ def zero_bubble_auto(num_ranks: int, microbatches: int,
     P, M = num_ranks, microbatches
     dur = durations or _uniform
     cfn = _comm_fn(comm)
+    if activation is not None and len(activation) != P:
+        raise ScheduleError(f"activation has {len(activation)} stages; give one per rank ({P})")
+    lim = per_rank_limits(memory_limit, activation) if activation is not None else [memory_limit] * P
+    lim1 = per_rank_limits(P, activation) if activation is not None else [P] * P
     candidates: list[list[list[FragmentRef]]] = []
     for fill in ("fit", "greedy"):
         for k in range(min(3, memory_limit)):
-            candidates.append(list_schedule(P, M, dur, cfn, limit=memory_limit, fill=fill,
+            candidates.append(list_schedule(P, M, dur, cfn, limit=lim, fill=fill,
                                             warmup=memory_limit - k))
-    if memory_limit >= P:
-        candidates.append([list(o) for o in zb_h1(P, M).order])
-    if memory_limit >= 2 * P - 1:
-        candidates.append([list(o) for o in zb_h2(P, M).order])
+    candidates.append([list(o) for o in zb_h1(P, M).order])
+    lags = [max(0, min(r, x - (P - r))) for r, x in enumerate(lim1)]
+    if lags != list(range(P)):       # ZB-H1 with each rank's W lag cut to its memory
+        candidates.append([list(o) for o in zb_h1(P, M, w_lag=lags).order])
+    candidates.append([list(o) for o in zb_h2(P, M).order])
+    caps = [min(2 * P - 1, x) for x in lim]
+    if caps != [2 * P - 1] * P:      # ZB-H2 with each rank's warm-up cut to its memory
+        candidates.append([list(o) for o in zb_h2(P, M, limits=caps).order])
     if memory_limit >= 2 * P:   # ZB-2p may also run any ZB-1p candidate
         for fill in ("fit", "greedy"):
-            candidates.append(list_schedule(P, M, dur, cfn, limit=P, fill=fill))
+            candidates.append(list_schedule(P, M, dur, cfn, limit=lim1, fill=fill))
 
     def fdur(rank: int, ref: FragmentRef) -> float:
         return dur(ref.stage, ref.kind)
@@ -231,10 +270,14 @@ def zero_bubble_auto(num_ranks: int, microbatches: int,
     def fcomm(a: int, b: int, ref: FragmentRef) -> float:
         return cfn(a, b)
 
+    frecv = None if receive is None else (lambda rank, ref: receive(ref.stage, ref.kind))
+
     best, best_t = None, None
     for order in candidates:
         table = make_table(label, P, M, range(P), order, split_backward=True)
-        rp = replay(table, fdur, fcomm)
+        rp = replay(table, fdur, fcomm, receive=frecv)
+        if any(n > x for n, x in zip(rp.peak_inflight, lim)):
+            continue       # a handcrafted table over this memory budget
         t = rp.makespan if objective == "makespan" else max(rp.span)
         if best_t is None or t < best_t * (1 - 1e-12):
             best, best_t = table, t

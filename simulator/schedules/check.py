@@ -118,7 +118,8 @@ def _check_complete(table: ScheduleTable) -> None:
                                             f"{FragmentRef(k, s, m)}; add it to rank {r}'s order")
 
 
-def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm]):
+def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm],
+             receive: Optional[Duration] = None):
     """Run every rank's order; returns per-rank lists of start times aligned with ``order``
     and end times keyed by ``(kind, stage, microbatch)``, or raises on deadlock.
 
@@ -164,6 +165,8 @@ def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm]):
                 waiting.setdefault(missing, []).append(r)
                 blocked_on[r] = missing
                 break
+            if receive is not None:
+                ready = max(ready, t + receive(r, ref))
             dt = duration(r, ref)
             if not dt >= 0:
                 raise ScheduleError(f"schedule {table.name!r}: duration of {ref} on rank {r} is "
@@ -228,7 +231,8 @@ def _peaks(table: ScheduleTable, weight: Optional[Callable[[int, FragmentRef], f
 
 
 def replay(table: ScheduleTable, duration: Duration, comm: Optional[Comm] = None, *,
-           activation: Optional[Callable[[int, FragmentRef], float]] = None) -> Replay:
+           activation: Optional[Callable[[int, FragmentRef], float]] = None,
+           receive: Optional[Duration] = None) -> Replay:
     """Exact timing of ``table`` (a pure function; no contention on links or ranks).
 
     Args:
@@ -238,6 +242,9 @@ def replay(table: ScheduleTable, duration: Duration, comm: Optional[Comm] = None
             end and its consumer's earliest start when the stages are on different ranks
             (None: 0). Same-rank hand-offs (e.g. the V-shape's turn) cost nothing.
         activation: optional ``activation(rank, F-ref) -> bytes`` weighting ``peak_activation``.
+        receive: optional ``receive(rank, ref) -> seconds`` the rank's stream spends receiving
+            ``ref``'s inputs (blocking point-to-point): ``ref`` starts no earlier than the rank's
+            previous fragment's end plus this.
 
     Returns:
         A :class:`Replay`.
@@ -246,7 +253,7 @@ def replay(table: ScheduleTable, duration: Duration, comm: Optional[Comm] = None
         ScheduleError: the table is incomplete or deadlocks (see :func:`validate`).
     """
     _check_complete(table)
-    start, end = _execute(table, duration, comm)
+    start, end = _execute(table, duration, comm, receive)
     P = table.num_ranks
     busy = [0.0] * P
     span = [0.0] * P

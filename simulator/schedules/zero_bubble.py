@@ -21,23 +21,34 @@ free to move). One stage per rank (S = P). Activations are held until W ends.
 from __future__ import annotations
 
 from collections import deque
+from typing import Sequence
 
 from compiler.ir import FragmentRef, ScheduleTable
 
-from .base import B, F, W, check_sizes, make_table, no_forward_only
+from .base import B, F, ScheduleError, W, check_sizes, make_table, no_forward_only
 
 H1, H2 = "zb-h1", "zb-h2"
 
 
-def zb_h1(num_ranks: int, microbatches: int, *, forward_only: bool = False) -> ScheduleTable:
+def zb_h1(num_ranks: int, microbatches: int, *, forward_only: bool = False,
+          w_lag: Sequence[int] | None = None) -> ScheduleTable:
     """ZB-H1 on ``num_ranks`` ranks for ``microbatches`` microbatches.
 
+    Args:
+        w_lag: per rank, how many microbatches its W's trail its B's (default ``r`` on rank r, the
+            paper's; a rank then holds ``min(P - r, M) + lag`` activations at most, so a smaller
+            lag fits a rank whose microbatches keep more memory).
+
     Raises:
-        ScheduleError: a size below 1, or ``forward_only=True``.
+        ScheduleError: a size below 1, a negative lag or one per rank missing, or
+            ``forward_only=True``.
     """
     check_sizes(H1, num_ranks, microbatches)
     no_forward_only(H1, forward_only)
     P, M = num_ranks, microbatches
+    lags = list(range(P)) if w_lag is None else [int(x) for x in w_lag]
+    if len(lags) != P or min(lags) < 0:
+        raise ScheduleError(f"{H1}: w_lag={w_lag!r} must give one lag >= 0 per rank ({P})")
     order = []
     for r in range(P):
         nf = min(P - r, M)
@@ -48,15 +59,16 @@ def zb_h1(num_ranks: int, microbatches: int, *, forward_only: bool = False) -> S
                 frags.append(F(r, nf - 1 + k))
             frags.append(B(r, k))
             wq.append(k)
-            if len(wq) > r:
+            if len(wq) > lags[r]:
                 frags.append(W(r, wq.popleft()))
         frags += [W(r, m) for m in wq]
         order.append(frags)
     return make_table(H1, P, M, range(P), order, split_backward=True)
 
 
-def _greedy_unit(P: int, M: int, limit: int) -> list[list[FragmentRef]]:
-    """Unit-time greedy of ZB-H2 (see module docstring); returns each rank's order."""
+def _greedy_unit(P: int, M: int, limit: Sequence[int]) -> list[list[FragmentRef]]:
+    """Unit-time greedy of ZB-H2 (see module docstring) with rank r holding at most
+    ``limit[r]`` activations; returns each rank's order."""
     done_f = [[-1] * M for _ in range(P)]  # end time of F(r, m), -1 while not run
     done_b = [[-1] * M for _ in range(P)]
     nf, nb = [0] * P, [0] * P
@@ -74,7 +86,7 @@ def _greedy_unit(P: int, M: int, limit: int) -> list[list[FragmentRef]]:
                 nb[r] += 1
                 wq[r].append(k)
                 order[r].append(B(r, k))
-            elif nf[r] < M and held[r] < limit and (
+            elif nf[r] < M and held[r] < limit[r] and (
                     r == 0 or 0 <= done_f[r - 1][nf[r]] <= t):
                 done_f[r][nf[r]] = t + 1
                 held[r] += 1
@@ -90,14 +102,23 @@ def _greedy_unit(P: int, M: int, limit: int) -> list[list[FragmentRef]]:
     return order
 
 
-def zb_h2(num_ranks: int, microbatches: int, *, forward_only: bool = False) -> ScheduleTable:
+def zb_h2(num_ranks: int, microbatches: int, *, forward_only: bool = False,
+          limits: Sequence[int] | None = None) -> ScheduleTable:
     """ZB-H2 on ``num_ranks`` ranks for ``microbatches`` microbatches.
 
+    Args:
+        limits: per rank, the most activations it may hold (default ``2P - 1`` on every rank, the
+            paper's); a smaller one fits a rank whose microbatches keep more memory.
+
     Raises:
-        ScheduleError: a size below 1, or ``forward_only=True``.
+        ScheduleError: a size below 1, a limit below 1 or one per rank missing, or
+            ``forward_only=True``.
     """
     check_sizes(H2, num_ranks, microbatches)
     no_forward_only(H2, forward_only)
     P, M = num_ranks, microbatches
-    order = _greedy_unit(P, M, 2 * P - 1)
+    lim = [2 * P - 1] * P if limits is None else [int(x) for x in limits]
+    if len(lim) != P or min(lim) < 1:
+        raise ScheduleError(f"{H2}: limits={limits!r} must give one limit >= 1 per rank ({P})")
+    order = _greedy_unit(P, M, lim)
     return make_table(H2, P, M, range(P), order, split_backward=True)

@@ -132,3 +132,52 @@ def test_ranking_on_synthetic_numbers():
     t_z1 = max(replay(zero_bubble_auto(P, M, d, memory_limit=P, objective="span"), fd).span)
     t_z2 = max(replay(zero_bubble_auto(P, M, d, memory_limit=2 * P, objective="span"), fd).span)
     assert M / t_1f1b < M / t_z1 < M / t_z2
+
+
+def test_per_rank_limits_budget_bytes_from_the_first_two_stages():
+    from simulator.schedules.adaptive import per_rank_limits
+
+    # Qi et al.'s budget: limit x max(act[0], act[1]); the heavy last stage holds fewer
+    assert per_rank_limits(8, [0.964, 1.446, 1.446, 2.279]) == [12, 8, 8, 5]
+    assert per_rank_limits(4, [1.0, 1.0, 1.0]) == [4, 4, 4]
+    assert per_rank_limits(2, [1.0, 1.0, 9.0]) == [2, 2, 1]      # never below one
+    with pytest.raises(ScheduleError, match="activation"):
+        per_rank_limits(4, [1.0, -1.0])
+
+
+def test_zb_h1_w_lag_sets_each_ranks_peak():
+    from simulator.schedules.zero_bubble import zb_h1, zb_h2
+
+    P, M = 4, 8
+    assert zb_h1(P, M) == zb_h1(P, M, w_lag=range(P))
+    assert replay(zb_h1(P, M), unit).peak_inflight == (4, 4, 4, 4)
+    t = zb_h1(P, M, w_lag=[0, 1, 1, 0])
+    validate(t)
+    assert replay(t, unit).peak_inflight == (4, 4, 3, 1)     # min(P - r, M) + lag
+    capped = zb_h2(P, M, limits=[7, 7, 7, 3])
+    validate(capped)
+    assert replay(capped, unit).peak_inflight[3] <= 3 and zb_h2(P, M) == zb_h2(P, M, limits=[7] * 4)
+    with pytest.raises(ScheduleError, match="w_lag"):
+        zb_h1(P, M, w_lag=[0, 1])
+    with pytest.raises(ScheduleError, match="limits"):
+        zb_h2(P, M, limits=[0, 1, 1, 1])
+
+
+@settings(max_examples=25, deadline=None)
+@given(P=st.integers(2, 5), M=st.integers(1, 12),
+       act=st.lists(st.floats(0.5, 3.0), min_size=5, max_size=5), two=st.booleans())
+def test_activation_budget_holds_on_every_rank(P, M, act, two):
+    """With per-stage activation bytes, no rank of the chosen table holds more than its budget,
+    and uniform bytes give exactly the count-limited table."""
+    from simulator.schedules.adaptive import per_rank_limits
+
+    act = act[:P]
+    limit = 2 * P if two else P
+    d = heavy_last(P)
+    t = zero_bubble_auto(P, M, d, 0.1, memory_limit=limit, objective="span", activation=act)
+    validate(t)
+    peaks = replay(t, stage_dur({(s, k): d(s, k) for s in range(P) for k in "FBW"})).peak_inflight
+    assert all(n <= x for n, x in zip(peaks, per_rank_limits(limit, act)))
+    assert zero_bubble_auto(P, M, d, 0.1, memory_limit=limit, objective="span",
+                            activation=[1.0] * P) == zero_bubble_auto(
+        P, M, d, 0.1, memory_limit=limit, objective="span")

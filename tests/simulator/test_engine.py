@@ -327,3 +327,28 @@ def test_lowered_presets_agree_with_schedule_replay():
         res = simulate(lower_schedule(table, meshes, frag,
                                       lambda a, b, f: BoundaryCost(f"{a}-{b}.{f}", 1.0, 0.25)))
         assert res.step_time_s >= rep.makespan - 1e-9, name
+
+
+def test_recv_s_holds_the_stream_after_its_previous_op_and_replay_agrees():
+    """A blocking receive: an op starts at max(its inputs, previous op's end + recv_s)."""
+    import dataclasses
+
+    from simulator.schedules.check import replay
+
+    ops = (op(0, "a", 1.0, mb=0), op(1, "a", 1.0, mb=1),
+           dataclasses.replace(op(2, "b", 2.0, deps=(0,), stage=1, mb=0), recv_s=0.5),
+           dataclasses.replace(op(3, "b", 2.0, deps=(1,), stage=1, mb=1), recv_s=0.5))
+    res = simulate(SimProgram(meshes=("a", "b"), order={"a": (0, 1), "b": (2, 3)}, ops=ops))
+    # o2: input at 1.0, stream free at 0 -> max(1.0, 0 + 0.5) = 1.0; o3: input at 2.0, stream free
+    # at 3.0 -> 3.5
+    assert spans(res, "b/compute") == [("o2", 1.0, 3.0), ("o3", 3.5, 5.5)]
+    table = ScheduleTable(name="t", num_ranks=2, num_stages=2, microbatches=2, stage_rank=(0, 1),
+                          order=((FragmentRef("F", 0, 0), FragmentRef("F", 0, 1)),
+                                 (FragmentRef("F", 1, 0), FragmentRef("F", 1, 1))),
+                          forward_only=True)
+    rp = replay(table, lambda r, f: 1.0 if f.stage == 0 else 2.0,
+                receive=lambda r, f: 0.5 if f.stage == 1 else 0.0)
+    assert rp.start[(1, FragmentRef("F", 1, 1))] == 3.5 and rp.makespan == 5.5
+    with pytest.raises(SimError, match="recv_s"):
+        SimProgram(meshes=("a",), order={"a": (0,)},
+                   ops=(dataclasses.replace(op(0, "a", 1.0), recv_s=-1.0),))

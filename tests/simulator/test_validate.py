@@ -362,6 +362,47 @@ def test_issue_11_targets_per_device_kind():
     assert all(ok for *_, ok in ranks)
 
 
+def test_blocking_p2p_holds_the_receivers_compute_stream():
+    """The receive side of blocking P2P: each F/B with an input from another mesh spends that
+    transfer on its own stream first (``recv_time``); none on an overlapped cluster; the engine
+    and the replay agree, and every op starts no earlier than its predecessor's end + recv."""
+    import dataclasses
+
+    from compiler.ir import FragmentRef
+    from planner.predict import predict
+    from simulator.plan_costs import PlanCosts
+    from simulator.plan_sim import plan_program, simulate_plan
+
+    dev = load_device("a100-80gb-sxm")
+    s = V.row_setup(_row(schedule="1f1b"), fake_workload)
+    blocking = V.build_cluster(s.row, dev)
+    overlapped = dataclasses.replace(blocking, p2p="overlapped")
+    cb, co = PlanCosts(s.plan, s.workload, blocking), PlanCosts(s.plan, s.workload, overlapped)
+    assert cb.recv_time(FragmentRef("F", 3, 0)) == co.boundary(2, 3)[2] > 0
+    assert cb.recv_time(FragmentRef("B", 3, 0)) == co.boundary(4, 3)[2]
+    assert cb.recv_time(FragmentRef("F", 0, 0)) == 0.0           # the first stage receives nothing
+    assert cb.recv_time(FragmentRef("B", 7, 0)) == 0.0           # nor the last stage's B
+    assert co.recv_time(FragmentRef("F", 3, 0)) == 0.0
+    prog = plan_program(s.plan, s.workload, blocking)
+    res = simulate_plan(s.plan, s.workload, blocking)
+    assert res.step_time_s == pytest.approx(predict(s.plan, s.workload, blocking).step_time_s,
+                                            rel=1e-9)
+    ops = [e for e in res.timeline.events if e.track.endswith("/compute") and e.stage >= 0]
+    start = {e.name: e.start_s for e in ops}
+    end = {e.name: e.end_s for e in ops}
+    held = 0
+    for mesh, ids in prog.order.items():
+        prev = 0.0
+        for i in ids:
+            op = prog.ops[i]
+            if op.stage < 0:
+                continue
+            assert start[op.name] >= prev + op.recv_s - 1e-12
+            held += op.recv_s > 0 and start[op.name] == pytest.approx(prev + op.recv_s)
+            prev = end[op.name]
+    assert held > 0                       # some ops were held by their receive, not their input
+
+
 def test_blocking_p2p_holds_the_senders_compute_stream():
     """Megatron-style blocking P2P: each F/B is longer by its send, the boundary carries 0 s, and
     every sending mesh's busy time grows by exactly its sends."""
