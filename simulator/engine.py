@@ -5,7 +5,8 @@ Model (all times in seconds):
       sequentially. An op starts when the previous op in the order is done, all its ``deps`` are
       done and all its ``inputs`` transfers have arrived (and, for meshes that share a host, when
       it holds one of the host's slots), and no earlier than the previous op's end plus its
-      ``recv_s`` (a blocking receive on the compute stream). Memory: ``alloc_bytes`` at start,
+      ``recv_s`` (a blocking receive on the compute stream, drawn as a ``recv:<op>`` interval
+      ending there on the mesh's ``/recv`` track). Memory: ``alloc_bytes`` at start,
       ``free_bytes`` at end.
     - Each mesh has a **send stream** and a **receive stream**, separate from compute, so transfers
       overlap compute. Each **link** is a contended resource. A transfer becomes ready when its
@@ -306,8 +307,12 @@ class _Run:
                         ev = self.tr_ev[t] = env.event()
                     self.waiting[m] = ("transfer", oid, t)
                     yield ev
-            if op.recv_s > 0 and env.now < free_at + op.recv_s:
-                yield Timeout(env, free_at + op.recv_s - env.now)
+            if op.recv_s > 0:
+                if env.now < free_at + op.recv_s:
+                    yield Timeout(env, free_at + op.recv_s - env.now)
+                # the blocking receive, on the mesh's receive track (not compute: not busy time)
+                rows.append((f"recv:{op.name}", "transfer", f"{m}/recv", m, op.stage,
+                             op.microbatch, env.now - op.recv_s, env.now, 0.0))
             if host is not None:
                 ev = env.event()
                 heappush(self.slot_q[host], (env.now, oid, ev))

@@ -342,6 +342,8 @@ def test_recv_s_holds_the_stream_after_its_previous_op_and_replay_agrees():
     # o2: input at 1.0, stream free at 0 -> max(1.0, 0 + 0.5) = 1.0; o3: input at 2.0, stream free
     # at 3.0 -> 3.5
     assert spans(res, "b/compute") == [("o2", 1.0, 3.0), ("o3", 3.5, 5.5)]
+    assert spans(res, "b/recv") == [("recv:o2", 0.5, 1.0), ("recv:o3", 3.0, 3.5)]
+    assert res.busy_s["b"] == 4.0                        # receiving is not compute
     table = ScheduleTable(name="t", num_ranks=2, num_stages=2, microbatches=2, stage_rank=(0, 1),
                           order=((FragmentRef("F", 0, 0), FragmentRef("F", 0, 1)),
                                  (FragmentRef("F", 1, 0), FragmentRef("F", 1, 1))),
