@@ -5,7 +5,7 @@ zero-bubble schedules. Rows and metrics are in :mod:`simulator.validation_rows`,
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from compiler.ir import FragmentRef, Plan, Workload
 from hardware_profiles.types import Cluster, DeviceProfile
@@ -17,8 +17,8 @@ from simulator.validation_rows import (  # noqa: F401  (re-exported)
     DEFAULT_VOCAB, DEVICES_PER_NODE, METRICS, SCHEDULE_MAP, ZB_SCHEDULES, Row, ValidationError,
     load_rows, maxtext_flops, metric_from_step, narayanan_flops, palm_flops)
 from simulator.validation_setup import (  # noqa: F401  (re-exported)
-    ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, build_cluster, build_plan, row_layout, row_setup,
-    selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
+    ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, StepFn, build_cluster, build_plan, row_layout,
+    row_setup, selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
     with_efficiency)
 
 __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_rows", "row_setup",
@@ -30,9 +30,6 @@ __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_ro
            "virtual_stage_candidates"]
 
 # --------------------------------------------------------------------------- evaluation
-StepFn = Callable[[Plan, Workload, Cluster], float]
-
-
 def sim_step(plan: Plan, workload: Workload, cluster: Cluster) -> float:
     """Step time of the discrete-event replay (:func:`simulator.plan_sim.simulate_plan`), s."""
     return simulate_plan(plan, workload, cluster).step_time_s
