@@ -20,6 +20,11 @@ from hardware_profiles.collectives import (
     reduce_scatter,
     ring_all_reduce,
     send_recv,
+    span_all_gather,
+    span_all_reduce,
+    span_all_to_all,
+    span_collective,
+    span_reduce_scatter,
     tree_all_reduce,
 )
 from hardware_profiles.loader import (
@@ -41,6 +46,8 @@ from hardware_profiles.types import (
     MeshSpec,
     NodeGroup,
     ProfileError,
+    Span,
+    straggler_factor,
 )
 
 __all__ = [
@@ -77,6 +84,13 @@ __all__ = [
     "reduce_scatter",
     "ring_all_reduce",
     "send_recv",
+    "Span",
     "shapes_from_json",
+    "span_all_gather",
+    "span_all_reduce",
+    "span_all_to_all",
+    "span_collective",
+    "span_reduce_scatter",
+    "straggler_factor",
     "tree_all_reduce",
 ]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from hardware_profiles.types import Link, ProfileError
+from hardware_profiles.types import Link, ProfileError, Span
 
 ALGORITHMS = ("ring", "tree")
 
@@ -129,3 +129,116 @@ def collective_time(op: str, nbytes: float, n: int, link: Link, algorithm: str =
         return send_recv(nbytes, link)
     raise ProfileError(f"unknown collective {op!r}; fix: use one of "
                        f"['all_reduce', 'all_gather', 'reduce_scatter', 'all_to_all', 'send_recv']")
+
+
+# --------------------------------------------------------------------------- level by level
+TREE_BANDWIDTH_FACTOR = 0.9
+"""NCCL's tree reaches 0.9 of the ring's bus bandwidth (``busBw = min(busBw * .9, maxTreeBw)``
+in NCCL's tuning model, ``src/graph/tuning.cc``, ``ncclTopoTuneModel``)."""
+
+
+def _span_check(op: str, nbytes: float, span: Span) -> None:
+    _check(op, nbytes, span.ranks, span.intra)
+    if span.inter is not None:
+        _check(op, nbytes, span.ranks, span.inter)
+    if not 1 <= span.nodes <= span.ranks:
+        raise ProfileError(f"{op}: span of {span.ranks} ranks over {span.nodes} nodes; fix: use "
+                           f"1 <= nodes <= ranks")
+
+
+def _ring_latency(span: Span, steps_per_rank: int) -> float:
+    """NCCL's ring latency: ``steps`` hops, of which ``steps_per_rank x (nodes - 1)`` cross the
+    network (``(nsteps - nInterSteps) x intraLat + nInterSteps x interLat``, NCCL
+    ``src/graph/tuning.cc``) and the rest stay inside a node."""
+    n, nn = span.ranks, span.nodes
+    inter = steps_per_rank * (nn - 1)
+    intra = steps_per_rank * (n - 1) - inter
+    return intra * span.intra.latency + inter * (span.inter.latency if span.inter else 0.0)
+
+
+def span_all_reduce(nbytes: float, span: Span) -> tuple[float, str]:
+    """(seconds, algorithm) of an all-reduce of ``nbytes`` per device over ``span``, the faster
+    of NCCL's two algorithms, as NCCL's tuner picks by message size and group (NCCL
+    ``src/graph/tuning.cc``: ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``):
+
+    - ring: ``2 (n-1)/n x nbytes / busBw`` + ``2 (n-1)`` hops, ``2 (N-1)`` of them over the
+      network (bandwidth-optimal: what large gradient buckets take);
+    - tree (only across nodes): chains inside each node, a double binary tree across the
+      ``N`` nodes (Sanders, Speck & Traeff 2009, "Two-tree algorithms for full bandwidth
+      broadcast, reduction and scan"): ``2 nbytes / (0.9 busBw)`` +
+      ``2 ((n/N - 1) intra + ceil(log2 N) inter)`` hop latencies (what wins once ``2 (N-1)``
+      network hops outweigh the 10% bandwidth loss: small messages on thousands of GPUs).
+
+    ``busBw`` is :attr:`Span.bus_bandwidth`. A TPU slice's ICI is a switchless torus: the span's
+    intra link already carries the torus-axis share, and rings along its axes are what XLA
+    runs, so only the ring applies inside one node.
+
+    Raises:
+        ProfileError: bad sizes or links.
+    """
+    _span_check("all_reduce", nbytes, span)
+    n = span.ranks
+    if n == 1 or nbytes == 0:
+        return 0.0, "none"
+    bw = span.bus_bandwidth
+    ring = 2 * (n - 1) / n * nbytes / bw + _ring_latency(span, 2)
+    if span.nodes <= 1 or span.inter is None:
+        return ring, "ring"
+    tree = (2 * nbytes / (TREE_BANDWIDTH_FACTOR * bw)
+            + 2 * ((span.rails - 1) * span.intra.latency
+                   + math.ceil(math.log2(span.nodes)) * span.inter.latency))
+    return (tree, "tree") if tree < ring else (ring, "ring")
+
+
+def span_all_gather(nbytes: float, span: Span) -> float:
+    """Ring all-gather whose OUTPUT is ``nbytes`` per device over ``span``, seconds:
+    ``(n-1)/n x nbytes / busBw`` + ``n - 1`` hops, ``N - 1`` over the network (NCCL runs
+    all-gather and reduce-scatter as rings only)."""
+    _span_check("all_gather", nbytes, span)
+    n = span.ranks
+    if n == 1 or nbytes == 0:
+        return 0.0
+    return (n - 1) / n * nbytes / span.bus_bandwidth + _ring_latency(span, 1)
+
+
+def span_reduce_scatter(nbytes: float, span: Span) -> float:
+    """Ring reduce-scatter whose INPUT is ``nbytes`` per device over ``span``, seconds (the
+    all-gather's cost, :func:`span_all_gather`)."""
+    _span_check("reduce_scatter", nbytes, span)
+    n = span.ranks
+    if n == 1 or nbytes == 0:
+        return 0.0
+    return (n - 1) / n * nbytes / span.bus_bandwidth + _ring_latency(span, 1)
+
+
+def span_all_to_all(nbytes: float, span: Span) -> float:
+    """Pairwise all-to-all of an ``nbytes`` send buffer per device over ``span``, seconds. Of
+    the ``n - 1`` blocks of ``nbytes / n`` a device sends, ``rails - 1`` stay in its node (the
+    scale-up link) and ``n - rails`` cross the network on the device's own NIC (no rail
+    aggregation: every block has its own destination); the two run side by side, so the slower
+    bounds the time, plus ``n - 1`` hop latencies (Thakur et al. 2005, sec. 4.6)."""
+    _span_check("all_to_all", nbytes, span)
+    n = span.ranks
+    if n == 1 or nbytes == 0:
+        return 0.0
+    k = span.rails if span.nodes > 1 else n
+    local = (k - 1) / n * nbytes / span.intra.bandwidth
+    remote = (n - k) / n * nbytes / span.inter.bandwidth if span.inter is not None and n > k else 0.0
+    return max(local, remote) + _ring_latency(span, 1)
+
+
+def span_collective(op: str, nbytes: float, span: Span) -> float:
+    """Dispatch by name over a :class:`Span`: ``op`` in ``"all_reduce"``, ``"all_gather"``,
+    ``"reduce_scatter"``, ``"all_to_all"``; seconds.
+
+    Raises:
+        ProfileError: unknown op, bad sizes or links.
+    """
+    if op == "all_reduce":
+        return span_all_reduce(nbytes, span)[0]
+    fns = {"all_gather": span_all_gather, "reduce_scatter": span_reduce_scatter,
+           "all_to_all": span_all_to_all}
+    if op not in fns:
+        raise ProfileError(f"unknown collective {op!r}; fix: use one of "
+                           f"['all_reduce', 'all_gather', 'reduce_scatter', 'all_to_all']")
+    return fns[op](nbytes, span)

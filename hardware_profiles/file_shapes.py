@@ -73,6 +73,11 @@ class _Fraction(_Strict):
     origin: str = Field(min_length=1)
 
 
+class _GradSyncOverlap(_Strict):
+    value: Literal["bucketed", "after_backward"]
+    origin: str = Field(min_length=1)
+
+
 class _Efficiencies(_Strict):
     matmul: _Efficiency
     memory: _Efficiency
@@ -80,6 +85,10 @@ class _Efficiencies(_Strict):
     backward: _Efficiency | None = None
     roofline: _Roofline | None = None
     elementwise_traffic: _Fraction | None = None
+    scale_out: _Efficiency | None = None
+    comm_interference: _Fraction | None = None
+    grad_sync_overlap: _GradSyncOverlap | None = None
+    sync_jitter: _Fraction | None = None
 
 
 class _TorusDims(_Strict):
@@ -91,6 +100,11 @@ class _GemmTiling(_Strict):
     compute_units: int = Field(ge=1, le=100000)
     tile_m: int = Field(ge=1, le=4096)
     tile_n: int = Field(ge=1, le=4096)
+    source: str = Field(min_length=1)
+
+
+class _LockstepDevices(_Strict):
+    value: int = Field(ge=1, le=1 << 20)
     source: str = Field(min_length=1)
 
 
@@ -133,6 +147,7 @@ class _DeviceFile(_Strict):
     price_usd_per_device_hour: _Price | None = None
     efficiency: _Efficiencies
     gemm_tiling: _GemmTiling | None = None
+    lockstep_devices: _LockstepDevices | None = None
     alternatives: list[_AltFile] = []
 
 

@@ -184,6 +184,13 @@ def _device_from_file(path: Path) -> DeviceProfile:
         sources["roofline"] = f.efficiency.roofline.origin
     if f.efficiency.elementwise_traffic is not None:
         sources["elementwise_traffic"] = f.efficiency.elementwise_traffic.origin
+    for key, attr in (("scale_out", "scale_out_efficiency"), ("comm_interference", "comm_interference"),
+                      ("grad_sync_overlap", "grad_sync_overlap"), ("sync_jitter", "sync_jitter")):
+        got = getattr(f.efficiency, key)
+        if got is not None:
+            sources[attr] = got.origin
+    if f.lockstep_devices is not None:
+        sources["lockstep_devices"] = f.lockstep_devices.source
     if f.scale_up.topology:
         sources["scale_up_topology"] = f.scale_up.topology
     if f.scale_up.torus_dimensions is not None:
@@ -218,6 +225,13 @@ def _device_from_file(path: Path) -> DeviceProfile:
         elementwise_traffic=(f.efficiency.elementwise_traffic.value
                              if f.efficiency.elementwise_traffic else 0.0),
         gemm_tiling=tiling,
+        scale_out_efficiency=f.efficiency.scale_out.value if f.efficiency.scale_out else 1.0,
+        comm_interference=(f.efficiency.comm_interference.value
+                           if f.efficiency.comm_interference else 0.0),
+        grad_sync_overlap=(f.efficiency.grad_sync_overlap.value
+                           if f.efficiency.grad_sync_overlap else "bucketed"),
+        sync_jitter=f.efficiency.sync_jitter.value if f.efficiency.sync_jitter else 0.0,
+        lockstep_devices=f.lockstep_devices.value if f.lockstep_devices else 8,
         sources=sources,
         alternatives=tuple(_alternative(path, a) for a in f.alternatives),
     )

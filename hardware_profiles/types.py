@@ -61,6 +61,31 @@ class DeviceProfile:
             into tiles run in waves of one tile per unit, and the last wave's idle units are lost
             (wave quantisation, see :func:`simulator.cost_model.wave_utilisation`). None charges
             no quantisation (``matmul_efficiency`` alone).
+        scale_out_efficiency: the achieved fraction of the scale-out line rate a collective's
+            bandwidth term sees (NIC, InfiniBand, RoCE, a TPU host's data-center-network share);
+            1.0 (line rate) unless fitted on multi-node rows.
+        comm_interference: how much a collective running beside compute slows that compute, as a
+            fraction of the overlapped collective's time (communication kernels take SMs and HBM
+            bandwidth from the matmuls they overlap): an overlapped pair of ``work`` and ``comm``
+            seconds takes ``max(work + comm_interference x min(work, comm), comm)``. 0 charges
+            none (perfect overlap).
+        grad_sync_overlap: how the software stack overlaps the data-parallel gradient sync with
+            the backward: ``"bucketed"`` (PyTorch DDP / FSDP, Megatron-LM's
+            ``overlap_grad_reduce``: each bucket starts as soon as its layers' gradients exist,
+            so only the last bucket is exposed) or ``"after_backward"`` (the sync starts once the
+            step's last backward ends, as XLA schedules the cross-slice gradient all-reduce of a
+            multi-slice TPU job over the data-center network).
+        sync_jitter: the relative spread (standard deviation / mean) of one host's compute time
+            per step: noise from clocks, power and thermal management, the OS and the network
+            that a synchronous step cannot average out, because every gradient sync waits for
+            the slowest of the plan's hosts (see :func:`straggler_factor`); 0 (the default)
+            charges none. Fitted on runs of one model at several scales.
+        lockstep_devices: devices that run in lock-step as one straggler unit, the unit
+            :func:`straggler_factor` counts: a GPU host's 8 GPUs (each host's CPU launches its
+            own kernels, so OS, clock and network noise differ from host to host); a whole TPU
+            ICI domain (a slice's chips run one program in lock-step on ICI, their hosts only
+            feed them, so slices joined over the data-center network are the independent
+            units). A mesh spanning several nodes counts its nodes instead.
         sources: field name -> citation for every published figure and the origin of every
             efficiency factor.
         alternatives: figures from other sources that disagree with the ones used.
@@ -87,6 +112,11 @@ class DeviceProfile:
     elementwise_traffic: float = 0.0
     torus_dims: int = 0
     gemm_tiling: tuple[int, int, int] | None = None
+    scale_out_efficiency: float = 1.0
+    comm_interference: float = 0.0
+    grad_sync_overlap: str = "bucketed"
+    sync_jitter: float = 0.0
+    lockstep_devices: int = 8
 
     def achievable_flops(self, dtype: str = "bf16") -> float:
         """Achievable matmul FLOP/s for ``dtype`` (peak x matmul_efficiency).
@@ -112,6 +142,59 @@ class Link:
     bandwidth: float
     latency: float
     source: str = ""
+
+
+def straggler_factor(hosts: int, jitter: float) -> float:
+    """The expected slow-down of a synchronous step over ``hosts`` hosts whose per-step compute
+    times vary independently with relative standard deviation ``jitter``: the step waits for the
+    slowest host, and the expected maximum of ``H`` independent normal draws is at most
+    ``mean + sigma sqrt(2 ln H)`` (the standard extreme-value bound for Gaussian maxima, e.g.
+    Boucheron, Lugosi & Massart, "Concentration Inequalities", 2013, sec. 2.5), so the factor is
+    ``1 + jitter x sqrt(2 ln H)`` (1 for a single host or no jitter). Grattafiori et al., "The
+    Llama 3 Herd of Models", 2024, sec. 3.3.4, report exactly this: at 16K GPUs the slowest
+    hosts and their network set the pace of every synchronous step."""
+    if hosts <= 1 or jitter <= 0:
+        return 1.0
+    import math
+
+    return 1.0 + jitter * math.sqrt(2.0 * math.log(hosts))
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Where a collective's group of ``ranks`` devices sits on the fabric, level by level.
+
+    Attributes:
+        ranks: devices in the group (``n``).
+        nodes: scale-up domains (NVLink nodes, TPU slices, Tenstorrent boxes) the group spans
+            (``N``; 1 = the group stays inside one).
+        intra: the per-device link between members inside one domain, with the bandwidth the
+            group's rings see there (a torus's share of the chip's ports on TPU ICI).
+        inter: the per-device link between domains (one NIC per device on a rail-optimised
+            fabric; a TPU host's data-center-network share per chip), at the achieved fraction
+            of its line rate (``DeviceProfile.scale_out_efficiency``), or None when ``nodes``
+            is 1.
+        rails: members of the group in each domain (``n / N``): each brings its own NIC, so
+            a ring through the domains runs ``rails`` channels side by side (NCCL's multi-ring
+            over the rails of a rail-optimised fabric).
+    """
+
+    ranks: int
+    nodes: int
+    intra: Link
+    inter: Link | None = None
+
+    @property
+    def rails(self) -> int:
+        return max(1, self.ranks // max(1, self.nodes))
+
+    @property
+    def bus_bandwidth(self) -> float:
+        """The bottleneck per-device bandwidth of a ring over the group, B/s: the intra-domain
+        link, or across domains ``rails`` NICs side by side, capped by the intra-domain link."""
+        if self.nodes <= 1 or self.inter is None:
+            return self.intra.bandwidth
+        return min(self.intra.bandwidth, self.inter.bandwidth * self.rails)
 
 
 def torus_shape(devices: int, dims: int) -> tuple[int, ...]:
@@ -194,6 +277,28 @@ class MeshSpec:
         per_node = max(1, min(group, self.devices_per_node // max(1, stride)))
         so = self.scale_out_link
         return Link(min(self.intra_link.bandwidth, so.bandwidth * per_node), so.latency, so.source)
+
+    def collective_span(self, group: int, stride: int = 1) -> Span:
+        """The levels a collective over ``group`` devices spaced ``stride`` apart crosses
+        (:class:`Span`): inside a node only the scale-up fabric (a TPU slice's ICI at the share
+        of the chip's ports its torus axes give it, see :meth:`collective_link`); across nodes
+        also the scale-out network, per device at ``device.scale_out_efficiency`` of its line
+        rate, with ``devices_per_node // stride`` members (rails) per node."""
+        node = self.devices_per_node
+        if node is None or self.scale_out_link is None or group * stride <= node:
+            return Span(group, 1, self.collective_link(group, stride))
+        rails = max(1, min(group, node // max(1, stride)))
+        nodes = -(-group // rails)
+        intra = self.intra_link
+        dims = self.device.torus_dims
+        if dims and rails > 1:
+            used = torus_axes_spanned(node, dims, rails, stride)
+            if used:
+                intra = Link(intra.bandwidth * used / dims, intra.latency, intra.source)
+        so = self.scale_out_link
+        eff = self.device.scale_out_efficiency
+        inter = Link(so.bandwidth * eff, so.latency, so.source) if eff != 1.0 else so
+        return Span(group, nodes, intra, inter)
 
     @property
     def price_per_hour(self) -> tuple[float, float] | None:

@@ -48,8 +48,8 @@ import math
 from dataclasses import dataclass
 
 from compiler.ir import LayerCost, Layout, Workload
-from hardware_profiles.collectives import all_gather, reduce_scatter
 from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
+from hardware_profiles.collectives import span_collective
 from hardware_profiles.types import Link, MeshSpec
 
 GRAD_BYTES_PER_PARAM = 4.0
@@ -64,6 +64,27 @@ ADAM_BYTES_PER_PARAM_FP32 = 8.0
 ADAM_UPDATE_BYTES_PER_PARAM = 2 * 16.0
 """Bytes an Adam step reads and writes per parameter it owns (master, m, v, grad read; master, m, v,
 weight written): about 2 x 16 bytes, memory-bound."""
+
+
+def collective(mesh: MeshSpec, op: str, nbytes: float, group: int, stride: int = 1) -> float:
+    """Seconds of collective ``op`` (``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``,
+    ``"all_to_all"``) of ``nbytes`` per device over ``group`` devices of ``mesh`` spaced
+    ``stride`` apart, costed level by level over the fabric the group really crosses
+    (:meth:`MeshSpec.collective_span`, :func:`hardware_profiles.collectives.span_collective`:
+    NCCL's ring or tree, whichever is faster, for an all-reduce)."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    return span_collective(op, nbytes, mesh.collective_span(group, stride))
+
+
+def overlapped(work: float, comm: float, interference: float) -> float:
+    """Seconds of ``work`` seconds of compute with ``comm`` seconds of communication running
+    beside it on another stream: ``max(work + interference x min(work, comm), comm)``. The
+    communication kernels take SMs and memory bandwidth from the compute for as long as both
+    run (``DeviceProfile.comm_interference``; e.g. NCCL's channels each occupy one SM: Rashidi
+    et al., "Themis"/"Enabling Compute-Communication Overlap in Distributed Deep Learning
+    Training Platforms", ISCA 2021, measure the slow-down of overlapped GEMMs)."""
+    return max(work + interference * min(work, comm), comm)
 
 
 def compute_dtype(workload: Workload) -> str:
@@ -176,21 +197,64 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     memory = mem / t / mesh.device.achievable_bandwidth
     elementwise = (mesh.device.elementwise_traffic * other * per_dev / t
                    / mesh.device.achievable_bandwidth)
-    comm = all_reduce_time(tp_bytes, t, mesh.collective_link(t)) if t > 1 else 0.0
+    comm = collective(mesh, "all_reduce", tp_bytes, t) if t > 1 else 0.0
     shard = 0.0
-    g = layout.shard
-    if layout.fsdp and g > 1:
-        link = mesh.collective_link(g, t)
-        gather = all_gather(cost.param_bytes / t, g, link)
-        scatter = reduce_scatter(cost.param_count * GRAD_BYTES_PER_PARAM / t, g, link)
+    if layout.fsdp and layout.shard > 1:
+        gather, scatter = fsdp_traffic(cost, mesh, layout)
         shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
     work = combine_work(compute, memory, mesh.device.roofline)
-    # prefetching overlaps FSDP's gathers with compute; a device that overlaps nothing inside a
-    # fragment (roofline "sum": XLA:CPU runs a fragment's ops one after another) adds them
-    body = (work + shard if mesh.device.roofline == "sum" else max(work, shard)) + elementwise + comm
+    # prefetching overlaps FSDP's gathers with compute (slowed by the collectives beside it);
+    # a device that overlaps nothing inside a fragment (roofline "sum": XLA:CPU runs a
+    # fragment's ops one after another) adds them
+    body = ((work + shard if mesh.device.roofline == "sum"
+             else overlapped(work, shard, mesh.device.comm_interference)) + elementwise + comm)
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len)
     return body
+
+
+def fsdp_traffic(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[float, float]:
+    """(all-gather, reduce-scatter) seconds of one layer under FSDP (ZeRO-3) on ``mesh``: the
+    gather of its compute-dtype parameters and the reduce-scatter of its fp32 gradients over
+    the ``layout.shard`` devices of a shard group (stride = the tensor degree), each device
+    holding ``1 / tensor`` of the layer. (0, 0) without fsdp."""
+    g, t = layout.shard, layout.tensor
+    if not layout.fsdp or g <= 1:
+        return 0.0, 0.0
+    return (collective(mesh, "all_gather", cost.param_bytes / t, g, t),
+            collective(mesh, "reduce_scatter", cost.param_count * GRAD_BYTES_PER_PARAM / t, g, t))
+
+
+def fsdp_exposed(workload: Workload, first: int, last: int, kind: str, mesh: MeshSpec,
+                 layout: Layout, split_backward: bool = False) -> float:
+    """Seconds of FSDP traffic that no prefetch can hide in one fragment over layers
+    ``[first, last)``: FSDP prefetches the next layer's gather while the current layer computes
+    (PyTorch FSDP's ``forward_prefetch`` / ``backward_prefetch=BACKWARD_PRE``, FSDP2's implicit
+    one-layer prefetch: Zhao et al., "PyTorch FSDP", VLDB 2023, sec. 3.3), so the steady state is
+    the per-layer overlap :func:`layer_time` charges, but the fragment's first gather has no
+    compute before it and its last reduce-scatter none after it:
+
+    - ``F``: the first layer's gather;
+    - ``B``: the gather of the last layer (the backward runs last to first) and, unless the
+      backward is split, the reduce-scatter of the first;
+    - ``W`` (split backward): the reduce-scatter of the first layer.
+
+    0 without fsdp, or on a device whose ``roofline`` is ``"sum"`` (it already adds every
+    gather and scatter)."""
+    if not layout.fsdp or layout.shard <= 1 or mesh.device.roofline == "sum" or last <= first:
+        return 0.0
+    with_params = [i for i in range(first, last) if workload.layer(i).param_count > 0]
+    if not with_params:
+        return 0.0
+    head, tail = workload.layer(with_params[0]), workload.layer(with_params[-1])
+    if kind == "F":
+        return fsdp_traffic(head, mesh, layout)[0]
+    if kind == "B":
+        return fsdp_traffic(tail, mesh, layout)[0] + (0.0 if split_backward
+                                                      else fsdp_traffic(head, mesh, layout)[1])
+    if kind == "W":
+        return fsdp_traffic(head, mesh, layout)[1]
+    raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
 
 
 def fragment_overhead(mesh: MeshSpec) -> float:
@@ -270,11 +334,10 @@ def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[st
     t = layout.tensor
     if op == "reduce_scatter":
         nbytes = cost.param_count * GRAD_BYTES_PER_PARAM / t
-        return op, nbytes, reduce_scatter(nbytes, layout.data,
-                                          mesh.collective_link(layout.data, t))
+        return op, nbytes, collective(mesh, op, nbytes, layout.data, t)
     g = layout.shard
     nbytes = cost.param_count * GRAD_BYTES_PER_PARAM / t / g
-    return op, nbytes, all_reduce_time(nbytes, layout.hsdp, mesh.collective_link(layout.hsdp, g * t))
+    return op, nbytes, collective(mesh, op, nbytes, layout.hsdp, g * t)
 
 
 def grad_sync_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
@@ -300,7 +363,7 @@ def param_gather_time(workload: Workload, first: int, last: int, mesh: MeshSpec,
     if not workload.training or layout.fsdp or layout.data <= 1:
         return 0.0
     nbytes = sum(workload.layer(i).param_bytes for i in range(first, last)) / layout.tensor
-    return all_gather(nbytes, layout.data, mesh.collective_link(layout.data, layout.tensor))
+    return collective(mesh, "all_gather", nbytes, layout.data, layout.tensor)
 
 
 def optimizer_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout

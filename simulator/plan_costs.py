@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from compiler.ir import FragmentRef, Plan, Workload
-from hardware_profiles.types import Cluster, MeshSpec
+from hardware_profiles.types import Cluster, MeshSpec, straggler_factor
 from simulator import cost_model as cm
 
 
@@ -83,7 +83,22 @@ class PlanCosts:
                     cm.layer_time(self.workload.layer(i), kind, self.samples, mesh, lay,
                                   self.dtype, split_backward=split, recompute=rc,
                                   seq_len=self.workload.seq_len)
-                    for i in range(st.first, st.last))
+                    for i in range(st.first, st.last)) + self.fsdp_exposed(st.index, kind)
+        return out
+
+    def fsdp_exposed(self, stage: int, kind: str) -> float:
+        """Seconds of stage ``stage``'s FSDP gathers and reduce-scatters that prefetching cannot
+        hide in one ``kind`` fragment (the first gather, the last reduce-scatter:
+        :func:`simulator.cost_model.fsdp_exposed`); with full recomputation the backward's
+        rerun forward exposes its own first gather too. 0 without fsdp."""
+        if not self.workload.training and kind != "F":
+            return 0.0
+        st = self.plan.stages[stage]
+        mesh, lay = self.cluster.meshes[st.mesh], self.plan.layouts[st.mesh]
+        split = self.plan.schedule.split_backward
+        out = cm.fsdp_exposed(self.workload, st.first, st.last, kind, mesh, lay, split)
+        if kind == "B" and self.recompute(st.mesh):
+            out += cm.fsdp_exposed(self.workload, st.first, st.last, "F", mesh, lay)
         return out
 
     def _microbatch_grad_sync(self, ref: FragmentRef) -> float:
@@ -99,8 +114,8 @@ class PlanCosts:
             return 0.0
         params = sum(self.workload.layer(i).param_count for i in range(st.first, st.last))
         mesh = self.cluster.meshes[st.mesh]
-        return cm.all_reduce_time(params * cm.GRAD_BYTES_PER_PARAM / lay.tensor, lay.data,
-                                  mesh.collective_link(lay.data, lay.tensor))
+        return cm.collective(mesh, "all_reduce", params * cm.GRAD_BYTES_PER_PARAM / lay.tensor,
+                             lay.data, lay.tensor)
 
     @cached_property
     def _memo(self) -> dict:
@@ -206,13 +221,42 @@ class PlanCosts:
 
     def tail(self, mesh: str) -> tuple[tuple[str, float], ...]:
         """The end-of-step compute-stream ops of ``mesh``: (kind, seconds) for the gradient sync
-        point (``"allreduce"``, 0 s: it only waits for the mesh's gradient buckets,
-        :meth:`grad_buckets`) and the optimizer step (empty for forward-only workloads)."""
+        point (``"allreduce"``: it waits for the mesh's gradient buckets, :meth:`grad_buckets`,
+        and for the plan's slowest host, :meth:`straggler_wait`) and the optimizer step (empty
+        for forward-only workloads)."""
         if not self.workload.training:
             return ()
         spec, lay = self.cluster.meshes[mesh], self.plan.layouts[mesh]
         opt = sum(cm.optimizer_time(self.workload, a, b, spec, lay) for a, b in self._mesh_layers(mesh))
-        return (("allreduce", 0.0), ("optimizer", opt))
+        return (("allreduce", self.straggler_wait(mesh)), ("optimizer", opt))
+
+    @cached_property
+    def hosts(self) -> int:
+        """Independent straggler units the plan's devices form: per mesh, its nodes when it spans
+        several (``MeshSpec.devices_per_node``), else its devices over its device's
+        ``lockstep_devices`` (rounded up), summed over the plan's meshes."""
+        total = 0
+        for m in dict.fromkeys(self.plan.rank_mesh):
+            spec = self.cluster.meshes[m]
+            unit = spec.devices_per_node if spec.devices_per_node else spec.device.lockstep_devices
+            total += -(-spec.num_devices // max(1, min(unit, spec.device.lockstep_devices)))
+        return total
+
+    def straggler_wait(self, mesh: str) -> float:
+        """Seconds ``mesh`` waits at the gradient sync for the plan's slowest host: its compute
+        per step (the fragments of its pipeline rank) x (:func:`straggler_factor` - 1) over
+        :attr:`hosts` with its device's ``sync_jitter``. 0 with no jitter or on one host."""
+        f = straggler_factor(self.hosts, self.cluster.meshes[mesh].device.sync_jitter) - 1.0
+        if f <= 0:
+            return 0.0
+        key = ("s", mesh)
+        if key not in self._memo:
+            busy = 0.0
+            for rank, m in enumerate(self.plan.rank_mesh):
+                if m == mesh:
+                    busy += sum(self.fragment_time(ref) for ref in self.plan.schedule.order[rank])
+            self._memo[key] = busy * f
+        return self._memo[key]
 
     def last_backward(self, stage: int) -> FragmentRef:
         """The fragment that finishes stage ``stage``'s weight gradients: the W (split backward)
@@ -225,7 +269,8 @@ class PlanCosts:
         """Stage ``stage``'s gradient-sync buckets on its mesh's collective stream, in backward
         order (last layer first): (name, collective, per-device bytes, seconds, ready fraction).
         One bucket per layer (:func:`simulator.cost_model.layer_grad_sync`), ready once that
-        fraction of :meth:`last_backward` has run (the backward visits layers last to first; the
+        fraction of :meth:`last_backward` has run (all at its end, fraction 1, when the mesh's
+        device syncs ``after_backward``: ``DeviceProfile.grad_sync_overlap``) (the backward visits layers last to first; the
         fraction is the layer-time share of the fragment's duration). Empty for inference, a
         data degree of 1, fsdp without hsdp, or ``plan.grad_sync == "microbatch"``."""
         key = ("g", stage)
@@ -238,6 +283,7 @@ class PlanCosts:
             ref = self.last_backward(stage)
             total = self.fragment_time(ref)
             split = self.plan.schedule.split_backward
+            after = mesh.device.grad_sync_overlap == "after_backward"
             done = 0.0
             for i in reversed(range(st.first, st.last)):
                 c = self.workload.layer(i)
@@ -246,7 +292,7 @@ class PlanCosts:
                                       seq_len=self.workload.seq_len)
                 x = cm.layer_grad_sync(c, mesh, lay)
                 if x is not None and x[2] > 0:
-                    frac = min(1.0, done / total) if total > 0 else 1.0
+                    frac = 1.0 if after or total <= 0 else min(1.0, done / total)
                     tag = "RS" if x[0] == "reduce_scatter" else "AR"
                     out.append((f"{tag}{stage}.L{i}", x[0], x[1], x[2], frac))
         self._memo[key] = tuple(out)

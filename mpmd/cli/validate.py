@@ -69,9 +69,11 @@ def predict_step(plan, workload, cluster) -> float:
 
 
 def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_us: float,
-                             origin: str, elementwise: float = 0.0, *, out: Path | None = None) -> None:
+                             origin: str, elementwise: float = 0.0, *, out: Path | None = None,
+                             extra: tuple[tuple[str, object, str], ...] = ()) -> None:
     """Write device YAML ``path`` with its ``efficiency:`` block replaced (values and origins) to
-    ``out`` (default: ``path`` itself), atomically."""
+    ``out`` (default: ``path`` itself), atomically; ``extra`` entries ``(key, value, origin)``
+    follow the four fitted ones (the profile's other efficiency keys, kept or fitted)."""
     from mpmd.files import write_atomic
 
     text = path.read_text()
@@ -95,7 +97,29 @@ def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_
              f"  memory:\n    value: {memory:.3f}\n    origin: {o_mem}\n"
              f"  fragment_overhead_us:\n    value: {overhead_us:g}\n    origin: {o_ovh}\n"
              f"  elementwise_traffic:\n    value: {elementwise:g}\n    origin: {o_ew}\n")
+    block += "".join(f"  {k}:\n    value: {v:g}\n    origin: {q(o)}\n" if isinstance(v, float)
+                     else f"  {k}:\n    value: {v}\n    origin: {q(o)}\n" for k, v, o in extra)
     write_atomic(out or path, text[:start] + block + text[end:])
+
+
+EXTRA_EFFICIENCY = (("scale_out", "scale_out_efficiency"), ("comm_interference", "comm_interference"),
+                    ("grad_sync_overlap", "grad_sync_overlap"), ("sync_jitter", "sync_jitter"))
+"""Profile efficiency keys beyond the four :func:`simulator.validate.fit` fits: (YAML key,
+``DeviceProfile`` attribute), kept with their origins when a fit rewrites the block."""
+
+
+def extra_efficiency(device, fitted_jitter: str | None) -> tuple[tuple[str, object, str], ...]:
+    """The ``extra`` entries of :func:`write_profile_efficiency` for ``device``: every key of
+    :data:`EXTRA_EFFICIENCY` its profile sets, with its origin, and ``sync_jitter`` with
+    ``fitted_jitter`` as its origin when the scale fit set it."""
+    out = []
+    for key, attr in EXTRA_EFFICIENCY:
+        if attr == "sync_jitter" and fitted_jitter:
+            out.append((key, float(round(device.sync_jitter, 4)), fitted_jitter))
+        elif attr in device.sources:
+            v = getattr(device, attr)
+            out.append((key, float(v) if not isinstance(v, str) else v, device.sources[attr]))
+    return tuple(out)
 
 
 def _fmt(x: float) -> str:
@@ -210,7 +234,10 @@ def register(main: click.Group, guard) -> None:
         from hardware_profiles.loader import DEVICES_DIR, load_device
         from mpmd.cli.main import console
         from mpmd.files import write_atomic
+        import dataclasses
+
         from simulator import validate as V
+        from simulator.scale_fit import fit_jitter, scale_section
 
         if profiles_out and not fit:
             raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
@@ -232,6 +259,23 @@ def register(main: click.Group, guard) -> None:
                 mine = [s for s in setups if s.row.device == name]
                 with console.status(f"fitting {name} over its {len(mine)} rows ..."):
                     f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,))
+                with console.status(f"{name}: fitting sync jitter on one model's sizes ..."):
+                    sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
+                                                            f.elementwise), predict_step)
+                jitter_origin = None
+                if sf is not None:
+                    base = dataclasses.replace(base, sync_jitter=sf.jitter)
+                    with console.status(f"refitting {name} with sync jitter {sf.jitter:g} ..."):
+                        f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,))
+                        sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory,
+                                                                f.overhead_s, f.elementwise),
+                                        predict_step)
+                    base = dataclasses.replace(base, sync_jitter=sf.jitter)
+                    jitter_origin = (f"fitted by `{FIT_COMMAND}` on the {name} runs of "
+                                     f"{sf.fit_group} at several sizes (the predicted drop in "
+                                     f"throughput per device closest to the measured one); "
+                                     f"checked on the kind's other such groups in "
+                                     f"reports/validation/validation.md")
                 loso = {}
                 if len({s.row.source for s in mine}) == 1:
                     console.print(f"{name}: one source ({mine[0].row.source}); "
@@ -249,8 +293,9 @@ def register(main: click.Group, guard) -> None:
                     write_profile_efficiency(DEVICES_DIR / f"{name}.yaml", f.matmul, f.memory,
                                              f.overhead_s * 1e6,
                                              _origin(name, [s.row for s in mine], f),
-                                             f.elementwise, out=Path(written))
-                section = fit_section(name, f, loso, written)
+                                             f.elementwise, out=Path(written),
+                                             extra=extra_efficiency(base, jitter_origin))
+                section = fit_section(name, f, loso, written) + "\n\n" + scale_section(name, sf)
                 console.print(section)
                 fit_info.append(section)
         with Progress(*columns, console=console, transient=True) as bar:
