@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import bench_a100_175b  # noqa: E402
 import bench_planner  # noqa: E402
 import bench_shapes  # noqa: E402
 import bench_simulator  # noqa: E402
@@ -32,7 +33,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}.\n")
     parts = [head, "## Simulator\n", bench_simulator.markdown(), "## Planner\n",
              bench_planner.markdown(), "## Planner at scale (node groups, 64 to 1024 devices)\n",
-             bench_shapes.markdown()]
+             bench_shapes.markdown(),
+             "## GPT-3 175B on 1,024 A100: the planner against Megatron-LM, with exposed communication\n",
+             bench_a100_175b.markdown()]
     text = "\n".join(parts)
     print(text)
     if args.out:

@@ -7,6 +7,10 @@ microbatch (1 or 2 samples per pipeline replica) with as many microbatches per p
 batch gives, 1F1B or the interleaved schedule, layers split evenly, activation recomputation only
 when the stages do not fit without it. :func:`megatron_plans` builds each such plan over a carved
 node group and :func:`best_megatron` returns the fastest that fits: the bar the planner must clear.
+
+:func:`hand_plan` builds one practitioner's layout as published (:class:`HandLayout`: tensor,
+pipeline and data degrees, virtual stages, micro-batch size, recomputation, distributed
+optimizer) through the same code path, e.g. :data:`MEGATRON_GPT3_175B`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from compiler.ir import Layout, Plan, Workload
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster
 from planner import api
+from planner.errors import PlannerError
 from planner.predict import Prediction, predict
 from planner.search import Assignment
 
@@ -37,6 +42,20 @@ def _even(blocks: int, ranks: int) -> tuple[int, ...]:
     return tuple(base + (1 if r < extra else 0) for r in range(ranks))
 
 
+def _evaluate(w: Workload, lc: Cluster, shape: GroupShape, layout: Layout, blocks: tuple[int, ...],
+              recompute: bool, schedule: str, microbatches: int, virtual_stages: int,
+              headroom: float, label: str) -> HandResult:
+    """The hand plan over every mesh of ``lc`` (the group carved by ``shape``), in order, each with
+    ``layout`` and ``blocks[rank]`` blocks per stage, predicted exactly (the planner's replay)."""
+    meshes = tuple(lc.meshes)
+    a = Assignment(order=meshes, blocks=blocks, layouts=(layout,) * len(meshes),
+                   recompute=(recompute,) * len(meshes), merge=False, status="HAND", objective_s=0.0,
+                   bound_s=0.0, wall_s=0.0)
+    plan = api.build_plan(w, lc, a, schedule, microbatches, virtual_stages)
+    pred = predict(plan, w, lc, headroom=headroom)
+    return HandResult(replace(plan, carving=(shape.to_json(),), predicted=pred.to_json()), pred, label)
+
+
 def megatron_plans(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1,
                    virtual_stages: int = 2) -> list[HandResult]:
     """Every hand configuration of ``group`` at the shortest pipeline depth where one fits memory
@@ -47,7 +66,6 @@ def megatron_plans(w: Workload, cluster: Cluster, group: str, headroom: float = 
         r = g.nodes // p
         shape = GroupShape(group, g.nodes, r, 1)
         lc = carve(cluster, [shape])
-        meshes = tuple(lc.meshes)
         out = []
         for b in MICROBATCH_SIZES:
             if w.global_batch % (r * b):
@@ -62,15 +80,11 @@ def megatron_plans(w: Workload, cluster: Cluster, group: str, headroom: float = 
                     continue
                 fit = None
                 for rc in (False, True):
-                    a = Assignment(order=meshes, blocks=blocks, layouts=(Layout(r, g.devices_per_node),) * p,
-                                   recompute=(rc,) * p, merge=False, status="HAND", objective_s=0.0,
-                                   bound_s=0.0, wall_s=0.0)
-                    plan = api.build_plan(w, lc, a, sched, m, v)
-                    pred = predict(plan, w, lc, headroom=headroom)
-                    if pred.fits:
-                        fit = HandResult(replace(plan, carving=(shape.to_json(),), predicted=pred.to_json()),
-                                         pred, f"tp{g.devices_per_node} pp{p} dp{r} mb{b} {sched}"
-                                         + (" recompute" if rc else ""))
+                    h = _evaluate(w, lc, shape, Layout(r, g.devices_per_node), blocks, rc, sched, m, v,
+                                  headroom, f"tp{g.devices_per_node} pp{p} dp{r} mb{b} {sched}"
+                                  + (" recompute" if rc else ""))
+                    if h.prediction.fits:
+                        fit = h
                         break
                 if fit is not None:
                     out.append(fit)
@@ -83,3 +97,143 @@ def best_megatron(w: Workload, cluster: Cluster, group: str, headroom: float = 0
     """The fastest of :func:`megatron_plans`, or None when no hand configuration fits."""
     plans = megatron_plans(w, cluster, group, headroom)
     return min(plans, key=lambda h: h.prediction.step_time_s) if plans else None
+
+
+# --------------------------------------------------------------------------- published layouts
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation as Megatron-LM names it: none, ``--recompute-granularity selective``
+(Korthikanti et al. 2022: only the attention's softmax/dropout inputs) or full (every layer's
+forward rerun in the backward, only its input kept)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandLayout:
+    """A practitioner's layout of one node group, as a paper or a launch script gives it.
+
+    Attributes:
+        tensor: tensor-parallel degree ``t`` (inside a node: Megatron-LM's ``--tensor-model-parallel-size``).
+        pipeline: pipeline-parallel degree ``p`` (pipeline ranks).
+        data: data-parallel degree ``d`` (pipeline replicas); ``t x p x d`` devices in all.
+        virtual_stages: model chunks per pipeline rank ``v``; 1 runs 1F1B, more the interleaved
+            1F1B schedule (Narayanan et al. SC'21 sec. 2.2.2).
+        micro_batch: samples per microbatch per pipeline replica (``--micro-batch-size``); the
+            global batch gives ``global_batch / (d x micro_batch)`` microbatches.
+        recompute: one of :data:`RECOMPUTE`.
+        distributed_optimizer: optimizer state sharded over data parallel (Megatron-LM's
+            ``--use-distributed-optimizer``, ZeRO-1), gradients reduce-scattered and weights
+            all-gathered; the cost model models only this (the bytes a plain all-reduce moves are
+            the same: a ring all-reduce is a reduce-scatter then an all-gather).
+    """
+
+    tensor: int
+    pipeline: int
+    data: int
+    virtual_stages: int = 1
+    micro_batch: int = 1
+    recompute: str = "none"
+    distributed_optimizer: bool = True
+
+    @property
+    def devices(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved-1f1b" if self.virtual_stages > 1 else "1f1b"
+
+    @property
+    def label(self) -> str:
+        """E.g. ``"tp8 pp8 dp16 mb1 interleaved-1f1b v2 full recompute"``."""
+        return (f"tp{self.tensor} pp{self.pipeline} dp{self.data} mb{self.micro_batch} {self.schedule}"
+                + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+                + (f" {self.recompute} recompute" if self.recompute != "none" else ""))
+
+
+MEGATRON_GPT3_175B = HandLayout(tensor=8, pipeline=8, data=16, virtual_stages=2, micro_batch=1,
+                                recompute="full", distributed_optimizer=True)
+"""Megatron-LM's GPT-3 175B layout on 1,024 A100 (128 DGX A100 nodes), global batch 1536.
+
+Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC'21, sec. 5.1: "On n = 1024 A100 GPUs using batch size 1536, we achieve X = 140
+teraFLOP/s per GPU" (34 days for 300B tokens). The paper does not print that run's layout; this
+is the paper's own recipe applied to it: tensor parallel 8 = one DGX A100 node (sec. 5.4.1: "peak
+performance when the tensor-parallel size is equal to the number of GPUs in a single node"),
+pipeline parallel 8 as its nearest Table 1 row (145.6B, 80 layers: t = 8, p = 8, 1536 GPUs,
+148 TFLOP/s), data parallel 16 = 1024 / 64, micro-batch 1 (Table 2's PTD-P rows for the 174.6B
+model at batch 1536: micro-batch 1, 153 / 149 / 141 TFLOP/s on 384 / 768 / 1536 GPUs with
+model-parallel size 96, which 1024 does not divide), the interleaved schedule with 2 chunks per
+rank (sec. 2.2.2; the paper does not give ``v`` for this run) and full activation recomputation
+(its FLOP count, eq. (3), "assumes activation recomputation"). 140 TFLOP/s by eq. (3), which
+counts the recomputed forward, is about 105 TFLOP/s of model FLOP: 33.7% MFU of the A100's
+312 TFLOP/s. The run predates Megatron-LM's distributed optimizer; the cost model shards the
+optimizer state as it does (see :class:`HandLayout`)."""
+
+
+def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | None = None,
+              headroom: float = 0.1) -> HandResult:
+    """``layout`` on node group ``group`` of ``cluster`` (the only group when None): the group
+    carved into ``layout.pipeline`` stage meshes of ``t x d`` devices (a mesh of ``R`` whole nodes
+    when ``t x d`` fills ``R`` nodes, else ``s`` slices per node), blocks split evenly over the
+    ``p x v`` stages, every mesh ``Layout(d, t)``, predicted exactly as the planner predicts its
+    own plans (:func:`planner.predict.predict`; the plan records its ``carving`` and prediction).
+
+    Raises:
+        PlannerError: a cluster without node groups, an unknown group, a layout the group's nodes
+            or the global batch do not divide, a schedule that does not accept the sizes,
+            selective recomputation or no distributed optimizer (not in the cost model).
+    """
+    t, p, d, v, b = layout.tensor, layout.pipeline, layout.data, layout.virtual_stages, layout.micro_batch
+    if min(t, p, d, v, b) < 1:
+        raise PlannerError(f"hand layout {layout.label!r} has a degree below 1; fix: use positive "
+                           f"tensor, pipeline, data, virtual_stages and micro_batch")
+    if layout.recompute not in RECOMPUTE:
+        raise PlannerError(f"hand layout recompute={layout.recompute!r}; fix: use one of {list(RECOMPUTE)}")
+    if layout.recompute == "selective":
+        raise PlannerError("hand layout recompute='selective' is not in the cost model (it recomputes "
+                           "whole layers or nothing); fix: use 'full' (an upper bound on its time) or "
+                           "'none' (a lower bound)")
+    if not layout.distributed_optimizer:
+        raise PlannerError("hand layout distributed_optimizer=False is not in the cost model (it shards "
+                           "optimizer state over data parallel, as Megatron-LM's distributed optimizer "
+                           "does); fix: use distributed_optimizer=True")
+    if not cluster.groups:
+        raise PlannerError(f"cluster {cluster.name!r} lists meshes, not node groups; fix: describe its "
+                           f"hardware under 'node_groups'")
+    if group is None:
+        if len(cluster.groups) > 1:
+            raise PlannerError(f"cluster {cluster.name!r} has node groups {sorted(cluster.groups)}; fix: "
+                               f"name the group the hand layout runs on")
+        group = next(iter(cluster.groups))
+    g = cluster.groups.get(group)
+    if g is None:
+        raise PlannerError(f"cluster {cluster.name!r} has no node group {group!r}; fix: use one of "
+                           f"{sorted(cluster.groups)}")
+    k, per_mesh = g.devices_per_node, t * d
+    if per_mesh >= k:
+        if per_mesh % k or k % t:
+            raise PlannerError(f"hand layout {layout.label!r}: a stage of tp{t} x dp{d} = {per_mesh} devices "
+                               f"is not whole nodes of {k} with tensor parallel inside a node; fix: make "
+                               f"t x d a multiple of {k} and t a divisor of {k}")
+        shape_r, shape_s = per_mesh // k, 1
+    else:
+        if k % per_mesh or p % (k // per_mesh):
+            raise PlannerError(f"hand layout {layout.label!r}: stages of tp{t} x dp{d} = {per_mesh} devices "
+                               f"do not tile nodes of {k} devices over pipeline {p}; fix: make t x d "
+                               f"divide {k} and the stages per node divide p")
+        shape_r, shape_s = 1, k // per_mesh
+    nodes = shape_r * p // shape_s
+    if nodes > g.nodes:
+        raise PlannerError(f"hand layout {layout.label!r} needs {layout.devices} devices ({nodes} nodes) but "
+                           f"node group {group!r} has {g.nodes} nodes of {k}; fix: lower a degree")
+    if w.global_batch % (d * b):
+        raise PlannerError(f"hand layout {layout.label!r}: global batch {w.global_batch} is not a multiple "
+                           f"of dp{d} x mb{b}; fix: pick a batch or micro-batch that divides")
+    m = w.global_batch // (d * b)
+    _, nb, _ = api._split_layers(w)
+    if not api.schedule_allowed(layout.schedule, p, m, nb, v if v > 1 else 2) or (v > 1 and p == 1):
+        raise PlannerError(f"hand layout {layout.label!r}: schedule {layout.schedule} does not accept {p} "
+                           f"ranks x {v} chunks over {nb} blocks with {m} microbatches; fix: make the "
+                           f"blocks a multiple of p x v and (interleaved) the microbatches a multiple of p")
+    shape = GroupShape(group, nodes, shape_r, shape_s)
+    return _evaluate(w, carve(cluster, [shape]), shape, Layout(d, t), _even(nb // v, p),
+                     layout.recompute == "full", layout.schedule, m, v, headroom, layout.label)

@@ -189,10 +189,12 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.1f}"
 
 
-def print_simulation(console, plan, cluster, r, *, compare: bool = True) -> None:
+def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed=None) -> None:
     """Print a simulated step: per mesh busy, bubble, peak memory and capacity; per link volume;
     for a data-parallel plan one line per part and the cross-part gradient all-reduce; the step
-    time, MFU and (``compare``) the planner's prediction; memory errors and a failure."""
+    time, MFU and (``compare``) the planner's prediction; the exposed communication per step
+    (``exposed``, a :class:`simulator.exposure.Exposure`, when given); memory errors and a
+    failure."""
     from rich.markup import escape
     from rich.text import Text
 
@@ -249,6 +251,9 @@ def print_simulation(console, plan, cluster, r, *, compare: bool = True) -> None
     console.print(f"step time {r.step_time_s:.4f} s   MFU {r.mfu * 100:.1f}%"
                   + (f"   planner predicted {pred:.4f} s ({(r.step_time_s / pred - 1) * 100:+.2f}%)"
                      if pred and compare else ""))
+    if exposed is not None:
+        console.print(f"exposed communication: {exposed.exposed_s:.4f} s per step "
+                      f"({exposed.fraction * 100:.1f}% of the step)", highlight=False)
     for e in r.errors:
         console.print(f"[red]memory:[/] {escape(e)}")
     if r.failure:
@@ -280,8 +285,10 @@ def register(main: click.Group, guard) -> None:
         """Replay PLAN.json in the discrete-event simulator and print its metrics.
 
         A data-parallel plan (several pipelines) is replayed as one step: every part's pipeline,
-        the gradient all-reduce across parts, then every mesh's optimizer."""
+        the gradient all-reduce across parts, then every mesh's optimizer. The exposed
+        communication is the step time minus that of the same replay with every link free."""
         from mpmd.cli.main import console
+        from simulator.exposure import exposure
         from simulator.knobs import Knobs
         from simulator.plan_sim import simulate_any
         from simulator.trace import write_chrome_trace
@@ -296,8 +303,11 @@ def register(main: click.Group, guard) -> None:
         knobs = Knobs(seed=seed, jitter=jitter, stragglers=stragglers, degraded_links=degraded,
                       failed_links=failed_l, failed_meshes=failed_m)
         r = simulate_any(plan, w, cluster, knobs=knobs)
+        # the same replay with every link free; a step that failed has no step time to compare
+        exposed = (None if r.failure else
+                   exposure(plan, w, cluster, knobs=knobs, step_time_s=r.step_time_s))
         print_simulation(console, plan, cluster, r,
-                         compare=schedule is None and microbatches is None)
+                         compare=schedule is None and microbatches is None, exposed=exposed)
         if trace:
             write_chrome_trace(r.timeline, trace)
             console.print(f"wrote {trace} (open it in ui.perfetto.dev)")

@@ -163,3 +163,25 @@ def test_simulate_failed_link_reports_where_and_when(small_plan):
     res = run(["simulate", str(small_plan), "--fail-link", f"{a}<->{b}@0.001"])
     assert res.exit_code == 0, res.output
     assert "step failed" in res.output and f"{a}<->{b}" in res.output
+
+
+def test_simulate_prints_the_exposed_communication(small_plan):
+    """One line: the step minus the same replay with every link free (simulator.exposure), in
+    seconds and as a share of the step; none when the step failed."""
+    import re
+
+    from mpmd.cli.simulate import load_plan_inputs
+    from simulator.exposure import exposure
+
+    res = run(["simulate", str(small_plan)])
+    assert res.exit_code == 0, res.output
+    m = re.search(r"^exposed communication: (\d+\.\d{4}) s per step \((\d+\.\d)% of the step\)$",
+                  res.output, re.M)
+    assert m, res.output
+    plan, w, cluster = load_plan_inputs(str(small_plan))
+    ex = exposure(plan, w, cluster)
+    assert m.group(1) == f"{ex.exposed_s:.4f}" and m.group(2) == f"{ex.fraction * 100:.1f}"
+    doc = json.loads(small_plan.read_text())
+    a, b = sorted(doc["rank_mesh"][:2])
+    failed = run(["simulate", str(small_plan), "--fail-link", f"{a}<->{b}@0.001"])
+    assert "step failed" in failed.output and "exposed communication" not in failed.output
