@@ -263,7 +263,7 @@ def register(main: click.Group, guard) -> None:
                     sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
                                                             f.elementwise), predict_step)
                 jitter_origin = None
-                if sf is not None:
+                if sf is not None and sf.jitter > 0:
                     base = dataclasses.replace(base, sync_jitter=sf.jitter)
                     with console.status(f"refitting {name} with sync jitter {sf.jitter:g} ..."):
                         f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,))
