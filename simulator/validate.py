@@ -5,23 +5,27 @@ zero-bubble schedules. Rows and metrics are in :mod:`simulator.validation_rows`,
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
-from compiler.ir import FragmentRef, Plan, Workload
+from compiler.ir import FragmentRef, IRError, Plan, Workload
 from hardware_profiles.types import Cluster, DeviceProfile
-from simulator.plan_costs import PlanCosts
+from simulator.plan_costs import CostError, PlanCosts
 from simulator.plan_sim import simulate_plan
+from simulator.program import SimError
+from simulator.schedules import ScheduleError
 from simulator.schedules.adaptive import zero_bubble_auto
 
 from simulator.validation_rows import (  # noqa: F401  (re-exported)
-    DEFAULT_VOCAB, DEVICES_PER_NODE, METRICS, SCHEDULE_MAP, ZB_SCHEDULES, Row, ValidationError,
-    load_rows, maxtext_flops, metric_from_step, narayanan_flops, palm_flops)
+    DEFAULT_VOCAB, DEVICES_PER_NODE, METRICS, SCHEDULE_MAP, ZB_SCHEDULES, Row, SkippedRow,
+    ValidationError, load_rows, load_rows_lenient, maxtext_flops, metric_from_step,
+    narayanan_flops, palm_flops, skipped)
 from simulator.validation_setup import (  # noqa: F401  (re-exported)
     ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, StepFn, build_cluster, build_plan, row_layout,
     row_setup, selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
     with_efficiency)
 
 __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_rows", "row_setup",
+           "SkippedRow", "load_rows_lenient", "row_setups", "evaluate_rows", "ROW_ERRORS",
            "build_cluster", "build_plan", "split_layers", "selective_recompute", "narayanan_flops",
            "maxtext_flops", "palm_flops", "row_layout", "RULES", "METRICS",
            "metric_from_step", "evaluate", "ranking_agrees", "zb_rankings", "mape", "fit",
@@ -110,7 +114,9 @@ def post_validation_step(plan: Plan, workload: Workload, cluster: Cluster,
 def evaluate(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn = sim_step
              ) -> tuple[RowResult, ...]:
     """Simulate every setup on ``device`` and convert to the row's metric. ZB-1p / ZB-2p plans are
-    first rebuilt for ``device`` (:func:`adapt_plan`) and timed by :func:`post_validation_step`."""
+    first rebuilt for ``device`` (:func:`adapt_plan`) and timed by :func:`post_validation_step`.
+    A remat policy's host offload (:attr:`Setup.offload_s`, :func:`simulator.remat.offload_seconds`)
+    is added to the step time exposed: the plan's costs do not model the host link."""
     out = []
     for s in setups:
         cluster = build_cluster(s.row, device)
@@ -119,8 +125,54 @@ def evaluate(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn = s
             t = post_validation_step(plan, s.workload, cluster, step_fn)
         else:
             t = step_fn(s.plan, s.workload, cluster)
+        t += s.offload_s
         out.append(RowResult(s, t, metric_from_step(s.row, t, device.peak_flops.get("bf16", 0.0))))
     return tuple(out)
+
+
+ROW_ERRORS: tuple[type[BaseException], ...] = (CostError, ScheduleError, SimError, IRError)
+"""What a row's setup or simulation may raise that skips the row rather than the run: an
+impossible setup (:class:`ValidationError`, any :class:`~simulator.plan_costs.CostError`), a
+schedule the sizes do not allow, a program the engine refuses, an inconsistent workload. Callers
+add their own (the CLI: the model zoo's ``ZooError``)."""
+
+
+def row_setups(rows: Iterable[Row], workload_fn: Callable[[Row], Workload], *,
+               step_fn: StepFn | None = None, devices: Mapping[str, DeviceProfile] | None = None,
+               errors: tuple[type[BaseException], ...] = ROW_ERRORS,
+               advance: Callable[[], object] | None = None
+               ) -> tuple[tuple[Setup, ...], tuple[SkippedRow, ...]]:
+    """(the setups of ``rows``, the rows whose :func:`row_setup` raised one of ``errors``, each a
+    :class:`SkippedRow` with the error's line). ``devices`` maps a row's device id to its profile
+    (for :func:`tune_virtual_stages`); ``advance()`` is called after each row."""
+    setups, bad = [], []
+    for r in rows:
+        try:
+            setups.append(row_setup(r, workload_fn, step_fn=step_fn,
+                                    device=devices[r.device] if devices else None))
+        except errors as e:
+            bad.append(skipped(r.line, r.source, r.model, e))
+        if advance:
+            advance()
+    return tuple(setups), tuple(bad)
+
+
+def evaluate_rows(setups: Iterable[Setup], devices: Mapping[str, DeviceProfile],
+                  step_fn: StepFn = sim_step, *,
+                  errors: tuple[type[BaseException], ...] = ROW_ERRORS,
+                  advance: Callable[[], object] | None = None
+                  ) -> tuple[tuple[RowResult, ...], tuple[SkippedRow, ...]]:
+    """(:func:`evaluate` of each setup on its row's device ``devices[row.device]``, the rows whose
+    simulation raised one of ``errors`` as :class:`SkippedRow`). ``advance()`` after each row."""
+    out, bad = [], []
+    for s in setups:
+        try:
+            out += evaluate([s], devices[s.row.device], step_fn)
+        except errors as e:
+            bad.append(skipped(s.row.line, s.row.source, s.row.model, e))
+        if advance:
+            advance()
+    return tuple(out), tuple(bad)
 
 
 def mape(results: Iterable[RowResult]) -> float:

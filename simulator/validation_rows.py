@@ -18,7 +18,17 @@ Metrics (each with its source's own FLOP count):
   the attention ``Q K^T`` and ``softmax V``, no recomputation counted);
 - ``mfu``               = (6 N + 12 L H d s) x tokens / step_time / (gpus x peak) (PaLM's model
   FLOPs, Chowdhery et al. 2022 app. B; torchtitan's ``get_num_flop_per_token``), peak = the row's
-  device profile's dense bf16.
+  device profile's dense bf16; a fraction (0.45, not 45). The count equals :func:`maxtext_flops`
+  (6 x the weight matmuls incl. the vocabulary projection + 12 L H d s per token), so it is also
+  MaxText's MFU (its TFLOP/s per device over the peak).
+
+A row may give ``per_device_batch`` (MaxText's ``per_device_batch_size``, every chip counted)
+instead of ``global_batch``: global batch = per_device_batch x gpus.
+
+Loading (:func:`load_rows_lenient`) separates the rows that parse from those that do not: a row
+with a bad value is a :class:`SkippedRow` (its line and the one-line reason); a problem with the
+file itself (unreadable, no rows, a header missing a column) raises. :func:`load_rows` is the
+strict form: the first bad row raises.
 
 The setup each row is simulated as (cluster, plan, recomputation, the rule for each blank field) is
 :mod:`simulator.validation_setup`.
@@ -31,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
+from simulator import remat
 from simulator.plan_costs import CostError
 
 
@@ -56,14 +67,44 @@ ZB_SCHEDULES = ("1f1b", "1f1b-interleaved", "zb-1p", "zb-2p")
 METRICS = ("samples_per_gpu_s", "iteration_s", "tflops_per_gpu", "tflops_per_device",
            "tokens_per_gpu_s", "mfu")
 
-RECOMPUTE = ("none", "selective", "minimal", "full")
-"""Recomputation policies: none; selective (Korthikanti et al. 2022: the attention core is
-recomputed); minimal (MaxText's ``remat_policy: minimal``, which saves the weight matmuls' outputs
-and recomputes the rest: costed as selective); full (the whole forward is recomputed)."""
+RECOMPUTE = remat.NAMES
+"""Recomputation policies the ``recompute`` column accepts (case-insensitive): none; selective
+(Korthikanti et al. 2022: the attention core is recomputed); full (the whole forward is
+recomputed); MaxText's ``remat_policy`` names (minimal, save_dot_except_mlp, ..., the
+``*_offloaded`` ones). What each keeps, reruns and offloads, and how it is costed:
+:mod:`simulator.remat`."""
+
+REQUIRED = ("source", "model", "layers", "hidden", "heads", "seq_len", "device", "gpus", "tp", "pp",
+            "dp", "metric", "value")
+"""Columns the header must name (and ``global_batch`` or ``per_device_batch``)."""
 
 
 class ValidationError(CostError):
     """A malformed validation row or an impossible setup (the message names the value and fix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedRow:
+    """A row that is not simulated: its CSV line, source and model (as written, possibly blank)
+    and the one-line reason (naming the bad value and the fix)."""
+
+    line: int
+    source: str
+    model: str
+    reason: str
+
+    @property
+    def message(self) -> str:
+        """``row N: reason``, the error the strict form raises."""
+        return f"row {self.line}: {self.reason}"
+
+
+def skipped(line: int, source: str, model: str, error: BaseException) -> SkippedRow:
+    """The :class:`SkippedRow` of ``error`` raised for the row at ``line`` (its ``row N: `` prefix
+    dropped from the reason, the first line only)."""
+    text = (str(error).splitlines() or [type(error).__name__])[0]
+    prefix = f"row {line}: "
+    return SkippedRow(line, source, model, text[len(prefix):] if text.startswith(prefix) else text)
 
 
 # --------------------------------------------------------------------------- rows
@@ -102,6 +143,8 @@ class Row:
     eager: bool | None = None
     note: str = ""
     line: int = 0
+    per_device_batch: float | None = None
+    global_batch_derived: bool = False
 
     @property
     def key(self) -> str:
@@ -124,7 +167,7 @@ published run (at most 128 layers, 8-way tensor and 64-way pipeline parallelism 
 
 
 OPTIONAL = ("vocab", "micro_batch", "microbatches", "ffn", "kv_heads", "head_dim", "slices",
-            "devices_per_node")
+            "devices_per_node", "global_batch")
 """Integer columns that may be blank (:data:`RULES` fills them)."""
 
 
@@ -163,14 +206,27 @@ def _field(d: Mapping[str, str | None], k: str, line: int) -> str:
 
 def load_rows(path: str | Path) -> tuple[Row, ...]:
     """Parse the published-training CSV (header as in ``published_training.csv``), read through
-    the tool's guarded reader (:func:`mpmd.files.read_csv_rows`: size, UTF-8, no binary files).
+    the tool's guarded reader (:func:`mpmd.files.read_csv_rows`: size, UTF-8, no binary files);
+    strict: the first row that does not parse raises (:func:`load_rows_lenient` skips it).
 
     Raises:
-        ValidationError: an unreadable file, a missing or malformed field, an integer out of
-            range (:data:`INT_LIMITS`), a device that is not a bundled profile id
-            (:func:`hardware_profiles.loader.known_device_ids`), an unknown metric or schedule, a
-            value that is not a finite positive number, ``tp * pp * dp != gpus``, or micro
-            batches that do not divide the global batch.
+        ValidationError: a file-level problem (:func:`load_rows_lenient`), or the first bad row's
+            (:func:`parse_row`), as ``row N: reason``.
+    """
+    rows, bad = load_rows_lenient(path)
+    if bad:
+        raise ValidationError(bad[0].message)
+    return rows
+
+
+def load_rows_lenient(path: str | Path) -> tuple[tuple[Row, ...], tuple[SkippedRow, ...]]:
+    """(the rows that parse, the rows that do not, each a :class:`SkippedRow` with its reason):
+    the CSV read as :func:`load_rows` reads it.
+
+    Raises:
+        ValidationError: a problem with the file, not a row: unreadable (missing, not UTF-8,
+            binary, too large, malformed CSV), no rows, or a header that lacks a
+            :data:`REQUIRED` column or both ``global_batch`` and ``per_device_batch``.
     """
     from hardware_profiles.loader import known_device_ids
     from mpmd.files import InputError, read_csv_rows
@@ -181,96 +237,168 @@ def load_rows(path: str | Path) -> tuple[Row, ...]:
         raise ValidationError(str(e)) from None
     if not records:
         raise ValidationError(f"{path}: validation CSV has no rows; fix: add published runs below the header")
+    header = [k for k in records[0] if k is not None]
+    missing = [k for k in REQUIRED if k not in header]
+    if "global_batch" not in header and "per_device_batch" not in header:
+        missing.append("global_batch")
+    if missing:
+        raise ValidationError(f"{path}: the validation CSV header lacks column(s) "
+                              f"{', '.join(m[:40] for m in missing)}; fix the header (columns as in "
+                              f"reports/validation/README.md)")
     known = known_device_ids()
-    rows = []
+    rows: list[Row] = []
+    bad: list[SkippedRow] = []
     for line, d in enumerate(records, start=2):
-        if None in d:
-            raise ValidationError(f"row {line}: {len(d) - 1 + len(d[None])} fields, more than the "
-                                  f"{len(d) - 1} columns of the header; fix the row")
-        sched = (d.get("schedule") or "").strip().lower() or None
-        if sched is not None and sched not in SCHEDULE_MAP:
-            raise ValidationError(f"row {line}: schedule {sched[:40]!r} unknown; fix: use one of "
-                                  f"{', '.join(sorted(SCHEDULE_MAP))} or leave it blank")
-        metric = (d.get("metric") or "").strip()
-        if metric not in METRICS:
-            raise ValidationError(f"row {line}: metric {metric[:40]!r} unknown; fix: use one of "
-                                  f"{', '.join(METRICS)}")
-        device = _field(d, "device", line)
-        if device not in known:
-            raise ValidationError(f"row {line}: device {device[:40]!r} is not a known profile; "
-                                  f"fix: use one of {known}")
         try:
-            value = float(d["value"])
-        except (KeyError, TypeError, ValueError):
-            raise ValidationError(f"row {line}: value {str(d.get('value'))[:40]!r} is not a number; "
-                                  f"fix the CSV") from None
-        if not 0 < value < 1e12:
-            raise ValidationError(f"row {line}: value {value!r} is not a finite positive number; "
-                                  f"fix the CSV")
-        rc = (d.get("recompute") or "").strip() or None
-        if rc is not None and rc not in RECOMPUTE:
-            raise ValidationError(f"row {line}: recompute {rc[:40]!r} unknown; fix: use one of "
-                                  f"{', '.join(RECOMPUTE)} or leave it blank")
-        so = (d.get("scale_out_gbit_per_device") or "").strip()
-        try:
-            scale_out = float(so) if so else None
-        except ValueError:
-            raise ValidationError(f"row {line}: scale_out_gbit_per_device={so[:40]!r} is not a "
-                                  f"number; fix the CSV") from None
-        if scale_out is not None and not 1e-3 <= scale_out <= 1e6:
-            raise ValidationError(f"row {line}: scale_out_gbit_per_device={scale_out!r} is out of "
-                                  f"range; fix the CSV (Gb/s per device, 0.001 to 1e6)")
-        pw = (d.get("power_limit_w") or "").strip()
-        try:
-            power = float(pw) if pw else None
-        except ValueError:
-            raise ValidationError(f"row {line}: power_limit_w={pw[:40]!r} is not a number; "
-                                  f"fix the CSV") from None
-        if power is not None and not 1.0 <= power <= 1e5:
-            raise ValidationError(f"row {line}: power_limit_w={power!r} is out of range; fix the "
-                                  f"CSV (W per device, 1 to 1e5)")
-        r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
-                layers=_int(d, "layers", line), hidden=_int(d, "hidden", line),
-                heads=_int(d, "heads", line), seq_len=_int(d, "seq_len", line),
-                vocab=_int(d, "vocab", line), device=device,
-                gpus=_int(d, "gpus", line), tp=_int(d, "tp", line), pp=_int(d, "pp", line),
-                dp=_int(d, "dp", line), global_batch=_int(d, "global_batch", line),
-                micro_batch=_int(d, "micro_batch", line), microbatches=_int(d, "microbatches", line),
-                schedule=sched, metric=metric, value=value, ffn=_int(d, "ffn", line),
-                kv_heads=_int(d, "kv_heads", line), head_dim=_int(d, "head_dim", line),
-                glu=_flag(d, "glu", line), fsdp=_flag(d, "fsdp", line), recompute=rc,
-                slices=_int(d, "slices", line), devices_per_node=_int(d, "devices_per_node", line),
-                scale_out_gbit_per_device=scale_out, power_limit_w=power,
-                eager=_flag(d, "eager", line),
-                note=(d.get("note") or "").strip(), line=line)
-        if r.kv_heads is not None and r.heads % r.kv_heads:
-            raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
-                                  f"{r.kv_heads}; fix the row")
-        if r.head_dim is None and r.hidden % r.heads:
-            raise ValidationError(f"row {line}: hidden={r.hidden} is not a multiple of heads="
-                                  f"{r.heads}; fix the row or give head_dim")
-        if r.slices and (r.gpus % r.slices or (r.dp * r.pp) % r.slices):
-            raise ValidationError(f"row {line}: slices={r.slices} does not divide the data-parallel "
-                                  f"devices (gpus={r.gpus}, dp={r.dp}); fix the row")
-        if r.tp * r.pp * r.dp != r.gpus:
-            raise ValidationError(f"row {line}: tp*pp*dp = {r.tp * r.pp * r.dp} != gpus={r.gpus}; "
-                                  f"fix the layout")
-        per = r.dp * (r.micro_batch or 1) * (r.microbatches or 1)
-        if (r.micro_batch and r.microbatches and r.tp > 1 and per != r.global_batch
-                and per * r.tp == r.global_batch):
-            # the micro batch is per device, every chip counted (MaxText's per_device_batch_size)
-            r = replace(r, micro_batch=r.micro_batch * r.tp)
-            per = r.global_batch
-        if r.global_batch % per or (r.micro_batch and r.microbatches and per != r.global_batch):
-            raise ValidationError(
-                f"row {line}: global_batch {r.global_batch} is not micro_batch x microbatches x dp "
-                f"({r.micro_batch or '-'} x {r.microbatches or '-'} x {r.dp}); fix the row")
-        if r.global_batch // (r.dp * (r.micro_batch or 1)) > INT_LIMITS["microbatches"]:
-            raise ValidationError(
-                f"row {line}: global_batch {r.global_batch} makes over {INT_LIMITS['microbatches']} "
-                f"microbatches per pipeline; fix the row (set micro_batch)")
-        rows.append(r)
-    return tuple(rows)
+            rows.append(parse_row(d, line, known))
+        except ValidationError as e:
+            bad.append(skipped(line, _raw(d, "source"), _raw(d, "model"), e))
+    return tuple(rows), tuple(bad)
+
+
+def _raw(d: Mapping[str, str | None], k: str) -> str:
+    v = d.get(k)
+    return v.strip()[:40] if isinstance(v, str) else ""
+
+
+def _batch(d: Mapping[str, str], line: int, gpus: int) -> tuple[int, float | None, bool]:
+    """(global batch, per-device batch or None, whether the global batch was derived from it)."""
+    gb = _int(d, "global_batch", line)
+    v = (d.get("per_device_batch") or "").strip()
+    if not v:
+        if gb is None:
+            raise ValidationError(f"row {line}: global_batch and per_device_batch are both blank; "
+                                  f"fill in one")
+        return gb, None, False
+    try:
+        pdb = float(v)
+    except ValueError:
+        raise ValidationError(f"row {line}: per_device_batch={v[:40]!r} is not a number; fix the "
+                              f"CSV") from None
+    if not 0 < pdb <= INT_LIMITS["global_batch"]:
+        raise ValidationError(f"row {line}: per_device_batch={pdb!r} is out of range; fix the CSV "
+                              f"(a positive number, at most {INT_LIMITS['global_batch']})")
+    total = pdb * gpus
+    if abs(total - round(total)) > 1e-6 * max(1.0, total) or round(total) < 1:
+        raise ValidationError(f"row {line}: per_device_batch {pdb:g} x gpus {gpus} = {total:g} is "
+                              f"not a whole batch; fix the row")
+    if gb is None:
+        if round(total) > INT_LIMITS["global_batch"]:
+            raise ValidationError(f"row {line}: per_device_batch {pdb:g} x gpus {gpus} = "
+                                  f"{total:g} is out of range; fix the row (a global batch of at "
+                                  f"most {INT_LIMITS['global_batch']})")
+        return int(round(total)), pdb, True
+    if gb != round(total):
+        raise ValidationError(f"row {line}: global_batch {gb} != per_device_batch {pdb:g} x gpus "
+                              f"{gpus} = {total:g}; fix the row (or leave one of them blank)")
+    return gb, pdb, False
+
+
+def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str]) -> Row:
+    """One CSV record (``csv.DictReader`` dict) at ``line`` as a :class:`Row`; ``known`` are the
+    device profile ids.
+
+    Raises:
+        ValidationError: ``row N: ...``: a missing or malformed field, an integer out of range
+            (:data:`INT_LIMITS`), a device that is not a bundled profile id
+            (:func:`hardware_profiles.loader.known_device_ids`), an unknown metric, schedule or
+            recompute policy, a value that is not a finite positive number (an ``mfu`` above 1),
+            ``tp * pp * dp != gpus``, batches that disagree (global vs per-device, micro batches
+            that do not divide the global batch), more fields than the header.
+    """
+    if None in d:
+        raise ValidationError(f"row {line}: {len(d) - 1 + len(d[None])} fields, more than the "
+                              f"{len(d) - 1} columns of the header; fix the row")
+    sched = (d.get("schedule") or "").strip().lower() or None
+    if sched is not None and sched not in SCHEDULE_MAP:
+        raise ValidationError(f"row {line}: schedule {sched[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(sorted(SCHEDULE_MAP))} or leave it blank")
+    metric = (d.get("metric") or "").strip()
+    if metric not in METRICS:
+        raise ValidationError(f"row {line}: metric {metric[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(METRICS)}")
+    device = _field(d, "device", line)
+    if device not in known:
+        raise ValidationError(f"row {line}: device {device[:40]!r} is not a known profile; "
+                              f"fix: use one of {known}")
+    try:
+        value = float(d["value"])
+    except (KeyError, TypeError, ValueError):
+        raise ValidationError(f"row {line}: value {str(d.get('value'))[:40]!r} is not a number; "
+                              f"fix the CSV") from None
+    if not 0 < value < 1e12:
+        raise ValidationError(f"row {line}: value {value!r} is not a finite positive number; "
+                              f"fix the CSV")
+    if metric == "mfu" and value > 1:
+        raise ValidationError(f"row {line}: mfu {value!r} is above 1; fix: write MFU as a "
+                              f"fraction (45% -> 0.45)")
+    rc = (d.get("recompute") or "").strip() or None
+    if rc is not None and rc.lower() not in RECOMPUTE:
+        raise ValidationError(f"row {line}: recompute {rc[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(RECOMPUTE)} or leave it blank")
+    rc = rc.lower() if rc is not None else None
+    gpus = _int(d, "gpus", line)
+    global_batch, per_device, derived = _batch(d, line, gpus)
+    so = (d.get("scale_out_gbit_per_device") or "").strip()
+    try:
+        scale_out = float(so) if so else None
+    except ValueError:
+        raise ValidationError(f"row {line}: scale_out_gbit_per_device={so[:40]!r} is not a "
+                              f"number; fix the CSV") from None
+    if scale_out is not None and not 1e-3 <= scale_out <= 1e6:
+        raise ValidationError(f"row {line}: scale_out_gbit_per_device={scale_out!r} is out of "
+                              f"range; fix the CSV (Gb/s per device, 0.001 to 1e6)")
+    pw = (d.get("power_limit_w") or "").strip()
+    try:
+        power = float(pw) if pw else None
+    except ValueError:
+        raise ValidationError(f"row {line}: power_limit_w={pw[:40]!r} is not a number; "
+                              f"fix the CSV") from None
+    if power is not None and not 1.0 <= power <= 1e5:
+        raise ValidationError(f"row {line}: power_limit_w={power!r} is out of range; fix the "
+                              f"CSV (W per device, 1 to 1e5)")
+    r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
+            layers=_int(d, "layers", line), hidden=_int(d, "hidden", line),
+            heads=_int(d, "heads", line), seq_len=_int(d, "seq_len", line),
+            vocab=_int(d, "vocab", line), device=device,
+            gpus=gpus, tp=_int(d, "tp", line), pp=_int(d, "pp", line),
+            dp=_int(d, "dp", line), global_batch=global_batch,
+            micro_batch=_int(d, "micro_batch", line), microbatches=_int(d, "microbatches", line),
+            schedule=sched, metric=metric, value=value, ffn=_int(d, "ffn", line),
+            kv_heads=_int(d, "kv_heads", line), head_dim=_int(d, "head_dim", line),
+            glu=_flag(d, "glu", line), fsdp=_flag(d, "fsdp", line), recompute=rc,
+            slices=_int(d, "slices", line), devices_per_node=_int(d, "devices_per_node", line),
+            scale_out_gbit_per_device=scale_out, power_limit_w=power,
+            eager=_flag(d, "eager", line),
+            note=(d.get("note") or "").strip(), line=line, per_device_batch=per_device,
+            global_batch_derived=derived)
+    if r.kv_heads is not None and r.heads % r.kv_heads:
+        raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
+                              f"{r.kv_heads}; fix the row")
+    if r.head_dim is None and r.hidden % r.heads:
+        raise ValidationError(f"row {line}: hidden={r.hidden} is not a multiple of heads="
+                              f"{r.heads}; fix the row or give head_dim")
+    if r.slices and (r.gpus % r.slices or (r.dp * r.pp) % r.slices):
+        raise ValidationError(f"row {line}: slices={r.slices} does not divide the data-parallel "
+                              f"devices (gpus={r.gpus}, dp={r.dp}); fix the row")
+    if r.tp * r.pp * r.dp != r.gpus:
+        raise ValidationError(f"row {line}: tp*pp*dp = {r.tp * r.pp * r.dp} != gpus={r.gpus}; "
+                              f"fix the layout")
+    per = r.dp * (r.micro_batch or 1) * (r.microbatches or 1)
+    if (r.micro_batch and r.microbatches and r.tp > 1 and per != r.global_batch
+            and per * r.tp == r.global_batch):
+        # the micro batch is per device, every chip counted (MaxText's per_device_batch_size)
+        r = replace(r, micro_batch=r.micro_batch * r.tp)
+        per = r.global_batch
+    if r.global_batch % per or (r.micro_batch and r.microbatches and per != r.global_batch):
+        raise ValidationError(
+            f"row {line}: global_batch {r.global_batch} is not micro_batch x microbatches x dp "
+            f"({r.micro_batch or '-'} x {r.microbatches or '-'} x {r.dp}); fix the row")
+    if r.global_batch // (r.dp * (r.micro_batch or 1)) > INT_LIMITS["microbatches"]:
+        raise ValidationError(
+            f"row {line}: global_batch {r.global_batch} makes over {INT_LIMITS['microbatches']} "
+            f"microbatches per pipeline; fix the row (set micro_batch)")
+    return r
 
 
 # --------------------------------------------------------------------------- metrics

@@ -37,6 +37,7 @@ from typing import Callable
 
 from compiler.ir import Layout, Plan, StagePlan, Workload
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
+from simulator import remat
 from simulator.schedules import generate
 from simulator.validation_rows import (DEFAULT_VOCAB, DEVICES_PER_NODE, SCHEDULE_MAP, Row,
                                        ValidationError)
@@ -163,10 +164,11 @@ class Setup:
     microbatches: int
     schedule: str            # simulator schedule name
     virtual_stages: int
-    recompute: str           # "none", "selective" or "full"
+    recompute: str           # how it is costed: "none", "selective" or "full" (simulator.remat)
     assumptions: tuple[str, ...]
     workload: Workload
     plan: Plan
+    offload_s: float = 0.0   # host-offload seconds per step, charged exposed (simulator.remat)
 
 
 def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
@@ -187,7 +189,13 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
     for why in (power_limit(row)[1], eager(row)[1]):
         if why:
             notes.append(why)
+    if row.global_batch_derived:
+        notes.append(f"global batch {row.global_batch} = per_device_batch {row.per_device_batch:g} "
+                     f"x {row.gpus} devices")
     mb = row.micro_batch
+    if mb is None and row.per_device_batch is not None and row.pp == 1 and not row.microbatches:
+        mb = row.global_batch // row.dp
+        notes.append(f"micro batch {mb} = per_device_batch x tp (one microbatch)")
     if mb is None:
         mb = 1
         notes.append("micro batch 1 (not published)")
@@ -203,13 +211,33 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
         notes.append(f"{v} virtual stages")          # replaced when tuned (row_setup)
     if sched in ("zb-1p", "zb-2p"):
         notes.append("auto schedule from the row's costs; post-validation")
-    recompute = row.recompute or "none"
-    if recompute != "none":
-        notes.append(f"{recompute} recompute" + (" (costed as selective)"
-                                                 if recompute == "minimal" else ""))
+    p = row_remat(row)
+    recompute = p.cost_model
+    if p.name in ("selective", "full"):
+        notes.append(f"{p.name} recompute")
+    elif p.name != "none":
+        notes.append(p.costed_as)
     if row.fsdp and (row.slices or 1) > 1:
         notes.append(f"hybrid sharding: fsdp within each of {row.slices} slices")
     return mb, name, v, recompute, notes
+
+
+def row_remat(row: Row) -> remat.RematPolicy:
+    """The row's recompute policy (blank: none) evaluated for its layer shape
+    (:func:`simulator.remat.policy`)."""
+    shape = remat.LayerShape(row.hidden, row.heads, row.kv_heads or row.heads,
+                             row.head_dim or row.hidden // row.heads, row.ffn or 4 * row.hidden,
+                             bool(row.glu), row.seq_len)
+    return remat.policy(row.recompute or "none", shape)
+
+
+def row_offload_s(row: Row) -> float:
+    """Seconds per step the row's policy moves activations to host and back
+    (:func:`simulator.remat.offload_seconds`): a device's share of the tokens (the batch over
+    ``dp``, the activations over ``tp``) through the layers of its busiest pipeline rank."""
+    tokens = row.global_batch * row.seq_len / (row.dp * row.tp)
+    return remat.offload_seconds(row_remat(row), tokens, max(split_layers(row.layers, row.pp)),
+                                 row.device)
 
 
 def split_layers(n: int, parts: int) -> list[int]:
@@ -376,7 +404,7 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
     :data:`LAYERS_PER_CHUNK_MAX` rule."""
     mb, name, v, rc, notes = _choices(row)
     w = workload_fn(row)
-    if rc in ("selective", "minimal"):
+    if rc == "selective":
         w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads))
     if name == "interleaved-1f1b" and step_fn is not None and device is not None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
@@ -386,7 +414,11 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
                  for n in notes]
     plan = build_plan(row, w, schedule=name, micro_batch=mb, virtual_stages=v,
                       recompute=rc == "full")
-    return Setup(row, mb, plan.microbatches, name, v, rc, tuple(notes), w, plan)
+    off = row_offload_s(row)
+    if off:
+        notes.append(f"host offload {off * 1e3:.3g} ms per step over "
+                     f"{remat.host_link(row.device) / 1e9:g} GB/s each way (exposed)")
+    return Setup(row, mb, plan.microbatches, name, v, rc, tuple(notes), w, plan, off)
 
 
 def with_efficiency(device: DeviceProfile, matmul: float | None = None,

@@ -396,18 +396,22 @@ VALIDATION = {
     "binary": (lambda: b"source,model\x00\n", ("NUL byte at offset 12",)),
     "not utf-8": (lambda: CSV.read_bytes().replace(b"zb,1.5B", b"zb,1.5\xb5", 1), ("not UTF-8",)),
     "header only": (lambda: CSV.read_text().splitlines()[0] + "\n", ("validation CSV has no rows",)),
+    "header lacks a column": (lambda: CSV.read_text().replace(",metric,", ",metrik,", 1),
+                              ("header lacks column(s) metric",)),
     "extra field": (lambda: csv_with(2, "value", "11.8,99"), ("row 2: 29 fields, more than the 28 columns",)),
 }
 
 
 @pytest.mark.parametrize("case", list(VALIDATION))
 def test_hostile_validation_csv(tmp_path, case):
+    """A file-level problem always fails; a bad row fails under --strict (without it the row is
+    skipped and the others scored: tests/cli/test_validate_cli.py)."""
     make, needles = VALIDATION[case]
     data = make()
     f = tmp_path / "v.csv"
     f.write_bytes(data if isinstance(data, bytes) else data.encode())
     out = tmp_path / "validation.md"
-    one_line(run(["validate", "--csv", f, "--out", out]), out, needles=needles)
+    one_line(run(["validate", "--csv", f, "--out", out, "--strict"]), out, needles=needles)
 
 
 # ----------------------------------------------------------------------------- timing (slow)

@@ -430,3 +430,68 @@ def test_blocking_p2p_holds_the_senders_compute_stream():
                 (M * co.boundary(k, k - 1)[2] if k > 0 else 0.0)
         assert rb.busy_s[f"stage{k}"] == pytest.approx(ro.busy_s[f"stage{k}"] + sends, rel=1e-12)
     assert rb.step_time_s > ro.step_time_s
+
+
+# --------------------------------------------------------------------------- remat, skipped rows
+V5P_ROW = dict(source="maxtext-v5p", model="32B", layers=4, hidden=8192, heads=64, seq_len=2048,
+               vocab=32000, device="tpu-v5p", gpus=64, tp=4, pp=1, dp=16, global_batch=384,
+               micro_batch=24, microbatches=1, schedule=None, metric="tflops_per_device",
+               value=328.0, ffn=28672, kv_heads=64, head_dim=128, glu=True, fsdp=True, slices=1)
+
+
+def test_maxtext_policies_cost_as_the_nearest_option_and_say_so():
+    from simulator import remat
+
+    full = V.row_setup(_row(**V5P_ROW, recompute="save_qkv_proj"), fake_workload)
+    assert full.recompute == "full" and all(full.plan.recompute.values())
+    assert ("remat save_qkv_proj: reruns 80% of the layer's forward (context, out_proj, mlpwi, "
+            "mlpwo), costed as full recompute") in full.assumptions
+    sel = V.row_setup(_row(**V5P_ROW, recompute="minimal"), fake_workload)
+    assert sel.recompute == "selective" and not any(sel.plan.recompute.values())
+    extra = 4.0 * 2048 ** 2 * 64 * 128          # the attention core, rerun (selective_recompute)
+    assert sel.workload.costs["decoder_block"].bwd_flops_per_sample == 2e11 + extra
+    none = V.row_setup(_row(**V5P_ROW, recompute="minimal_with_context"), fake_workload)
+    assert none.recompute == "none" and none.workload.costs == fake_workload(none.row).costs
+    assert sel.offload_s == full.offload_s == none.offload_s == 0.0
+    # offloading: the same plan as minimal, plus the host transfers, charged exposed
+    off = V.row_setup(_row(**V5P_ROW, recompute="minimal_offloaded"), fake_workload)
+    assert off.recompute == "selective" and off.plan == sel.plan
+    per_token = (3 * 8192 + 2 * 28672 + 8192 + 8192) * 2        # qkv, mlpwi (gated), out, wo; bf16
+    want = 2.0 * per_token * (384 * 2048 / (16 * 4)) * 4 / remat.TPU_V5_PCIE_BYTES_PER_S
+    assert off.offload_s == want
+    note = f"host offload {want * 1e3:.3g} ms per step over 15 GB/s each way (exposed)"
+    assert note in off.assumptions
+    dev = load_device("tpu-v5p")
+    a, b = V.evaluate([sel], dev)[0], V.evaluate([off], dev)[0]
+    assert b.step_s == a.step_s + want
+
+
+def test_per_device_batch_rows_run_the_whole_batch_at_once():
+    r = _row(**{**V5P_ROW, "micro_batch": None, "microbatches": None}, per_device_batch=6.0,
+             global_batch_derived=True)
+    s = V.row_setup(r, fake_workload)
+    assert s.micro_batch == 24 and s.microbatches == 1
+    assert "global batch 384 = per_device_batch 6 x 64 devices" in s.assumptions
+    assert "micro batch 24 = per_device_batch x tp (one microbatch)" in s.assumptions
+
+
+def test_rows_whose_setup_or_simulation_fails_are_skipped():
+    good = _row(line=2)
+    few_layers = _row(layers=4, line=3)                    # 4 layers cannot fill 8 stages
+    no_host_link = _row(**{**V5P_ROW, "device": "b200"}, recompute="qkv_proj_offloaded", line=4)
+    setups, bad = V.row_setups([good, few_layers, no_host_link], fake_workload)
+    assert [s.row.line for s in setups] == [2]
+    assert [(b.line, b.source, b.model) for b in bad] == [(3, "zb", "1.5B"),
+                                                         (4, "maxtext-v5p", "32B")]
+    assert bad[0].reason == "4 layers cannot fill 8 pipeline stages; use fewer stages"
+    assert bad[1].reason.startswith("no host-link bandwidth for device 'b200'")
+    dev = {"a100-80gb-sxm": load_device("a100-80gb-sxm")}
+    res, bad = V.evaluate_rows(setups, dev)
+    assert not bad and res == V.evaluate(setups, dev["a100-80gb-sxm"])
+
+    def boom(plan, workload, cluster):
+        raise V.ValidationError("zb/1.5B/b144/1f1b: does not fit; fix it")
+
+    res, bad = V.evaluate_rows(setups, dev, boom)
+    assert not res
+    assert bad == (V.SkippedRow(2, "zb", "1.5B", "zb/1.5B/b144/1f1b: does not fit; fix it"),)

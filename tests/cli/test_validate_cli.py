@@ -1,0 +1,90 @@
+"""``mpmd validate`` on a small CSV: a row it cannot simulate is skipped and listed, a row with a
+per-device batch is scored, ``--strict`` makes the skipped row one error line (exit 2)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mpmd.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CSV = ROOT / "reports" / "validation" / "published_training.csv"
+LINES = CSV.read_text().splitlines()
+HEAD = next(csv.reader([LINES[0]]))
+
+
+def bundled(line: int, **kw) -> dict:
+    d = dict(zip(HEAD, next(csv.reader([LINES[line - 1]]))))
+    d.update(kw)
+    return d
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=HEAD + ["per_device_batch"], lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    path.write_text(out.getvalue())
+    return path
+
+
+# two maxtext-v5e rows (16B and 32B on one v5e-256 slice), one torchtitan row (llama2-13B, 64 A100)
+SMALL = [bundled(41), bundled(44), bundled(36),
+         bundled(41, recompute="bogus_policy"),
+         bundled(41, global_batch="", micro_batch="", microbatches="", per_device_batch="6")]
+
+
+def run(args: list) -> object:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    return write(tmp_path_factory.mktemp("v") / "small.csv", SMALL)
+
+
+def test_unsimulable_row_is_skipped_and_the_per_device_row_scored(small, tmp_path):
+    out = tmp_path / "report.md"
+    res = run(["validate", "--csv", small, "--out", out])
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output
+    assert "4 of 5 rows scored" in res.output
+    assert ("line 5 maxtext-v5e/16B: recompute 'bogus_policy' unknown; fix: use one of none, "
+            "selective, full, minimal, ") in res.output
+    md = out.read_text()
+    assert "**4 of 5 rows scored** (1 not simulated: see below)." in md
+    assert "## Not simulated\n\n| line | source | model | reason |\n|---|---|---|---|\n" in md
+    assert "| 5 | maxtext-v5e | 16B | recompute 'bogus_policy' unknown; fix: use one of none," in md
+    table = [ln.split(" | ") for ln in md.splitlines() if ln.startswith("| maxtext-v5e | 16B |")]
+    assert len(table) == 2
+    given, derived = table
+    # the per-device row is the same run: the same prediction, and the assumption says why
+    assert derived[8:] == given[8:]
+    assert "global batch 1536 = per_device_batch 6 x 256 devices" in derived[6]
+
+
+def test_strict_turns_the_skipped_row_into_one_error_line(small, tmp_path):
+    out = tmp_path / "report.md"
+    res = run(["validate", "--csv", small, "--out", out, "--strict"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.output
+    assert lines[0].startswith("error: row 5: recompute 'bogus_policy' unknown; fix: use one of ")
+    assert lines[0].endswith("(--strict: every row must be simulated; fix the row or drop --strict)")
+    assert not out.exists()
+
+
+def test_no_row_to_score_is_one_error_line(tmp_path):
+    f = write(tmp_path / "bad.csv", [bundled(41, recompute="bogus_policy"), bundled(2, device="h900")])
+    res = run(["validate", "--csv", f])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.output
+    assert lines[0].startswith(f"error: {f}: none of its 2 rows can be simulated; the first: row 2: "
+                               "recompute 'bogus_policy' unknown")

@@ -1,0 +1,120 @@
+"""Tests of simulator.validation_rows: lenient loading (skipped rows), per-device batches, MFU."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+
+from simulator import validation_rows as VR
+
+CSV = Path(__file__).resolve().parents[2] / "reports" / "validation" / "published_training.csv"
+LINES = CSV.read_text().splitlines()
+HEAD = next(csv.reader([LINES[0]]))
+
+
+def _csv(tmp_path, *rows: dict, extra=("per_device_batch",)) -> Path:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=HEAD + list(extra), lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    p = tmp_path / "rows.csv"
+    p.write_text(out.getvalue())
+    return p
+
+
+def bundled(line: int, **kw) -> dict:
+    """The bundled CSV's row at ``line`` (2 = the first row), as a dict, with ``kw`` changed."""
+    d = dict(zip(HEAD, next(csv.reader([LINES[line - 1]]))))
+    d.update(kw)
+    return d
+
+
+V5E = 41                       # maxtext-v5e 16B, 256 chips, per_device_batch_size 6: 1536
+V5P = 50                       # maxtext-v5p 32B, 64 chips, tp 4 / dp 16, per_device_batch_size 6
+
+
+def test_bad_rows_are_skipped_with_their_line_and_reason(tmp_path):
+    p = _csv(tmp_path, bundled(2), bundled(V5E, recompute="bogus_policy"), bundled(3),
+             bundled(4, device="h900", model="x|y"), bundled(5, tp="2"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [r.line for r in rows] == [2, 4]
+    assert [(b.line, b.source, b.model) for b in bad] == [(3, "maxtext-v5e", "16B"), (5, "zb", "x|y"),
+                                                         (6, "zb", "1.5B")]
+    assert bad[0].reason.startswith("recompute 'bogus_policy' unknown; fix: use one of none, "
+                                    "selective, full, minimal, ")
+    assert bad[1].reason.startswith("device 'h900' is not a known profile; fix: use one of ")
+    assert bad[2].reason == "tp*pp*dp = 16 != gpus=8; fix the layout"
+    assert bad[2].message == "row 6: tp*pp*dp = 16 != gpus=8; fix the layout"
+    # the strict form raises the first as today's error
+    with pytest.raises(VR.ValidationError, match=r"^row 3: recompute 'bogus_policy' unknown"):
+        VR.load_rows(p)
+
+
+def test_file_level_problems_stay_fatal(tmp_path):
+    with pytest.raises(VR.ValidationError, match="no such file|does not exist|not found"):
+        VR.load_rows_lenient(tmp_path / "missing.csv")
+    head_only = tmp_path / "h.csv"
+    head_only.write_text(LINES[0] + "\n")
+    with pytest.raises(VR.ValidationError, match="validation CSV has no rows"):
+        VR.load_rows_lenient(head_only)
+    no_metric = tmp_path / "m.csv"
+    no_metric.write_text(LINES[0].replace(",metric,", ",metrik,") + "\n" + LINES[1] + "\n")
+    with pytest.raises(VR.ValidationError, match=r"header lacks column\(s\) metric; fix the header"):
+        VR.load_rows_lenient(no_metric)
+
+
+def test_maxtext_policy_names_are_read_case_insensitively(tmp_path):
+    p = _csv(tmp_path, bundled(V5E, recompute="Save_QKV_Proj"),
+             bundled(V5E, recompute="MINIMAL_OFFLOADED"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert not bad and [r.recompute for r in rows] == ["save_qkv_proj", "minimal_offloaded"]
+
+
+def test_per_device_batch_gives_the_global_batch(tmp_path):
+    given = bundled(V5E)
+    derived = bundled(V5E, global_batch="", micro_batch="", microbatches="", per_device_batch="6")
+    both = bundled(V5E, per_device_batch="6")
+    # MaxText allows a fraction per chip: 0.5 x 64 v5p chips (4-way tensor parallel) = 32
+    half = bundled(V5P, global_batch="", micro_batch="", microbatches="", per_device_batch="0.5")
+    rows, bad = VR.load_rows_lenient(_csv(tmp_path, given, derived, both, half))
+    assert not bad
+    g, d, b, h = rows
+    assert (g.global_batch, g.per_device_batch, g.global_batch_derived) == (1536, None, False)
+    assert (d.global_batch, d.per_device_batch, d.global_batch_derived) == (1536, 6.0, True)
+    assert (b.global_batch, b.global_batch_derived) == (1536, False)
+    assert (h.global_batch, h.global_batch_derived, h.dp) == (32, True, 16)
+
+
+def test_per_device_batch_problems_skip_the_row(tmp_path):
+    rows, bad = VR.load_rows_lenient(_csv(
+        tmp_path,
+        bundled(V5E, global_batch="", per_device_batch=""),
+        bundled(V5E, per_device_batch="4"),
+        bundled(V5E, global_batch="", micro_batch="", microbatches="", per_device_batch="0.001"),
+        bundled(V5E, global_batch="", micro_batch="", microbatches="", per_device_batch="six"),
+        bundled(V5E, global_batch="", micro_batch="", microbatches="", per_device_batch="0.5")))
+    assert not rows
+    assert [b.reason for b in bad] == [
+        "global_batch and per_device_batch are both blank; fill in one",
+        "global_batch 1536 != per_device_batch 4 x gpus 256 = 1024; fix the row (or leave one of "
+        "them blank)",
+        "per_device_batch 0.001 x gpus 256 = 0.256 is not a whole batch; fix the row",
+        "per_device_batch='six' is not a number; fix the CSV",
+        # 128 samples over 256-way data parallelism: the simulator splits a batch over dp whole
+        "global_batch 128 is not micro_batch x microbatches x dp (- x - x 256); fix the row"]
+
+
+def test_mfu_is_a_fraction(tmp_path):
+    ok = bundled(V5E, metric="mfu", value="0.61")
+    pct = bundled(V5E, metric="mfu", value="61")
+    rows, bad = VR.load_rows_lenient(_csv(tmp_path, ok, pct))
+    assert [r.value for r in rows] == [0.61]
+    assert [b.reason for b in bad] == ["mfu 61.0 is above 1; fix: write MFU as a fraction (45% -> 0.45)"]
+    # MaxText's FLOP count is PaLM's: its MFU is its TFLOP/s per device over the peak
+    r = rows[0]
+    assert VR.palm_flops(r) == VR.maxtext_flops(r)
+    assert VR.metric_from_step(r, 2.0, 1.97e14) == VR.maxtext_flops(r) / 2.0 / (256 * 1.97e14)
