@@ -249,9 +249,12 @@ def register(main: click.Group, guard) -> None:
     @click.option("--strict", is_flag=True,
                   help="A row that cannot be simulated is an error (exit 2) instead of being "
                        "listed under 'Not simulated'.")
+    @click.option("--hold-elementwise", is_flag=True,
+                  help="With --fit: keep each profile's elementwise-traffic fraction instead of "
+                       "searching the grid (six times fewer evaluations).")
     @guard
     def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None,
-                 strict: bool) -> None:
+                 strict: bool, hold_elementwise: bool = False) -> None:
         """Check the simulator against published training runs (per-row table, MAPE, zb ranking).
 
         Every row is simulated on its own device's profile (the CSV's ``device`` column). A row
@@ -297,11 +300,13 @@ def register(main: click.Group, guard) -> None:
         fit_info = []
         if fit:
             for name, base in list(devices.items()):
+                grid = {"elementwise": (base.elementwise_traffic,)} if hold_elementwise else {}
                 mine = [s for s in setups if s.row.device == name]
                 if not mine:
                     continue
                 with console.status(f"fitting {name} over its {len(mine)} rows ..."):
-                    f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,))
+                    f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,),
+                              **grid)
                 with console.status(f"{name}: fitting sync jitter on one model's sizes ..."):
                     sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
                                                             f.elementwise), predict_step)
@@ -309,7 +314,8 @@ def register(main: click.Group, guard) -> None:
                 if sf is not None and sf.jitter > 0:
                     base = dataclasses.replace(base, sync_jitter=sf.jitter)
                     with console.status(f"refitting {name} with sync jitter {sf.jitter:g} ..."):
-                        f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,))
+                        f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,),
+                                  elementwise=(f.elementwise,))
                         sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory,
                                                                 f.overhead_s, f.elementwise),
                                         predict_step)
