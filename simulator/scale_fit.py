@@ -106,7 +106,9 @@ def fit_jitter(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn,
                grid: Sequence[float] = JITTER_GRID) -> ScaleFit | None:
     """Fit ``device.sync_jitter`` on one scale group (see the module docstring): the grid value
     whose predicted drops of that group are closest to the measured ones (mean absolute
-    percentage points; ties keep the smaller jitter). None when ``setups`` hold no group."""
+    percentage points; ties keep the smaller jitter; the ascending scan stops once the error is
+    0.5 points above the best, since a larger jitter only slows the larger runs more). None when
+    ``setups`` hold no group."""
     groups = scale_groups(setups)
     if not groups:
         return None
@@ -120,6 +122,8 @@ def fit_jitter(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn,
         err = sum(x.error_pp for x in d) / len(d)
         if best is None or err < best[0] - 1e-9:
             best = (err, j)
+        elif err > best[0] + 0.5:        # past the minimum: larger jitter only slows more
+            break
     assert best is not None
     fitted = replace(device, sync_jitter=best[1])
     return ScaleFit(best[1], pick, drops(groups, fitted, step_fn))
