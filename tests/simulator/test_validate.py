@@ -41,11 +41,12 @@ def _row(**kw) -> V.Row:
 
 def test_csv_rows_load():
     rows = V.load_rows(CSV)
-    assert len(rows) == 54
-    assert {r.device for r in rows} == {"a100-80gb-sxm", "h100-sxm", "tpu-v5e", "tpu-v5p"}
+    assert len(rows) == 97
+    assert {r.device for r in rows} == {"a100-80gb-sxm", "h100-sxm", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"}
     assert rows[0].vocab is None and rows[0].devices_per_node == 8 and rows[0].glu is None
     tt = [r for r in rows if r.metric == "tokens_per_gpu_s" and r.device == "h100-sxm"]
-    assert len(tt) == 2 and tt[0].kv_heads == 8 and tt[0].glu and tt[0].fsdp
+    assert len(tt) == 13 and {r.source for r in tt} == {"torchtitan-h100", "llm-foundry"}
+    assert tt[0].kv_heads == 8 and tt[0].glu and tt[0].fsdp
     assert tt[0].scale_out_gbit_per_device == 400.0 and tt[0].recompute == "selective"
     v5p = [r for r in rows if r.device == "tpu-v5p"]
     # MaxText counts its per-device batch over every chip: 6 per chip x 4-way tensor parallel
