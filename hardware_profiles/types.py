@@ -247,6 +247,12 @@ class MeshSpec:
     devices_per_node: int | None = None
     scale_out_link: Link | None = None
 
+    def __hash__(self) -> int:
+        # equal meshes hash equal (a subset of the fields ``__eq__`` compares): the cost model
+        # memoises per-mesh costs (``axes`` is a mapping, so the generated hash cannot be used)
+        return hash((self.name, self.device.name, self.num_devices, self.devices_per_node,
+                     self.intra_link, self.scale_out_link, self.host))
+
     def collective_link(self, group: int, stride: int = 1) -> Link:
         """The effective link of a collective over ``group`` devices spaced ``stride`` apart.
 

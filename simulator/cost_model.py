@@ -66,6 +66,7 @@ ADAM_UPDATE_BYTES_PER_PARAM = 2 * 16.0
 weight written): about 2 x 16 bytes, memory-bound."""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def collective(mesh: MeshSpec, op: str, nbytes: float, group: int, stride: int = 1) -> float:
     """Seconds of collective ``op`` (``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"``,
     ``"all_to_all"``) of ``nbytes`` per device over ``group`` devices of ``mesh`` spaced
@@ -150,6 +151,7 @@ def _layer_utilisation(h: float, n: float, tokens: float, tiling: tuple[int, int
     return 1.0 / (2.0 / 3.0 * inv_act + 1.0 / 3.0 * inv_w)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layout: Layout,
                dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False,
                seq_len: int = 0) -> float:
@@ -170,7 +172,9 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     split); prefetching overlaps that traffic with compute, so the layer takes the longer of the two
     (on a device whose ``roofline`` is ``"sum"``, which overlaps nothing inside a fragment, the sum).
 
-    No dispatch overhead is included (see :func:`fragment_overhead`).
+    No dispatch overhead is included (see :func:`fragment_overhead`). Memoised: the planner
+    costs the same few (layer, mesh, layout, microbatch) combinations many times; every argument
+    is immutable.
     """
     d, t = layout.data, layout.tensor
     per_dev = samples / d
@@ -198,6 +202,9 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     elementwise = (mesh.device.elementwise_traffic * other * per_dev / t
                    / mesh.device.achievable_bandwidth)
     comm = collective(mesh, "all_reduce", tp_bytes, t) if t > 1 else 0.0
+    if layout.tp_overlap and mesh.device.roofline != "sum":
+        # the tensor-parallel traffic runs beside the GEMMs (decomposed collective matmuls)
+        compute, comm = overlapped(compute, comm, mesh.device.comm_interference), 0.0
     shard = 0.0
     if layout.fsdp and layout.shard > 1:
         gather, scatter = fsdp_traffic(cost, mesh, layout)

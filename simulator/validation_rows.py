@@ -141,6 +141,7 @@ class Row:
     scale_out_gbit_per_device: float | None = None
     power_limit_w: float | None = None
     eager: bool | None = None
+    tp_overlap: bool | None = None
     note: str = ""
     line: int = 0
     per_device_batch: float | None = None
@@ -369,7 +370,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             glu=_flag(d, "glu", line), fsdp=_flag(d, "fsdp", line), recompute=rc,
             slices=_int(d, "slices", line), devices_per_node=_int(d, "devices_per_node", line),
             scale_out_gbit_per_device=scale_out, power_limit_w=power,
-            eager=_flag(d, "eager", line),
+            eager=_flag(d, "eager", line), tp_overlap=_flag(d, "tp_overlap", line),
             note=(d.get("note") or "").strip(), line=line, per_device_batch=per_device,
             global_batch_derived=derived)
     if r.kv_heads is not None and r.heads % r.kv_heads:

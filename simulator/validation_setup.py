@@ -79,6 +79,7 @@ RULES = {
                      "profile's TDP)",
     "eager": "1 when the note says the run was eager (e.g. \"eager (no torch.compile)\"), else "
              "the device profile's elementwise traffic",
+    "tp_overlap": "0 (tensor-parallel collectives on the critical path: Megatron-LM's default)",
     "micro_batch": "1",
     "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation",
 }
@@ -299,11 +300,13 @@ def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
 
 
 def row_layout(row: Row) -> Layout:
-    """``Layout(dp, tp)``; with ``fsdp``, sharded over each slice's devices and replicated across
+    """``Layout(dp, tp)`` (tensor-parallel collectives overlapped when the row says
+    ``tp_overlap``); with ``fsdp``, sharded over each slice's devices and replicated across
     slices (hybrid sharding) when ``slices`` > 1."""
     fsdp = bool(row.fsdp) and row.dp > 1
     hsdp = (row.slices or 1) if fsdp else 1
-    return Layout(row.dp, row.tp, fsdp=fsdp, hsdp=hsdp if row.dp % hsdp == 0 else 1)
+    return Layout(row.dp, row.tp, fsdp=fsdp, hsdp=hsdp if row.dp % hsdp == 0 else 1,
+                  tp_overlap=bool(row.tp_overlap) and row.tp > 1)
 
 
 def selective_recompute(workload: Workload, width: int) -> Workload:

@@ -21,12 +21,20 @@ class Layout:
     ``dcn_data_parallelism`` over ``ici_fsdp_parallelism``): the data axis is ``hsdp`` replicas
     of ``data / hsdp`` devices each; a replica shards parameters, gradients and optimizer state,
     and the replicas all-reduce their gradient shards (typically across TPU slices or nodes).
+
+    ``tp_overlap``: the tensor-parallel collectives run beside the GEMMs that produce and consume
+    them instead of between them (Megatron-LM / Transformer Engine ``--tp-comm-overlap`` with
+    userbuffers, Wang et al., "Overlap Communication with Dependent Computation via Decomposition
+    in Large Deep Learning Models", ASPLOS 2023; XLA's collective matmul on TPU), so a layer
+    takes the longer of its compute and its tensor-parallel traffic, slowed by the interference
+    of the two (:func:`simulator.cost_model.overlapped`). False: they sit on the critical path.
     """
 
     data: int
     tensor: int
     fsdp: bool = False
     hsdp: int = 1
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.hsdp < 1 or self.data % self.hsdp or (self.hsdp > 1 and not self.fsdp):
@@ -40,7 +48,8 @@ class Layout:
 
     def __str__(self) -> str:
         return (f"dp{self.data}xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
-                + (f"x{self.hsdp}" if self.hsdp > 1 else ""))
+                + (f"x{self.hsdp}" if self.hsdp > 1 else "")
+                + ("-tpo" if self.tp_overlap and self.tensor > 1 else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "meshes": {m: {"device": plan.devices.get(m, ("", 0))[0],
                        "num_devices": plan.devices.get(m, ("", l.data * l.tensor))[1],
                        "layout": {"data": l.data, "tensor": l.tensor, "fsdp": l.fsdp,
-                                  **({"hsdp": l.hsdp} if l.hsdp > 1 else {})},
+                                  **({"hsdp": l.hsdp} if l.hsdp > 1 else {}),
+                                  **({"tp_overlap": True} if l.tp_overlap else {})},
                        "recompute": bool(plan.recompute.get(m, False))}
                    for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
@@ -127,7 +128,8 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
         try:
             layouts = {str(m): Layout(int(v["layout"]["data"]), int(v["layout"]["tensor"]),
                                       bool(v["layout"].get("fsdp", False)),
-                                      int(v["layout"].get("hsdp", 1)))
+                                      int(v["layout"].get("hsdp", 1)),
+                                      bool(v["layout"].get("tp_overlap", False)))
                        for m, v in d["meshes"].items()}
         except ValueError as e:
             raise IRError(f"plan layout: {e}") from None

@@ -84,3 +84,36 @@ def test_straggler_wait_scales_with_lockstep_units():
     calm = dataclasses.replace(cluster, meshes={"m": dataclasses.replace(
         mesh, device=dataclasses.replace(mesh.device, sync_jitter=0.0))})
     assert r.step_time_s > simulate_plan(plan, W, calm).step_time_s
+
+
+def test_tensor_parallel_overlap_hides_the_traffic_under_the_gemms():
+    block = dataclasses.replace(W.layer(0), tp_allreduce_bytes_per_sample=1e6)
+    plan, cluster, mesh = _setup(Layout(2, 4))
+    dev = dataclasses.replace(mesh.device, comm_interference=0.0)
+    mesh = dataclasses.replace(mesh, device=dev)
+    on, off = Layout(2, 4, tp_overlap=True), Layout(2, 4)
+    silent = dataclasses.replace(block, tp_allreduce_bytes_per_sample=0.0)
+    for kind in ("F", "B"):
+        exposed = cm.layer_time(block, kind, 8.0, mesh, off, seq_len=W.seq_len)
+        hidden = cm.layer_time(block, kind, 8.0, mesh, on, seq_len=W.seq_len)
+        no_traffic = cm.layer_time(silent, kind, 8.0, mesh, off, seq_len=W.seq_len)
+        tp = cm.collective(mesh, "all_reduce", block.tp_allreduce_bytes_per_sample * 4.0, 4)
+        assert exposed == pytest.approx(no_traffic + tp, rel=1e-12)
+        # compute-bound and no interference: the traffic hides entirely
+        assert hidden == pytest.approx(no_traffic, rel=1e-12) and tp < hidden
+    # interference slows the GEMMs by k x the overlapped traffic
+    noisy = dataclasses.replace(mesh, device=dataclasses.replace(dev, comm_interference=0.25))
+    tp = cm.collective(noisy, "all_reduce", block.tp_allreduce_bytes_per_sample * 4.0, 4)
+    base = cm.layer_time(silent, "F", 8.0, noisy, off, seq_len=W.seq_len)
+    assert cm.layer_time(block, "F", 8.0, noisy, on, seq_len=W.seq_len) == pytest.approx(
+        base + 0.25 * tp, rel=1e-12)
+
+
+def test_tp_overlap_round_trips_through_plan_json_and_prints():
+    from compiler.ir import plan_from_json, plan_to_json
+    plan, _, _ = _setup(Layout(2, 4, tp_overlap=True))
+    doc = plan_to_json(plan)
+    assert doc["meshes"]["m"]["layout"]["tp_overlap"] is True
+    assert plan_from_json(doc).layouts["m"] == Layout(2, 4, tp_overlap=True)
+    assert str(Layout(2, 4, tp_overlap=True)) == "dp2xtp4-tpo" and str(Layout(8, 1, tp_overlap=True)) == "dp8xtp1"
+    assert "tp_overlap" not in plan_to_json(_setup(Layout(2, 4))[0])["meshes"]["m"]["layout"]

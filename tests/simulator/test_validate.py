@@ -46,6 +46,10 @@ def test_csv_rows_load():
     assert rows[0].vocab is None and rows[0].devices_per_node == 8 and rows[0].glu is None
     tt = [r for r in rows if r.metric == "tokens_per_gpu_s" and r.device == "h100-sxm"]
     assert len(tt) == 13 and {r.source for r in tt} == {"torchtitan-h100", "llm-foundry"}
+    # NeMo's performance recipes overlap tensor-parallel traffic; nothing else states it
+    over = [r for r in rows if r.tp_overlap]
+    assert len(over) == 15 and {r.source for r in over} == {"dgxc-h100"} and min(r.tp for r in over) == 4
+    assert V.row_layout(over[0]).tp_overlap and not V.row_layout(rows[0]).tp_overlap
     assert tt[0].kv_heads == 8 and tt[0].glu and tt[0].fsdp
     assert tt[0].scale_out_gbit_per_device == 400.0 and tt[0].recompute == "selective"
     v5p = [r for r in rows if r.device == "tpu-v5p"]
