@@ -164,11 +164,36 @@ def carve(cluster: Cluster, shapes: Iterable[GroupShape]) -> Cluster:
             meshes[m.name] = m
             where[m.name] = (g, s, j)
     names = list(meshes)
+    if len(names) > LISTED_LINKS_MESHES:
+        return replace(cluster, meshes=meshes, links=(), link_rule=_LinkRule(cluster, where))
     links = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             links.append(InterMeshLink(a, b, mesh_link(cluster, *where[a], *where[b])))
-    return replace(cluster, meshes=meshes, links=tuple(links))
+    return replace(cluster, meshes=meshes, links=tuple(links), link_rule=None)
+
+
+LISTED_LINKS_MESHES = 512
+"""Up to this many meshes a carving lists the link between every two (``Cluster.links``); above
+it (a node group of thousands of nodes read one mesh per node) the links are given on demand by
+``Cluster.link_rule``: listing them would take ``n (n-1) / 2`` entries (134 million at 16,384
+nodes)."""
+
+
+class _LinkRule:
+    """The link between two meshes of a carving, on demand (:func:`mesh_link`), named in mesh
+    order."""
+
+    __slots__ = ("cluster", "where", "index")
+
+    def __init__(self, cluster: Cluster, where: dict[str, tuple[NodeGroup, GroupShape, int]]):
+        self.cluster, self.where = cluster, where
+        self.index = {name: i for i, name in enumerate(where)}
+
+    def __call__(self, a: str, b: str) -> InterMeshLink:
+        if self.index[b] < self.index[a]:
+            a, b = b, a
+        return InterMeshLink(a, b, mesh_link(self.cluster, *self.where[a], *self.where[b]))
 
 
 def default_shapes(cluster: Cluster) -> tuple[GroupShape, ...]:

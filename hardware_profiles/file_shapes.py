@@ -24,6 +24,11 @@ MAX_US = 1e6
 MAX_MESHES = 512
 """Most meshes in one cluster (16x the largest bundled one; the planner's search grows with the
 mesh count: about 10 s at 64 meshes and minutes at 4096, measured on 2 cores)."""
+MAX_NODES = 16384
+"""Most nodes in a node-group cluster: 131,072 devices at 8 per node, five times Meta's
+24,576-GPU Llama 3 clusters (Llama Team, "The Llama 3 Herd of Models", 2024, Sec. 3.3.1) and
+twice the 65,536 devices the planner is benchmarked on; no machine built is near. A node group
+is shaped by counting nodes, not listing them, so the search does not grow with this figure."""
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 """Cluster, mesh, device and host names: letters, digits and ``_ . + -`` (a name appears in link
 names ``a<->b``, in knobs ``MESH=2``/``MESH@1.5`` and in printed tables, so it holds none of
@@ -195,7 +200,7 @@ class _ScaleOutLinkFile(_DefaultLinkFile):
 class _GroupFile(_Strict):
     name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     device: str = Field(min_length=1, max_length=4096)
-    nodes: int = Field(ge=1, le=MAX_MESHES)
+    nodes: int = Field(ge=1, le=MAX_NODES)
     devices_per_node: int = Field(ge=1, le=MAX_DEVICES)
     intra_link: _IntraLink | None = None
     scale_out_link: _ScaleOutLinkFile

