@@ -74,9 +74,6 @@ def test_deterministic(llama8b):
     assert docs[0] == docs[1]
 
 
-@pytest.mark.xfail(reason="issue 20 physics (FSDP exposure, interference, straggler wait) made the "
-                          "one-pipeline option drop out of solver.options on this two-kind cluster; "
-                          "not yet diagnosed", strict=False)
 def test_two_kinds_choose_the_fastest_option_and_say_why(tmp_path, llama8b):
     c = load_cluster(_two_kinds(tmp_path))
     r = plan(llama8b, c, PlanOptions(time_limit_s=30))
