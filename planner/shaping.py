@@ -255,6 +255,7 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     solver_extra = {"search_wall_s": wall, "search_bound": bound, "search_gap": gap,
                     "interrupted": s.interrupted, "reason": reason,
                     "budget_spent": s.budget.out() and not s.interrupted,
+                    "stopped": _stopped(s),
                     "options": [{"label": o.label, "parts": [{"groups": list(g), "batch": b} for g, b in o.parts],
                                  "step_time_s": o.step_time_s} for o in s.tried]}
     if isinstance(chosen, PipelineResult):
@@ -268,6 +269,20 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     cands = tuple((o.label, 0, o.step_time_s) for o in s.tried)
     return api.PlanResult(p, pred, cands, interrupted=s.interrupted, candidates_total=len(cands),
                           search_bound_s=bound, search_gap=gap)
+
+
+def _stopped(s: _Search) -> str:
+    """Why the search ended: ``"interrupted"`` (Ctrl-C), ``"time limit"`` (the wall clock cut it
+    before its work budget was spent: a machine slower or busier than the reference, and the plan
+    may then depend on the load), ``"work budget"`` (the nominal work of ``--time-limit`` done),
+    or ``"complete"`` (every option searched to its gap target or pruned by its bound)."""
+    if s.interrupted:
+        return "interrupted"
+    if s.budget.left() <= 0:
+        return "work budget"
+    if s.budget.wall_left() <= 0:
+        return "time limit"
+    return "complete"
 
 
 def _partitions(items: list[str]):

@@ -157,6 +157,17 @@ def _stages_table(title: str, plan: Any, lc: Any, stage_times: Any, peak: Any, c
     return _titled(title, stages)
 
 
+STOPPED = {
+    "interrupted": ", interrupted (Ctrl-C)",
+    "work budget": "; stopped: work budget of --time-limit spent (raise it to search more)",
+    "time limit": ("; stopped: wall clock hit --time-limit before the work budget was spent (this "
+                   "machine is slower or busier than the reference, so the plan may depend on its "
+                   "load; raise --time-limit)"),
+    "complete": "; complete: every option searched to its gap target or pruned by its bound",
+}
+"""How a node-group search's ``solver["stopped"]`` reads in the step table."""
+
+
 def _solver_rows(sv: Any) -> list[tuple[str, str]]:
     """The solver and search rows of the step table (robust to a record that lacks keys: the
     shaping search of a node-group cluster records no CP-SAT objective for a data-parallel plan)."""
@@ -177,8 +188,9 @@ def _solver_rows(sv: Any) -> list[tuple[str, str]]:
         searched = sv.get("candidates_searched")
         what = (f"{searched} of {total} candidates searched, the rest pruned by their bounds; "
                 if isinstance(searched, int) and isinstance(total, int) else "")
-        why = (", interrupted (Ctrl-C)" if sv.get("interrupted")
-               else ", budget spent" if sv.get("budget_spent") else "")
+        why = STOPPED.get(sv.get("stopped"), ", budget spent" if sv.get("budget_spent") else "")
+        if rows and rows[0][0] == "solver":
+            rows[0] = (rows[0][0], rows[0][1] + " (the chosen candidate's solve)")
         rows.append(("search", f"{what}{configs} configuration{'s' * (configs != 1)} in {wall} s{why}"))
         gap = sv.get("search_gap")
         rows.append(("search gap", f"{_num(gap * 100 if isinstance(gap, (int, float)) else None, '{:.1f}')}% "

@@ -107,3 +107,17 @@ def test_shares_in_granules_proportional_to_rates():
     assert _shares(64, [1.0, 1.0], 8) == [32, 32]
     assert sum(_shares(96, [5.0, 1.0, 0.01], 8)) == 96
     assert min(_shares(96, [5.0, 1.0, 0.01], 8)) == 8      # every part keeps one granule
+
+
+def test_the_search_says_why_it_stopped():
+    import time
+    from types import SimpleNamespace
+    from planner.budget import Budget
+    from planner.shaping import _stopped
+    far, past = time.monotonic() + 3600, time.monotonic() - 1
+    spent = Budget(1.0, far)
+    spent.charge(1.0)
+    assert _stopped(SimpleNamespace(interrupted=True, budget=Budget(1.0, far))) == "interrupted"
+    assert _stopped(SimpleNamespace(interrupted=False, budget=spent)) == "work budget"
+    assert _stopped(SimpleNamespace(interrupted=False, budget=Budget(1.0, past))) == "time limit"
+    assert _stopped(SimpleNamespace(interrupted=False, budget=Budget(1.0, far))) == "complete"
