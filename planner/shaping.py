@@ -1,7 +1,10 @@
 """Plan a cluster described as node groups: the planner shapes the cluster.
 
-:func:`plan` is the planner's entry point. A cluster file that lists meshes goes to the mesh-level
-search (:func:`planner.api.plan`) as before. A cluster of node groups is shaped here:
+:func:`plan` is the planner's entry point. A cluster of node groups is shaped here, and so is a
+cluster file that lists meshes when they are whole nodes of one kind per group (read as the node
+groups they describe: :func:`hardware_profiles.carve.node_groups_of`). Any other listing, one whose
+file says ``carve: fixed``, or a search over meshes the user names (``PlanOptions.meshes``) goes
+to the mesh-level search (:func:`planner.api.plan`). Shaping:
 
 1. **One group alone** (:func:`planner.shapes.search_pipeline`): its nodes carved into a pipeline
    of stage meshes (nodes joined as the data axis = pipeline replicas, or split), every schedule,
@@ -32,6 +35,7 @@ from itertools import combinations
 from typing import Callable
 
 from compiler.ir import DataParallelPlan, Plan, Workload
+from hardware_profiles.carve import node_groups_of
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Cluster, Link
 from planner import api
@@ -206,11 +210,19 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     """The planner's entry point: shape a node-group cluster (see the module docstring), or search
     a mesh-listing cluster's meshes (:func:`planner.api.plan`).
 
+    A cluster that lists meshes which are whole nodes of one kind per group is shaped as the node
+    groups it describes (:func:`hardware_profiles.carve.node_groups_of`): the plan then names the
+    carved meshes (``{group}.{j}``) and records its carving, which every consumer re-applies to the
+    same file (:func:`simulator.plan_sim.plan_cluster`). ``opts.meshes`` (the user naming meshes)
+    or ``carve: fixed`` in the cluster file keeps the listing as written.
+
     Raises:
         InfeasibleError: no configuration fits memory.
         PlanInterrupted: ``stop`` was set before any plan was found.
         PlannerError: bad options.
     """
+    if not cluster.groups and not opts.meshes:
+        cluster = node_groups_of(cluster) or cluster     # a listing of whole nodes: shape them
     if not cluster.groups or opts.meshes:
         return api.plan(w, cluster, opts, progress, stop=stop)
     s = _Search(w, cluster, opts, progress, stop)

@@ -55,7 +55,9 @@ def _num(x: Any, fmt: str, default: str = "-") -> str:
 def mesh_spans(plan: Any, cluster: Any) -> dict[str, str]:
     """For a plan carved from node groups: mesh -> the nodes it spans and its devices, e.g.
     ``"nodes 0-1 (2 x 8 h100-sxm)"`` or ``"node 3, slice 2 of 2 (4 h100-sxm)"``; empty for a plan
-    on a cluster that lists its meshes. ``cluster`` is the physical (node-group) cluster."""
+    on a cluster that lists its meshes. ``cluster`` is the carved one
+    (:func:`simulator.plan_sim.plan_cluster`): it keeps the node groups it was carved from, those
+    of a mesh listing the planner shaped included."""
     from hardware_profiles.carve import GroupShape
 
     out: dict[str, str] = {}
@@ -268,13 +270,13 @@ def plan_table(result: Any, cluster: Any) -> Group:
             part_peak = {**(pp.get("peak_memory_bytes") or {}), **(peak or {})}
             out.append(_stages_table(title, part, lc, pp.get("stage_time_s"), part_peak,
                                      {**(pp.get("capacity_bytes") or {}), **(cap or {})}))
-            for extra in (meshes_table(part, cluster), schedules_table(part)):
+            for extra in (meshes_table(part, lc), schedules_table(part)):
                 if extra is not None:
                     out.append(extra)
     else:
         out.append(_stages_table(f"{p.model} on {p.cluster}: stages", p, lc,
                                  getattr(pred, "stage_time_s", None), peak, cap))
-        t = meshes_table(p, cluster)
+        t = meshes_table(p, lc)
         if t is not None:
             out.append(t)
     s = Table(title="step", title_justify="left", show_header=False)
