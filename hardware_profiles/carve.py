@@ -21,6 +21,10 @@ talk at ``R x k/s x intra-node bandwidth``, two meshes on different node sets at
 smaller end's NIC total, capped by the cluster's ``group_links`` (the fabric between the groups).
 A collective inside a mesh spanning nodes uses :meth:`MeshSpec.collective_link` (intra-node for a
 group inside one node, else ``k/s`` NIC rings in parallel).
+
+A cluster file that lists meshes which are whole nodes (one mesh per DGX box, say) describes node
+groups too: :func:`node_groups_of` reads it as them, with the listing's links as the groups' NICs
+and fabric caps, so the planner shapes it and :func:`carve` carves it like a node-group file.
 """
 
 from __future__ import annotations
