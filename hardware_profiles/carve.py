@@ -290,7 +290,8 @@ def _from_listing(cluster: Cluster) -> tuple[Cluster | None, str]:
                m.price_per_device_hour, m.power_watts_per_device)
         kinds.setdefault(key, []).append(m)
         if m.device != kinds[key][0].device:
-            return None, f"meshes {kinds[key][0].name!r} and {m.name!r} use different profiles named {m.device.name!r}"
+            return None, (f"meshes {kinds[key][0].name!r} and {m.name!r} use different profiles named "
+                          f"{m.device.name!r}")
     groups: dict[str, NodeGroup] = {}
     members: dict[str, list[str]] = {}
     for ms in kinds.values():
@@ -318,7 +319,8 @@ def _from_listing(cluster: Cluster) -> tuple[Cluster | None, str]:
         if ln is None:
             return None, why
         a, b = groups[ga], groups[gb]
-        nics = min(a.devices_per_node * a.scale_out_link.bandwidth, b.devices_per_node * b.scale_out_link.bandwidth)
+        nics = min(a.devices_per_node * a.scale_out_link.bandwidth,
+                   b.devices_per_node * b.scale_out_link.bandwidth)
         if ln.bandwidth < nics or ln.latency > max(a.scale_out_link.latency, b.scale_out_link.latency):
             caps.append(InterMeshLink(ga, gb, ln))
     physical = Cluster(name=cluster.name, meshes={}, links=(), default_link=None, path=cluster.path,

@@ -74,7 +74,8 @@ def plan_cluster(plan: "Plan | DataParallelPlan", cluster: Cluster) -> Cluster:
 
     Raises:
         hardware_profiles.types.ProfileError: a carving on a mesh listing that describes no node
-            groups (or says ``carve: fixed``), an unknown node group, a shape that does not fit its group, or a group carved twice.
+            groups (or says ``carve: fixed``), an unknown node group, a shape that does not fit
+            its group, or a group carved twice.
     """
     carving = plan.carving
     if not carving:
