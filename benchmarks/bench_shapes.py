@@ -7,7 +7,10 @@ Homogeneous rows plan llama3-70b (global batch 256, sequence 8192) and gpt3-175b
 64-512 H100 described as DGX nodes (``hardware_profiles/clusters/h100xN_nodes.yaml``) and compare
 the plan with the best Megatron-style hand configuration (:mod:`planner.baseline`: tensor parallel 8
 in a node, the shortest pipeline that fits, data parallel over the rest, 1 or 2 samples per
-microbatch, 1F1B or interleaved) evaluated by the same cost model. Three-kind rows plan llama3-70b
+microbatch, 1F1B or interleaved) and with the best point of the practitioners' grid
+(:mod:`planner.grid`: tensor parallel 1-8, every pipeline depth, virtual stages 1-4, micro-batch
+1-8, recomputation only where needed, distributed optimizer or FSDP), both evaluated by the same
+cost model. Three-kind rows plan llama3-70b
 (512, 8192) on 512 and 1024 devices of H100, TPU v5e and p150b, and compare with each kind planned
 alone on the same batch: the plan's throughput over the sum of the kinds' separate throughputs.
 
@@ -29,6 +32,7 @@ from compiler.zoo.costing import workload  # noqa: E402
 from hardware_profiles import load_cluster  # noqa: E402
 from planner import PlanOptions, plan  # noqa: E402
 from planner.baseline import best_megatron  # noqa: E402
+from planner.grid import grid_sweep  # noqa: E402
 
 HOMOGENEOUS = [("llama3-70b", 256, 8192), ("gpt3-175b", 1536, 2048)]
 SIZES = (64, 128, 256, 512)
@@ -62,13 +66,16 @@ def homogeneous(time_limit: float) -> list[dict]:
             r = plan(w, c, PlanOptions(time_limit_s=time_limit))
             wall = time.perf_counter() - t + trace
             hand = best_megatron(w, c, "h100")
+            grid = grid_sweep(w, c, "h100").best
             rows.append({"model": model, "devices": n, "wall": wall, "step": r.prediction.step_time_s,
                          "mfu": r.prediction.mfu, "gap": r.search_gap,
                          "roof": r.prediction.step_time_s / r.prediction.roofline_step_time_s,
                          "shape": shape_text(r.plan),
                          "hand": hand.prediction.step_time_s if hand else None,
                          "hand_label": hand.label if hand else "none fits",
-                         "hand_mfu": hand.prediction.mfu if hand else None})
+                         "hand_mfu": hand.prediction.mfu if hand else None,
+                         "grid": grid.prediction.step_time_s if grid else None,
+                         "grid_label": grid.label if grid else "none fits"})
     return rows
 
 
@@ -121,18 +128,21 @@ def markdown(time_limit: float = 30.0, only: str | None = None) -> str:
     if only in (None, "homogeneous"):
         rows = homogeneous(time_limit)
         lines += [f"Planner at scale, homogeneous: `plan()` with --time-limit {time_limit:g} s on H100 DGX "
-                  f"node groups, against the best Megatron-style hand configuration (same cost model)", "",
+                  f"node groups, against the best Megatron-style hand configuration (shortest pipeline "
+                  f"that fits) and the best point of the practitioners' grid (same cost model)", "",
                   "| model | H100 | wall (s) | step (s) | MFU | gap | step/roofline | hand step (s) | hand MFU "
-                  "| plan/hand | plan | hand |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+                  "| plan/hand | grid step (s) | plan/grid | plan | hand | grid |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
         for r in rows:
             hand = f"{r['hand']:.2f}" if r["hand"] else "-"
             ratio = f"{r['step'] / r['hand']:.3f}" if r["hand"] else "-"
             hmfu = f"{r['hand_mfu'] * 100:.1f}%" if r["hand_mfu"] else "-"
+            grid = f"{r['grid']:.2f}" if r["grid"] else "-"
+            gratio = f"{r['step'] / r['grid']:.3f}" if r["grid"] else "-"
             gap = f"{r['gap'] * 100:.1f}%" if r["gap"] is not None else "unknown"
             lines.append(f"| {r['model']} | {r['devices']} | {r['wall']:.1f} | {r['step']:.2f} | "
                          f"{r['mfu'] * 100:.1f}% | {gap} | {r['roof']:.2f} | {hand} | {hmfu} | {ratio} "
-                         f"| {r['shape']} | {r['hand_label']} |")
+                         f"| {grid} | {gratio} | {r['shape']} | {r['hand_label']} | {r['grid_label']} |")
         lines.append("")
         lines += zero_bubble(time_limit)
     if only in (None, "mixed"):

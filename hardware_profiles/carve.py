@@ -21,11 +21,16 @@ talk at ``R x k/s x intra-node bandwidth``, two meshes on different node sets at
 smaller end's NIC total, capped by the cluster's ``group_links`` (the fabric between the groups).
 A collective inside a mesh spanning nodes uses :meth:`MeshSpec.collective_link` (intra-node for a
 group inside one node, else ``k/s`` NIC rings in parallel).
+
+A cluster file that lists meshes which are whole nodes (one mesh per DGX box, say) describes node
+groups too: :func:`node_groups_of` reads it as them, with the listing's links as the groups' NICs
+and fabric caps, so the planner shapes it and :func:`carve` carves it like a node-group file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import combinations
 from typing import Iterable, Mapping
 
 from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, NodeGroup, ProfileError
@@ -141,16 +146,21 @@ def mesh_link(cluster: Cluster, ga: NodeGroup, sa: GroupShape, ja: int,
 
 def carve(cluster: Cluster, shapes: Iterable[GroupShape]) -> Cluster:
     """The logical cluster of ``shapes`` (one per node group used): its meshes, in pipeline order
-    within each group, and every link between them.
+    within each group, and every link between them. A cluster that lists its meshes is carved as
+    the node groups it describes (:func:`node_groups_of`).
 
     Raises:
-        ProfileError: a cluster without node groups, a shape that does not fit its group, or the
-            same group shaped twice.
+        ProfileError: a mesh listing that describes no node groups, a shape that does not fit its
+            group, or the same group shaped twice.
     """
     shapes = tuple(shapes)
     if not cluster.groups:
-        raise ProfileError(f"cluster {cluster.name!r} lists meshes, not node groups; it cannot be "
-                           f"carved; fix: describe its hardware under 'node_groups'")
+        hardware, why = _from_listing(cluster)
+        if hardware is None:
+            raise ProfileError(f"cluster {cluster.name!r} lists meshes, not node groups; it cannot be "
+                               f"carved: {why}; fix: re-plan on this file with 'mpmd plan', or describe "
+                               f"its hardware under 'node_groups'")
+        cluster = hardware
     seen = [s.group for s in shapes]
     if len(set(seen)) != len(seen):
         raise ProfileError(f"a carving shapes node group(s) {sorted({g for g in seen if seen.count(g) > 1})} "
@@ -211,3 +221,109 @@ def shapes_from_json(items: Iterable[Mapping]) -> tuple[GroupShape, ...]:
         return tuple(GroupShape.from_json(d) for d in items)
     except (KeyError, TypeError, ValueError) as e:
         raise ProfileError(f"plan carving entry is malformed ({e}); regenerate the plan with 'mpmd plan'") from None
+
+
+# ----------------------------------------------------------------------------- mesh listings
+def node_groups_of(cluster: Cluster) -> Cluster | None:
+    """The node-group cluster a mesh listing describes, read one mesh per node as a node-group file
+    loads (:func:`default_shapes`), so the planner can shape it; ``cluster`` itself when it already
+    has node groups; None when the listing does not safely describe node groups (the planner then
+    searches its meshes as listed).
+
+    A listing converts when its file does not say ``carve: fixed``, it lists at least two meshes,
+    every mesh is one node (no ``host``, ``devices_per_node`` or ``scale_out_link``), and:
+
+    - meshes of the same device profile, device count, intra-mesh link (bandwidth and latency),
+      price and power form one :class:`NodeGroup` (named after the device, made unique with
+      ``-2``, ``-3``, ...; groups and their nodes in the listing's order) of at least two nodes;
+    - every two meshes of a group are joined by the same link (an explicit ``links`` entry or the
+      ``default_link``, same bandwidth and latency); its aggregate bandwidth over the mesh's ``k``
+      devices is the group's per-device ``scale_out_link`` (B/s; its latency kept), so two one-node
+      meshes of the carving talk exactly as the listing says (``k`` NICs side by side);
+    - every mesh of one group and every mesh of another are joined by the same link; when it is
+      narrower than one node's NICs at either end (or slower), it becomes the ``group_links`` cap
+      between the two groups.
+
+    ``name``, ``path``, ``description``, ``p2p`` and ``host_slots`` are kept; ``default_link`` is
+    not (its role passed to the groups' links and caps).
+    """
+    if cluster.groups:
+        return cluster
+    return _from_listing(cluster)[0]
+
+
+def _same(a: Link, b: Link) -> bool:
+    return a.bandwidth == b.bandwidth and a.latency == b.latency
+
+
+def _common_link(cluster: Cluster, pairs) -> tuple[Link | None, str]:
+    """The one link joining every ``(a, b)`` mesh pair, or None and why not."""
+    first: Link | None = None
+    for a, b in pairs:
+        try:
+            ln = cluster.link_between(a, b).link
+        except ProfileError:
+            return None, f"meshes {a!r} and {b!r} have no link"
+        if first is None:
+            first = ln
+        elif not _same(ln, first):
+            return None, (f"meshes {a!r} and {b!r} are joined at {ln.bandwidth * 8 / 1e9:g} Gb/s, "
+                          f"{ln.latency * 1e6:g} us, other pairs of the same kinds at "
+                          f"{first.bandwidth * 8 / 1e9:g} Gb/s, {first.latency * 1e6:g} us")
+    return first, ""
+
+
+def _from_listing(cluster: Cluster) -> tuple[Cluster | None, str]:
+    """:func:`node_groups_of` of a mesh listing, with why it does not convert ("" when it does)."""
+    if cluster.carve_fixed:
+        return None, "its file says 'carve: fixed'"
+    meshes = list(cluster.meshes.values())
+    if len(meshes) < 2:
+        return None, f"it lists {len(meshes)} mesh{'es' * (len(meshes) != 1)}, no nodes to carve"
+    kinds: dict[tuple, list[MeshSpec]] = {}
+    for m in meshes:
+        if m.host is not None:
+            return None, f"mesh {m.name!r} shares host {m.host!r} with other meshes"
+        if m.devices_per_node is not None or m.scale_out_link is not None:
+            return None, f"mesh {m.name!r} spans several nodes"
+        key = (m.device.name, m.num_devices, m.intra_link.bandwidth, m.intra_link.latency,
+               m.price_per_device_hour, m.power_watts_per_device)
+        kinds.setdefault(key, []).append(m)
+        if m.device != kinds[key][0].device:
+            return None, (f"meshes {kinds[key][0].name!r} and {m.name!r} use different profiles named "
+                          f"{m.device.name!r}")
+    groups: dict[str, NodeGroup] = {}
+    members: dict[str, list[str]] = {}
+    for ms in kinds.values():
+        first = ms[0]
+        if len(ms) < 2:
+            return None, (f"mesh {first.name!r} is the only one of its kind, so no link to its like "
+                          f"gives its node's network")
+        ln, why = _common_link(cluster, combinations([m.name for m in ms], 2))
+        if ln is None:
+            return None, why
+        name, i = first.device.name, 1
+        while name in groups:
+            i += 1
+            name = f"{first.device.name}-{i}"
+        k = first.num_devices
+        so = Link(ln.bandwidth / k, ln.latency,
+                  f"the link between two {first.device.name} meshes of {k} devices in the listing, "
+                  f"over their {k} devices: {ln.source}")
+        groups[name] = NodeGroup(name, first.device, len(ms), k, first.intra_link, so,
+                                 first.price_per_device_hour, first.power_watts_per_device)
+        members[name] = [m.name for m in ms]
+    caps = []
+    for ga, gb in combinations(groups, 2):
+        ln, why = _common_link(cluster, ((a, b) for a in members[ga] for b in members[gb]))
+        if ln is None:
+            return None, why
+        a, b = groups[ga], groups[gb]
+        nics = min(a.devices_per_node * a.scale_out_link.bandwidth,
+                   b.devices_per_node * b.scale_out_link.bandwidth)
+        if ln.bandwidth < nics or ln.latency > max(a.scale_out_link.latency, b.scale_out_link.latency):
+            caps.append(InterMeshLink(ga, gb, ln))
+    physical = Cluster(name=cluster.name, meshes={}, links=(), default_link=None, path=cluster.path,
+                       description=cluster.description, host_slots=dict(cluster.host_slots),
+                       p2p=cluster.p2p, groups=groups, group_links=tuple(caps))
+    return carve(physical, default_shapes(physical)), ""

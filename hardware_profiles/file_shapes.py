@@ -220,3 +220,7 @@ class _ClusterFile(_Strict):
     default_link: _DefaultLinkFile | None = None
     host_slots: dict[str, int] = {}
     p2p: Literal["overlapped", "blocking"] = "overlapped"
+    carve: Literal["auto", "fixed"] = "auto"
+    """``fixed``: plan a mesh listing exactly as written; ``auto`` (default): a listing of whole
+    nodes of one kind per group is planned as the node groups it describes
+    (:func:`hardware_profiles.carve.node_groups_of`)."""

@@ -410,6 +410,10 @@ def _node_group_cluster(p: Path, f: _ClusterFile) -> Cluster:
     if f.meshes or f.links:
         raise ProfileError(f"{p}: a cluster gives node_groups and also meshes/links; fix: describe "
                            f"the hardware as node_groups (with group_links) or as meshes, not both")
+    if f.carve == "fixed":
+        raise ProfileError(f"{p}: 'carve: fixed' keeps a mesh listing as written, but this cluster gives "
+                           f"node_groups, which the planner always carves; fix: remove 'carve: fixed' "
+                           f"or list the meshes under 'meshes'")
     groups: dict[str, NodeGroup] = _named(p, f.node_groups, "node group", _group)
     if sum(g.nodes for g in groups.values()) > MAX_NODES:
         raise ProfileError(f"{p}: {sum(g.nodes for g in groups.values())} nodes in all; fix: use at most "
@@ -461,7 +465,7 @@ def load_cluster(path: str | Path) -> Cluster:
     default = _common(p, f, {m.host for m in meshes.values() if m.host}, "mesh")
     return Cluster(name=f.name or p.stem, meshes=meshes, links=tuple(links), default_link=default,
                    path=str(p), description=f.description, host_slots=dict(f.host_slots),
-                   p2p=f.p2p)
+                   p2p=f.p2p, carve_fixed=f.carve == "fixed")
 
 
 def bundled_clusters() -> list[Path]:

@@ -391,6 +391,9 @@ class Cluster:
             the rule that gives the link between two of its meshes on demand (``(a, b) ->
             InterMeshLink``, named in mesh order); :meth:`link_between` asks it when ``links`` has
             no entry.
+        carve_fixed: the file says ``carve: fixed``: plan its meshes exactly as listed (the
+            mesh-level search), never as the node groups they describe
+            (:func:`hardware_profiles.carve.node_groups_of`).
     """
 
     name: str
@@ -403,6 +406,7 @@ class Cluster:
     p2p: str = "overlapped"
     groups: Mapping[str, NodeGroup] = field(default_factory=dict)
     group_links: tuple[InterMeshLink, ...] = ()
+    carve_fixed: bool = False
     link_rule: Callable[[str, str], InterMeshLink] | None = field(default=None, repr=False, compare=False)
     _link_index: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 

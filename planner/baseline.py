@@ -123,6 +123,8 @@ class HandLayout:
             ``--use-distributed-optimizer``, ZeRO-1), gradients reduce-scattered and weights
             all-gathered; the cost model models only this (the bytes a plain all-reduce moves are
             the same: a ring all-reduce is a reduce-scatter then an all-gather).
+        fsdp: the data axis shards parameters too (ZeRO-3: torchtitan's FSDP x TP, PyTorch FSDP2),
+            gathering each layer's parameters before use (``Layout.fsdp``).
     """
 
     tensor: int
@@ -132,6 +134,7 @@ class HandLayout:
     micro_batch: int = 1
     recompute: str = "none"
     distributed_optimizer: bool = True
+    fsdp: bool = False
 
     @property
     def devices(self) -> int:
@@ -146,6 +149,7 @@ class HandLayout:
         """E.g. ``"tp8 pp8 dp16 mb1 interleaved-1f1b v2 full recompute"``."""
         return (f"tp{self.tensor} pp{self.pipeline} dp{self.data} mb{self.micro_batch} {self.schedule}"
                 + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+                + (" fsdp" if self.fsdp else "")
                 + (f" {self.recompute} recompute" if self.recompute != "none" else ""))
 
 
@@ -235,5 +239,6 @@ def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | No
                            f"ranks x {v} chunks over {nb} blocks with {m} microbatches; fix: make the "
                            f"blocks a multiple of p x v and (interleaved) the microbatches a multiple of p")
     shape = GroupShape(group, nodes, shape_r, shape_s)
-    return _evaluate(w, carve(cluster, [shape]), shape, Layout(d, t), _even(nb // v, p),
+    return _evaluate(w, carve(cluster, [shape]), shape, Layout(d, t, fsdp=layout.fsdp and d > 1),
+                     _even(nb // v, p),
                      layout.recompute == "full", layout.schedule, m, v, headroom, layout.label)

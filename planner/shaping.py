@@ -1,7 +1,10 @@
 """Plan a cluster described as node groups: the planner shapes the cluster.
 
-:func:`plan` is the planner's entry point. A cluster file that lists meshes goes to the mesh-level
-search (:func:`planner.api.plan`) as before. A cluster of node groups is shaped here:
+:func:`plan` is the planner's entry point. A cluster of node groups is shaped here, and so is a
+cluster file that lists meshes when they are whole nodes of one kind per group (read as the node
+groups they describe: :func:`hardware_profiles.carve.node_groups_of`). Any other listing, one whose
+file says ``carve: fixed``, or a search over meshes the user names (``PlanOptions.meshes``) goes
+to the mesh-level search (:func:`planner.api.plan`). Shaping:
 
 1. **One group alone** (:func:`planner.shapes.search_pipeline`): its nodes carved into a pipeline
    of stage meshes (nodes joined as the data axis = pipeline replicas, or split), every schedule,
@@ -32,6 +35,7 @@ from itertools import combinations
 from typing import Callable
 
 from compiler.ir import DataParallelPlan, Plan, Workload
+from hardware_profiles.carve import node_groups_of
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Cluster, Link
 from planner import api
@@ -206,11 +210,19 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     """The planner's entry point: shape a node-group cluster (see the module docstring), or search
     a mesh-listing cluster's meshes (:func:`planner.api.plan`).
 
+    A cluster that lists meshes which are whole nodes of one kind per group is shaped as the node
+    groups it describes (:func:`hardware_profiles.carve.node_groups_of`): the plan then names the
+    carved meshes (``{group}.{j}``) and records its carving, which every consumer re-applies to the
+    same file (:func:`simulator.plan_sim.plan_cluster`). ``opts.meshes`` (the user naming meshes)
+    or ``carve: fixed`` in the cluster file keeps the listing as written.
+
     Raises:
         InfeasibleError: no configuration fits memory.
         PlanInterrupted: ``stop`` was set before any plan was found.
         PlannerError: bad options.
     """
+    if not cluster.groups and not opts.meshes:
+        cluster = node_groups_of(cluster) or cluster     # a listing of whole nodes: shape them
     if not cluster.groups or opts.meshes:
         return api.plan(w, cluster, opts, progress, stop=stop)
     s = _Search(w, cluster, opts, progress, stop)
@@ -255,6 +267,7 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     solver_extra = {"search_wall_s": wall, "search_bound": bound, "search_gap": gap,
                     "interrupted": s.interrupted, "reason": reason,
                     "budget_spent": s.budget.out() and not s.interrupted,
+                    "stopped": _stopped(s),
                     "options": [{"label": o.label, "parts": [{"groups": list(g), "batch": b} for g, b in o.parts],
                                  "step_time_s": o.step_time_s} for o in s.tried]}
     if isinstance(chosen, PipelineResult):
@@ -268,6 +281,20 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     cands = tuple((o.label, 0, o.step_time_s) for o in s.tried)
     return api.PlanResult(p, pred, cands, interrupted=s.interrupted, candidates_total=len(cands),
                           search_bound_s=bound, search_gap=gap)
+
+
+def _stopped(s: _Search) -> str:
+    """Why the search ended: ``"interrupted"`` (Ctrl-C), ``"time limit"`` (the wall clock cut it
+    before its work budget was spent: a machine slower or busier than the reference, and the plan
+    may then depend on the load), ``"work budget"`` (the nominal work of ``--time-limit`` done),
+    or ``"complete"`` (every option searched to its gap target or pruned by its bound)."""
+    if s.interrupted:
+        return "interrupted"
+    if s.budget.left() <= 0:
+        return "work budget"
+    if s.budget.wall_left() <= 0:
+        return "time limit"
+    return "complete"
 
 
 def _partitions(items: list[str]):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from compiler.ir import DataParallelPlan, Plan, Workload
+from hardware_profiles.carve import node_groups_of
 from hardware_profiles.types import Cluster, Link
 from simulator.knobs import Knobs
 from simulator.plan_sim import plan_cluster, simulate_any
@@ -107,6 +108,10 @@ def exposure(plan: "Plan | DataParallelPlan", workload: "Workload | Sequence[Wor
         simulator.plan_costs.CostError: the plan does not match its workload or cluster.
         hardware_profiles.types.ProfileError: a carving that does not fit the cluster.
     """
+    if plan.carving:
+        # a mesh listing as the node groups it describes, before its links are freed: free links
+        # would merge groups that differ only in them
+        cluster = node_groups_of(cluster) or cluster
     if step_time_s is None:
         step_time_s = simulate_any(plan, workload, plan_cluster(plan, cluster), knobs=knobs).step_time_s
     free = free_cluster(plan_cluster(plan, free_cluster(cluster)))

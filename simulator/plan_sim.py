@@ -63,7 +63,9 @@ def simulate_plan(plan: Plan, workload: Workload, cluster: Cluster, *,
 # --------------------------------------------------------------------------- carved clusters
 def plan_cluster(plan: "Plan | DataParallelPlan", cluster: Cluster) -> Cluster:
     """The cluster ``plan`` runs on: ``cluster`` carved by the plan's ``carving`` (a plan for a
-    cluster described as node groups, :mod:`hardware_profiles.carve`), else ``cluster`` itself.
+    cluster described as node groups, :mod:`hardware_profiles.carve`, or for a mesh listing the
+    planner shaped as the node groups it describes, :func:`hardware_profiles.carve.node_groups_of`),
+    else ``cluster`` itself.
 
     For a :class:`~compiler.ir.DataParallelPlan` the carvings of all its parts are carved together
     (each part carves its own node groups). Every consumer of a plan (``mpmd simulate``, ``mpmd
@@ -71,8 +73,9 @@ def plan_cluster(plan: "Plan | DataParallelPlan", cluster: Cluster) -> Cluster:
     the meshes it was planned for.
 
     Raises:
-        hardware_profiles.types.ProfileError: a carving on a cluster that lists its meshes, an
-            unknown node group, a shape that does not fit its group, or a group carved twice.
+        hardware_profiles.types.ProfileError: a carving on a mesh listing that describes no node
+            groups (or says ``carve: fixed``), an unknown node group, a shape that does not fit
+            its group, or a group carved twice.
     """
     carving = plan.carving
     if not carving:

@@ -131,7 +131,9 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     On a cluster described as node groups the plan also says how the nodes are carved into meshes
     (which nodes each mesh spans, the pipeline replicas it carries), and may split the batch over
     several pipelines (data parallelism across device kinds): the table then has one section per
-    pipeline, its batch share, and the gradient sync across them.
+    pipeline, its batch share, and the gradient sync across them. A cluster file that lists meshes
+    which are whole nodes of one kind per group, joined alike, is planned the same way, as the node
+    groups it describes; 'carve: fixed' in the file keeps its meshes as listed.
 
     Searches that run over a few seconds show progress on stderr. Ctrl-C stops the search and
     keeps the best plan found so far: the table is printed and, with --out, the plan is written,

@@ -55,7 +55,9 @@ def _num(x: Any, fmt: str, default: str = "-") -> str:
 def mesh_spans(plan: Any, cluster: Any) -> dict[str, str]:
     """For a plan carved from node groups: mesh -> the nodes it spans and its devices, e.g.
     ``"nodes 0-1 (2 x 8 h100-sxm)"`` or ``"node 3, slice 2 of 2 (4 h100-sxm)"``; empty for a plan
-    on a cluster that lists its meshes. ``cluster`` is the physical (node-group) cluster."""
+    on a cluster that lists its meshes. ``cluster`` is the carved one
+    (:func:`simulator.plan_sim.plan_cluster`): it keeps the node groups it was carved from, those
+    of a mesh listing the planner shaped included."""
     from hardware_profiles.carve import GroupShape
 
     out: dict[str, str] = {}
@@ -157,6 +159,17 @@ def _stages_table(title: str, plan: Any, lc: Any, stage_times: Any, peak: Any, c
     return _titled(title, stages)
 
 
+STOPPED = {
+    "interrupted": ", interrupted (Ctrl-C)",
+    "work budget": "; stopped: work budget of --time-limit spent (raise it to search more)",
+    "time limit": ("; stopped: wall clock hit --time-limit before the work budget was spent (this "
+                   "machine is slower or busier than the reference, so the plan may depend on its "
+                   "load; raise --time-limit)"),
+    "complete": "; complete: every option searched to its gap target or pruned by its bound",
+}
+"""How a node-group search's ``solver["stopped"]`` reads in the step table."""
+
+
 def _solver_rows(sv: Any) -> list[tuple[str, str]]:
     """The solver and search rows of the step table (robust to a record that lacks keys: the
     shaping search of a node-group cluster records no CP-SAT objective for a data-parallel plan)."""
@@ -177,8 +190,9 @@ def _solver_rows(sv: Any) -> list[tuple[str, str]]:
         searched = sv.get("candidates_searched")
         what = (f"{searched} of {total} candidates searched, the rest pruned by their bounds; "
                 if isinstance(searched, int) and isinstance(total, int) else "")
-        why = (", interrupted (Ctrl-C)" if sv.get("interrupted")
-               else ", budget spent" if sv.get("budget_spent") else "")
+        why = STOPPED.get(sv.get("stopped"), ", budget spent" if sv.get("budget_spent") else "")
+        if rows and rows[0][0] == "solver":
+            rows[0] = (rows[0][0], rows[0][1] + " (the chosen candidate's solve)")
         rows.append(("search", f"{what}{configs} configuration{'s' * (configs != 1)} in {wall} s{why}"))
         gap = sv.get("search_gap")
         rows.append(("search gap", f"{_num(gap * 100 if isinstance(gap, (int, float)) else None, '{:.1f}')}% "
@@ -256,13 +270,13 @@ def plan_table(result: Any, cluster: Any) -> Group:
             part_peak = {**(pp.get("peak_memory_bytes") or {}), **(peak or {})}
             out.append(_stages_table(title, part, lc, pp.get("stage_time_s"), part_peak,
                                      {**(pp.get("capacity_bytes") or {}), **(cap or {})}))
-            for extra in (meshes_table(part, cluster), schedules_table(part)):
+            for extra in (meshes_table(part, lc), schedules_table(part)):
                 if extra is not None:
                     out.append(extra)
     else:
         out.append(_stages_table(f"{p.model} on {p.cluster}: stages", p, lc,
                                  getattr(pred, "stage_time_s", None), peak, cap))
-        t = meshes_table(p, cluster)
+        t = meshes_table(p, lc)
         if t is not None:
             out.append(t)
     s = Table(title="step", title_justify="left", show_header=False)

@@ -62,3 +62,17 @@ def test_python_dash_m_mpmd_is_the_cli():
     assert r.returncode == 0
     for cmd in ("plan", "simulate", "run", "calibrate", "validate", "whatif", "profiles"):
         assert f"  {cmd} " in r.stdout
+
+
+def test_a_node_group_search_says_why_it_stopped_and_whose_solve_is_optimal():
+    from mpmd.cli.output import STOPPED, _solver_rows
+    base = {"status": "OPTIMAL", "objective": 1.9, "bound": 1.9, "gap": 0.0, "search_wall_s": 27.0,
+            "search_bound": 1.5, "search_gap": 0.21, "options": [{}, {}], "candidates_total": 9,
+            "candidates_searched": 4}
+    for why in ("work budget", "time limit", "complete", "interrupted"):
+        rows = dict(_solver_rows({**base, "stopped": why}))
+        assert rows["search"] == ("4 of 9 candidates searched, the rest pruned by their bounds; "
+                                  "2 configurations in 27.0 s" + STOPPED[why])
+        assert rows["solver"].endswith("gap 0.00% (the chosen candidate's solve)")
+        assert rows["search gap"] == "21.0% against a proven lower bound of 1.500 s"
+    assert "raise --time-limit" in STOPPED["time limit"] and "raise it" in STOPPED["work budget"]

@@ -218,10 +218,38 @@ def test_carving_that_does_not_fit_the_cluster_is_one_line(files, tmp_path):
              "does not fit node group 'h100' (4 nodes of 8)")
 
 
+def _listing(name: str) -> str:
+    return str(Path(f"hardware_profiles/clusters/{name}.yaml").resolve())
+
+
 def test_carved_plan_on_a_mesh_listing_cluster_is_one_line(files, tmp_path):
-    p = _edit(files, tmp_path, "carved",
-              lambda d: d.update(cluster_path=str(Path("hardware_profiles/clusters/h100x64.yaml").resolve())))
-    one_line(run(["simulate", p]), "lists meshes, not node groups; it cannot be carved")
+    """A listing that describes no node groups (meshes sharing a host) cannot be carved; a listing
+    of whole nodes is carved as its node groups, named after their devices."""
+    p = _edit(files, tmp_path, "carved", lambda d: d.update(cluster_path=_listing("cpu4x2")))
+    one_line(run(["simulate", p]), "lists meshes, not node groups; it cannot be carved: mesh 'm0' "
+                                   "shares host 'local' with other meshes; fix: re-plan")
+    p = _edit(files, tmp_path, "carved", lambda d: d.update(cluster_path=_listing("h100x64")))
+    one_line(run(["simulate", p]), "has no node group 'h100'; fix: use one of ['h100-sxm']")
+
+
+def test_plan_of_a_mesh_listing_is_shaped_and_every_consumer_carves_it(tmp_path):
+    """``mpmd plan`` on h100x64.yaml (8 meshes of one DGX H100 each) shapes the nodes; ``mpmd
+    simulate`` and ``mpmd run`` carve the same listing into the same meshes."""
+    from compiler.train.run import run_cluster
+
+    out = tmp_path / "plan.json"
+    res = run(["plan", "--model", "llama-tiny", "--cluster", _listing("h100x64"), "--global-batch", "16",
+               "--seq-len", "128", "--time-limit", "5", "--out", out])
+    assert res.exit_code == 0, res.output
+    assert "meshes carved from node groups: h100-sxm: " in res.output and "of 8 nodes" in res.output
+    plan = load_plan(out)
+    assert [c["group"] for c in plan.carving] == ["h100-sxm"] and plan.cluster == "h100x64"
+    assert all(m.startswith("h100-sxm.") for m in plan.rank_mesh)
+    assert set(plan.rank_mesh) <= set(run_cluster(plan, _listing("h100x64")).meshes)
+    res = run(["simulate", out])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "planner predicted" in ln)
+    assert abs(float(line.split("(")[-1].split("%")[0])) <= 1.0, line
 
 
 # ----------------------------------------------------------------------------- mpmd simulate

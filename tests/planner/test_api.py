@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -66,7 +67,12 @@ def test_free_plan_never_loses_to_even_split(fast_slow_cluster):
 def test_infeasible_names_mesh_and_bytes():
     tiny = device("tiny", 100.0, 1.0)
     c = cluster([("t0", tiny, 1), ("t1", tiny, 1)])
+    # the listing as written (the mesh-level search) names the mesh that lacks memory
     with pytest.raises(InfeasibleError, match=r"mesh 't[01]' lacks [0-9.]+ GB per device"):
+        plan(workload(), replace(c, carve_fixed=True), PlanOptions(time_limit_s=5.0))
+    # two one-device nodes of one kind are shaped as a node group: the whole model does not fit
+    with pytest.raises(InfeasibleError, match=r"does not fit cluster 'toy': .* need 23 GB, the devices "
+                                              r"hold 2 GB; add nodes"):
         plan(workload(), c, PlanOptions(time_limit_s=5.0))
 
 

@@ -1,0 +1,101 @@
+"""The practitioners' sweep: the baseline a planner must beat.
+
+A careful engineer (or NeMo's auto-configurator, "NeMo Framework: Auto Configurator", NVIDIA docs;
+Megatron-LM's performance guide) does not stop at the shortest pipeline that fits: they sweep a grid
+of Megatron-style layouts on one node group and keep the fastest. :func:`grid_sweep` evaluates that
+grid in the planner's own replay (:func:`planner.baseline.hand_plan`, so both sides are costed
+alike):
+
+- tensor parallel ``t`` in {1, 2, 4, 8} (dividing the node: Megatron keeps TP inside NVLink);
+- pipeline parallel ``p``: every divisor of the layer blocks that the nodes allow;
+- virtual stages ``v`` in {1, 2, 4} (the interleaved 1F1B schedule when ``v > 1``);
+- micro-batch size in {1, 2, 4, 8};
+- recomputation: none, else full when nothing fits without it (``selective`` is not in the cost
+  model: it lies between the two);
+- data parallel with the distributed optimizer (ZeRO-1, Megatron-LM) or FSDP (ZeRO-3, torchtitan's
+  FSDP x TP), data parallel = the devices left.
+
+Configurations that do not fit memory (at ``headroom``) are dropped. Each is one exact replay, so a
+sweep costs one prediction per grid point (hundreds to a few thousand).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.ir import Workload
+from hardware_profiles.types import Cluster
+from planner import api
+from planner.baseline import HandLayout, HandResult, hand_plan
+from planner.errors import PlannerError
+
+TENSOR = (1, 2, 4, 8)
+VIRTUAL = (1, 2, 4)
+MICRO_BATCH = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class GridResult:
+    """The fastest grid configuration that fits (``best``; None when none does), and how many
+    grid points were evaluated (``evaluated``) and fit memory (``fitting``)."""
+
+    best: HandResult | None
+    evaluated: int
+    fitting: int
+
+
+def grid_layouts(w: Workload, cluster: Cluster, group: str) -> list[HandLayout]:
+    """Every grid point of :mod:`planner.grid` for node group ``group`` (recomputation left
+    ``"none"``; :func:`grid_sweep` adds full recomputation where a point does not fit)."""
+    g = cluster.groups[group]
+    devices, k = g.num_devices, g.devices_per_node
+    _, blocks, _ = api._split_layers(w)
+    out = []
+    for t in (x for x in TENSOR if k % x == 0):
+        for p in (x for x in range(1, blocks + 1) if blocks % x == 0):
+            if devices % (t * p):
+                continue
+            d = devices // (t * p)
+            for v in VIRTUAL:
+                if (v > 1 and p == 1) or (blocks // p) % v:
+                    continue
+                for b in MICRO_BATCH:
+                    if w.global_batch % (d * b):
+                        continue
+                    for fsdp in ((False, True) if d > 1 else (False,)):
+                        out.append(HandLayout(tensor=t, pipeline=p, data=d, virtual_stages=v,
+                                              micro_batch=b, fsdp=fsdp))
+    return out
+
+
+def grid_sweep(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1) -> GridResult:
+    """The fastest configuration of the practitioners' grid on node group ``group`` of ``cluster``
+    that fits memory, each point predicted exactly (:func:`planner.baseline.hand_plan`).
+
+    Raises:
+        PlannerError: ``group`` is not a node group of ``cluster``.
+    """
+    if group not in cluster.groups:
+        raise PlannerError(f"cluster {cluster.name!r} has no node group {group!r}; fix: use one of "
+                           f"{sorted(cluster.groups)}")
+    best: HandResult | None = None
+    evaluated = fitting = 0
+    for layout in grid_layouts(w, cluster, group):
+        for rc in ("none", "full"):
+            try:
+                h = hand_plan(w, cluster, _with(layout, rc), group, headroom)
+            except PlannerError:
+                break                        # the schedule or the nodes refuse these sizes
+            evaluated += 1
+            if h.prediction.fits:
+                fitting += 1
+                if best is None or h.prediction.step_time_s < best.prediction.step_time_s:
+                    best = h
+                break                        # recomputation only when nothing fits without it
+    return GridResult(best, evaluated, fitting)
+
+
+def _with(layout: HandLayout, recompute: str) -> HandLayout:
+    return HandLayout(tensor=layout.tensor, pipeline=layout.pipeline, data=layout.data,
+                      virtual_stages=layout.virtual_stages, micro_batch=layout.micro_batch,
+                      recompute=recompute, fsdp=layout.fsdp)

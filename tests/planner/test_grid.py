@@ -1,0 +1,49 @@
+"""planner.grid: the practitioners' sweep is every grid point, each the hand baseline's own plan,
+and its best is the fastest point that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.baseline import HandLayout, hand_plan, megatron_plans
+from planner.errors import PlannerError
+from planner.grid import grid_layouts, grid_sweep
+from tests.planner.test_hand_layout import W, nodes
+
+
+def test_grid_points_are_the_megatron_grid():
+    pts = grid_layouts(W, nodes(), "g")
+    # 32 devices: every point uses all of them with tensor parallel inside a node
+    assert all(p.devices == 32 and 8 % p.tensor == 0 for p in pts)
+    assert {p.tensor for p in pts} == {1, 2, 4, 8} and {p.fsdp for p in pts} == {False, True}
+    assert all(p.virtual_stages == 1 for p in pts if p.pipeline == 1)
+    assert all(W.global_batch % (p.data * p.micro_batch) == 0 for p in pts)
+    assert len(set(pts)) == len(pts)
+
+
+@pytest.mark.parametrize("mem_gb", [80.0, 1.0])
+def test_the_sweep_keeps_the_fastest_point_that_fits(mem_gb):
+    c = nodes(mem_gb=mem_gb)
+    r = grid_sweep(W, c, "g")
+    assert r.best is not None and r.best.prediction.fits and 0 < r.fitting <= r.evaluated
+    # brute force over the same points: nothing that fits is faster
+    steps = []
+    for p in grid_layouts(W, c, "g"):
+        for rc in ("none", "full"):
+            try:
+                h = hand_plan(W, c, HandLayout(p.tensor, p.pipeline, p.data, p.virtual_stages,
+                                               p.micro_batch, rc, fsdp=p.fsdp), "g")
+            except PlannerError:
+                break
+            if h.prediction.fits:
+                steps.append(h.prediction.step_time_s)
+                break
+    assert r.best.prediction.step_time_s == pytest.approx(min(steps), rel=1e-12)
+    # the grid contains the shortest-pipeline hand configurations, so it is never slower
+    hand = min(h.prediction.step_time_s for h in megatron_plans(W, c, "g"))
+    assert r.best.prediction.step_time_s <= hand * (1 + 1e-12)
+
+
+def test_an_unknown_group_is_refused():
+    with pytest.raises(PlannerError, match="no node group 'x'"):
+        grid_sweep(W, nodes(), "x")
