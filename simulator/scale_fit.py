@@ -77,10 +77,13 @@ def scale_groups(setups: Sequence[Setup]) -> dict[str, list[Setup]]:
     return out
 
 
-def _per_device(metric: str, value: float, gpus: int) -> float:
-    """The row's metric as throughput per device (higher = faster)."""
-    if metric == "iteration_s":
-        return 1.0 / (value * gpus)
+def per_device(row, value: float) -> float:
+    """``value`` of ``row``'s metric as throughput per device (higher = faster): an iteration
+    time becomes samples per device per second (``global_batch / (seconds x devices)``; a scale
+    group keeps samples per device fixed, so this is ``1 / seconds`` up to a constant); every
+    other metric is per device already."""
+    if row.metric == "iteration_s":
+        return row.global_batch / (value * row.gpus)
     return value
 
 
@@ -93,11 +96,11 @@ def drops(groups: dict[str, list[Setup]], device: DeviceProfile, step_fn: StepFn
     for name, g in groups.items():
         res = evaluate(g, device, step_fn)
         base = res[0]
-        m0 = _per_device(base.row.metric, base.row.value, base.row.gpus)
-        p0 = _per_device(base.row.metric, base.predicted, base.row.gpus)
+        m0 = per_device(base.row, base.row.value)
+        p0 = per_device(base.row, base.predicted)
         for r in res[1:]:
-            m = _per_device(r.row.metric, r.row.value, r.row.gpus)
-            p = _per_device(r.row.metric, r.predicted, r.row.gpus)
+            m = per_device(r.row, r.row.value)
+            p = per_device(r.row, r.predicted)
             out.append(Drop(name, r.row.gpus, base.row.gpus, (1 - m / m0) * 100, (1 - p / p0) * 100))
     return tuple(out)
 
