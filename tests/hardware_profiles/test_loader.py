@@ -219,7 +219,7 @@ def test_device_missing_source(tmp_path):
 
 
 def test_device_efficiency_out_of_range(tmp_path):
-    p = _device_yaml(tmp_path, "matmul:\n    value: 0.480", "matmul:\n    value: 1.5")
+    p = _device_yaml(tmp_path, "matmul:\n    value: 0.663", "matmul:\n    value: 1.5")
     assert "efficiency.matmul.value = 1.5: Input should be less than or equal to 1" in _one_line_error(load_device, p)
 
 
@@ -275,14 +275,14 @@ def test_device_gemm_tiling(tmp_path):
 def test_device_elementwise_traffic(tmp_path):
     assert load_device(DEVICES_DIR / "h200-sxm.yaml").elementwise_traffic == 0.0
     field = "  elementwise_traffic:\n    value: {}\n    origin: test\n"
-    old = "  elementwise_traffic:\n    value: 0\n"
+    old = "  elementwise_traffic:\n    value: 0.4\n"
     src = (DEVICES_DIR / "h100-sxm.yaml").read_text()
     start = src.index(old)
     end = src.index("\n", src.index("origin:", start)) + 1
     block = src[start:end]
-    p = _device_yaml(tmp_path, block, field.format(0.4))
+    p = _device_yaml(tmp_path, block, field.format(0.6))
     d = load_device(p)
-    assert d.elementwise_traffic == 0.4 and d.sources["elementwise_traffic"] == "test"
+    assert d.elementwise_traffic == 0.6 and d.sources["elementwise_traffic"] == "test"
     (tmp_path / "bad").mkdir()
     p = _device_yaml(tmp_path / "bad", block, field.format(1.5))
     msg = _one_line_error(load_device, p)
