@@ -48,6 +48,7 @@ from hardware_profiles.types import (
     ProfileError,
     Span,
     straggler_factor,
+    straggler_hosts,
 )
 
 __all__ = [
@@ -92,5 +93,6 @@ __all__ = [
     "span_collective",
     "span_reduce_scatter",
     "straggler_factor",
+    "straggler_hosts",
     "tree_all_reduce",
 ]

@@ -7,7 +7,7 @@ Files use human units in their key names (``memory_gb``, ``bandwidth_gbit_per_s`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 
 class ProfileError(ValueError):
@@ -158,6 +158,17 @@ def straggler_factor(hosts: int, jitter: float) -> float:
     import math
 
     return 1.0 + jitter * math.sqrt(2.0 * math.log(hosts))
+
+
+def straggler_hosts(specs: Iterable["MeshSpec"]) -> int:
+    """Independent straggler units of a plan over meshes ``specs`` (each mesh once): per mesh,
+    its nodes when it spans several (``MeshSpec.devices_per_node``), else its devices over its
+    device's ``lockstep_devices`` (rounded up), summed (:func:`straggler_factor`'s ``hosts``)."""
+    total = 0
+    for spec in specs:
+        unit = spec.devices_per_node if spec.devices_per_node else spec.device.lockstep_devices
+        total += -(-spec.num_devices // max(1, min(unit, spec.device.lockstep_devices)))
+    return total
 
 
 @dataclass(frozen=True, slots=True)

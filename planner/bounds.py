@@ -11,14 +11,15 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from hardware_profiles.types import MeshSpec, straggler_factor, straggler_hosts
 from planner.inflight import V_SHAPED
 from planner.search import MeshOption
 
 
-Rank = tuple[float, float, tuple[tuple[float, float, float], ...]]
+Rank = tuple[float, float, tuple[tuple[float, float, float, float], ...]]
 """A rank for the bound: (fixed step seconds, fixed seconds per microbatch on the chain, ((step
-seconds per block, chain seconds per block and microbatch, most blocks that fit memory), ...) per
-layout option)."""
+seconds per block, chain seconds per block, most blocks that fit memory, the option's own fixed
+step seconds beyond the rank's), ...) per layout option)."""
 
 
 def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int = 1,
@@ -35,14 +36,14 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
     ``comm[r]``: seconds the path spends between rank ``r`` and ``r + 1`` (the forward's and the
     backward's transfers), added to the chain in full.
     """
-    fastest = min(c for _, _, opts in ranks for _, c, _ in opts)
+    fastest = min(c for _, _, opts in ranks for _, c, _, _ in opts)
     hops = [0.0]
     for r in range(len(ranks) - 1):
         hops.append(hops[-1] + (comm[r] if r < len(comm) and chain > 0 else 0.0))
 
     prepared = [(hops[r], fixed, fixed_chain,
-                 tuple((cost, cap) for cost, _, cap in opts if cost > 0),
-                 min((cap for cost, _, cap in opts if cost <= 0), default=-1))
+                 tuple((cost, cap, extra) for cost, _, cap, extra in opts if cost > 0),
+                 min((cap for cost, _, cap, _ in opts if cost <= 0), default=-1))
                 for r, (fixed, fixed_chain, opts) in enumerate(ranks)]
     floor = math.floor
 
@@ -52,8 +53,10 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
             room = tau - chain * s - hop - fixed
             n = 0
             if room > 0:
-                for cost, cap in opts:
-                    k = floor(room / cost * (1 + 1e-12))
+                for cost, cap, extra in opts:
+                    if room <= extra:
+                        continue
+                    k = floor((room - extra) / cost * (1 + 1e-12))
                     k = cap if cap < k else k
                     if k > n:
                         n = k
@@ -66,9 +69,10 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
     # bracket: double from the fluid level without memory (a lower bound), then bisect to a
     # relative 1e-7 (the returned lower end is never feasible: a valid bound)
     lo = 0.0
-    hi = max(1e-9, sum(f for f, _, _ in ranks) + num_blocks * min(c for _, _, o in ranks for c, _, _ in o)
+    hi = max(1e-9, sum(f for f, _, _ in ranks) + num_blocks * min(c for _, _, o in ranks for c, _, _, _ in o)
              / len(ranks))
-    worst = (sum(f for f, _, _ in ranks) + num_blocks * max(c for _, _, o in ranks for c, _, _ in o)
+    worst = (sum(f + max(e for _, _, _, e in o) for f, _, o in ranks)
+             + num_blocks * max(c for _, _, o in ranks for c, _, _, _ in o)
              + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hops[-1]) * 2 + 1.0
     while blocks(hi) < num_blocks:
         lo, hi = hi, hi * 2
@@ -88,7 +92,8 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
 
 def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
            microbatches: int, *, chain: bool = False, merge: bool = False,
-           post_rank: int | None = None, ends: tuple[int, int] = (0, 0)) -> list[Rank]:
+           post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
+           straggler: Sequence[float] = ()) -> list[Rank]:
     """Per rank, for :func:`_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
     ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers), per
     block ``M x block + the tail one more block adds`` (a stage's all-reduce pays its latency once).
@@ -99,17 +104,20 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
     block are F and B (the path through the rank). Memory: the most blocks an
     option holds with ``inflight[r]`` chunk instances of residuals, after the pre/post layers'
     weights and ``ends`` (first, last stage) instances of their residuals on the ranks holding
-    them (the CP-SAT model's own memory terms)."""
+    them (the CP-SAT model's own memory terms). ``straggler[r]``: rank ``r``'s straggler wait as a
+    share of its work (work ranks only: the gradient sync waits that long after its last fragment,
+    :meth:`simulator.plan_costs.PlanCosts.straggler_wait`)."""
     out = []
     last = len(options) - 1
     m, v = microbatches, virtual_stages
     for r, opts in enumerate(options):
         split = any(o.block_w_s > 0 for o in opts)
-        fixed = min(o.overhead_s for o in opts)
+        fixed = least = min(o.overhead_s for o in opts)
+        share = 2 / 3 if chain and split else 1.0
         if chain:
             # on the path: the F and B dispatches only; pre/post layers left out (their weight
             # gradients may be owed after the last backward)
-            fixed *= 2 / 3 if split else 1.0
+            fixed *= share
         else:
             if r == 0:
                 fixed += min(o.pre_s for o in opts)
@@ -119,6 +127,7 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
             fixed = max(0.0, fixed - max(o.merge_saving_s for o in opts))
         per = []
         owed = min(m * v, inflight[r]) / v
+        slow = 1.0 if chain or r >= len(straggler) else 1.0 + straggler[r]
         for o in opts:
             need = o.static_block + inflight[r] * o.resid_block / v
             room = o.capacity - o.working
@@ -127,18 +136,20 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
             if r == post_rank:           # the layers after them (on the last rank, or the first in a V)
                 room -= o.static_post + ends[1] * o.resid_post
             cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
+            extra = m * (o.overhead_s - least) * share * slow   # e.g. FSDP's exposed gathers
             if chain:
-                per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap))
+                per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap, extra))
             else:
-                per.append((m * o.block_s + o.tail_marginal_s, o.block_s, cap))
-        out.append((m * fixed, fixed, tuple(per)))
+                per.append((slow * m * o.block_s + o.tail_marginal_s, o.block_s, cap, extra))
+        out.append((slow * m * fixed, fixed, tuple(per)))
     return out
 
 
 def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Sequence[MeshOption]],
                     microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
                     virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
-                    post_rank: int | None = None, ends: tuple[int, int] = (0, 0)) -> float:
+                    post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
+                    straggler: Sequence[float] = ()) -> float:
     """A lower bound on the step time of a pipeline over meshes with these options, seconds,
     valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
     sec. 2.2 give the uniform case it generalises).
@@ -163,15 +174,28 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     ``inf`` when no partition fits memory. ``comm``: per boundary, the forward plus backward
     transfer seconds on the chain's path; ``post_rank``: the rank holding the post-block layers
     (the last for a line, the first for a V); ``ends``: residual instances of the first and
-    last stage their ranks hold (:func:`planner.inflight.inflight_end_counts`).
+    last stage their ranks hold (:func:`planner.inflight.inflight_end_counts`); ``straggler``: per
+    rank, ``straggler_factor - 1`` of its device over the pipeline's hosts (the gradient sync
+    waits that share of the rank's work for the slowest host, after its last fragment: the work
+    term becomes ``(1 + straggler) x M x T_m + tail_m``; :func:`straggler_shares`).
     """
     level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
-                          post_rank=post_rank, ends=ends), num_blocks, 0.0, virtual_stages)
+                          post_rank=post_rank, ends=ends, straggler=straggler),
+                   num_blocks, 0.0, virtual_stages)
     if chain > 0 and level < math.inf:
         level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
                                          merge=mergeable, post_rank=post_rank, ends=ends),
                                   num_blocks, chain, virtual_stages, comm))
     return level
+
+
+def straggler_shares(specs: Sequence[MeshSpec]) -> tuple[float, ...]:
+    """Per pipeline rank (mesh ``specs`` in order), ``straggler_factor - 1`` over the hosts the
+    pipeline's meshes form (:func:`hardware_profiles.types.straggler_hosts`) with that rank's
+    device's ``sync_jitter``: what :meth:`simulator.plan_costs.PlanCosts.straggler_wait` charges,
+    as a share of the rank's work."""
+    hosts = straggler_hosts(specs)
+    return tuple(straggler_factor(hosts, s.device.sync_jitter) - 1.0 for s in specs)
 
 
 def chain_share(sched: str, virtual_stages: int) -> float:

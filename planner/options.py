@@ -71,7 +71,8 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
         blk, pr, po = mem(pre, pre + 1), mem(0, pre), mem(pre + nb, len(w.layers))
         opts.append(MeshOption(
             layout=lay, recompute=rc, block_s=t(pre, pre + 1), pre_s=t(0, pre), post_s=t(pre + nb, len(w.layers)),
-            overhead_s=ovh * len(kinds), merge_saving_s=ovh if "B" in kinds else 0.0,
+            overhead_s=ovh * len(kinds) + _fsdp_exposed(w, mesh, lay, kinds, split),
+            merge_saving_s=ovh if "B" in kinds else 0.0,
             tail_block_s=tail(pre, pre + 1), tail_pre_s=tail(0, pre),
             tail_post_s=tail(pre + nb, len(w.layers)),
             static_block=blk.static_bytes, static_pre=pr.static_bytes, static_post=po.static_bytes,
@@ -84,6 +85,25 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
                                          recompute=rc, seq_len=w.seq_len) for i in range(pre, pre + 1))
                        if "W" in kinds else 0.0)))
     return _undominated(opts)
+
+
+def _fsdp_exposed(w: Workload, mesh: MeshSpec, lay: Layout, kinds: tuple[str, ...],
+                  split: bool) -> float:
+    """A lower bound on the FSDP traffic one virtual stage's fragments of one microbatch expose,
+    whatever layers the stage holds (:func:`simulator.cost_model.fsdp_exposed`: F its first
+    gather, B its last gather and, unless split, its first reduce-scatter, W that reduce-scatter),
+    seconds: the least gather ``g`` and reduce-scatter ``s`` of any layer with parameters, so F + B
+    (+ W) >= ``2 g + s``. With a split backward it is ``3 min(g, s)``, so that the chain bound's
+    F and B share (2/3 of it, :func:`planner.bounds._ranks`) stays at most ``2 g``. 0 without
+    FSDP or on a ``"sum"`` roofline (whose layers already pay all of it)."""
+    if not lay.fsdp or lay.shard <= 1 or mesh.device.roofline == "sum" or "B" not in kinds:
+        return 0.0
+    traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in range(len(w.layers))
+               if w.layer(i).param_count > 0]
+    if not traffic:
+        return 0.0
+    g, sc = min(x[0] for x in traffic), min(x[1] for x in traffic)
+    return 3.0 * min(g, sc) if split else 2.0 * g + sc
 
 
 def _undominated(opts: list[MeshOption]) -> tuple[MeshOption, ...]:

@@ -28,7 +28,7 @@ from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
 from planner import api
 from planner.errors import PlannerError
-from planner.bounds import candidate_bound, chain_share, quick_bound
+from planner.bounds import candidate_bound, chain_share, quick_bound, straggler_shares
 from planner.budget import COSTS, Budget
 from planner.candidate import solve_schedule
 from planner.predict import Prediction
@@ -206,6 +206,7 @@ class _Enumeration:
         specs = [lc.meshes[x] for x in meshes]
         m, p = c.microbatches, len(meshes)
         samples = w.global_batch / m
+        slow = straggler_shares(specs) if w.training else ()
         named = []
         for sched in self.scheds:
             if not _allowed(sched, p, m, nb, opts.virtual_stages):
@@ -230,11 +231,12 @@ class _Enumeration:
             ends = ((0, 0) if sched == "interleaved-1f1b" or not w.training
                     else inflight_end_counts(sched, p, m, v))
             key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank,
-                   ends)
+                   ends, slow)
             if key not in self.memo:
                 self.memo[key] = candidate_bound(work, crit, m, nb, chain, infl, v,
                                                  mergeable=sched in api.MERGEABLE and w.training,
-                                                 comm=comm, post_rank=post_rank, ends=ends)
+                                                 comm=comm, post_rank=post_rank, ends=ends,
+                                                 straggler=slow)
             named.append((sched, max(self.memo[key], c.bound_s)))
         named.sort(key=lambda x: x[1])
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
@@ -249,7 +251,8 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
                     deadline: float, stop: threading.Event | None = None,
                     nodes: dict[str, int] | None = None,
                     progress: Callable[[int, int, float | None], None] | None = None,
-                    target_gap: float = TARGET_GAP, budget: Budget | None = None) -> PipelineResult:
+                    target_gap: float = TARGET_GAP, budget: Budget | None = None,
+                    incumbent: tuple[Plan, Prediction] | None = None) -> PipelineResult:
     """The best plan of one pipeline over node ``groups`` (in order) for workload ``w``.
 
     Branch and bound: candidates come off a heap by bound (the practitioner's shapes first); a
@@ -263,6 +266,9 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         nodes: use only this many nodes of a group (default: all).
         target_gap: stop once the best plan is within this fraction of the least bound left.
         budget: nominal work budget (:class:`Budget`; default: none beyond ``deadline``).
+        incumbent: a plan of the same pipeline that fits memory, and its prediction (e.g. the
+            practitioners' grid's best, :mod:`planner.grid`): the search starts from it, prunes
+            every candidate whose bound cannot beat it, and returns it when nothing beats it.
 
     Raises:
         PlannerError: a group name the cluster lacks.
@@ -281,6 +287,8 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
     heapq.heapify(heap)
     total = len(heap)
     best: tuple[float, Plan, Prediction] | None = None
+    if incumbent is not None and incumbent[1].fits:
+        best = (incumbent[1].step_time_s, incumbent[0], incumbent[1])
     searched = solves = 0
     searched_bounds: list[float] = []      # a searched candidate's bound still bounds its plans
     interrupted = False

@@ -8,7 +8,10 @@ to the mesh-level search (:func:`planner.api.plan`). Shaping:
 
 1. **One group alone** (:func:`planner.shapes.search_pipeline`): its nodes carved into a pipeline
    of stage meshes (nodes joined as the data axis = pipeline replicas, or split), every schedule,
-   branch and bound on a true lower bound.
+   branch and bound on a true lower bound. The practitioners' grid (:func:`planner.grid.grid_sweep`,
+   the layouts an engineer sweeps) is replayed first on at most :data:`GRID_SHARE` of the work
+   and its best seeds the search as the incumbent: the plan is never slower than the grid's, and
+   the grid's step prunes every candidate whose bound cannot beat it.
 2. **Heterogeneous data parallel**: the groups split into parts, each part one pipeline (through
    one group, or a mixed pipeline through several) on a share of the global batch (whole
    microbatches; shares first in proportion to the parts' measured rates, then moved a granule at a
@@ -42,9 +45,14 @@ from planner import api
 from planner.errors import InfeasibleError
 from planner.predict import Prediction
 from planner.budget import Budget
+from planner.grid import GridResult, grid_sweep
 from planner.shapes import PipelineResult, search_pipeline
 from simulator import cost_model as cm
 
+
+GRID_SHARE = 0.25
+"""Most of a one-group pipeline search's work that the practitioners' grid may take (it needs
+about 2 s of CPU for Llama 3 70B on 128 H100, under 10% of the default budget)."""
 
 WORK_SHARE = 0.9
 """Nominal work budget as a share of ``--time-limit``: on the reference machine the search ends on
@@ -176,6 +184,7 @@ class _Search:
         self.progress = progress
         self.tried: list[Option] = []
         self.cache: dict[tuple[tuple[str, ...], int, float], PipelineResult] = {}
+        self.grids: dict[tuple[str, int], GridResult] = {}
         self.interrupted = False
         self.done, self.total = 0, 1
 
@@ -193,8 +202,16 @@ class _Search:
         if key in self.cache:
             return self.cache[key]
         w = replace(self.w, global_batch=batch)
+        sub = self.budget.sub(max(0.2, budget))
+        incumbent = None
+        if len(groups) == 1 and not self.opts.fixed_order:
+            grid = grid_sweep(w, self.cluster, groups[0], self.opts.headroom,
+                              sub.sub(sub.left() * GRID_SHARE), self.opts)
+            self.grids[(groups[0], batch)] = grid
+            if grid.best is not None:
+                incumbent = (grid.best.plan, grid.best.prediction)
         r = search_pipeline(w, self.cluster, groups, self.opts, deadline=self.deadline, stop=self.stop,
-                            target_gap=target_gap, budget=self.budget.sub(max(0.2, budget)))
+                            target_gap=target_gap, budget=sub, incumbent=incumbent)
         self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
         self.cache[key] = r
         self.done += 1
@@ -257,6 +274,10 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     step, label, chosen = candidates[0]
     wall = time.monotonic() - s.t0
     others = [f"{lab} {t:.2f} s" for t, lab, _ in candidates[1:4]]
+    grid = s.grids.get((label.removesuffix(" alone"), w.global_batch))
+    if grid is not None and grid.best is not None and isinstance(chosen, PipelineResult) \
+            and chosen.plan is grid.best.plan:
+        label += f" (the practitioners' grid's {grid.best.label}: the search found nothing faster)"
     reason = f"{label}: {step:.2f} s per step" + (f" (next: {'; '.join(others)})" if others else "")
     if k == 1:
         r: PipelineResult = chosen

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from compiler.ir import FragmentRef, Plan, Workload
-from hardware_profiles.types import Cluster, MeshSpec, straggler_factor
+from hardware_profiles.types import Cluster, MeshSpec, straggler_factor, straggler_hosts
 from simulator import cost_model as cm
 
 
@@ -235,12 +235,7 @@ class PlanCosts:
         """Independent straggler units the plan's devices form: per mesh, its nodes when it spans
         several (``MeshSpec.devices_per_node``), else its devices over its device's
         ``lockstep_devices`` (rounded up), summed over the plan's meshes."""
-        total = 0
-        for m in dict.fromkeys(self.plan.rank_mesh):
-            spec = self.cluster.meshes[m]
-            unit = spec.devices_per_node if spec.devices_per_node else spec.device.lockstep_devices
-            total += -(-spec.num_devices // max(1, min(unit, spec.device.lockstep_devices)))
-        return total
+        return straggler_hosts(self.cluster.meshes[m] for m in dict.fromkeys(self.plan.rank_mesh))
 
     def straggler_wait(self, mesh: str) -> float:
         """Seconds ``mesh`` waits at the gradient sync for the plan's slowest host: its compute

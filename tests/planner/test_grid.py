@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from planner.api import PlanOptions
 from planner.baseline import HandLayout, hand_plan, megatron_plans
+from planner.budget import Budget
 from planner.errors import PlannerError
 from planner.grid import grid_layouts, grid_sweep
 from tests.planner.test_hand_layout import W, nodes
@@ -47,3 +49,23 @@ def test_the_sweep_keeps_the_fastest_point_that_fits(mem_gb):
 def test_an_unknown_group_is_refused():
     with pytest.raises(PlannerError, match="no node group 'x'"):
         grid_sweep(W, nodes(), "x")
+
+
+def test_the_planner_options_restrict_the_grid():
+    all_pts = grid_layouts(W, nodes(), "g")
+    pts = grid_layouts(W, nodes(), "g", PlanOptions(max_tensor=2, fsdp=False, schedules=("1f1b",)))
+    assert pts and set(pts) < set(all_pts)
+    assert {p.tensor for p in pts} == {1, 2} and not any(p.fsdp for p in pts)
+    assert {p.schedule for p in pts} == {"1f1b"}
+    m = grid_layouts(W, nodes(), "g", PlanOptions(microbatches=(4,)))
+    assert m and all(W.global_batch // (p.data * p.micro_batch) == 4 for p in m)
+
+
+def test_a_spent_budget_stops_the_sweep():
+    import time
+
+    full = grid_sweep(W, nodes(), "g")
+    b = Budget(1e-3, time.monotonic() + 600)
+    cut = grid_sweep(W, nodes(), "g", budget=b)
+    assert full.complete and not cut.complete
+    assert 0 < cut.evaluated < full.evaluated and b.out()

@@ -153,14 +153,39 @@ def test_group_shapes_cover_every_divisor_pair(tmp_path):
     assert len(group_shapes(cluster.groups["h100"], 2)) == 3   # (4,1), (2,1), (4,2)
 
 
-def test_bound_holds_for_random_plans(tmp_path):
+def test_work_bound_adds_the_straggler_wait():
+    # the gradient sync waits 10% of each rank's work for the slowest host: 1.1 x 6 s
+    opts = [[_opt(1.0)]] * 4
+    assert candidate_bound(opts, opts, 3, 8, 0.0, [1] * 4, straggler=[0.1] * 4) == pytest.approx(6.6)
+    # a rank's share weighs on its own work only: rank 1 waits 50%, so (5, 3) blocks: max(5, 4.5)
+    two = [[_opt(1.0)]] * 2
+    assert candidate_bound(two, two, 1, 8, 0.0, [1, 1], straggler=[0.0, 0.5]) == pytest.approx(5.0)
+
+
+def _jittered(tmp_path: Path, jitter: float) -> str:
+    """The bundled H100 profile with ``sync_jitter`` set to ``jitter`` (a profile file)."""
+    import yaml
+
+    from hardware_profiles.loader import DEVICES_DIR
+
+    doc = yaml.safe_load((DEVICES_DIR / "h100-sxm.yaml").read_text())
+    doc["efficiency"]["sync_jitter"] = {"value": jitter, "origin": "test"}
+    p = tmp_path / "h100-jitter.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return str(p)
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.08])
+def test_bound_holds_for_random_plans(tmp_path, jitter):
     """Every schedule's bound of a candidate is at most the exact step of any plan of that
-    candidate that fits memory: 4 nodes of 2 devices, every shape, random partitions and layouts."""
+    candidate that fits memory: 4 nodes of 2 devices, every shape, random partitions and layouts,
+    with and without a straggler wait at the gradient sync (``sync_jitter``)."""
     import random
 
     rng = random.Random(0)
     w = workload("llama-tiny", 16)
-    cluster = _cluster(tmp_path, [("h100", "h100-sxm", 4, 2)])
+    cluster = _cluster(tmp_path, [("h100", _jittered(tmp_path, jitter), 4, 2)])
+    assert cluster.groups["h100"].device.sync_jitter == jitter
     opts = api.PlanOptions(schedules=SCHEDULES)
     e = _Enumeration(w, cluster, ("h100",), opts, _Options(w, opts), None)
     pre, nb, post = api._split_layers(w)
