@@ -16,10 +16,11 @@ from planner.inflight import V_SHAPED
 from planner.search import MeshOption
 
 
-Rank = tuple[float, float, tuple[tuple[float, float, float, float], ...]]
+Rank = tuple[float, float, tuple[tuple[float, float, float, float, float, float], ...]]
 """A rank for the bound: (fixed step seconds, fixed seconds per microbatch on the chain, ((step
 seconds per block, chain seconds per block, most blocks that fit memory, the option's own fixed
-step seconds beyond the rank's), ...) per layout option)."""
+step seconds beyond the rank's, and a second constraint on the same blocks: what it adds per
+block and to the fixed seconds, 0 and 0 for none), ...) per layout option)."""
 
 
 def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int = 1,
@@ -36,14 +37,15 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
     ``comm[r]``: seconds the path spends between rank ``r`` and ``r + 1`` (the forward's and the
     backward's transfers), added to the chain in full.
     """
-    fastest = min(c for _, _, opts in ranks for _, c, _, _ in opts)
+    fastest = min(c for _, _, opts in ranks for _, c, _, _, _, _ in opts)
     hops = [0.0]
     for r in range(len(ranks) - 1):
         hops.append(hops[-1] + (comm[r] if r < len(comm) and chain > 0 else 0.0))
 
     prepared = [(hops[r], fixed, fixed_chain,
-                 tuple((cost, cap, extra) for cost, _, cap, extra in opts if cost > 0),
-                 min((cap for cost, _, cap, _ in opts if cost <= 0), default=-1))
+                 tuple((cost, cap, extra, cost + more, extra + off)
+                       for cost, _, cap, extra, more, off in opts if cost > 0),
+                 min((cap for cost, _, cap, _, _, _ in opts if cost <= 0), default=-1))
                 for r, (fixed, fixed_chain, opts) in enumerate(ranks)]
     floor = math.floor
 
@@ -53,10 +55,12 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
             room = tau - chain * s - hop - fixed
             n = 0
             if room > 0:
-                for cost, cap, extra in opts:
-                    if room <= extra:
+                for cost, cap, extra, cost2, extra2 in opts:
+                    if room <= extra or room <= extra2:
                         continue
                     k = floor((room - extra) / cost * (1 + 1e-12))
+                    k2 = floor((room - extra2) / cost2 * (1 + 1e-12))
+                    k = k2 if k2 < k else k
                     k = cap if cap < k else k
                     if k > n:
                         n = k
@@ -69,10 +73,10 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
     # bracket: double from the fluid level without memory (a lower bound), then bisect to a
     # relative 1e-7 (the returned lower end is never feasible: a valid bound)
     lo = 0.0
-    hi = max(1e-9, sum(f for f, _, _ in ranks) + num_blocks * min(c for _, _, o in ranks for c, _, _, _ in o)
-             / len(ranks))
-    worst = (sum(f + max(e for _, _, _, e in o) for f, _, o in ranks)
-             + num_blocks * max(c for _, _, o in ranks for c, _, _, _ in o)
+    hi = max(1e-9, sum(f for f, _, _ in ranks)
+             + num_blocks * min(c for _, _, o in ranks for c, _, _, _, _, _ in o) / len(ranks))
+    worst = (sum(f + max(max(e, e + off) for _, _, _, e, _, off in o) for f, _, o in ranks)
+             + num_blocks * max(c + more for _, _, o in ranks for c, _, _, _, more, _ in o)
              + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hops[-1]) * 2 + 1.0
     while blocks(hi) < num_blocks:
         lo, hi = hi, hi * 2
@@ -93,7 +97,7 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
 def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
            microbatches: int, *, chain: bool = False, merge: bool = False,
            post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
-           straggler: Sequence[float] = ()) -> list[Rank]:
+           straggler: Sequence[float] = (), sync_exposed: bool = False) -> list[Rank]:
     """Per rank, for :func:`_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
     ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers), per
     block ``M x block + the tail one more block adds`` (a stage's all-reduce pays its latency once).
@@ -106,7 +110,10 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
     weights and ``ends`` (first, last stage) instances of their residuals on the ranks holding
     them (the CP-SAT model's own memory terms). ``straggler[r]``: rank ``r``'s straggler wait as a
     share of its work (work ranks only: the gradient sync waits that long after its last fragment,
-    :meth:`simulator.plan_costs.PlanCosts.straggler_wait`)."""
+    :meth:`simulator.plan_costs.PlanCosts.straggler_wait`). ``sync_exposed``: one stage per rank
+    whose last fragment is its last microbatch's B (1F1B, GPipe): a work rank's step is also at
+    least its work plus what its gradient sync outlasts that B (``MeshOption.sync_excess_s`` per
+    block, ``sync_offset_s``), a second constraint on its blocks."""
     out = []
     last = len(options) - 1
     m, v = microbatches, virtual_stages
@@ -123,6 +130,8 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
                 fixed += min(o.pre_s for o in opts)
             if r == post_rank:           # the layers after the blocks (the LM head)
                 fixed += min(o.post_s for o in opts)
+        least_pre = min(o.pre_s for o in opts) if not chain and r == 0 else 0.0
+        least_post = min(o.post_s for o in opts) if not chain and r == post_rank else 0.0
         if merge and r == last:          # the last stage's F and B may share one dispatch
             fixed = max(0.0, fixed - max(o.merge_saving_s for o in opts))
         per = []
@@ -136,11 +145,22 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
             if r == post_rank:           # the layers after them (on the last rank, or the first in a V)
                 room -= o.static_post + ends[1] * o.resid_post
             cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
-            extra = m * (o.overhead_s - least) * share * slow   # e.g. FSDP's exposed gathers
+            # the option's own fixed seconds beyond the rank's least (e.g. FSDP's exposed gathers)
+            own = (o.overhead_s - least) * share
+            if not chain and r == 0:
+                own += o.pre_s - least_pre
+            if not chain and r == post_rank:
+                own += o.post_s - least_post
+            extra = m * own * slow
             if chain:
-                per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap, extra))
+                per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap, extra,
+                            0.0, 0.0))
             else:
-                per.append((slow * m * o.block_s + o.tail_marginal_s, o.block_s, cap, extra))
+                # the gradient buckets exposed past the last backward (one stage per rank, its
+                # last B the rank's last fragment: a last stage that may merge F and B is left out)
+                sync = sync_exposed and not (merge and r == last)
+                per.append((slow * m * o.block_s + o.tail_marginal_s, o.block_s, cap, extra,
+                            o.sync_excess_s if sync else 0.0, o.sync_offset_s if sync else 0.0))
         out.append((slow * m * fixed, fixed, tuple(per)))
     return out
 
@@ -149,7 +169,7 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
                     microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
                     virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
                     post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
-                    straggler: Sequence[float] = ()) -> float:
+                    straggler: Sequence[float] = (), sync_exposed: bool = False) -> float:
     """A lower bound on the step time of a pipeline over meshes with these options, seconds,
     valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
     sec. 2.2 give the uniform case it generalises).
@@ -177,10 +197,13 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     last stage their ranks hold (:func:`planner.inflight.inflight_end_counts`); ``straggler``: per
     rank, ``straggler_factor - 1`` of its device over the pipeline's hosts (the gradient sync
     waits that share of the rank's work for the slowest host, after its last fragment: the work
-    term becomes ``(1 + straggler) x M x T_m + tail_m``; :func:`straggler_shares`).
+    term becomes ``(1 + straggler) x M x T_m + tail_m``; :func:`straggler_shares`);
+    ``sync_exposed``: the schedule runs one stage per rank and ends each rank on its last
+    microbatch's B (:func:`_ranks`).
     """
     level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
-                          post_rank=post_rank, ends=ends, straggler=straggler),
+                          post_rank=post_rank, ends=ends, straggler=straggler,
+                          sync_exposed=sync_exposed),
                    num_blocks, 0.0, virtual_stages)
     if chain > 0 and level < math.inf:
         level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,

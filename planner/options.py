@@ -83,8 +83,39 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
             tail_marginal_s=(tail(pre, pre + 2) - tail(pre, pre + 1)) if nb >= 2 else tail(pre, pre + 1),
             block_w_s=(sum(cm.layer_time(w.layer(i), "W", samples, mesh, lay, dtype, split_backward=True,
                                          recompute=rc, seq_len=w.seq_len) for i in range(pre, pre + 1))
-                       if "W" in kinds else 0.0)))
+                       if "W" in kinds else 0.0),
+            **_sync_excess(w, mesh, lay, samples, rc, kinds, (pre, nb, post))))
     return _undominated(opts)
+
+
+def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: bool,
+                 kinds: tuple[str, ...], split_layers: tuple[int, int, int]) -> dict[str, float]:
+    """``sync_excess_s`` and ``sync_offset_s`` of a :class:`MeshOption` (without a split
+    backward: its last fragment, the last microbatch's B, is when the buckets become ready).
+    A stage of ``n`` blocks exposes ``max(0, sync - B_last) >= n x excess + offset``, where
+    ``offset`` (<= 0) counts the layers outside the blocks at their least and subtracts the B
+    fragment's dispatch and FSDP exposure at their most."""
+    if not w.training or "W" in kinds or "B" not in kinds:
+        return {}
+    pre, nb, post = split_layers
+    dtype = cm.compute_dtype(w)
+
+    def sync(i: int) -> float:
+        x = cm.layer_grad_sync(w.layer(i), mesh, lay)
+        return x[2] if x is not None else 0.0
+
+    def bwd(i: int) -> float:
+        return cm.layer_time(w.layer(i), "B", samples, mesh, lay, dtype, recompute=rc, seq_len=w.seq_len)
+
+    excess = sync(pre) - bwd(pre)
+    if excess <= 0:
+        return {}
+    outside = [i for i in range(len(w.layers)) if not pre <= i < pre + nb]
+    offset = sum(min(0.0, sync(i) - bwd(i)) for i in outside) - cm.fragment_overhead(mesh)
+    if lay.fsdp:
+        traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in range(len(w.layers))]
+        offset -= max(g for g, _ in traffic) * (2 if rc else 1) + max(s for _, s in traffic)
+    return {"sync_excess_s": excess, "sync_offset_s": min(0.0, offset)}
 
 
 def _fsdp_exposed(w: Workload, mesh: MeshSpec, lay: Layout, kinds: tuple[str, ...],

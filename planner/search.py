@@ -94,6 +94,13 @@ class MeshOption:
     tail_marginal_s: float = 0.0
     """What one more block adds to the end-of-step tail (a stage's gradient all-reduce is one
     collective: its latency is paid once, so ``tail_block_s`` x blocks over-counts it)."""
+    sync_excess_s: float = 0.0
+    """Per block, how much its data-parallel gradient sync outlasts its backward of one microbatch
+    (``max(0, sync - B)``, seconds): the buckets are synced one after another during and after the
+    stage's last backward, so what exceeds that backward is exposed (bounds only)."""
+    sync_offset_s: float = 0.0
+    """At most 0: the same excess's constant part over the layers outside the blocks and the
+    backward fragment's fixed costs (bounds only; see :func:`planner.bounds.candidate_bound`)."""
 
 
 @dataclass(frozen=True, slots=True)

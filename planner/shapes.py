@@ -231,16 +231,20 @@ class _Enumeration:
             ends = ((0, 0) if sched == "interleaved-1f1b" or not w.training
                     else inflight_end_counts(sched, p, m, v))
             key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank,
-                   ends, slow)
+                   ends, slow, sched in SYNC_EXPOSED)
             if key not in self.memo:
                 self.memo[key] = candidate_bound(work, crit, m, nb, chain, infl, v,
                                                  mergeable=sched in api.MERGEABLE and w.training,
                                                  comm=comm, post_rank=post_rank, ends=ends,
-                                                 straggler=slow)
+                                                 straggler=slow, sync_exposed=sched in SYNC_EXPOSED)
             named.append((sched, max(self.memo[key], c.bound_s)))
         named.sort(key=lambda x: x[1])
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
 
+
+SYNC_EXPOSED = ("1f1b", "gpipe")
+"""Schedules whose ranks hold one stage each and end on their last microbatch's backward (B):
+their gradient sync's excess over that B is a bound term (:func:`planner.bounds.candidate_bound`)."""
 
 ADAPTIVE_MAX_FRAGMENTS = 512
 """Largest ranks x microbatches for which the automatic ZB-1p/2p are built (their local search

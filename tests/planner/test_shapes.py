@@ -170,6 +170,7 @@ def _jittered(tmp_path: Path, jitter: float) -> str:
 
     doc = yaml.safe_load((DEVICES_DIR / "h100-sxm.yaml").read_text())
     doc["efficiency"]["sync_jitter"] = {"value": jitter, "origin": "test"}
+    doc["name"] = "h100-jitter"
     p = tmp_path / "h100-jitter.yaml"
     p.write_text(yaml.safe_dump(doc))
     return str(p)
