@@ -44,6 +44,15 @@ _COLUMN_BIAS = {"wq_b": "q", "wk_b": "kv", "wv_b": "kv", "w_in_b": "ffn"}
 _ROW = {"wo": "q", "w_down": "ffn", "w_out": "ffn", "mlp_x_down": "ffn", "mlp_y_down": "ffn"}
 
 
+def too_few_devices(cluster: str, need: int, have: int) -> str:
+    """The one-line error for a plan whose cluster has more devices than this host's JAX."""
+    return (f"cluster {cluster!r} needs {need} devices and this host's JAX has {have} (mpmd run "
+            f"gives it 8 CPU devices): the plan is for the cluster it names, not this host; fix: "
+            f"plan for a cluster of at most {have} devices (mpmd calibrate writes "
+            f"calibrated/cpu4x2.yaml) and run that, or run this plan where {need} devices are "
+            f"(one process per host: --processes)")
+
+
 def layout_axes(layout: Layout) -> dict[str, int]:
     """The mesh axes (name -> size, in device order) of ``layout``: ``{"data": d, "model": t}``,
     or ``{"replica": hsdp, "data": d / hsdp, "model": t}`` with hybrid sharding."""
@@ -152,9 +161,7 @@ def topology_for_plan(plan: Plan, cluster: Any, devices: Sequence[Any]) -> dict[
     """
     devices = list(devices)
     if len(devices) < cluster.num_devices:
-        raise ValueError(f"cluster {cluster.name!r} needs {cluster.num_devices} devices, JAX has "
-                         f"{len(devices)}; set jax_num_cpu_devices={cluster.num_devices} (or "
-                         f"XLA_FLAGS) before JAX starts")
+        raise ValueError(too_few_devices(cluster.name, cluster.num_devices, len(devices)))
     out, i = {}, 0
     for name, spec in cluster.meshes.items():
         devs = devices[i:i + spec.num_devices]

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from compiler.train import check
+from compiler.train.layouts import too_few_devices
 from compiler.core.errors import CompilerError
 from compiler.ir import DataParallelPlan, Plan
 from compiler.core.plan_config import config_from_plan
@@ -148,8 +149,7 @@ def topology_from_cluster(cluster: Any, devices: list | None = None) -> dict[str
     devices = list(devices if devices is not None else jax.devices())
     need = cluster.num_devices
     if len(devices) < need:
-        raise RunError(f"cluster {cluster.name!r} needs {need} devices, JAX has {len(devices)}; "
-                       f"set jax_num_cpu_devices={need} (or XLA_FLAGS) before JAX starts")
+        raise RunError(too_few_devices(cluster.name, need, len(devices)))
     out, i = {}, 0
     for name, spec in cluster.meshes.items():
         shape = tuple(spec.axes.values())

@@ -425,7 +425,8 @@ def test_run_of_a_data_parallel_plan_too_big_for_this_host_is_one_line(files):
     """Data-parallel plans run (tests/compiler/test_run_layouts.py); this one's cluster has 48
     devices, more than the 8 CPU devices here: one line naming the count and the fix."""
     one_line(run(["run", files.dp, "--steps", "1"]),
-             "cluster 'dgx6' needs 48 devices, JAX has 8", "jax_num_cpu_devices=48")
+             "cluster 'dgx6' needs 48 devices and this host's JAX has 8",
+             "not this host; fix: plan for a cluster of at most 8 devices")
 
 
 # ----------------------------------------------------------------------------- what-if report
