@@ -65,7 +65,7 @@ def test_h100_units_exact():
     assert d.scale_up_latency == pytest.approx(3e-6, rel=1e-15)
     assert d.fragment_overhead == pytest.approx(20e-6, rel=1e-15)  # the prior, held by `mpmd validate --fit`
     assert d.tdp_watts == 700 and d.price_per_hour == (2.7, 4.9)
-    assert d.achievable_flops("bf16") == pytest.approx(989e12 * 0.663)
+    assert d.achievable_flops("bf16") == pytest.approx(989e12 * 0.623)
     assert d.gemm_tiling == (132, 256, 128)
 
 
@@ -116,7 +116,7 @@ def test_profiles_table_lists_every_device():
     assert [r[0] for r in rows] == sorted(IDS + MEASURED)
     h100 = dict(zip(["id", "vendor", "bf16", "mem", "bw", "up", "tdp", "price", "eff"], next(r for r in rows if r[0] == "h100-sxm")))
     assert h100 == {"id": "h100-sxm", "vendor": "NVIDIA", "bf16": "989", "mem": "80.0", "bw": "3,350", "up": "450",
-                    "tdp": "700", "price": "2.7-4.9", "eff": "0.66"}
+                    "tdp": "700", "price": "2.7-4.9", "eff": "0.62"}
     table = profiles_table()
     assert table.row_count == len(IDS + MEASURED) and len(table.columns) == 10
     console = Console(width=200, record=True)
