@@ -126,13 +126,13 @@ def test_top_level_not_mapping(tmp_path):
 def test_unknown_device(tmp_path):
     p = _write(tmp_path, GOOD.replace("device: tpu-v5e", "device: tpu-v9"))
     msg = _one_line_error(load_cluster, p)
-    assert msg.startswith(f"{p}: mesh 'b': unknown device 'tpu-v9'; fix: use one of ['a100-80gb-sxm', ")
+    assert msg.startswith(f"{p}: mesh 'b': unknown device 'tpu-v9'; fix: use one of ['a100-40gb-sxm', 'a100-80gb-sxm', ")
     assert "'wormhole-n300']" in msg
 
 
 def test_unknown_device_direct():
     msg = _one_line_error(load_device, "h300")
-    assert msg.startswith("unknown device 'h300'; fix: use one of ['a100-80gb-sxm'")
+    assert msg.startswith("unknown device 'h300'; fix: use one of ['a100-40gb-sxm', 'a100-80gb-sxm'")
 
 
 @pytest.mark.parametrize("bw", ["0", "-5"])
