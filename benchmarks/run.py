@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{date.today()}, "
             f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}.\n")
     parts = [head, "## Simulator\n", bench_simulator.markdown(), "## Planner\n",
-             bench_planner.markdown(), "## Planner at scale (node groups, 64 to 1024 devices)\n",
+             bench_planner.markdown(), "## Planner at scale (node groups, 64 to 16,384 devices)\n",
              bench_shapes.markdown(),
              "## GPT-3 175B on 1,024 A100: the planner against Megatron-LM, with exposed communication\n",
              bench_a100_175b.markdown()]

@@ -23,6 +23,7 @@ incumbent (:func:`planner.shapes.search_pipeline`), so its plan is never slower 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from compiler.ir import Workload
@@ -86,12 +87,13 @@ def _allowed(h: HandLayout, w: Workload, opts: api.PlanOptions) -> bool:
 
 
 def grid_sweep(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1,
-               budget: Budget | None = None, opts: api.PlanOptions | None = None) -> GridResult:
+               budget: Budget | None = None, opts: api.PlanOptions | None = None,
+               stop: threading.Event | None = None) -> GridResult:
     """The fastest configuration of the practitioners' grid on node group ``group`` of ``cluster``
     that fits memory, each point predicted exactly (:func:`planner.baseline.hand_plan`).
 
     ``opts`` restricts the grid as :func:`grid_layouts` says. ``budget``, when given, is charged each replay's nominal work (:data:`planner.budget.COSTS`)
-    and the sweep stops (``complete`` False) once it is spent.
+    and the sweep stops (``complete`` False) once it is spent, or once ``stop`` is set (Ctrl-C).
 
     Raises:
         PlannerError: ``group`` is not a node group of ``cluster``.
@@ -102,7 +104,7 @@ def grid_sweep(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1,
     best: HandResult | None = None
     evaluated = fitting = 0
     for layout in grid_layouts(w, cluster, group, opts):
-        if budget is not None and budget.out():
+        if (budget is not None and budget.out()) or (stop is not None and stop.is_set()):
             return GridResult(best, evaluated, fitting, complete=False)
         for rc in ("none", "full"):
             try:

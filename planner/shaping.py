@@ -204,12 +204,17 @@ class _Search:
         w = replace(self.w, global_batch=batch)
         sub = self.budget.sub(max(0.2, budget))
         incumbent = None
-        if len(groups) == 1 and not self.opts.fixed_order:
+        if len(groups) == 1 and not self.opts.fixed_order and w.training:
             grid = grid_sweep(w, self.cluster, groups[0], self.opts.headroom,
-                              sub.sub(sub.left() * GRID_SHARE), self.opts)
+                              sub.sub(sub.left() * GRID_SHARE), self.opts, self.stop)
             self.grids[(groups[0], batch)] = grid
             if grid.best is not None:
-                incumbent = (grid.best.plan, grid.best.prediction)
+                step = grid.best.prediction.step_time_s
+                gp = replace(grid.best.plan, solver={"status": "GRID", "objective": step, "bound": step,
+                                                     "gap": 0.0, "wall_s": 0.0})
+                grid = replace(grid, best=replace(grid.best, plan=gp))
+                self.grids[(groups[0], batch)] = grid
+                incumbent = (gp, grid.best.prediction)
         r = search_pipeline(w, self.cluster, groups, self.opts, deadline=self.deadline, stop=self.stop,
                             target_gap=target_gap, budget=sub, incumbent=incumbent)
         self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
