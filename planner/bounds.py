@@ -43,7 +43,7 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
         hops.append(hops[-1] + (comm[r] if r < len(comm) and chain > 0 else 0.0))
 
     prepared = [(hops[r], fixed, fixed_chain,
-                 tuple((cost, cap, extra, cost + more, extra + off)
+                 tuple((cost, cap, extra, (cost + more, extra + off) if more or off else None)
                        for cost, _, cap, extra, more, off in opts if cost > 0),
                  min((cap for cost, _, cap, _, _, _ in opts if cost <= 0), default=-1))
                 for r, (fixed, fixed_chain, opts) in enumerate(ranks)]
@@ -55,12 +55,15 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
             room = tau - chain * s - hop - fixed
             n = 0
             if room > 0:
-                for cost, cap, extra, cost2, extra2 in opts:
-                    if room <= extra or room <= extra2:
+                for cost, cap, extra, second in opts:
+                    if room <= extra:
                         continue
                     k = floor((room - extra) / cost * (1 + 1e-12))
-                    k2 = floor((room - extra2) / cost2 * (1 + 1e-12))
-                    k = k2 if k2 < k else k
+                    if second is not None:
+                        if room <= second[1]:
+                            continue
+                        k2 = floor((room - second[1]) / second[0] * (1 + 1e-12))
+                        k = k2 if k2 < k else k
                     k = cap if cap < k else k
                     if k > n:
                         n = k

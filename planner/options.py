@@ -41,6 +41,11 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool) -> lis
     return out
 
 
+computed = [0]
+"""Layout choices costed by :func:`_mesh_options` so far in this process (cache misses only): the
+search charges its work budget per choice (``planner.budget.COSTS["option"]``)."""
+
+
 def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
                   split: bool, headroom: float, max_tensor: int, fsdp: bool = True
                   ) -> tuple[MeshOption, ...]:
@@ -50,6 +55,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     opts = []
     choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training)
                for rc in ((False, True) if w.training else (False,))]
+    computed[0] += len(choices)
     for lay, rc in choices:
         def t(lo: int, hi: int) -> float:
             return sum(cm.layer_time(w.layer(i), k, samples, mesh, lay, dtype, split_backward=split,
@@ -113,9 +119,14 @@ def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: b
     outside = [i for i in range(len(w.layers)) if not pre <= i < pre + nb]
     offset = sum(min(0.0, sync(i) - bwd(i)) for i in outside) - cm.fragment_overhead(mesh)
     if lay.fsdp:
-        traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in range(len(w.layers))]
+        traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in _distinct(w)]
         offset -= max(g for g, _ in traffic) * (2 if rc else 1) + max(s for _, s in traffic)
     return {"sync_excess_s": excess, "sync_offset_s": min(0.0, offset)}
+
+
+def _distinct(w: Workload) -> list[int]:
+    """The index of each distinct layer of ``w`` (its first occurrence)."""
+    return list({name: i for i, name in reversed(list(enumerate(w.layers)))}.values())
 
 
 def _fsdp_exposed(w: Workload, mesh: MeshSpec, lay: Layout, kinds: tuple[str, ...],
@@ -129,7 +140,7 @@ def _fsdp_exposed(w: Workload, mesh: MeshSpec, lay: Layout, kinds: tuple[str, ..
     FSDP or on a ``"sum"`` roofline (whose layers already pay all of it)."""
     if not lay.fsdp or lay.shard <= 1 or mesh.device.roofline == "sum" or "B" not in kinds:
         return 0.0
-    traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in range(len(w.layers))
+    traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in _distinct(w)
                if w.layer(i).param_count > 0]
     if not traffic:
         return 0.0

@@ -34,6 +34,7 @@ from planner.candidate import solve_schedule
 from planner.predict import Prediction
 from planner.inflight import V_SHAPED, inflight_count, inflight_end_counts
 from planner.options import _cached_mesh_options
+from planner.options import computed as options_computed
 from planner.search import MeshOption
 
 MAX_STAGES = 64
@@ -122,13 +123,17 @@ class PipelineResult:
 class _Options:
     """Per-mesh layout options, cached by what they depend on (identical meshes share them)."""
 
-    def __init__(self, w: Workload, opts: api.PlanOptions):
-        self.w, self.opts = w, opts
+    def __init__(self, w: Workload, opts: api.PlanOptions, budget: Budget | None = None):
+        self.w, self.opts, self.budget = w, opts, budget
 
     def get(self, mesh: MeshSpec, samples: float, kinds: tuple[str, ...], split: bool
             ) -> tuple[MeshOption, ...]:
-        return _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
-                                    self.opts.max_tensor, self.opts.fsdp)
+        before = options_computed[0]
+        got = _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
+                                   self.opts.max_tensor, self.opts.fsdp)
+        if self.budget is not None and options_computed[0] > before:
+            self.budget.charge(COSTS["option"] * (options_computed[0] - before))
+        return got
 
 
 def _schedules(w: Workload, opts: api.PlanOptions) -> tuple[str, ...]:
@@ -284,7 +289,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             raise PlannerError(f"cluster {cluster.name!r} has no node group {gname!r}; use one of "
                                f"{sorted(cluster.groups)}")
     budget = budget or Budget(math.inf, deadline)
-    cache = _Options(w, opts)
+    cache = _Options(w, opts, budget)
     e = _Enumeration(w, cluster, groups, opts, cache, nodes)
     budget.charge(COSTS["candidate"] * len(e.items))
     heap = [(not c.hand, c.bound_s, i, False, c) for i, c in enumerate(e.items)]
