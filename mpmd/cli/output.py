@@ -92,17 +92,17 @@ def carving_text(plan: Any, cluster: Any) -> str:
 
 
 def meshes_table(plan: Any, cluster: Any) -> Group | None:
-    """The logical meshes of a carved plan: the nodes each spans, its devices, the pipeline replicas
-    its data axis carries (nodes per mesh) and its layout; None for a plan that is not carved."""
+    """The logical meshes of a carved plan: the nodes each spans, its devices, the data-parallel
+    replicas of its stage (the layout's data degree: pipeline replicas running the stage side by
+    side) and its layout; None for a plan that is not carved."""
     spans = mesh_spans(plan, cluster)
     if not spans:
         return None
     t = Table()
-    for col in ("mesh", "spans", "replicas", "layout"):
-        t.add_column(col, justify="right" if col == "replicas" else "left")
-    replicas = plan.replicas
+    for col in ("mesh", "spans", "data-parallel replicas", "layout"):
+        t.add_column(col, justify="right" if col == "data-parallel replicas" else "left")
     for m in plan.rank_mesh:
-        t.add_row(escape(m), escape(spans.get(m, "-")), str(replicas.get(m, 1)),
+        t.add_row(escape(m), escape(spans.get(m, "-")), str(plan.layouts[m].data),
                   str(plan.layouts[m]) + (" recompute" if plan.recompute.get(m) else ""))
     return _titled(f"meshes carved from node groups: {carving_text(plan, cluster)}", t)
 

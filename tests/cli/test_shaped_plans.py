@@ -334,8 +334,8 @@ def test_plan_table_of_a_carved_plan(files):
     pred = _prediction(0.5, ["h100.0", "h100.1"])
     text = _table(SimpleNamespace(plan=files.carved_plan, prediction=pred), files)
     assert "meshes carved from node groups: h100: 2 x (2 nodes x 8) of 4 nodes" in text
-    assert re.search(r"h100\.0 +│ nodes 0-1 \(2 x 8 h100-sxm\) +│ +2 │ dp16xtp1", text), text
-    assert re.search(r"h100\.1 +│ nodes 2-3 \(2 x 8 h100-sxm\) +│ +2 │ dp16xtp1", text), text
+    assert re.search(r"h100\.0 +│ nodes 0-1 \(2 x 8 h100-sxm\) +│ +16 │ dp16xtp1", text), text
+    assert re.search(r"h100\.1 +│ nodes 2-3 \(2 x 8 h100-sxm\) +│ +16 │ dp16xtp1", text), text
     assert re.search(r"│ 0 +│ 0-4 +│ h100\.0 +│ 16x h100-sxm +│ dp16xtp1 +│ +10\.00 │ +2\.0 / 80\.0",
                      text), text
     assert "schedule candidates (this shape)" in text
@@ -353,7 +353,7 @@ def test_plan_table_of_a_data_parallel_plan(files):
     assert "part 1 of 2, 48 of 64 samples (75%), 1f1b x 3 microbatches of 16" in text
     assert "part 2 of 2, 16 of 64 samples (25%), 1f1b x 2 microbatches of 8" in text
     assert "meshes carved from node groups: a100: 2 x (1 node x 8) of 2 nodes" in text
-    assert re.search(r"a100\.1 +│ node 1 \(8 a100-80gb-sxm\) +│ +1 │ dp8xtp1", text), text
+    assert re.search(r"a100\.1 +│ node 1 \(8 a100-80gb-sxm\) +│ +8 │ dp8xtp1", text), text
     assert "2 pipelines, batch shares 48 + 16 = 64 samples" in text
     assert f"0.40 GB over {SYNC_LINK} in 10.0 ms, before the optimizer" in text
     assert "the A100s take a quarter of the batch" in text
