@@ -1,0 +1,66 @@
+"""README's planner figures are the benchmark's: each figure README quotes for a case must be the
+one ``reports/benchmarks.md`` records for it (``python benchmarks/run.py --out
+reports/benchmarks.md`` writes that file), so the two cannot drift apart unnoticed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+BENCH = (ROOT / "reports" / "benchmarks.md").read_text()
+
+
+def rows(text: str) -> list[dict[str, str]]:
+    """Every row of every Markdown table in ``text``, as header -> cell."""
+    out, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set("".join(cells)) <= set("-: "):
+            out.append(dict(zip(header, cells)))
+    return out
+
+
+def row(**match: str) -> dict[str, str]:
+    got = [r for r in rows(BENCH) if all(r.get(k) == v for k, v in match.items())]
+    assert len(got) == 1, f"reports/benchmarks.md has {len(got)} rows matching {match}"
+    return got[0]
+
+
+def readme_paragraph(start: str) -> str:
+    i = README.index(start)
+    return README[i:README.index("\n\n", i)].replace("\n", " ")
+
+
+H100_128 = readme_paragraph("Measured 2026-11-25 on this project's 2-core machine, idle")
+H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), it planned 4")
+
+
+@pytest.mark.parametrize("text,match,cells", [
+    (H100_128, {"model": "llama3-70b", "H100": "128"},
+     {"step (s)": "at {} s per step", "MFU": "(MFU {})", "gap": "proven gap of {}",
+      "grid step (s)": "grid's best point (tensor parallel 4, FSDP over 32, micro-batch 1) at {} s",
+      "hand step (s)": "hand configuration replays at {} s"}),
+    (H100_16K, {"model": "llama3-70b", "H100": "16384"},
+     {"step (s)": "at {} s per step", "MFU": "s per step, {} MFU", "gap": "proven gap of {}"}),
+    (H100_128, {"cluster": "mixed512_nodes"},
+     {"step (s)": "TPU v5e at {} s", "gap": "proven gap {} against the FLOP", "H100 alone (s)":
+      "(the H100 alone: {} s)"}),
+])
+def test_readme_quotes_the_recorded_benchmark(text, match, cells):
+    r = row(**match)
+    for column, phrase in cells.items():
+        assert phrase.format(r[column]) in text, (column, r[column], phrase)
+
+
+def test_the_row_parser_reads_tables_exactly():
+    got = rows("x\n| a | b |\n|---|---:|\n| 1 | 2 |\n| 3 | 4 |\n\n| c |\n|---|\n| 5 |\n")
+    assert got == [{"a": "1", "b": "2"}, {"a": "3", "b": "4"}, {"c": "5"}]
