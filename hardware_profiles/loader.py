@@ -161,8 +161,9 @@ def _device_from_file(path: Path) -> DeviceProfile:
     if (f.memory_gb is None) == (f.memory_gib is None):
         raise ProfileError(f"{path}: memory given as {'both' if f.memory_gb else 'neither'} memory_gb and memory_gib; "
                            f"fix: give exactly one of them")
-    if "bf16" not in f.peak_tflops:
-        raise ProfileError(f"{path}: peak_tflops has no 'bf16' entry (has {sorted(f.peak_tflops)}); fix: add bf16")
+    if "bf16" not in f.peak_tflops and "fp16" not in f.peak_tflops:
+        raise ProfileError(f"{path}: peak_tflops has no 'bf16' or 'fp16' entry (has {sorted(f.peak_tflops)}); "
+                           f"fix: add the device's 16-bit matmul rate")
     if f.price_usd_per_device_hour and f.price_usd_per_device_hour.low > f.price_usd_per_device_hour.high:
         p = f.price_usd_per_device_hour
         raise ProfileError(f"{path}: price_usd_per_device_hour low {p.low} > high {p.high}; fix: swap them")

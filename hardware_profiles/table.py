@@ -31,7 +31,7 @@ def _row(d: DeviceProfile) -> tuple[str, ...]:
     return (
         d.name,
         d.vendor,
-        _fmt(d.peak_flops["bf16"] / 1e12),
+        _fmt(d.peak("bf16") / 1e12),
         _fmt(d.memory_bytes / 1e9, 1),
         _fmt(d.memory_bandwidth / 1e9),
         _fmt(d.scale_up_bandwidth / 1e9),

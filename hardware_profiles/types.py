@@ -27,6 +27,10 @@ class Alternative:
     note: str = ""
 
 
+_HALF = {"bf16": "fp16", "fp16": "bf16"}
+"""The two 16-bit matmul dtypes: one stands in for the other on a device that has only one."""
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceProfile:
     """One accelerator type.
@@ -118,16 +122,27 @@ class DeviceProfile:
     sync_jitter: float = 0.0
     lockstep_devices: int = 8
 
+    def peak(self, dtype: str = "bf16") -> float:
+        """Dense peak FLOP/s for ``dtype``, 0 when the device has no rate for it. A 16-bit dtype
+        the device lacks runs at its other 16-bit rate: pre-Ampere GPUs (V100) have no bf16, and
+        16-bit training there is fp16 with loss scaling (Micikevicius et al., "Mixed Precision
+        Training", ICLR 2018), at the same bytes per element."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        other = _HALF.get(dtype)
+        return self.peak_flops.get(other, 0.0) if other else 0.0
+
     def achievable_flops(self, dtype: str = "bf16") -> float:
-        """Achievable matmul FLOP/s for ``dtype`` (peak x matmul_efficiency).
+        """Achievable matmul FLOP/s for ``dtype`` (:meth:`peak` x matmul_efficiency).
 
         Raises:
             ProfileError: the profile publishes no rate for ``dtype``.
         """
-        if dtype not in self.peak_flops:
+        peak = self.peak(dtype)
+        if peak <= 0:
             raise ProfileError(f"device {self.name!r} has no {dtype} rate; "
                                f"use one of {sorted(self.peak_flops)}")
-        return self.peak_flops[dtype] * self.matmul_efficiency
+        return peak * self.matmul_efficiency
 
     @property
     def achievable_bandwidth(self) -> float:
@@ -447,4 +462,4 @@ class Cluster:
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Sum of the meshes' dense peak FLOP/s for ``dtype`` (devices lacking it count 0)."""
-        return sum(m.device.peak_flops.get(dtype, 0.0) * m.num_devices for m in self.meshes.values())
+        return sum(m.device.peak(dtype) * m.num_devices for m in self.meshes.values())

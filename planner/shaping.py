@@ -75,7 +75,7 @@ def _achievable(cluster: Cluster, groups, dtype: str) -> float:
     out = 0.0
     for g in groups:
         dev = cluster.groups[g].device
-        rate = dev.peak_flops.get(dtype, dev.peak_flops["bf16"] / 3.0) * dev.matmul_efficiency
+        rate = (dev.peak(dtype) or dev.peak("bf16") / 3.0) * dev.matmul_efficiency
         out += rate * cluster.groups[g].num_devices
     return out
 
@@ -140,7 +140,7 @@ def data_parallel_prediction(w: Workload, cluster: Cluster, plans: tuple[Plan, .
         for shape in plan.carving:
             dev = cluster.groups[shape["group"]].device
             devices = shape["nodes"] * cluster.groups[shape["group"]].devices_per_node
-            peak_flops += dev.peak_flops.get(dtype, dev.peak_flops["bf16"]) * devices
+            peak_flops += (dev.peak(dtype) or dev.peak("bf16")) * devices
     tokens = w.global_batch * w.seq_len
     return Prediction(step_time_s=step, bubble=bubble, peak_memory_bytes=peak, capacity_bytes=cap,
                       stage_time_s=stage, mfu=w.step_flops / (step * peak_flops),

@@ -166,7 +166,7 @@ def figure_rows(clusters: Iterable[Cluster], overrides: Mapping[str, tuple[float
                 d.sources.get("memory_efficiency", ""))
             add(d.name, "fragment overhead", f"{d.fragment_overhead * 1e6:g} us",
                 d.sources.get("fragment_overhead", ""))
-            add(d.name, "peak bf16", f"{d.peak_flops.get('bf16', 0) / 1e12:g} TFLOP/s",
+            add(d.name, "peak bf16", f"{d.peak('bf16') / 1e12:g} TFLOP/s",
                 d.sources.get("peak_flops.bf16", ""))
             add(d.name, "memory", f"{d.memory_bytes / 1e9:g} GB", d.sources.get("memory_bytes", ""))
             for a in d.alternatives:

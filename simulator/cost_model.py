@@ -95,7 +95,7 @@ def compute_dtype(workload: Workload) -> str:
 
 def _flops_rate(mesh: MeshSpec, dtype: str) -> float:
     dev = mesh.device
-    if dtype in dev.peak_flops:
+    if dev.peak(dtype) > 0:
         return dev.achievable_flops(dtype)
     # fp32 on accelerators without a published fp32 matmul rate: emulate through bf16 passes
     # (TPU: three bf16 passes, per Google's "bfloat16" Cloud TPU docs); keep it explicit.

@@ -126,7 +126,7 @@ def evaluate(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn = s
         else:
             t = step_fn(s.plan, s.workload, cluster)
         t += s.offload_s
-        out.append(RowResult(s, t, metric_from_step(s.row, t, device.peak_flops.get("bf16", 0.0))))
+        out.append(RowResult(s, t, metric_from_step(s.row, t, device.peak("bf16"))))
     return tuple(out)
 
 

@@ -37,7 +37,7 @@ class ModelConfig:
         dtype: compute and parameter dtype name (``"bfloat16"`` or ``"float32"``).
         source: citation of the published configuration.
     Family fields:
-        norm ("rms" | "layer"), mlp ("swiglu" | "gelu"), pos_emb ("rope" | "learned" | "none"),
+        norm ("rms" | "layer"), mlp ("swiglu" | "gelu" | "relu"), pos_emb ("rope" | "learned" | "none"),
         bias (linear biases), tie_embeddings (output head shares the input embedding; the head still
         holds its own copy, as a pipeline's last stage does, see :func:`param_count`),
         rope_theta, norm_eps, attention ("plain": materialized softmax, or "flash": a custom-VJP
@@ -135,6 +135,18 @@ _REGISTRY: dict[str, ModelConfig] = {
         source=("GPT-3: Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1 "
                 "(n_layers 96, d_model 12288, n_heads 96, d_head 128, n_ctx 2048, 175.0B params); "
                 "GPT-2 BPE vocabulary 50257 and tied embeddings (Radford et al. 2019)")),
+    "opt-350m": ModelConfig(
+        name="opt-350m", family="gpt", layers=24, hidden=1024, heads=16, kv_heads=16, ffn=4096,
+        vocab=50272, seq_len=2048, norm="layer", mlp="relu", pos_emb="learned", bias=True,
+        tie_embeddings=True,
+        source=("OPT: Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models' "
+                "(arXiv:2205.01068) Table 1 (350M: 24 layers, 16 heads, d_model 1024); "
+                "facebook/opt-350m config.json (hidden_size 1024, ffn_dim 4096, "
+                "num_hidden_layers 24, num_attention_heads 16, vocab_size 50272, "
+                "max_position_embeddings 2048, activation relu, tied embeddings). Costed as a "
+                "pre-LayerNorm block with the embedding at width 1024: the published model "
+                "normalises after each block and projects a 512-wide embedding in and out "
+                "(word_embed_proj_dim 512), which changes its 331M parameters by under 8%")),
     "llama-tiny": ModelConfig(
         name="llama-tiny", family="llama", layers=8, hidden=512, heads=8, kv_heads=8, ffn=1536,
         vocab=256, seq_len=128, dtype="float32",

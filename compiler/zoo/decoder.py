@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from compiler.zoo.config import ModelConfig
-from compiler.zoo.layers import attention, cross_entropy, gelu_mlp, layer_norm, rms_norm, rope, swiglu
+from compiler.zoo.layers import (attention, cross_entropy, gelu_mlp, layer_norm, relu_mlp, rms_norm, rope,
+                                 swiglu)
 
 
 def embed_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -38,7 +39,7 @@ def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         s.update(w_in=(h, f), w_out=(f, h))
     if cfg.bias:
         s.update(wq_b=(H * d,), wk_b=(KV * d,), wv_b=(KV * d,), wo_b=(h,))
-        if cfg.mlp == "gelu":
+        if cfg.mlp in ("gelu", "relu"):
             s.update(w_in_b=(f,), w_out_b=(h,))
     if cfg.norm == "layer":
         s.update(attn_norm_b=(h,), mlp_norm_b=(h,))
@@ -88,7 +89,8 @@ def block_fn(cfg: ModelConfig):
         m = _norm(cfg, p, "mlp_norm", x)
         if cfg.mlp == "swiglu":
             return x + swiglu(m, p["w_gate"], p["w_up"], p["w_down"])
-        return x + gelu_mlp(m, p["w_in"], p["w_in_b"], p["w_out"], p["w_out_b"])
+        mlp = relu_mlp if cfg.mlp == "relu" else gelu_mlp
+        return x + mlp(m, p["w_in"], p["w_in_b"], p["w_out"], p["w_out_b"])
     return block
 
 

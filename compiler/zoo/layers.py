@@ -174,6 +174,11 @@ def gelu_mlp(x, w1, b1, w2, b2) -> jax.Array:
     return _gelu(x @ w1 + b1) @ w2 + b2
 
 
+def relu_mlp(x, w1, b1, w2, b2) -> jax.Array:
+    """OPT MLP: ``relu(x W1 + b1) W2 + b2`` (Zhang et al. 2022, "OPT", sec. 2.2: ReLU activation)."""
+    return jax.nn.relu(x @ w1 + b1) @ w2 + b2
+
+
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean token cross-entropy (float32 scalar) of ``logits: [B,S,V]`` for ``targets: [B,S]``."""
     lf = logits.astype(jnp.float32)

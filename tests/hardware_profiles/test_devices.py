@@ -6,7 +6,7 @@ import yaml
 from hardware_profiles import DEVICES_DIR, DeviceProfile, ProfileError, known_device_ids, list_devices, load_device
 
 IDS = ["a100-40gb-sxm", "a100-80gb-sxm", "b200", "blackhole-p100a", "blackhole-p150a", "blackhole-p150b", "h100-sxm", "h200-sxm", "mi300x",
-       "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "wormhole-n150", "wormhole-n300"]
+       "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "v100-sxm2-16gb", "wormhole-n150", "wormhole-n300"]
 SI_FIELDS = ["memory_bytes", "memory_bandwidth", "scale_up_bandwidth", "scale_up_latency", "scale_out_bandwidth",
              "tdp_watts", "matmul_efficiency", "memory_efficiency", "fragment_overhead"]
 
@@ -32,7 +32,7 @@ def test_every_figure_has_a_source(name):
         assert d.sources["price_per_hour"].strip()
         assert 0 < d.price_per_hour[0] <= d.price_per_hour[1]
     assert 0 < d.matmul_efficiency <= 1 and 0 < d.memory_efficiency <= 1
-    assert "bf16" in d.peak_flops
+    assert d.peak("bf16") > 0      # bf16, or fp16 standing in for it (V100)
     for a in d.alternatives:
         assert a.source and a.field
 
@@ -122,3 +122,13 @@ def test_profiles_table_lists_every_device():
     console = Console(width=200, record=True)
     console.print(table)
     assert "blackhole-p150b" in console.export_text()
+
+
+def test_v100_has_no_bf16_and_runs_16_bit_at_its_fp16_rate():
+    d = load_device("v100-sxm2-16gb")
+    assert "bf16" not in d.peak_flops
+    assert d.peak("bf16") == d.peak("fp16") == 125e12
+    assert d.achievable_flops("bf16") == 125e12 * d.matmul_efficiency
+    assert d.peak("fp8") == 0.0
+    with pytest.raises(ProfileError, match="has no fp8 rate"):
+        d.achievable_flops("fp8")
