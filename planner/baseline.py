@@ -10,16 +10,19 @@ node group and :func:`best_megatron` returns the fastest that fits: the bar the 
 
 :func:`hand_plan` builds one practitioner's layout as published (:class:`HandLayout`: tensor,
 pipeline and data degrees, virtual stages, micro-batch size, recomputation, distributed
-optimizer) through the same code path, e.g. :data:`MEGATRON_GPT3_175B`.
+optimizer) through the same code path, e.g. :data:`MEGATRON_GPT3_175B`; :func:`hand_pipeline`
+a published pipeline through several node groups (:class:`HandPipeline`, e.g. a peer planner's
+plan: :data:`SAILOR_OPT_350M`).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 from compiler.ir import Layout, Plan, Workload
 from hardware_profiles.carve import GroupShape, carve
-from hardware_profiles.types import Cluster
+from hardware_profiles.types import Cluster, ProfileError
 from planner import api
 from planner.errors import PlannerError
 from planner.predict import Prediction, predict
@@ -242,3 +245,121 @@ def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | No
     return _evaluate(w, carve(cluster, [shape]), shape, Layout(d, t, fsdp=layout.fsdp and d > 1),
                      _even(nb // v, p),
                      layout.recompute == "full", layout.schedule, m, v, headroom, layout.label)
+
+
+# --------------------------------------------------------------------------- mixed pipelines
+@dataclass(frozen=True, slots=True)
+class HandPipeline:
+    """A published pipeline through several node groups, stage by stage (a peer planner's plan).
+
+    Attributes:
+        shapes: how each node group used is carved (:class:`GroupShape`; its ``nodes_per_mesh``
+            is the pipeline replicas, the data axis of every mesh of the group).
+        orders: pipeline orders of the carved meshes (``"{group}.{j}"``) to replay; the fastest
+            is kept (a source that names the stages but not their exact order gives several).
+        tensor: tensor-parallel degree per node group; the rest of each mesh is its data axis.
+        schedule: the schedule (a name of :mod:`simulator.schedules`).
+        microbatches: microbatch counts tried (the fastest is kept).
+        label / source: what it is and where it is published.
+    """
+
+    shapes: tuple[GroupShape, ...]
+    orders: tuple[tuple[str, ...], ...]
+    tensor: tuple[tuple[str, int], ...]
+    schedule: str
+    microbatches: tuple[int, ...]
+    label: str
+    source: str
+
+
+SAILOR_OPT_350M = HandPipeline(
+    shapes=(GroupShape("a100", 20, 20, 4), GroupShape("v100", 60, 20, 1)),
+    orders=(("v100.0", "a100.0", "a100.1", "a100.2", "a100.3", "v100.1", "v100.2"),
+            ("v100.0", "v100.1", "a100.0", "a100.1", "a100.2", "a100.3", "v100.2")),
+    tensor=(("a100", 1), ("v100", 4)),
+    schedule="1f1b", microbatches=(16, 32),
+    label="Sailor's plan: 7 stages, V100 tp4 stages around A100 tp1 stages, dp20, 1f1b",
+    source=("Strati et al., 'Sailor: Automating Distributed Training over Dynamic, Heterogeneous, "
+            "and Geo-distributed Clusters', SOSP 2025 (arXiv:2504.17096): OPT-350M, global batch "
+            "1024, sequence 2048, on 80 A100-40GB + 240 V100-16GB in one Google Cloud zone; its "
+            "plan as the project's issue 23 describes it: 7 stages (four A100 stages of one GPU, "
+            "three V100 stages of four GPUs, the V100 stages at both ends), data parallel 20, on "
+            "Megatron-DeepSpeed (1F1B). The split of V100 stages between the ends and the layers "
+            "per stage are not given: both splits are replayed and the layers balanced (below)"))
+"""Sailor's plan for its 320-GPU heterogeneous case (bundled as ``a100x80_v100x240_nodes``)."""
+
+
+def hand_pipeline(w: Workload, cluster: Cluster, hp: HandPipeline, headroom: float = 0.1) -> HandResult:
+    """``hp`` replayed in the planner's model: its meshes carved, each ``Layout(data, tensor)``;
+    the layers per stage are balanced as a practitioner balances them by profiling (blocks in
+    proportion to each stage's achievable FLOP/s, then one block at a time moved between two
+    stages while the predicted step improves and the plan fits memory), for every order and
+    microbatch count of ``hp``; the fastest that fits.
+
+    Raises:
+        PlannerError: a shape that does not fit the cluster, an order naming a mesh the carving
+            lacks or using one twice, a tensor degree that does not divide a mesh, or no
+            configuration that fits memory.
+    """
+    try:
+        lc = carve(cluster, hp.shapes)
+    except ProfileError as e:
+        raise PlannerError(f"hand pipeline {hp.label!r}: {e}") from None
+    tensor = dict(hp.tensor)
+    layouts = {}
+    for m, spec in lc.meshes.items():
+        t = tensor.get(m.split(".")[0], 1)
+        if spec.num_devices % t:
+            raise PlannerError(f"hand pipeline {hp.label!r}: tensor {t} does not divide mesh {m!r} of "
+                               f"{spec.num_devices} devices; fix: use a divisor")
+        layouts[m] = Layout(spec.num_devices // t, t)
+    _, nb, _ = api._split_layers(w)
+    best: HandResult | None = None
+    for order in hp.orders:
+        if len(set(order)) != len(order) or any(m not in lc.meshes for m in order):
+            raise PlannerError(f"hand pipeline {hp.label!r}: order {list(order)} must name each of "
+                               f"{sorted(lc.meshes)} at most once; fix: correct the order")
+        if len(order) > nb:
+            raise PlannerError(f"hand pipeline {hp.label!r}: {len(order)} stages for {nb} blocks; "
+                               f"fix: use fewer stages")
+        for m in hp.microbatches:
+            got = _balanced(w, lc, hp, order, tuple(layouts[x] for x in order), m, nb, headroom)
+            if got is not None and (best is None or got.prediction.step_time_s < best.prediction.step_time_s):
+                best = got
+    if best is None:
+        raise PlannerError(f"hand pipeline {hp.label!r}: no order and microbatch count fits memory on "
+                           f"cluster {cluster.name!r}")
+    return best
+
+
+def _balanced(w: Workload, lc: Cluster, hp: HandPipeline, order: tuple[str, ...],
+              layouts: tuple[Layout, ...], microbatches: int, nb: int, headroom: float) -> HandResult | None:
+    rate = [lc.meshes[m].device.achievable_flops("bf16") * lc.meshes[m].num_devices for m in order]
+    blocks = [max(1, round(nb * r / sum(rate))) for r in rate]
+    while sum(blocks) != nb:             # fix rounding on the stage with the most (or fewest) blocks
+        i = blocks.index(max(blocks)) if sum(blocks) > nb else blocks.index(min(blocks))
+        blocks[i] += 1 if sum(blocks) < nb else -1
+
+    def run(b: tuple[int, ...]) -> HandResult:
+        a = Assignment(order=order, blocks=b, layouts=layouts, recompute=(False,) * len(order),
+                       merge=False, status="HAND", objective_s=0.0, bound_s=0.0, wall_s=0.0)
+        plan = api.build_plan(w, lc, a, hp.schedule, microbatches, 1)
+        pred = predict(plan, w, lc, headroom=headroom)
+        return HandResult(replace(plan, carving=tuple(s.to_json() for s in hp.shapes),
+                                  predicted=pred.to_json()), pred, hp.label)
+
+    best = run(tuple(blocks))
+    improved = True
+    while improved:
+        improved = False
+        for i, j in itertools.permutations(range(len(order)), 2):
+            b = list(blocks)
+            if b[i] <= 1:
+                continue
+            b[i] -= 1
+            b[j] += 1
+            got = run(tuple(b))
+            if got.prediction.fits and (not best.prediction.fits
+                                        or got.prediction.step_time_s < best.prediction.step_time_s - 1e-9):
+                best, blocks, improved = got, b, True
+    return best if best.prediction.fits else None

@@ -71,7 +71,9 @@ class Option:
     step_time_s: float | None
 
 
-def _achievable(cluster: Cluster, groups, dtype: str) -> float:
+def achievable_flops(cluster: Cluster, groups, dtype: str) -> float:
+    """The summed achievable matmul FLOP/s (peak x matmul efficiency) of every device of
+    ``groups``; a dtype a device lacks counts at a third of its 16-bit rate (emulated)."""
     out = 0.0
     for g in groups:
         dev = cluster.groups[g].device
@@ -83,7 +85,7 @@ def _achievable(cluster: Cluster, groups, dtype: str) -> float:
 def flop_bound(w: Workload, cluster: Cluster, groups) -> float:
     """A lower bound on any plan's step on ``groups``: the step's model FLOP over the sum of the
     devices' achievable FLOP/s (the cost model charges every FLOP at most that fast), seconds."""
-    return w.step_flops / _achievable(cluster, groups, cm.compute_dtype(w))
+    return w.step_flops / achievable_flops(cluster, groups, cm.compute_dtype(w))
 
 
 def cross_sync(w: Workload, cluster: Cluster, parts: tuple[tuple[str, ...], ...]) -> tuple[str, float, float]:

@@ -121,11 +121,19 @@ def profiles() -> None:
               help="Largest tensor-parallel degree considered.")
 @click.option("--even-split", is_flag=True, help="Force the usual hand split (equal layers per stage).")
 @click.option("--no-fsdp", is_flag=True, help="Do not consider fully sharded data parallel layouts.")
+@click.option("--objective", type=click.Choice(["time", "cost"]), default="time", show_default=True,
+              help="time: the shortest step; cost: the lowest USD per step (with --min-throughput, "
+                   "among plans that reach it). Either may use part of the cluster.")
+@click.option("--min-throughput", type=FiniteFloat(min=1e-9, max=1e18), default=None,
+              help="Throughput floor, tokens per second.")
+@click.option("--max-usd-per-hour", type=FiniteFloat(min=1e-9, max=1e12), default=None,
+              help="Budget: the plan's devices cost at most this, USD per hour.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @_guard
 def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
          time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
-         max_tensor: int, even_split: bool, no_fsdp: bool, out: str | None) -> None:
+         max_tensor: int, even_split: bool, no_fsdp: bool, objective: str,
+         min_throughput: float | None, max_usd_per_hour: float | None, out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
 
     On a cluster described as node groups the plan also says how the nodes are carved into meshes
@@ -134,6 +142,11 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     pipeline, its batch share, and the gradient sync across them. A cluster file that lists meshes
     which are whole nodes of one kind per group, joined alike, is planned the same way, as the node
     groups it describes; 'carve: fixed' in the file keeps its meshes as listed.
+
+    --objective cost, --min-throughput and --max-usd-per-hour plan on part of a node-group cluster
+    too (each group at all, half or a quarter of its nodes, or left out), pricing the devices a
+    plan uses at the cluster file's price_usd_per_device_hour (else the device profile's); the
+    table then has a "cost" row.
 
     Searches that run over a few seconds show progress on stderr. Ctrl-C stops the search and
     keeps the best plan found so far: the table is printed and, with --out, the plan is written,
@@ -145,7 +158,7 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
     from compiler.ir import any_plan_to_json
     from hardware_profiles import load_cluster
-    from planner import PlanOptions, plan as run_plan
+    from planner import Goal, PlanOptions, plan_for
     from planner.api import TRAIN_SCHEDULES, PlanInterrupted
 
     for s in schedules:
@@ -157,10 +170,11 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     with CtrlC() as ctrl_c:
         try:
             with SearchProgress(err_console, f"{model} on {cluster.name}") as bar:
-                result = run_plan(workload, cluster, PlanOptions(
-                    time_limit_s=time_limit, schedules=schedules or None,
-                    microbatches=microbatches or None, max_tensor=max_tensor,
-                    even_split=even_split, fsdp=not no_fsdp), bar, stop=ctrl_c.stop)
+                result = plan_for(workload, cluster, Goal(objective, min_throughput, max_usd_per_hour),
+                                  PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
+                                              microbatches=microbatches or None, max_tensor=max_tensor,
+                                              even_split=even_split, fsdp=not no_fsdp), bar,
+                                  stop=ctrl_c.stop)
             ctrl_c.searching = False
             ctrl_c.check()
             if result.interrupted:

@@ -218,6 +218,24 @@ def _solver_rows(sv: Any) -> list[tuple[str, str]]:
     return rows
 
 
+def goal_text(goal: dict[str, Any]) -> str:
+    """The plan's cost and goal, e.g. ``"USD 0.0123 per step (USD 96.0/h for 40 devices: a100 40);
+    goal: lowest cost per step at >= 2,000,000 tokens/s; 15 sub-clusters, 6 planned"``."""
+    devices = goal.get("devices") or {}
+    what = "lowest cost per step" if goal.get("kind") == "cost" else "shortest step"
+    limits = []
+    if goal.get("min_tokens_per_s") is not None:
+        limits.append(f">= {goal['min_tokens_per_s']:,.0f} tokens/s")
+    if goal.get("max_usd_per_hour") is not None:
+        limits.append(f"<= USD {goal['max_usd_per_hour']:g}/h")
+    return (f"USD {_num(goal.get('usd_per_step'), '{:.4f}')} per step (USD "
+            f"{_num(goal.get('usd_per_hour'), '{:,.1f}')}/h for {sum(devices.values())} devices: "
+            + ", ".join(f"{g} {n}" for g, n in devices.items())
+            + f"); goal: {what}" + (f" at {' and '.join(limits)}" if limits else "")
+            + f"; {goal.get('planned', 0)} of {goal.get('sub_clusters', 0)} sub-clusters planned"
+            + (", the rest pruned by their bounds" if goal.get("planned", 0) < goal.get("sub_clusters", 0) else ""))
+
+
 def _mean(d: Any) -> float | None:
     vals = [v for v in d.values() if isinstance(v, (int, float))] if isinstance(d, dict) else []
     return sum(vals) / len(vals) if vals else None
@@ -305,6 +323,9 @@ def plan_table(result: Any, cluster: Any) -> Group:
          _num(mean_bubble * 100 if mean_bubble is not None else None, "{:.1f}%")),
         ("roofline bound", f"{_num(getattr(pred, 'roofline_step_time_s', None), '{:.3f}')} s"),
     ]
+    goal = (p.solver or {}).get("goal")
+    if isinstance(goal, dict):
+        rows.append(("cost", goal_text(goal)))
     rows += _solver_rows(p.solver)
     for k, v in rows:
         s.add_row(escape(k), escape(v))

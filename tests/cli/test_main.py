@@ -189,3 +189,41 @@ def test_simulate_prints_the_exposed_communication(small_plan):
     a, b = sorted(doc["rank_mesh"][:2])
     failed = run(["simulate", str(small_plan), "--fail-link", f"{a}<->{b}@0.001"])
     assert "step failed" in failed.output and "exposed communication" not in failed.output
+
+
+PRICED = """name: priced
+node_groups:
+- name: a100
+  device: a100-40gb-sxm
+  nodes: 2
+  devices_per_node: 4
+  price_usd_per_device_hour: 3.0
+  scale_out_link: {bandwidth_gbit_per_s: 50, latency_us: 30, source: test}
+"""
+
+
+def test_plan_for_cost_prints_the_cost_and_the_goal(tmp_path):
+    f = tmp_path / "priced.yaml"
+    f.write_text(PRICED)
+    r = run(["plan", "--model", "opt-350m", "--cluster", str(f), "--global-batch", "32", "--seq-len", "2048",
+             "--objective", "cost", "--min-throughput", "1000", "--time-limit", "4", "--out", str(tmp_path / "p.json")])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.replace("│", " ").split())      # the table's cells, rows unwrapped
+    assert "goal: lowest cost per step at >= 1,000 tokens/s" in text
+    doc = json.loads((tmp_path / "p.json").read_text())
+    goal = doc["solver"]["goal"]
+    assert goal["kind"] == "cost" and goal["min_tokens_per_s"] == 1000
+    assert goal["usd_per_step"] == pytest.approx(goal["usd_per_hour"] * doc["predicted"]["step_time_s"] / 3600)
+    assert goal["usd_per_hour"] == 3.0 * sum(goal["devices"].values())
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--min-throughput", "-5"], "--min-throughput"),
+    (["--objective", "money"], "--objective"),
+    (["--objective", "cost", "--min-throughput", "1e15"], "even at its FLOP bound; fix: lower --min-throughput"),
+])
+def test_plan_for_cost_refuses_bad_goals_in_one_line(tmp_path, args, needle):
+    f = tmp_path / "priced.yaml"
+    f.write_text(PRICED)
+    r = run(["plan", "--model", "opt-350m", "--cluster", str(f), "--global-batch", "32", *args])
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output

@@ -42,6 +42,7 @@ def readme_paragraph(start: str) -> str:
 
 H100_128 = readme_paragraph("Measured 2026-11-25 on this project's 2-core machine, idle")
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), it planned 4")
+PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), the first uses both kinds")
 
 
 @pytest.mark.parametrize("text,match,cells", [
@@ -54,6 +55,13 @@ H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-25)
     (H100_128, {"cluster": "mixed512_nodes"},
      {"step (s)": "TPU v5e at {} s", "gap": "proven gap {} against the FLOP", "H100 alone (s)":
       "(the H100 alone: {} s)"}),
+    (PEER, {"plan": "mpmd plan (every schedule)"},
+     {"step (s)": "at {} s per step", "USD per step": "USD {} per step; Sailor"}),
+    (PEER, {"plan": "Sailor's plan (7 stages, V100 tp4 around A100 tp1, dp20, 1f1b), replayed"},
+     {"step (s)": "replays at {} s in the same"}),
+    (PEER, {"plan": "mpmd plan --schedule 1f1b"}, {"step (s)": "between the kinds at {} s"}),
+    (PEER, {"plan": "mpmd plan --objective cost --min-throughput 2000000"},
+     {"step (s)": "80 A100 only: {} s per step", "tokens/s": "({} tokens/s)", "USD per step": "USD {} per step, 42%"}),
 ])
 def test_readme_quotes_the_recorded_benchmark(text, match, cells):
     r = row(**match)

@@ -100,3 +100,33 @@ def test_megatron_gpt3_175b_on_1024_a100_is_tp8_pp8_dp16_interleaved():
     sim = simulate_any(p, w, plan_cluster(p, c))
     assert sim.step_time_s == pytest.approx(h.prediction.step_time_s, rel=0.01)
     assert replace(lay, virtual_stages=1).schedule == "1f1b"
+
+
+def test_sailors_plan_is_replayed_as_described():
+    """Sailor's 7-stage plan on its 320-GPU case: V100 tp4 stages at both ends of A100 tp1 stages,
+    data parallel 20 on every stage, every block placed, the fastest order and split kept."""
+    from compiler.zoo.costing import workload as traced
+    from planner.baseline import SAILOR_OPT_350M, hand_pipeline
+
+    c = load_cluster(ROOT / "hardware_profiles/clusters/a100x80_v100x240_nodes.yaml")
+    w = traced("opt-350m", 1024, 2048)
+    h = hand_pipeline(w, c, SAILOR_OPT_350M)
+    meshes = [s.mesh for s in h.plan.stages]
+    assert len(meshes) == 7 and meshes[0].startswith("v100") and meshes[-1].startswith("v100")
+    assert sorted(meshes) == sorted(f"{g}.{j}" for g, n in (("a100", 4), ("v100", 3)) for j in range(n))
+    assert all(h.plan.layouts[m] == (Layout(20, 4) if m.startswith("v100") else Layout(20, 1)) for m in meshes)
+    assert h.plan.stages[0].first == 0 and h.plan.stages[-1].last == len(w.layers)
+    assert all(a.last == b.first for a, b in zip(h.plan.stages, h.plan.stages[1:]))
+    assert h.plan.schedule.name == "1f1b" and h.prediction.fits
+    assert h.plan.microbatches in SAILOR_OPT_350M.microbatches
+
+
+def test_a_hand_pipeline_naming_a_mesh_twice_is_one_line():
+    from planner.baseline import SAILOR_OPT_350M, HandPipeline, hand_pipeline
+    from compiler.zoo.costing import workload as traced
+
+    c = load_cluster(ROOT / "hardware_profiles/clusters/a100x80_v100x240_nodes.yaml")
+    bad = replace(SAILOR_OPT_350M, orders=(("v100.0", "v100.0", "a100.0"),))
+    with pytest.raises(PlannerError, match="must name each of"):
+        hand_pipeline(traced("opt-350m", 1024, 2048), c, bad)
+    assert isinstance(bad, HandPipeline)

@@ -1,0 +1,83 @@
+"""Benchmark against a peer planner's published case: Sailor's 320 GPUs of two kinds.
+
+Usage:
+    python benchmarks/bench_peer.py [--time-limit 30]
+
+Sailor (Strati et al., SOSP 2025, arXiv:2504.17096) plans OPT-350M (global batch 1024, sequence
+2048) on 80 A100-40GB + 240 V100-16GB in one Google Cloud zone
+(``hardware_profiles/clusters/a100x80_v100x240_nodes.yaml``). Rows, all in ``mpmd``'s own cost
+model: Sailor's plan as described (:data:`planner.baseline.SAILOR_OPT_350M`, layers balanced by
+:func:`planner.baseline.hand_pipeline`); ``mpmd plan`` at its default goal (shortest step), on
+every schedule and on 1F1B only (Sailor's runtime, Megatron-DeepSpeed, runs 1F1B); and ``mpmd plan
+--objective cost --min-throughput 2000000`` (tokens per second, about half the fastest plan's),
+which may use part of the cluster. Cost = the used devices at the cluster file's on-demand prices x step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from compiler.zoo.costing import workload  # noqa: E402
+from hardware_profiles import load_cluster  # noqa: E402
+from planner import Goal, PlanOptions, plan_for  # noqa: E402
+from planner.baseline import SAILOR_OPT_350M, hand_pipeline  # noqa: E402
+from planner.objective import usd_per_hour, used_devices  # noqa: E402
+
+CLUSTER = "a100x80_v100x240_nodes"
+MODEL, BATCH, SEQ = "opt-350m", 1024, 2048
+FLOOR = 2_000_000
+"""The cost row's throughput floor, tokens per second (README's command; about half the fastest
+plan's)."""
+
+
+def _devices(plan, cluster) -> str:
+    return ", ".join(f"{n} {g}" for g, n in used_devices(plan, cluster).items())
+
+
+def markdown(time_limit: float = 30.0) -> str:
+    cluster = load_cluster(CLUSTER)
+    w = workload(MODEL, BATCH, SEQ)
+    tokens = BATCH * SEQ
+    rows = []
+
+    def add(what, plan, pred, wall):
+        usd_h = usd_per_hour(plan, cluster)
+        rows.append(f"| {what} | {_devices(plan, cluster)} | {pred.step_time_s:.3f} | "
+                    f"{tokens / pred.step_time_s:,.0f} | {pred.mfu * 100:.1f}% | "
+                    f"{usd_h * pred.step_time_s / 3600:.4f} | {wall} |")
+
+    t0 = time.perf_counter()
+    peer = hand_pipeline(w, cluster, SAILOR_OPT_350M)
+    add("Sailor's plan (7 stages, V100 tp4 around A100 tp1, dp20, 1f1b), replayed", peer.plan,
+        peer.prediction, f"{time.perf_counter() - t0:.1f}")
+    for what, opts in (("mpmd plan (every schedule)", PlanOptions(time_limit_s=time_limit)),
+                       ("mpmd plan --schedule 1f1b", PlanOptions(time_limit_s=time_limit, schedules=("1f1b",)))):
+        t0 = time.perf_counter()
+        r = plan_for(w, cluster, Goal(), opts)
+        add(what, r.plan, r.prediction, f"{time.perf_counter() - t0:.1f}")
+    floor = FLOOR
+    t0 = time.perf_counter()
+    r = plan_for(w, cluster, Goal("cost", min_tokens_per_s=floor), PlanOptions(time_limit_s=time_limit))
+    add(f"mpmd plan --objective cost --min-throughput {floor:.0f}", r.plan, r.prediction,
+        f"{time.perf_counter() - t0:.1f}")
+    head = (f"OPT-350M, global batch {BATCH}, sequence {SEQ}, on `{CLUSTER}` (80 A100-40GB + 240 "
+            f"V100-16GB, Google Cloud prices), `--time-limit {time_limit:g}`:\n\n"
+            "| plan | devices used | step (s) | tokens/s | MFU | USD per step | wall (s) |\n"
+            "|---|---|---|---|---|---|---|")
+    return head + "\n" + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    a = ap.parse_args()
+    print(markdown(a.time_limit))
+
+
+if __name__ == "__main__":
+    main()
