@@ -128,6 +128,13 @@ _REGISTRY: dict[str, ModelConfig] = {
         name="llama3-70b", family="llama", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672,
         vocab=128256, seq_len=8192, rope_theta=500000.0,
         source=_LLAMA3.format(size="70B", h=8192, f=28672, l=80, a=64)),
+    "llama3-405b": ModelConfig(
+        name="llama3-405b", family="llama", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248,
+        vocab=128256, seq_len=8192, rope_theta=500000.0,
+        source=("Llama 3: Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783) Table 3 "
+                "(405B: 126 layers, model dimension 16,384, FFN dimension 53,248, 128 attention heads, "
+                "8 key/value heads, vocabulary 128,000, RoPE theta 500,000); meta-llama/Llama-3.1-405B "
+                "config.json (vocab_size 128256, rms_norm_eps 1e-5); pretraining context 8192")),
     "gpt3-175b": ModelConfig(
         name="gpt3-175b", family="gpt", layers=96, hidden=12288, heads=96, kv_heads=96,
         ffn=4 * 12288, vocab=50257, seq_len=2048, norm="layer", mlp="gelu", pos_emb="learned",

@@ -112,7 +112,9 @@ def profiles() -> None:
 @click.option("--seq-len", type=int_range(1, MAX_SEQ_LEN), default=None,
               help="Tokens per sample (default: the model's).")
 @click.option("--time-limit", type=FiniteFloat(min=0.1, max=MAX_TIME_LIMIT_S), default=30.0, show_default=True,
-              help="Wall-clock budget of the search, seconds.")
+              help="Search budget in seconds of work on the reference 2-core machine (about its wall "
+                   "time there; node-group clusters): the same plan on any machine, a busy one takes "
+                   "longer; the wall clock cuts the search at 3x this.")
 @click.option("--schedule", "schedules", multiple=True,
               help="Restrict to these schedules (repeatable).")
 @click.option("--microbatches", "microbatches", multiple=True, type=int_range(1, MAX_MICROBATCHES),

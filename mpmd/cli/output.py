@@ -162,9 +162,9 @@ def _stages_table(title: str, plan: Any, lc: Any, stage_times: Any, peak: Any, c
 STOPPED = {
     "interrupted": ", interrupted (Ctrl-C)",
     "work budget": "; stopped: work budget of --time-limit spent (raise it to search more)",
-    "time limit": ("; stopped: wall clock hit --time-limit before the work budget was spent (this "
-                   "machine is slower or busier than the reference, so the plan may depend on its "
-                   "load; raise --time-limit)"),
+    "time limit": ("; stopped: wall clock hit 3x --time-limit before the work budget was spent "
+                   "(this machine is over 3x slower or busier than the reference, so the plan may "
+                   "depend on its load; raise --time-limit)"),
     "complete": "; complete: every option searched to its gap target or pruned by its bound",
 }
 """How a node-group search's ``solver["stopped"]`` reads in the step table."""

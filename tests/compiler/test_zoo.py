@@ -14,6 +14,7 @@ from compiler.zoo import ZooError
 PUBLISHED = {  # name -> published parameter count
     "llama3-8b": 8.03e9,       # Meta model card
     "llama3-70b": 70.6e9,      # Meta model card
+    "llama3-405b": 405.9e9,    # Meta model card (Llama 3.1 405B: 405B; 405.85B in its safetensors)
     "gpt3-175b": 175.0e9,      # Brown et al. 2020, Table 2.1
     "mochi-dit-10b": 10.0e9,   # Genmo; Tenstorrent guide section 6
 }
@@ -73,7 +74,7 @@ def test_published_fields():
 
 
 def test_list_and_unknown_model():
-    assert zoo.list_models() == sorted(["gpt3-175b", "llama-tiny", "llama3-70b", "llama3-8b",
+    assert zoo.list_models() == sorted(["gpt3-175b", "llama-tiny", "llama3-405b", "llama3-70b", "llama3-8b",
                                         "mochi-dit-10b", "mochi-dit-tiny", "opt-350m"])
     with pytest.raises(ZooError, match="unknown model 'llama5'.*llama3-8b"):
         zoo.get_config("llama5")
