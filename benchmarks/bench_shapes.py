@@ -4,14 +4,14 @@ Usage:
     python benchmarks/bench_shapes.py [--time-limit 30] [--only homogeneous|mixed]
 
 Homogeneous rows plan llama3-70b (global batch 256, sequence 8192) and gpt3-175b (1536, 2048) on
-64-512 H100 described as DGX nodes (``hardware_profiles/clusters/h100xN_nodes.yaml``) and compare
+64-512 H100, and both on 4,096 and 16,384 H100 at larger batches (:data:`LARGE`), described as DGX nodes (``hardware_profiles/clusters/h100xN_nodes.yaml``) and compare
 the plan with the best Megatron-style hand configuration (:mod:`planner.baseline`: tensor parallel 8
 in a node, the shortest pipeline that fits, data parallel over the rest, 1 or 2 samples per
 microbatch, 1F1B or interleaved) and with the best point of the practitioners' grid
 (:mod:`planner.grid`: tensor parallel 1-8, every pipeline depth, virtual stages 1-4, micro-batch
 1-8, recomputation only where needed, distributed optimizer or FSDP), both evaluated by the same
 cost model. Three-kind rows plan llama3-70b
-(512, 8192) on 512 and 1024 devices of H100, TPU v5e and p150b, and compare with each kind planned
+(512, 8192) on 512 and 1024 devices of H100, TPU v5e and p150b, and (2048, 8192) on 4,096, and compare with each kind planned
 alone on the same batch: the plan's throughput over the sum of the kinds' separate throughputs.
 
 Columns: wall = trace + search seconds on this machine; gap = (step - proven lower bound) / step;
@@ -36,9 +36,12 @@ from planner.grid import grid_sweep  # noqa: E402
 
 HOMOGENEOUS = [("llama3-70b", 256, 8192), ("gpt3-175b", 1536, 2048)]
 SIZES = (64, 128, 256, 512)
-LARGE = [("llama3-70b", 2048, 8192, "h100x16384_nodes"), ("gpt3-175b", 2048, 2048, "h100x16384_nodes")]
-"""The 16,384-H100 cases (2,048 DGX nodes, the Llama 3 405B run's size)."""
-MIXED = [("llama3-70b", 512, 8192, "mixed512_nodes"), ("llama3-70b", 512, 8192, "mixed1024_nodes")]
+LARGE = [("llama3-70b", 1024, 8192, "h100x4096_nodes"), ("gpt3-175b", 1536, 2048, "h100x4096_nodes"),
+         ("llama3-70b", 2048, 8192, "h100x16384_nodes"), ("gpt3-175b", 2048, 2048, "h100x16384_nodes")]
+"""The 4,096-H100 (512 DGX nodes) and 16,384-H100 cases (2,048 DGX nodes, the Llama 3 405B run's
+size), on larger global batches."""
+MIXED = [("llama3-70b", 512, 8192, "mixed512_nodes"), ("llama3-70b", 512, 8192, "mixed1024_nodes"),
+         ("llama3-70b", 2048, 8192, "mixed4096_nodes")]
 
 
 def shape_text(p) -> str:
@@ -72,7 +75,7 @@ def homogeneous(time_limit: float) -> list[dict]:
         wall = time.perf_counter() - t + trace
         hand = best_megatron(w, c, "h100")
         grid = grid_sweep(w, c, "h100").best
-        rows.append({"model": model, "devices": n, "wall": wall, "step": r.prediction.step_time_s,
+        rows.append({"model": model, "devices": n, "batch": batch, "wall": wall, "step": r.prediction.step_time_s,
                      "mfu": r.prediction.mfu, "gap": r.search_gap,
                      "roof": r.prediction.step_time_s / r.prediction.roofline_step_time_s,
                      "shape": shape_text(r.plan),
@@ -99,7 +102,7 @@ def mixed(time_limit: float) -> list[dict]:
             alone[g] = a.prediction.step_time_s
         rate = batch / r.prediction.step_time_s
         total = sum(batch / s for s in alone.values())
-        rows.append({"cluster": name, "devices": c.num_devices, "wall": wall,
+        rows.append({"cluster": name, "devices": c.num_devices, "batch": batch, "wall": wall,
                      "step": r.prediction.step_time_s, "mfu": r.prediction.mfu, "gap": r.search_gap,
                      "alone": alone, "share": rate / total, "best_alone": min(alone.values()),
                      "shape": shape_text(r.plan), "reason": r.plan.solver.get("reason", "")})
@@ -135,9 +138,9 @@ def markdown(time_limit: float = 30.0, only: str | None = None) -> str:
         lines += [f"Planner at scale, homogeneous: `plan()` with --time-limit {time_limit:g} s on H100 DGX "
                   f"node groups, against the best Megatron-style hand configuration (shortest pipeline "
                   f"that fits) and the best point of the practitioners' grid (same cost model)", "",
-                  "| model | H100 | wall (s) | step (s) | MFU | gap | step/roofline | hand step (s) | hand MFU "
+                  "| model | H100 | batch | wall (s) | step (s) | MFU | gap | step/roofline | hand step (s) | hand MFU "
                   "| plan/hand | grid step (s) | plan/grid | plan | hand | grid |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
         for r in rows:
             hand = f"{r['hand']:.2f}" if r["hand"] else "-"
             ratio = f"{r['step'] / r['hand']:.3f}" if r["hand"] else "-"
@@ -145,21 +148,21 @@ def markdown(time_limit: float = 30.0, only: str | None = None) -> str:
             grid = f"{r['grid']:.2f}" if r["grid"] else "-"
             gratio = f"{r['step'] / r['grid']:.3f}" if r["grid"] else "-"
             gap = f"{r['gap'] * 100:.1f}%" if r["gap"] is not None else "unknown"
-            lines.append(f"| {r['model']} | {r['devices']} | {r['wall']:.1f} | {r['step']:.2f} | "
+            lines.append(f"| {r['model']} | {r['devices']} | {r['batch']} | {r['wall']:.1f} | {r['step']:.2f} | "
                          f"{r['mfu'] * 100:.1f}% | {gap} | {r['roof']:.2f} | {hand} | {hmfu} | {ratio} "
                          f"| {grid} | {gratio} | {r['shape']} | {r['hand_label']} | {r['grid_label']} |")
         lines.append("")
         lines += zero_bubble(time_limit)
     if only in (None, "mixed"):
         rows = mixed(time_limit)
-        lines += [f"Planner at scale, three kinds: llama3-70b, global batch 512, sequence 8192, --time-limit "
+        lines += [f"Planner at scale, three kinds: llama3-70b, sequence 8192, --time-limit "
                   f"{time_limit:g} s; each kind alone planned on the same batch", "",
-                  "| cluster | devices | wall (s) | step (s) | MFU | gap | H100 alone (s) | TPU v5e alone (s) "
+                  "| cluster | devices | batch | wall (s) | step (s) | MFU | gap | H100 alone (s) | TPU v5e alone (s) "
                   "| p150b alone (s) | throughput / sum of kinds' | plan |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in rows:
             a = r["alone"]
-            lines.append(f"| {r['cluster']} | {r['devices']} | {r['wall']:.1f} | {r['step']:.2f} | "
+            lines.append(f"| {r['cluster']} | {r['devices']} | {r['batch']} | {r['wall']:.1f} | {r['step']:.2f} | "
                          f"{r['mfu'] * 100:.1f}% | {r['gap'] * 100:.1f}% | {a.get('h100', 0):.2f} | "
                          f"{a.get('tpu', 0):.2f} | {a.get('p150b', 0):.2f} | {r['share'] * 100:.1f}% | "
                          f"{r['shape']} |")
