@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bench_a100_175b  # noqa: E402
+import bench_fixtures  # noqa: E402
 import bench_peer  # noqa: E402
 import bench_planner  # noqa: E402
 import bench_shapes  # noqa: E402
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
              bench_shapes.markdown(),
              "## GPT-3 175B on 1,024 A100: the planner against Megatron-LM, with exposed communication\n",
              bench_a100_175b.markdown(),
+             "## Published layouts as fixtures: the planner against the layouts experts ran\n",
+             bench_fixtures.markdown(),
              "## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
              bench_peer.markdown()]
     text = "\n".join(parts)
