@@ -14,8 +14,8 @@ to the mesh-level search (:func:`planner.api.plan`). Shaping:
    the grid's step prunes every candidate whose bound cannot beat it.
 2. **Heterogeneous data parallel**: the groups split into parts, each part one pipeline (through
    one group, or a mixed pipeline through several) on a share of the global batch (whole
-   microbatches; shares first in proportion to the parts' measured rates, then moved a granule at a
-   time from the part that finishes last while the step improves), gradients all-reduced across
+   microbatches; shares first those that would balance the parts' measured rates, then moved a
+   granule at a time from the part that finishes last while the step improves), gradients all-reduced across
    the parts over the links between groups (:func:`cross_sync`) before the optimizer. Subsets
    that leave groups out are tried too.
 3. **One mixed pipeline** over all groups (stage meshes of different kinds in one pipeline, the
@@ -173,16 +173,17 @@ def _granule(batch: int, parts: int) -> int:
 
 
 def _shares(batch: int, rates: list[float], q: int) -> list[int]:
-    """Shares of ``batch`` in multiples of ``q`` proportional to ``rates`` (largest remainder), each
-    at least ``q``."""
+    """Shares of ``batch`` in multiples of ``q``, each at least ``q``, that minimise the slowest
+    part's time ``share / rate`` (the step of a data-parallel split waits for its last part): the
+    proportional shares rounded down, then each granule left to the part that finishes first with
+    it (water filling: each part's time grows linearly with its share)."""
     units = batch // q
-    raw = [units * r / sum(rates) for r in rates]
-    got = [max(1, int(x)) for x in raw]
-    while sum(got) > units:
-        i = max(range(len(got)), key=lambda i: (got[i] - raw[i], got[i]))
+    got = [max(1, int(units * r / sum(rates))) for r in rates]
+    while sum(got) > units:             # tiny parts kept at one granule: take from the slowest
+        i = max((i for i in range(len(got)) if got[i] > 1), key=lambda i: got[i] / rates[i])
         got[i] -= 1
     while sum(got) < units:
-        i = max(range(len(got)), key=lambda i: raw[i] - got[i])
+        i = min(range(len(got)), key=lambda i: (got[i] + 1) / rates[i])
         got[i] += 1
     return [g * q for g in got]
 

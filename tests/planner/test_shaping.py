@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compiler.zoo.costing import workload
 from compiler.ir import DataParallelPlan, any_plan_to_json
@@ -115,10 +117,23 @@ def test_cross_sync_is_a_ring_over_the_parts_at_the_narrowest_link(tmp_path, lla
 def test_shares_in_granules_proportional_to_rates():
     assert _granule(512, 3) == 32
     assert _granule(64, 2) == 8
-    assert _shares(512, [17.7, 7.0, 6.2], 32) == [288, 128, 96]
+    # the slowest part's time is least: 320/17.7 = 18.1 (largest remainder's 128/7.0 = 18.3)
+    assert _shares(512, [17.7, 7.0, 6.2], 32) == [320, 96, 96]
     assert _shares(64, [1.0, 1.0], 8) == [32, 32]
     assert sum(_shares(96, [5.0, 1.0, 0.01], 8)) == 96
     assert min(_shares(96, [5.0, 1.0, 0.01], 8)) == 8      # every part keeps one granule
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.01, 100.0), min_size=2, max_size=4), st.integers(4, 12))
+def test_shares_minimise_the_slowest_part(rates, units):
+    """Against every split into whole granules, each part at least one."""
+    from itertools import product
+    got = _shares(units * 8, rates, 8)
+    assert sum(got) == units * 8 and min(got) >= 8
+    best = min(max(c / r for c, r in zip(combo, rates))
+               for combo in product(range(1, units + 1), repeat=len(rates)) if sum(combo) == units)
+    assert max(g / 8 / r for g, r in zip(got, rates)) == pytest.approx(best, rel=1e-12)
 
 
 def test_the_search_says_why_it_stopped():
