@@ -42,6 +42,7 @@ def readme_paragraph(start: str) -> str:
 
 H100_128 = readme_paragraph("Measured 2026-11-25 on this project's 2-core machine, idle")
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), it planned 4")
+FIXTURES = readme_paragraph("Published layouts as fixtures:")
 PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), the first uses both kinds")
 
 
@@ -55,6 +56,13 @@ PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), th
     (H100_128, {"cluster": "mixed512_nodes"},
      {"step (s)": "TPU v5e at {} s", "gap": "proven gap {} against the FLOP", "H100 alone (s)":
       "(the H100 alone: {} s)"}),
+    (FIXTURES, {"run": "narayanan", "model": "1008B"},
+     {"plan (s)": "3,072 A100 at {} s", "layout in model (s)": "published layout's {} s"}),
+    (FIXTURES, {"run": "llama3-405b", "model": "llama3-405B"},
+     {"plan (s)": "Llama 3 405B ({} s", "layout in model (s)": "against {} s) and",
+      "layout peak memory (GB)": "(peak GB: {} and"}),
+    (FIXTURES, {"run": "dgxc-h100", "model": "llama3.1-70B"},
+     {"plan (s)": "70B ({} s", "layout in model (s)": "against {} s): in", "layout peak memory (GB)": "and {}), though"}),
     (PEER, {"plan": "mpmd plan (every schedule)"},
      {"step (s)": "at {} s per step", "USD per step": "USD {} per step; Sailor"}),
     (PEER, {"plan": "Sailor's plan (7 stages, V100 tp4 around A100 tp1, dp20, 1f1b), replayed"},
