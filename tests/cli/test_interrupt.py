@@ -205,13 +205,13 @@ def test_ctrl_c_before_any_feasible_plan_writes_nothing(tmp_path, monkeypatch):
     import planner
     from mpmd.cli.main import main
 
-    real = planner.plan
+    real = planner.plan_for              # what `mpmd plan` calls (the goal's planner)
 
     def stopped_at_once(*args, stop, **kw):
         stop.set()
         return real(*args, stop=stop, **kw)
 
-    monkeypatch.setattr(planner, "plan", stopped_at_once)
+    monkeypatch.setattr(planner, "plan_for", stopped_at_once)
     out = tmp_path / "plan.json"
     res = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster",
                                     str(ROOT / "hardware_profiles" / "clusters" / "h100x64.yaml"),

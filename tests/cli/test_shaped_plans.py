@@ -401,7 +401,7 @@ def test_plan_command_writes_a_data_parallel_plan(files, tmp_path, monkeypatch):
     dp = replace(files.dp_plan, predicted={"step_time_s": 0.7}, solver={"status": "OPTIMAL", "candidates": 3,
                                                                     "candidates_total": 3,
                                                                     "search_wall_s": 1.0})
-    monkeypatch.setattr(planner, "plan", lambda *a, **k: SimpleNamespace(plan=dp, prediction=pred,
+    monkeypatch.setattr(planner, "plan_for", lambda *a, **k: SimpleNamespace(plan=dp, prediction=pred,
                                                                           interrupted=False))
     out = tmp_path / "plan.json"
     res = run(["plan", "--model", "llama-tiny", "--cluster", files.cluster, "--global-batch", "64",

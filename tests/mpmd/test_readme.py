@@ -128,7 +128,7 @@ def _run_readme(tmp_path: Path, slow: bool) -> list[str]:
 
 def test_readme_commands_run_as_written(tmp_path):
     ran = _run_readme(tmp_path, slow=False)
-    assert ran.count("plan") == 5 and "run" in ran and "calibrate" in ran and "simulate" in ran
+    assert ran.count("plan") == 7 and "run" in ran and "calibrate" in ran and "simulate" in ran
     for name in ("plan.json", "tiny.json", "h100.json", "mixed.json"):
         assert (tmp_path / name).is_file()
 
