@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from compiler.zoo.costing import workload  # noqa: E402
+from zoo.costing import workload  # noqa: E402
 from hardware_profiles import load_cluster  # noqa: E402
 from planner import PlanOptions, plan  # noqa: E402
 from planner.baseline import MEGATRON_GPT3_175B, hand_plan  # noqa: E402

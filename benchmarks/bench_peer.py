@@ -22,9 +22,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from compiler.zoo.costing import workload  # noqa: E402
+from zoo.costing import workload  # noqa: E402
 from hardware_profiles import load_cluster  # noqa: E402
-from planner import Goal, PlanOptions, plan_for  # noqa: E402
+from planner import Goal, PlanOptions, plan  # noqa: E402
 from planner.baseline import SAILOR_OPT_350M, hand_pipeline  # noqa: E402
 from planner.objective import usd_per_hour, used_devices  # noqa: E402
 
@@ -58,11 +58,11 @@ def markdown(time_limit: float = 30.0) -> str:
     for what, opts in (("mpmd plan (every schedule)", PlanOptions(time_limit_s=time_limit)),
                        ("mpmd plan --schedule 1f1b", PlanOptions(time_limit_s=time_limit, schedules=("1f1b",)))):
         t0 = time.perf_counter()
-        r = plan_for(w, cluster, Goal(), opts)
+        r = plan(w, cluster, opts)
         add(what, r.plan, r.prediction, f"{time.perf_counter() - t0:.1f}")
     floor = FLOOR
     t0 = time.perf_counter()
-    r = plan_for(w, cluster, Goal("cost", min_tokens_per_s=floor), PlanOptions(time_limit_s=time_limit))
+    r = plan(w, cluster, PlanOptions(time_limit_s=time_limit), goal=Goal("cost", min_tokens_per_s=floor))
     add(f"mpmd plan --objective cost --min-throughput {floor:.0f}", r.plan, r.prediction,
         f"{time.perf_counter() - t0:.1f}")
     head = (f"OPT-350M, global batch {BATCH}, sequence {SEQ}, on `{CLUSTER}` (80 A100-40GB + 240 "

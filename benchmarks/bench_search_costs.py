@@ -8,7 +8,7 @@ cost model change makes the measured figure exceed the nominal one, re-measure a
 """
 import sys, time, tempfile, collections
 from pathlib import Path
-from compiler.zoo.costing import workload
+from zoo.costing import workload
 from hardware_profiles import load_cluster, CLUSTERS_DIR
 import planner.candidate as C, planner.budget as B
 from planner.budget import _fragments, COSTS

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from compiler.zoo.costing import workload  # noqa: E402
+from zoo.costing import workload  # noqa: E402
 from hardware_profiles import load_cluster  # noqa: E402
 from planner import PlanOptions, plan  # noqa: E402
 from planner.baseline import best_megatron  # noqa: E402

@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from compiler.ir import FragmentRef  # noqa: E402
+from ir import FragmentRef  # noqa: E402
 from simulator.engine import simulate  # noqa: E402
 from simulator.lowering import BoundaryCost, FragmentCost, TailOp, lower_schedule  # noqa: E402
 from simulator.schedules import generate  # noqa: E402

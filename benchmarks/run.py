@@ -2,6 +2,7 @@
 
 Usage:
     python benchmarks/run.py --out reports/benchmarks.md
+    python benchmarks/run.py --only cli --out reports/benchmarks.md   # one section, in place
 """
 
 from __future__ import annotations
@@ -15,13 +16,45 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bench_a100_175b  # noqa: E402
+import bench_cli  # noqa: E402
 import bench_fixtures  # noqa: E402
 import bench_peer  # noqa: E402
 import bench_planner  # noqa: E402
 import bench_shapes  # noqa: E402
 import bench_simulator  # noqa: E402
 
-from mpmd.files import write_atomic  # noqa: E402
+from ir.files import write_atomic  # noqa: E402
+
+
+SECTIONS = {
+    "simulator": ("## Simulator\n", bench_simulator.markdown),
+    "planner": ("## Planner\n", bench_planner.markdown),
+    "shapes": ("## Planner at scale (node groups, 64 to 16,384 devices)\n", bench_shapes.markdown),
+    "a100": ("## GPT-3 175B on 1,024 A100: the planner against Megatron-LM, with exposed "
+             "communication\n", bench_a100_175b.markdown),
+    "fixtures": ("## Published layouts as fixtures: the planner against the layouts experts ran\n",
+                 bench_fixtures.markdown),
+    "peer": ("## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
+             bench_peer.markdown),
+    "cli": ("## CLI: bad input refused before the heavy imports\n", bench_cli.markdown),
+}
+"""Section key -> (heading, the benchmark's Markdown)."""
+
+
+def _machine() -> str:
+    return (f"{date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}")
+
+
+def _replace_section(text: str, heading: str, body: str) -> str:
+    """``text`` with the section under ``heading`` (up to the next ``## ``) replaced by ``body``,
+    or ``body`` appended when the heading is absent."""
+    new = heading + "\n" + body
+    if heading not in text:
+        return text.rstrip("\n") + "\n\n" + new
+    start = text.index(heading)
+    nxt = text.find("\n## ", start + len(heading))
+    return text[:start] + new + ("" if nxt < 0 else "\n" + text[nxt + 1:])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,19 +62,22 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="write the Markdown here (e.g. reports/benchmarks.md)")
+    ap.add_argument("--only", choices=sorted(SECTIONS), default=None,
+                    help="run one section and replace it in --out (the other sections kept)")
     args = ap.parse_args(argv)
+    if args.only:
+        heading, fn = SECTIONS[args.only]
+        body = f"Section re-measured by `python benchmarks/run.py --only {args.only}` on {_machine()}.\n\n" + fn()
+        print(heading + "\n" + body)
+        if args.out:
+            old = Path(args.out).read_text() if Path(args.out).exists() else ""
+            write_atomic(Path(args.out), _replace_section(old, heading, body))
+        return
     head = (f"# Benchmarks\n\nMade by `python benchmarks/run.py --out reports/benchmarks.md` on "
-            f"{date.today()}, "
-            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}.\n")
-    parts = [head, "## Simulator\n", bench_simulator.markdown(), "## Planner\n",
-             bench_planner.markdown(), "## Planner at scale (node groups, 64 to 16,384 devices)\n",
-             bench_shapes.markdown(),
-             "## GPT-3 175B on 1,024 A100: the planner against Megatron-LM, with exposed communication\n",
-             bench_a100_175b.markdown(),
-             "## Published layouts as fixtures: the planner against the layouts experts ran\n",
-             bench_fixtures.markdown(),
-             "## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
-             bench_peer.markdown()]
+            f"{_machine()}.\n")
+    parts = [head]
+    for heading, fn in SECTIONS.values():
+        parts += [heading, fn()]
     text = "\n".join(parts)
     print(text)
     if args.out:

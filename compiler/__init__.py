@@ -1,32 +1,34 @@
-"""The MPMD compiler on JAX, with the plan-level IR, the model zoo it traces, its calibration and the
-training driver, one subpackage each:
+"""The MPMD compiler proper (the Shardy:MPMD RFC in Python on JAX).
 
-- :mod:`compiler.ir`: the plan-level IR every package speaks (imports nothing else of the project).
-- :mod:`compiler.zoo`: JAX models whose layers are named computations, and ``zoo.costing``: each
-  unique fragment body costed from XLA's analysis (a ``Workload``).
-- :mod:`compiler.core`: the compiler proper (frontend, program IR, passes, export, runtime).
-- :mod:`compiler.calibration`: ``mpmd calibrate``.
-- :mod:`compiler.train`: ``mpmd run``.
-
-The compiler proper's face is re-exported here: ``from compiler import jit, named_computation``.
-It is loaded on first use (PEP 562), so ``import compiler.ir``, which the planner and the simulator
-need, does not import JAX (``tests/compiler/test_ir_imports.py``).
+Label pieces of a program with :func:`named_computation`, then ``jit(fn, config).lower(*args)
+.compile()`` gives per-mesh programs that run like ``fn``. Modules: ``named.py`` (the label),
+``config.py`` / ``plan_config.py`` (what the user or a plan tells the compiler), ``frontend.py``
+(tracing into the program IR), ``program.py`` (the IR and its printer), ``passes/`` (pure
+``Program -> Program`` passes) run by ``driver.py`` with ``verify.py`` between them in tests,
+``export.py`` / ``exported.py`` (one executable per unique fragment body and mesh) and
+``runtime.py`` (running the per-mesh programs on JAX devices), ``distributed.py`` (the same, one
+process per mesh or group of meshes, on ``jax.distributed``).
 """
 
-from __future__ import annotations
+from compiler.config import FragmentInfo, FragmentPattern, MpmdConfig, schedule_from_plan
+from compiler.distributed import (DistributedError, ProcessProgram, assign_meshes, prepare,
+                                  process_topology, run_process)
+from compiler.driver import default_pipeline, run_passes
+from compiler.errors import CompilerError
+from compiler.export import export_program, run_sequential
+from compiler.exported import Call, Executable, ExportedProgram, MeshProgram, Send
+from compiler.frontend import jit
+from compiler.named import named_computation
+from compiler.plan_config import config_from_plan
+from compiler.program import Program, print_program
+from compiler.runtime import DeadlockError, Execution, MpmdRuntimeError, execute, run_program
+from compiler.verify import verify
 
-import importlib
-
-__all__ = ["CompilerError", "FragmentInfo", "FragmentPattern", "MpmdConfig", "Program",
-           "config_from_plan", "default_pipeline", "export_program", "jit", "named_computation",
-           "print_program", "run_passes", "run_sequential", "schedule_from_plan", "verify"]
-
-
-def __getattr__(name: str):
-    """The compiler proper's face (``compiler.core``), imported on first use; the subpackages as
-    attributes once imported."""
-    if name in __all__:
-        return getattr(importlib.import_module("compiler.core"), name)
-    if name in ("ir", "zoo", "core", "calibration", "train"):
-        return importlib.import_module(f"compiler.{name}")
-    raise AttributeError(f"module 'compiler' has no attribute {name!r}")
+__all__ = ["Call", "CompilerError", "DeadlockError", "DistributedError", "Executable", "Execution",
+           "ExportedProgram", "ProcessProgram", "assign_meshes", "prepare", "process_topology",
+           "run_process",
+           "FragmentInfo", "FragmentPattern", "MeshProgram", "MpmdConfig", "MpmdRuntimeError", "Program",
+           "Send",
+           "config_from_plan", "default_pipeline", "execute", "export_program", "jit",
+           "named_computation", "print_program", "run_passes", "run_program", "run_sequential",
+           "schedule_from_plan", "verify"]

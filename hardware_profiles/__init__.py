@@ -1,98 +1,49 @@
 """Hardware profiles: device specs and cluster specs as data, loaded into SI types, plus collective costs.
 
-Leaf package: imports no other project package.
+Imports no project package above :mod:`ir`. The face is loaded on first use (PEP 562): naming
+``hardware_profiles.paths`` or ``hardware_profiles.types`` costs milliseconds, while the loader
+(pydantic) and the collectives load when one of their names is first used, so the CLI can check a
+cluster path before paying for them.
 """
 
-from hardware_profiles.calibration import (
-    PRIOR_UNCERTAINTY,
-    calibration_origin,
-    calibration_status,
-    calibration_summary,
-    is_calibrated,
-)
-from hardware_profiles.carve import GroupShape, carve, default_shapes, shapes_from_json
-from hardware_profiles.collectives import (
-    ALGORITHMS,
-    all_gather,
-    all_reduce,
-    all_to_all,
-    collective_time,
-    reduce_scatter,
-    ring_all_reduce,
-    send_recv,
-    span_all_gather,
-    span_all_reduce,
-    span_all_to_all,
-    span_collective,
-    span_reduce_scatter,
-    tree_all_reduce,
-)
-from hardware_profiles.loader import (
-    CLUSTERS_DIR,
-    DEVICES_DIR,
-    bundled_clusters,
-    known_device_ids,
-    list_devices,
-    load_cluster,
-    load_device,
-)
-from hardware_profiles.table import profiles_rows, profiles_table
-from hardware_profiles.types import (
-    Alternative,
-    Cluster,
-    DeviceProfile,
-    InterMeshLink,
-    Link,
-    MeshSpec,
-    NodeGroup,
-    ProfileError,
-    Span,
-    straggler_factor,
-    straggler_hosts,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ALGORITHMS",
-    "CLUSTERS_DIR",
-    "DEVICES_DIR",
-    "Alternative",
-    "Cluster",
-    "DeviceProfile",
-    "GroupShape",
-    "InterMeshLink",
-    "Link",
-    "MeshSpec",
-    "NodeGroup",
-    "PRIOR_UNCERTAINTY",
-    "ProfileError",
-    "all_gather",
-    "all_reduce",
-    "all_to_all",
-    "bundled_clusters",
-    "calibration_origin",
-    "calibration_status",
-    "calibration_summary",
-    "carve",
-    "collective_time",
-    "default_shapes",
-    "is_calibrated",
-    "known_device_ids",
-    "list_devices",
-    "load_cluster",
-    "load_device",
-    "profiles_rows",
-    "profiles_table",
-    "reduce_scatter",
-    "ring_all_reduce",
-    "send_recv",
-    "Span",
-    "shapes_from_json",
-    "span_all_gather",
-    "span_all_reduce",
-    "span_all_to_all",
-    "span_collective",
-    "span_reduce_scatter",
-    "straggler_factor",
-    "straggler_hosts",
-    "tree_all_reduce",
-]
+import importlib
+
+# ``carve`` names both a submodule and a function of the face: bind the function now, or the
+# submodule, once imported, would shadow it (the package attribute is set on import).
+from hardware_profiles.carve import carve
+
+_FACE = {
+    "hardware_profiles.calibration": (
+        "PRIOR_UNCERTAINTY", "calibration_origin", "calibration_status", "calibration_summary",
+        "is_calibrated"),
+    "hardware_profiles.carve": (
+        "GroupShape", "default_shapes", "shapes_from_json"),
+    "hardware_profiles.collectives": (
+        "ALGORITHMS", "all_gather", "all_reduce", "all_to_all", "collective_time", "reduce_scatter",
+        "ring_all_reduce", "send_recv", "span_all_gather", "span_all_reduce", "span_all_to_all",
+        "span_collective", "span_reduce_scatter", "tree_all_reduce"),
+    "hardware_profiles.loader": (
+        "bundled_clusters", "known_device_ids", "list_devices", "load_cluster", "load_device"),
+    "hardware_profiles.paths": (
+        "CLUSTERS_DIR", "DEVICES_DIR"),
+    "hardware_profiles.table": (
+        "profiles_rows", "profiles_table"),
+    "hardware_profiles.types": (
+        "Alternative", "Cluster", "DeviceProfile", "InterMeshLink", "Link", "MeshSpec", "NodeGroup",
+        "ProfileError", "Span", "straggler_factor", "straggler_hosts"),
+}
+_WHERE = {name: mod for mod, names in _FACE.items() for name in names}
+
+__all__ = sorted([*_WHERE, "carve"])
+
+
+def __getattr__(name: str):
+    """A name of the face, imported from its module on first use; a submodule by name."""
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    if name in ("calibration", "carve", "collectives", "file_shapes", "loader", "paths", "table",
+                "types"):
+        return importlib.import_module(f"hardware_profiles.{name}")
+    raise AttributeError(f"module 'hardware_profiles' has no attribute {name!r}")

@@ -9,7 +9,7 @@ fit a profile write its origins, and each starts with a fixed word:
 * ``mpmd validate --fit`` writes "fitted by `mpmd validate --fit` over the N ... rows ..."
   (``mpmd.cli.validate``);
 * ``mpmd calibrate`` writes "measured <date> on this machine ... by mpmd calibrate ..."
-  (``compiler.calibration.files``).
+  (``runtime.calibration.files``).
 
 So a profile is calibrated exactly when that origin starts with "fitted" or "measured" (case and
 leading blanks or quotes ignored). Anything else is a prior: origins that start with "prior", ones

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from ir.files import NAME_PATTERN
 
 MAX_DEVICES = 2**20
 """Most devices in one mesh (and along one mesh axis): about a million, far above any machine built."""
@@ -29,10 +30,6 @@ MAX_NODES = 16384
 24,576-GPU Llama 3 clusters (Llama Team, "The Llama 3 Herd of Models", 2024, Sec. 3.3.1) and
 twice the 65,536 devices the planner is benchmarked on; no machine built is near. A node group
 is shaped by counting nodes, not listing them, so the search does not grow with this figure."""
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
-"""Cluster, mesh, device and host names: letters, digits and ``_ . + -`` (a name appears in link
-names ``a<->b``, in knobs ``MESH=2``/``MESH@1.5`` and in printed tables, so it holds none of
-``< > = @ [ ]``, spaces or control characters)."""
 
 TFLOPS = 1e12
 GB = 1e9

@@ -10,11 +10,11 @@ Unit conversions (exact):
 Every bad input raises :class:`ProfileError` with one line naming the file, the bad value and the fix;
 pydantic ``ValidationError``, ``KeyError`` and YAML errors never escape.
 
-Files are read through :func:`mpmd.files.read_yaml` (the tool's one guarded reader: size limit,
+Files are read through :func:`ir.files.read_yaml` (the tool's one guarded reader: size limit,
 UTF-8 only, no binary files, bounded nesting and aliases, no ``.inf``/``.nan``); its
-:class:`mpmd.files.InputError` is re-raised as :class:`ProfileError` with the same one-line message.
+:class:`ir.files.InputError` is re-raised as :class:`ProfileError` with the same one-line message.
 Layering: ``hardware_profiles`` imports no other project package except that leaf module
-(``mpmd.files`` imports nothing from the project).
+(``ir.files`` imports nothing from the project).
 
 Absurd values are refused with one line naming the value and the limit: at most
 :data:`MAX_DEVICES` devices per mesh (and per axis), figures in human units (TFLOP/s, GB, GB/s, W,
@@ -33,29 +33,31 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mpmd.files import InputError, read_yaml
+from ir.files import InputError, read_yaml
 
+from hardware_profiles.paths import (CLUSTERS_DIR, DEVICES_DIR, PACKAGE_ROOT,  # noqa: F401
+                                     looks_like_path, resolve_cluster_path)
 from hardware_profiles.file_shapes import (  # noqa: F401  (limits re-exported: other modules name them here)
-    MAX_DEVICES,
-    MAX_FIGURE,
-    MIN_FIGURE,
-    MAX_GBIT,
-    MAX_US,
-    MAX_MESHES,
-    MAX_NODES,
-    NAME_PATTERN,
-    TFLOPS,
-    GB,
-    GIB,
-    GBIT,
-    US,
-    _AltFile,
-    _ClusterFile,
-    _DeviceFile,
-    _GroupFile,
-    _IntraLink,
-    _MeshFile,
-)
+                                           MAX_DEVICES,
+                                           MAX_FIGURE,
+                                           MIN_FIGURE,
+                                           MAX_GBIT,
+                                           MAX_US,
+                                           MAX_MESHES,
+                                           MAX_NODES,
+                                           NAME_PATTERN,
+                                           TFLOPS,
+                                           GB,
+                                           GIB,
+                                           GBIT,
+                                           US,
+                                           _AltFile,
+                                           _ClusterFile,
+                                           _DeviceFile,
+                                           _GroupFile,
+                                           _IntraLink,
+                                           _MeshFile,
+                                           )
 
 from hardware_profiles.types import (
     Alternative,
@@ -67,12 +69,8 @@ from hardware_profiles.types import (
     NodeGroup,
     ProfileError,
 )
+from hardware_profiles.carve import carve, default_shapes
 
-DEVICES_DIR = Path(__file__).parent / "devices"
-CLUSTERS_DIR = Path(__file__).parent / "clusters"
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-"""The folder holding ``hardware_profiles/``: bundled files named ``hardware_profiles/clusters/X.yaml``
-(as the README does) resolve against it when no such file exists below the working directory."""
 
 # ----------------------------------------------------------------------------- error translation
 _FIXES = {
@@ -249,10 +247,6 @@ def known_device_ids() -> list[str]:
     return sorted(p.stem for p in DEVICES_DIR.glob("*.yaml"))
 
 
-def _looks_like_path(s: str) -> bool:
-    return s.endswith((".yaml", ".yml")) or "/" in s or "\\" in s
-
-
 def load_device(name_or_path: str | Path, base_dir: str | Path | None = None) -> DeviceProfile:
     """Load a device profile by bundled id (``"h100-sxm"``) or by path to a device YAML.
 
@@ -267,7 +261,7 @@ def load_device(name_or_path: str | Path, base_dir: str | Path | None = None) ->
         ProfileError: unknown id (the message lists the known ids), missing file, malformed YAML,
             or an invalid value.
     """
-    if isinstance(name_or_path, Path) or _looks_like_path(str(name_or_path)):
+    if isinstance(name_or_path, Path) or looks_like_path(str(name_or_path)):
         path = Path(name_or_path)
         if not path.is_absolute() and base_dir is not None:
             path = Path(base_dir) / path
@@ -406,8 +400,6 @@ def _common(p: Path, f: "_ClusterFile", hosts: set[str], users: str) -> Link | N
 
 def _node_group_cluster(p: Path, f: _ClusterFile) -> Cluster:
     """A cluster described as node groups: its meshes are its nodes (one each) until carved."""
-    from hardware_profiles.carve import carve, default_shapes
-
     if f.meshes or f.links:
         raise ProfileError(f"{p}: a cluster gives node_groups and also meshes/links; fix: describe "
                            f"the hardware as node_groups (with group_links) or as meshes, not both")
@@ -440,17 +432,7 @@ def load_cluster(path: str | Path) -> Cluster:
             whose product differs from ``num_devices``, duplicate mesh names, a link naming an unknown
             mesh or joining a mesh to itself, duplicate links.
     """
-    p = Path(path)
-    try:
-        if not p.exists() and not _looks_like_path(str(path)) and (CLUSTERS_DIR / f"{path}.yaml").is_file():
-            p = CLUSTERS_DIR / f"{path}.yaml"
-        elif not p.exists() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
-            p = PACKAGE_ROOT / p    # a bundled file named as in the README, from any working directory
-    except (OSError, ValueError) as e:    # a name too long, a NUL, an unencodable character
-        shown = repr(str(path))
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise ProfileError(f"cluster path {shown} is not a usable file name ({type(e).__name__}); "
-                           f"fix: name an existing cluster YAML") from None
+    p = resolve_cluster_path(path)   # hardware_profiles.paths: also what the CLI checks first
     data = _read_yaml(p, "cluster")
     try:
         f = _ClusterFile.model_validate(data)

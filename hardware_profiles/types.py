@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
+import math
 
 
 class ProfileError(ValueError):
@@ -170,7 +171,6 @@ def straggler_factor(hosts: int, jitter: float) -> float:
     hosts and their network set the pace of every synchronous step."""
     if hosts <= 1 or jitter <= 0:
         return 1.0
-    import math
 
     return 1.0 + jitter * math.sqrt(2.0 * math.log(hosts))
 

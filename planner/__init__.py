@@ -4,9 +4,8 @@ schedules inside each pipeline (:mod:`planner.api`, :mod:`planner.search`)."""
 
 from planner.api import PlanOptions, PlanResult, build_plan, explain_infeasible
 from planner.errors import InfeasibleError, PlannerError
-from planner.objective import Goal, plan_for
+from planner.objective import Goal, plan
 from planner.predict import Prediction, predict
-from planner.shaping import plan
 
 __all__ = ["Goal", "InfeasibleError", "PlanOptions", "PlanResult", "PlannerError", "Prediction",
-           "build_plan", "explain_infeasible", "plan", "plan_for", "predict"]
+           "build_plan", "explain_infeasible", "plan", "predict"]

@@ -2,7 +2,7 @@
 
 For every schedule family and microbatch count (the outer loop) one CP-SAT solve
 (:mod:`planner.search`) picks the pipeline order, layer partition, per-mesh layouts and merge; each
-answer becomes a :class:`~compiler.ir.Plan`, is replayed exactly (:mod:`planner.predict`), and the
+answer becomes a :class:`~ir.Plan`, is replayed exactly (:mod:`planner.predict`), and the
 fastest plan that fits memory wins. Deterministic: fixed candidate order, seed and worker count.
 
 A ``stop`` event ends the search early (checked between candidates; the running CP-SAT solve is
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from compiler.ir import FragmentRef, Layout, Plan, ScheduleTable, StagePlan, Workload
+from ir import FragmentRef, Layout, Plan, ScheduleTable, StagePlan, Workload
 from hardware_profiles.types import Cluster
 from planner.errors import InfeasibleError, PlannerError
 from planner.options import _cached_mesh_options, _split_layers
@@ -263,9 +263,9 @@ def _microbatch_counts(w: Workload, opts: PlanOptions, nmeshes: int) -> list[int
     return [m for m in keep if m >= min(nmeshes, w.global_batch)]
 
 
-def plan(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
-         progress: Progress | None = None, *, stop: threading.Event | None = None) -> PlanResult:
-    """Search plans for ``w`` on ``cluster``; return the fastest that fits memory.
+def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions(),
+                progress: Progress | None = None, *, stop: threading.Event | None = None) -> PlanResult:
+    """Search plans for ``w`` on ``cluster``'s meshes as listed; return the fastest that fits memory.
 
     Args:
         progress: called ``(done, total, best_s)`` before each candidate and once at the end.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from compiler.ir import Layout, Plan, Workload
+from ir import Layout, Plan, Workload
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, ProfileError
 from planner import api

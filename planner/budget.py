@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from compiler.ir import Plan
+from ir import Plan
 from simulator.schedules import ADAPTIVE_SCHEDULES
 
 

@@ -9,12 +9,13 @@ import threading
 import time
 from dataclasses import replace
 
-from compiler.ir import Plan, Workload
+from ir import Plan, Workload
 from hardware_profiles.types import Cluster
 from planner import api
 from planner.budget import COSTS, Budget, _fragments, _work
 from planner.predict import Prediction, predict
 from planner.search import solve_outcome
+import itertools
 
 
 POLISH_MAX_FRAGMENTS = 256
@@ -72,7 +73,6 @@ EXACT_MAX_FRAGMENTS = 64
 
 def _compositions(n: int, k: int):
     """Every way to give ``k`` ranks at least one of ``n`` blocks each, in order."""
-    import itertools
     for cut in itertools.combinations(range(1, n), k - 1):
         edges = (0,) + cut + (n,)
         yield tuple(b - a for a, b in zip(edges, edges[1:]))
@@ -87,7 +87,6 @@ def _plans_in(cand) -> int:
 
 def _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget):
     """The best of every plan of a small candidate on the exact replay (CP-SAT's answer first)."""
-    import itertools
     best = (_score(pred), a, p, pred)
     per = cand.num_blocks // cand.virtual_stages
     for blocks in _compositions(per, len(cand.meshes)):

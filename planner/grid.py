@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from compiler.ir import Workload
+from ir import Workload
 from hardware_profiles.types import Cluster
 from planner import api
 from planner.baseline import HandLayout, HandResult, hand_plan

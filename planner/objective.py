@@ -3,7 +3,7 @@
 The fastest plan on every device is not what a buyer of cloud time asks for. Sailor (Strati et
 al., "Sailor: Automating Distributed Training over Dynamic, Heterogeneous, and Geo-distributed
 Clusters", SOSP 2025, arXiv:2504.17096) plans for the two questions they do ask, and so does
-:func:`plan_for`:
+:func:`plan`:
 
 - ``Goal("cost", min_tokens_per_s=F)``: the lowest cost per step (USD) among plans reaching ``F``
   tokens per second;
@@ -12,7 +12,7 @@ Clusters", SOSP 2025, arXiv:2504.17096) plans for the two questions they do ask,
 
 Both pick how many nodes of each group to use. The candidates are **sub-clusters**: every node
 group at all, half or a quarter of its nodes (whole nodes, at least one), or left out, each
-planned by :func:`planner.shaping.plan` (which may itself use fewer nodes). A plan's cost counts
+planned by :func:`planner.shaping.shape_and_plan` (which may itself use fewer nodes). A plan's cost counts
 the devices its carving uses, at the cluster file's ``price_usd_per_device_hour`` (else the
 middle of the device profile's range).
 
@@ -35,12 +35,12 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Callable
 
-from compiler.ir import DataParallelPlan, Plan, Workload
+from ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.carve import node_groups_of
 from hardware_profiles.types import Cluster, NodeGroup
 from planner import api
 from planner.errors import InfeasibleError, PlannerError
-from planner.shaping import achievable_flops, flop_bound, plan as shape_plan
+from planner.shaping import achievable_flops, flop_bound, shape_and_plan
 from simulator import cost_model as cm
 
 GOALS = ("time", "cost")
@@ -124,11 +124,21 @@ def sub_clusters(cluster: Cluster) -> list[Cluster]:
     return out
 
 
-def plan_for(w: Workload, cluster: Cluster, goal: Goal, opts: api.PlanOptions = api.PlanOptions(),
-             progress: Callable[[int, int, float | None], None] | None = None, *,
-             stop: threading.Event | None = None) -> api.PlanResult:
-    """The plan that best meets ``goal`` on ``cluster`` or on part of it (see the module
-    docstring). The plan's ``solver["goal"]`` records the goal, its cost and every sub-cluster
+def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(),
+         progress: Callable[[int, int, float | None], None] | None = None, *, goal: Goal = Goal(),
+         stop: threading.Event | None = None) -> api.PlanResult:
+    """The planner's one entry point: the plan that best meets ``goal`` (default: the shortest
+    step on the whole cluster) on ``cluster`` or on part of it (see the module docstring).
+
+    Args:
+        w: the model's workload. cluster: the cluster (node groups or a listing of meshes).
+        opts: search options (budget, schedules, microbatches, layouts).
+        progress: called ``(done, total, best_s)`` as candidates are searched.
+        goal: what to optimise (:class:`Goal`). stop: set to end the search early, keeping the best
+            plan found.
+
+    Returns:
+        The plan and its prediction (:class:`planner.api.PlanResult`). The plan's ``solver["goal"]`` records the goal, its cost and every sub-cluster
     tried.
 
     Raises:
@@ -142,7 +152,7 @@ def plan_for(w: Workload, cluster: Cluster, goal: Goal, opts: api.PlanOptions = 
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise PlannerError(f"{name} {v!r}; fix: give a positive number")
     if goal.plain:
-        return shape_plan(w, cluster, opts, progress, stop=stop)
+        return shape_and_plan(w, cluster, opts, progress, stop=stop)
     if not cluster.groups:
         cluster = node_groups_of(cluster) or cluster     # a listing of whole nodes: its node groups
     if not cluster.groups or opts.meshes:
@@ -176,7 +186,7 @@ def plan_for(w: Workload, cluster: Cluster, goal: Goal, opts: api.PlanOptions = 
         whole is None when Ctrl-C ended the search."""
         nodes = {g.name: g.nodes for g in sub.groups.values()}
         try:
-            r = shape_plan(w, sub, replace(opts, time_limit_s=max(0.5, share)), None, stop=stop)
+            r = shape_and_plan(w, sub, replace(opts, time_limit_s=max(0.5, share)), None, stop=stop)
         except InfeasibleError:
             tried.append({"nodes": nodes, "step_time_s": None, "usd_per_step": None, "why": "does not fit"})
             return None, None

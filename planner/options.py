@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from dataclasses import fields
 
-from compiler.ir import Layout, Workload
+from ir import Layout, Workload
 from hardware_profiles.types import MeshSpec
 from planner.errors import PlannerError
 from planner.search import MeshOption

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from compiler.ir import FragmentRef, Plan, Workload
+from ir import FragmentRef, Plan, Workload
 from hardware_profiles.types import Cluster
 from simulator.plan_costs import PlanCosts
 from simulator.plan_sim import simulate_plan

@@ -42,10 +42,10 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from compiler.ir import Layout
+from ir import Layout
 from planner.cpsat_thread import run_solver
 from planner.inflight import (  # noqa: F401  (re-exported: the model's callers name them here)
-    V_SHAPED, _chunks, inflight_count, inflight_end_counts)
+                              V_SHAPED, _chunks, inflight_count, inflight_end_counts)
 
 US = 1e6
 """Objective unit: microseconds per second."""

@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from compiler.ir import Plan, Workload
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
 from planner import api
@@ -36,6 +35,9 @@ from planner.inflight import V_SHAPED, inflight_count, inflight_end_counts
 from planner.options import _cached_mesh_options
 from planner.options import computed as options_computed
 from planner.search import MeshOption
+import heapq
+from ir import Layout, Plan, Workload
+from simulator import cost_model as cm
 
 MAX_STAGES = 64
 TARGET_GAP = 0.01
@@ -65,9 +67,6 @@ def megatron_shape(w: Workload, g: NodeGroup, headroom: float) -> list[GroupShap
     tensor parallel across one node, the shortest pipeline whose weights, gradients and optimizer
     state fit, data parallel over the rest. Returned shortest first (one to three shapes), since
     activations may need a longer one."""
-    from simulator import cost_model as cm
-    from compiler.ir import Layout
-
     out = []
     for p in _divisors(g.nodes):
         r = g.nodes // p
@@ -195,7 +194,6 @@ class _Enumeration:
     def comm(self, shapes: tuple[GroupShape, ...], samples: float) -> tuple[float, ...]:
         """Per boundary of the pipeline: the forward's activation plus the backward's gradient
         transfer of one microbatch, seconds (what :func:`planner.api.make_candidate` charges)."""
-        from simulator import cost_model as cm
         lc, meshes = self.lc[shapes]
         pre = api._split_layers(self.w)[0]
         act = self.w.layer(pre).activation_bytes_per_sample * samples
@@ -282,8 +280,6 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
     Raises:
         PlannerError: a group name the cluster lacks.
     """
-    import heapq
-
     for gname in groups:
         if gname not in cluster.groups:
             raise PlannerError(f"cluster {cluster.name!r} has no node group {gname!r}; use one of "

@@ -4,7 +4,7 @@
 cluster file that lists meshes when they are whole nodes of one kind per group (read as the node
 groups they describe: :func:`hardware_profiles.carve.node_groups_of`). Any other listing, one whose
 file says ``carve: fixed``, or a search over meshes the user names (``PlanOptions.meshes``) goes
-to the mesh-level search (:func:`planner.api.plan`). Shaping:
+to the mesh-level search (:func:`planner.api.plan_meshes`). Shaping:
 
 1. **One group alone** (:func:`planner.shapes.search_pipeline`): its nodes carved into a pipeline
    of stage meshes (nodes joined as the data axis = pipeline replicas, or split), every schedule,
@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Callable
 
-from compiler.ir import DataParallelPlan, Plan, Workload
+from ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.carve import node_groups_of
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Cluster, Link
@@ -241,11 +241,11 @@ class _Search:
         return r
 
 
-def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(),
-         progress: Callable[[int, int, float | None], None] | None = None, *,
-         stop: threading.Event | None = None) -> api.PlanResult:
-    """The planner's entry point: shape a node-group cluster (see the module docstring), or search
-    a mesh-listing cluster's meshes (:func:`planner.api.plan`).
+def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(),
+                   progress: Callable[[int, int, float | None], None] | None = None, *,
+                   stop: threading.Event | None = None) -> api.PlanResult:
+    """The fastest plan on the whole cluster (:func:`planner.plan`'s default goal): shape a node-group cluster (see the module docstring), or search
+    a mesh-listing cluster's meshes (:func:`planner.api.plan_meshes`).
 
     A cluster that lists meshes which are whole nodes of one kind per group is shaped as the node
     groups it describes (:func:`hardware_profiles.carve.node_groups_of`): the plan then names the
@@ -261,7 +261,7 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
     if not cluster.groups and not opts.meshes:
         cluster = node_groups_of(cluster) or cluster     # a listing of whole nodes: shape them
     if not cluster.groups or opts.meshes:
-        return api.plan(w, cluster, opts, progress, stop=stop)
+        return api.plan_meshes(w, cluster, opts, progress, stop=stop)
     s = _Search(w, cluster, opts, progress, stop)
     groups = tuple(cluster.groups)
     k = len(groups)

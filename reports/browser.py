@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.errors import ReportError
+import argparse
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -234,8 +235,6 @@ def screenshot(html_path: str | Path, png_path: str | Path, size: tuple[int, int
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("html")
     ap.add_argument("--screenshot", default=None, help="also write the first screen as PNG here")

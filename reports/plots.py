@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from reports.recommend import throughput_column
+from simulator.plan_sim import plan_meshes
 
 KIND_COLORS = {"F": "#4C78A8", "B": "#F58518", "W": "#54A24B", "allreduce": "#9D755D",
                "optimizer": "#B279A2"}
@@ -114,8 +115,6 @@ def cost_vs_time(df: pd.DataFrame) -> bytes:
 def timeline_thumbnail(plan, sim, width: float = 6.0) -> bytes:
     """One simulated step: a row per mesh (pipeline order; a data-parallel plan's parts one after
     another), compute events colored by kind."""
-    from simulator.plan_sim import plan_meshes
-
     meshes = list(plan_meshes(plan))
     rows = {m: i for i, m in enumerate(meshes)}
     spans: dict[tuple[str, str], list[tuple[float, float]]] = {}

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from hardware_profiles.types import Cluster, DeviceProfile
 from reports.errors import ReportError
+from hardware_profiles.loader import DEVICES_DIR
+from ir.files import InputError, read_yaml
 
 
 MAX_PRICE = 1e6
@@ -109,10 +111,7 @@ def mesh_prices(cluster: Cluster, overrides: Mapping[str, tuple[float, float]]) 
 
 def _price_note(dev: DeviceProfile) -> str:
     """The profile's price note is not kept by the loader; read it from the YAML (best effort,
-    through the guarded reader :func:`mpmd.files.read_yaml`; any problem gives no note)."""
-    from hardware_profiles.loader import DEVICES_DIR
-    from mpmd.files import InputError, read_yaml
-
+    through the guarded reader :func:`ir.files.read_yaml`; any problem gives no note)."""
     path = DEVICES_DIR / f"{dev.name}.yaml"
     try:
         data = read_yaml(path, "device profile")

@@ -29,8 +29,8 @@ from typing import Any
 
 from hardware_profiles import load_cluster
 from hardware_profiles.types import Cluster, ProfileError
-from mpmd.files import InputError
-from mpmd.files import read_yaml as guarded_yaml
+from ir.files import InputError
+from ir.files import read_yaml as guarded_yaml
 from reports.errors import ReportError
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
@@ -124,7 +124,7 @@ def list_examples() -> list[str]:
 
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """A YAML mapping from ``path``, read through the tool's guarded reader
-    (:func:`mpmd.files.read_yaml`: size, encoding, nesting, aliases and non-finite numbers).
+    (:func:`ir.files.read_yaml`: size, encoding, nesting, aliases and non-finite numbers).
 
     Raises:
         ReportError: missing or unreadable file, malformed or hostile YAML, not a mapping.

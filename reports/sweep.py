@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hardware_profiles import load_cluster, load_device
-from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, ProfileError
 from planner import PlanOptions
 from reports.errors import ReportError
 from reports.pricing import cluster_price
+from hardware_profiles.carve import carve, default_shapes
+from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, NodeGroup, ProfileError
 
 LINK_FROM: dict[frozenset[str], tuple[str, tuple[str, str] | None]] = {
     frozenset({"h100-sxm"}): ("h100x64", None),
@@ -216,9 +217,6 @@ def _node_group_cluster(counts: Mapping[str, int], spec: SweepSpec) -> tuple[Clu
     """A node-group cluster (every device type ``mesh: nodes`` or ``slice``): each unit a node
     (a ``slice`` type: one node of all its units), NICs from the device profiles, and between two
     types the copied link (:data:`LINK_FROM`) once per unit of the smaller type as the fabric cap."""
-    from hardware_profiles.carve import carve, default_shapes
-    from hardware_profiles.types import NodeGroup
-
     groups: dict[str, NodeGroup] = {}
     units: dict[str, tuple[str, int]] = {}
     for du in spec.devices:

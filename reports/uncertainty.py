@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from compiler.ir import DataParallelPlan, Plan, Workload
+from ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.calibration import PRIOR_UNCERTAINTY, is_calibrated
 from hardware_profiles.types import Alternative, Cluster, DeviceProfile, Link, MeshSpec
 from planner.predict import predict
 from simulator import cost_model as cm
+from simulator.plan_sim import part_workloads, plan_meshes, simulate_data_parallel
 
 PERF_FIELDS = ("memory_bytes", "memory_bandwidth", "scale_up_bandwidth", "scale_up_latency")
 """Profile fields (besides the compute dtype's ``peak_flops``) whose alternatives can move a plan."""
@@ -126,7 +127,6 @@ def _step_and_fit(plan: "Plan | DataParallelPlan", workload: Workload, cluster: 
     if not isinstance(plan, DataParallelPlan):
         p = predict(plan, workload, cluster, headroom=headroom)
         return p.step_time_s, p.fits
-    from simulator.plan_sim import part_workloads, simulate_data_parallel
 
     ws = part_workloads(plan, workload)
     fits = all(predict(p, w, cluster, headroom=headroom).fits for p, w in zip(plan.parts, ws))
@@ -144,8 +144,6 @@ def alternatives_outcomes(plan: "Plan | DataParallelPlan", workload: Workload, c
     Raises:
         simulator.plan_costs.CostError: the plan does not match the workload or cluster.
     """
-    from simulator.plan_sim import plan_meshes
-
     dtype = cm.compute_dtype(workload)
     base, _ = _step_and_fit(plan, workload, cluster, headroom)
     devices = {cluster.meshes[m].device.name: cluster.meshes[m].device for m in plan_meshes(plan)}

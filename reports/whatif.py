@@ -31,9 +31,9 @@ from typing import Any
 
 import pandas as pd
 
-from compiler.zoo.costing import workload as make_workload
-from compiler.ir import DataParallelPlan
-from compiler.zoo import get_config
+from zoo.costing import workload as make_workload
+from ir import DataParallelPlan
+from zoo import get_config
 from hardware_profiles.calibration import calibration_origin, calibration_status
 from planner import PlanOptions
 from planner import plan as run_plan
@@ -46,10 +46,11 @@ from reports.pricing import (
     parse_prices,
 )
 from reports.recommend import pareto_front, recommendation
-from reports.spec import Option, to_option
 from reports.sweep import SweepResult, SweepSpec, generate, parse_spec
 from reports.uncertainty import alternatives_outcomes
 from simulator.plan_sim import plan_cluster, plan_meshes, simulate_any
+from hardware_profiles.carve import GroupShape
+from reports.spec import Option, read_yaml, to_option
 
 DEFAULT_GLOBAL_BATCH = 256
 """Samples per training step when none is given (2M tokens at sequence length 8192), as ``mpmd plan``."""
@@ -104,8 +105,6 @@ def shape_summary(plan, cluster) -> str:
     batch share, e.g. ``96 samples: h100: ... | 32 samples: tpu: ...``. A plan on a cluster that
     lists its meshes: per device kind, e.g. ``h100-sxm: 8 x 8, tp8``.
     """
-    from hardware_profiles.carve import GroupShape
-
     if isinstance(plan, DataParallelPlan):
         return " | ".join(f"{p.global_batch} samples: {shape_summary(p, cluster)}" for p in plan.parts)
     out = []
@@ -238,7 +237,7 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
     """Plan, simulate and cost every option; one DataFrame row per option.
 
     Args:
-        model: zoo model name (``compiler.zoo.list_models()``).
+        model: zoo model name (``zoo.list_models()``).
         options: cluster paths / bundled stems, :class:`~hardware_profiles.types.Cluster` objects,
             :class:`~reports.spec.Option` objects, or mappings ``{cluster, label, time_limit_s, ...}``.
         sweep: a budget sweep (:class:`~reports.sweep.SweepSpec`, its YAML mapping, or a path);
@@ -254,7 +253,7 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
     Returns:
         DataFrame, one row per option in input order; infeasible options have ``feasible=False``
         and the planner's one-line ``reason``. Object columns ``plan`` and ``sim`` hold the
-        :class:`~compiler.ir.Plan` (or :class:`~compiler.ir.DataParallelPlan`) and
+        :class:`~ir.Plan` (or :class:`~ir.DataParallelPlan`) and
         :class:`~simulator.engine.SimResult` (None when infeasible). ``shape`` is the chosen shape
         in one line (:func:`shape_summary`: carved meshes, replicas, batch shares), ``pipelines``
         the number of data-parallel pipelines (1 for one pipeline), ``carved`` whether the plan
@@ -266,10 +265,8 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
 
     Raises:
         ReportError: no options, a bad option, sweep spec or price.
-        compiler.zoo.ZooError: unknown model.
+        zoo.ZooError: unknown model.
     """
-    from reports.spec import read_yaml
-
     price_map = parse_prices(prices)
     opts = [to_option(o, base_dir) for o in options]
     sweep_res: SweepResult | None = None

@@ -7,7 +7,7 @@ from simulator.lowering import BoundaryCost, FragmentCost, TailOp, lower_schedul
 from simulator.metrics import TimelineMetrics, summarize
 from simulator.plan_costs import CostError, PlanCosts
 from simulator.plan_sim import (data_parallel_program, plan_cluster, plan_meshes, plan_program,
-                                 simulate_any, simulate_data_parallel, simulate_plan)
+                                simulate_any, simulate_data_parallel, simulate_plan)
 from simulator.program import (COLLECTIVE_KINDS, OP_KINDS, SimCollective, SimError, SimOp,
                                SimProgram, SimTransfer)
 from simulator.trace import to_chrome_trace, write_chrome_trace

@@ -1,7 +1,7 @@
 """The cost model: a fragment on a mesh under an SPMD layout -> seconds and bytes.
 
 Everything the planner predicts and the simulator replays is costed here, from a traced
-:class:`~compiler.ir.LayerCost` and a :class:`~hardware_profiles.types.MeshSpec`.
+:class:`~ir.LayerCost` and a :class:`~hardware_profiles.types.MeshSpec`.
 
 Formulas (all per device of the mesh; ``b`` = samples of one microbatch, ``d``/``t`` = data/tensor
 parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weight matrix):
@@ -47,7 +47,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from compiler.ir import LayerCost, Layout, Workload
+from ir import LayerCost, Layout, Workload
 from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
 from hardware_profiles.collectives import span_collective
 from hardware_profiles.types import Link, MeshSpec

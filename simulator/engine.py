@@ -41,10 +41,11 @@ from typing import Any, Mapping
 import simpy
 from simpy.events import Event, Timeout
 
-from compiler.ir import Timeline, TimelineEvent
+from ir import Timeline, TimelineEvent
 from simulator.knobs import Knobs
 from simulator.metrics import summarize
 from simulator.program import SimError, SimProgram
+import pandas as pd
 
 _LATE = 2
 """simpy event priority for resource arbitration: after URGENT (0) and NORMAL (1) at one instant."""
@@ -81,8 +82,6 @@ class SimResult:
 
     def events_df(self):
         """The timeline's events as a pandas DataFrame (one row per event, plus ``duration_s``)."""
-        import pandas as pd
-
         cols = ("name", "kind", "track", "mesh", "stage", "microbatch", "start_s", "end_s", "bytes")
         df = pd.DataFrame([tuple(getattr(e, c) for c in cols) for e in self.timeline.events],
                           columns=list(cols))

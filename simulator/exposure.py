@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from compiler.ir import DataParallelPlan, Plan, Workload
+from ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.carve import node_groups_of
 from hardware_profiles.types import Cluster, Link
 from simulator.knobs import Knobs

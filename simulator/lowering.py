@@ -1,4 +1,4 @@
-"""Lowering: a :class:`compiler.ir.ScheduleTable` plus cost callbacks -> a :class:`SimProgram`.
+"""Lowering: a :class:`ir.ScheduleTable` plus cost callbacks -> a :class:`SimProgram`.
 
 Dependencies (S stages, microbatch m):
     - ``F(s, m)`` after ``F(s-1, m)`` (s > 0): the activation.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from compiler.ir import FragmentRef, ScheduleTable
+from ir import FragmentRef, ScheduleTable
 from simulator.program import SimCollective, SimError, SimOp, SimProgram, SimTransfer
 
 

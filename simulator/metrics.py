@@ -1,4 +1,4 @@
-"""Summaries of a :class:`compiler.ir.Timeline`, simulated or measured, computed the same way.
+"""Summaries of a :class:`ir.Timeline`, simulated or measured, computed the same way.
 
 Definitions (SI units):
     - step time: the latest event end (``Timeline.step_time_s``), s.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from compiler.ir import Timeline
+from ir import Timeline
 
 _STREAMS = ("compute", "send", "recv", "collective")
 

@@ -1,7 +1,7 @@
 """Cost a whole plan: every fragment, stage boundary, end-of-step op and memory term.
 
-:class:`PlanCosts` is the one place where a :class:`~compiler.ir.Plan`, its
-:class:`~compiler.ir.Workload` and the :class:`~hardware_profiles.types.Cluster` meet the cost model.
+:class:`PlanCosts` is the one place where a :class:`~ir.Plan`, its
+:class:`~ir.Workload` and the :class:`~hardware_profiles.types.Cluster` meet the cost model.
 The planner replays it analytically (its prediction) and the simulator lowers it into a
 :class:`~simulator.program.SimProgram` (its discrete-event replay); both read the same numbers, so a
 disagreement between them is a modelling difference (contention, streams), never a costing one.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from compiler.ir import FragmentRef, Plan, Workload
+from ir import FragmentRef, Plan, Workload
 from hardware_profiles.types import Cluster, MeshSpec, straggler_factor, straggler_hosts
 from simulator import cost_model as cm
 

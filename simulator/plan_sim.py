@@ -3,7 +3,7 @@
 
 Also the two things every consumer of a plan file shares: :func:`plan_cluster` (the carved
 cluster a plan of a node-group cluster runs on) and :func:`simulate_data_parallel` (a
-:class:`~compiler.ir.DataParallelPlan`: independent pipelines on disjoint meshes joined by a
+:class:`~ir.DataParallelPlan`: independent pipelines on disjoint meshes joined by a
 cross-part gradient all-reduce before the optimizer); :func:`simulate_any` takes either kind.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from compiler.ir import DataParallelPlan, FragmentRef, Plan, Timeline, Workload
+from ir import DataParallelPlan, FragmentRef, Plan, Timeline, Workload
 from hardware_profiles.carve import carve, shapes_from_json
 from hardware_profiles.types import Cluster
 from simulator import cost_model as cm
@@ -67,7 +67,7 @@ def plan_cluster(plan: "Plan | DataParallelPlan", cluster: Cluster) -> Cluster:
     planner shaped as the node groups it describes, :func:`hardware_profiles.carve.node_groups_of`),
     else ``cluster`` itself.
 
-    For a :class:`~compiler.ir.DataParallelPlan` the carvings of all its parts are carved together
+    For a :class:`~ir.DataParallelPlan` the carvings of all its parts are carved together
     (each part carves its own node groups). Every consumer of a plan (``mpmd simulate``, ``mpmd
     run``, the what-if reports) goes through this one function, so a plan is always replayed on
     the meshes it was planned for.
@@ -102,7 +102,7 @@ def part_workloads(dp: DataParallelPlan, workload: "Workload | Sequence[Workload
 
     ``workload`` is either the whole step's workload (each part's is the same model at its
     ``global_batch``: a workload's costs are per sample and per step, so only the batch differs,
-    as ``compiler.zoo.costing.workload(model, share, seq_len)`` gives) or one workload per part.
+    as ``zoo.costing.workload(model, share, seq_len)`` gives) or one workload per part.
 
     Raises:
         simulator.plan_costs.CostError: a workload of another model or sequence length, or a

@@ -3,7 +3,7 @@
 A :class:`SimProgram` is what :func:`simulator.engine.simulate` replays. It is mesh-level, not
 schedule-level: every op already knows its mesh, duration, memory effect and dependencies, and
 every cross-mesh value is a :class:`SimTransfer` on a named link. ``simulator.lowering`` builds one
-from a :class:`compiler.ir.ScheduleTable` plus cost callbacks; tests build them by hand.
+from a :class:`ir.ScheduleTable` plus cost callbacks; tests build them by hand.
 
 Conventions:
     - ``SimOp.deps`` are ops (on any mesh) that must have *finished* before the op may start, with

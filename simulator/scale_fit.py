@@ -20,6 +20,7 @@ from typing import Sequence
 
 from hardware_profiles.types import DeviceProfile
 from simulator.validation_setup import Setup, StepFn
+from simulator.validate import evaluate
 
 JITTER_GRID = tuple(round(0.0025 * k, 4) for k in range(0, 41))
 """Candidate ``sync_jitter`` values, 0 to 10% in steps of 0.25%."""
@@ -90,8 +91,6 @@ def per_device(row, value: float) -> float:
 def drops(groups: dict[str, list[Setup]], device: DeviceProfile, step_fn: StepFn
           ) -> tuple[Drop, ...]:
     """Each group's measured and predicted drop from its smallest run, on ``device``."""
-    from simulator.validate import evaluate
-
     out = []
     for name, g in groups.items():
         res = evaluate(g, device, step_fn)

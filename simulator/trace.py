@@ -1,4 +1,4 @@
-"""Chrome / Perfetto trace export of a :class:`compiler.ir.Timeline` (open it at ui.perfetto.dev).
+"""Chrome / Perfetto trace export of a :class:`ir.Timeline` (open it at ui.perfetto.dev).
 
 Format: the Trace Event Format (JSON object form, ``{"traceEvents": [...]}``), see
 https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU:
@@ -16,8 +16,9 @@ import json
 import os
 from typing import Any
 
-from compiler.ir import Timeline
+from ir import Timeline
 from simulator.metrics import split_track
+from ir.files import write_atomic
 
 _TIDS = {"compute": 1, "send": 2, "recv": 3, "collective": 4, "link": 1}
 _US = 1e6
@@ -76,9 +77,7 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
 
 
 def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> None:
-    """Write :func:`to_chrome_trace` JSON to ``path`` atomically (:func:`mpmd.files.write_atomic`:
+    """Write :func:`to_chrome_trace` JSON to ``path`` atomically (:func:`ir.files.write_atomic`:
     a temporary file in the same folder, then a rename), so a reader never sees a half-written
     trace and a failure leaves none."""
-    from mpmd.files import write_atomic
-
     write_atomic(path, json.dumps(to_chrome_trace(timeline), separators=(",", ":")))

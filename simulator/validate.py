@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from compiler.ir import FragmentRef, IRError, Plan, Workload
+from ir import FragmentRef, IRError, Plan, Workload
 from hardware_profiles.types import Cluster, DeviceProfile
 from simulator.plan_costs import CostError, PlanCosts
 from simulator.plan_sim import simulate_plan
@@ -16,13 +16,13 @@ from simulator.schedules import ScheduleError
 from simulator.schedules.adaptive import zero_bubble_auto
 
 from simulator.validation_rows import (  # noqa: F401  (re-exported)
-    DEFAULT_VOCAB, DEVICES_PER_NODE, METRICS, SCHEDULE_MAP, ZB_SCHEDULES, Row, SkippedRow,
-    ValidationError, load_rows, load_rows_lenient, maxtext_flops, metric_from_step,
-    narayanan_flops, palm_flops, skipped)
+                                       DEFAULT_VOCAB, DEVICES_PER_NODE, METRICS, SCHEDULE_MAP, ZB_SCHEDULES, Row, SkippedRow,
+                                       ValidationError, load_rows, load_rows_lenient, maxtext_flops, metric_from_step,
+                                       narayanan_flops, palm_flops, skipped)
 from simulator.validation_setup import (  # noqa: F401  (re-exported)
-    ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, StepFn, build_cluster, build_plan, row_layout,
-    row_setup, selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
-    with_efficiency)
+                                        ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, StepFn, build_cluster, build_plan, row_layout,
+                                        row_setup, selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
+                                        with_efficiency)
 
 __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_rows", "row_setup",
            "SkippedRow", "load_rows_lenient", "row_setups", "evaluate_rows", "ROW_ERRORS",

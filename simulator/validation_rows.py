@@ -43,6 +43,8 @@ from typing import Mapping
 
 from simulator import remat
 from simulator.plan_costs import CostError
+from hardware_profiles.loader import known_device_ids
+from ir.files import InputError, read_csv_rows
 
 
 DEFAULT_VOCAB = 51200
@@ -207,7 +209,7 @@ def _field(d: Mapping[str, str | None], k: str, line: int) -> str:
 
 def load_rows(path: str | Path) -> tuple[Row, ...]:
     """Parse the published-training CSV (header as in ``published_training.csv``), read through
-    the tool's guarded reader (:func:`mpmd.files.read_csv_rows`: size, UTF-8, no binary files);
+    the tool's guarded reader (:func:`ir.files.read_csv_rows`: size, UTF-8, no binary files);
     strict: the first row that does not parse raises (:func:`load_rows_lenient` skips it).
 
     Raises:
@@ -229,9 +231,6 @@ def load_rows_lenient(path: str | Path) -> tuple[tuple[Row, ...], tuple[SkippedR
             binary, too large, malformed CSV), no rows, or a header that lacks a
             :data:`REQUIRED` column or both ``global_batch`` and ``per_device_batch``.
     """
-    from hardware_profiles.loader import known_device_ids
-    from mpmd.files import InputError, read_csv_rows
-
     try:
         records = read_csv_rows(path, "validation CSV")
     except InputError as e:

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from compiler.ir import Layout, Plan, StagePlan, Workload
+from ir import Layout, Plan, StagePlan, Workload
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 from simulator import remat
 from simulator.schedules import generate
@@ -128,7 +128,7 @@ read when the ``eager`` column is blank or absent."""
 EAGER_ELEMENTWISE_TRAFFIC = 1.0
 """The elementwise-traffic fraction of an eager run: PyTorch eager launches every non-matmul op as
 its own kernel, each reading its operands from HBM and writing its result, which is exactly the
-unfused traffic ``compiler.zoo.costing`` counts (``LayerCost.*_other_bytes_per_sample``)."""
+unfused traffic ``zoo.costing`` counts (``LayerCost.*_other_bytes_per_sample``)."""
 
 
 def eager(row: Row) -> tuple[bool, str | None]:

@@ -17,29 +17,29 @@ from rich.markup import escape   # error text quotes user input: '[/]' there is 
 
 from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MAX_TENSOR,
                              MAX_TIME_LIMIT_S, FiniteFloat, int_range)
-from mpmd.files import write_atomic
+from hardware_profiles.paths import resolve_cluster_path
+from ir.files import write_atomic
+from zoo.config import get_config
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Every package's base error: the errors a user's input can cause."""
-    from compiler.ir import IRError
-    from hardware_profiles.types import ProfileError
-    from planner.errors import PlannerError
-    from mpmd.files import InputError
-    from simulator.plan_costs import CostError
+    """Every package's base error: the errors a user's input can cause.
 
-    errs: list[type[BaseException]] = [InputError, IRError, ProfileError, PlannerError, CostError,
-                                       FileNotFoundError, IsADirectoryError, json.JSONDecodeError]
-    for mod, name in (("compiler.zoo", "ZooError"), ("simulator.schedules", "ScheduleError"),
-                      ("simulator.program", "SimError"), ("compiler.core.errors", "CompilerError"),
-                      ("reports", "ReportError")):
-        try:
-            errs.append(getattr(__import__(mod, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
+    Only packages already imported can have raised one, so none is imported here: an error found
+    before the heavy imports (an unknown model, a missing cluster file) is reported in
+    milliseconds."""
+    errs: list[type[BaseException]] = [FileNotFoundError, IsADirectoryError, json.JSONDecodeError]
+    for mod, name in (("ir.files", "InputError"), ("ir", "IRError"),
+                      ("hardware_profiles.types", "ProfileError"), ("planner.errors", "PlannerError"),
+                      ("simulator.plan_costs", "CostError"), ("zoo.config", "ZooError"),
+                      ("simulator.schedules", "ScheduleError"), ("simulator.program", "SimError"),
+                      ("compiler.errors", "CompilerError"), ("reports", "ReportError")):
+        cls = getattr(sys.modules.get(mod), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            errs.append(cls)
     return tuple(errs)
 
 
@@ -103,7 +103,7 @@ def profiles() -> None:
     console.print(profiles_table())
 
 
-@main.command()
+@main.command("plan")
 @click.option("--model", required=True, help="Zoo model name, e.g. llama3-70b.")
 @click.option("--cluster", "cluster_path", required=True, type=click.Path(dir_okay=False),
               help="Cluster spec YAML.")
@@ -132,10 +132,11 @@ def profiles() -> None:
               help="Budget: the plan's devices cost at most this, USD per hour.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
 @_guard
-def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
-         time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
-         max_tensor: int, even_split: bool, no_fsdp: bool, objective: str,
-         min_throughput: float | None, max_usd_per_hour: float | None, out: str | None) -> None:
+def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
+                 time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
+                 max_tensor: int, even_split: bool, no_fsdp: bool, objective: str,
+                 min_throughput: float | None, max_usd_per_hour: float | None,
+                 out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
 
     On a cluster described as node groups the plan also says how the nodes are carved into meshes
@@ -156,11 +157,14 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     short: a usable plan was produced (scripts can tell from the JSON). Ctrl-C before any feasible
     plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
     """
+    # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
+    get_config(model)                     # ZooError: unknown model, with "did you mean"
+    resolve_cluster_path(cluster_path)    # ProfileError: no such file, with "did you mean"
     from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
     from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
-    from compiler.ir import any_plan_to_json
+    from ir import any_plan_to_json
     from hardware_profiles import load_cluster
-    from planner import Goal, PlanOptions, plan_for
+    from planner import Goal, PlanOptions, plan
     from planner.api import TRAIN_SCHEDULES, PlanInterrupted
 
     for s in schedules:
@@ -172,11 +176,11 @@ def plan(model: str, cluster_path: str, global_batch: int | None, seq_len: int |
     with CtrlC() as ctrl_c:
         try:
             with SearchProgress(err_console, f"{model} on {cluster.name}") as bar:
-                result = plan_for(workload, cluster, Goal(objective, min_throughput, max_usd_per_hour),
-                                  PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
-                                              microbatches=microbatches or None, max_tensor=max_tensor,
-                                              even_split=even_split, fsdp=not no_fsdp), bar,
-                                  stop=ctrl_c.stop)
+                opts = PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
+                                   microbatches=microbatches or None, max_tensor=max_tensor,
+                                   even_split=even_split, fsdp=not no_fsdp)
+                result = plan(workload, cluster, opts, bar,
+                              goal=Goal(objective, min_throughput, max_usd_per_hour), stop=ctrl_c.stop)
             ctrl_c.searching = False
             ctrl_c.check()
             if result.interrupted:
@@ -209,8 +213,8 @@ DEFAULT_GLOBAL_BATCH = 256
 
 def _workload(model: str, global_batch: int | None, seq_len: int | None):
     """The model's traced workload; inference models default to one video or request."""
-    from compiler.zoo.costing import workload
-    from compiler.zoo import get_config
+    from zoo.costing import workload
+    from zoo import get_config
 
     cfg = get_config(model)
     if global_batch is None:

@@ -13,9 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mpmd.files import write_atomic  # noqa: F401  (moved to mpmd.files; re-exported for old imports)
+from ir.files import write_atomic  # noqa: F401  (moved to ir.files; re-exported for old imports)
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "planner" / "plan.schema.json"
+from ir.plan_file import SCHEMA_PATH
 
 
 @lru_cache(maxsize=1)
@@ -25,7 +25,7 @@ def plan_schema() -> dict[str, Any]:
 
 def validate_plan_json(doc: dict[str, Any]) -> None:
     """Check a plan dict (a pipeline plan or a data-parallel plan, as
-    :func:`compiler.ir.any_plan_to_json` writes them) against ``planner/plan.schema.json``
+    :func:`ir.any_plan_to_json` writes them) against ``ir/plan.schema.json``
     (raises jsonschema.ValidationError)."""
     import jsonschema
 
@@ -263,13 +263,13 @@ def plan_table(result: Any, cluster: Any) -> Group:
 
     A plan carved from node groups also gets a table of its logical meshes (the nodes each spans,
     the pipeline replicas its data axis carries) and its schedule candidate table. A
-    :class:`~compiler.ir.DataParallelPlan` gets one section per part (its batch share, stages,
+    :class:`~ir.DataParallelPlan` gets one section per part (its batch share, stages,
     meshes and candidates), then the step table with the gradient all-reduce across the parts and
     the planner's reason. A line under the step table says, per device kind, whether its profile
     is calibrated or a prior (:func:`profiles_line`). ``cluster`` is the cluster as loaded
     (:func:`simulator.plan_sim.plan_cluster` carves it as the plan says).
     """
-    from compiler.ir import DataParallelPlan
+    from ir import DataParallelPlan
     from simulator.plan_sim import plan_cluster
 
     p, pred = result.plan, result.prediction

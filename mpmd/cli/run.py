@@ -51,14 +51,14 @@ def register(main: click.Group, guard) -> None:
         from mpmd.cli.main import console
 
         if processes is not None or process_id is not None or coordinator is not None:
-            from compiler.train.process_run import run_processes
+            from runtime.train.launch import run_processes
 
             run_processes(plan_path, processes, process_id, coordinator, steps=steps,
                           cluster_path=cluster_path, lr=lr, timeout_s=timeout_s,
                           trace_path=trace_path, console=console)
             return
         _cpu_devices(8)
-        from compiler.train.run import print_report, run_plan
+        from runtime.train.run import print_report, run_plan
 
         report = run_plan(plan_path, steps=steps, cluster_path=cluster_path,
                           check_every=check_every, lr=lr, console=console)
@@ -88,7 +88,7 @@ def register(main: click.Group, guard) -> None:
         from mpmd.cli.main import console
 
         _cpu_devices(8)
-        from compiler.calibration.measure import calibrate_command
+        from runtime.calibration.measure import calibrate_command
 
         calibrate_command(out, device_out=device_out, cluster_out=cluster_out, repeats=repeats,
                           console=console)

@@ -48,7 +48,7 @@ def link_names(plan, cluster) -> dict[str, str]:
     (the cluster's ``default_link`` where no explicit one exists), and for a data-parallel plan its
     cross-part ``sync_link``; ``b<->a`` means ``a<->b``.
     """
-    from compiler.ir import DataParallelPlan
+    from ir import DataParallelPlan
     from hardware_profiles.types import ProfileError
     from simulator.plan_sim import plan_meshes
 
@@ -111,20 +111,20 @@ def check_knob_names(plan, cluster, stragglers: dict[str, float], degraded: dict
 def load_plan_inputs(plan_path: str):
     """(plan, workload, cluster) for a plan file, re-costing its model from the zoo.
 
-    The plan is read by :func:`compiler.ir.plan_file.load_plan` (guarded read, schema, sizes): a
-    :class:`~compiler.ir.Plan` or a :class:`~compiler.ir.DataParallelPlan`. The cluster is the one
+    The plan is read by :func:`ir.plan_file.load_plan` (guarded read, schema, sizes): a
+    :class:`~ir.Plan` or a :class:`~ir.DataParallelPlan`. The cluster is the one
     the plan runs on (:func:`simulator.plan_sim.plan_cluster`: the plan's cluster file, carved as
     the plan's ``carving`` says). The plan's meshes must exist in it with the devices the plan
     names, and its stages (every part's) must cover the model's layers. The workload is the whole
     step's (a data-parallel plan's parts take their batch shares of it).
 
     Raises:
-        mpmd.files.InputError, compiler.ir.IRError: a bad plan file (one line).
+        ir.files.InputError, ir.IRError: a bad plan file (one line).
         hardware_profiles.types.ProfileError: a bad cluster file, or a carving that does not fit it.
     """
-    from compiler.zoo.costing import workload
-    from compiler.ir import DataParallelPlan, IRError
-    from compiler.ir.plan_file import load_plan
+    from zoo.costing import workload
+    from ir import DataParallelPlan, IRError
+    from ir.plan_file import load_plan
     from hardware_profiles import load_cluster
     from simulator.plan_sim import plan_cluster
 
@@ -156,7 +156,7 @@ def reschedule(plan, schedule: str | None, microbatches: int | None):
     Raises:
         simulator.schedules.ScheduleError: the schedule does not fit the plan's stages.
     """
-    from compiler.ir import DataParallelPlan
+    from ir import DataParallelPlan
     from simulator.schedules import ScheduleError, generate
 
     if schedule is None and microbatches is None:
@@ -198,7 +198,7 @@ def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed
     from rich.markup import escape
     from rich.text import Text
 
-    from compiler.ir import DataParallelPlan
+    from ir import DataParallelPlan
     from simulator.plan_sim import plan_meshes
 
     dp = isinstance(plan, DataParallelPlan)

@@ -32,14 +32,14 @@ FIT_COMMAND = "mpmd validate --fit"
 
 
 def row_config(row):
-    """The row's decoder as a zoo :class:`~compiler.zoo.ModelConfig`, from its own columns: a
+    """The row's decoder as a zoo :class:`~zoo.ModelConfig`, from its own columns: a
     gated MLP (``glu`` 1) is a Llama-style block (RMSNorm, SwiGLU, RoPE, no biases, untied head),
     otherwise a GPT-style block (LayerNorm, GeLU, biases, learned positions, tied embeddings);
     grouped-query attention with ``kv_heads``; ``head_dim`` independent of the width. Blank fields
     follow :data:`simulator.validation_setup.RULES`."""
     import dataclasses
 
-    from compiler.zoo import ModelConfig, gpt_config
+    from zoo import ModelConfig, gpt_config
     from simulator.validation_rows import DEFAULT_VOCAB
 
     vocab = row.vocab or DEFAULT_VOCAB
@@ -58,13 +58,13 @@ def row_config(row):
 
 @functools.lru_cache(maxsize=None)
 def _workload(cfg, batch: int):
-    from compiler.zoo.costing import workload
+    from zoo.costing import workload
 
     return workload(cfg, batch, seq_len=cfg.seq_len)
 
 
 def workload_for(row):
-    """The row's workload: :func:`row_config` traced by ``compiler.zoo.costing.workload`` (cached per
+    """The row's workload: :func:`row_config` traced by ``zoo.costing.workload`` (cached per
     shape)."""
     return _workload(row_config(row), row.global_batch)
 
@@ -81,7 +81,7 @@ def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_
     """Write device YAML ``path`` with its ``efficiency:`` block replaced (values and origins) to
     ``out`` (default: ``path`` itself), atomically; ``extra`` entries ``(key, value, origin)``
     follow the four fitted ones (the profile's other efficiency keys, kept or fitted)."""
-    from mpmd.files import write_atomic
+    from ir.files import write_atomic
 
     text = path.read_text()
     start = text.index("\nefficiency:\n") + 1
@@ -267,7 +267,7 @@ def register(main: click.Group, guard) -> None:
 
         from hardware_profiles.loader import DEVICES_DIR, load_device
         from mpmd.cli.main import console
-        from mpmd.files import write_atomic
+        from ir.files import write_atomic
         import dataclasses
 
         from simulator import validate as V
@@ -402,7 +402,7 @@ def register(main: click.Group, guard) -> None:
 def row_errors() -> tuple[type[BaseException], ...]:
     """What skips a row rather than the run: :data:`simulator.validate.ROW_ERRORS` and the model
     zoo's ``ZooError`` (a row's decoder the zoo cannot build)."""
-    from compiler.zoo import ZooError
+    from zoo import ZooError
     from simulator.validate import ROW_ERRORS
 
     return ROW_ERRORS + (ZooError,)

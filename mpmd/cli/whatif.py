@@ -75,7 +75,7 @@ def register(main: click.Group, guard) -> None:
         name = spec.get("name") or model
         out = out or f"whatif/{name}"
         # every input is read and checked before the progress bar starts, so a bad one is one line
-        from compiler.zoo import get_config
+        from zoo import get_config
         from reports.pricing import parse_prices as check_prices
         from reports.spec import read_yaml, to_option
         from reports.sweep import parse_spec

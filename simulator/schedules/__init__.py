@@ -1,7 +1,7 @@
 """Pipeline schedules as data: generators for the published schedules, a checker and a replay.
 
 ``generate(name, num_ranks, microbatches, *, virtual_stages=2, forward_only=False)`` returns a
-:class:`compiler.ir.ScheduleTable` for one of :data:`SCHEDULES`; :func:`validate` checks a table
+:class:`ir.ScheduleTable` for one of :data:`SCHEDULES`; :func:`validate` checks a table
 (completeness, dependency safety, deadlock freedom) and :func:`replay` times it exactly for given
 fragment durations (the planner's prediction). Errors raise :class:`ScheduleError` (a ValueError).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from compiler.ir import ScheduleTable
+from ir import ScheduleTable
 
 from .adaptive import zb_1p, zb_2p, zero_bubble_auto
 from .base import ScheduleError, v_shape_stage_rank

@@ -44,7 +44,7 @@ import sys
 from collections import deque
 from typing import Callable, Sequence, Union
 
-from compiler.ir import FragmentRef, ScheduleTable
+from ir import FragmentRef, ScheduleTable
 
 from .base import B, F, ScheduleError, W, check_sizes, make_table, no_forward_only
 from .check import replay

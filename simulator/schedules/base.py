@@ -1,7 +1,7 @@
 """Shared pieces of the schedule generators: the error type, argument checks, table assembly.
 
 A generator returns, for every pipeline rank, the ordered fragments it runs (see
-:class:`compiler.ir.ScheduleTable`). Stages are numbered in pipeline order 0..S-1; microbatches
+:class:`ir.ScheduleTable`). Stages are numbered in pipeline order 0..S-1; microbatches
 0..M-1. Fragment kinds: ``F`` forward, ``B`` backward (input gradient only when the schedule
 splits the backward), ``W`` weight gradient (split schedules only).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from compiler.ir import FragmentRef, ScheduleTable
+from ir import FragmentRef, ScheduleTable
 
 
 class ScheduleError(ValueError):

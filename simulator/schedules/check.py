@@ -1,4 +1,4 @@
-"""Soundness check and exact replay of a pipeline :class:`~compiler.ir.ScheduleTable`.
+"""Soundness check and exact replay of a pipeline :class:`~ir.ScheduleTable`.
 
 Dependencies (S stages, microbatch m):
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from compiler.ir import FragmentRef, ScheduleTable
+from ir import FragmentRef, ScheduleTable
 
 from .base import ScheduleError
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from compiler.ir import FragmentRef, ScheduleTable
+from ir import FragmentRef, ScheduleTable
 
 from .base import B, F, W, ScheduleError, check_sizes, make_table, no_forward_only, v_shape_stage_rank
 

@@ -8,7 +8,7 @@ activations at its peak. ``forward_only=True`` gives the inference pipeline: for
 
 from __future__ import annotations
 
-from compiler.ir import ScheduleTable
+from ir import ScheduleTable
 
 from .base import B, F, check_sizes, make_table
 

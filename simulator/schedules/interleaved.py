@@ -17,7 +17,7 @@ per-microbatch activation (Korthikanti et al. 2022, "Reducing Activation Recompu
 
 from __future__ import annotations
 
-from compiler.ir import ScheduleTable
+from ir import ScheduleTable
 
 from .base import B, F, ScheduleError, check_sizes, make_table, no_forward_only
 

@@ -12,7 +12,7 @@ Megatron-LM", Sec. 2.2.1 (the PipeDream-Flush schedule). One stage per rank (S =
 
 from __future__ import annotations
 
-from compiler.ir import ScheduleTable
+from ir import ScheduleTable
 
 from .base import B, F, check_sizes, make_table
 from .gpipe import gpipe

@@ -25,7 +25,7 @@ the last rank), and every rank holds at most 2P chunk activations = P whole-rank
 
 from __future__ import annotations
 
-from compiler.ir import FragmentRef, ScheduleTable
+from ir import FragmentRef, ScheduleTable
 
 from .base import B, F, W, check_sizes, make_table, no_forward_only, v_shape_stage_rank
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from compiler.ir import FragmentRef, ScheduleTable
+from ir import FragmentRef, ScheduleTable
 
 from .base import B, F, ScheduleError, W, check_sizes, make_table, no_forward_only
 

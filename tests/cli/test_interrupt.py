@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.ir import plan_from_json, plan_to_json
+from ir import plan_from_json, plan_to_json
 from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
 from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
 
@@ -205,13 +205,13 @@ def test_ctrl_c_before_any_feasible_plan_writes_nothing(tmp_path, monkeypatch):
     import planner
     from mpmd.cli.main import main
 
-    real = planner.plan_for              # what `mpmd plan` calls (the goal's planner)
+    real = planner.plan              # what `mpmd plan` calls
 
     def stopped_at_once(*args, stop, **kw):
         stop.set()
         return real(*args, stop=stop, **kw)
 
-    monkeypatch.setattr(planner, "plan_for", stopped_at_once)
+    monkeypatch.setattr(planner, "plan", stopped_at_once)
     out = tmp_path / "plan.json"
     res = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster",
                                     str(ROOT / "hardware_profiles" / "clusters" / "h100x64.yaml"),

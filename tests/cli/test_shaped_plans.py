@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from compiler.zoo.costing import workload
-from compiler.ir import DataParallelPlan, IRError, Layout, Plan, StagePlan, any_plan_to_json
-from compiler.ir.plan_file import load_plan
+from zoo.costing import workload
+from ir import DataParallelPlan, IRError, Layout, Plan, StagePlan, any_plan_to_json
+from ir.plan_file import load_plan
 from hardware_profiles import load_cluster
 from mpmd.cli.main import main
 from tests.cli.test_mutation import check, mutated
@@ -235,7 +235,7 @@ def test_carved_plan_on_a_mesh_listing_cluster_is_one_line(files, tmp_path):
 def test_plan_of_a_mesh_listing_is_shaped_and_every_consumer_carves_it(tmp_path):
     """``mpmd plan`` on h100x64.yaml (8 meshes of one DGX H100 each) shapes the nodes; ``mpmd
     simulate`` and ``mpmd run`` carve the same listing into the same meshes."""
-    from compiler.train.run import run_cluster
+    from runtime.train.step import run_cluster
 
     out = tmp_path / "plan.json"
     res = run(["plan", "--model", "llama-tiny", "--cluster", _listing("h100x64"), "--global-batch", "16",
@@ -401,7 +401,7 @@ def test_plan_command_writes_a_data_parallel_plan(files, tmp_path, monkeypatch):
     dp = replace(files.dp_plan, predicted={"step_time_s": 0.7}, solver={"status": "OPTIMAL", "candidates": 3,
                                                                     "candidates_total": 3,
                                                                     "search_wall_s": 1.0})
-    monkeypatch.setattr(planner, "plan_for", lambda *a, **k: SimpleNamespace(plan=dp, prediction=pred,
+    monkeypatch.setattr(planner, "plan", lambda *a, **k: SimpleNamespace(plan=dp, prediction=pred,
                                                                           interrupted=False))
     out = tmp_path / "plan.json"
     res = run(["plan", "--model", "llama-tiny", "--cluster", files.cluster, "--global-batch", "64",
@@ -413,7 +413,7 @@ def test_plan_command_writes_a_data_parallel_plan(files, tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- mpmd run
 def test_run_loads_the_carved_cluster(files):
-    from compiler.train.run import run_cluster
+    from runtime.train.step import run_cluster
 
     c = run_cluster(files.carved_plan, files.cluster)
     assert list(c.meshes) == ["h100.0", "h100.1"] and c.meshes["h100.0"].num_devices == 16
@@ -422,7 +422,7 @@ def test_run_loads_the_carved_cluster(files):
 
 
 def test_run_of_a_data_parallel_plan_too_big_for_this_host_is_one_line(files):
-    """Data-parallel plans run (tests/compiler/test_run_layouts.py); this one's cluster has 48
+    """Data-parallel plans run (tests/runtime/test_run_layouts.py); this one's cluster has 48
     devices, more than the 8 CPU devices here: one line naming the count and the fix."""
     one_line(run(["run", files.dp, "--steps", "1"]),
              "cluster 'dgx6' needs 48 devices and this host's JAX has 8",

@@ -1,5 +1,5 @@
-"""Tests of the multi-process runtime (compiler.core.distributed), its worker
-(compiler.train.process_run) and launcher (compiler.train.launch), and ``mpmd run --processes``."""
+"""Tests of the multi-process runtime (compiler.distributed), its worker
+(runtime.train.process_run) and launcher (runtime.train.launch), and ``mpmd run --processes``."""
 
 from __future__ import annotations
 
@@ -14,18 +14,18 @@ import jax
 import numpy as np
 import pytest
 
-from compiler.core.distributed import (DistributedError, allgather, assign_meshes, barrier,
-                                       mesh_devices, prepare, process_topology, run_process,
-                                       serial_order)
-from compiler.core.exported import Call, Executable, ExportedProgram, MeshProgram, Send
-from compiler.core.runtime import run_program
-from compiler.ir import Timeline, TimelineEvent
-from compiler.ir.plan_json import plan_to_json
-from compiler.train.launch import LaunchError, _kill, _wait, free_port, launch
-from compiler.train.process_run import DistributedReport, merge_timelines, timeline_from_json
-from compiler.train.run import run_plan
+from compiler.distributed import (DistributedError, allgather, assign_meshes, barrier,
+                                  mesh_devices, prepare, process_topology, run_process,
+                                  serial_order)
+from compiler.exported import Call, Executable, ExportedProgram, MeshProgram, Send
+from compiler.runtime import run_program
+from ir import Timeline, TimelineEvent
+from ir.plan_json import plan_to_json
+from runtime.train.launch import LaunchError, _kill, _wait, free_port, launch
+from runtime.train.process_run import DistributedReport, merge_timelines, timeline_from_json
+from runtime.train.run import run_plan
 
-from tests.compiler.test_run import make_plan
+from tests.runtime.test_run import make_plan
 
 #: a 2-block Llama (plan layers: embed, 2 blocks, head), small enough for 3 compiles in ~60 s
 TINY = dict(layers=2, hidden=32, heads=2, kv_heads=2, ffn=64)
@@ -260,7 +260,7 @@ def test_a_failing_worker_fails_the_launch_in_one_line(tmp_path):
 
 
 def test_launcher_relays_step_lines_from_every_worker(tmp_path):
-    from compiler.train.launch import _Progress
+    from runtime.train.launch import _Progress
 
     class Console:
         lines: list = []
@@ -286,7 +286,7 @@ def test_a_worker_dies_with_its_launcher():
     import os
     import signal
 
-    child = ("import os, sys, time; from compiler.train.launch import _die_with_parent; "
+    child = ("import os, sys, time; from runtime.train.launch import _die_with_parent; "
              "_die_with_parent(os.getppid()); print('armed', flush=True); time.sleep(60)")
     parent = ("import subprocess, sys, time; "
               f"c = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.PIPE); "
@@ -316,7 +316,7 @@ def test_single_process_run_writes_the_last_steps_trace(tmp_path, monkeypatch):
     (run_plan is replaced by a stub report here; the trace writer is the simulator's)."""
     from click.testing import CliRunner
 
-    import compiler.train.run as run_mod
+    import runtime.train.run as run_mod
     from mpmd.cli.main import main
 
     ev = lambda n, s: TimelineEvent(n, "F", "m0/compute", "m0", 0, 0, s, s + 0.5)  # noqa: E731

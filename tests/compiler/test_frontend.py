@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from compiler.core.config import MpmdConfig, schedule_from_plan
-from compiler.core.errors import CompilerError, ConfigError
-from compiler.core.frontend import jit, trace_program
-from compiler.ir import FragmentRef as R
-from compiler.core.named import named_computation
-from compiler.core.program import print_program
+from compiler.config import MpmdConfig, schedule_from_plan
+from compiler.errors import CompilerError, ConfigError
+from compiler.frontend import jit, trace_program
+from ir import FragmentRef as R
+from compiler.named import named_computation
+from compiler.program import print_program
 
 L, M = 4, 2
 LAYERS = [named_computation(lambda w, h: jnp.tanh(h @ w["w"] + w["b"]), name=f"layer{i}")

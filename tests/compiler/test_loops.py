@@ -9,12 +9,12 @@ import pytest
 from jax import lax
 from jax.sharding import Mesh
 
-from compiler.core.config import MpmdConfig
-from compiler.core.errors import CompilerError
-from compiler.core.frontend import jit, trace_program
-from compiler.core.named import named_computation
-from compiler.core.program import Fragment, MeshlessOp, Program, print_program
-from compiler.ir import FragmentRef as R
+from compiler.config import MpmdConfig
+from compiler.errors import CompilerError
+from compiler.frontend import jit, trace_program
+from compiler.named import named_computation
+from compiler.program import Fragment, MeshlessOp, Program, print_program
+from ir import FragmentRef as R
 
 M = 4
 

@@ -10,11 +10,11 @@ import pytest
 from jax import lax
 from jax._src.ad_util import add_jaxvals_p
 
-from compiler.core.passes import (absorb_inferred_fragments, accumulate_uniformly, copy_constants,
+from compiler.passes import (absorb_inferred_fragments, accumulate_uniformly, copy_constants,
                              fold_zero_adds)
-from compiler.core.program import (Eqn, Fragment, Lit, MeshlessOp, Origin, Program, TensorType,
+from compiler.program import (Eqn, Fragment, Lit, MeshlessOp, Origin, Program, TensorType,
                               eval_body, print_program)
-from compiler.core.verify import verify
+from compiler.verify import verify
 
 T = TensorType((4,), "float32")
 S = TensorType((), "float32")

@@ -3,11 +3,11 @@
 import jax.numpy as jnp
 import pytest
 
-from compiler.core.errors import AssignmentError, CompilerError, ConfigError, InferenceError
-from compiler.core.frontend import trace_program
-from compiler.core.named import named_computation
-from compiler.core.passes import assign_meshes, infer_meshes, unroll_call_counters
-from compiler.core.program import print_program
+from compiler.errors import AssignmentError, CompilerError, ConfigError, InferenceError
+from compiler.frontend import trace_program
+from compiler.named import named_computation
+from compiler.passes import assign_meshes, infer_meshes, unroll_call_counters
+from compiler.program import print_program
 
 A = named_computation(lambda x: x * 2.0, name="a")
 B = named_computation(lambda x: x + 1.0, name="b")

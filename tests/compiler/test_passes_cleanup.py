@@ -1,4 +1,6 @@
-"""Transfer merging and cycle removal, constant copying, DCE and dedup, sharding propagation."""
+"""Transfer merging and cycle removal, constant copying, DCE and dedup, sharding propagation; the
+programs read from their printed text (``compiler.parse``), except the constant one (the printed
+form leaves out a constant's value)."""
 
 import jax
 import numpy as np
@@ -6,12 +8,13 @@ import pytest
 from jax import lax
 from jax.sharding import Mesh
 
-from compiler.core.driver import run_passes
-from compiler.core.errors import VerificationError
-from compiler.core.passes import (copy_constants, fragment_dce, fragment_dedup, merge_transfers,
+from compiler.driver import run_passes
+from compiler.errors import VerificationError
+from compiler.passes import (copy_constants, fragment_dce, fragment_dedup, merge_transfers,
                              propagate_shardings, remove_transfer_cycles)
-from compiler.core.program import CONSTANT, Eqn, Fragment, Lit, Origin, Program, TensorType, Transfer, print_program
-from compiler.core.verify import verify
+from compiler.program import CONSTANT, Eqn, Fragment, Lit, Origin, Program, TensorType, Transfer, print_program
+from compiler.parse import parse_program
+from compiler.verify import verify
 
 T = TensorType((4,), "float32")
 
@@ -30,16 +33,31 @@ def program(ops, outputs, names="x a b c d e f g h k t0 t1 t2 t3 t4".split()):
                    tuple(ops), {n: T for n in names})
 
 
+# x -> m2 -> m1 (a cycle back) and two transfers of the same value to m2
+CYCLE = """\
+func @main(%arg0: f32[4]@m1) -> (f32[4]@m2, f32[4]@m1) {
+  %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  %1 = transfer %0 : f32[4]@m1 -> f32[4]@m2
+  %2 = transfer %0 : f32[4]@m1 -> f32[4]@m2
+  %3 = transfer %1 : f32[4]@m2 -> f32[4]@m1
+  %4 = fragment<mesh="m2", origin=["l2"], stage=1, call_counter=0> (%1, %2) (%a0: f32[4], %a1: f32[4]) {
+    %b0 = add %a0, %a1 : f32[4]
+    return %b0
+  } : (f32[4]@m2, f32[4]@m2) -> f32[4]@m2
+  %5 = fragment<mesh="m1", origin=["l3"], stage=0, call_counter=0> (%3) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  return %4, %5
+}
+"""
+
+
 def cycle_program():
-    # x -> m2 -> m1 (cycle back) and two transfers of the same value to m2
-    return program([
-        frag("m1", "l1", ["x"], ["a"], [add("x", "x", "a")]),
-        Transfer("a", "m1", "m2", "t0"),
-        Transfer("a", "m1", "m2", "t1"),
-        Transfer("t0", "m2", "m1", "t2"),
-        frag("m2", "l2", ["t0", "t1"], ["b"], [add("t0", "t1", "b")]),
-        frag("m1", "l3", ["t2"], ["c"], [add("t2", "t2", "c")]),
-    ], ["b", "c"])
+    return parse_program(CYCLE, meshes=("m1", "m2"))
 
 
 def const_program():
@@ -52,15 +70,38 @@ def const_program():
     ], ["b"])
 
 
+# dead values and fragments, a duplicate fragment, an unused transfer
+DEAD = """\
+func @main(%arg0: f32[4]@m1) -> f32[4]@m1 {
+  %0:2 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    %b1 = add %b0, %a0 : f32[4]
+    return %b0, %b1
+  } : (f32[4]@m1) -> (f32[4]@m1, f32[4]@m1)
+  %1 = fragment<mesh="m1", origin=[], stage=0, call_counter=0> (%0#0) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  %2 = fragment<mesh="m1", origin=[], stage=0, call_counter=0> (%0#0) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  %3 = fragment<mesh="m1", origin=[], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
+    %b0 = add %a0, 1.0:f32 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  %4 = transfer %0#1 : f32[4]@m1 -> f32[4]@m2
+  %5 = fragment<mesh="m1", origin=["l2"], stage=0, call_counter=0> (%1, %2) (%a0: f32[4], %a1: f32[4]) {
+    %b0 = add %a0, %a1 : f32[4]
+    return %b0
+  } : (f32[4]@m1, f32[4]@m1) -> f32[4]@m1
+  return %5
+}
+"""
+
+
 def dead_program():
-    return program([
-        frag("m1", "l1", ["x"], ["a", "c"], [add("x", "x", "a"), add("a", "x", "c")]),
-        frag("m1", "", ["a"], ["d"], [add("a", "a", "d")]),
-        frag("m1", "", ["a"], ["e"], [add("a", "a", "e")]),
-        frag("m1", "", ["x"], ["f"], [add("x", Lit(1.0, "float32"), "f")]),
-        Transfer("c", "m1", "m2", "t0"),
-        frag("m1", "l2", ["d", "e"], ["g"], [add("d", "e", "g")]),
-    ], ["g"])
+    return parse_program(DEAD, meshes=("m1", "m2"))
 
 
 def test_verifier_rejects_use_before_definition():
@@ -85,32 +126,8 @@ def test_sharding_propagates_through_fragments_and_transfers():
     d = jax.devices()
     topo = {"m1": Mesh(d[0:2], ("x",)), "m2": Mesh(d[2:4], ("x",))}
     p = propagate_shardings(remove_transfer_cycles(cycle_program()), topo, {0: (("x",),)})
-    assert p.specs["b"] == (("x",),) and p.specs["c"] == (("x",),)
+    assert [p.specs[v] for v in p.outputs] == [(("x",),), (("x",),)]
 
-
-
-def test_cycle_program_input():
-    got = print_program(cycle_program())
-    assert got == """\
-func @main(%arg0: f32[4]@m1) -> (f32[4]@m2, f32[4]@m1) {
-  %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
-    %b0 = add %a0, %a0 : f32[4]
-    return %b0
-  } : (f32[4]@m1) -> f32[4]@m1
-  %1 = transfer %0 : f32[4]@m1 -> f32[4]@m2
-  %2 = transfer %0 : f32[4]@m1 -> f32[4]@m2
-  %3 = transfer %1 : f32[4]@m2 -> f32[4]@m1
-  %4 = fragment<mesh="m2", origin=["l2"], stage=1, call_counter=0> (%1, %2) (%a0: f32[4], %a1: f32[4]) {
-    %b0 = add %a0, %a1 : f32[4]
-    return %b0
-  } : (f32[4]@m2, f32[4]@m2) -> f32[4]@m2
-  %5 = fragment<mesh="m1", origin=["l3"], stage=0, call_counter=0> (%3) (%a0: f32[4]) {
-    %b0 = add %a0, %a0 : f32[4]
-    return %b0
-  } : (f32[4]@m1) -> f32[4]@m1
-  return %4, %5
-}
-"""
 
 
 def test_merge_transfers_keeps_one_per_value_and_mesh():

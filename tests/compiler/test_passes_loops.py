@@ -4,14 +4,14 @@
 import jax.numpy as jnp
 from jax import lax
 
-from compiler.core.calls import CallOp, Func
-from compiler.core.frontend import trace_program
-from compiler.core.named import named_computation
-from compiler.core.passes import (call_inline, erase_unused_callee_block_arguments,
-                                  from_unroll_to_call_counter, sink_negligible_ops_into_call_op,
-                                  unroll_for_loops)
-from compiler.core.program import Eqn, MeshlessOp, Program, TensorType, print_program
-from compiler.core.verify import verify
+from compiler.calls import CallOp, Func
+from compiler.frontend import trace_program
+from compiler.named import named_computation
+from compiler.passes import (call_inline, erase_unused_callee_block_arguments,
+                             from_unroll_to_call_counter, sink_negligible_ops_into_call_op,
+                             unroll_for_loops)
+from compiler.program import Eqn, MeshlessOp, Program, TensorType, print_program
+from compiler.verify import verify
 
 F = named_computation(lambda w, h: h * w, name="f")
 

@@ -1,5 +1,6 @@
-"""The transfer-aware passes (``passes/transfer_aware.py``): exact input -> expected program, and a
-pipelined step compiled with both still equal to ``jax.jit``."""
+"""The transfer-aware passes (``passes/transfer_aware.py``), lit style: a printed program in
+(``compiler.parse``), one pass, the expected program out; and a pipelined step compiled with both
+still equal to ``jax.jit``."""
 
 import jax
 import jax.numpy as jnp
@@ -7,63 +8,55 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from compiler.core.config import MpmdConfig
-from compiler.core.frontend import jit
-from compiler.core.named import named_computation
-from compiler.core.passes.transfer_aware import (
+from compiler.config import MpmdConfig
+from compiler.frontend import jit
+from compiler.named import named_computation
+from compiler.parse import parse_program
+from compiler.passes.transfer_aware import (
     split_and_prioritize_transfer_independent_computations as split_independent,
     transfer_aware_merge)
-from compiler.core.program import Eqn, Fragment, Origin, Program, TensorType, Transfer, print_program
-from compiler.core.verify import verify
-
-T, S = TensorType((4,), "float32"), TensorType((), "float32")
-TYPES = {**{n: T for n in "x y a b c d t0 e".split()}, "s": S}
+from compiler.program import Origin, Transfer, print_program
+from compiler.verify import verify
 
 
-def frag(mesh, name, ins, outs, body):
-    user = bool(name)
-    return Fragment(mesh, (Origin(name),) if user else (), tuple(ins), tuple(outs), tuple(body),
-                    (0 if mesh == "m1" else 1) if user else None, 0 if user else None)
-
-
-def add(a, b, o):
-    return Eqn(lax.add_p, {}, (a, b), (o,))
-
-
-def mul(a, b, o):
-    return Eqn(lax.mul_p, {}, (a, b), (o,))
-
-
-def rsum(a, o):
-    return Eqn(lax.reduce_sum_p, {"axes": (0,), "out_sharding": None}, (a,), (o,))
-
-
-def bcast(a, o):
-    return Eqn(lax.broadcast_in_dim_p, {"shape": (4,), "broadcast_dimensions": (),
-                                        "sharding": None}, (a,), (o,))
-
-
-def program(inputs, in_meshes, outputs, ops):
-    p = Program(("m1", "m2"), tuple(inputs), tuple(in_meshes), tuple(outputs),
-                (None,) * len(outputs), tuple(ops), TYPES)
+def run(pass_fn, text):
+    """``text`` parsed and verified, ``pass_fn`` run on it, the result verified and printed."""
+    p = parse_program(text, meshes=("m1", "m2"))
     verify(p)
-    return p
+    out = pass_fn(p)
+    verify(out)
+    return print_program(out)
+
+
+def unchanged(pass_fn, text) -> bool:
+    p = parse_program(text, meshes=("m1", "m2"))
+    return pass_fn(p) == p
 
 
 # ----------------------------------------------------------------- split and prioritize
 
-SPLIT_IN = program(["x", "y"], ["m1", "m2"], ["d"], [
-    frag("m1", "l1", ["x"], ["a"], [add("x", "x", "a")]),
-    Transfer("a", "m1", "m2", "t0"),
-    frag("m2", "l2", ["y", "t0"], ["d"], [mul("y", "y", "b"), add("b", "t0", "c"),
-                                          mul("c", "b", "d")]),
-])
+# l2 squares y (on m2) before it needs l1's result from m1.
+SPLIT_IN = """\
+func @main(%arg0: f32[4]@m1, %arg1: f32[4]@m2) -> f32[4]@m2 {
+  %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  %1 = transfer %0 : f32[4]@m1 -> f32[4]@m2
+  %2 = fragment<mesh="m2", origin=["l2"], stage=1, call_counter=0> (%arg1, %1) (%a0: f32[4], %a1: f32[4]) {
+    %b0 = mul %a0, %a0 : f32[4]
+    %b1 = add %b0, %a1 : f32[4]
+    %b2 = mul %b1, %b0 : f32[4]
+    return %b2
+  } : (f32[4]@m2, f32[4]@m2) -> f32[4]@m2
+  return %2
+}
+"""
 
 
 def test_split_moves_the_transfer_independent_part_first():
-    got = split_independent(SPLIT_IN)
-    verify(got)
-    assert print_program(got) == """\
+    got = run(split_independent, SPLIT_IN)
+    assert got == """\
 func @main(%arg0: f32[4]@m1, %arg1: f32[4]@m2) -> f32[4]@m2 {
   %0 = fragment<mesh="m2", origin=["l2"], stage=1, call_counter=0> (%arg1) (%a0: f32[4]) {
     %b0 = mul %a0, %a0 : f32[4]
@@ -82,33 +75,53 @@ func @main(%arg0: f32[4]@m1, %arg1: f32[4]@m2) -> f32[4]@m2 {
   return %3
 }
 """
-    assert split_independent(got) == got  # B depends on the transfer throughout: idempotent
+    assert unchanged(split_independent, got)  # B depends on the transfer throughout: idempotent
 
 
 def test_split_leaves_fragments_wholly_dependent_or_independent_alone():
-    dependent = program(["x"], ["m1"], ["c"], [
-        frag("m1", "l1", ["x"], ["a"], [add("x", "x", "a")]),
-        Transfer("a", "m1", "m2", "t0"),
-        frag("m2", "l2", ["t0"], ["c"], [mul("t0", "t0", "b"), add("b", "t0", "c")]),
-    ])
-    assert split_independent(dependent) == dependent
+    assert unchanged(split_independent, """\
+func @main(%arg0: f32[4]@m1) -> f32[4]@m2 {
+  %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  %1 = transfer %0 : f32[4]@m1 -> f32[4]@m2
+  %2 = fragment<mesh="m2", origin=["l2"], stage=1, call_counter=0> (%1) (%a0: f32[4]) {
+    %b0 = mul %a0, %a0 : f32[4]
+    %b1 = add %b0, %a0 : f32[4]
+    return %b1
+  } : (f32[4]@m2) -> f32[4]@m2
+  return %2
+}
+""")
 
 
 # ----------------------------------------------------------------- transfer-aware merge
 
-PULL_IN = program(["x"], ["m1"], ["e"], [
-    frag("m1", "l1", ["x"], ["a"], [add("x", "x", "a")]),
-    Transfer("a", "m1", "m2", "t0"),
-    frag("m2", "", ["t0"], ["s"], [rsum("t0", "s")]),
-    frag("m2", "l2", ["s"], ["e"], [bcast("s", "e")]),
-])
+# An inferred sum reads the transferred f32[4] on m2.
+PULL_IN = """\
+func @main(%arg0: f32[4]@m1) -> f32[4]@m2 {
+  %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  %1 = transfer %0 : f32[4]@m1 -> f32[4]@m2
+  %2 = fragment<mesh="m2", origin=[]> (%1) (%a0: f32[4]) {
+    %b0 = reduce_sum[axes=(0,)] %a0 : f32[]
+    return %b0
+  } : (f32[4]@m2) -> f32[]@m2
+  %3 = fragment<mesh="m2", origin=["l2"], stage=1, call_counter=0> (%2) (%a0: f32[]) {
+    %b0 = broadcast_in_dim[broadcast_dimensions=() shape=(4,)] %a0 : f32[4]
+    return %b0
+  } : (f32[]@m2) -> f32[4]@m2
+  return %3
+}
+"""
 
 
 def test_transfer_aware_merge_pulls_a_reduction_before_the_transfer():
-    got = transfer_aware_merge(PULL_IN)
-    verify(got)
     # the f32[4] transfer becomes an f32[] one; the sum runs in l1's fragment
-    assert print_program(got) == """\
+    assert run(transfer_aware_merge, PULL_IN) == """\
 func @main(%arg0: f32[4]@m1) -> f32[4]@m2 {
   %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
     %b0 = add %a0, %a0 : f32[4]
@@ -125,18 +138,29 @@ func @main(%arg0: f32[4]@m1) -> f32[4]@m2 {
 """
 
 
-PUSH_IN = program(["x"], ["m1"], ["c"], [
-    frag("m1", "l1", ["x"], ["s"], [rsum("x", "s")]),
-    frag("m1", "", ["s"], ["b"], [bcast("s", "b")]),
-    Transfer("b", "m1", "m2", "t0"),
-    frag("m2", "l2", ["t0"], ["c"], [mul("t0", "t0", "c")]),
-])
+# An inferred broadcast on m1 feeds the transfer.
+PUSH_IN = """\
+func @main(%arg0: f32[4]@m1) -> f32[4]@m2 {
+  %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
+    %b0 = reduce_sum[axes=(0,)] %a0 : f32[]
+    return %b0
+  } : (f32[4]@m1) -> f32[]@m1
+  %1 = fragment<mesh="m1", origin=[]> (%0) (%a0: f32[]) {
+    %b0 = broadcast_in_dim[broadcast_dimensions=() shape=(4,)] %a0 : f32[4]
+    return %b0
+  } : (f32[]@m1) -> f32[4]@m1
+  %2 = transfer %1 : f32[4]@m1 -> f32[4]@m2
+  %3 = fragment<mesh="m2", origin=["l2"], stage=1, call_counter=0> (%2) (%a0: f32[4]) {
+    %b0 = mul %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m2) -> f32[4]@m2
+  return %3
+}
+"""
 
 
 def test_transfer_aware_merge_pushes_a_broadcast_after_the_transfer():
-    got = transfer_aware_merge(PUSH_IN)
-    verify(got)
-    assert print_program(got) == """\
+    assert run(transfer_aware_merge, PUSH_IN) == """\
 func @main(%arg0: f32[4]@m1) -> f32[4]@m2 {
   %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
     %b0 = reduce_sum[axes=(0,)] %a0 : f32[]
@@ -154,13 +178,24 @@ func @main(%arg0: f32[4]@m1) -> f32[4]@m2 {
 
 
 def test_transfer_aware_merge_keeps_code_that_would_not_shrink_a_transfer():
-    same_size = program(["x"], ["m1"], ["c"], [
-        frag("m1", "l1", ["x"], ["a"], [add("x", "x", "a")]),
-        Transfer("a", "m1", "m2", "t0"),
-        frag("m2", "", ["t0"], ["b"], [mul("t0", "t0", "b")]),
-        frag("m2", "l2", ["b"], ["c"], [add("b", "b", "c")]),
-    ])
-    assert transfer_aware_merge(same_size) == same_size
+    assert unchanged(transfer_aware_merge, """\
+func @main(%arg0: f32[4]@m1) -> f32[4]@m2 {
+  %0 = fragment<mesh="m1", origin=["l1"], stage=0, call_counter=0> (%arg0) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m1) -> f32[4]@m1
+  %1 = transfer %0 : f32[4]@m1 -> f32[4]@m2
+  %2 = fragment<mesh="m2", origin=[]> (%1) (%a0: f32[4]) {
+    %b0 = mul %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m2) -> f32[4]@m2
+  %3 = fragment<mesh="m2", origin=["l2"], stage=1, call_counter=0> (%2) (%a0: f32[4]) {
+    %b0 = add %a0, %a0 : f32[4]
+    return %b0
+  } : (f32[4]@m2) -> f32[4]@m2
+  return %3
+}
+""")
 
 
 # ----------------------------------------------------------------- in the pipeline

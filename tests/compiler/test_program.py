@@ -5,8 +5,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
-from compiler.core.export import export_program, run_sequential
-from compiler.core.program import (Eqn, Fragment, Lit, Origin, Program, TensorType, Transfer, body_key,
+from compiler.export import export_program, run_sequential
+from compiler.program import (Eqn, Fragment, Lit, Origin, Program, TensorType, Transfer, body_key,
                               eval_body, print_program)
 
 T = TensorType((4,), "float32")

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
-from compiler.core.config import MpmdConfig
-from compiler.core.errors import CompilerError
-from compiler.core.frontend import jit
-from compiler.ir import FragmentRef as R
-from compiler.core.named import named_computation
-from compiler.core.program import print_program
+from compiler.config import MpmdConfig
+from compiler.errors import CompilerError
+from compiler.frontend import jit
+from ir import FragmentRef as R
+from compiler.named import named_computation
+from compiler.program import print_program
 
 layer1 = named_computation(lambda x, y: x + x, name="layer1")
 layer2 = named_computation(lambda x, y: x + x, name="layer2")

@@ -1,4 +1,4 @@
-"""Tests of compiler.core.runtime on hand-built exported pipelines over 4 meshes of 2 CPU devices.
+"""Tests of compiler.runtime on hand-built exported pipelines over 4 meshes of 2 CPU devices.
 
 The helper ``pipeline_program`` lowers a tiny pipelined MLP (stage s: ``tanh(x @ w_s)``, loss the mean
 square of the last stage's output) under a given schedule into an ExportedProgram by hand, so the
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from compiler.core.exported import Call, Executable, ExportedProgram, MeshProgram, Send
-from compiler.ir import FragmentRef
-from compiler.core.runtime import (DeadlockError, MpmdRuntimeError, execute, executed_order,
+from compiler.exported import Call, Executable, ExportedProgram, MeshProgram, Send
+from ir import FragmentRef
+from compiler.runtime import (DeadlockError, MpmdRuntimeError, execute, executed_order,
                               run_program)
 
 WIDTH, MB_ROWS = 16, 4

@@ -23,7 +23,7 @@ FITTED = ("fitted by `mpmd validate --fit` over the 6 h100-sxm rows of the publi
           "simulated metric (scipy bounded search over matmul efficiency for each "
           "elementwise-traffic fraction): MAPE 4.1%, 0 zero-bubble groups ranked wrongly (fitted)")
 MEASURED = ("measured 2026-11-22 on this machine (2 cores shared by 8 JAX CPU devices) by mpmd "
-            "calibrate (compiler.calibration.measure.calibrate_command): achievable 121.37 GFLOP/s per device "
+            "calibrate (runtime.calibration.measure.calibrate_command): achievable 121.37 GFLOP/s per device "
             "fitted (least squares in seconds, relative rms error 0.038) to 18 fragments")
 PRIOR = "prior: same GH100 compute die and clocks as H100 SXM, so the H100 prior (0.62) is reused"
 

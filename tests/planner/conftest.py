@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.ir import LayerCost, Workload
+from ir import LayerCost, Workload
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 
 

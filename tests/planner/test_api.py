@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from compiler.ir import plan_to_json
+from ir import plan_to_json
 from planner import InfeasibleError, PlanOptions, plan, predict
 from simulator import simulate_plan
 from tests.planner.conftest import cluster, device, workload

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import planner.api as api
-from compiler.ir import plan_from_json, plan_to_json
+from ir import plan_from_json, plan_to_json
 from mpmd.cli.output import validate_plan_json
 from planner import PlanOptions, plan
 from planner.api import PlanInterrupted

@@ -14,8 +14,8 @@ from dataclasses import replace
 import pytest
 from ortools.sat.python import cp_model
 
-from compiler.zoo.costing import workload
-from compiler.ir import FragmentRef
+from zoo.costing import workload
+from ir import FragmentRef
 from hardware_profiles import CLUSTERS_DIR, load_cluster
 from planner.api import (TRAIN_SCHEDULES, PlanOptions, build_plan, fragment_kinds, make_candidate,
                          plan, schedule_allowed)

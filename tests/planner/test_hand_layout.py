@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.ir import Layout
+from ir import Layout
 from hardware_profiles import load_cluster
 from hardware_profiles.types import Cluster, Link, NodeGroup
 from planner.baseline import MEGATRON_GPT3_175B, HandLayout, hand_plan, megatron_plans
@@ -83,7 +83,7 @@ def test_a_cluster_without_node_groups_or_with_an_unknown_group_is_refused():
 
 
 def test_megatron_gpt3_175b_on_1024_a100_is_tp8_pp8_dp16_interleaved():
-    from compiler.zoo.costing import workload as traced
+    from zoo.costing import workload as traced
 
     lay = MEGATRON_GPT3_175B
     assert (lay.tensor, lay.pipeline, lay.data, lay.virtual_stages, lay.micro_batch) == (8, 8, 16, 2, 1)
@@ -105,7 +105,7 @@ def test_megatron_gpt3_175b_on_1024_a100_is_tp8_pp8_dp16_interleaved():
 def test_sailors_plan_is_replayed_as_described():
     """Sailor's 7-stage plan on its 320-GPU case: V100 tp4 stages at both ends of A100 tp1 stages,
     data parallel 20 on every stage, every block placed, the fastest order and split kept."""
-    from compiler.zoo.costing import workload as traced
+    from zoo.costing import workload as traced
     from planner.baseline import SAILOR_OPT_350M, hand_pipeline
 
     c = load_cluster(ROOT / "hardware_profiles/clusters/a100x80_v100x240_nodes.yaml")
@@ -123,7 +123,7 @@ def test_sailors_plan_is_replayed_as_described():
 
 def test_a_hand_pipeline_naming_a_mesh_twice_is_one_line():
     from planner.baseline import SAILOR_OPT_350M, HandPipeline, hand_pipeline
-    from compiler.zoo.costing import workload as traced
+    from zoo.costing import workload as traced
 
     c = load_cluster(ROOT / "hardware_profiles/clusters/a100x80_v100x240_nodes.yaml")
     bad = replace(SAILOR_OPT_350M, orders=(("v100.0", "v100.0", "a100.0"),))

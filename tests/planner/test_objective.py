@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from compiler.zoo.costing import workload
+from zoo.costing import workload
 from hardware_profiles import load_cluster
-from planner import Goal, PlanOptions, PlannerError, plan_for
+from planner import Goal, PlanOptions, PlannerError, plan
 from planner.objective import group_price, sub_clusters, usd_per_hour, used_devices
 
 CLUSTER = """name: priced
@@ -48,7 +48,7 @@ def opt():
 
 @pytest.fixture(scope="module")
 def fastest(cluster, opt):
-    return plan_for(opt, cluster, Goal(), PlanOptions(time_limit_s=6))
+    return plan(opt, cluster, PlanOptions(time_limit_s=6), goal=Goal())
 
 
 def test_sub_clusters_are_every_share_of_every_group(cluster):
@@ -73,7 +73,7 @@ def test_the_cost_goal_meets_the_floor_cheaper_than_the_fastest_plan(cluster, op
     tokens = opt.global_batch * opt.seq_len
     fast_usd = usd_per_hour(fastest.plan, cluster) * fastest.prediction.step_time_s / 3600
     floor = 0.4 * tokens / fastest.prediction.step_time_s
-    r = plan_for(opt, cluster, Goal("cost", min_tokens_per_s=floor), PlanOptions(time_limit_s=12))
+    r = plan(opt, cluster, PlanOptions(time_limit_s=12), goal=Goal("cost", min_tokens_per_s=floor))
     goal = r.plan.solver["goal"]
     assert tokens / r.prediction.step_time_s >= floor
     assert goal["usd_per_step"] == pytest.approx(usd_per_hour(r.plan, cluster) * r.prediction.step_time_s / 3600)
@@ -86,21 +86,21 @@ def test_the_cost_goal_meets_the_floor_cheaper_than_the_fastest_plan(cluster, op
 
 def test_the_budget_goal_stays_within_the_budget(cluster, opt, fastest):
     budget = 0.5 * usd_per_hour(fastest.plan, cluster)
-    r = plan_for(opt, cluster, Goal("time", max_usd_per_hour=budget), PlanOptions(time_limit_s=12))
+    r = plan(opt, cluster, PlanOptions(time_limit_s=12), goal=Goal("time", max_usd_per_hour=budget))
     assert usd_per_hour(r.plan, cluster) <= budget
     assert r.prediction.step_time_s >= fastest.prediction.step_time_s * 0.99
 
 
 def test_an_unreachable_floor_is_one_line_with_the_fix(cluster, opt):
     with pytest.raises(PlannerError, match="even at its FLOP bound; fix: lower --min-throughput"):
-        plan_for(opt, cluster, Goal("cost", min_tokens_per_s=1e12), PlanOptions(time_limit_s=2))
+        plan(opt, cluster, PlanOptions(time_limit_s=2), goal=Goal("cost", min_tokens_per_s=1e12))
     with pytest.raises(PlannerError, match="goal 'money'"):
-        plan_for(opt, cluster, Goal("money"))
+        plan(opt, cluster, goal=Goal("money"))
     with pytest.raises(PlannerError, match="min_tokens_per_s -1"):
-        plan_for(opt, cluster, Goal("cost", min_tokens_per_s=-1))
+        plan(opt, cluster, goal=Goal("cost", min_tokens_per_s=-1))
 
 
 def test_the_goal_needs_node_groups(opt):
     listing = load_cluster(Path(__file__).resolve().parents[2] / "hardware_profiles/clusters/cpu_uneven.yaml")
     with pytest.raises(PlannerError, match="lists meshes that are not whole nodes of one kind"):
-        plan_for(opt, listing, Goal("cost", min_tokens_per_s=1.0))
+        plan(opt, listing, goal=Goal("cost", min_tokens_per_s=1.0))

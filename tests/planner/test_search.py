@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from compiler.ir import Layout
+from ir import Layout
 from planner.search import Candidate, MeshOption, solve
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from compiler.zoo.costing import workload
-from compiler.ir import Layout
+from zoo.costing import workload
+from ir import Layout
 from hardware_profiles import carve, load_cluster
 from planner import api
 from planner.predict import predict

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.zoo.costing import workload
-from compiler.ir import DataParallelPlan, any_plan_to_json
+from zoo.costing import workload
+from ir import DataParallelPlan, any_plan_to_json
 from hardware_profiles import load_cluster
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Link

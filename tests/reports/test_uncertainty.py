@@ -7,7 +7,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from compiler.ir import Layout, Plan, StagePlan
+from ir import Layout, Plan, StagePlan
 from planner.predict import predict
 from reports.uncertainty import PRIOR_FIELD, alternatives_outcomes, prior_alternatives
 from simulator.schedules import generate

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from compiler.zoo.costing import workload
+from zoo.costing import workload
 from hardware_profiles import load_cluster, load_device
 from reports import ReportError, whatif
 from simulator.plan_sim import simulate_plan

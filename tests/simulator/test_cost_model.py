@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from compiler.ir import LayerCost, Layout
+from ir import LayerCost, Layout
 from hardware_profiles import load_device
 from hardware_profiles.types import Link, MeshSpec
 from simulator.cost_model import layer_time

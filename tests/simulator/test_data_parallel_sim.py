@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from compiler.ir import DataParallelPlan, Layout, Plan, StagePlan
+from ir import DataParallelPlan, Layout, Plan, StagePlan
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, Link, NodeGroup, ProfileError
 from simulator.knobs import Knobs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.ir import FragmentRef, ScheduleTable, Timeline, TimelineEvent
+from ir import FragmentRef, ScheduleTable, Timeline, TimelineEvent
 from simulator.engine import simulate
 from simulator.knobs import Knobs
 from simulator.lowering import BoundaryCost, FragmentCost, TailOp, lower_schedule

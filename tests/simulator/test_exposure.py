@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.ir import DataParallelPlan, Layout, Plan, StagePlan, Workload
+from ir import DataParallelPlan, Layout, Plan, StagePlan, Workload
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, NodeGroup
 from simulator import cost_model as cm

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from compiler.ir import LayerCost, Layout, Plan, StagePlan, Workload
+from ir import LayerCost, Layout, Plan, StagePlan, Workload
 from hardware_profiles import load_device
 from hardware_profiles.collectives import all_gather, reduce_scatter, ring_all_reduce
 from hardware_profiles.types import Cluster, Link, MeshSpec, torus_axes_spanned, torus_shape
@@ -145,7 +145,7 @@ def test_hsdp_shards_within_a_node_and_all_reduces_shards_across_nodes():
 
 def test_hsdp_layout_round_trips_through_plan_json():
     plan, _, _ = _setup(Layout(8, 1, fsdp=True, hsdp=2))
-    from compiler.ir import plan_from_json, plan_to_json
+    from ir import plan_from_json, plan_to_json
 
     d = plan_to_json(plan)
     assert d["meshes"]["m"]["layout"] == {"data": 8, "tensor": 1, "fsdp": True, "hsdp": 2}

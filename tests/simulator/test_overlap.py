@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from compiler.ir import Layout
+from ir import Layout
 from planner.predict import predict
 from simulator import cost_model as cm
 from simulator.plan_costs import PlanCosts
@@ -110,7 +110,7 @@ def test_tensor_parallel_overlap_hides_the_traffic_under_the_gemms():
 
 
 def test_tp_overlap_round_trips_through_plan_json_and_prints():
-    from compiler.ir import plan_from_json, plan_to_json
+    from ir import plan_from_json, plan_to_json
     plan, _, _ = _setup(Layout(2, 4, tp_overlap=True))
     doc = plan_to_json(plan)
     assert doc["meshes"]["m"]["layout"]["tp_overlap"] is True

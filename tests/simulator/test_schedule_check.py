@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.ir import FragmentRef
+from ir import FragmentRef
 from simulator.schedules import (SCHEDULES, ScheduleError, dependencies, generate, replay,
                                  validate)
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.ir import FragmentRef
+from ir import FragmentRef
 from simulator.schedules import (SCHEDULES, SPLIT_BACKWARD, ScheduleError, generate, replay,
                                  stages_per_rank, validate)
 

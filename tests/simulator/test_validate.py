@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.ir import LayerCost, Layout, Workload
+from ir import LayerCost, Layout, Workload
 from hardware_profiles import load_device
 from simulator import validate as V
 
@@ -371,7 +371,7 @@ def test_blocking_p2p_holds_the_receivers_compute_stream():
     and the replay agree, and every op starts no earlier than its predecessor's end + recv."""
     import dataclasses
 
-    from compiler.ir import FragmentRef
+    from ir import FragmentRef
     from planner.predict import predict
     from simulator.plan_costs import PlanCosts
     from simulator.plan_sim import plan_program, simulate_plan
@@ -411,7 +411,7 @@ def test_blocking_p2p_holds_the_senders_compute_stream():
     every sending mesh's busy time grows by exactly its sends."""
     import dataclasses
 
-    from compiler.ir import FragmentRef
+    from ir import FragmentRef
     from simulator.plan_costs import PlanCosts
     from simulator.plan_sim import simulate_plan
 

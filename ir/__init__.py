@@ -1,0 +1,30 @@
+"""The plan-level IR: the lingua franca between planner, simulator, compiler and reports.
+
+Frozen dataclasses only; no logic beyond validation and (de)serialization. Units are SI:
+seconds, bytes, FLOP. Every other package speaks these types. It imports nothing from the project
+outside ``ir`` (the guarded plan-file read, which needs ``ir.files`` and the loader, is
+``ir.plan_file``, imported on its own).
+
+- :class:`LayerCost` / :class:`Workload` (``workload.py``): what a model costs, traced from JAX
+  (``zoo.costing``).
+- :class:`FragmentRef` / :class:`ScheduleTable` (``schedule.py``): a pipeline schedule as data,
+  per pipeline rank.
+- :class:`Layout` / :class:`StagePlan` / :class:`Plan` / :class:`DataParallelPlan` (``plan.py``):
+  stage partition + stage-to-mesh assignment + layouts + schedule + predictions.
+- :class:`TimelineEvent` / :class:`Timeline` (``timeline.py``): what ran where and when.
+- ``plan_json.py``: plans as JSON documents and back.
+"""
+
+from ir.errors import IRError
+from ir.plan import DataParallelPlan, Layout, Plan, StagePlan
+from ir.plan_json import (PLAN_FORMAT, any_plan_to_json, data_parallel_from_json,
+                          data_parallel_to_json, plan_from_json, plan_to_json,
+                          schedule_to_json)
+from ir.schedule import KINDS, FragmentRef, ScheduleTable
+from ir.timeline import Timeline, TimelineEvent
+from ir.workload import LayerCost, Workload
+
+__all__ = ["KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentRef", "IRError", "LayerCost",
+           "Layout", "Plan", "ScheduleTable", "StagePlan", "Timeline", "TimelineEvent", "Workload",
+           "any_plan_to_json", "data_parallel_from_json", "data_parallel_to_json",
+           "plan_from_json", "plan_to_json", "schedule_to_json"]

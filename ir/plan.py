@@ -1,0 +1,168 @@
+"""A plan: the stage partition, stage-to-mesh assignment, per-mesh layouts, schedule and predictions
+(:class:`Plan`), and heterogeneous data parallel over several pipelines (:class:`DataParallelPlan`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ir.errors import IRError
+from ir.schedule import FragmentRef, ScheduleTable
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A mesh's SPMD layout: data-parallel x tensor-parallel degrees (product = devices).
+
+    ``fsdp``: the data axis also shards parameters, gradients and optimizer state (ZeRO stage 3 /
+    fully sharded data parallel), gathering each layer's parameters before use.
+
+    ``hsdp`` (with ``fsdp``): hybrid sharded data parallel (PyTorch FSDP ``HYBRID_SHARD``; MaxText's
+    ``dcn_data_parallelism`` over ``ici_fsdp_parallelism``): the data axis is ``hsdp`` replicas
+    of ``data / hsdp`` devices each; a replica shards parameters, gradients and optimizer state,
+    and the replicas all-reduce their gradient shards (typically across TPU slices or nodes).
+
+    ``tp_overlap``: the tensor-parallel collectives run beside the GEMMs that produce and consume
+    them instead of between them (Megatron-LM / Transformer Engine ``--tp-comm-overlap`` with
+    userbuffers, Wang et al., "Overlap Communication with Dependent Computation via Decomposition
+    in Large Deep Learning Models", ASPLOS 2023; XLA's collective matmul on TPU), so a layer
+    takes the longer of its compute and its tensor-parallel traffic, slowed by the interference
+    of the two (:func:`simulator.cost_model.overlapped`). False: they sit on the critical path.
+    """
+
+    data: int
+    tensor: int
+    fsdp: bool = False
+    hsdp: int = 1
+    tp_overlap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.hsdp < 1 or self.data % self.hsdp or (self.hsdp > 1 and not self.fsdp):
+            raise ValueError(f"Layout(data={self.data}, hsdp={self.hsdp}, fsdp={self.fsdp}): hsdp "
+                             f"must divide data and needs fsdp; use hsdp=1 or fsdp=True")
+
+    @property
+    def shard(self) -> int:
+        """Devices one parameter is sharded over: ``data / hsdp`` with fsdp, else 1."""
+        return self.data // self.hsdp if self.fsdp else 1
+
+    def __str__(self) -> str:
+        return (f"dp{self.data}xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
+                + (f"x{self.hsdp}" if self.hsdp > 1 else "")
+                + ("-tpo" if self.tp_overlap and self.tensor > 1 else ""))
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """Stage ``index`` runs layers ``[first, last)`` of the workload on mesh ``mesh``."""
+
+    index: int
+    first: int
+    last: int
+    mesh: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A complete MPMD plan, as written to plan.json (see ``ir/plan.schema.json``).
+
+    Attributes:
+        model / cluster: what was planned, by name (and the cluster file's path).
+        stages: contiguous layer ranges in pipeline order, each on a mesh.
+        layouts: mesh name -> layout, for every mesh the plan uses.
+        schedule: the schedule table; ``rank_mesh[r]`` is the mesh of pipeline rank r.
+        rank_mesh: mesh of each pipeline rank.
+        merge_last_stage: whether the last stage's F and B of a microbatch form one fragment.
+        global_batch / seq_len: the workload's shape.
+        predicted: metrics predicted by the planner (seconds, bytes, fractions).
+        solver: status, objective, bound, gap, wall_s of the CP-SAT search.
+    """
+
+    model: str
+    cluster: str
+    stages: tuple[StagePlan, ...]
+    layouts: Mapping[str, Layout]
+    schedule: ScheduleTable
+    rank_mesh: tuple[str, ...]
+    merge_last_stage: bool
+    global_batch: int
+    seq_len: int
+    predicted: Mapping[str, Any] = field(default_factory=dict)
+    solver: Mapping[str, Any] = field(default_factory=dict)
+    cluster_path: str = ""
+    devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    """mesh name -> (device profile id, number of devices), for readers without the cluster."""
+    grad_sync: str = "step"
+    """When data-parallel gradients are all-reduced: ``"step"`` (once, at the end of the step, as
+    Megatron-LM and DDP bucketing do) or ``"microbatch"`` (inside every backward fragment, as a
+    program whose backward returns replicated gradients for each microbatch does)."""
+    recompute: Mapping[str, bool] = field(default_factory=dict)
+    """mesh name -> whether its stages recompute activations in the backward (full activation
+    checkpointing: a forward keeps only each layer's input; the backward reruns the forward)."""
+    carving: tuple[Mapping[str, int], ...] = ()
+    """For a cluster described as node groups: how the planner cut each group into the plan's
+    meshes, one ``{"group", "nodes", "nodes_per_mesh", "meshes_per_node"}`` per group used
+    (``hardware_profiles.carve.GroupShape``); empty when the cluster file lists its meshes."""
+    schedules: tuple[Mapping[str, Any], ...] = ()
+    """The candidate table: every (schedule, microbatches) the search replayed for the chosen
+    shape, ``{"schedule", "microbatches", "step_time_s" (None: did not fit)}``, best first."""
+
+    @property
+    def replicas(self) -> Mapping[str, int]:
+        """Mesh name -> pipeline replicas it carries: the nodes its data axis spans (1 for meshes
+        inside one node or a cluster file's meshes)."""
+        out = {}
+        for shape in self.carving:
+            for j in range(shape["nodes"] // shape["nodes_per_mesh"] * shape["meshes_per_node"]):
+                out[f"{shape['group']}.{j}"] = shape["nodes_per_mesh"]
+        return {m: out.get(m, 1) for m in self.rank_mesh}
+
+    @property
+    def microbatches(self) -> int:
+        return self.schedule.microbatches
+
+    def mesh_order(self, mesh: str) -> tuple[FragmentRef, ...]:
+        return self.schedule.order[self.rank_mesh.index(mesh)]
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelPlan:
+    """Heterogeneous data parallelism: independent pipelines (``parts``, each a :class:`Plan` on
+    its own meshes, typically one device kind each) that take uneven shares of the global batch
+    (each part's ``global_batch``, in whole microbatches), with gradients all-reduced across the
+    parts at the end of the step, before the optimizer (Metis, Um et al. ATC'24; HetHub).
+
+    Attributes:
+        parts: the pipelines; their batch shares sum to ``global_batch``.
+        sync_link / sync_bytes / sync_s: the cross-part gradient all-reduce: the narrowest link
+            between parts, the fp32 gradient bytes, and its seconds (ring over the parts).
+        reason: why the planner chose this over one mixed pipeline or fewer kinds (one line).
+    """
+
+    model: str
+    cluster: str
+    global_batch: int
+    seq_len: int
+    parts: tuple[Plan, ...]
+    sync_link: str
+    sync_bytes: float
+    sync_s: float
+    predicted: Mapping[str, Any] = field(default_factory=dict)
+    solver: Mapping[str, Any] = field(default_factory=dict)
+    cluster_path: str = ""
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise IRError("DataParallelPlan has no parts")
+        total = sum(p.global_batch for p in self.parts)
+        if total != self.global_batch:
+            raise IRError(f"DataParallelPlan: batch shares {[p.global_batch for p in self.parts]} sum to "
+                          f"{total}, not the global batch {self.global_batch}")
+        meshes = [m for p in self.parts for m in p.rank_mesh]
+        if len(set(meshes)) != len(meshes):
+            raise IRError("DataParallelPlan: two parts share a mesh; each part needs its own meshes")
+
+    @property
+    def carving(self) -> tuple[Mapping[str, int], ...]:
+        return tuple(c for p in self.parts for c in p.carving)

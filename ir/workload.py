@@ -1,0 +1,121 @@
+"""What a model costs: :class:`LayerCost` per unique fragment body and the :class:`Workload` of a model
+(traced from JAX by ``zoo.costing``). Units are SI: seconds, bytes, FLOP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ir.errors import IRError
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """The cost of one unique fragment body (a named computation), traced from XLA.
+
+    All ``*_per_sample`` figures are per sequence (one sample of ``seq_len`` tokens) and scale
+    linearly with the microbatch size; ``*_fixed`` figures do not depend on it (weights read once).
+
+    Attributes:
+        name: the named computation, e.g. ``"decoder_block"``.
+        fwd_flops_per_sample: forward FLOP for one sample (XLA ``cost_analysis()['flops']``).
+        bwd_flops_per_sample: whole backward (input + weight gradient) FLOP for one sample.
+        bwd_input_flops_per_sample: the input-gradient part of the backward (B of zero-bubble);
+            the weight-gradient part (W) is ``bwd_flops_per_sample - bwd_input_flops_per_sample``.
+        fwd_bytes_fixed / fwd_bytes_per_sample: bytes accessed by the forward, split into the part
+            independent of the batch (weights) and the per-sample part.
+        bwd_bytes_fixed / bwd_bytes_per_sample: the same for the backward.
+        param_count: parameters of this layer.
+        param_bytes: bytes of those parameters in the compute dtype.
+        activation_bytes_per_sample: bytes of the layer's output (what a stage boundary transfers).
+        residual_bytes_per_sample: bytes the forward keeps for the backward, parameters excluded.
+        tp_allreduce_bytes_per_sample: bytes all-reduced over the tensor-parallel axis per forward
+            (Megatron layout; the backward all-reduces the same amount), 0 for no tensor parallel.
+        fwd_other_bytes_per_sample / bwd_other_bytes_per_sample / bwd_input_other_bytes_per_sample:
+            HBM bytes of the ops other than matmuls and the attention core (norms, activations,
+            residual adds, loss), counted unfused (every op reads its operands and writes its
+            result), in the forward, the whole backward and the input-gradient part B; the cost
+            model charges a device-specific fraction of them as memory-bound time outside the
+            roofline (see ``simulator.cost_model.layer_time``). 0 when not traced.
+    """
+
+    name: str
+    fwd_flops_per_sample: float
+    bwd_flops_per_sample: float
+    bwd_input_flops_per_sample: float
+    fwd_bytes_fixed: float
+    fwd_bytes_per_sample: float
+    bwd_bytes_fixed: float
+    bwd_bytes_per_sample: float
+    param_count: int
+    param_bytes: float
+    activation_bytes_per_sample: float
+    residual_bytes_per_sample: float
+    tp_allreduce_bytes_per_sample: float
+    fwd_other_bytes_per_sample: float = 0.0
+    bwd_other_bytes_per_sample: float = 0.0
+    bwd_input_other_bytes_per_sample: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in ("fwd_flops_per_sample", "bwd_flops_per_sample", "bwd_input_flops_per_sample",
+                  "fwd_bytes_fixed", "fwd_bytes_per_sample", "bwd_bytes_fixed",
+                  "bwd_bytes_per_sample", "param_bytes", "activation_bytes_per_sample",
+                  "residual_bytes_per_sample", "tp_allreduce_bytes_per_sample",
+                  "fwd_other_bytes_per_sample", "bwd_other_bytes_per_sample",
+                  "bwd_input_other_bytes_per_sample"):
+            v = getattr(self, f)
+            if not v >= 0:
+                raise IRError(f"LayerCost {self.name!r}: {f}={v!r} must be >= 0")
+        if self.bwd_input_flops_per_sample > self.bwd_flops_per_sample:
+            raise IRError(f"LayerCost {self.name!r}: input-gradient FLOP exceed the backward's")
+        if self.bwd_input_other_bytes_per_sample > self.bwd_other_bytes_per_sample:
+            raise IRError(f"LayerCost {self.name!r}: input-gradient other bytes exceed the backward's")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A model's step, as a sequence of layers (each an instance of a unique :class:`LayerCost`).
+
+    Attributes:
+        model: zoo name, e.g. ``"llama3-70b"``.
+        layers: the layer sequence in program order, as names into ``costs`` (length L).
+        costs: unique fragment bodies by name.
+        seq_len: tokens per sample.
+        global_batch: samples per step.
+        training: True for a training step (forward, backward, optimizer), False for forward only.
+        dtype_bytes: bytes per element of the compute dtype (2 for bfloat16).
+        source: citation of the model's published config.
+    """
+
+    model: str
+    layers: tuple[str, ...]
+    costs: Mapping[str, LayerCost]
+    seq_len: int
+    global_batch: int
+    training: bool = True
+    dtype_bytes: int = 2
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise IRError(f"Workload {self.model!r} has no layers")
+        missing = sorted({n for n in self.layers if n not in self.costs})
+        if missing:
+            raise IRError(f"Workload {self.model!r}: layers {missing} have no LayerCost")
+        if self.seq_len <= 0 or self.global_batch <= 0:
+            raise IRError(f"Workload {self.model!r}: seq_len and global_batch must be positive")
+
+    def layer(self, i: int) -> LayerCost:
+        return self.costs[self.layers[i]]
+
+    @property
+    def param_count(self) -> int:
+        return sum(self.costs[n].param_count for n in self.layers)
+
+    @property
+    def step_flops(self) -> float:
+        """Model FLOP of one step (forward, plus backward when training), no recomputation."""
+        per = sum(self.costs[n].fwd_flops_per_sample
+                  + (self.costs[n].bwd_flops_per_sample if self.training else 0.0)
+                  for n in self.layers)
+        return per * self.global_batch

@@ -1,0 +1,424 @@
+"""Calibrate a device profile and a cluster of local JAX devices by timing real fragments.
+
+What is measured (median of ``repeats`` runs each, ``block_until_ready`` for honest timing):
+
+- **fragments**: forward and backward (``jax.vjp``; the backward consumes the forward's residuals)
+  of the zoo's llama layers (``embed``, ``block``, ``head`` of :mod:`zoo.decoder`) at a few
+  microbatch sizes, on one mesh of ``devices_per_mesh`` devices under each layout plans use
+  (:mod:`runtime.calibration.layouts`: data parallel, Megatron tensor parallel, FSDP), so the
+  collectives inside fragments (gradient all-reduce, activation all-reduce, parameter all-gather,
+  gradient reduce-scatter) are timed where they really run. Each fragment's per-device FLOP and bytes are the ones the
+  simulator charges for it (:func:`runtime.calibration.layouts.layout_costs`: the ``zoo.costing`` workload of llama-tiny
+  through ``simulator.cost_model.layer_time``'s formulas), so the fitted rate reproduces the measured
+  times *through the simulator's own costing*. (XLA:CPU's ``bytes accessed`` counts several times
+  the workload's fused-roofline bytes; a bandwidth fitted to it would be applied to the workload's
+  smaller figure and make every memory-heavy fragment look too fast.)
+- **fragment overhead**: the runtime's cost per step, from :func:`compiler.runtime.run_program`
+  running many one-element calls.
+- **memory bandwidth**: a memory-bound fragment (``a + b`` over 64 MiB per device) on the mesh.
+- **links**: ``jax.device_put`` between the meshes' shardings (bandwidth from a 16 MiB value,
+  latency from a 4-byte one), and between the two devices of one mesh (the intra-mesh link).
+- **host sharing**: ``k`` equal fragments on ``k`` different meshes dispatched together versus one
+  after the other; ``host_slots`` is that speed-up rounded down (at least 1). The runtime times one
+  step at a time (see :mod:`compiler.runtime`), and XLA's CPU runtime already spreads one fragment
+  over all cores, so concurrent meshes on one host buy little.
+
+Fit (:mod:`runtime.calibration.fit`): the cost model's fragment time is
+``overhead + max(flops / F, bytes / B)`` per device, or the sum for a profile with
+``roofline: sum`` (``simulator.cost_model``); both are fitted and the better kept. ``B`` is the
+memory-bound fragment's rate; ``F`` (and the backward's rate with its gradient all-reduce)
+minimise the squared error in seconds over the measured fragments. Efficiencies are the rates over
+the profile's nominal peaks (see :func:`nominal_peaks`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from runtime.calibration.fit import (LAYER_BODY, Calibration, CalibrationError, FragmentTiming,
+                                     HostInfo, cpu_model, fit_additive, fit_backward,
+                                     fit_calibration, fit_flops, grad_bytes, model_seconds,
+                                     nominal_peaks, read_host)
+from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
+from compiler.runtime import run_program
+from rich.console import Console
+from rich.table import Table
+from runtime.calibration.files import check_writable, profile_paths, write_profiles
+from runtime.calibration.layouts import layout_costs, layout_of, LAYOUTS
+from runtime.train.layouts import batch_spec, layout_mesh, param_spec
+from zoo.config import get_config
+from zoo.decoder import block_fn, block_shapes, embed_fn, embed_shapes, head_fn, head_shapes
+from zoo.layers import init_from_shapes
+
+Progress = Callable[[str], None]
+
+__all__ = ["Calibration", "CalibrationError", "FragmentTiming", "HostInfo", "LAYER_BODY", "calibrate",
+           "calibrate_command", "fit_additive", "fit_backward", "fit_flops", "grad_bytes", "local_meshes",
+           "measure_allreduce", "measure_bandwidth", "measure_concurrency", "measure_fragments",
+           "fit_calibration", "measure_link", "measure_overhead", "measure_runtime_concurrency",
+           "measure_stream", "print_calibration",
+           "model_seconds", "nominal_peaks", "read_host", "time_call"]
+
+
+# --------------------------------------------------------------------------- timing helpers
+def _block(x: Any) -> None:
+    for leaf in jax.tree.leaves(x):
+        if hasattr(leaf, "block_until_ready"):
+            leaf.block_until_ready()
+
+
+def time_call(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int = 2) -> float:
+    """Median seconds of ``fn(*args)`` until ready, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        _block(fn(*args))
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        _block(fn(*args))
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def _cost(compiled: Any) -> tuple[float, float]:
+    ca = compiled.cost_analysis()
+    if isinstance(ca, (list, tuple)):
+        ca = ca[0]
+    return float(ca.get("flops", 0.0)), float(ca.get("bytes accessed", 0.0))
+
+
+def local_meshes(num_meshes: int, devices_per_mesh: int, axis: str = "data") -> list[Mesh]:
+    """``num_meshes`` meshes of consecutive local devices, one axis each.
+
+    Raises:
+        CalibrationError: fewer than ``num_meshes * devices_per_mesh`` devices.
+    """
+    devs = jax.devices()
+    need = num_meshes * devices_per_mesh
+    if len(devs) < need:
+        raise CalibrationError(f"calibration needs {need} devices, JAX has {len(devs)}; set "
+                               f"jax.config.update('jax_num_cpu_devices', {need}) before using JAX")
+    return [Mesh(np.array(devs[i * devices_per_mesh:(i + 1) * devices_per_mesh]), (axis,))
+            for i in range(num_meshes)]
+
+
+# --------------------------------------------------------------------------- measurements
+def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: str = "llama-tiny",
+                      repeats: int = 5, progress: Progress | None = None,
+                      layout: str = "dp") -> list[FragmentTiming]:
+    """Time F and B of the zoo model's embed, block and head layers on ``mesh``'s devices under
+    ``layout`` (``"dp"``: batch split, parameters replicated; ``"tp"``: Megatron tensor parallel;
+    ``"fsdp"``: batch and parameters split; the shardings ``mpmd run`` gives them,
+    :mod:`runtime.train.layouts`).
+
+    ``progress`` (if given) is told each fragment before it is timed: ``"block B, 4 samples
+    (8 of 18)"``.
+    """
+    cfg = get_config(model)
+    lay = layout_of(layout, mesh.devices.size)
+    mesh = layout_mesh(list(mesh.devices.flat), lay)
+    bat = NamedSharding(mesh, batch_spec(lay))
+    key = jax.random.PRNGKey(0)
+
+    def placed(shapes: dict) -> dict:
+        vals = init_from_shapes(shapes, cfg.jnp_dtype, key)
+        return {k: jax.device_put(v, NamedSharding(mesh, param_spec(cfg, k, tuple(v.shape), lay)))
+                for k, v in vals.items()}
+    params = {n: placed(s(cfg))
+              for n, s in (("embed", embed_shapes), ("block", block_shapes), ("head", head_shapes))}
+    out: list[FragmentTiming] = []
+    total, done = 2 * 3 * len(samples), 0
+
+    def tell(name: str, kind: str, b: int) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(f"{name} {kind}, {b} samples ({done} of {total})")
+
+    for b in samples:
+        tok = jax.device_put(jnp.zeros((b, cfg.seq_len), jnp.int32), bat)
+        x = jax.device_put(jnp.ones((b, cfg.seq_len, cfg.hidden), cfg.jnp_dtype) * 0.1, bat)
+        layers = {
+            "embed": (lambda p, t: embed_fn(cfg)(p, t), (params["embed"], tok), (0,)),
+            "block": (lambda p, h: block_fn(cfg)(p, h), (params["block"], x), (0, 1)),
+            "head": (lambda p, h: head_fn(cfg)(p, h, tok), (params["head"], x), (0, 1)),
+        }
+        for name, (fn, args, diff) in layers.items():
+            tell(name, "F", b)
+            fwd = jax.jit(fn)
+            f_flops, f_bytes = _cost(fwd.lower(*args).compile())
+            out.append(FragmentTiming(name, "F", b, f_flops, f_bytes,
+                                      time_call(fwd, *args, repeats=repeats), layout))
+
+            def fwd_vjp(*a, fn=fn, diff=diff):
+                d = [a[i] for i in diff]
+
+                def g(*dd):
+                    full = list(a)
+                    for i, v in zip(diff, dd):
+                        full[i] = v
+                    return fn(*full)
+                return jax.vjp(g, *d)
+
+            tell(name, "B", b)
+            y, vjp_fn = jax.jit(fwd_vjp)(*args)
+            ct = jnp.ones_like(y)
+            bwd = jax.jit(lambda f, c: f(c))
+            b_flops, b_bytes = _cost(bwd.lower(vjp_fn, ct).compile())
+            out.append(FragmentTiming(name, "B", b, b_flops, b_bytes,
+                                      time_call(bwd, vjp_fn, ct, repeats=repeats), layout))
+    return out
+
+
+def measure_overhead(mesh: Mesh, calls: int = 200) -> float:
+    """Seconds per step of :func:`compiler.runtime.run_program` for one-element calls on ``mesh``."""
+    rep = NamedSharding(mesh, P())
+    fn = jax.jit(lambda a: (a + 1.0,))
+    steps = tuple(Call("inc", f"c{i}", "F", 0, i, (f"v{i}",), (f"v{i + 1}",)) for i in range(calls))
+    prog = ExportedProgram({"m": MeshProgram("m", steps)}, {"inc": Executable("inc", "m", fn)},
+                           (("v0", "m", rep),), ((f"v{calls}", "m"),))
+    x = jnp.zeros((1,), jnp.float32)
+    run_program(prog, (x,))
+    walls = [run_program(prog, (x,)).wall_s / calls for _ in range(3)]
+    return statistics.median(walls)
+
+
+def measure_bandwidth(mesh: Mesh, mib_per_device: int = 64, repeats: int = 5
+                      ) -> tuple[float, float]:
+    """(bytes per device, seconds) of a memory-bound ``a + b`` fragment on ``mesh``."""
+    n = mesh.devices.size * mib_per_device * 2**20 // 4
+    sh = NamedSharding(mesh, P(mesh.axis_names[0]))
+    a = jax.device_put(jnp.ones((n,), jnp.float32), sh)
+    b = jax.device_put(jnp.ones((n,), jnp.float32), sh)
+    f = jax.jit(lambda a, b: a + b)
+    _, nbytes = _cost(f.lower(a, b).compile())
+    return nbytes, time_call(f, a, b, repeats=repeats)
+
+
+def measure_stream(mib: int = 256, repeats: int = 5) -> float:
+    """The host's copy bandwidth (bytes read + written per second) with numpy, B/s."""
+    a = np.ones(mib * 2**20 // 8)
+    b = np.empty_like(a)
+    t = time_call(lambda: np.copyto(b, a), repeats=repeats)
+    return 2 * a.nbytes / t
+
+
+def measure_link(src: Any, dst: Any, big_mib: int = 16, repeats: int = 5) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of ``jax.device_put`` from sharding ``src`` to ``dst``."""
+    small = jax.device_put(jnp.zeros((1,), jnp.float32), src)
+    lat = time_call(lambda: jax.device_put(small, dst), repeats=repeats * 4)
+    big = jax.device_put(jnp.ones((big_mib * 2**20 // 4,), jnp.float32), src)
+    t = time_call(lambda: jax.device_put(big, dst), repeats=repeats)
+    return big.nbytes / max(t - lat, 1e-9), lat
+
+
+def measure_allreduce(mesh: Mesh, big_mib: int = 16, repeats: int = 5) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of the link inside ``mesh`` as its all-reduce sees it.
+
+    Times XLA's all-reduce of a ``big_mib`` MiB buffer per device (a sum over the ``data`` axis
+    into a replicated result, the collective a data-parallel backward runs) and of a 4-byte one,
+    and inverts the ring model the simulator charges (``hardware_profiles.collectives``):
+    ``t = 2 (n-1) latency + 2 (n-1)/n bytes / bandwidth``.
+    """
+    n = mesh.devices.size
+    axis = mesh.axis_names[0]
+    f = jax.jit(lambda x: x.sum(0), out_shardings=NamedSharding(mesh, P()))
+
+    def timed(elems: int) -> float:
+        x = jax.device_put(jnp.ones((n, elems), jnp.float32), NamedSharding(mesh, P(axis)))
+        return time_call(f, x, repeats=repeats)
+
+    small, big = timed(1), timed(big_mib * 2**20 // 4)
+    steps = 2 * (n - 1)
+    latency = small / steps
+    bandwidth = (steps / n) * big_mib * 2**20 / max(big - small, 1e-9)
+    return bandwidth, latency
+
+
+def measure_concurrency(meshes: Sequence[Mesh], samples: int = 4, repeats: int = 5) -> float:
+    """Speed-up of ``len(meshes)`` equal block forwards dispatched together over one at a time."""
+    cfg = get_config("llama-tiny")
+    fn = jax.jit(block_fn(cfg))
+    args = []
+    for m in meshes:
+        rep, bat = NamedSharding(m, P()), NamedSharding(m, P(m.axis_names[0]))
+        p = jax.device_put(init_from_shapes(block_shapes(cfg), cfg.jnp_dtype, jax.random.PRNGKey(0)), rep)
+        x = jax.device_put(jnp.ones((samples, cfg.seq_len, cfg.hidden), cfg.jnp_dtype), bat)
+        args.append((p, x))
+
+    def serial():
+        for a in args:
+            _block(fn(*a))
+
+    def together():
+        _block([fn(*a) for a in args])
+
+    return time_call(serial, repeats=repeats) / time_call(together, repeats=repeats)
+
+
+def measure_runtime_concurrency(meshes: Sequence[Mesh], fragments: int = 6, samples: int = 2
+                                ) -> float:
+    """Fragments the runtime keeps running at once on average: busy time summed over meshes / wall.
+
+    Runs ``fragments`` independent block forwards on each of ``meshes`` through
+    :func:`compiler.runtime.run_program` (recorded, as ``mpmd run`` does).
+    """
+    cfg = get_config("llama-tiny")
+    p0 = init_from_shapes(block_shapes(cfg), cfg.jnp_dtype, jax.random.PRNGKey(0))
+    leaves, tree = jax.tree.flatten(p0)
+    n = len(leaves)
+    fn = jax.jit(lambda *a: (block_fn(cfg)(jax.tree.unflatten(tree, a[:n]), a[n]),))
+    progs, execs, inputs, outputs, args = {}, {}, [], [], []
+    x0 = jnp.ones((samples, cfg.seq_len, cfg.hidden), cfg.jnp_dtype) * 0.1
+    for i, m in enumerate(meshes):
+        name = f"m{i}"
+        pn = tuple(f"p{i}.{j}" for j in range(n))
+        execs[name] = Executable(name, name, fn)
+        progs[name] = MeshProgram(name, tuple(
+            Call(name, f"F{i}.{k}", "F", i, k, pn + (f"x{i}.{k}",), (f"x{i}.{k + 1}",))
+            for k in range(fragments)))
+        inputs += [(v, name, NamedSharding(m, P())) for v in pn]
+        inputs.append((f"x{i}.0", name, NamedSharding(m, P(m.axis_names[0]))))
+        outputs.append((f"x{i}.{fragments}", name))
+        args += list(leaves) + [x0]
+    prog = ExportedProgram(progs, execs, tuple(inputs), tuple(outputs))
+    run_program(prog, args)
+    ex = run_program(prog, args)
+    busy = sum(e.duration_s for e in ex.timeline.events)
+    return busy / ex.wall_s
+
+
+CALIBRATION_STEPS = ("fragments", "fragment overhead", "memory bandwidth", "host copy bandwidth",
+                     "all-reduce inside a mesh", "link between meshes", "XLA concurrency",
+                     "runtime concurrency")
+
+
+def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
+              samples: Sequence[int] = (2, 4, 8), repeats: int = 5,
+              progress: Progress | None = None) -> Calibration:
+    """Run every measurement on the local devices and fit the profile (see the module docstring).
+
+    Args:
+        host: this machine's cores, CPU description, memory and date (:func:`read_host`, read once
+            by the caller): the nominal peak and the files' host figures come from it, not from
+            the machine.
+        progress: told each step before it runs, ``"[3/8] memory bandwidth"`` (and each fragment:
+            ``"[1/8] fragments: block B, 4 samples (8 of 18)"``).
+
+    Raises:
+        CalibrationError: too few devices.
+    """
+    n = len(CALIBRATION_STEPS)
+
+    def step(i: int, what: str = "") -> None:
+        if progress:
+            progress(f"[{i + 1}/{n}] {CALIBRATION_STEPS[i]}{': ' + what if what else ''}")
+
+    meshes = local_meshes(num_meshes, devices_per_mesh)
+    step(0)
+    timed: list[FragmentTiming] = []
+    for lay in LAYOUTS:     # data parallel, tensor parallel, FSDP: the layouts plans run
+        timed += measure_fragments(meshes[0], samples, repeats=repeats, layout=lay,
+                                   progress=lambda m, lay=lay: step(0, f"{lay} {m}"))
+    frags = layout_costs(timed, devices_per_mesh)
+    step(1)
+    overhead = measure_overhead(meshes[0])
+    step(2)
+    nbytes, t_mem = measure_bandwidth(meshes[0], repeats=repeats)
+    achievable_bw = nbytes / max(t_mem - overhead, 1e-9)
+    step(3)
+    stream = measure_stream(repeats=repeats) / devices_per_mesh
+    step(4)
+    intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
+    fit = fit_calibration(frags, overhead, achievable_bw, devices_per_mesh, intra_lat)
+    peak, peak_src, _ = nominal_peaks(devices_per_mesh, host.cores, host.cpuinfo)
+    rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
+    step(5)
+    link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
+    step(6)
+    speed = measure_concurrency(meshes[:2], repeats=repeats)
+    step(7)
+    achieved = measure_runtime_concurrency(meshes[:2])
+    return Calibration(
+        peak_flops=peak, achievable_flops=fit["achievable_flops"],
+        memory_bandwidth=max(stream, achievable_bw),
+        achievable_bandwidth=achievable_bw, fragment_overhead=overhead, link_bandwidth=link_bw,
+        link_latency=link_lat, intra_bandwidth=min(fit["allreduce_bandwidth"], intra_bw),
+        intra_latency=intra_lat, standalone_allreduce_bandwidth=intra_bw,
+        roofline=fit["roofline"], roofline_errors=fit["roofline_errors"],
+        concurrency_speedup=speed, runtime_concurrency=achieved,
+        backward_efficiency=fit["backward_efficiency"],
+        host_slots=max(1, int(round(achieved))),
+        devices_per_mesh=devices_per_mesh, cores=host.cores, fragments=tuple(frags),
+        fit_rel_error=fit["rel_error"], date=host.date, peak_source=peak_src,
+        memory_bytes=host.memory_bytes, host_devices=len(jax.devices()),
+        cpu_model=cpu_model(host.cpuinfo))
+
+
+def print_calibration(cal: Calibration, console: Any) -> None:
+    """The fragment table (measured against the fitted model) and a one-paragraph summary."""
+    t = Table(title="fragment timings (per device of a mesh)")
+    for c in ("layout", "layer", "kind", "samples", "GFLOP", "MB", "measured ms", "model ms"):
+        t.add_column(c, justify="right")
+    for f in cal.fragments:
+        t.add_row(f.layout, f.layer, f.kind, str(f.samples), f"{f.flops / 1e9:.3f}", f"{f.bytes / 1e6:.2f}",
+                  f"{f.seconds * 1e3:.3f}", f"{model_seconds(cal, f) * 1e3:.3f}")
+    console.print(t)
+    console.print(
+        f"achievable {cal.achievable_flops / 1e9:.2f} GFLOP/s/device (efficiency "
+        f"{cal.matmul_efficiency:.3f}), {cal.achievable_bandwidth / 1e9:.2f} GB/s/device "
+        f"(efficiency {cal.memory_efficiency:.3f}), overhead {cal.fragment_overhead * 1e6:.1f} us, "
+        f"link {cal.link_bandwidth / 1e9:.2f} GB/s + {cal.link_latency * 1e6:.1f} us, host_slots "
+        f"{cal.host_slots} (runtime concurrency {cal.runtime_concurrency:.2f}, XLA concurrency "
+        f"speed-up {cal.concurrency_speedup:.2f}), fit error {cal.fit_rel_error:.3f} (roofline "
+        + ", ".join(f"{k} {e:.3f}" for k, e in cal.roofline_errors) + f": {cal.roofline})")
+
+
+def calibrate_command(out: str = "calibrated", *, device_out: str | None = None,
+                      cluster_out: str | None = None, repeats: int = 5, write: bool = True,
+                      console: Any = None, host: HostInfo | None = None) -> Calibration:
+    """``mpmd calibrate --out DIR``: measure (with a progress line), fit, print a table and (by
+    default) write ``DIR/cpu-host.yaml`` and ``DIR/cpu4x2.yaml``, the cluster naming its device
+    ``cpu-host.yaml`` (:func:`runtime.calibration.files.profile_paths`; ``device_out`` /
+    ``cluster_out`` replace either path, e.g. to refresh the bundled files).
+
+    The host (cores, /proc/cpuinfo, memory, date) is read here, once (:func:`read_host`), unless
+    ``host`` is given.
+
+    Raises:
+        CalibrationError: too few devices; an output path that cannot be written (checked
+            before measuring).
+    """
+    console = console or Console()
+    device_path, cluster_path = profile_paths(out, device_out, cluster_out)
+    if write:
+        check_writable(device_path, cluster_path)
+    host = host or read_host()
+    shown: list[str] = []
+
+    def progress(msg: str, status: Any) -> None:
+        status.update(f"calibrating: {msg}")
+        step = msg.partition(":")[0]
+        if not console.is_terminal and step not in shown:   # no spinner in a log: one line a step
+            shown.append(step)
+            console.print(f"calibrating: {step}", highlight=False)
+
+    with console.status("calibrating") as status:
+        cal = calibrate(host, repeats=repeats, progress=lambda m: progress(m, status))
+    print_calibration(cal, console)
+    if write:
+        write_profiles(cal, device_path, cluster_path)
+        console.print(f"wrote {device_path} and {cluster_path}; plan with --cluster {cluster_path}",
+                      highlight=False)
+    return cal
+
+
+if __name__ == "__main__":  # python -m runtime.calibration.measure
+    jax.config.update("jax_num_cpu_devices", 8)
+    calibrate_command()

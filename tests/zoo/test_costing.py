@@ -1,0 +1,137 @@
+"""Tests of the workload costing: FLOPs against the analytic count, linear fits, the contract."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from zoo import costing
+import zoo
+from ir import Workload
+from zoo import ZooError
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "gpt3-175b"])
+def test_traced_training_flops_match_analytic(name):
+    w = costing.workload(name, global_batch=4)
+    cfg = zoo.get_config(name)
+    per_sample = sum(w.costs[n].fwd_flops_per_sample + w.costs[n].bwd_flops_per_sample
+                     for n in w.layers)
+    analytic = costing.analytic_training_flops(cfg, 4 * cfg.seq_len)
+    assert per_sample * 4 == pytest.approx(w.step_flops, rel=1e-12)
+    assert abs(w.step_flops / analytic - 1) < 0.05, w.step_flops / analytic
+    assert abs(w.param_count - zoo.param_count(cfg, unique=False)) == 0
+
+
+def test_workload_shape_and_contract():
+    w = costing.workload("llama3-8b", 16)
+    assert isinstance(w, Workload)
+    assert w.layers == ("embed", *["decoder_block"] * 32, "head")
+    assert (w.seq_len, w.global_batch, w.training, w.dtype_bytes) == (8192, 16, True, 2)
+    assert "Llama 3" in w.source
+    blk = w.costs["decoder_block"]
+    assert blk.activation_bytes_per_sample == 8192 * 4096 * 2
+    assert blk.tp_allreduce_bytes_per_sample == 2 * 8192 * 4096 * 2
+    assert w.costs["embed"].tp_allreduce_bytes_per_sample == 8192 * 4096 * 2
+    # SwiGLU (3.5h inner, three saved tensors) keeps a little more than GPT's 34 s h
+    assert 34 * 8192 * 4096 < blk.residual_bytes_per_sample < 40 * 8192 * 4096
+    assert blk.param_bytes == blk.param_count * 2
+    assert blk.fwd_bytes_fixed == pytest.approx(blk.param_bytes, rel=0.01)   # weights read once
+
+
+def test_gpt3_residuals_match_megatron_34sh():
+    # Korthikanti et al. 2022 ("Reducing Activation Recomputation"), eq. 1 with flash attention
+    # (no 5 a s / h term) and no dropout: 34 s h bytes per layer per sample in 16-bit
+    blk = costing.workload("gpt3-175b", 1).costs["decoder_block"]
+    assert blk.residual_bytes_per_sample == pytest.approx(34 * 2048 * 12288, rel=0.02)
+
+
+def _tiny():
+    return zoo.get_config("llama-tiny", seq_len=64)
+
+
+def test_per_sample_fields_scale_linearly():
+    cfg = _tiny()
+    for body in ("embed", "decoder_block", "head"):
+        c = costing.body_cost(cfg, body)
+        three = costing._probe(cfg, body, 3)          # not one of the fitted points (1, 2)
+        assert three["fwd_flops"] == pytest.approx(3 * c.fwd_flops_per_sample, rel=0.01)
+        assert three["bwd_flops"] == pytest.approx(3 * c.bwd_flops_per_sample, rel=0.01)
+        assert three["fwd_bytes"] == pytest.approx(c.fwd_bytes_fixed + 3 * c.fwd_bytes_per_sample,
+                                                   rel=0.01)
+        assert three["bwd_bytes"] == pytest.approx(c.bwd_bytes_fixed + 3 * c.bwd_bytes_per_sample,
+                                                   rel=0.01)
+        assert three["out_bytes"] == pytest.approx(3 * c.activation_bytes_per_sample)
+
+
+def test_backward_split_and_residuals():
+    cfg = _tiny()
+    w = costing.workload(cfg, 2)
+    blk, emb, head = w.costs["decoder_block"], w.costs["embed"], w.costs["head"]
+    assert blk.activation_bytes_per_sample == 64 * 512 * 4          # float32
+    for c in (blk, head):
+        assert c.residual_bytes_per_sample > 0
+        w_part = c.bwd_flops_per_sample - c.bwd_input_flops_per_sample
+        assert c.bwd_input_flops_per_sample + w_part == c.bwd_flops_per_sample
+        assert 0.3 < c.bwd_input_flops_per_sample / c.bwd_flops_per_sample < 0.8
+        assert 1.8 < c.bwd_flops_per_sample / c.fwd_flops_per_sample < 2.2
+    assert emb.bwd_input_flops_per_sample == 0                      # token ids have no gradient
+    for c in (blk, head):    # norms, activations, adds and the loss move bytes outside the matmuls
+        assert 0 < c.bwd_input_other_bytes_per_sample <= c.bwd_other_bytes_per_sample
+        assert c.fwd_other_bytes_per_sample > 0
+    assert head.activation_bytes_per_sample == 0                    # the loss scalar
+
+
+def test_other_bytes_count_every_non_matmul_op_unfused():
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    w = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+    _, _, other = costing._costs(lambda x, w: jnp.log(jnp.exp(x @ w)), x, w)
+    out = 8 * 32 * 4
+    assert other == 2 * out + 2 * out       # exp and log each read and write
+
+
+def test_seq_len_override_and_cache():
+    a = costing.workload(_tiny(), 1)
+    b = costing.workload("llama-tiny", 1, seq_len=64)
+    assert a.costs["decoder_block"] is b.costs["decoder_block"]      # lru_cache hit
+    c = costing.workload("llama-tiny", 1, seq_len=32)
+    assert c.seq_len == 32
+    assert c.costs["decoder_block"].fwd_flops_per_sample < a.costs["decoder_block"].fwd_flops_per_sample
+
+
+def test_mochi_is_forward_only_and_matches_analytic():
+    cfg = zoo.get_config("mochi-dit-10b")
+    w = costing.workload("mochi-dit-10b", 1)
+    assert not w.training and w.seq_len == 44520 + 256
+    assert w.layers == ("embed", *["asymm_dit_block"] * 47, "asymm_dit_block_final", "head")
+    for c in w.costs.values():
+        assert c.bwd_flops_per_sample == 0 and c.bwd_bytes_per_sample == 0
+        assert c.residual_bytes_per_sample == 0
+    assert abs(w.param_count - 10.0e9) / 10.0e9 < 0.02
+    # analytic forward: 2 * (per-token matmul params) * tokens + 4 * S^2 * h per block
+    blk = zoo.layer_param_shapes(cfg, "block0")
+    n_x = sum(math.prod(blk[k].shape) for k in ("qkv_x", "proj_x", "mlp_x_gate", "mlp_x_up",
+                                                 "mlp_x_down"))
+    n_y = sum(math.prod(blk[k].shape) for k in ("qkv_y", "proj_y", "mlp_y_gate", "mlp_y_up",
+                                                 "mlp_y_down"))
+    S, N, T = w.seq_len, cfg.visual_tokens, cfg.text_tokens
+    analytic = 2 * (n_x * N + n_y * T) + 4 * S * S * cfg.hidden
+    assert w.costs["asymm_dit_block"].fwd_flops_per_sample == pytest.approx(analytic, rel=0.05)
+    x_bytes = (N * cfg.hidden + T * cfg.hidden_y + cfg.hidden) * 2
+    assert w.costs["asymm_dit_block"].activation_bytes_per_sample == x_bytes
+    assert w.costs["asymm_dit_block"].tp_allreduce_bytes_per_sample == \
+        2 * (N * cfg.hidden + T * cfg.hidden_y) * 2
+    with pytest.raises(ZooError, match="latent"):
+        costing.workload("mochi-dit-10b", 1, seq_len=1024)
+
+
+def test_errors():
+    with pytest.raises(ZooError, match="unknown model 'nope'"):
+        costing.workload("nope", 1)
+    with pytest.raises(ZooError, match="global_batch=0"):
+        costing.workload("llama-tiny", 0)
+    with pytest.raises(ZooError, match="no fragment body"):
+        costing.body_cost(_tiny(), "mlp")

@@ -1,0 +1,247 @@
+"""Model configurations of the zoo: one frozen :class:`ModelConfig` per published model.
+
+Every number below comes from the model's published configuration (the ``source`` field of each
+entry cites it). Units: counts (layers, widths, heads, tokens); ``dtype`` is a JAX dtype name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+
+
+
+class ZooError(ValueError):
+    """An unknown model name or a bad configuration override (the message names it and the fix)."""
+
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+"""Bytes per element of each dtype a :class:`ModelConfig` may name."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model's architecture, as published.
+
+    Attributes (common):
+        name: zoo name, e.g. ``"llama3-8b"``.
+        family: ``"llama"`` (pre-RMSNorm, SwiGLU, RoPE, GQA), ``"gpt"`` (pre-LayerNorm, 4h GeLU MLP,
+            learned positions, biases) or ``"mochi"`` (asymmetric joint-attention DiT).
+        layers: transformer blocks L.
+        hidden: model width h (the visual stream's width for Mochi).
+        heads / kv_heads: query heads and key/value heads (GQA when fewer).
+        ffn: MLP hidden width (the SwiGLU inner width for Llama / Mochi, 4h for GPT).
+        head_size: width of one attention head; 0 (the default) means ``hidden / heads``. Set it
+            when the head width is independent of the model width (MaxText's synthetic models:
+            ``head_dim`` 128 at any ``emb_dim``).
+        vocab: vocabulary size (0 for Mochi, which has no token embedding).
+        seq_len: tokens per sample (Mochi: visual + text tokens of the joint attention).
+        training: True for a training model (``forward_loss``), False for inference (``forward``).
+        dtype: compute and parameter dtype name (``"bfloat16"`` or ``"float32"``).
+        source: citation of the published configuration.
+    Family fields:
+        norm ("rms" | "layer"), mlp ("swiglu" | "gelu" | "relu"), pos_emb ("rope" | "learned" | "none"),
+        bias (linear biases), tie_embeddings (output head shares the input embedding; the head still
+        holds its own copy, as a pipeline's last stage does, see :func:`param_count`),
+        rope_theta, norm_eps, attention ("plain": materialized softmax, or "flash": a custom-VJP
+        attention that keeps only q, k, v, o and the log-sum-exp for the backward).
+        Mochi: hidden_y / ffn_y (text stream width and SwiGLU inner width), text_tokens, text_dim
+        (T5-XXL feature width), latent_channels / latent_frames / latent_height / latent_width (VAE
+        latent video), patch_size (spatial patch), sampling_steps and cfg_passes (DiT forwards per
+        denoising step with classifier-free guidance): one video costs
+        ``sampling_steps * cfg_passes`` samples of the workload.
+    """
+
+    name: str
+    family: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    seq_len: int = 2048
+    training: bool = True
+    dtype: str = "bfloat16"
+    source: str = ""
+    norm: str = "rms"
+    mlp: str = "swiglu"
+    pos_emb: str = "rope"
+    bias: bool = False
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    attention: str = "plain"
+    hidden_y: int = 0
+    ffn_y: int = 0
+    text_tokens: int = 0
+    text_dim: int = 0
+    latent_channels: int = 0
+    latent_frames: int = 0
+    latent_height: int = 0
+    latent_width: int = 0
+    patch_size: int = 0
+    sampling_steps: int = 0
+    cfg_passes: int = 0
+    head_size: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head: ``head_size`` when set, else ``hidden // heads``."""
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def jnp_dtype(self):
+        """``dtype`` as a ``jax.numpy`` dtype (imports JAX)."""
+        import jax.numpy as jnp   # optional heavy dependency: the configs themselves need no JAX
+        return jnp.dtype(self.dtype)
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of ``dtype``.
+
+        Raises:
+            ZooError: a dtype outside :data:`DTYPE_BYTES`.
+        """
+        try:
+            return DTYPE_BYTES[self.dtype]
+        except KeyError:
+            raise ZooError(f"dtype {self.dtype!r} is not one of {sorted(DTYPE_BYTES)}") from None
+
+    @property
+    def visual_tokens(self) -> int:
+        """Mochi: latent patches per video, ``frames * (H/p) * (W/p)``; 0 for other families."""
+        if self.family != "mochi":
+            return 0
+        p = self.patch_size
+        return self.latent_frames * (self.latent_height // p) * (self.latent_width // p)
+
+
+_LLAMA3 = ("Llama 3: Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783) Table 3; "
+           "meta-llama/Meta-Llama-3-{size} config.json (hidden_size {h}, intermediate_size {f}, "
+           "num_hidden_layers {l}, num_attention_heads {a}, num_key_value_heads 8, vocab_size "
+           "128256, rope_theta 500000, rms_norm_eps 1e-5); pretraining context 8192")
+
+_MOCHI_SRC = (
+    "Mochi 1 (Genmo 2024, github.com/genmoai/mochi, dit config: depth 48, num_heads 24, "
+    "hidden_size_x 3072, hidden_size_y 1536, mlp_ratio_x/y 4.0 SwiGLU (inner 8192 / 4096), "
+    "patch_size 2, in_channels 12, t5_feat_dim 4096, t5_token_length 256, qk_norm; last block "
+    "context_pre_only); AsymmVAE 8x8 spatial / 6x temporal compression to 12 channels; 480p "
+    "(480x848) 163 frames = 5.4 s at 30 fps -> latent 28x60x106 -> 28*30*53 = 44520 visual "
+    "tokens; 64 sampling steps, CFG 4.5 (two DiT passes per step). Tenstorrent tt-xla 'Sharding "
+    "for Mochi' guide (shared/reference/004): 48 AsymmDiT blocks, 24 heads, weight shapes, latent "
+    "60x106, 10B params, 2 all-reduces per block")
+
+_REGISTRY: dict[str, ModelConfig] = {
+    "llama3-8b": ModelConfig(
+        name="llama3-8b", family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
+        vocab=128256, seq_len=8192, rope_theta=500000.0,
+        source=_LLAMA3.format(size="8B", h=4096, f=14336, l=32, a=32)),
+    "llama3-70b": ModelConfig(
+        name="llama3-70b", family="llama", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672,
+        vocab=128256, seq_len=8192, rope_theta=500000.0,
+        source=_LLAMA3.format(size="70B", h=8192, f=28672, l=80, a=64)),
+    "llama3-405b": ModelConfig(
+        name="llama3-405b", family="llama", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248,
+        vocab=128256, seq_len=8192, rope_theta=500000.0,
+        source=("Llama 3: Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783) Table 3 "
+                "(405B: 126 layers, model dimension 16,384, FFN dimension 53,248, 128 attention heads, "
+                "8 key/value heads, vocabulary 128,000, RoPE theta 500,000); meta-llama/Llama-3.1-405B "
+                "config.json (vocab_size 128256, rms_norm_eps 1e-5); pretraining context 8192")),
+    "gpt3-175b": ModelConfig(
+        name="gpt3-175b", family="gpt", layers=96, hidden=12288, heads=96, kv_heads=96,
+        ffn=4 * 12288, vocab=50257, seq_len=2048, norm="layer", mlp="gelu", pos_emb="learned",
+        bias=True, tie_embeddings=True,
+        source=("GPT-3: Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1 "
+                "(n_layers 96, d_model 12288, n_heads 96, d_head 128, n_ctx 2048, 175.0B params); "
+                "GPT-2 BPE vocabulary 50257 and tied embeddings (Radford et al. 2019)")),
+    "opt-350m": ModelConfig(
+        name="opt-350m", family="gpt", layers=24, hidden=1024, heads=16, kv_heads=16, ffn=4096,
+        vocab=50272, seq_len=2048, norm="layer", mlp="relu", pos_emb="learned", bias=True,
+        tie_embeddings=True,
+        source=("OPT: Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models' "
+                "(arXiv:2205.01068) Table 1 (350M: 24 layers, 16 heads, d_model 1024); "
+                "facebook/opt-350m config.json (hidden_size 1024, ffn_dim 4096, "
+                "num_hidden_layers 24, num_attention_heads 16, vocab_size 50272, "
+                "max_position_embeddings 2048, activation relu, tied embeddings). Costed as a "
+                "pre-LayerNorm block with the embedding at width 1024: the published model "
+                "normalises after each block and projects a 512-wide embedding in and out "
+                "(word_embed_proj_dim 512), which changes its 331M parameters by under 8%")),
+    "llama-tiny": ModelConfig(
+        name="llama-tiny", family="llama", layers=8, hidden=512, heads=8, kv_heads=8, ffn=1536,
+        vocab=256, seq_len=128, dtype="float32",
+        source=("project test model: Llama-3-style decoder (Dubey et al. 2024) scaled down to 8 "
+                "layers, width 512, 8 heads, byte vocabulary 256, SwiGLU inner 1536 "
+                "(~8/3 h rounded to 256)")),
+    "mochi-dit-10b": ModelConfig(
+        name="mochi-dit-10b", family="mochi", layers=48, hidden=3072, heads=24, kv_heads=24,
+        ffn=8192, vocab=0, seq_len=44520 + 256, training=False, hidden_y=1536, ffn_y=4096,
+        text_tokens=256, text_dim=4096, latent_channels=12, latent_frames=28, latent_height=60,
+        latent_width=106, patch_size=2, sampling_steps=64, cfg_passes=2, pos_emb="rope",
+        norm_eps=1e-6, source=_MOCHI_SRC),
+    "mochi-dit-tiny": ModelConfig(
+        name="mochi-dit-tiny", family="mochi", layers=4, hidden=64, heads=4, kv_heads=4, ffn=128,
+        vocab=0, seq_len=32 + 8, training=False, hidden_y=32, ffn_y=64, text_tokens=8,
+        text_dim=32, latent_channels=4, latent_frames=2, latent_height=8, latent_width=8,
+        patch_size=2, sampling_steps=4, cfg_passes=2, pos_emb="rope", norm_eps=1e-6,
+        dtype="float32",
+        source=("project test model: the Mochi 1 DiT block structure (Genmo 2024, see "
+                "mochi-dit-10b: asymmetric joint-attention blocks, last block context_pre_only, "
+                "patch embed with timestep + AttentionPool conditioning, adaLN head) scaled down "
+                "to 4 blocks, widths 64 / 32 (4 heads x 16), SwiGLU inner 128 / 64, 8 text tokens "
+                "of width 32, latent 4 x 2 x 8 x 8 with patch 2 (32 visual tokens); 4 Euler "
+                "sampling steps with classifier-free guidance (2 passes per step)")),
+}
+
+
+def gpt_config(layers: int, hidden: int, heads: int, vocab: int = 51200, *, seq_len: int = 2048,
+               ffn: int | None = None, learned_pos: bool = True, tie_embeddings: bool = True,
+               dtype: str = "bfloat16", name: str | None = None, training: bool = True,
+               source: str = "") -> ModelConfig:
+    """A GPT-style decoder (pre-LayerNorm, 4h GeLU MLP, biases, learned positions or none).
+
+    Used to cost published Megatron-LM runs (Narayanan et al. 2021, 'Efficient Large-Scale
+    Language Model Training on GPU Clusters Using Megatron-LM', Table 1: vocab 51200).
+
+    Raises:
+        ZooError: a non-positive size, or ``hidden`` not divisible by ``heads``.
+    """
+    if min(layers, hidden, heads, vocab, seq_len) <= 0 or hidden % heads:
+        raise ZooError(f"gpt_config(layers={layers}, hidden={hidden}, heads={heads}, vocab={vocab}, "
+                       f"seq_len={seq_len}): sizes must be positive and hidden divisible by heads")
+    return ModelConfig(
+        name=name or f"gpt-{layers}l-{hidden}h", family="gpt", layers=layers, hidden=hidden,
+        heads=heads, kv_heads=heads, ffn=ffn or 4 * hidden, vocab=vocab, seq_len=seq_len,
+        training=training, dtype=dtype, norm="layer", mlp="gelu",
+        pos_emb="learned" if learned_pos else "none", bias=True, tie_embeddings=tie_embeddings,
+        source=source or "GPT-style decoder as in Megatron-LM (Narayanan et al. 2021, Table 1)")
+
+
+def list_models() -> list[str]:
+    """Names of the zoo's models, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_config(name: str, **overrides) -> ModelConfig:
+    """The published configuration of ``name``, with ``overrides`` (ModelConfig fields) applied.
+
+    Raises:
+        ZooError: unknown model name (the message lists the known ones) or unknown field.
+    """
+    if isinstance(name, ModelConfig):
+        cfg = name
+    elif name in _REGISTRY:
+        cfg = _REGISTRY[name]
+    else:
+        close = difflib.get_close_matches(str(name), list_models(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ZooError(f"unknown model {name!r}; {hint}known models: {', '.join(list_models())}")
+    if not overrides:
+        return cfg
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    bad = sorted(set(overrides) - fields)
+    if bad:
+        raise ZooError(f"unknown ModelConfig field(s) {bad} for {cfg.name!r}; "
+                       f"valid fields: {', '.join(sorted(fields))}")
+    return dataclasses.replace(cfg, **overrides)

@@ -1,0 +1,102 @@
+"""Decoder-only language models: the Llama family and the GPT family.
+
+Llama (Dubey et al. 2024; Touvron et al. 2023): token embedding; blocks of pre-RMSNorm grouped-query
+attention with RoPE and a SwiGLU MLP, no biases; final RMSNorm and an untied output head.
+GPT (Radford et al. 2019; Brown et al. 2020; Megatron-LM, Shoeybi et al. 2019): token plus learned
+position embedding; blocks of pre-LayerNorm multi-head attention and a 4h GeLU MLP, with biases;
+final LayerNorm and the output head (tied to the embedding in the published models).
+
+Layer functions (all shapes ``B`` samples of ``S`` tokens, width ``h``):
+    embed ``(params, tokens int32 [B,S]) -> x [B,S,h]``;
+    block ``(params, x [B,S,h]) -> x [B,S,h]``;
+    head  ``(params, x [B,S,h], targets int32 [B,S]) -> mean cross-entropy (float32 scalar)``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from zoo.config import ModelConfig
+from zoo.layers import (attention, cross_entropy, gelu_mlp, layer_norm, relu_mlp, rms_norm, rope,
+                        swiglu)
+
+
+def embed_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    s = {"tok": (cfg.vocab, cfg.hidden)}
+    if cfg.pos_emb == "learned":
+        s["pos"] = (cfg.seq_len, cfg.hidden)
+    return s
+
+
+def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    h, d, H, KV, f = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.ffn
+    s = {"attn_norm": (h,), "wq": (h, H * d), "wk": (h, KV * d), "wv": (h, KV * d),
+         "wo": (H * d, h), "mlp_norm": (h,)}
+    if cfg.mlp == "swiglu":
+        s.update(w_gate=(h, f), w_up=(h, f), w_down=(f, h))
+    else:
+        s.update(w_in=(h, f), w_out=(f, h))
+    if cfg.bias:
+        s.update(wq_b=(H * d,), wk_b=(KV * d,), wv_b=(KV * d,), wo_b=(h,))
+        if cfg.mlp in ("gelu", "relu"):
+            s.update(w_in_b=(f,), w_out_b=(h,))
+    if cfg.norm == "layer":
+        s.update(attn_norm_b=(h,), mlp_norm_b=(h,))
+    return s
+
+
+def head_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    s = {"norm": (cfg.hidden,), "out": (cfg.hidden, cfg.vocab)}
+    if cfg.norm == "layer":
+        s["norm_b"] = (cfg.hidden,)
+    return s
+
+
+def _norm(cfg: ModelConfig, p: dict, name: str, x: jax.Array) -> jax.Array:
+    if cfg.norm == "rms":
+        return rms_norm(x, p[name], cfg.norm_eps)
+    return layer_norm(x, p[name], p[name + "_b"], cfg.norm_eps)
+
+
+def embed_fn(cfg: ModelConfig):
+    def embed(p: dict, tokens: jax.Array) -> jax.Array:
+        x = jnp.take(p["tok"], tokens, axis=0)
+        if cfg.pos_emb == "learned":
+            x = x + p["pos"][: tokens.shape[1]][None]
+        return x
+    return embed
+
+
+def block_fn(cfg: ModelConfig):
+    H, KV, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+
+    def lin(p, name, x):
+        y = x @ p[name]
+        return y + p[name + "_b"] if cfg.bias else y
+
+    def block(p: dict, x: jax.Array) -> jax.Array:
+        B, S, _ = x.shape
+        a = _norm(cfg, p, "attn_norm", x)
+        q = lin(p, "wq", a).reshape(B, S, H, d)
+        k = lin(p, "wk", a).reshape(B, S, KV, d)
+        v = lin(p, "wv", a).reshape(B, S, KV, d)
+        if cfg.pos_emb == "rope":
+            pos = jnp.arange(S)
+            q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+        o = attention(q, k, v, causal=True, impl=cfg.attention).reshape(B, S, H * d)
+        x = x + lin(p, "wo", o)
+        m = _norm(cfg, p, "mlp_norm", x)
+        if cfg.mlp == "swiglu":
+            return x + swiglu(m, p["w_gate"], p["w_up"], p["w_down"])
+        mlp = relu_mlp if cfg.mlp == "relu" else gelu_mlp
+        return x + mlp(m, p["w_in"], p["w_in_b"], p["w_out"], p["w_out_b"])
+    return block
+
+
+def head_fn(cfg: ModelConfig):
+    def head(p: dict, x: jax.Array, targets: jax.Array) -> jax.Array:
+        logits = jnp.einsum("bsh,hv->bsv", _norm(cfg, p, "norm", x), p["out"],
+                            preferred_element_type=jnp.float32)
+        return cross_entropy(logits, targets)
+    return head
