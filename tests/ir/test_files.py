@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from mpmd import files
+from ir import files
 from ir.files import (MAX_ALIASES, MAX_DEPTH, InputError, check_finite, read_csv_rows, read_json,
                       read_text, read_yaml, write_atomic)
 

@@ -18,7 +18,7 @@ from zoo.costing import workload
 from ir import FragmentRef
 from hardware_profiles import CLUSTERS_DIR, load_cluster
 from planner.api import (TRAIN_SCHEDULES, PlanOptions, build_plan, fragment_kinds, make_candidate,
-                         plan, schedule_allowed)
+                         plan_meshes, schedule_allowed)
 from planner.predict import predict
 from planner.search import (V_SHAPED, Assignment, Candidate, _inflight_expr, _v_first_expr,
                             inflight_count, inflight_end_counts, solve)
@@ -227,7 +227,7 @@ def test_v_shaped_build_plan_places_stages_in_a_v(tiny, cpu4x2):
 @pytest.mark.parametrize("s", TRAIN_SCHEDULES)
 def test_every_schedule_plans_llama_tiny(s, tiny, cpu4x2, cpu4x2_own_hosts):
     for c in (cpu4x2_own_hosts, cpu4x2):
-        r = plan(tiny, c, PlanOptions(schedules=(s,), time_limit_s=20.0))
+        r = plan_meshes(tiny, c, PlanOptions(schedules=(s,), time_limit_s=20.0))
         p = r.plan
         assert p.schedule.name == s and r.prediction.fits
         assert all(x[0] == s for x in r.candidates)
@@ -248,7 +248,7 @@ def test_every_schedule_plans_llama_tiny(s, tiny, cpu4x2, cpu4x2_own_hosts):
 @pytest.mark.parametrize("s", ["zb-v", "dualpipe-v", "zb-1p"])
 def test_fixed_order_plans_every_mesh_in_order(s, tiny, cpu4x2_own_hosts):
     meshes = ("m2", "m0", "m3", "m1")
-    r = plan(tiny, cpu4x2_own_hosts, PlanOptions(schedules=(s,), meshes=meshes, fixed_order=True,
+    r = plan_meshes(tiny, cpu4x2_own_hosts, PlanOptions(schedules=(s,), meshes=meshes, fixed_order=True,
                                                  microbatches=(8,), time_limit_s=20.0))
     assert r.plan.rank_mesh == meshes and r.plan.schedule.name == s
     assert r.plan.stages[0].mesh == "m2"
@@ -267,7 +267,7 @@ def test_zb_1p_reuses_the_zb_h1_solve_and_never_loses_to_it(tiny, cpu4x2_own_hos
 
     api_solve = api.solve_outcome
     monkeypatch.setattr(api, "solve_outcome", counting)
-    r = plan(tiny, cpu4x2_own_hosts, PlanOptions(schedules=("zb-h1", "zb-1p"), time_limit_s=20.0))
+    r = plan_meshes(tiny, cpu4x2_own_hosts, PlanOptions(schedules=("zb-h1", "zb-1p"), time_limit_s=20.0))
     steps = {(s, m): t for s, m, t in r.candidates}
     assert {s for s, _ in steps} == {"zb-h1", "zb-1p"}
     assert solved == ["zb-h1"] * (len(steps) // 2)          # one CP-SAT model for the two
@@ -282,8 +282,8 @@ def test_zero_bubble_beats_1f1b_on_llama3_8b():
     w = workload("llama3-8b", 32)
     c = load_cluster(CLUSTERS_DIR / "h100x16_p150bx32.yaml")
     opts = PlanOptions(time_limit_s=120.0, microbatches=(16,))
-    best = plan(w, c, opts)
-    one = plan(w, c, replace(opts, schedules=("1f1b",)))
+    best = plan_meshes(w, c, opts)
+    one = plan_meshes(w, c, replace(opts, schedules=("1f1b",)))
     assert best.plan.schedule.name in ZERO_BUBBLE
     assert best.prediction.step_time_s < 0.9 * one.prediction.step_time_s
     assert {x[0] for x in best.candidates} == set(TRAIN_SCHEDULES)
