@@ -41,6 +41,9 @@ def register(main: click.Group, guard) -> None:
     def whatif(model, options, more_options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
                deadline_days, prices, time_limit, screenshot, out) -> None:
         """Plan every hardware option, replay it, and write a what-if purchasing report."""
+        if model:   # a mistyped name is refused before the planner and JAX load (did you mean ...)
+            from zoo.config import get_config
+            get_config(model)
         from rich.markup import escape
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

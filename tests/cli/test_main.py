@@ -227,3 +227,30 @@ def test_plan_for_cost_refuses_bad_goals_in_one_line(tmp_path, args, needle):
     f.write_text(PRICED)
     r = run(["plan", "--model", "opt-350m", "--cluster", str(f), "--global-batch", "32", *args])
     assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "--model", "llama3-70", "--cluster", "hardware_profiles/clusters/mixed512_nodes.yaml"],
+     "unknown model 'llama3-70'; did you mean 'llama3-70b'?"),
+    (["plan", "--model", "llama3-70b", "--cluster", "hardware_profiles/clusters/mixed512_node.yaml"],
+     "cluster file not found; fix: check the path (did you mean "
+     "hardware_profiles/clusters/mixed512_nodes.yaml?)"),
+    (["whatif", "--model", "llama3-8", "--options", "h100x64"],
+     "unknown model 'llama3-8'; did you mean 'llama3-8b'?"),
+])
+def test_a_mistyped_name_is_refused_before_the_heavy_imports(args, needle, tmp_path):
+    """A fresh ``python -m mpmd`` process: one line with the closest name, exit 2, and neither JAX,
+    OR-Tools nor pydantic imported (read from ``-X importtime``, not from a clock)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "mpmd", *args], cwd=tmp_path,
+                         capture_output=True, text=True, env={**__import__("os").environ,
+                                                              "PYTHONPATH": str(root)})
+    said = [ln for ln in res.stderr.splitlines() if not ln.startswith("import time:")]
+    imported = {ln.split("|")[-1].strip().split(".")[0] for ln in res.stderr.splitlines()
+                if ln.startswith("import time:")}
+    assert res.returncode == 2 and len(said) == 1 and needle in said[0], res.stderr[-500:]
+    assert not imported & {"jax", "ortools", "pydantic"}, imported & {"jax", "ortools", "pydantic"}
+    assert not list(tmp_path.iterdir())
