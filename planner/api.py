@@ -27,13 +27,15 @@ from planner.inflight import V_SHAPED
 from planner.search import Assignment, Candidate, SolveOutcome, solve_outcome
 from simulator import cost_model as cm
 from simulator.plan_costs import PlanCosts
-from simulator.schedules import ADAPTIVE_SCHEDULES, SPLIT_BACKWARD, generate, v_shape_stage_rank
+from simulator.schedules import KINDS, generate, kind, v_shape_stage_rank
 
-TRAIN_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v",
-                   "dualpipe-v")
-"""Schedule families searched for training, in tie-break order: every schedule of
-:mod:`simulator.schedules` (the fixed patterns and the adaptive ZB-1p / ZB-2p)."""
-MERGEABLE = ("1f1b",)
+TRAIN_SCHEDULES = tuple(n for n, k in KINDS.items() if k.training)
+"""Schedule families a training plan may name, in tie-break order: every schedule of
+:mod:`simulator.schedules` (the fixed patterns and the adaptive ZB-1p / ZB-2p), in their
+:attr:`~simulator.schedules.ScheduleKind.order`."""
+SEARCHED_SCHEDULES = tuple(n for n in TRAIN_SCHEDULES if KINDS[n].searched)
+"""The schedules searched when the options name none (:attr:`ScheduleKind.searched`)."""
+MERGEABLE = tuple(n for n, k in KINDS.items() if k.fb_mergeable)
 """Schedules whose last stage runs each microbatch's F immediately before its B."""
 SAME_MODEL = {"zb-1p": "zb-h1"}
 """Schedules whose CP-SAT model is another's (same fragment kinds, in-flight counts and
@@ -113,21 +115,19 @@ class PlanResult:
 def fragment_kinds(schedule: str, training: bool) -> tuple[str, ...]:
     """The fragment kinds one microbatch runs per stage under ``schedule``: ``("F",)`` for
     inference, ``("F", "B", "W")`` when the backward is split into input and weight gradients
-    (:data:`simulator.schedules.SPLIT_BACKWARD` and the adaptive ZB-1p / ZB-2p), else
+    (the schedule's :attr:`~simulator.schedules.ScheduleKind.split_backward`), else
     ``("F", "B")``."""
     if not training:
         return ("F",)
-    if schedule in SPLIT_BACKWARD or schedule in ADAPTIVE_SCHEDULES:
+    if kind(schedule).split_backward:
         return ("F", "B", "W")
     return ("F", "B")
 
 
 def _stages_per_rank(schedule: str, virtual_stages: int) -> int:
     """Stages each pipeline rank holds: ``virtual_stages`` for interleaved 1F1B, 2 in a V (ZB-V,
-    DualPipeV), else 1."""
-    if schedule == "interleaved-1f1b":
-        return virtual_stages
-    return 2 if schedule in V_SHAPED else 1
+    DualPipeV), else 1 (the schedule's :attr:`~simulator.schedules.ScheduleKind.stages_per_rank`)."""
+    return kind(schedule).stages_per_rank(virtual_stages)
 
 
 def schedule_allowed(schedule: str, ranks: int, microbatches: int, num_blocks: int,
@@ -145,16 +145,11 @@ def schedule_allowed(schedule: str, ranks: int, microbatches: int, num_blocks: i
     """
     if schedule not in TRAIN_SCHEDULES or ranks < 1 or microbatches < 1:
         return False
-    if schedule == "interleaved-1f1b" and virtual_stages < 2:
+    sk = kind(schedule)
+    if not sk.sizes_ok(ranks, microbatches, virtual_stages):   # before k: interleaved needs v >= 2
         return False
-    k = _stages_per_rank(schedule, virtual_stages)
-    if num_blocks % k or num_blocks < k * ranks:
-        return False
-    if schedule == "interleaved-1f1b" and microbatches % ranks:
-        return False
-    if schedule == "dualpipe-v" and microbatches < 2 * ranks:
-        return False
-    return True
+    k = sk.stages_per_rank(virtual_stages)
+    return not (num_blocks % k or num_blocks < k * ranks)
 
 
 def make_candidate(w: Workload, cluster: Cluster, meshes: tuple[str, ...], schedule: str,
@@ -235,7 +230,7 @@ def build_plan(w: Workload, cluster: Cluster, a: Assignment, schedule: str, micr
                     devices={m: (cluster.meshes[m].device.name, cluster.meshes[m].num_devices)
                              for m in a.order})
 
-    if schedule in ADAPTIVE_SCHEDULES and w.training:
+    if kind(schedule).adaptive and w.training:
         costs = PlanCosts(make(generate("zb-h1", p, microbatches)), w, cluster)
 
         def durations(stage: int, kind: str) -> float:
@@ -281,7 +276,7 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
     t0 = time.monotonic()
     meshes = tuple(opts.meshes or cluster.meshes)
     if w.training:
-        scheds = opts.schedules or TRAIN_SCHEDULES
+        scheds = opts.schedules or SEARCHED_SCHEDULES
         unknown = [s for s in scheds if s not in TRAIN_SCHEDULES]
         if unknown:
             raise PlannerError(f"unknown schedule {unknown[0]!r}; use one of "

@@ -12,7 +12,7 @@ import math
 from typing import Sequence
 
 from hardware_profiles.types import MeshSpec, straggler_factor, straggler_hosts
-from planner.inflight import V_SHAPED
+from simulator.schedules import kind
 from planner.search import MeshOption
 
 
@@ -231,9 +231,7 @@ def chain_share(sched: str, virtual_stages: int) -> float:
     (rank ``r``'s first-chunk stage ``r`` lies on the forward path to every later rank, and the
     last microbatch's backward leaves rank ``r`` through it, after all of rank ``r``'s other
     backwards: every generated schedule runs a stage's microbatches in order)."""
-    if sched in V_SHAPED:
-        return 0.5
-    return 1.0 / virtual_stages if sched == "interleaved-1f1b" else 1.0
+    return 1.0 / kind(sched).stages_per_rank(virtual_stages)
 
 
 def quick_bound(work: Sequence[Sequence[MeshOption]], microbatches: int, num_blocks: int) -> float:

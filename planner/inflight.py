@@ -7,16 +7,16 @@ Every count is checked against the exact replay's peak on every generator
 
 from __future__ import annotations
 
+from simulator.schedules import KINDS, kind
 
-V_SHAPED = frozenset({"zb-v", "dualpipe-v"})
+V_SHAPED = frozenset(n for n, k in KINDS.items() if k.v_shaped)
 """Schedules whose 2P stages sit in a V (:func:`simulator.schedules.v_shape_stage_rank`)."""
 
 
 def _chunks(schedule: str, virtual_stages: int) -> int:
-    """Stages per rank: ``virtual_stages`` for interleaved 1F1B, 2 in a V, else 1."""
-    if schedule == "interleaved-1f1b":
-        return virtual_stages
-    return 2 if schedule in V_SHAPED else 1
+    """Stages per rank (the schedule's :attr:`~simulator.schedules.ScheduleKind.stages_per_rank`):
+    ``virtual_stages`` for interleaved 1F1B, 2 in a V, else 1."""
+    return kind(schedule).stages_per_rank(virtual_stages)
 
 
 def inflight_count(schedule: str, pos: int, ranks: int, microbatches: int, virtual_stages: int
@@ -41,26 +41,10 @@ def inflight_count(schedule: str, pos: int, ranks: int, microbatches: int, virtu
     - DualPipeV: ``2P + 1`` (deepseek-ai/DualPipe's table: PP + 1 chunk activations per device).
 
     Each is capped at ``v M``, ``v`` the stages per rank: ``virtual_stages`` for interleaved 1F1B,
-    2 in a V, else 1 (so any ``virtual_stages`` may be passed for the other schedules).
+    2 in a V, else 1 (so any ``virtual_stages`` may be passed for the other schedules). The terms
+    live with each schedule (:attr:`simulator.schedules.ScheduleKind.inflight`).
     """
-    P, M, p = ranks, microbatches, pos
-    v = _chunks(schedule, virtual_stages)
-    cap = M * v
-    if schedule == "gpipe":
-        return cap
-    if schedule == "interleaved-1f1b":
-        return min(2 * (P - p - 1) + (v - 1) * P + 1, cap)
-    if schedule in ("zb-h1", "zb-1p"):
-        return min(P, cap)
-    if schedule == "zb-h2":
-        return min(2 * P - 1, cap)
-    if schedule == "zb-2p":
-        return min(2 * P, cap)
-    if schedule == "zb-v":
-        return min(2 * P, M + p + 1, cap)
-    if schedule == "dualpipe-v":
-        return min(2 * P + 1, cap)
-    return min(P - p, cap)   # 1f1b
+    return kind(schedule).inflight_count(pos, ranks, microbatches, virtual_stages)
 
 
 def inflight_end_counts(schedule: str, ranks: int, microbatches: int, virtual_stages: int

@@ -45,7 +45,8 @@ from ortools.sat.python import cp_model
 from ir import Layout
 from planner.cpsat_thread import run_solver
 from planner.inflight import (  # noqa: F401  (re-exported: the model's callers name them here)
-                              V_SHAPED, _chunks, inflight_count, inflight_end_counts)
+    V_SHAPED, _chunks, inflight_count, inflight_end_counts)
+from simulator.schedules import kind
 
 US = 1e6
 """Objective unit: microseconds per second."""
@@ -180,22 +181,11 @@ def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str
     v = _chunks(s, c.virtual_stages)
     cap = m * v
     infl = model.NewIntVar(0, cap, name)
-    if s == "gpipe":
+    terms = kind(s).inflight(n_used, pos, m, v)   # the schedule's terms, linear in n_used and pos
+    if terms:
+        model.AddMinEquality(infl, [*terms, cap])
+    else:   # every instance (GPipe)
         model.Add(infl == cap)
-    elif s == "interleaved-1f1b":
-        model.AddMinEquality(infl, [2 * (n_used - pos - 1) + (v - 1) * n_used + 1, cap])
-    elif s in ("zb-h1", "zb-1p"):
-        model.AddMinEquality(infl, [n_used, cap])
-    elif s == "zb-h2":
-        model.AddMinEquality(infl, [2 * n_used - 1, cap])
-    elif s == "zb-2p":
-        model.AddMinEquality(infl, [2 * n_used, cap])
-    elif s == "zb-v":
-        model.AddMinEquality(infl, [2 * n_used, m + pos + 1, cap])
-    elif s == "dualpipe-v":
-        model.AddMinEquality(infl, [2 * n_used + 1, cap])
-    else:  # 1f1b
-        model.AddMinEquality(infl, [n_used - pos, cap])
     return infl
 
 
@@ -220,7 +210,7 @@ def _hint(model, c: Candidate, used, first, last, nblk, pos, sel) -> None:
     share[max(range(nm), key=lambda i: speed[i])] += per - sum(share)
     if min(share) < 1:
         return
-    inflight = (min(nm, c.microbatches) * v if c.schedule in ("1f1b", "interleaved-1f1b", "gpipe")
+    inflight = (min(nm, c.microbatches) * v if not kind(c.schedule).split_backward
                 else inflight_count(c.schedule, 0, nm, c.microbatches, v))
 
     def need(o: MeshOption, n: int) -> float:
@@ -299,10 +289,12 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
     n_used = model.NewIntVar(1, nm, "num_meshes")
     model.Add(n_used == sum(used))
     # pipeline depths the schedule's generator accepts (Candidate.rank_counts, from
-    # planner.api.schedule_allowed); interleaved 1F1B also on its own, for hand-made candidates
+    # planner.api.schedule_allowed); the schedule's sizes also on their own, for hand-made
+    # candidates (an interleaved schedule's always stated)
+    sk = kind(c.schedule)
     ok = [p for p in range(1, nm + 1) if (not c.rank_counts or p in c.rank_counts)
-          and not (c.schedule == "interleaved-1f1b" and M % p)]
-    if len(ok) < nm or c.schedule == "interleaved-1f1b":
+          and sk.sizes_ok(p, M, c.virtual_stages)]
+    if len(ok) < nm or (c.virtual_stages > 1 and not sk.v_shaped):
         if not ok:
             return SolveOutcome(None, "INFEASIBLE", math.inf, 0.0)
         model.AddLinearExpressionInDomain(n_used, cp_model.Domain.FromValues(ok))

@@ -31,13 +31,14 @@ from planner.bounds import candidate_bound, chain_share, quick_bound, straggler_
 from planner.budget import COSTS, Budget
 from planner.candidate import solve_schedule
 from planner.predict import Prediction
-from planner.inflight import V_SHAPED, inflight_count, inflight_end_counts
+from planner.inflight import inflight_count, inflight_end_counts
 from planner.options import _cached_mesh_options
 from planner.options import computed as options_computed
 from planner.search import MeshOption
 import heapq
 from ir import Layout, Plan, Workload
 from simulator import cost_model as cm
+from simulator.schedules import KINDS, kind
 
 MAX_STAGES = 64
 TARGET_GAP = 0.01
@@ -136,7 +137,7 @@ class _Options:
 
 
 def _schedules(w: Workload, opts: api.PlanOptions) -> tuple[str, ...]:
-    return opts.schedules or (api.TRAIN_SCHEDULES if w.training else ("gpipe",))
+    return opts.schedules or (api.SEARCHED_SCHEDULES if w.training else ("gpipe",))
 
 
 def _kinds(sched: str, training: bool) -> tuple[str, ...]:
@@ -216,7 +217,7 @@ class _Enumeration:
                 continue
             if p == 1 and sched != self.scheds[0] and self.scheds[0] == "1f1b":
                 continue        # one stage: every schedule runs F, B per microbatch; 1F1B holds least
-            if sched in api.ADAPTIVE_SCHEDULES and p * m > ADAPTIVE_MAX_FRAGMENTS:
+            if kind(sched).adaptive and p * m > ADAPTIVE_MAX_FRAGMENTS:
                 continue
             kinds = _kinds(sched, w.training)
             work = [self.cache.get(x, samples, kinds, _split(sched)) for x in specs]
@@ -224,14 +225,16 @@ class _Enumeration:
                 continue
             crit = ([self.cache.get(x, samples, ("F", "B"), True) for x in specs]
                     if _split(sched) and w.training else work)
-            v = opts.virtual_stages if sched == "interleaved-1f1b" else (2 if sched in V_SHAPED else 1)
+            sk = kind(sched)
+            v = sk.stages_per_rank(opts.virtual_stages)
             infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
             chain = chain_share(sched, opts.virtual_stages)
-            post_rank = 0 if sched in V_SHAPED else p - 1
+            post_rank = 0 if sk.v_shaped else p - 1
             comm = self.comm(c.shapes, samples)
-            # the first/last stage's residual instances (the interleaved schedule's end stages are
+            # the first/last stage's residual instances (an interleaved schedule's end stages are
             # one chunk of several, which the CP-SAT model over-counts: left out, a bound)
-            ends = ((0, 0) if sched == "interleaved-1f1b" or not w.training
+            interleaved = v > 1 and not sk.v_shaped
+            ends = ((0, 0) if interleaved or not w.training
                     else inflight_end_counts(sched, p, m, v))
             key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank,
                    ends, slow, sched in SYNC_EXPOSED)
@@ -245,7 +248,7 @@ class _Enumeration:
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
 
 
-SYNC_EXPOSED = ("1f1b", "gpipe")
+SYNC_EXPOSED = tuple(n for n, k in KINDS.items() if k.sync_exposed)
 """Schedules whose ranks hold one stage each and end on their last microbatch's backward (B):
 their gradient sync's excess over that B is a bound term (:func:`planner.bounds.candidate_bound`)."""
 

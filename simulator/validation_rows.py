@@ -43,6 +43,7 @@ from typing import Mapping
 
 from simulator import remat
 from simulator.plan_costs import CostError
+from simulator.schedules import KINDS
 from hardware_profiles.loader import known_device_ids
 from ir.files import InputError, read_csv_rows
 
@@ -55,10 +56,7 @@ DEVICES_PER_NODE = 8
 """Devices per node when a row gives neither ``devices_per_node`` nor ``slices``: the 8-GPU HGX /
 DGX board (NVIDIA DGX A100 / H100 reference architectures)."""
 
-SCHEDULE_MAP = {"1f1b": "1f1b", "1f1b-interleaved": "interleaved-1f1b", "zb-1p": "zb-1p",
-                "zb-2p": "zb-2p", "interleaved-1f1b": "interleaved-1f1b", "gpipe": "gpipe",
-                "zb-h1": "zb-h1", "zb-h2": "zb-h2", "zb-v": "zb-v", "zbv": "zb-v",
-                "dualpipe-v": "dualpipe-v"}
+SCHEDULE_MAP = {**{n: n for n in KINDS}, **{a: n for n, k in KINDS.items() for a in k.aliases}}
 """CSV schedule -> simulator schedule. Qi et al.'s ZB-1p / ZB-2p are found by their automatic
 scheduler over the profiled stage times under a 1p / 2p activation-memory limit (Sec. 3):
 :mod:`simulator.schedules.adaptive`, rebuilt for each device from the row's own fragment and

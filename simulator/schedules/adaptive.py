@@ -49,6 +49,7 @@ from ir import FragmentRef, ScheduleTable
 from .base import B, F, ScheduleError, W, check_sizes, make_table, no_forward_only
 from .check import replay
 from .zero_bubble import zb_h1, zb_h2
+from .kind import ScheduleKind
 
 StageDuration = Callable[[int, str], float]
 """``durations(stage, kind) -> seconds`` with kind in ``"F"``, ``"B"``, ``"W"``."""
@@ -297,3 +298,16 @@ def zb_2p(num_ranks: int, microbatches: int, *, durations: StageDuration | None 
     """ZB-2p: :func:`zero_bubble_auto` with ``memory_limit = 2 * num_ranks``."""
     return zero_bubble_auto(num_ranks, microbatches, durations, comm,
                             memory_limit=2 * num_ranks, name="zb-2p", forward_only=forward_only)
+
+
+KINDS = (
+    ScheduleKind("zb-1p", order=5, inflight=lambda P, p, M, v: [P],   # ZB-1p's memory limit
+                 generate=lambda P, M, *, forward_only=False, durations=None, comm=0.0, **_: zb_1p(
+                     P, M, durations=durations, comm=comm, forward_only=forward_only),
+                 split_backward=True, adaptive=True),
+    ScheduleKind("zb-2p", order=6, inflight=lambda P, p, M, v: [2 * P],   # ZB-2p's limit
+                 generate=lambda P, M, *, forward_only=False, durations=None, comm=0.0, **_: zb_2p(
+                     P, M, durations=durations, comm=comm, forward_only=forward_only),
+                 split_backward=True, adaptive=True),
+)
+"""Qi et al. 2024's automatic ZB-1p / ZB-2p, built from the fragment durations."""

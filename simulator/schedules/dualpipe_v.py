@@ -32,6 +32,7 @@ from collections import deque
 from ir import FragmentRef, ScheduleTable
 
 from .base import B, F, W, ScheduleError, check_sizes, make_table, no_forward_only, v_shape_stage_rank
+from .kind import ScheduleKind
 
 NAME = "dualpipe-v"
 
@@ -103,3 +104,12 @@ def dualpipe_v(num_ranks: int, microbatches: int, *, forward_only: bool = False)
             w()
         order.append(frags)
     return make_table(NAME, P, M, v_shape_stage_rank(P), order, split_backward=True)
+
+
+KINDS = (ScheduleKind(
+    NAME, order=8, inflight=lambda P, p, M, v: [2 * P + 1],   # deepseek-ai/DualPipe: PP + 1 chunks
+    generate=lambda P, M, *, forward_only=False, **_: dualpipe_v(P, M, forward_only=forward_only),
+    stages_per_rank=lambda virtual_stages: 2,
+    sizes_ok=lambda ranks, microbatches, virtual_stages: microbatches >= 2 * ranks,
+    v_shaped=True, split_backward=True),)
+"""DualPipeV: two stages per rank in a V, M >= 2P, the backward split."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ir import ScheduleTable
 
 from .base import B, F, check_sizes, make_table
+from .kind import ScheduleKind
 
 NAME = "gpipe"
 
@@ -31,3 +32,10 @@ def gpipe(num_ranks: int, microbatches: int, *, forward_only: bool = False,
         order.append(frags)
     return make_table(name, num_ranks, microbatches, range(num_ranks), order,
                       forward_only=forward_only)
+
+
+KINDS = (ScheduleKind(
+    NAME, order=2, inflight=lambda P, p, M, v: [],   # every instance, v M
+    generate=lambda P, M, *, forward_only=False, **_: gpipe(P, M, forward_only=forward_only),
+    sync_exposed=True),)
+"""GPipe holds every microbatch's activations until its backwards."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ir import ScheduleTable
 
 from .base import B, F, ScheduleError, check_sizes, make_table, no_forward_only
+from .kind import ScheduleKind
 
 NAME = "interleaved-1f1b"
 
@@ -68,3 +69,18 @@ def interleaved_1f1b(num_ranks: int, microbatches: int, *, virtual_stages: int =
         frags += [bwd(k) for k in range(total - warm, total)]
         order.append(frags)
     return make_table(NAME, P, M, [s % P for s in range(v * P)], order)
+
+
+def _interleaved_ok(ranks: int, microbatches: int, virtual_stages: int) -> bool:
+    return virtual_stages >= 2 and microbatches % ranks == 0   # Megatron-LM's condition
+
+
+KINDS = (ScheduleKind(
+    NAME, order=1,
+    # Megatron-LM's warm-up 2 (P - p - 1) + (v - 1) P, plus the one in flight
+    inflight=lambda P, p, M, v: [2 * (P - p - 1) + (v - 1) * P + 1],
+    generate=lambda P, M, *, forward_only=False, virtual_stages=2, **_: interleaved_1f1b(
+        P, M, virtual_stages=virtual_stages, forward_only=forward_only),
+    stages_per_rank=lambda virtual_stages: virtual_stages, sizes_ok=_interleaved_ok,
+    aliases=("1f1b-interleaved",)),)
+"""Interleaved 1F1B: ``virtual_stages`` chunks per rank, M a multiple of P."""

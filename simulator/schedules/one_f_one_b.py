@@ -16,6 +16,7 @@ from ir import ScheduleTable
 
 from .base import B, F, check_sizes, make_table
 from .gpipe import gpipe
+from .kind import ScheduleKind
 
 NAME = "1f1b"
 
@@ -39,3 +40,10 @@ def one_f_one_b(num_ranks: int, microbatches: int, *, forward_only: bool = False
         frags += [B(r, m) for m in range(M - w, M)]
         order.append(frags)
     return make_table(NAME, P, M, range(P), order)
+
+
+KINDS = (ScheduleKind(
+    NAME, order=0, inflight=lambda P, p, M, v: [P - p],   # Narayanan et al. 2021, Sec. 2.2
+    generate=lambda P, M, *, forward_only=False, **_: one_f_one_b(P, M, forward_only=forward_only),
+    fb_mergeable=True, sync_exposed=True),)
+"""1F1B: rank p holds ``P - p`` microbatches; the last stage's F and B may merge."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 from ir import FragmentRef, ScheduleTable
 
 from .base import B, F, W, check_sizes, make_table, no_forward_only, v_shape_stage_rank
+from .kind import ScheduleKind
 
 NAME = "zb-v"
 
@@ -90,3 +91,13 @@ def zb_v(num_ranks: int, microbatches: int, *, forward_only: bool = False) -> Sc
             w(0)
         order.append(frags)
     return make_table(NAME, P, M, v_shape_stage_rank(P), order, split_backward=True)
+
+
+KINDS = (ScheduleKind(
+    NAME, order=7,
+    # Qi et al. 2024 (controllable memory): 2P chunk activations; M + p + 1 for small M
+    inflight=lambda P, p, M, v: [2 * P, M + p + 1],
+    generate=lambda P, M, *, forward_only=False, **_: zb_v(P, M, forward_only=forward_only),
+    stages_per_rank=lambda virtual_stages: 2, v_shaped=True, split_backward=True,
+    aliases=("zbv",)),)
+"""ZB-V: two stages per rank in a V, the backward split."""

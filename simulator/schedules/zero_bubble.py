@@ -26,6 +26,7 @@ from typing import Sequence
 from ir import FragmentRef, ScheduleTable
 
 from .base import B, F, ScheduleError, W, check_sizes, make_table, no_forward_only
+from .kind import ScheduleKind
 
 H1, H2 = "zb-h1", "zb-h2"
 
@@ -122,3 +123,14 @@ def zb_h2(num_ranks: int, microbatches: int, *, forward_only: bool = False,
         raise ScheduleError(f"{H2}: limits={limits!r} must give one limit >= 1 per rank ({P})")
     order = _greedy_unit(P, M, lim)
     return make_table(H2, P, M, range(P), order, split_backward=True)
+
+
+KINDS = (
+    ScheduleKind("zb-h1", order=3, inflight=lambda P, p, M, v: [P],   # Qi et al. 2024, Sec. 2.1
+                 generate=lambda P, M, *, forward_only=False, **_: zb_h1(
+                     P, M, forward_only=forward_only), split_backward=True),
+    ScheduleKind("zb-h2", order=4, inflight=lambda P, p, M, v: [2 * P - 1],   # the greedy limit
+                 generate=lambda P, M, *, forward_only=False, **_: zb_h2(
+                     P, M, forward_only=forward_only), split_backward=True),
+)
+"""ZB-H1 holds P microbatches per rank, ZB-H2 2P - 1; both split the backward."""

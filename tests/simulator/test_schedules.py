@@ -30,8 +30,8 @@ def span_bubbles(rp):
 
 
 def test_registry_names():
-    assert SCHEDULES == ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
-                         "dualpipe-v")
+    assert SCHEDULES == ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-v",
+                         "dualpipe-v")   # the planner's search order
     assert SPLIT_BACKWARD == {"zb-h1", "zb-h2", "zb-v", "dualpipe-v"}
     for name in SCHEDULES:
         t = generate(name, 4, 8)
@@ -223,3 +223,20 @@ def test_forward_only_tables_valid():
                 validate(t)
                 assert sum(len(o) for o in t.order) == P * M
                 assert FragmentRef("F", P - 1, M - 1) in t.order[P - 1]
+
+
+def test_every_schedule_is_one_kind_found_in_its_module():
+    """The registry is the schedule modules' ``KINDS``, in search order; a name not there is one
+    line listing them."""
+    import importlib
+
+    from simulator.schedules import KINDS, ScheduleError, kind
+
+    assert list(KINDS) == ["1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-1p", "zb-2p",
+                           "zb-v", "dualpipe-v"]
+    for name, k in KINDS.items():
+        module = importlib.import_module(k.generate.__module__)
+        assert k in module.KINDS and k.name == name
+        assert k.split_backward == (generate(name, 2, 4).split_backward)
+    with pytest.raises(ScheduleError, match="unknown schedule 'zb-h3'; use one of 1f1b, "):
+        kind("zb-h3")
