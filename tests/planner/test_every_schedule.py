@@ -61,9 +61,10 @@ def cpu4x2_own_hosts(cpu4x2):
 
 
 # ----------------------------------------------------------------------------- names and kinds
-def test_train_schedules_are_all_nine_in_order():
+def test_train_schedules_are_all_ten_in_order_and_nine_searched():
     assert TRAIN_SCHEDULES == ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-1p",
-                               "zb-2p", "zb-v", "dualpipe-v")
+                               "zb-2p", "zb-v", "dualpipe-v", "eager-1f1b")
+    assert SEARCHED_SCHEDULES == TRAIN_SCHEDULES[:-1]
 
 
 def test_fragment_kinds():

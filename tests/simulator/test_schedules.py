@@ -31,7 +31,7 @@ def span_bubbles(rp):
 
 def test_registry_names():
     assert SCHEDULES == ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-v",
-                         "dualpipe-v")   # the planner's search order
+                         "dualpipe-v", "eager-1f1b")   # the planner's search order
     assert SPLIT_BACKWARD == {"zb-h1", "zb-h2", "zb-v", "dualpipe-v"}
     for name in SCHEDULES:
         t = generate(name, 4, 8)
@@ -233,10 +233,24 @@ def test_every_schedule_is_one_kind_found_in_its_module():
     from simulator.schedules import KINDS, ScheduleError, kind
 
     assert list(KINDS) == ["1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-1p", "zb-2p",
-                           "zb-v", "dualpipe-v"]
+                           "zb-v", "dualpipe-v", "eager-1f1b"]
     for name, k in KINDS.items():
         module = importlib.import_module(k.generate.__module__)
         assert k in module.KINDS and k.name == name
         assert k.split_backward == (generate(name, 2, 4).split_backward)
     with pytest.raises(ScheduleError, match="unknown schedule 'zb-h3'; use one of 1f1b, "):
         kind("zb-h3")
+
+
+def test_eager_1f1b_runs_one_more_warm_up_forward_than_1f1b():
+    """P = 2, M = 3: rank 0 runs F0 F1 before B0 in 1F1B, F0 F1 F2 in eager 1F1B; the last rank
+    F0 then B0 in 1F1B, F0 F1 then B0 eagerly; the replay's peak is one more microbatch."""
+    eager, plain = generate("eager-1f1b", 2, 3), generate("1f1b", 2, 3)
+    show = lambda t: [" ".join(f"{f.kind}{f.microbatch}" for f in rank) for rank in t.order]  # noqa: E731
+    assert show(plain) == ["F0 F1 B0 F2 B1 B2", "F0 B0 F1 B1 F2 B2"]
+    assert show(eager) == ["F0 F1 F2 B0 B1 B2", "F0 F1 B0 F2 B1 B2"]
+    validate(eager)
+    ones = lambda rank, ref: 1.0  # noqa: E731
+    e, p = replay(eager, ones), replay(plain, ones)
+    assert e.makespan == p.makespan == 8.0   # (M + P - 1)(F + B) with F = B = 1
+    assert e.peak_inflight == (3, 2) and p.peak_inflight == (2, 1)
