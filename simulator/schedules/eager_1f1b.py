@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from ir import ScheduleTable
 
-from .base import B, F, check_sizes, make_table
+from .base import check_sizes, make_table
 from .gpipe import gpipe
 from .kind import ScheduleKind
+from .one_f_one_b import warm_up_then_pairs
 
 NAME = "eager-1f1b"
 
@@ -32,15 +33,7 @@ def eager_1f1b(num_ranks: int, microbatches: int, *, forward_only: bool = False)
     if forward_only:
         return gpipe(num_ranks, microbatches, forward_only=True, name=NAME)
     P, M = num_ranks, microbatches
-    order = []
-    for r in range(P):
-        w = min(P - r, M)
-        frags = [F(r, m) for m in range(w)]
-        for i in range(M - w):
-            frags += [F(r, w + i), B(r, i)]
-        frags += [B(r, m) for m in range(M - w, M)]
-        order.append(frags)
-    return make_table(NAME, P, M, range(P), order)
+    return make_table(NAME, P, M, range(P), warm_up_then_pairs(P, M, lambda r: min(P - r, M)))
 
 
 KINDS = (ScheduleKind(

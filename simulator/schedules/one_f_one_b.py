@@ -12,7 +12,9 @@ Megatron-LM", Sec. 2.2.1 (the PipeDream-Flush schedule). One stage per rank (S =
 
 from __future__ import annotations
 
-from ir import ScheduleTable
+from typing import Callable
+
+from ir import FragmentRef, ScheduleTable
 
 from .base import B, F, check_sizes, make_table
 from .gpipe import gpipe
@@ -31,15 +33,21 @@ def one_f_one_b(num_ranks: int, microbatches: int, *, forward_only: bool = False
     if forward_only:
         return gpipe(num_ranks, microbatches, forward_only=True, name=NAME)
     P, M = num_ranks, microbatches
+    return make_table(NAME, P, M, range(P), warm_up_then_pairs(P, M, lambda r: min(P - r - 1, M)))
+
+
+def warm_up_then_pairs(P: int, M: int, warm_up: Callable[[int], int]) -> list[list[FragmentRef]]:
+    """Every rank's 1F1B-shaped order, one stage per rank: ``w = warm_up(r)`` forwards, then
+    ``M - w`` pairs ``F(r, w+i), B(r, i)``, then the ``w`` remaining backwards."""
     order = []
     for r in range(P):
-        w = min(P - r - 1, M)
+        w = warm_up(r)
         frags = [F(r, m) for m in range(w)]
         for i in range(M - w):
             frags += [F(r, w + i), B(r, i)]
         frags += [B(r, m) for m in range(M - w, M)]
         order.append(frags)
-    return make_table(NAME, P, M, range(P), order)
+    return order
 
 
 KINDS = (ScheduleKind(
