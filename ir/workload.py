@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -71,6 +72,27 @@ class LayerCost:
         if self.bwd_input_other_bytes_per_sample > self.bwd_other_bytes_per_sample:
             raise IRError(f"LayerCost {self.name!r}: input-gradient other bytes exceed the backward's")
 
+
+
+FLASH_BLOCK = 128
+"""Query and key block size of a fused attention kernel: FlashAttention-2 tiles the scores in
+128 x 128 blocks for head widths up to 128 (Dao 2023, "FlashAttention-2", Sec. 3.3 and its
+released kernels; FlashAttention-3 and cuDNN's fused attention use 128-row tiles on Hopper too).
+Under a causal mask a block wholly above the diagonal is skipped."""
+
+
+def causal_fraction(seq: int, block: int = FLASH_BLOCK) -> float:
+    """Fraction of a ``seq x seq`` causal score matrix's FLOPs a blocked kernel computes:
+    ``n (n + 1) / 2`` of ``n^2`` blocks, ``n = ceil(seq / block)`` (the blocks on and below the
+    diagonal; a diagonal block is computed whole and masked inside). 1 for one block.
+
+    Raises:
+        IRError: ``seq`` or ``block`` is not positive.
+    """
+    if seq <= 0 or block <= 0:
+        raise IRError(f"causal_fraction(seq={seq}, block={block}): both must be positive")
+    n = math.ceil(seq / block)
+    return (n + 1) / (2 * n)
 
 @dataclass(frozen=True, slots=True)
 class Workload:

@@ -67,6 +67,11 @@ ZB_SCHEDULES = ("1f1b", "1f1b-interleaved", "zb-1p", "zb-2p")
 METRICS = ("samples_per_gpu_s", "iteration_s", "tflops_per_gpu", "tflops_per_device",
            "tokens_per_gpu_s", "mfu")
 
+ATTENTION_KERNELS = ("flash", "unfused")
+"""Attention kernels the ``attention`` column accepts (``zoo.config.ATTENTION_KERNELS`` says what
+each computes): ``flash`` (a fused kernel: FlashAttention, cuDNN / TE fused attention, SDPA,
+splash) or ``unfused`` (the softmax materialized, as Megatron-LM ran before FlashAttention)."""
+
 RECOMPUTE = remat.NAMES
 """Recomputation policies the ``recompute`` column accepts (case-insensitive): none; selective
 (Korthikanti et al. 2022: the attention core is recomputed); full (the whole forward is
@@ -140,8 +145,10 @@ class Row:
     devices_per_node: int | None = None
     scale_out_gbit_per_device: float | None = None
     power_limit_w: float | None = None
+    memory_bandwidth_gb_per_s: float | None = None
     eager: bool | None = None
     tp_overlap: bool | None = None
+    attention: str | None = None
     note: str = ""
     line: int = 0
     per_device_batch: float | None = None
@@ -355,6 +362,19 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if power is not None and not 1.0 <= power <= 1e5:
         raise ValidationError(f"row {line}: power_limit_w={power!r} is out of range; fix the "
                               f"CSV (W per device, 1 to 1e5)")
+    bw = (d.get("memory_bandwidth_gb_per_s") or "").strip()
+    try:
+        mem_bw = float(bw) if bw else None
+    except ValueError:
+        raise ValidationError(f"row {line}: memory_bandwidth_gb_per_s={bw[:40]!r} is not a "
+                              f"number; fix the CSV") from None
+    if mem_bw is not None and not 1.0 <= mem_bw <= 1e6:
+        raise ValidationError(f"row {line}: memory_bandwidth_gb_per_s={mem_bw!r} is out of "
+                              f"range; fix the CSV (GB/s per device, 1 to 1e6)")
+    att = (d.get("attention") or "").strip().lower() or None
+    if att is not None and att not in ATTENTION_KERNELS:
+        raise ValidationError(f"row {line}: attention {att[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(ATTENTION_KERNELS)} or leave it blank")
     r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
             layers=_int(d, "layers", line), hidden=_int(d, "hidden", line),
             heads=_int(d, "heads", line), seq_len=_int(d, "seq_len", line),
@@ -367,7 +387,9 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             glu=_flag(d, "glu", line), fsdp=_flag(d, "fsdp", line), recompute=rc,
             slices=_int(d, "slices", line), devices_per_node=_int(d, "devices_per_node", line),
             scale_out_gbit_per_device=scale_out, power_limit_w=power,
+            memory_bandwidth_gb_per_s=mem_bw,
             eager=_flag(d, "eager", line), tp_overlap=_flag(d, "tp_overlap", line),
+            attention=att,
             note=(d.get("note") or "").strip(), line=line, per_device_batch=per_device,
             global_batch_derived=derived)
     if r.kv_heads is not None and r.heads % r.kv_heads:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ir import Layout, Plan, StagePlan, Workload
+from ir.workload import causal_fraction
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 from simulator import remat
 from simulator.schedules import generate
@@ -75,10 +76,13 @@ RULES = {
     "slices": "1",
     "devices_per_node": f"gpus / slices when slices are given, else {DEVICES_PER_NODE}",
     "scale_out_gbit_per_device": "the device profile's scale-out figure",
+    "memory_bandwidth_gb_per_s": "the device profile's (the row's part is the profile's part)",
     "power_limit_w": "the note's \"N W power limit\" when it states one, else none (the "
                      "profile's TDP)",
     "eager": "1 when the note says the run was eager (e.g. \"eager (no torch.compile)\"), else "
              "the device profile's elementwise traffic",
+    "attention": "flash (a fused kernel skipping the causal mask's blocks, as every current stack "
+                 "runs) unless the note says \"unfused\" or \"fused softmax\"",
     "tp_overlap": "0 (tensor-parallel collectives on the critical path: Megatron-LM's default)",
     "micro_batch": "1",
     "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation",
@@ -141,11 +145,35 @@ def eager(row: Row) -> tuple[bool, str | None]:
     return False, None
 
 
+UNFUSED_NOTE = re.compile(r"\bunfused attention\b|\bfused (?:scale-mask-)?softmax\b|"
+                          r"\bno flash", re.IGNORECASE)
+"""How a row's ``note`` says its attention materialized the softmax (no fused attention kernel):
+read when the ``attention`` column is blank or absent."""
+
+
+def attention_kernel(row: Row) -> tuple[str, str | None]:
+    """(the row's attention kernel, ``"flash"`` or ``"unfused"``; the assumption to print or
+    None): the ``attention`` column, else ``"unfused"`` when the note says so
+    (:data:`UNFUSED_NOTE`), else ``"flash"`` (:data:`RULES`)."""
+    if row.attention is not None:
+        return row.attention, None
+    if UNFUSED_NOTE.search(row.note):
+        return "unfused", "attention: unfused (from the note)"
+    return "flash", None
+
+
 def row_device(row: Row, device: DeviceProfile) -> DeviceProfile:
-    """``device`` as the row's hosts ran it: under the row's power cap (:func:`power_capped`) and,
-    for an eager run, with every unfused non-matmul op's traffic charged
-    (:data:`EAGER_ELEMENTWISE_TRAFFIC`). Both are properties of the run, not of the device kind."""
+    """``device`` as the row's hosts ran it: under the row's power cap (:func:`power_capped`), with
+    the row's memory bandwidth when its part's differs from the profile's
+    (``memory_bandwidth_gb_per_s``: e.g. an H100 built with HBM2e instead of HBM3) and, for an
+    eager run, with every unfused non-matmul op's traffic charged
+    (:data:`EAGER_ELEMENTWISE_TRAFFIC`). All three are properties of the run, not of the device
+    kind."""
     device = power_capped(device, power_limit(row)[0])
+    if row.memory_bandwidth_gb_per_s is not None:
+        bw = row.memory_bandwidth_gb_per_s * 1e9
+        device = replace(device, memory_bandwidth=bw,
+                         description=f"{device.description} (memory {bw / 1e12:.2f} TB/s)")
     if eager(row)[0]:
         device = replace(device, elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC)
     return device
@@ -187,7 +215,7 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
             if k in ("glu", "fsdp") or (k == "scale_out_gbit_per_device" and row.gpus <= row.node_size):
                 continue                      # the defaults of the format; one node: no network
             notes.append(f"{k}: {RULES[k]}")
-    for why in (power_limit(row)[1], eager(row)[1]):
+    for why in (power_limit(row)[1], eager(row)[1], attention_kernel(row)[1]):
         if why:
             notes.append(why)
     if row.global_batch_derived:
@@ -309,13 +337,15 @@ def row_layout(row: Row) -> Layout:
                   tp_overlap=bool(row.tp_overlap) and row.tp > 1)
 
 
-def selective_recompute(workload: Workload, width: int) -> Workload:
+def selective_recompute(workload: Workload, width: int, fraction: float = 1.0) -> Workload:
     """The workload under Korthikanti et al.'s selective recomputation: each decoder block's
     backward first recomputes its attention core (``Q K^T`` and ``softmax . V``: ``4 s^2 w`` FLOP
-    per sample, ``w`` = heads x head width, Korthikanti et al. 2022 Sec. 5; no causal saving, as in
-    Megatron). The residuals are unchanged: the traced ones already exclude the ``s x s`` scores
-    (flash-attention style), which is exactly what selective recomputation drops."""
-    extra = 4.0 * workload.seq_len ** 2 * width
+    per sample, ``w`` = heads x head width, Korthikanti et al. 2022 Sec. 5), times ``fraction``
+    of the score blocks the kernel computes (1 for an unfused softmax; a fused kernel's causal
+    share, :func:`ir.workload.causal_fraction`). The residuals are unchanged: the traced ones
+    already exclude the ``s x s`` scores (flash-attention style), which is exactly what selective
+    recomputation drops."""
+    extra = 4.0 * workload.seq_len ** 2 * width * fraction
     costs = {}
     for name, c in workload.costs.items():
         if name == "decoder_block":
@@ -408,7 +438,9 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
     mb, name, v, rc, notes = _choices(row)
     w = workload_fn(row)
     if rc == "selective":
-        w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads))
+        kernel = attention_kernel(row)[0]
+        w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads),
+                                causal_fraction(row.seq_len) if kernel == "flash" else 1.0)
     if name == "interleaved-1f1b" and step_fn is not None and device is not None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
         why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1

@@ -53,8 +53,9 @@ from jax.experimental import roofline
 from jax.extend.core import jaxprs_in_params
 
 from ir import LayerCost, Workload
+from ir.workload import causal_fraction
 from zoo import models
-from zoo.config import ModelConfig, ZooError, get_config
+from zoo.config import ATTENTION_KERNELS, ModelConfig, ZooError, get_config
 from zoo.layers import attention
 
 __all__ = ["workload", "body_cost", "analytic_training_flops"]
@@ -131,24 +132,49 @@ def _attention_core(cfg: ModelConfig, body: str, b: int):
     return None, False
 
 
-def _flash_correction(cfg: ModelConfig, body: str, b: int, training: bool
-                      ) -> tuple[float, float, float, float]:
-    """(forward, backward) bytes to add: FlashAttention I/O minus the materialized core's bytes;
-    then the core's (forward, backward) other bytes, which FlashAttention fuses away."""
+def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: bool
+                                 ) -> dict[str, float]:
+    """What the attention core of ``b`` samples costs under ``cfg.attention_kernel``, as
+    corrections to the plain (materialized-softmax) trace of the layer, keyed like
+    :func:`_probe`'s figures (``fwd_bytes``, ``fwd_other``, ``fwd_flops``, ``bwd_*``,
+    ``bwdx_*``), added to them.
+
+    ``"unfused"``: none (the trace is that kernel). ``"flash"`` (Dao et al. 2022, 2023):
+
+    * bytes: the core's HBM traffic is FlashAttention's I/O (reads q, k, v, writes o and the
+      log-sum-exp; the backward reads q, k, v, o, do, lse and writes dq, dk, dv) instead of the
+      materialized scores', and the softmax's own elementwise traffic is fused away;
+    * FLOPs: a causal mask skips the blocks above the diagonal (:func:`causal_fraction` of the
+      trace's), and the backward recomputes the scores ``Q K^T`` before its four matmuls, so it
+      is 2.5x the forward's matmul FLOPs instead of 2x (FlashAttention-2, Sec. 3.1-3.2). The
+      core has no weights, so its backward FLOPs are all input-gradient (B) FLOPs.
+    """
+    zero = dict.fromkeys(("fwd_bytes", "fwd_other", "fwd_flops", "bwd_bytes", "bwd_other",
+                          "bwd_flops", "bwdx_other", "bwdx_flops"), 0.0)
     qkv, causal = _attention_core(cfg, body, b)
-    if qkv is None:
-        return 0.0, 0.0, 0.0, 0.0
+    if qkv is None or cfg.attention_kernel == "unfused":
+        return zero
+    if cfg.attention_kernel != "flash":
+        raise ZooError(f"attention_kernel {cfg.attention_kernel!r} is not one of "
+                       f"{sorted(ATTENTION_KERNELS)}")
+    q = qkv[0]
+    frac = causal_fraction(q.shape[1]) if causal else 1.0
+    scores_flops = 2.0 * math.prod(q.shape) * qkv[1].shape[1]   # Q K^T: 2 b S T H D
     core = functools.partial(attention, causal=causal, impl="plain")
-    _, plain_fwd, other_fwd = _costs(core, *qkv)
-    io = _nbytes(qkv) + _nbytes(qkv[0])                     # q, k, v in; o out
-    lse = math.prod(qkv[0].shape[:3]) * 4                   # float32 per (b, s, head)
-    fwd = io + lse - plain_fwd
+    flops_fwd, plain_fwd, other_fwd = _costs(core, *qkv)
+    io = _nbytes(qkv) + _nbytes(q)                          # q, k, v in; o out
+    lse = math.prod(q.shape[:3]) * 4                        # float32 per (b, s, head)
+    out = dict(zero, fwd_bytes=io + lse - plain_fwd, fwd_other=-other_fwd,
+               fwd_flops=(frac - 1.0) * flops_fwd)
     if not training:
-        return fwd, 0.0, other_fwd, 0.0
+        return out
     bwd_fn, leaves, ct = _vjp_parts(lambda p, q, k, v: core(q, k, v), {}, qkv, (), True)
-    _, plain_bwd, other_bwd = _costs(bwd_fn, leaves, ct)
-    bwd = (io + _nbytes(qkv[0]) + lse) + _nbytes(qkv) - plain_bwd   # q,k,v,o,do,lse in; dq,dk,dv
-    return fwd, bwd, other_fwd, other_bwd
+    flops_bwd, plain_bwd, other_bwd = _costs(bwd_fn, leaves, ct)
+    flash_bwd = frac * (flops_bwd + scores_flops)
+    out.update(bwd_bytes=(io + _nbytes(q) + lse) + _nbytes(qkv) - plain_bwd,  # q,k,v,o,do,lse in
+               bwd_other=-other_bwd, bwdx_other=-other_bwd,
+               bwd_flops=flash_bwd - flops_bwd, bwdx_flops=flash_bwd - flops_bwd)
+    return out
 
 
 def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
@@ -161,9 +187,6 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
     r["fwd_flops"], r["fwd_bytes"], r["fwd_other"] = _costs(
         fn, p, *diff, *other, floor=_nbytes((diff, other, out)))
     r["out_bytes"] = 0.0 if (cfg.training and layer == "head") else _nbytes(out)
-    fix_f, fix_b, core_f, core_b = _flash_correction(cfg, body, b, cfg.training)
-    r["fwd_bytes"] += fix_f
-    r["fwd_other"] = max(r["fwd_other"] - core_f, 0.0)
     for k in ("bwd_flops", "bwd_bytes", "bwdx_flops", "resid_bytes", "bwd_other", "bwdx_other"):
         r[k] = 0.0
     if cfg.training:
@@ -171,17 +194,18 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
         grads = jax.eval_shape(bwd, leaves, ct)
         r["bwd_flops"], r["bwd_bytes"], r["bwd_other"] = _costs(bwd, leaves, ct,
                                                                 floor=_nbytes((ct, grads)))
-        r["bwd_bytes"] += fix_b
-        r["bwd_other"] = max(r["bwd_other"] - core_b, 0.0)
         if diff:
             bwdx, leaves_x, ct = _vjp_parts(fn, p, diff, other, wrt_params=False)
             r["bwdx_flops"], _, r["bwdx_other"] = _costs(bwdx, leaves_x, ct)
-            r["bwdx_other"] = max(r["bwdx_other"] - core_b, 0.0)
         flash_fn = models.layer_fns(get_config(cfg, attention="flash"))[layer]
         r["resid_bytes"] = float(sum(
             math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
             for a, why in saved_residuals(flash_fn, p, *diff, *other)
             if not why.startswith("from the argument p")))
+    fix = _attention_kernel_correction(cfg, body, b, cfg.training)
+    for k, v in fix.items():
+        if cfg.training or not k.startswith("bwd"):
+            r[k] = max(r[k] + v, 0.0)
     return r
 
 

@@ -35,24 +35,28 @@ def row_config(row):
     """The row's decoder as a zoo :class:`~zoo.ModelConfig`, from its own columns: a
     gated MLP (``glu`` 1) is a Llama-style block (RMSNorm, SwiGLU, RoPE, no biases, untied head),
     otherwise a GPT-style block (LayerNorm, GeLU, biases, learned positions, tied embeddings);
-    grouped-query attention with ``kv_heads``; ``head_dim`` independent of the width. Blank fields
+    grouped-query attention with ``kv_heads``; ``head_dim`` independent of the width; the
+    attention kernel of :func:`simulator.validation_setup.attention_kernel`. Blank fields
     follow :data:`simulator.validation_setup.RULES`."""
     import dataclasses
 
     from zoo import ModelConfig, gpt_config
     from simulator.validation_rows import DEFAULT_VOCAB
 
+    from simulator.validation_setup import attention_kernel
+
     vocab = row.vocab or DEFAULT_VOCAB
+    kernel = attention_kernel(row)[0]
     name = f"{row.source}-{row.model}"
     if not row.glu:
         cfg = gpt_config(row.layers, row.hidden, row.heads, vocab, seq_len=row.seq_len,
                          ffn=row.ffn, name=name)
         return dataclasses.replace(cfg, kv_heads=row.kv_heads or row.heads,
-                                   head_size=row.head_dim or 0)
+                                   head_size=row.head_dim or 0, attention_kernel=kernel)
     return ModelConfig(name=name, family="llama", layers=row.layers, hidden=row.hidden,
                        heads=row.heads, kv_heads=row.kv_heads or row.heads,
                        ffn=row.ffn or 4 * row.hidden, vocab=vocab, seq_len=row.seq_len,
-                       head_size=row.head_dim or 0,
+                       head_size=row.head_dim or 0, attention_kernel=kernel,
                        source=f"published run {row.source} {row.model} (validation CSV)")
 
 

@@ -238,6 +238,25 @@ def test_selective_recompute_adds_attention_core():
     assert ws.costs["decoder_block"].bwd_flops_per_sample == 2e11 + extra
     assert ws.costs["decoder_block"].bwd_input_flops_per_sample == 1e11 + extra
     assert ws.costs["head"] == w.costs["head"]
+    half = V.selective_recompute(w, 2304, 0.5)
+    assert half.costs["decoder_block"].bwd_flops_per_sample == 2e11 + extra / 2
+
+
+def test_attention_kernel_column_note_and_rule():
+    assert V.attention_kernel(_row()) == ("flash", None)                       # the rule
+    assert V.attention_kernel(_row(attention="unfused")) == ("unfused", None)  # the column
+    noted = _row(note="Megatron-LM with its fused scale-mask-softmax kernel")
+    assert V.attention_kernel(noted) == ("unfused", "attention: unfused (from the note)")
+    assert "attention: unfused (from the note)" in V.row_setup(noted, fake_workload).assumptions
+
+
+def test_memory_bandwidth_column_sets_the_rows_part():
+    from hardware_profiles.loader import load_device
+
+    h100 = load_device("h100-sxm")
+    row = _row(device="h100-sxm", memory_bandwidth_gb_per_s=2410.0)
+    assert V.row_device(row, h100).memory_bandwidth == 2410e9
+    assert V.row_device(_row(device="h100-sxm"), h100).memory_bandwidth == h100.memory_bandwidth
 
 
 def test_maxtext_and_palm_flop_counts_exact():
@@ -453,8 +472,13 @@ def test_maxtext_policies_cost_as_the_nearest_option_and_say_so():
             "mlpwo), costed as full recompute") in full.assumptions
     sel = V.row_setup(_row(**V5P_ROW, recompute="minimal"), fake_workload)
     assert sel.recompute == "selective" and not any(sel.plan.recompute.values())
-    extra = 4.0 * 2048 ** 2 * 64 * 128          # the attention core, rerun (selective_recompute)
+    # the attention core, rerun (selective_recompute), on the causal blocks a fused kernel runs
+    extra = 4.0 * 2048 ** 2 * 64 * 128 * (17 / 32)
     assert sel.workload.costs["decoder_block"].bwd_flops_per_sample == 2e11 + extra
+    unfused = V.row_setup(_row(**V5P_ROW, recompute="minimal", attention="unfused"),
+                          fake_workload)
+    assert unfused.workload.costs["decoder_block"].bwd_flops_per_sample == (
+        2e11 + 4.0 * 2048 ** 2 * 64 * 128)
     none = V.row_setup(_row(**V5P_ROW, recompute="minimal_with_context"), fake_workload)
     assert none.recompute == "none" and none.workload.costs == fake_workload(none.row).costs
     assert sel.offload_s == full.offload_s == none.offload_s == 0.0

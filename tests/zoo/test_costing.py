@@ -11,19 +11,44 @@ import pytest
 from zoo import costing
 import zoo
 from ir import Workload
+from ir.workload import causal_fraction
 from zoo import ZooError
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "gpt3-175b"])
 def test_traced_training_flops_match_analytic(name):
-    w = costing.workload(name, global_batch=4)
-    cfg = zoo.get_config(name)
+    """The unfused kernel's FLOPs are the analytic count (full s x s scores); a fused kernel's
+    are the same with the attention term's ``12`` replaced by the forward's 4 plus a backward
+    of 10 (the scores recomputed) times the causal share of the blocks."""
+    cfg = zoo.get_config(name, attention_kernel="unfused")
+    w = costing.workload(cfg, global_batch=4)
     per_sample = sum(w.costs[n].fwd_flops_per_sample + w.costs[n].bwd_flops_per_sample
                      for n in w.layers)
     analytic = costing.analytic_training_flops(cfg, 4 * cfg.seq_len)
     assert per_sample * 4 == pytest.approx(w.step_flops, rel=1e-12)
     assert abs(w.step_flops / analytic - 1) < 0.05, w.step_flops / analytic
     assert abs(w.param_count - zoo.param_count(cfg, unique=False)) == 0
+
+    flash = costing.workload(name, global_batch=4)
+    attention = 12.0 * cfg.layers * cfg.heads * cfg.head_dim * cfg.seq_len * 4 * cfg.seq_len
+    fused = analytic - attention + attention * 14 / 12 * causal_fraction(cfg.seq_len)
+    assert abs(flash.step_flops / fused - 1) < 0.05, flash.step_flops / fused
+    assert flash.step_flops < w.step_flops
+
+
+def test_causal_fraction_counts_the_blocks_on_and_below_the_diagonal():
+    assert causal_fraction(128) == 1.0                       # one block: computed whole
+    assert causal_fraction(256) == 0.75                      # 3 of 4 blocks
+    assert causal_fraction(8192) == pytest.approx(65 / 128)  # 64 x 65 / 2 of 64^2
+    assert causal_fraction(129) == 0.75                      # a partial block counts whole
+    with pytest.raises(Exception, match="positive"):
+        causal_fraction(0)
+
+
+def test_an_unknown_attention_kernel_is_refused():
+    cfg = zoo.get_config("llama-tiny", attention_kernel="paged")
+    with pytest.raises(ZooError, match="attention_kernel 'paged'"):
+        costing.body_cost(cfg, "decoder_block")
 
 
 def test_workload_shape_and_contract():
