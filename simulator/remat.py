@@ -81,6 +81,14 @@ SPECS: dict[str, Spec] = {
                                doc="the QKV projections offloaded to host, the rest rerun"),
     "minimal_offloaded": Spec(_s(), offloaded=DOTS, doc="every weight matmul's output offloaded "
                               "to host; the attention core rerun"),
+    "op": Spec(ALL, rerun=_s(), doc="torchtitan's op-level selective activation checkpointing "
+               "(activation_checkpoint.mode 'selective', selective_ac_option 'op'): every second "
+               "weight matmul and every non-matmul op rerun, the attention core's output kept; "
+               "costed exactly by simulator.validation_setup.op_recompute, not by its parts"),
+    "layer": Spec(ALL, rerun=_s(), doc="torchtitan's layer-wise selective activation checkpointing "
+                  "(activation_checkpoint.mode 'selective', selective_ac_option '2', its default): "
+                  "every second block fully checkpointed, the others keep everything; costed "
+                  "exactly by simulator.validation_setup.layer_recompute"),
     "custom": Spec(_s(), doc="base.yml's per-tensor defaults (every tensor 'remat', the layer "
                    "input 'device'): as full; a run that set tensors_on_device / tensors_to_offload "
                    "should name the policy nearest to them"),

@@ -21,7 +21,7 @@ from simulator.validation_rows import (  # noqa: F401  (re-exported)
                                        narayanan_flops, palm_flops, skipped)
 from simulator.validation_setup import (  # noqa: F401  (re-exported)
                                         ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, StepFn, build_cluster, build_plan, row_layout,
-                                        attention_kernel, row_device, row_setup, selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
+                                        attention_kernel, layer_recompute, op_recompute, row_device, row_setup, selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
                                         with_efficiency)
 
 __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_rows", "row_setup",

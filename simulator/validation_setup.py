@@ -93,12 +93,17 @@ POWER_LIMIT_NOTE = re.compile(r"(\d+(?:\.\d+)?)\s*W power limit")
 """How a row's ``note`` states a power cap (e.g. "at a 500 W power limit"): read when the
 ``power_limit_w`` column is blank or absent."""
 
-POWER_CLOCK_EXPONENT = 1.0 / 3.0
-"""Sustained clock under a power cap = nominal x (cap / TDP) ** (1/3): dynamic CMOS power is
-``C V^2 f`` and over the DVFS range the voltage scales with the frequency, so power ~ ``f^3``
-(Hennessy & Patterson, "Computer Architecture: A Quantitative Approach", 6th ed., Sec. 1.5). It
-assumes a matmul-bound training run draws the full TDP at the nominal clock and ignores static
-power (so it slightly understates the slow-down)."""
+POWER_CLOCK_EXPONENT = 1.0
+"""Sustained clock under a power cap = nominal x (cap / TDP) ** 1. Dynamic CMOS power is
+``C V^2 f`` (Hennessy & Patterson, "Computer Architecture: A Quantitative Approach", 6th ed.,
+Sec. 1.5). Over the DVFS range the voltage scales with the clock (power ~ ``f^3``), but a GPU running
+dense matmuls at its power limit already sits at the low end of its voltage-frequency curve (an
+H100 SXM's matmul kernels throttle well below its 1.98 GHz boost at 700 W), where the voltage is
+at its floor and only the clock can give: power ~ ``f``. Static and memory power, which do not fall
+with the clock, would make the slow-down steeper still; they are not modelled. Checked on the
+torchtitan-h100 rows (500 W on a 700 W part): the cube-root law predicted the compiled rows 18.7%
+fast and the eager rows 11.5% fast; the linear law 1.7% fast and 4.4% slow, before any refit
+(``reports/validation/README.md``)."""
 
 
 def power_limit(row: Row) -> tuple[float | None, str | None]:
@@ -242,7 +247,15 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
         notes.append("auto schedule from the row's costs; post-validation")
     p = row_remat(row)
     recompute = p.cost_model
-    if p.name in ("selective", "full"):
+    if p.name == "op":
+        recompute = "op"
+        notes.append("op-level selective recompute (torchtitan): every second weight matmul and "
+                     "every non-matmul op rerun, the attention core kept")
+    elif p.name == "layer":
+        recompute = "layer"
+        notes.append(f"layer-wise selective recompute (torchtitan): every {LAYER_AC_EVERY}nd "
+                     f"block's forward rerun")
+    elif p.name in ("selective", "full"):
         notes.append(f"{p.name} recompute")
     elif p.name != "none":
         notes.append(p.costed_as)
@@ -355,6 +368,65 @@ def selective_recompute(workload: Workload, width: int, fraction: float = 1.0) -
     return replace(workload, costs=costs)
 
 
+def op_recompute(workload: Workload, row: Row) -> Workload:
+    """The workload under torchtitan's op-level selective activation checkpointing
+    (``selective_ac_option = 'op'``, ``torchtitan/models/llama/parallelize_llama.py``
+    ``_apply_ac_to_transformer_block``: the output of every second ``mm`` is saved and every op
+    outside its save list recomputed; the save list holds the attention kernels and the
+    collectives). Each decoder block's backward first reruns the matmuls at even positions of
+    the block's forward order (Llama: ``wq, wk, wv, wo, w1, w3, w2`` -> ``wk``, ``wo``, ``w3``;
+    GPT: ``wq, wk, wv, wo, w1, w2`` -> ``wk``, ``wo``, ``w2``), ``2 s x params`` FLOP per
+    sample each, and every non-matmul op of the forward (its unfused traffic again); the
+    attention core is kept. Added to the backward and to its input-gradient part B (the rerun
+    precedes it). The residuals are not reduced: torchtitan's runs in this set are costed for
+    time."""
+    h, H = row.hidden, row.heads
+    d = row.head_dim or h // H
+    kv = row.kv_heads or H
+    f = row.ffn or 4 * h
+    mats = [h * H * d, h * kv * d, h * kv * d, H * d * h]
+    mats += [h * f, h * f, f * h] if row.glu else [h * f, f * h]
+    extra = 2.0 * row.seq_len * sum(mats[1::2])
+    costs = {}
+    for name, c in workload.costs.items():
+        if name == "decoder_block":
+            other = c.fwd_other_bytes_per_sample
+            c = replace(c, bwd_flops_per_sample=c.bwd_flops_per_sample + extra,
+                        bwd_input_flops_per_sample=c.bwd_input_flops_per_sample + extra,
+                        bwd_other_bytes_per_sample=c.bwd_other_bytes_per_sample + other,
+                        bwd_input_other_bytes_per_sample=c.bwd_input_other_bytes_per_sample + other)
+        costs[name] = c
+    return replace(workload, costs=costs)
+
+
+LAYER_AC_EVERY = 2
+"""torchtitan's layer-wise selective activation checkpointing wraps every ``N``-th transformer block
+in full checkpointing (``selective_ac_option = 'N'``); ``'2'`` is its default
+(``torchtitan/config_manager.py``, ``--activation_checkpoint.selective_ac_option``)."""
+
+
+def layer_recompute(workload: Workload, every: int = LAYER_AC_EVERY) -> Workload:
+    """The workload under torchtitan's layer-wise selective checkpointing: one block in ``every``
+    reruns its whole forward before its backward, charged on average over the blocks (each decoder
+    block's backward and its input-gradient part B gain ``1 / every`` of the block's forward FLOPs,
+    bytes and unfused traffic). The residuals are not reduced: these rows are costed for time."""
+    costs = {}
+    for name, c in workload.costs.items():
+        if name == "decoder_block":
+            k = 1.0 / every
+            c = replace(c, bwd_flops_per_sample=c.bwd_flops_per_sample + k * c.fwd_flops_per_sample,
+                        bwd_input_flops_per_sample=(c.bwd_input_flops_per_sample
+                                                    + k * c.fwd_flops_per_sample),
+                        bwd_bytes_per_sample=c.bwd_bytes_per_sample + k * c.fwd_bytes_per_sample,
+                        bwd_bytes_fixed=c.bwd_bytes_fixed + k * c.fwd_bytes_fixed,
+                        bwd_other_bytes_per_sample=(c.bwd_other_bytes_per_sample
+                                                    + k * c.fwd_other_bytes_per_sample),
+                        bwd_input_other_bytes_per_sample=(c.bwd_input_other_bytes_per_sample
+                                                          + k * c.fwd_other_bytes_per_sample))
+        costs[name] = c
+    return replace(workload, costs=costs)
+
+
 def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
                virtual_stages: int = 1, recompute: bool = False) -> Plan:
     """The row's plan: ``pp * virtual_stages`` stages (layers split over ranks by
@@ -441,6 +513,10 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         kernel = attention_kernel(row)[0]
         w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads),
                                 causal_fraction(row.seq_len) if kernel == "flash" else 1.0)
+    elif rc == "op":
+        w = op_recompute(w, row)
+    elif rc == "layer":
+        w = layer_recompute(w)
     if name == "interleaved-1f1b" and step_fn is not None and device is not None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
         why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1
