@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from hardware_profiles.types import DeviceProfile
-from simulator.validation_setup import Setup, StepFn
+from simulator.validation_setup import Setup, StepFn, attention_kernel, eager, power_limit
 from simulator.validate import evaluate
 
 JITTER_GRID = tuple(round(0.0025 * k, 4) for k in range(0, 41))
@@ -58,12 +58,14 @@ class ScaleFit:
 def _key(s: Setup) -> tuple:
     r = s.row
     return (r.source, r.model, r.device, r.tp, r.pp, s.micro_batch, r.recompute, s.schedule,
-            r.seq_len, bool(r.fsdp), r.global_batch / r.gpus)
+            r.seq_len, bool(r.fsdp), r.global_batch / r.gpus, eager(r)[0], power_limit(r)[0],
+            r.memory_bandwidth_gb_per_s, attention_kernel(r)[0])
 
 
 def scale_groups(setups: Sequence[Setup]) -> dict[str, list[Setup]]:
     """Rows of one model and per-device configuration (source, model, device, tensor and
-    pipeline degree, micro batch, recompute, schedule, sequence, FSDP, samples per device) at two
+    pipeline degree, micro batch, recompute, schedule, sequence, FSDP, samples per device, and how
+    the run ran: eager or compiled, power cap, memory bandwidth, attention kernel) at two
     or more device counts, keyed ``"source model"``, each sorted by device count."""
     by: dict[tuple, list[Setup]] = {}
     for s in setups:

@@ -22,3 +22,34 @@ def test_an_iteration_time_becomes_samples_per_device_per_second():
     assert drop == pytest.approx(1 - 8.91 / 9.09, rel=1e-12)
     tok = next(r for r in V.load_rows(CSV) if r.metric == "tokens_per_gpu_s")
     assert per_device(tok, 123.0) == 123.0
+
+
+def test_a_scale_group_never_mixes_eager_and_compiled_runs():
+    """torchtitan's H100 table has eager and torch.compile rows at 8 and 128 GPUs: a drop is
+    measured within one way of running, never from an eager row to a compiled one."""
+    from simulator.scale_fit import scale_groups
+    from simulator.validation_setup import eager
+
+    rows = [r for r in V.load_rows(CSV) if r.source == "torchtitan-h100"]
+    assert len(rows) == 4
+    setups = [V.row_setup(r, lambda r: _workload()) for r in rows]
+    groups = scale_groups(setups)
+    assert len(groups) == 2
+    for g in groups.values():
+        assert [s.row.gpus for s in g] == [8, 128]
+        assert len({eager(s.row)[0] for s in g}) == 1
+
+
+def _workload():
+    from ir import LayerCost, Workload
+
+    def lc(name):
+        return LayerCost(name=name, fwd_flops_per_sample=1e9, bwd_flops_per_sample=2e9,
+                         bwd_input_flops_per_sample=1e9, fwd_bytes_fixed=0.0, fwd_bytes_per_sample=1e6,
+                         bwd_bytes_fixed=0.0, bwd_bytes_per_sample=2e6, param_count=1000,
+                         param_bytes=2000.0, activation_bytes_per_sample=1e4,
+                         residual_bytes_per_sample=1e5, tp_allreduce_bytes_per_sample=0.0)
+
+    return Workload(model="fake", layers=("embed",) + ("decoder_block",) * 32 + ("head",),
+                    costs={n: lc(n) for n in ("embed", "decoder_block", "head")},
+                    seq_len=8192, global_batch=16)
