@@ -35,9 +35,9 @@ def write(path: Path, rows: list[dict]) -> Path:
 
 
 # two maxtext-v5e rows (16B and 32B on one v5e-256 slice), one torchtitan row (llama2-13B, 64 A100)
-SMALL = [bundled(41), bundled(44), bundled(36),
-         bundled(41, recompute="bogus_policy"),
-         bundled(41, global_batch="", micro_batch="", microbatches="", per_device_batch="6")]
+SMALL = [bundled(43), bundled(46), bundled(36),
+         bundled(43, recompute="bogus_policy"),
+         bundled(43, global_batch="", micro_batch="", microbatches="", per_device_batch="6")]
 
 
 def run(args: list) -> object:
@@ -81,7 +81,7 @@ def test_strict_turns_the_skipped_row_into_one_error_line(small, tmp_path):
 
 
 def test_no_row_to_score_is_one_error_line(tmp_path):
-    f = write(tmp_path / "bad.csv", [bundled(41, recompute="bogus_policy"), bundled(2, device="h900")])
+    f = write(tmp_path / "bad.csv", [bundled(43, recompute="bogus_policy"), bundled(2, device="h900")])
     res = run(["validate", "--csv", f])
     assert res.exit_code == 2 and "Traceback" not in res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
