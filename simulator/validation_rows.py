@@ -205,6 +205,26 @@ def _flag(d: Mapping[str, str], k: str, line: int) -> bool | None:
     return v == "1"
 
 
+def _real(d: Mapping[str, str], k: str, line: int, lo: float, hi: float, unit: str
+          ) -> float | None:
+    """Optional column ``k`` as a number in ``[lo, hi]`` (``unit`` says what and the range, for
+    the message), or None when blank or absent.
+
+    Raises:
+        ValidationError: not a number, or out of range.
+    """
+    v = (d.get(k) or "").strip()
+    if not v:
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValidationError(f"row {line}: {k}={v[:40]!r} is not a number; fix the CSV") from None
+    if not lo <= x <= hi:
+        raise ValidationError(f"row {line}: {k}={x!r} is out of range; fix the CSV ({unit})")
+    return x
+
+
 def _field(d: Mapping[str, str | None], k: str, line: int) -> str:
     v = d.get(k)
     if not isinstance(v, str) or not v.strip():
@@ -344,33 +364,10 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     rc = rc.lower() if rc is not None else None
     gpus = _int(d, "gpus", line)
     global_batch, per_device, derived = _batch(d, line, gpus)
-    so = (d.get("scale_out_gbit_per_device") or "").strip()
-    try:
-        scale_out = float(so) if so else None
-    except ValueError:
-        raise ValidationError(f"row {line}: scale_out_gbit_per_device={so[:40]!r} is not a "
-                              f"number; fix the CSV") from None
-    if scale_out is not None and not 1e-3 <= scale_out <= 1e6:
-        raise ValidationError(f"row {line}: scale_out_gbit_per_device={scale_out!r} is out of "
-                              f"range; fix the CSV (Gb/s per device, 0.001 to 1e6)")
-    pw = (d.get("power_limit_w") or "").strip()
-    try:
-        power = float(pw) if pw else None
-    except ValueError:
-        raise ValidationError(f"row {line}: power_limit_w={pw[:40]!r} is not a number; "
-                              f"fix the CSV") from None
-    if power is not None and not 1.0 <= power <= 1e5:
-        raise ValidationError(f"row {line}: power_limit_w={power!r} is out of range; fix the "
-                              f"CSV (W per device, 1 to 1e5)")
-    bw = (d.get("memory_bandwidth_gb_per_s") or "").strip()
-    try:
-        mem_bw = float(bw) if bw else None
-    except ValueError:
-        raise ValidationError(f"row {line}: memory_bandwidth_gb_per_s={bw[:40]!r} is not a "
-                              f"number; fix the CSV") from None
-    if mem_bw is not None and not 1.0 <= mem_bw <= 1e6:
-        raise ValidationError(f"row {line}: memory_bandwidth_gb_per_s={mem_bw!r} is out of "
-                              f"range; fix the CSV (GB/s per device, 1 to 1e6)")
+    scale_out = _real(d, "scale_out_gbit_per_device", line, 1e-3, 1e6,
+                      "Gb/s per device, 0.001 to 1e6")
+    power = _real(d, "power_limit_w", line, 1.0, 1e5, "W per device, 1 to 1e5")
+    mem_bw = _real(d, "memory_bandwidth_gb_per_s", line, 1.0, 1e6, "GB/s per device, 1 to 1e6")
     att = (d.get("attention") or "").strip().lower() or None
     if att is not None and att not in ATTENTION_KERNELS:
         raise ValidationError(f"row {line}: attention {att[:40]!r} unknown; fix: use one of "
