@@ -74,6 +74,19 @@ class LayerCost:
 
 
 
+ATTENTION_KERNELS = {
+    "flash": "a fused attention kernel (FlashAttention-2/3, cuDNN / Transformer Engine fused "
+             "attention, PyTorch SDPA, JAX splash attention): the scores never reach HBM, a causal "
+             "mask skips the key blocks above the diagonal, the backward recomputes the scores "
+             "(Dao et al. 2022, 2023)",
+    "unfused": "the softmax materialized between two batched matmuls (Megatron-LM's fused "
+               "scale-mask-softmax, the attention of runs before FlashAttention): every score "
+               "computed and moved through HBM",
+}
+"""The attention kernels the cost model knows (``ModelConfig.attention_kernel``), with what each
+computes and moves (``zoo.costing.body_cost``; the ``attention`` column of a validation row)."""
+
+
 FLASH_BLOCK = 128
 """Query and key block size of a fused attention kernel: FlashAttention-2 tiles the scores in
 128 x 128 blocks for head widths up to 128 (Dao 2023, "FlashAttention-2", Sec. 3.3 and its

@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
+from ir.workload import ATTENTION_KERNELS
 from simulator import remat
 from simulator.plan_costs import CostError
 from simulator.schedules import KINDS
@@ -66,11 +67,6 @@ ZB_SCHEDULES = ("1f1b", "1f1b-interleaved", "zb-1p", "zb-2p")
 
 METRICS = ("samples_per_gpu_s", "iteration_s", "tflops_per_gpu", "tflops_per_device",
            "tokens_per_gpu_s", "mfu")
-
-ATTENTION_KERNELS = ("flash", "unfused")
-"""Attention kernels the ``attention`` column accepts (``zoo.config.ATTENTION_KERNELS`` says what
-each computes): ``flash`` (a fused kernel: FlashAttention, cuDNN / TE fused attention, SDPA,
-splash) or ``unfused`` (the softmax materialized, as Megatron-LM ran before FlashAttention)."""
 
 RECOMPUTE = remat.NAMES
 """Recomputation policies the ``recompute`` column accepts (case-insensitive): none; selective

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ir import Layout, Plan, StagePlan, Workload
+from ir import LayerCost, Layout, Plan, StagePlan, Workload
 from ir.workload import causal_fraction
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 from simulator import remat
@@ -350,6 +350,29 @@ def row_layout(row: Row) -> Layout:
                   tp_overlap=bool(row.tp_overlap) and row.tp > 1)
 
 
+Rerun = Callable[[LayerCost], tuple[float, float, float, float]]
+"""A recompute policy's rerun for one decoder block: ``block -> (FLOP per sample, fixed bytes,
+bytes per sample, unfused bytes per sample)`` of what it reruns before the backward."""
+
+
+def rerun_before_backward(workload: Workload, rerun: Rerun) -> Workload:
+    """``workload`` with each decoder block's backward also doing ``rerun(block)``: its FLOPs and
+    unfused traffic go to the whole backward and to its input-gradient part B (the rerun precedes
+    it), its bytes to the whole backward. Other layers are unchanged."""
+    costs = {}
+    for name, c in workload.costs.items():
+        if name == "decoder_block":
+            flops, fixed, per_sample, other = rerun(c)
+            c = replace(c, bwd_flops_per_sample=c.bwd_flops_per_sample + flops,
+                        bwd_input_flops_per_sample=c.bwd_input_flops_per_sample + flops,
+                        bwd_bytes_fixed=c.bwd_bytes_fixed + fixed,
+                        bwd_bytes_per_sample=c.bwd_bytes_per_sample + per_sample,
+                        bwd_other_bytes_per_sample=c.bwd_other_bytes_per_sample + other,
+                        bwd_input_other_bytes_per_sample=c.bwd_input_other_bytes_per_sample + other)
+        costs[name] = c
+    return replace(workload, costs=costs)
+
+
 def selective_recompute(workload: Workload, width: int, fraction: float = 1.0) -> Workload:
     """The workload under Korthikanti et al.'s selective recomputation: each decoder block's
     backward first recomputes its attention core (``Q K^T`` and ``softmax . V``: ``4 s^2 w`` FLOP
@@ -359,13 +382,7 @@ def selective_recompute(workload: Workload, width: int, fraction: float = 1.0) -
     already exclude the ``s x s`` scores (flash-attention style), which is exactly what selective
     recomputation drops."""
     extra = 4.0 * workload.seq_len ** 2 * width * fraction
-    costs = {}
-    for name, c in workload.costs.items():
-        if name == "decoder_block":
-            c = replace(c, bwd_flops_per_sample=c.bwd_flops_per_sample + extra,
-                        bwd_input_flops_per_sample=c.bwd_input_flops_per_sample + extra)
-        costs[name] = c
-    return replace(workload, costs=costs)
+    return rerun_before_backward(workload, lambda c: (extra, 0.0, 0.0, 0.0))
 
 
 def op_recompute(workload: Workload, row: Row) -> Workload:
@@ -387,16 +404,8 @@ def op_recompute(workload: Workload, row: Row) -> Workload:
     mats = [h * H * d, h * kv * d, h * kv * d, H * d * h]
     mats += [h * f, h * f, f * h] if row.glu else [h * f, f * h]
     extra = 2.0 * row.seq_len * sum(mats[1::2])
-    costs = {}
-    for name, c in workload.costs.items():
-        if name == "decoder_block":
-            other = c.fwd_other_bytes_per_sample
-            c = replace(c, bwd_flops_per_sample=c.bwd_flops_per_sample + extra,
-                        bwd_input_flops_per_sample=c.bwd_input_flops_per_sample + extra,
-                        bwd_other_bytes_per_sample=c.bwd_other_bytes_per_sample + other,
-                        bwd_input_other_bytes_per_sample=c.bwd_input_other_bytes_per_sample + other)
-        costs[name] = c
-    return replace(workload, costs=costs)
+    return rerun_before_backward(
+        workload, lambda c: (extra, 0.0, 0.0, c.fwd_other_bytes_per_sample))
 
 
 LAYER_AC_EVERY = 2
@@ -410,21 +419,10 @@ def layer_recompute(workload: Workload, every: int = LAYER_AC_EVERY) -> Workload
     reruns its whole forward before its backward, charged on average over the blocks (each decoder
     block's backward and its input-gradient part B gain ``1 / every`` of the block's forward FLOPs,
     bytes and unfused traffic). The residuals are not reduced: these rows are costed for time."""
-    costs = {}
-    for name, c in workload.costs.items():
-        if name == "decoder_block":
-            k = 1.0 / every
-            c = replace(c, bwd_flops_per_sample=c.bwd_flops_per_sample + k * c.fwd_flops_per_sample,
-                        bwd_input_flops_per_sample=(c.bwd_input_flops_per_sample
-                                                    + k * c.fwd_flops_per_sample),
-                        bwd_bytes_per_sample=c.bwd_bytes_per_sample + k * c.fwd_bytes_per_sample,
-                        bwd_bytes_fixed=c.bwd_bytes_fixed + k * c.fwd_bytes_fixed,
-                        bwd_other_bytes_per_sample=(c.bwd_other_bytes_per_sample
-                                                    + k * c.fwd_other_bytes_per_sample),
-                        bwd_input_other_bytes_per_sample=(c.bwd_input_other_bytes_per_sample
-                                                          + k * c.fwd_other_bytes_per_sample))
-        costs[name] = c
-    return replace(workload, costs=costs)
+    k = 1.0 / every
+    return rerun_before_backward(workload, lambda c: (
+        k * c.fwd_flops_per_sample, k * c.fwd_bytes_fixed, k * c.fwd_bytes_per_sample,
+        k * c.fwd_other_bytes_per_sample))
 
 
 def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,

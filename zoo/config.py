@@ -20,19 +20,6 @@ DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of each dtype a :class:`ModelConfig` may name."""
 
 
-ATTENTION_KERNELS = {
-    "flash": "a fused attention kernel (FlashAttention-2/3, cuDNN / Transformer Engine fused "
-             "attention, PyTorch SDPA, JAX splash attention): the scores never reach HBM, a causal "
-             "mask skips the key blocks above the diagonal, the backward recomputes the scores "
-             "(Dao et al. 2022, 2023)",
-    "unfused": "the softmax materialized between two batched matmuls (Megatron-LM's fused "
-               "scale-mask-softmax, the attention of runs before FlashAttention): every score "
-               "computed and moved through HBM",
-}
-"""The attention kernels the cost model knows (``ModelConfig.attention_kernel``), with what each
-computes and moves (:func:`zoo.costing.body_cost`)."""
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """A model's architecture, as published.
@@ -60,7 +47,7 @@ class ModelConfig:
         rope_theta, norm_eps, attention ("plain": materialized softmax, or "flash": a custom-VJP
         attention that keeps only q, k, v, o and the log-sum-exp for the backward: how the JAX
         model computes), attention_kernel (what the costed production stack runs, see
-        :data:`ATTENTION_KERNELS`: ``"flash"``, the default, or ``"unfused"``).
+        :data:`ir.workload.ATTENTION_KERNELS`: ``"flash"``, the default, or ``"unfused"``).
         Mochi: hidden_y / ffn_y (text stream width and SwiGLU inner width), text_tokens, text_dim
         (T5-XXL feature width), latent_channels / latent_frames / latent_height / latent_width (VAE
         latent video), patch_size (spatial patch), sampling_steps and cfg_passes (DiT forwards per

@@ -53,9 +53,9 @@ from jax.experimental import roofline
 from jax.extend.core import jaxprs_in_params
 
 from ir import LayerCost, Workload
-from ir.workload import causal_fraction
+from ir.workload import ATTENTION_KERNELS, causal_fraction
 from zoo import models
-from zoo.config import ATTENTION_KERNELS, ModelConfig, ZooError, get_config
+from zoo.config import ModelConfig, ZooError, get_config
 from zoo.layers import attention
 
 __all__ = ["workload", "body_cost", "analytic_training_flops"]
