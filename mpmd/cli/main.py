@@ -36,7 +36,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                       ("hardware_profiles.types", "ProfileError"), ("planner.errors", "PlannerError"),
                       ("simulator.plan_costs", "CostError"), ("zoo.config", "ZooError"),
                       ("simulator.schedules", "ScheduleError"), ("simulator.program", "SimError"),
-                      ("compiler.errors", "CompilerError"), ("reports", "ReportError")):
+                      ("compiler.errors", "CompilerError"), ("reports", "ReportError"),
+                      ("launchers.view", "LauncherError")):
         cls = getattr(sys.modules.get(mod), name, None)
         if isinstance(cls, type) and issubclass(cls, BaseException):
             errs.append(cls)
@@ -225,7 +226,8 @@ def _workload(model: str, global_batch: int | None, seq_len: int | None):
 
 def _extra_commands() -> None:
     """Attach the commands whose implementations live in other packages, when present."""
-    for mod in ("mpmd.cli.simulate", "mpmd.cli.run", "mpmd.cli.validate", "mpmd.cli.whatif"):
+    for mod in ("mpmd.cli.simulate", "mpmd.cli.run", "mpmd.cli.validate", "mpmd.cli.whatif",
+                "mpmd.cli.export"):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:

@@ -129,7 +129,9 @@ def _run_readme(tmp_path: Path, slow: bool) -> list[str]:
 def test_readme_commands_run_as_written(tmp_path):
     ran = _run_readme(tmp_path, slow=False)
     assert ran.count("plan") == 7 and "run" in ran and "calibrate" in ran and "simulate" in ran
-    for name in ("plan.json", "tiny.json", "h100.json", "mixed.json"):
+    assert ran.count("export") == 3
+    for name in ("plan.json", "tiny.json", "h100.json", "mixed.json", "h100-megatron.args",
+                 "h100-torchtitan.toml", "mixed-maxtext.yaml"):
         assert (tmp_path / name).is_file()
 
 

@@ -1,0 +1,98 @@
+"""A plan as Megatron-LM arguments (``pretrain_gpt.py``), one per line.
+
+Degrees: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, virtual stages
+(``--num-layers-per-virtual-pipeline-stage`` when every stage holds as many blocks, else
+``--pipeline-model-parallel-layout``, Megatron-core's per-stage layout string: ``E`` the
+embedding, ``t`` one transformer block, ``L`` the output layer and loss, stages split by ``|``, in
+virtual-stage-major order). Data parallelism is what is left (``devices / (tensor x pipeline)``):
+the distributed optimizer (``--use-distributed-optimizer``, ZeRO-1) for a plain data axis, which is
+what the cost model's memory assumes, or PyTorch FSDP2 (``--use-torch-fsdp2``) for an FSDP layout.
+Names as in Megatron-LM's ``megatron/training/arguments.py``.
+
+Megatron-LM runs 1F1B, and interleaved 1F1B with virtual stages; any other schedule is a note.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from launchers.view import PartView
+
+SCHEDULES = {"1f1b": "1F1B (Megatron's default with a pipeline)",
+             "interleaved-1f1b": "interleaved 1F1B (virtual pipeline stages)"}
+"""The plan schedules Megatron-LM runs, with what it calls them."""
+
+
+def _layout_string(v: PartView) -> str:
+    code = {"embed": "E", "head": "L"}
+    return "|".join("".join(code.get(n, "t") for n in layers) for layers in v.stage_layers)
+
+
+def _model_args(v: PartView) -> list[tuple[str, object]]:
+    c = v.model
+    out: list[tuple[str, object]] = [
+        ("--num-layers", c.layers), ("--hidden-size", c.hidden), ("--ffn-hidden-size", c.ffn),
+        ("--num-attention-heads", c.heads)]
+    if c.kv_heads != c.heads:
+        out += [("--group-query-attention", None), ("--num-query-groups", c.kv_heads)]
+    out += [("--seq-length", v.seq_len), ("--max-position-embeddings", max(v.seq_len, c.seq_len)),
+            ("--vocab-size", c.vocab)]
+    if c.family == "llama":
+        out += [("--swiglu", None), ("--normalization", "RMSNorm"),
+                ("--position-embedding-type", "rope"), ("--rotary-base", int(c.rope_theta)),
+                ("--disable-bias-linear", None)]
+    if not c.tie_embeddings:
+        out.append(("--untie-embeddings-and-output-weights", None))
+    out.append(("--bf16", None))
+    return out
+
+
+def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
+    """(the arguments as ``(flag, value or None)`` pairs, what Megatron-LM cannot express)."""
+    notes = list(v.notes)
+    lay = v.layout
+    args: list[tuple[str, object]] = [
+        ("--tensor-model-parallel-size", lay.tensor),
+        ("--pipeline-model-parallel-size", v.pipeline)]
+    if v.schedule not in SCHEDULES:
+        notes.append(f"schedule {v.schedule} has no Megatron-LM setting (it runs "
+                     f"{' or '.join(SCHEDULES)}): written for {'interleaved-1f1b' if v.virtual > 1 else '1f1b'}")
+    if any(r != s % v.pipeline for s, r in enumerate(v.stage_rank)):
+        notes.append(f"schedule {v.schedule} places stages in a V (rank {list(v.stage_rank)}); "
+                     f"Megatron-LM places stage s on rank s mod {v.pipeline}")
+    blocks = {v.decoder_layers(s) for s in range(len(v.stage_layers))}
+    if v.pipeline > 1 and len(blocks) > 1:
+        args.append(("--pipeline-model-parallel-layout", _layout_string(v)))
+    elif v.virtual > 1 and v.pipeline > 1:
+        args.append(("--num-layers-per-virtual-pipeline-stage", blocks.pop()))
+    if lay.tensor > 1:
+        args.append(("--sequence-parallel", None))
+        if lay.tp_overlap:
+            args.append(("--tp-comm-overlap", None))
+    if lay.fsdp:
+        args.append(("--use-torch-fsdp2", None))
+        if lay.hsdp > 1:
+            notes.append(f"hybrid sharding over {lay.hsdp} replicas has no Megatron-LM flag with "
+                         f"--use-torch-fsdp2: written as full sharding over data {lay.data}")
+    elif lay.data > 1:
+        args += [("--use-distributed-optimizer", None), ("--overlap-param-gather", None)]
+    if lay.data > 1:
+        args.append(("--overlap-grad-reduce", None))
+    args += [("--micro-batch-size", v.micro_batch), ("--global-batch-size", v.global_batch)]
+    if v.recompute:
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", 1)]
+    return args + _model_args(v), notes
+
+
+def render(v: PartView, source: str) -> tuple[str, list[str]]:
+    """(the arguments file's text, notes): a comment header, then one argument per line,
+    shell-quoted, for ``pretrain_gpt.py $(grep -v '^#' FILE)``."""
+    args, notes = megatron_args(v)
+    head = [f"# Megatron-LM arguments for {v.model.name}{' ' + v.name if v.name else ''}, "
+            f"exported by mpmd from {source}",
+            f"# {v.devices} x {v.device}: data {v.data} x tensor {v.layout.tensor} x pipeline "
+            f"{v.pipeline}; {v.microbatches} microbatches of {v.micro_batch} per replica",
+            "# use: pretrain_gpt.py $(grep -v '^#' THIS_FILE) plus your data and tokenizer flags"]
+    lines = [f if x is None else f"{f} {shlex.quote(str(x))}" for f, x in args]
+    return "\n".join(head + lines) + "\n", notes

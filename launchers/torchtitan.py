@@ -1,0 +1,85 @@
+"""A plan as a torchtitan job TOML (``torchtitan/config/job_config.py`` names).
+
+``[parallelism]``: ``data_parallel_shard_degree`` is the FSDP degree and
+``data_parallel_replicate_degree`` the replicas around it (HSDP), or plain DDP when the layout does
+not shard; ``tensor_parallel_degree`` (``enable_async_tensor_parallel`` for a layout that overlaps
+its tensor-parallel collectives); ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``,
+``pipeline_parallel_microbatch_size`` and ``module_fqns_per_model_part`` (each stage's modules,
+so uneven stages are written as planned). ``[activation_checkpoint] mode``: ``full`` or ``none``.
+Written with ``tomli_w``.
+"""
+
+from __future__ import annotations
+
+import tomli_w
+
+from launchers.view import PartView
+
+SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "gpipe": "GPipe",
+             "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
+"""Plan schedule -> torchtitan's ``pipeline_parallel_schedule`` (PyTorch's
+``torch.distributed.pipelining`` schedule classes)."""
+
+FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
+           "llama3-405b": ("llama3", "405B")}
+"""Zoo model -> torchtitan ``[model] name, flavor`` (torchtitan's Llama 3 flavors)."""
+
+
+def _fqns(layers: tuple[str, ...]) -> list[str]:
+    out: list[str] = []
+    for n in layers:
+        if n == "embed":
+            out.append("tok_embeddings")
+        elif n == "head":
+            out += ["norm", "output"]
+        else:
+            out.append(f"layers.{int(n[5:])}")
+    return out
+
+
+def job(v: PartView, source: str) -> tuple[dict, list[str]]:
+    """(the job config as a dict of TOML tables, what torchtitan cannot express)."""
+    notes = list(v.notes)
+    lay = v.layout
+    name, flavor = FLAVORS.get(v.model.name, ("llama3" if v.model.family == "llama" else
+                                              v.model.family, v.model.name))
+    if v.model.name not in FLAVORS:
+        notes.append(f"torchtitan has no {name} flavor {v.model.name!r}: [model] written as "
+                     f"name {name!r}, flavor {v.model.name!r}; add the model to torchtitan first")
+    if lay.fsdp:
+        replicate, shard = lay.hsdp, lay.data // lay.hsdp
+    else:
+        replicate, shard = lay.data, 1
+        if lay.data > 1:
+            notes.append(f"torchtitan's DDP keeps the optimizer state on every replica; the plan "
+                         f"sharded it over data {lay.data} (distributed optimizer): check memory "
+                         f"or plan with FSDP")
+    par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
+                 "tensor_parallel_degree": lay.tensor,
+                 "enable_async_tensor_parallel": bool(lay.tp_overlap and lay.tensor > 1),
+                 "pipeline_parallel_degree": v.pipeline, "context_parallel_degree": 1}
+    if v.pipeline > 1:
+        sched = SCHEDULES.get(v.schedule)
+        if sched is None:
+            sched = "Interleaved1F1B" if v.virtual > 1 else "1F1B"
+            notes.append(f"schedule {v.schedule} has no torchtitan name: written as {sched}")
+        par |= {"pipeline_parallel_schedule": sched,
+                "pipeline_parallel_microbatch_size": v.micro_batch,
+                "module_fqns_per_model_part": [_fqns(s) for s in v.stage_layers]}
+    doc = {
+        "job": {"description": f"{v.model.name}{' ' + v.name if v.name else ''} on {v.devices} x "
+                               f"{v.device}, exported by mpmd from {source}"},
+        "model": {"name": name, "flavor": flavor},
+        "training": {"local_batch_size": v.global_batch // max(1, v.data),
+                     "global_batch_size": v.global_batch, "seq_len": v.seq_len,
+                     "mixed_precision_param": "bfloat16"},
+        "parallelism": par,
+        "activation_checkpoint": {"mode": "full" if v.recompute else "none"},
+    }
+    return doc, notes
+
+
+def render(v: PartView, source: str) -> tuple[str, list[str]]:
+    """(the TOML text, notes)."""
+    doc, notes = job(v, source)
+    return tomli_w.dumps(doc), notes

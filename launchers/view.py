@@ -1,0 +1,172 @@
+"""A plan as a launcher sees it: one pipeline with one set of degrees.
+
+Megatron-LM, torchtitan and MaxText each describe a training job as a handful of degrees (data,
+tensor, pipeline, virtual stages), a micro batch, a schedule name and an activation-checkpointing
+mode, the same for every stage. An ``mpmd`` plan is richer: every stage mesh has its own layout,
+device kind and recomputation, and a :class:`~ir.DataParallelPlan` runs several such pipelines.
+:func:`part_views` reads a plan into one :class:`PartView` per pipeline and lists, as one line
+each, whatever a single set of degrees cannot say (:attr:`PartView.notes`); the exporters
+(:mod:`launchers.megatron`, :mod:`launchers.torchtitan`, :mod:`launchers.maxtext`) add what their
+own target lacks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from ir import DataParallelPlan, Layout, Plan
+from zoo.config import ModelConfig, ZooError, get_config
+from zoo.models import layer_names
+
+
+class LauncherError(Exception):
+    """A plan no launcher file can be written for (one line naming the value and the fix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartView:
+    """One pipeline of a plan with the degrees a launcher takes.
+
+    Attributes:
+        name: ``""`` for a one-pipeline plan, else ``"part{i}"`` (a data-parallel plan's parts).
+        model: the zoo model the plan was made for.
+        device: the device kind of the pipeline's first mesh.
+        devices: devices the written degrees describe (``data x tensor x pipeline``; a note
+            says when the plan's stage meshes hold another total).
+        layout: the data x tensor layout written (the most common one of the stage meshes).
+        pipeline: pipeline ranks (P).
+        virtual: stages per rank (V: interleaved and V-shaped schedules).
+        schedule: the plan's schedule name (``simulator.schedules.KINDS``).
+        microbatches: microbatches per step (M).
+        micro_batch: samples in one microbatch of one data-parallel replica.
+        global_batch: samples per step of this pipeline; seq_len: tokens per sample.
+        recompute: full activation recomputation (on any stage mesh).
+        stage_layers: per stage, in stage order, the model's layer names it runs (``embed``,
+            ``block{i}``, ``head``; :func:`zoo.models.layer_names`).
+        stage_rank: per stage, the pipeline rank that runs it.
+        nodes_per_mesh: scale-up domains (nodes, slices) one stage mesh's data axis spans.
+        meshes_per_node: stage meshes that share one node.
+        notes: what the plan has that this one set of degrees cannot say, one line each.
+    """
+
+    name: str
+    model: ModelConfig
+    device: str
+    devices: int
+    layout: Layout
+    pipeline: int
+    virtual: int
+    schedule: str
+    microbatches: int
+    micro_batch: int
+    global_batch: int
+    seq_len: int
+    recompute: bool
+    stage_layers: tuple[tuple[str, ...], ...]
+    stage_rank: tuple[int, ...]
+    nodes_per_mesh: int
+    meshes_per_node: int
+    notes: tuple[str, ...]
+
+    @property
+    def data(self) -> int:
+        """Data-parallel replicas of the pipeline (``devices / (tensor x pipeline)``)."""
+        return self.layout.data
+
+    def decoder_layers(self, stage: int) -> int:
+        """Transformer blocks of ``stage``."""
+        return sum(1 for n in self.stage_layers[stage] if n.startswith("block"))
+
+
+def _model(plan: Plan) -> ModelConfig:
+    try:
+        cfg = get_config(plan.model)
+    except ZooError as e:
+        raise LauncherError(f"plan model {plan.model!r} is not a zoo model ({e}); export a plan "
+                            f"made with mpmd plan --model NAME") from None
+    if cfg.family not in ("llama", "gpt") or not cfg.training:
+        raise LauncherError(f"model {cfg.name!r} ({cfg.family}) is not a decoder language model "
+                            f"trained by the launchers; export supports the zoo's gpt and llama "
+                            f"models")
+    return cfg
+
+
+def part_view(plan: Plan, name: str = "") -> PartView:
+    """The launcher view of one pipeline plan (see the module docstring).
+
+    Raises:
+        LauncherError: the plan's model is not a zoo decoder language model, or its stages do not
+            cover the model's layers.
+    """
+    cfg = _model(plan)
+    names = layer_names(cfg)
+    if plan.stages[-1].last != len(names) or plan.stages[0].first != 0:
+        raise LauncherError(f"plan stages cover layers [{plan.stages[0].first}, "
+                            f"{plan.stages[-1].last}) but {cfg.name} has {len(names)}; "
+                            f"regenerate the plan")
+    meshes = list(plan.rank_mesh)
+    notes: list[str] = []
+    layouts = [plan.layouts[m] for m in meshes]
+    layout = Counter(layouts).most_common(1)[0][0]
+    for lay in dict.fromkeys(layouts):
+        if lay != layout:
+            odd = [m for m, x in zip(meshes, layouts) if x == lay]
+            notes.append(f"mesh{'es' if len(odd) > 1 else ''} {', '.join(odd)} run{'' if len(odd) > 1 else 's'} "
+                         f"{lay}, the others {layout}: one layout per pipeline is written ({layout})")
+    kinds = [plan.devices[m][0] if m in plan.devices else "" for m in meshes]
+    if len(set(kinds)) > 1:
+        notes.append(f"the stages run on {len(set(kinds))} device kinds ({', '.join(dict.fromkeys(kinds))}): "
+                     f"a launcher starts one kind per job; launch each kind's ranks with this "
+                     f"file and its own device settings")
+    sizes = [plan.devices[m][1] if m in plan.devices else plan.layouts[m].data * plan.layouts[m].tensor
+             for m in meshes]
+    devices = layout.data * layout.tensor * len(meshes)
+    if sum(sizes) != devices:
+        notes.append(f"the stage meshes hold {', '.join(map(str, sizes))} devices: written for "
+                     f"{len(meshes)} meshes of {layout.data * layout.tensor} ({devices} devices)")
+    rc = [bool(plan.recompute.get(m, False)) for m in meshes]
+    if len(set(rc)) > 1:
+        notes.append(f"only meshes {', '.join(m for m, r in zip(meshes, rc) if r)} recompute "
+                     f"activations: written as full recomputation on every stage")
+    t = plan.schedule
+    m_count = t.microbatches
+    per_micro = plan.global_batch / (m_count * layout.data)
+    if per_micro != int(per_micro) or per_micro < 1:
+        notes.append(f"a microbatch of {plan.global_batch // m_count} samples does not split over "
+                     f"{layout.data} data-parallel replicas: micro batch written as "
+                     f"{max(1, int(per_micro))}")
+    shapes = list(plan.carving)
+    nodes = {plan.replicas.get(m, 1) for m, lay in zip(meshes, layouts) if lay == layout}
+    per_node = {int(s.get("meshes_per_node", 1)) for s in shapes} or {1}
+    stage_layers = tuple(tuple(names[s.first:s.last]) for s in plan.stages)
+    return PartView(name=name, model=cfg, device=kinds[0], devices=devices, layout=layout,
+                    pipeline=t.num_ranks, virtual=t.num_stages // t.num_ranks, schedule=t.name,
+                    microbatches=m_count, micro_batch=max(1, int(per_micro)),
+                    global_batch=plan.global_batch, seq_len=plan.seq_len, recompute=any(rc),
+                    stage_layers=stage_layers, stage_rank=tuple(t.stage_rank),
+                    nodes_per_mesh=max(nodes), meshes_per_node=max(per_node), notes=tuple(notes))
+
+
+def part_views(plan: Plan | DataParallelPlan) -> tuple[PartView, ...]:
+    """One :class:`PartView` per pipeline: the plan itself, or each part of a data-parallel plan
+    (named ``part0``, ``part1``, ...; their cross-part gradient all-reduce is a note, since no
+    launcher joins two jobs' gradients).
+
+    Raises:
+        LauncherError: see :func:`part_view`.
+    """
+    if isinstance(plan, Plan):
+        return (part_view(plan),)
+    out = []
+    for i, p in enumerate(plan.parts):
+        v = part_view(p, f"part{i}")
+        sync = (f"the parts' gradient all-reduce over {plan.sync_link or 'the link between them'} "
+                f"joins {len(plan.parts)} jobs: no launcher flag does that; run the parts in one "
+                f"job with a process group across them")
+        out.append(_with_note(v, sync))
+    return tuple(out)
+
+
+def _with_note(v: PartView, note: str) -> PartView:
+    return replace(v, notes=v.notes + (note,))
