@@ -16,7 +16,7 @@ outside ``ir`` (the guarded plan-file read, which needs ``ir.files`` and the loa
 """
 
 from ir.errors import IRError
-from ir.plan import DataParallelPlan, Layout, Plan, StagePlan
+from ir.plan import DataParallelPlan, Layout, Plan, StagePlan, with_model_config
 from ir.plan_json import (PLAN_FORMAT, any_plan_to_json, data_parallel_from_json,
                           data_parallel_to_json, plan_from_json, plan_to_json,
                           schedule_to_json)
@@ -24,7 +24,7 @@ from ir.schedule import KINDS, FragmentRef, ScheduleTable
 from ir.timeline import Timeline, TimelineEvent
 from ir.workload import LayerCost, Workload
 
-__all__ = ["KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentRef", "IRError", "LayerCost",
+__all__ = ["with_model_config", "KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentRef", "IRError", "LayerCost",
            "Layout", "Plan", "ScheduleTable", "StagePlan", "Timeline", "TimelineEvent", "Workload",
            "any_plan_to_json", "data_parallel_from_json", "data_parallel_to_json",
            "plan_from_json", "plan_to_json", "schedule_to_json"]

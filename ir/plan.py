@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ir.errors import IRError
@@ -106,6 +106,10 @@ class Plan:
     schedules: tuple[Mapping[str, Any], ...] = ()
     """The candidate table: every (schedule, microbatches) the search replayed for the chosen
     shape, ``{"schedule", "microbatches", "step_time_s" (None: did not fit)}``, best first."""
+    model_config: Mapping[str, Any] = field(default_factory=dict)
+    """The model's fields (``zoo.ModelConfig``) when it was read from a model file (a Hugging Face
+    config.json or a YAML model spec), so readers need not find the file; empty for a zoo model,
+    which ``model`` names."""
 
     @property
     def replicas(self) -> Mapping[str, int]:
@@ -151,6 +155,8 @@ class DataParallelPlan:
     solver: Mapping[str, Any] = field(default_factory=dict)
     cluster_path: str = ""
     reason: str = ""
+    model_config: Mapping[str, Any] = field(default_factory=dict)
+    """As :attr:`Plan.model_config` (every part carries the same)."""
 
     def __post_init__(self) -> None:
         if not self.parts:
@@ -166,3 +172,14 @@ class DataParallelPlan:
     @property
     def carving(self) -> tuple[Mapping[str, int], ...]:
         return tuple(c for p in self.parts for c in p.carving)
+
+
+def with_model_config(plan: "Plan | DataParallelPlan", fields: Mapping[str, Any]
+                      ) -> "Plan | DataParallelPlan":
+    """``plan`` (and every part of a data-parallel plan) carrying the model's ``fields``
+    (:attr:`Plan.model_config`)."""
+    fields = dict(fields)
+    if isinstance(plan, DataParallelPlan):
+        return replace(plan, model_config=fields,
+                       parts=tuple(replace(p, model_config=fields) for p in plan.parts))
+    return replace(plan, model_config=fields)

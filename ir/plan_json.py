@@ -30,7 +30,8 @@ def _header(plan: "Plan | DataParallelPlan") -> dict[str, Any]:
     """The keys every plan document starts with."""
     return {"format": PLAN_FORMAT, "model": plan.model, "cluster": plan.cluster,
             "cluster_path": plan.cluster_path, "global_batch": plan.global_batch,
-            "seq_len": plan.seq_len}
+            "seq_len": plan.seq_len,
+            **({"model_config": dict(plan.model_config)} if plan.model_config else {})}
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:
@@ -100,7 +101,8 @@ def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
             seq_len=int(d["seq_len"]), parts=tuple(plan_from_json(p) for p in d["parts"]),
             sync_link=str(sync["link"]), sync_bytes=float(sync["bytes"]), sync_s=float(sync["seconds"]),
             predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
-            cluster_path=str(d.get("cluster_path", "")), reason=str(d.get("reason", "")))
+            cluster_path=str(d.get("cluster_path", "")), reason=str(d.get("reason", "")),
+            model_config=dict(d.get("model_config", {})))
 
 
 def plan_from_json(d: Mapping[str, Any]) -> Plan:
@@ -144,6 +146,7 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                     global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
                     predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
                     cluster_path=str(d.get("cluster_path", "")),
+                    model_config=dict(d.get("model_config", {})),
                     devices={str(m): (str(v.get("device", "")), int(v.get("num_devices", 0)))
                              for m, v in d["meshes"].items()},
                     recompute={str(m): bool(v.get("recompute", False))

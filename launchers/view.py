@@ -16,7 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from ir import DataParallelPlan, Layout, Plan
-from zoo.config import ModelConfig, ZooError, get_config
+from zoo.config import ModelConfig, ZooError
+from zoo.model_files import plan_model
 from zoo.models import layer_names
 
 
@@ -81,7 +82,7 @@ class PartView:
 
 def _model(plan: Plan) -> ModelConfig:
     try:
-        cfg = get_config(plan.model)
+        cfg = plan_model(plan.model, plan.model_config)
     except ZooError as e:
         raise LauncherError(f"plan model {plan.model!r} is not a zoo model ({e}); export a plan "
                             f"made with mpmd plan --model NAME") from None

@@ -19,7 +19,7 @@ from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MA
                              MAX_TIME_LIMIT_S, FiniteFloat, int_range)
 from hardware_profiles.paths import resolve_cluster_path
 from ir.files import write_atomic
-from zoo.config import get_config
+from zoo.model_files import config_fields, is_model_file, resolve_model
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -105,7 +105,9 @@ def profiles() -> None:
 
 
 @main.command("plan")
-@click.option("--model", required=True, help="Zoo model name, e.g. llama3-70b.")
+@click.option("--model", required=True,
+              help="Zoo model name (e.g. llama3-70b), or a model file: a Hugging Face config.json "
+                   "(Llama, Mistral, Qwen2/3, Gemma 1-3, GPT-2, GPT-NeoX, OPT) or a YAML model spec.")
 @click.option("--cluster", "cluster_path", required=True, type=click.Path(dir_okay=False),
               help="Cluster spec YAML.")
 @click.option("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), default=None,
@@ -159,11 +161,11 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
     plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
     """
     # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
-    get_config(model)                     # ZooError: unknown model, with "did you mean"
+    cfg = resolve_model(model)            # ZooError: unknown model ("did you mean"), bad file
     resolve_cluster_path(cluster_path)    # ProfileError: no such file, with "did you mean"
     from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
     from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
-    from ir import any_plan_to_json
+    from ir import any_plan_to_json, with_model_config
     from hardware_profiles import load_cluster
     from planner import Goal, PlanOptions, plan
     from planner.api import TRAIN_SCHEDULES, PlanInterrupted
@@ -172,11 +174,11 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
         if s not in TRAIN_SCHEDULES:
             raise click.BadParameter(f"unknown schedule {s!r}; use one of {', '.join(TRAIN_SCHEDULES)}")
     cluster = load_cluster(cluster_path)
-    workload = _workload(model, global_batch, seq_len)
+    workload = _workload(cfg, global_batch, seq_len)
     # Ctrl-C handling spans the search and the output, so a second Ctrl-C never leaves a file
     with CtrlC() as ctrl_c:
         try:
-            with SearchProgress(err_console, f"{model} on {cluster.name}") as bar:
+            with SearchProgress(err_console, f"{cfg.name} on {cluster.name}") as bar:
                 opts = PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
                                    microbatches=microbatches or None, max_tensor=max_tensor,
                                    even_split=even_split, fsdp=not no_fsdp)
@@ -192,7 +194,9 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
             console.print(plan_table(result, cluster))
             ctrl_c.check()
             if out:
-                doc = any_plan_to_json(result.plan)   # a pipeline plan or a data-parallel plan
+                chosen = (with_model_config(result.plan, config_fields(cfg))
+                          if is_model_file(model) else result.plan)
+                doc = any_plan_to_json(chosen)   # a pipeline plan or a data-parallel plan
                 validate_plan_json(doc)
                 text = json.dumps(doc, indent=1)
             with ctrl_c.committing():
@@ -212,12 +216,11 @@ DEFAULT_GLOBAL_BATCH = 256
 """Samples per training step when --global-batch is not given (2M tokens at sequence length 8192)."""
 
 
-def _workload(model: str, global_batch: int | None, seq_len: int | None):
-    """The model's traced workload; inference models default to one video or request."""
+def _workload(cfg, global_batch: int | None, seq_len: int | None):
+    """The traced workload of ``cfg`` (a ``zoo.ModelConfig``); inference models default to one
+    video or request."""
     from zoo.costing import workload
-    from zoo import get_config
 
-    cfg = get_config(model)
     if global_batch is None:
         global_batch = (DEFAULT_GLOBAL_BATCH if cfg.training
                         else getattr(cfg, "sampling_steps", 1) * getattr(cfg, "cfg_passes", 1))

@@ -123,6 +123,7 @@ def load_plan_inputs(plan_path: str):
         hardware_profiles.types.ProfileError: a bad cluster file, or a carving that does not fit it.
     """
     from zoo.costing import workload
+    from zoo.model_files import plan_model
     from ir import DataParallelPlan, IRError
     from ir.plan_file import load_plan
     from hardware_profiles import load_cluster
@@ -141,7 +142,8 @@ def load_plan_inputs(plan_path: str):
             if (dev and dev != spec.device.name) or (n and n != spec.num_devices):
                 raise IRError(f"{plan_path}: plan mesh {m!r} has {n} x {dev} but the cluster's has "
                               f"{spec.num_devices} x {spec.device.name}; fix: re-plan on this cluster")
-    w = workload(plan.model, global_batch=plan.global_batch, seq_len=plan.seq_len)
+    w = workload(plan_model(plan.model, plan.model_config), global_batch=plan.global_batch,
+                 seq_len=plan.seq_len)
     for part in parts:
         if part.stages[-1].last != len(w.layers):
             raise IRError(f"{plan_path}: plan stages cover layers [0, {part.stages[-1].last}) but "

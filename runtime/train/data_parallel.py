@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 import zoo
+from zoo.model_files import plan_model
 from compiler.plan_config import config_from_plan
 from compiler.runtime import run_program
 from ir import DataParallelPlan
@@ -93,7 +94,8 @@ def run_data_parallel(plan: DataParallelPlan, steps: int, *, cluster_path: str, 
     """
 
     cluster = run_cluster(plan, cluster_path)
-    cfg = zoo.get_config(plan.model, seq_len=plan.seq_len, **dict(model_overrides or {}))
+    cfg = zoo.get_config(plan_model(plan.model, plan.model_config), seq_len=plan.seq_len,
+                         **dict(model_overrides or {}))
     names = zoo.layer_names(cfg)
     data = batches(load_text(), 1, plan.global_batch, plan.seq_len, seed=seed)
     batch = next(data)

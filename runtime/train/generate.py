@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 import zoo
+from zoo.model_files import plan_model
 from compiler.plan_config import config_from_plan
 from compiler.runtime import run_program
 from ir import DataParallelPlan, Plan
@@ -195,7 +196,8 @@ def generate_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | No
     if isinstance(plan, DataParallelPlan):
         raise RunError(f"the plan is data parallel over {len(plan.parts)} pipelines, but "
                        f"'mpmd run' executes one pipeline; run a single-pipeline plan")
-    cfg = zoo.get_config(plan.model, **dict(model_overrides or {}))
+    cfg = zoo.get_config(plan_model(plan.model, plan.model_config),
+                         **dict(model_overrides or {}))
     check_forward_only(plan, cfg)
     cpath = cluster_path or plan.cluster_path
     if not cpath:

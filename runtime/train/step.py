@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 import zoo
+from zoo.model_files import plan_model
 from compiler import frontend
 from compiler.errors import CompilerError
 from compiler.plan_config import config_from_plan
@@ -278,7 +279,8 @@ def compile_plan(plan: Plan, topology: Mapping[str, Mesh], *, seed: int = 0,
     Raises:
         RunError: the global batch does not divide into the plan's microbatches, or no compiler.
     """
-    cfg = zoo.get_config(plan.model, seq_len=plan.seq_len, **dict(model_overrides or {}))
+    cfg = zoo.get_config(plan_model(plan.model, plan.model_config), seq_len=plan.seq_len,
+                         **dict(model_overrides or {}))
     M = plan.microbatches
     if plan.global_batch % M:
         raise RunError(f"global batch {plan.global_batch} is not divisible by {M} microbatches")

@@ -1,0 +1,151 @@
+"""Models from published config files (``zoo.model_files``): the shipped Hugging Face configs
+against their published parameter totals, the refusals, and a plan that carries its model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import zoo
+from ir import any_plan_to_json, with_model_config
+from ir.plan_file import load_plan
+from mpmd.cli.main import main
+from zoo import ZooError
+from zoo.model_files import (config_fields, from_hf, from_spec, is_model_file, load_model_file,
+                             plan_model, resolve_model)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "zoo" / "configs"
+
+PUBLISHED = {  # file -> published total (zoo/configs/README.md cites each)
+    "Llama-3.1-8B.json": 8.03e9,
+    "Mistral-7B-v0.1.json": 7.24e9,
+    "Qwen2.5-7B.json": 7.61e9,
+    "Qwen3-8B.json": 8.2e9,
+    "gemma-2-9b.json": 9_241_705_984,
+    "gpt2.json": 124e6,
+    "gpt-neox-20b.json": 20_554_567_680,
+    "opt-1.3b.json": 1.32e9,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_param_count_within_1pct_of_published(name):
+    n = zoo.param_count(load_model_file(CONFIGS / name))
+    assert abs(n - PUBLISHED[name]) / PUBLISHED[name] < 0.01, n
+
+
+def test_every_shipped_config_is_covered():
+    shipped = {p.name for p in CONFIGS.glob("*.json")}
+    assert shipped == set(PUBLISHED)
+
+
+def test_exact_counts_where_the_architecture_is_modelled_exactly():
+    # no simplification applies to these four: their safetensors totals, to the parameter
+    assert zoo.param_count(load_model_file(CONFIGS / "Llama-3.1-8B.json")) == 8_030_261_248
+    assert zoo.param_count(load_model_file(CONFIGS / "Mistral-7B-v0.1.json")) == 7_241_732_096
+    assert zoo.param_count(load_model_file(CONFIGS / "gpt2.json")) == 124_439_808
+    assert zoo.param_count(load_model_file(CONFIGS / "gpt-neox-20b.json")) == 20_554_567_680
+
+
+def test_fields_are_read_as_published():
+    g = load_model_file(CONFIGS / "gemma-2-9b.json")
+    assert (g.family, g.layers, g.hidden, g.heads, g.kv_heads, g.head_dim, g.ffn, g.vocab) == (
+        "llama", 42, 3584, 16, 8, 256, 14336, 256000)
+    assert g.tie_embeddings and g.seq_len == 8192 and "GeGLU costed as SwiGLU" in g.source
+    q = load_model_file(CONFIGS / "Qwen3-8B.json")
+    assert (q.head_dim, q.kv_heads, q.rope_theta, q.tie_embeddings) == (128, 8, 1e6, False)
+    n = load_model_file(CONFIGS / "gpt-neox-20b.json")
+    assert (n.family, n.pos_emb, n.mlp, n.bias, n.tie_embeddings) == ("gpt", "rope", "gelu", True, False)
+    o = load_model_file(CONFIGS / "opt-1.3b.json")
+    assert (o.mlp, o.pos_emb, o.tie_embeddings, o.ffn) == ("relu", "learned", True, 8192)
+    # Llama 3.1's 131,072-token window is capped for the default training sequence
+    assert load_model_file(CONFIGS / "Llama-3.1-8B.json").seq_len == 8192
+
+
+def test_gemma3_reads_its_text_config():
+    doc = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+           "text_config": {"hidden_size": 2560, "num_attention_heads": 8, "num_key_value_heads": 4,
+                           "head_dim": 256, "intermediate_size": 10240, "num_hidden_layers": 34,
+                           "vocab_size": 262208, "max_position_embeddings": 131072}}
+    c = from_hf(doc, "gemma-3-4b", "test")
+    assert (c.layers, c.hidden, c.head_dim, c.tie_embeddings) == (34, 2560, 256, True)
+
+
+@pytest.mark.parametrize("doc,needle", [
+    ({"model_type": "mixtral"}, "model_type 'mixtral' is a mixture of experts, which mpmd does not plan yet"),
+    ({"architectures": ["DeepseekV3ForCausalLM"]}, "'deepseek_v3' is a mixture of experts"),
+    ({"model_type": "mamba"}, "model_type 'mamba' is not supported; supported: llama, mistral"),
+    ({"model_type": "llama", "num_attention_heads": 8}, "field 'hidden_size' is missing"),
+    ({"model_type": "llama", "hidden_size": "4096"}, "'hidden_size' = '4096' is not a positive integer"),
+])
+def test_refusals_are_one_line(doc, needle):
+    with pytest.raises(ZooError) as e:
+        from_hf(doc, "m", "m.json")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_model_spec_checks_fields():
+    ok = {"family": "gpt", "layers": 2, "hidden": 64, "heads": 4, "ffn": 256, "vocab": 100}
+    c = from_spec(ok, "s", "s.yaml")
+    assert (c.kv_heads, c.mlp, c.norm) == (4, "swiglu", "rms")      # ModelConfig's defaults
+    with pytest.raises(ZooError, match="unknown field 'layerz'; valid fields: name, family"):
+        from_spec({**ok, "layerz": 3}, "s", "s.yaml")
+    with pytest.raises(ZooError, match="field 'vocab' is missing"):
+        from_spec({k: v for k, v in ok.items() if k != "vocab"}, "s", "s.yaml")
+    with pytest.raises(ZooError, match="family 'mamba' is not one of llama, gpt"):
+        from_spec({**ok, "family": "mamba"}, "s", "s.yaml")
+    with pytest.raises(ZooError, match="'layers' = 2.5 has the wrong type"):
+        from_spec({**ok, "layers": 2.5}, "s", "s.yaml")
+
+
+def test_resolve_model_takes_a_name_or_a_file():
+    assert not is_model_file("llama3-8b") and is_model_file("a/b/config.JSON")
+    assert resolve_model("llama3-8b") == zoo.get_config("llama3-8b")
+    assert resolve_model(str(CONFIGS / "tiny-llama.yaml")).name == "tiny-llama"
+
+
+def test_a_plan_carries_its_models_fields():
+    plan = load_plan(ROOT / "tests" / "launchers" / "data" / "llama3-70b-h100x128.json")
+    cfg = load_model_file(CONFIGS / "Qwen3-8B.json")
+    doc = any_plan_to_json(with_model_config(plan, config_fields(cfg)))
+    back = load_plan_doc(doc)
+    assert plan_model(back.model, back.model_config) == cfg
+    assert plan_model(plan.model, plan.model_config) == zoo.get_config("llama3-70b")
+
+
+def load_plan_doc(doc):
+    from ir.plan_file import plan_from_doc
+    return plan_from_doc(json.loads(json.dumps(doc)))
+
+
+def test_cli_plans_a_config_file_and_the_plan_exports(tmp_path):
+    out = tmp_path / "gpt2.json"
+    res = CliRunner().invoke(main, ["plan", "--model", str(CONFIGS / "gpt2.json"), "--cluster",
+                                    str(ROOT / "hardware_profiles" / "clusters" / "h100x64_nodes.yaml"),
+                                    "--global-batch", "64", "--time-limit", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "gpt2" and doc["model_config"]["hidden"] == 768
+    res = CliRunner().invoke(main, ["export", str(out), "--to", "megatron",
+                                    "--out", str(tmp_path / "gpt2.args")])
+    assert res.exit_code == 0, res.output
+    assert "--hidden-size 768" in (tmp_path / "gpt2.args").read_text()
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"model_type": "qwen3_moe"}', "is a mixture of experts"),
+    ("[1, 2]", "a model file holds a mapping of fields"),
+])
+def test_cli_refuses_a_bad_model_file_in_one_line(tmp_path, content, needle):
+    f = tmp_path / "config.json"
+    f.write_text(content)
+    res = CliRunner().invoke(main, ["plan", "--model", str(f), "--cluster",
+                                    str(ROOT / "hardware_profiles" / "clusters" / "h100x64_nodes.yaml"),
+                                    "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 2
+    assert len(res.output.strip().splitlines()) == 1 and needle in res.output
+    assert not (tmp_path / "p.json").exists()
