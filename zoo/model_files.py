@@ -85,7 +85,7 @@ def load_model_file(path: str | Path) -> ModelConfig:
         ZooError: an unsupported architecture, a missing or bad field (one line, with the fix).
         ir.files.InputError: a file that cannot be read or parsed.
     """
-    path = Path(path)
+    path = bundled_path(path)
     doc = (read_json(path, "model config") if path.suffix.lower() == ".json"
            else read_yaml(path, "model spec"))
     if not isinstance(doc, Mapping):
@@ -95,6 +95,24 @@ def load_model_file(path: str | Path) -> ModelConfig:
     if "model_type" in doc or "architectures" in doc:
         return from_hf(doc, name, f"{path.name} (Hugging Face config)")
     return from_spec(doc, name, f"{path.name} (model spec)")
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout's root: a relative model path that is not found from the working directory is
+tried from here, so ``zoo/configs/Qwen3-8B.json`` works from any directory, as bundled cluster
+paths do (``hardware_profiles.paths.resolve_cluster_path``)."""
+
+
+def bundled_path(path: str | Path) -> Path:
+    """``path`` itself when it exists, else a bundled file at that path from the checkout's root
+    (``zoo/configs/...``), else ``path`` (the reader then says it is missing)."""
+    p = Path(path)
+    try:
+        if not p.exists() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
+            return PACKAGE_ROOT / p
+    except (OSError, ValueError):
+        pass
+    return p
 
 
 def _name(stem: str) -> str:

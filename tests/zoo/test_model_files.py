@@ -102,6 +102,11 @@ def test_model_spec_checks_fields():
         from_spec({**ok, "layers": 2.5}, "s", "s.yaml")
 
 
+def test_a_bundled_config_is_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("zoo/configs/gpt2.json").hidden == 768
+
+
 def test_resolve_model_takes_a_name_or_a_file():
     assert not is_model_file("llama3-8b") and is_model_file("a/b/config.JSON")
     assert resolve_model("llama3-8b") == zoo.get_config("llama3-8b")
