@@ -22,6 +22,12 @@ class Layout:
     of ``data / hsdp`` devices each; a replica shards parameters, gradients and optimizer state,
     and the replicas all-reduce their gradient shards (typically across TPU slices or nodes).
 
+    ``expert``: expert parallelism (Lepikhin et al. 2021, "GShard"; Megatron-LM's
+    ``--expert-model-parallel-size``): the data axis also splits a mixture of experts' experts
+    ``expert`` ways, each device holding ``experts / expert`` of them; a layer's tokens reach their
+    experts by an all-to-all over those ``expert`` devices and come back by another (dispatch and
+    combine). 1: every replica holds every expert. Not combined with ``fsdp``.
+
     ``tp_overlap``: the tensor-parallel collectives run beside the GEMMs that produce and consume
     them instead of between them (Megatron-LM / Transformer Engine ``--tp-comm-overlap`` with
     userbuffers, Wang et al., "Overlap Communication with Dependent Computation via Decomposition
@@ -35,11 +41,16 @@ class Layout:
     fsdp: bool = False
     hsdp: int = 1
     tp_overlap: bool = False
+    expert: int = 1
 
     def __post_init__(self) -> None:
         if self.hsdp < 1 or self.data % self.hsdp or (self.hsdp > 1 and not self.fsdp):
             raise ValueError(f"Layout(data={self.data}, hsdp={self.hsdp}, fsdp={self.fsdp}): hsdp "
                              f"must divide data and needs fsdp; use hsdp=1 or fsdp=True")
+        if self.expert < 1 or self.data % self.expert or (self.expert > 1 and self.fsdp):
+            raise ValueError(f"Layout(data={self.data}, expert={self.expert}, fsdp={self.fsdp}): "
+                             f"expert must divide data and is not combined with fsdp; use expert=1 "
+                             f"or fsdp=False")
 
     @property
     def shard(self) -> int:
@@ -49,6 +60,7 @@ class Layout:
     def __str__(self) -> str:
         return (f"dp{self.data}xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
                 + (f"x{self.hsdp}" if self.hsdp > 1 else "")
+                + (f"-ep{self.expert}" if self.expert > 1 else "")
                 + ("-tpo" if self.tp_overlap and self.tensor > 1 else ""))
 
 

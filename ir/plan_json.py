@@ -46,7 +46,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                        "num_devices": plan.devices.get(m, ("", l.data * l.tensor))[1],
                        "layout": {"data": l.data, "tensor": l.tensor, "fsdp": l.fsdp,
                                   **({"hsdp": l.hsdp} if l.hsdp > 1 else {}),
-                                  **({"tp_overlap": True} if l.tp_overlap else {})},
+                                  **({"tp_overlap": True} if l.tp_overlap else {}),
+                                  **({"expert": l.expert} if l.expert > 1 else {})},
                        "recompute": bool(plan.recompute.get(m, False))}
                    for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
@@ -131,7 +132,8 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
             layouts = {str(m): Layout(int(v["layout"]["data"]), int(v["layout"]["tensor"]),
                                       bool(v["layout"].get("fsdp", False)),
                                       int(v["layout"].get("hsdp", 1)),
-                                      bool(v["layout"].get("tp_overlap", False)))
+                                      bool(v["layout"].get("tp_overlap", False)),
+                                      int(v["layout"].get("expert", 1)))
                        for m, v in d["meshes"].items()}
         except ValueError as e:
             raise IRError(f"plan layout: {e}") from None

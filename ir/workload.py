@@ -56,6 +56,14 @@ class LayerCost:
     fwd_other_bytes_per_sample: float = 0.0
     bwd_other_bytes_per_sample: float = 0.0
     bwd_input_other_bytes_per_sample: float = 0.0
+    experts: int = 0
+    """Experts of the layer's mixture of experts (0: a dense layer)."""
+    expert_param_count: int = 0
+    """Of ``param_count``, the parameters in the experts: what expert parallelism shards."""
+    alltoall_bytes_per_sample: float = 0.0
+    """Bytes one sample's tokens send to their experts in one dispatch (``seq x top_k x h x dtype
+    bytes x capacity factor``); the combine sends as many back. What an expert-parallel layout
+    moves by all-to-all, per direction."""
 
     def __post_init__(self) -> None:
         for f in ("fwd_flops_per_sample", "bwd_flops_per_sample", "bwd_input_flops_per_sample",
@@ -67,6 +75,11 @@ class LayerCost:
             v = getattr(self, f)
             if not v >= 0:
                 raise IRError(f"LayerCost {self.name!r}: {f}={v!r} must be >= 0")
+        if not 0 <= self.expert_param_count <= self.param_count or self.experts < 0 \
+                or not self.alltoall_bytes_per_sample >= 0:
+            raise IRError(f"LayerCost {self.name!r}: experts={self.experts}, expert_param_count="
+                          f"{self.expert_param_count} (of {self.param_count}), alltoall bytes "
+                          f"{self.alltoall_bytes_per_sample!r}: counts must be >= 0 and within the layer's")
         if self.bwd_input_flops_per_sample > self.bwd_flops_per_sample:
             raise IRError(f"LayerCost {self.name!r}: input-gradient FLOP exceed the backward's")
         if self.bwd_input_other_bytes_per_sample > self.bwd_other_bytes_per_sample:

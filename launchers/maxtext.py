@@ -27,11 +27,16 @@ def _model(v: PartView, notes: list[str]) -> dict:
     if c.name in MODEL_NAMES:
         return {"model_name": MODEL_NAMES[c.name]}
     notes.append(f"MaxText has no model config for {c.name}: its dimensions are written as "
-                 f"base_* keys on the {'llama2' if c.family == 'llama' else 'gpt3'} decoder block")
-    return {"decoder_block": "llama2" if c.family == "llama" else "gpt3",
-            "base_num_decoder_layers": c.layers, "base_emb_dim": c.hidden,
-            "base_mlp_dim": c.ffn, "base_num_query_heads": c.heads,
-            "base_num_kv_heads": c.kv_heads, "head_dim": c.head_dim, "vocab_size": c.vocab}
+                 f"base_* keys on MaxText's {'gpt3' if c.family != 'llama' else 'mistral' if c.moe else 'llama2'} "
+                 f"decoder block")
+    out = {"decoder_block": ("mistral" if c.moe else "llama2") if c.family == "llama" else "gpt3",
+           "base_num_decoder_layers": c.layers, "base_emb_dim": c.hidden,
+           "base_mlp_dim": c.expert_ffn if c.moe else c.ffn, "base_num_query_heads": c.heads,
+           "base_num_kv_heads": c.kv_heads, "head_dim": c.head_dim, "vocab_size": c.vocab}
+    if c.moe:
+        out |= {"num_experts": c.experts, "num_experts_per_tok": c.experts_per_token,
+                "capacity_factor": c.capacity_factor}
+    return out
 
 
 def config(v: PartView, source: str) -> tuple[dict, list[str]]:
@@ -54,8 +59,14 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
         if replicas != lay.hsdp:
             notes.append(f"hybrid sharding over {lay.hsdp} replicas does not follow the "
                          f"{nodes} nodes of a mesh: written as full sharding")
+    elif lay.expert > 1 and (lay.data // nodes) % lay.expert == 0:
+        axes |= {"ici_data_parallelism": lay.data // nodes // lay.expert,
+                 "ici_expert_parallelism": lay.expert, "dcn_data_parallelism": nodes}
     else:
         axes |= {"ici_data_parallelism": lay.data // nodes, "dcn_data_parallelism": nodes}
+        if lay.expert > 1:
+            notes.append(f"expert parallel {lay.expert} spans nodes: written as data parallel "
+                         f"(MaxText's ici_expert_parallelism stays inside one)")
     doc = {"run_name": f"{v.model.name}{'-' + v.name if v.name else ''}-mpmd",
            **_model(v, notes), "max_target_length": v.seq_len,
            "per_device_batch_size": v.global_batch / v.devices, **axes,

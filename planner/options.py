@@ -26,9 +26,12 @@ def _split_layers(w: Workload) -> tuple[int, int, int]:
     return first, n, len(w.layers) - first - n
 
 
-def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool) -> list[Layout]:
+def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, experts: int = 0
+             ) -> list[Layout]:
     """Data x tensor factorizations of the mesh (data dividing the microbatch), each also with
-    fully sharded data parallel when training with more than one replica."""
+    fully sharded data parallel when training with more than one replica, and, for a model with
+    ``experts`` experts per layer, with every expert-parallel degree that divides both the data
+    degree and the experts (the all-to-all is costed over the fabric levels its group spans)."""
     out = []
     for t in range(1, mesh.num_devices + 1):
         if mesh.num_devices % t or t > max_tensor:
@@ -38,6 +41,8 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool) -> lis
             out.append(Layout(d, t))
             if fsdp and d > 1:
                 out.append(Layout(d, t, fsdp=True))
+            out += [Layout(d, t, expert=e) for e in range(2, min(d, experts) + 1)
+                    if d % e == 0 and experts % e == 0]
     return out
 
 
@@ -53,7 +58,8 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     dtype = cm.compute_dtype(w)
     ovh = cm.fragment_overhead(mesh)
     opts = []
-    choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training)
+    experts = max(c.experts for c in w.costs.values())
+    choices = [(lay, rc) for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training, experts)
                for rc in ((False, True) if w.training else (False,))]
     computed[0] += len(choices)
     for lay, rc in choices:

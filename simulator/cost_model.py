@@ -78,6 +78,30 @@ def collective(mesh: MeshSpec, op: str, nbytes: float, group: int, stride: int =
     return span_collective(op, nbytes, mesh.collective_span(group, stride))
 
 
+def held_fraction(cost: LayerCost, layout: Layout) -> float:
+    """The fraction of a layer's parameters one device of a tensor shard holds under
+    ``layout``'s expert parallelism: all the dense ones and ``1 / expert`` of the experts'
+    (1 for a dense layer or ``expert == 1``)."""
+    if layout.expert <= 1 or cost.expert_param_count <= 0 or cost.param_count <= 0:
+        return 1.0
+    return 1.0 - cost.expert_param_count * (1.0 - 1.0 / layout.expert) / cost.param_count
+
+
+def expert_alltoall(cost: LayerCost, kind: str, per_dev: float, mesh: MeshSpec,
+                    layout: Layout) -> float:
+    """Seconds of a mixture-of-experts layer's token exchange under expert parallelism in one
+    fragment of ``kind``: the forward's dispatch and combine all-to-alls over the ``expert``
+    devices (stride ``tensor``; each device's ``per_dev`` samples' tokens, split over tensor
+    parallel as sequence parallelism splits them), and their two transposes in the backward's
+    input gradient (Lepikhin et al. 2021, "GShard", Sec. 3.2). On the critical path: the experts
+    wait for the dispatch and the next layer for the combine. 0 for ``W``, a dense layer or
+    ``expert == 1``."""
+    if layout.expert <= 1 or cost.alltoall_bytes_per_sample <= 0 or kind == "W":
+        return 0.0
+    nbytes = cost.alltoall_bytes_per_sample * per_dev / layout.tensor
+    return 2.0 * collective(mesh, "all_to_all", nbytes, layout.expert, layout.tensor)
+
+
 def overlapped(work: float, comm: float, interference: float) -> float:
     """Seconds of ``work`` seconds of compute with ``comm`` seconds of communication running
     beside it on another stream: ``max(work + interference x min(work, comm), comm)``. The
@@ -196,6 +220,9 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         other = (x if kind == "B" else total - x) if split_backward or kind == "W" else total
     else:
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
+    if layout.expert > 1:       # a device reads only the experts it holds
+        fixed = cost.fwd_bytes_fixed if kind == "F" else cost.bwd_bytes_fixed * share
+        mem -= fixed * (1.0 - held_fraction(cost, layout))
     rate = _flops_rate(mesh, dtype) * (1.0 if kind == "F" else mesh.device.backward_efficiency)
     compute = flops / t / rate / util
     memory = mem / t / mesh.device.achievable_bandwidth
@@ -214,7 +241,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     # a device that overlaps nothing inside a fragment (roofline "sum": XLA:CPU runs a
     # fragment's ops one after another) adds them
     body = ((work + shard if mesh.device.roofline == "sum"
-             else overlapped(work, shard, mesh.device.comm_interference)) + elementwise + comm)
+             else overlapped(work, shard, mesh.device.comm_interference)) + elementwise + comm
+            + expert_alltoall(cost, kind, per_dev, mesh, layout))
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len)
     return body
@@ -308,7 +336,12 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
         if layout.fsdp:
             static = (weight_bytes + params * (GRAD_BYTES_PER_PARAM + adam)) / layout.shard / t
         else:
-            static = (weight_bytes + params * GRAD_BYTES_PER_PARAM + params * adam / d) / t
+            # expert parallelism: a device holds 1/expert of the experts (weights, gradients);
+            # their optimizer state is split over the data axis as the dense state is
+            held = [held_fraction(workload.layer(i), layout) for i in range(first, last)]
+            held_params = sum(workload.layer(i).param_count * f for i, f in zip(range(first, last), held))
+            held_bytes = sum(workload.layer(i).param_bytes * f for i, f in zip(range(first, last), held))
+            static = (held_bytes + held_params * GRAD_BYTES_PER_PARAM + params * adam / d) / t
         per_layer = [(workload.layer(i - 1).activation_bytes_per_sample if i > 0 else 0.0)
                      if recompute else workload.layer(i).residual_bytes_per_sample
                      for i in range(first, last)]
@@ -340,8 +373,14 @@ def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[st
         return None
     t = layout.tensor
     if op == "reduce_scatter":
-        nbytes = cost.param_count * GRAD_BYTES_PER_PARAM / t
-        return op, nbytes, collective(mesh, op, nbytes, layout.data, t)
+        e = layout.expert if cost.expert_param_count > 0 else 1
+        dense = (cost.param_count - cost.expert_param_count * (e > 1)) * GRAD_BYTES_PER_PARAM / t
+        seconds = collective(mesh, op, dense, layout.data, t)
+        if e > 1:     # each expert shard over the replicas that hold it (stride expert x tensor)
+            local = cost.expert_param_count * GRAD_BYTES_PER_PARAM / t / e
+            seconds += collective(mesh, op, local, layout.data // e, e * t)
+            dense += local
+        return op, dense, seconds
     g = layout.shard
     nbytes = cost.param_count * GRAD_BYTES_PER_PARAM / t / g
     return op, nbytes, collective(mesh, op, nbytes, layout.hsdp, g * t)
@@ -369,8 +408,15 @@ def param_gather_time(workload: Workload, first: int, last: int, mesh: MeshSpec,
     forward, which one step's replay does not show; it is charged in full."""
     if not workload.training or layout.fsdp or layout.data <= 1:
         return 0.0
-    nbytes = sum(workload.layer(i).param_bytes for i in range(first, last)) / layout.tensor
-    return collective(mesh, "all_gather", nbytes, layout.data, layout.tensor)
+    e, t = layout.expert, layout.tensor
+    layers = [workload.layer(i) for i in range(first, last)]
+    expert = sum(c.param_bytes * c.expert_param_count / c.param_count
+                 for c in layers if c.param_count > 0) if e > 1 else 0.0
+    dense = sum(c.param_bytes for c in layers) - expert
+    out = collective(mesh, "all_gather", dense / t, layout.data, t)
+    if expert > 0:
+        out += collective(mesh, "all_gather", expert / t / e, layout.data // e, e * t)
+    return out
 
 
 def optimizer_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout

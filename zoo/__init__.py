@@ -23,7 +23,8 @@ import importlib
 
 from zoo.config import DTYPE_BYTES, ModelConfig, ZooError, get_config, gpt_config, list_models
 
-_MODELS = ("init_params", "param_shapes", "param_count", "layer_names", "layer_fns", "body_of",
+_MODELS = ("init_params", "param_shapes", "param_count", "active_param_count",
+           "expert_param_count", "layer_names", "layer_fns", "body_of",
            "forward_loss", "forward", "batch_spec", "example_batch", "layer_param_shapes")
 _COSTING = ("analytic_training_flops", "body_cost", "workload")
 

@@ -48,6 +48,13 @@ class ModelConfig:
         attention that keeps only q, k, v, o and the log-sum-exp for the backward: how the JAX
         model computes), attention_kernel (what the costed production stack runs, see
         :data:`ir.workload.ATTENTION_KERNELS`: ``"flash"``, the default, or ``"unfused"``).
+        Mixture of experts (``experts`` > 0; llama family): every block's MLP is ``experts``
+        SwiGLU experts of inner width ``expert_ffn`` behind a linear router; each token goes to its
+        ``experts_per_token`` highest-scoring experts, their gates renormalized over those (Mixtral,
+        Jiang et al. 2024, Sec. 2.1; Qwen3-MoE's ``norm_topk_prob``), and each expert takes at most
+        ``ceil(tokens x experts_per_token x capacity_factor / experts)`` tokens of a microbatch
+        (GShard / Switch Transformer capacity, Fedus et al. 2022, Sec. 2.2); a token over capacity
+        passes by that expert on the residual.
         Mochi: hidden_y / ffn_y (text stream width and SwiGLU inner width), text_tokens, text_dim
         (T5-XXL feature width), latent_channels / latent_frames / latent_height / latent_width (VAE
         latent video), patch_size (spatial patch), sampling_steps and cfg_passes (DiT forwards per
@@ -88,6 +95,15 @@ class ModelConfig:
     sampling_steps: int = 0
     cfg_passes: int = 0
     head_size: int = 0
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn: int = 0
+    capacity_factor: float = 1.0
+
+    @property
+    def moe(self) -> bool:
+        """Whether every block's MLP is a mixture of experts (``experts > 0``)."""
+        return self.experts > 0
 
     @property
     def head_dim(self) -> int:

@@ -251,7 +251,18 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         tp_allreduce_bytes_per_sample=_tp_allreduce_bytes(cfg, body),
         fwd_other_bytes_per_sample=per["fwd_other"],
         bwd_other_bytes_per_sample=per["bwd_other"],
-        bwd_input_other_bytes_per_sample=min(per["bwdx_other"], per["bwd_other"]))
+        bwd_input_other_bytes_per_sample=min(per["bwdx_other"], per["bwd_other"]),
+        **_expert_fields(cfg, body))
+
+
+def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
+    """A mixture-of-experts block's :class:`LayerCost` expert fields: its experts, their
+    parameters and the bytes one sample's tokens send to them in one dispatch."""
+    if not cfg.moe or body != "decoder_block":
+        return {}
+    return {"experts": cfg.experts, "expert_param_count": models.expert_param_count(cfg),
+            "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.hidden
+                                          * cfg.dtype_bytes * cfg.capacity_factor)}
 
 
 def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | None = None,

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from zoo.config import ModelConfig
-from zoo.layers import (attention, cross_entropy, gelu_mlp, layer_norm, relu_mlp, rms_norm, rope,
-                        swiglu)
+from zoo.layers import (attention, cross_entropy, gelu_mlp, layer_norm, moe_swiglu, relu_mlp,
+                        rms_norm, rope, swiglu)
 
 
 def embed_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -33,7 +33,10 @@ def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     h, d, H, KV, f = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.ffn
     s = {"attn_norm": (h,), "wq": (h, H * d), "wk": (h, KV * d), "wv": (h, KV * d),
          "wo": (H * d, h), "mlp_norm": (h,)}
-    if cfg.mlp == "swiglu":
+    if cfg.moe:
+        E, fe = cfg.experts, cfg.expert_ffn
+        s.update(w_router=(h, E), w_gate=(E, h, fe), w_up=(E, h, fe), w_down=(E, fe, h))
+    elif cfg.mlp == "swiglu":
         s.update(w_gate=(h, f), w_up=(h, f), w_down=(f, h))
     else:
         s.update(w_in=(h, f), w_out=(f, h))
@@ -87,6 +90,10 @@ def block_fn(cfg: ModelConfig):
         o = attention(q, k, v, causal=True, impl=cfg.attention).reshape(B, S, H * d)
         x = x + lin(p, "wo", o)
         m = _norm(cfg, p, "mlp_norm", x)
+        if cfg.moe:
+            return x + moe_swiglu(m, p["w_router"], p["w_gate"], p["w_up"], p["w_down"],
+                                  top_k=cfg.experts_per_token,
+                                  capacity_factor=cfg.capacity_factor)
         if cfg.mlp == "swiglu":
             return x + swiglu(m, p["w_gate"], p["w_up"], p["w_down"])
         mlp = relu_mlp if cfg.mlp == "relu" else gelu_mlp

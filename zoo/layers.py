@@ -164,6 +164,52 @@ def _silu_mul(g: jax.Array, u: jax.Array) -> jax.Array:
     return jax.nn.silu(g) * u
 
 
+def expert_capacity(tokens: int, top_k: int, experts: int, capacity_factor: float) -> int:
+    """Tokens one expert takes from a microbatch of ``tokens`` tokens:
+    ``ceil(tokens x top_k x capacity_factor / experts)``, at least 1 (Fedus et al. 2022, "Switch
+    Transformers", Sec. 2.2, "expert capacity")."""
+    return max(1, math.ceil(tokens * top_k * capacity_factor / experts))
+
+
+def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.Array,
+               w_down: jax.Array, *, top_k: int, capacity_factor: float) -> jax.Array:
+    """Mixture-of-experts SwiGLU with top-k token-choice routing (``zoo.ModelConfig`` docs).
+
+    Each (token, choice) pair is sorted by expert and placed in its expert's buffer of
+    :func:`expert_capacity` rows (pairs past it are dropped: that expert adds nothing to the
+    token); the experts run as batched matmuls over ``[experts, capacity, h]``, so a trace costs
+    ``2 x tokens x top_k x capacity_factor x h x f`` FLOP per expert matmul, as the routed work
+    is, not every expert on every token; the outputs are gathered back and summed with the gates.
+
+    Args:
+        x: ``[B, S, h]``; w_router: ``[h, E]``; w_gate, w_up: ``[E, h, f]``; w_down: ``[E, f, h]``.
+        top_k: experts per token; capacity_factor: expert capacity over the balanced share.
+    Returns: ``[B, S, h]``.
+    """
+    B, S, h = x.shape
+    E = w_router.shape[1]
+    T = B * S
+    xt = x.reshape(T, h)
+    probs = jax.nn.softmax((xt @ w_router).astype(jnp.float32), axis=-1)
+    gates, chosen = jax.lax.top_k(probs, top_k)
+    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+    C = expert_capacity(T, top_k, E, capacity_factor)
+    flat = chosen.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    by_expert = flat[order]
+    first = jnp.searchsorted(by_expert, jnp.arange(E))
+    pos = jnp.arange(T * top_k) - first[by_expert]
+    slot = jnp.where(pos < C, by_expert * C + pos, E * C)      # E * C: dropped
+    token = order // top_k
+    buf = jnp.zeros((E * C, h), x.dtype).at[slot].set(xt[token], mode="drop").reshape(E, C, h)
+    g = jnp.einsum("ech,ehf->ecf", buf, w_gate)
+    u = jnp.einsum("ech,ehf->ecf", buf, w_up)
+    y = jnp.einsum("ecf,efh->ech", _silu_mul(g, u), w_down).reshape(E * C, h)
+    picked = jnp.take(y, slot, axis=0, mode="fill", fill_value=0)
+    w = gates.reshape(-1)[order].astype(x.dtype)
+    return jnp.zeros((T, h), x.dtype).at[token].add(picked * w[:, None]).reshape(B, S, h)
+
+
 @jax.checkpoint
 def _gelu(h: jax.Array) -> jax.Array:
     return jax.nn.gelu(h, approximate=True)

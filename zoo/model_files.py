@@ -16,8 +16,10 @@ biases and Qwen3's q/k norms are left out (under 0.01% of the parameters), slidi
 (Mistral 7B v0.1, Gemma 2/3) are costed as full causal attention, GPT-NeoX's partial rotary as
 full rotary (no parameters either way), and Gemma 3's vision encoder is not modelled. The tokens
 per sample default to ``min(max_position_embeddings, 8192)`` (``--seq-len`` overrides it).
-Mixture-of-experts configs (Mixtral, Qwen-MoE, DeepSeek-V2/V3, ...) and any other type are
-refused in one line naming the type and the supported list.
+A mixture of experts in every block (``mixtral``, ``qwen3_moe``) sets the config's expert fields
+(``ModelConfig.experts`` ...); DeepSeek-V2/V3 (multi-head latent attention, shared experts), Qwen2-MoE
+(shared experts) and other MoE designs, and any other type, are refused in one line naming the type,
+what is missing and the supported list.
 
 A YAML model spec is a mapping of :class:`ModelConfig` fields (``name``, ``family``: ``llama`` or
 ``gpt``, ``layers``, ``hidden``, ``heads``, ``ffn``, ``vocab``, and optionally every other field);
@@ -45,12 +47,18 @@ pretraining step a plan is usually for)."""
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
-SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES
-"""Hugging Face ``model_type`` values read into a dense decoder."""
+MOE_TYPES = ("mixtral", "qwen3_moe")
+SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES + MOE_TYPES
+"""Hugging Face ``model_type`` values read into a decoder (dense, or a mixture of experts in
+every block)."""
 
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx", "jamba",
-             "olmoe", "granitemoe", "phimoe", "grok-1")
-"""Mixture-of-experts ``model_type`` values: refused until expert parallelism is modelled."""
+UNSUPPORTED_MOE = {
+    "deepseek_v2": "multi-head latent attention and shared experts",
+    "deepseek_v3": "multi-head latent attention, shared experts and dense first layers",
+    "qwen2_moe": "shared experts", "dbrx": "its fine-grained experts' clipped QKV",
+    "jamba": "Mamba layers", "olmoe": "q/k norms with experts", "granitemoe": "its router",
+    "phimoe": "its sparse-mixer routing", "grok-1": "its attention and routing"}
+"""Mixture-of-experts ``model_type`` values with what the zoo cannot yet express of each."""
 
 _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
@@ -153,15 +161,17 @@ def from_hf(doc: Mapping[str, Any], name: str, source: str) -> ModelConfig:
     """
     kind = model_type(doc)
     where = f"{source}: model_type {kind!r}"
-    if kind in MOE_TYPES:
-        raise ZooError(f"{where} is a mixture of experts, which mpmd does not plan yet; supported "
-                       f"dense decoders: {', '.join(SUPPORTED_TYPES)}")
+    if kind in UNSUPPORTED_MOE:
+        raise ZooError(f"{where} is a mixture of experts with {UNSUPPORTED_MOE[kind]}, which the "
+                       f"zoo does not model yet; supported: {', '.join(SUPPORTED_TYPES)}")
     if kind not in SUPPORTED_TYPES:
         raise ZooError(f"{where} is not supported; supported: {', '.join(SUPPORTED_TYPES)}")
     if kind == "gemma3" and isinstance(doc.get("text_config"), Mapping):
         doc = {**doc["text_config"], "model_type": "gemma3_text"}
     if kind in LLAMA_TYPES:
         return _llama_like(doc, kind, name, source, where)
+    if kind in MOE_TYPES:
+        return _moe(doc, kind, name, source, where)
     return _gpt_like(doc, kind, name, source, where)
 
 
@@ -192,6 +202,28 @@ def _llama_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where
         norm_eps=float(doc.get("rms_norm_eps") or 1e-6),
         head_size=head_dim if head_dim != hidden // heads else 0,
         source=f"{source}; {kind}" + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) -> ModelConfig:
+    """Mixtral (``num_local_experts``, ``intermediate_size`` per expert) and Qwen3-MoE
+    (``num_experts``, ``moe_intermediate_size``; every layer sparse) as a llama-family decoder
+    whose every block's MLP is a mixture of experts."""
+    if kind == "qwen3_moe":
+        if doc.get("mlp_only_layers") or int(doc.get("decoder_sparse_step", 1)) != 1:
+            raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
+                           f"decoder_sparse_step) are not modelled; every layer must be sparse")
+        experts, ffn = _int(doc, "num_experts", where), _int(doc, "moe_intermediate_size", where)
+    else:
+        experts, ffn = _int(doc, "num_local_experts", where), _int(doc, "intermediate_size", where)
+    top_k = _int(doc, "num_experts_per_tok", where)
+    if top_k > experts:
+        raise ZooError(f"{where}: num_experts_per_tok {top_k} exceeds the {experts} experts; fix the config")
+    base = _llama_like({**doc, "intermediate_size": ffn}, "qwen3" if kind == "qwen3_moe" else "mistral",
+                       name, source, where)
+    return dataclasses.replace(base, experts=experts, experts_per_token=top_k, expert_ffn=ffn,
+                               source=base.source.replace("; qwen3", "; qwen3_moe", 1)
+                               .replace("; mistral", "; mixtral", 1)
+                               + f" ({experts} experts, top {top_k}, capacity factor 1)")
 
 
 def _gpt_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str

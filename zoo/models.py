@@ -113,6 +113,21 @@ def param_count(cfg: ModelConfig | str, *, unique: bool = True) -> int:
     return n
 
 
+def expert_param_count(cfg: ModelConfig | str) -> int:
+    """Parameters of one block's experts (0 for a dense model): ``experts x 3 x h x expert_ffn``."""
+    cfg = _cfg(cfg)
+    return cfg.experts * 3 * cfg.hidden * cfg.expert_ffn if cfg.moe else 0
+
+
+def active_param_count(cfg: ModelConfig | str) -> int:
+    """Parameters one token uses (a tied head counted once): all of a dense model; for a mixture
+    of experts, all but the experts a token is not routed to (the "active parameters" MoE papers
+    report, e.g. Mixtral 8x22B's 39B of 141B)."""
+    cfg = _cfg(cfg)
+    unused = cfg.experts - cfg.experts_per_token if cfg.moe else 0
+    return param_count(cfg) - cfg.layers * unused * expert_param_count(cfg) // max(1, cfg.experts)
+
+
 def layer_fns(cfg: ModelConfig | str) -> dict[str, Callable[..., Any]]:
     """For each layer name, its function (not yet named): decoders
     ``embed(p, tokens [B,S] int32) -> x [B,S,h]``, ``blockI(p, x) -> x``,

@@ -9,6 +9,9 @@ the axes
   gathers them inside each fragment (ZeRO-3; Rajbhandari et al. 2020);
 - ``"replica"`` (only when ``hsdp > 1``): the ``hsdp`` replicas of hybrid sharded data parallel;
   the batch is split over ``("replica", "data")``, the parameters over ``"data"`` only;
+- ``"expert"`` (only when ``expert > 1``): expert parallel: the batch is split over
+  ``("data", "expert")`` and a mixture of experts' expert weights over ``"expert"``; XLA's
+  partitioner moves the tokens to their experts' devices and back (the dispatch and combine);
 - ``"model"``: Megatron-LM tensor parallel (Shoeybi et al. 2019, section 3): the attention's Q, K
   and V projections and the MLP's first matrices are column-parallel (output features split), the
   attention output and the MLP's last matrix row-parallel (input features split), the embedding
@@ -31,7 +34,12 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ir import Layout, Plan
 
-DATA, MODEL, REPLICA = "data", "model", "replica"
+DATA, MODEL, REPLICA, EXPERT = "data", "model", "replica", "expert"
+
+_EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
+"""A mixture of experts' weights (zoo.decoder, ``[experts, ...]``): expert parallel splits
+their first dimension over ``"expert"``; tensor parallel splits each expert's feature dimension
+(the last of ``w_gate`` / ``w_up``, the middle of ``w_down``)."""
 
 # Megatron tensor parallel for the zoo's decoder parameters (zoo.decoder): which dimension
 # of a weight the "model" axis splits. "col": the output features (last dim), "row": the input
@@ -55,9 +63,12 @@ def too_few_devices(cluster: str, need: int, have: int) -> str:
 
 def layout_axes(layout: Layout) -> dict[str, int]:
     """The mesh axes (name -> size, in device order) of ``layout``: ``{"data": d, "model": t}``,
-    or ``{"replica": hsdp, "data": d / hsdp, "model": t}`` with hybrid sharding."""
+    ``{"replica": hsdp, "data": d / hsdp, "model": t}`` with hybrid sharding, or
+    ``{"data": d / e, "expert": e, "model": t}`` with expert parallelism."""
     if layout.hsdp > 1:
         return {REPLICA: layout.hsdp, DATA: layout.data // layout.hsdp, MODEL: layout.tensor}
+    if layout.expert > 1:
+        return {DATA: layout.data // layout.expert, EXPERT: layout.expert, MODEL: layout.tensor}
     return {DATA: layout.data, MODEL: layout.tensor}
 
 
@@ -86,7 +97,9 @@ def layout_mesh(devices: Sequence[Any], layout: Layout) -> Mesh:
 
 def batch_spec(layout: Layout) -> PartitionSpec:
     """The spec of a microbatch array ``[b, ...]``: the batch split over every data axis."""
-    return PartitionSpec((REPLICA, DATA) if layout.hsdp > 1 else DATA)
+    if layout.hsdp > 1:
+        return PartitionSpec((REPLICA, DATA))
+    return PartitionSpec((DATA, EXPERT) if layout.expert > 1 else DATA)
 
 
 def _tp_dim(cfg: Any, name: str, shape: tuple[int, ...], tensor: int) -> int | None:
@@ -117,7 +130,15 @@ def param_spec(cfg: Any, name: str, shape: tuple[int, ...], layout: Layout) -> P
     parameters are replicated.
     """
     dims: list[str | None] = [None] * len(shape)
-    tp = _tp_dim(cfg, name, shape, layout.tensor)
+    if name in _EXPERT_WEIGHTS and len(shape) == 3:       # [experts, ...] of a mixture of experts
+        if layout.expert > 1 and shape[0] % layout.expert == 0:
+            dims[0] = EXPERT
+        f = 2 if name != "w_down" else 1
+        if layout.tensor > 1 and shape[f] % layout.tensor == 0:
+            dims[f] = MODEL
+        tp = None
+    else:
+        tp = _tp_dim(cfg, name, shape, layout.tensor)
     if tp is not None:
         dims[tp] = MODEL
     if layout.fsdp and layout.shard > 1:

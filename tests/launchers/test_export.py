@@ -72,6 +72,7 @@ def test_degrees_multiply_to_each_parts_devices(plan_path, target):
             doc = tomllib.loads(f.text)
             par = doc["parallelism"]
             dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+            assert dp % par.get("expert_parallel_degree", 1) == 0
             assert dp * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == v.devices
             assert doc["training"]["local_batch_size"] * dp == doc["training"]["global_batch_size"]
             if par["pipeline_parallel_degree"] > 1:
@@ -81,7 +82,7 @@ def test_degrees_multiply_to_each_parts_devices(plan_path, target):
         else:
             doc = yaml.safe_load(f.text)
             axes = [doc[f"{level}_{axis}_parallelism"] for level in ("ici", "dcn")
-                    for axis in ("data", "fsdp", "tensor", "pipeline") if
+                    for axis in ("data", "fsdp", "tensor", "pipeline", "expert") if
                     f"{level}_{axis}_parallelism" in doc]
             assert math.prod(axes) == v.devices
             assert doc["per_device_batch_size"] * v.devices == v.global_batch
