@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import bench_a100_175b  # noqa: E402
 import bench_cli  # noqa: E402
 import bench_fixtures  # noqa: E402
+import bench_moe  # noqa: E402
 import bench_peer  # noqa: E402
 import bench_planner  # noqa: E402
 import bench_shapes  # noqa: E402
@@ -34,6 +35,8 @@ SECTIONS = {
              "communication\n", bench_a100_175b.markdown),
     "fixtures": ("## Published layouts as fixtures: the planner against the layouts experts ran\n",
                  bench_fixtures.markdown),
+    "moe": ("## Mixtures of experts: Mixtral, Qwen3-MoE and DeepSeek-V3, and DeepSeek's own layout\n",
+            bench_moe.markdown),
     "peer": ("## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
              bench_peer.markdown),
     "cli": ("## CLI: bad input refused before the heavy imports\n", bench_cli.markdown),

@@ -128,6 +128,8 @@ class HandLayout:
             the same: a ring all-reduce is a reduce-scatter then an all-gather).
         fsdp: the data axis shards parameters too (ZeRO-3: torchtitan's FSDP x TP, PyTorch FSDP2),
             gathering each layer's parameters before use (``Layout.fsdp``).
+        expert: expert-parallel degree (``Layout.expert``: a mixture of experts' experts split over
+            that many devices of the data axis; Megatron-LM's ``--expert-model-parallel-size``).
     """
 
     tensor: int
@@ -138,6 +140,7 @@ class HandLayout:
     recompute: str = "none"
     distributed_optimizer: bool = True
     fsdp: bool = False
+    expert: int = 1
 
     @property
     def devices(self) -> int:
@@ -153,6 +156,7 @@ class HandLayout:
         return (f"tp{self.tensor} pp{self.pipeline} dp{self.data} mb{self.micro_batch} {self.schedule}"
                 + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
                 + (" fsdp" if self.fsdp else "")
+                + (f" ep{self.expert}" if self.expert > 1 else "")
                 + (f" {self.recompute} recompute" if self.recompute != "none" else ""))
 
 
@@ -242,7 +246,8 @@ def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | No
                            f"ranks x {v} chunks over {nb} blocks with {m} microbatches; fix: make the "
                            f"blocks a multiple of p x v and (interleaved) the microbatches a multiple of p")
     shape = GroupShape(group, nodes, shape_r, shape_s)
-    return _evaluate(w, carve(cluster, [shape]), shape, Layout(d, t, fsdp=layout.fsdp and d > 1),
+    return _evaluate(w, carve(cluster, [shape]), shape,
+                     Layout(d, t, fsdp=layout.fsdp and d > 1, expert=layout.expert),
                      _even(nb // v, p),
                      layout.recompute == "full", layout.schedule, m, v, headroom, layout.label)
 

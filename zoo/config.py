@@ -54,7 +54,14 @@ class ModelConfig:
         Jiang et al. 2024, Sec. 2.1; Qwen3-MoE's ``norm_topk_prob``), and each expert takes at most
         ``ceil(tokens x experts_per_token x capacity_factor / experts)`` tokens of a microbatch
         (GShard / Switch Transformer capacity, Fedus et al. 2022, Sec. 2.2); a token over capacity
-        passes by that expert on the residual.
+        passes by that expert on the residual. ``shared_experts``: SwiGLU experts of width
+        ``expert_ffn`` every token goes through besides its routed ones; ``dense_layers``: the
+        first blocks keep a dense SwiGLU MLP of width ``ffn`` (DeepSeek-V3's
+        ``first_k_dense_replace``; DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", Sec. 2.1).
+        Multi-head latent attention (``kv_lora_rank`` > 0; DeepSeek-V2, Sec. 2.1): queries through
+        a rank-``q_lora_rank`` bottleneck (0: a full projection), keys and values through a
+        rank-``kv_lora_rank`` latent; each head's query and key are ``head_size`` wide plus a
+        shared ``qk_rope_head_dim`` rotary part, its value ``v_head_dim`` wide.
         Mochi: hidden_y / ffn_y (text stream width and SwiGLU inner width), text_tokens, text_dim
         (T5-XXL feature width), latent_channels / latent_frames / latent_height / latent_width (VAE
         latent video), patch_size (spatial patch), sampling_steps and cfg_passes (DiT forwards per
@@ -99,6 +106,17 @@ class ModelConfig:
     experts_per_token: int = 0
     expert_ffn: int = 0
     capacity_factor: float = 1.0
+    shared_experts: int = 0
+    dense_layers: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank > 0``)."""
+        return self.kv_lora_rank > 0
 
     @property
     def moe(self) -> bool:

@@ -120,7 +120,11 @@ def _vjp_parts(fn: Callable, p: Any, diff: tuple, other: tuple, wrt_params: bool
 
 def _attention_core(cfg: ModelConfig, body: str, b: int):
     """Shapes of the body's attention core (q, k, v) or None, and whether it is causal."""
-    if body == "decoder_block":
+    if body in ("decoder_block", "dense_block") and cfg.mla:
+        S, H = cfg.seq_len, cfg.heads
+        qk = jax.ShapeDtypeStruct((b, S, H, cfg.head_dim + cfg.qk_rope_head_dim), cfg.jnp_dtype)
+        return (qk, qk, jax.ShapeDtypeStruct((b, S, H, cfg.v_head_dim), cfg.jnp_dtype)), True
+    if body in ("decoder_block", "dense_block"):
         S, d = cfg.seq_len, cfg.head_dim
         q = jax.ShapeDtypeStruct((b, S, cfg.heads, d), cfg.jnp_dtype)
         kv = jax.ShapeDtypeStruct((b, S, cfg.kv_heads, d), cfg.jnp_dtype)
@@ -219,7 +223,7 @@ def _tp_allreduce_bytes(cfg: ModelConfig, body: str) -> float:
             return 2.0 * cfg.visual_tokens * cfg.hidden * db
         return 0.0
     return {"embed": cfg.seq_len * cfg.hidden * db, "decoder_block": 2.0 * cfg.seq_len * cfg.hidden * db,
-            "head": 3.0 * cfg.seq_len * 4}[body]
+            "dense_block": 2.0 * cfg.seq_len * cfg.hidden * db, "head": 3.0 * cfg.seq_len * 4}[body]
 
 
 @functools.lru_cache(maxsize=None)

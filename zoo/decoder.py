@@ -29,13 +29,34 @@ def embed_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
-def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+def _mla_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Multi-head latent attention's weights (DeepSeek-V2, Sec. 2.1; ``zoo.ModelConfig``)."""
+    h, H, dn, dr, dv = cfg.hidden, cfg.heads, cfg.head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    s = {"attn_norm": (h,)}
+    if cfg.q_lora_rank:
+        s.update(wq_a=(h, cfg.q_lora_rank), q_a_norm=(cfg.q_lora_rank,),
+                 wq_b=(cfg.q_lora_rank, H * (dn + dr)))
+    else:
+        s.update(wq=(h, H * (dn + dr)))
+    s.update(wkv_a=(h, cfg.kv_lora_rank + dr), kv_a_norm=(cfg.kv_lora_rank,),
+             wkv_b=(cfg.kv_lora_rank, H * (dn + dv)), wo=(H * dv, h), mlp_norm=(h,))
+    return s
+
+
+def block_shapes(cfg: ModelConfig, dense: bool = False) -> dict[str, tuple[int, ...]]:
+    """One block's parameter shapes; ``dense``: a mixture of experts' dense first blocks."""
     h, d, H, KV, f = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.ffn
-    s = {"attn_norm": (h,), "wq": (h, H * d), "wk": (h, KV * d), "wv": (h, KV * d),
-         "wo": (H * d, h), "mlp_norm": (h,)}
-    if cfg.moe:
+    if cfg.mla:
+        s = _mla_shapes(cfg)
+    else:
+        s = {"attn_norm": (h,), "wq": (h, H * d), "wk": (h, KV * d), "wv": (h, KV * d),
+             "wo": (H * d, h), "mlp_norm": (h,)}
+    if cfg.moe and not dense:
         E, fe = cfg.experts, cfg.expert_ffn
         s.update(w_router=(h, E), w_gate=(E, h, fe), w_up=(E, h, fe), w_down=(E, fe, h))
+        if cfg.shared_experts:
+            fs = cfg.shared_experts * fe
+            s.update(ws_gate=(h, fs), ws_up=(h, fs), ws_down=(fs, h))
     elif cfg.mlp == "swiglu":
         s.update(w_gate=(h, f), w_up=(h, f), w_down=(f, h))
     else:
@@ -71,7 +92,32 @@ def embed_fn(cfg: ModelConfig):
     return embed
 
 
-def block_fn(cfg: ModelConfig):
+def _mla(cfg: ModelConfig, p: dict, a: jax.Array) -> jax.Array:
+    """Multi-head latent attention of the normed input ``a`` ``[B, S, h]`` -> ``[B, S, H x dv]``:
+    queries (through the rank-``q_lora_rank`` bottleneck when set) and the key-value latent, each
+    head's key the latent's ``head_size`` part plus the rotary part shared by all heads."""
+    B, S, _ = a.shape
+    H, dn, dr, dv = cfg.heads, cfg.head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    if cfg.q_lora_rank:
+        q = rms_norm(a @ p["wq_a"], p["q_a_norm"], cfg.norm_eps) @ p["wq_b"]
+    else:
+        q = a @ p["wq"]
+    q = q.reshape(B, S, H, dn + dr)
+    kv_a = a @ p["wkv_a"]
+    latent = rms_norm(kv_a[..., :cfg.kv_lora_rank], p["kv_a_norm"], cfg.norm_eps)
+    kv = (latent @ p["wkv_b"]).reshape(B, S, H, dn + dv)
+    pos = jnp.arange(S)
+    q_rope = rope(q[..., dn:], pos, cfg.rope_theta)
+    k_rope = rope(kv_a[..., cfg.kv_lora_rank:].reshape(B, S, 1, dr), pos, cfg.rope_theta)
+    q = jnp.concatenate([q[..., :dn], q_rope], axis=-1)
+    k = jnp.concatenate([kv[..., :dn], jnp.broadcast_to(k_rope, (B, S, H, dr))], axis=-1)
+    o = attention(q, k, kv[..., dn:], causal=True, impl=cfg.attention)
+    return o.reshape(B, S, H * dv)
+
+
+def block_fn(cfg: ModelConfig, dense: bool = False):
+    """One block as a function ``(p, x [B, S, h]) -> [B, S, h]``; ``dense``: a mixture of
+    experts' dense first blocks (a SwiGLU MLP of width ``ffn``)."""
     H, KV, d = cfg.heads, cfg.kv_heads, cfg.head_dim
 
     def lin(p, name, x):
@@ -81,19 +127,24 @@ def block_fn(cfg: ModelConfig):
     def block(p: dict, x: jax.Array) -> jax.Array:
         B, S, _ = x.shape
         a = _norm(cfg, p, "attn_norm", x)
-        q = lin(p, "wq", a).reshape(B, S, H, d)
-        k = lin(p, "wk", a).reshape(B, S, KV, d)
-        v = lin(p, "wv", a).reshape(B, S, KV, d)
-        if cfg.pos_emb == "rope":
-            pos = jnp.arange(S)
-            q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
-        o = attention(q, k, v, causal=True, impl=cfg.attention).reshape(B, S, H * d)
+        if cfg.mla:
+            o = _mla(cfg, p, a)
+        else:
+            q = lin(p, "wq", a).reshape(B, S, H, d)
+            k = lin(p, "wk", a).reshape(B, S, KV, d)
+            v = lin(p, "wv", a).reshape(B, S, KV, d)
+            if cfg.pos_emb == "rope":
+                pos = jnp.arange(S)
+                q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+            o = attention(q, k, v, causal=True, impl=cfg.attention).reshape(B, S, H * d)
         x = x + lin(p, "wo", o)
         m = _norm(cfg, p, "mlp_norm", x)
-        if cfg.moe:
-            return x + moe_swiglu(m, p["w_router"], p["w_gate"], p["w_up"], p["w_down"],
-                                  top_k=cfg.experts_per_token,
-                                  capacity_factor=cfg.capacity_factor)
+        if cfg.moe and not dense:
+            y = moe_swiglu(m, p["w_router"], p["w_gate"], p["w_up"], p["w_down"],
+                           top_k=cfg.experts_per_token, capacity_factor=cfg.capacity_factor)
+            if cfg.shared_experts:
+                y = y + swiglu(m, p["ws_gate"], p["ws_up"], p["ws_down"])
+            return x + y
         if cfg.mlp == "swiglu":
             return x + swiglu(m, p["w_gate"], p["w_up"], p["w_down"])
         mlp = relu_mlp if cfg.mlp == "relu" else gelu_mlp

@@ -134,12 +134,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     """Multi-head / grouped-query attention.
 
     Args:
-        q: ``[B, S, H, D]``; k, v: ``[B, T, KV, D]`` with ``H % KV == 0``.
+        q: ``[B, S, H, D]``; k: ``[B, T, KV, D]``; v: ``[B, T, KV, Dv]`` with ``H % KV == 0``
+            (``Dv`` may differ from ``D``, as in multi-head latent attention).
         causal: mask future keys (decoders) or not (DiT joint attention).
         impl: ``"plain"`` (softmax matrix materialized and kept for the backward) or ``"flash"``
             (custom VJP keeping q, k, v, o and the log-sum-exp, recomputing the softmax in the
             backward, as FlashAttention does: Dao et al. 2022).
-    Returns: ``[B, S, H, D]``.
+    Returns: ``[B, S, H, Dv]``.
     """
     B, S, H, D = q.shape
     KV = k.shape[2]
@@ -150,7 +151,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
         o = _flash(qg, k, v, causal)
     else:
         raise ValueError(f"attention impl {impl!r} is not 'plain' or 'flash'")
-    return o.reshape(B, S, H, D)
+    return o.reshape(B, S, H, v.shape[-1])
 
 
 # --------------------------------------------------------------------------- mlp

@@ -16,10 +16,11 @@ biases and Qwen3's q/k norms are left out (under 0.01% of the parameters), slidi
 (Mistral 7B v0.1, Gemma 2/3) are costed as full causal attention, GPT-NeoX's partial rotary as
 full rotary (no parameters either way), and Gemma 3's vision encoder is not modelled. The tokens
 per sample default to ``min(max_position_embeddings, 8192)`` (``--seq-len`` overrides it).
-A mixture of experts in every block (``mixtral``, ``qwen3_moe``) sets the config's expert fields
-(``ModelConfig.experts`` ...); DeepSeek-V2/V3 (multi-head latent attention, shared experts), Qwen2-MoE
-(shared experts) and other MoE designs, and any other type, are refused in one line naming the type,
-what is missing and the supported list.
+A mixture of experts (``mixtral``, ``qwen3_moe``; ``deepseek_v2`` / ``deepseek_v3`` with
+multi-head latent attention, shared experts and dense first layers) sets the config's expert
+fields (``ModelConfig.experts`` ...); Qwen2-MoE (a gated shared expert) and other MoE designs,
+and any other type, are refused in one line naming the type, what is missing and the supported
+list.
 
 A YAML model spec is a mapping of :class:`ModelConfig` fields (``name``, ``family``: ``llama`` or
 ``gpt``, ``layers``, ``hidden``, ``heads``, ``ffn``, ``vocab``, and optionally every other field);
@@ -47,15 +48,13 @@ pretraining step a plan is usually for)."""
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
-MOE_TYPES = ("mixtral", "qwen3_moe")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES + MOE_TYPES
 """Hugging Face ``model_type`` values read into a decoder (dense, or a mixture of experts in
 every block)."""
 
 UNSUPPORTED_MOE = {
-    "deepseek_v2": "multi-head latent attention and shared experts",
-    "deepseek_v3": "multi-head latent attention, shared experts and dense first layers",
-    "qwen2_moe": "shared experts", "dbrx": "its fine-grained experts' clipped QKV",
+    "qwen2_moe": "a gated shared expert", "dbrx": "its fine-grained experts' clipped QKV",
     "jamba": "Mamba layers", "olmoe": "q/k norms with experts", "granitemoe": "its router",
     "phimoe": "its sparse-mixer routing", "grok-1": "its attention and routing"}
 """Mixture-of-experts ``model_type`` values with what the zoo cannot yet express of each."""
@@ -208,6 +207,8 @@ def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) 
     """Mixtral (``num_local_experts``, ``intermediate_size`` per expert) and Qwen3-MoE
     (``num_experts``, ``moe_intermediate_size``; every layer sparse) as a llama-family decoder
     whose every block's MLP is a mixture of experts."""
+    if kind.startswith("deepseek"):
+        return _deepseek(doc, kind, name, source, where)
     if kind == "qwen3_moe":
         if doc.get("mlp_only_layers") or int(doc.get("decoder_sparse_step", 1)) != 1:
             raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
@@ -224,6 +225,42 @@ def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) 
                                source=base.source.replace("; qwen3", "; qwen3_moe", 1)
                                .replace("; mistral", "; mixtral", 1)
                                + f" ({experts} experts, top {top_k}, capacity factor 1)")
+
+
+def _deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str
+              ) -> ModelConfig:
+    """DeepSeek-V2/V3: multi-head latent attention, ``n_routed_experts`` routed and
+    ``n_shared_experts`` shared experts of width ``moe_intermediate_size`` in every block after
+    the first ``first_k_dense_replace`` (dense, width ``intermediate_size``). The router is
+    costed as a softmax top-k (V3's sigmoid scores with group-limited selection move the same
+    bytes); V3's multi-token-prediction module (``num_nextn_predict_layers``) is left out, as the
+    published 671B total leaves it out."""
+    if int(doc.get("moe_layer_freq", 1)) != 1:
+        raise ZooError(f"{where}: moe_layer_freq {doc['moe_layer_freq']} (dense layers between the "
+                       f"sparse ones) is not modelled; every layer after the first dense ones must be sparse")
+    hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
+    q_rank = doc.get("q_lora_rank") or 0
+    notes = ["router costed as softmax top-k"]
+    if doc.get("num_nextn_predict_layers"):
+        notes.append("multi-token prediction module left out")
+    max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
+    return ModelConfig(
+        name=name, family="llama", layers=_int(doc, "num_hidden_layers", where), hidden=hidden,
+        heads=heads, kv_heads=heads, ffn=_int(doc, "intermediate_size", where),
+        vocab=_int(doc, "vocab_size", where), seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms",
+        mlp="swiglu", pos_emb="rope", tie_embeddings=bool(doc.get("tie_word_embeddings", False)),
+        rope_theta=float(doc.get("rope_theta") or 10000.0),
+        norm_eps=float(doc.get("rms_norm_eps") or 1e-6),
+        head_size=_int(doc, "qk_nope_head_dim", where),
+        experts=_int(doc, "n_routed_experts", where),
+        experts_per_token=_int(doc, "num_experts_per_tok", where),
+        expert_ffn=_int(doc, "moe_intermediate_size", where),
+        shared_experts=int(doc.get("n_shared_experts") or 0),
+        dense_layers=int(doc.get("first_k_dense_replace") or 0),
+        q_lora_rank=int(q_rank), kv_lora_rank=_int(doc, "kv_lora_rank", where),
+        qk_rope_head_dim=_int(doc, "qk_rope_head_dim", where),
+        v_head_dim=_int(doc, "v_head_dim", where),
+        source=f"{source}; {kind} ({'; '.join(notes)})")
 
 
 def _gpt_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str

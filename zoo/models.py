@@ -59,7 +59,7 @@ def body_of(cfg: ModelConfig | str, layer_name: str) -> str:
     i = _block_index(cfg, layer_name)
     if cfg.family == "mochi":
         return "asymm_dit_block_final" if i == cfg.layers - 1 else "asymm_dit_block"
-    return "decoder_block"
+    return "dense_block" if cfg.moe and i < cfg.dense_layers else "decoder_block"
 
 
 def _body_shapes(cfg: ModelConfig, body: str) -> dict[str, tuple[int, ...]]:
@@ -70,7 +70,7 @@ def _body_shapes(cfg: ModelConfig, body: str) -> dict[str, tuple[int, ...]]:
         return mod.head_shapes(cfg)
     if cfg.family == "mochi":
         return mochi.block_shapes(cfg, final=body == "asymm_dit_block_final")
-    return decoder.block_shapes(cfg)
+    return decoder.block_shapes(cfg, dense=body == "dense_block")
 
 
 def layer_param_shapes(cfg: ModelConfig | str, layer_name: str) -> dict[str, jax.ShapeDtypeStruct]:
@@ -114,18 +114,23 @@ def param_count(cfg: ModelConfig | str, *, unique: bool = True) -> int:
 
 
 def expert_param_count(cfg: ModelConfig | str) -> int:
-    """Parameters of one block's experts (0 for a dense model): ``experts x 3 x h x expert_ffn``."""
+    """Parameters of one mixture-of-experts block's routed experts (0 for a dense model):
+    ``experts x 3 x h x expert_ffn`` (shared experts are dense parameters)."""
     cfg = _cfg(cfg)
     return cfg.experts * 3 * cfg.hidden * cfg.expert_ffn if cfg.moe else 0
 
 
-def active_param_count(cfg: ModelConfig | str) -> int:
+def active_param_count(cfg: ModelConfig | str, *, embedding: bool = True) -> int:
     """Parameters one token uses (a tied head counted once): all of a dense model; for a mixture
-    of experts, all but the experts a token is not routed to (the "active parameters" MoE papers
-    report, e.g. Mixtral 8x22B's 39B of 141B)."""
+    of experts, all but the routed experts a token does not go to (the "active parameters" MoE
+    papers report: Mixtral 8x22B's 39B of 141B, Qwen3-235B-A22B's 22B). ``embedding=False``
+    leaves out the input embedding table, which a token reads one row of and multiplies nothing
+    by: DeepSeek's convention (its V2's 21B and V3's 37B activated match only without it)."""
     cfg = _cfg(cfg)
     unused = cfg.experts - cfg.experts_per_token if cfg.moe else 0
-    return param_count(cfg) - cfg.layers * unused * expert_param_count(cfg) // max(1, cfg.experts)
+    moe_layers = cfg.layers - cfg.dense_layers
+    n = param_count(cfg) - moe_layers * unused * expert_param_count(cfg) // max(1, cfg.experts)
+    return n if embedding else n - cfg.vocab * cfg.hidden
 
 
 def layer_fns(cfg: ModelConfig | str) -> dict[str, Callable[..., Any]]:
@@ -140,7 +145,7 @@ def layer_fns(cfg: ModelConfig | str) -> dict[str, Callable[..., Any]]:
                   "asymm_dit_block_final": mochi.block_fn(cfg, final=True)}
     else:
         bodies = {"embed": decoder.embed_fn(cfg), "decoder_block": decoder.block_fn(cfg),
-                  "head": decoder.head_fn(cfg)}
+                  "dense_block": decoder.block_fn(cfg, dense=True), "head": decoder.head_fn(cfg)}
     return {n: bodies[body_of(cfg, n)] for n in layer_names(cfg)}
 
 

@@ -45,11 +45,14 @@ their first dimension over ``"expert"``; tensor parallel splits each expert's fe
 # of a weight the "model" axis splits. "col": the output features (last dim), "row": the input
 # features (first dim), "vocab": the vocabulary dimension; missing names are replicated over "model".
 _COLUMN = {"wq": "q", "wk": "kv", "wv": "kv", "w_gate": "ffn", "w_up": "ffn", "w_in": "ffn",
+           # multi-head latent attention's up-projections (per head) and shared experts
+           "wq_b": "q", "wkv_b": "q", "ws_gate": "ffn", "ws_up": "ffn",
            # Mochi's asymmetric DiT block (zoo.mochi): both streams' SwiGLU MLPs; its
            # attention keeps a fused QKV and stays whole (its columns are not head-aligned)
            "mlp_x_gate": "ffn", "mlp_x_up": "ffn", "mlp_y_gate": "ffn", "mlp_y_up": "ffn"}
 _COLUMN_BIAS = {"wq_b": "q", "wk_b": "kv", "wv_b": "kv", "w_in_b": "ffn"}
-_ROW = {"wo": "q", "w_down": "ffn", "w_out": "ffn", "mlp_x_down": "ffn", "mlp_y_down": "ffn"}
+_ROW = {"wo": "q", "w_down": "ffn", "w_out": "ffn", "ws_down": "ffn", "mlp_x_down": "ffn",
+        "mlp_y_down": "ffn"}
 
 
 def too_few_devices(cluster: str, need: int, have: int) -> str:

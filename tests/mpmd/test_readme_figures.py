@@ -44,6 +44,7 @@ H100_128 = readme_paragraph("Measured 2026-11-25 on this project's 2-core machin
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), it planned 4")
 FIXTURES = readme_paragraph("Published layouts as fixtures:")
 PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), the first uses both kinds")
+MOE = readme_paragraph("On this project's 2-core machine, idle (2026-11-26), DeepSeek-V3")
 
 
 @pytest.mark.parametrize("text,match,cells", [
@@ -68,6 +69,12 @@ PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), th
     (PEER, {"plan": "Sailor's plan (7 stages, V100 tp4 around A100 tp1, dp20, 1f1b), replayed"},
      {"step (s)": "replays at {} s in the same"}),
     (PEER, {"plan": "mpmd plan --schedule 1f1b"}, {"step (s)": "between the kinds at {} s"}),
+    (MOE, {"model": "DeepSeek-V3", "what": "plan, --time-limit 30"},
+     {"step (s)": "default budget stops at {} s per step"}),
+    (MOE, {"model": "DeepSeek-V3", "what": "plan, --time-limit 120"},
+     {"step (s)": "at {} s per step", "MFU": "({} MFU", "tokens/s/GPU": "{} tokens/s per GPU"}),
+    (MOE, {"model": "DeepSeek-V3", "what": "DeepSeek's layout", "fits": "yes"},
+     {"step (s)": "replays at {} s with full"}),
     (PEER, {"plan": "mpmd plan --objective cost --min-throughput 2000000"},
      {"step (s)": "80 A100 only: {} s per step", "tokens/s": "({} tokens/s)", "USD per step": "USD {} per step, 50%"}),
 ])

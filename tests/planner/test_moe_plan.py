@@ -27,3 +27,23 @@ def test_qwen3_235b_on_512_h100_uses_expert_parallelism():
     layouts = [p.layouts[m] for m in p.rank_mesh]
     assert any(lay.expert > 1 for lay in layouts)
     assert p.predicted["step_time_s"] > 0
+
+
+def test_deepseek_v3_published_layout_replays_with_expert_parallel_64():
+    """DeepSeek-V3's own layout (PP16 x EP64 x ZeRO-1 DP128, no TP; DeepSeek-V3 Technical Report,
+    Sec. 3.2) on 2,048 GPUs as a hand layout: every stage mesh splits the experts 64 ways, and
+    in the model it fits only with recomputation (DeepSeek recomputes selectively and keeps
+    activations in FP8, neither of which the model expresses)."""
+    from planner.baseline import HandLayout, hand_plan
+
+    cfg = load_model_file(ROOT / "zoo" / "configs" / "DeepSeek-V3.json")
+    w = workload(cfg, 15360, seq_len=4096)
+    cluster = load_cluster(ROOT / "hardware_profiles" / "clusters" / "h100x2048_nodes.yaml")
+    plain = hand_plan(w, cluster, HandLayout(tensor=1, pipeline=16, data=128, expert=64))
+    full = hand_plan(w, cluster, HandLayout(tensor=1, pipeline=16, data=128, expert=64,
+                                            recompute="full"))
+    assert len(plain.plan.stages) == 16
+    assert {str(lay) for lay in plain.plan.layouts.values()} == {"dp128xtp1-ep64"}
+    assert plain.label == "tp1 pp16 dp128 mb1 1f1b ep64"
+    assert not plain.prediction.fits and full.prediction.fits
+    assert full.prediction.step_time_s > plain.prediction.step_time_s

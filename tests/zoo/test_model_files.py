@@ -40,7 +40,7 @@ def test_param_count_within_1pct_of_published(name):
 
 def test_every_shipped_config_is_covered():
     shipped = {p.name for p in CONFIGS.glob("*.json")}
-    moe = {"Mixtral-8x22B-v0.1.json", "Qwen3-235B-A22B.json"}     # tests/zoo/test_moe.py
+    moe = {"Mixtral-8x22B-v0.1.json", "Qwen3-235B-A22B.json", "DeepSeek-V3.json"}  # test_moe.py
     assert shipped == set(PUBLISHED) | moe
 
 
@@ -77,8 +77,8 @@ def test_gemma3_reads_its_text_config():
 
 
 @pytest.mark.parametrize("doc,needle", [
-    ({"model_type": "qwen2_moe"}, "model_type 'qwen2_moe' is a mixture of experts with shared experts"),
-    ({"architectures": ["DeepseekV3ForCausalLM"]}, "'deepseek_v3' is a mixture of experts with multi-head latent"),
+    ({"model_type": "qwen2_moe"}, "model_type 'qwen2_moe' is a mixture of experts with a gated shared expert"),
+    ({"architectures": ["DeepseekV3ForCausalLM"], "moe_layer_freq": 2}, "moe_layer_freq 2"),
     ({"model_type": "mixtral", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
       "intermediate_size": 64, "vocab_size": 10, "num_local_experts": 2, "num_experts_per_tok": 3},
      "num_experts_per_tok 3 exceeds the 2 experts"),
@@ -146,7 +146,7 @@ def test_cli_plans_a_config_file_and_the_plan_exports(tmp_path):
 
 
 @pytest.mark.parametrize("content,needle", [
-    ('{"model_type": "deepseek_v3"}', "is a mixture of experts with multi-head latent attention"),
+    ('{"model_type": "qwen2_moe"}', "is a mixture of experts with a gated shared expert"),
     ("[1, 2]", "a model file holds a mapping of fields"),
 ])
 def test_cli_refuses_a_bad_model_file_in_one_line(tmp_path, content, needle):

@@ -80,6 +80,22 @@ def test_moe_totals_and_active_parameters_match_published(name, total, active):
     assert abs(zoo.active_param_count(cfg) - active) / active < 0.01
 
 
+def test_deepseek_v3_total_and_activated_parameters():
+    """DeepSeek-V3 Technical Report (2024), abstract: 671B total, 37B activated per token; its
+    671B leaves out the multi-token-prediction module, and its activated count leaves out the
+    input embedding (DeepSeek-V2's 21B of 236B matches the same way: 20.85B without it)."""
+    cfg = load_model_file(CONFIGS / "DeepSeek-V3.json")
+    assert abs(zoo.param_count(cfg) - 671e9) / 671e9 < 0.01
+    # "37B" is rounded to the billion: the count must round to it (36.63B; 1.0% below 37B)
+    assert round(zoo.active_param_count(cfg, embedding=False) / 1e9) == 37
+    assert (cfg.dense_layers, cfg.shared_experts, cfg.experts, cfg.kv_lora_rank, cfg.mla) == (
+        3, 1, 256, 512, True)
+    w = workload(dataclasses.replace(cfg, seq_len=1024), 8)
+    assert w.layers[1:5] == ("dense_block",) * 3 + ("decoder_block",)
+    assert w.costs["dense_block"].expert_param_count == 0
+    assert w.costs["decoder_block"].expert_param_count == 256 * 3 * 7168 * 2048
+
+
 def test_dense_model_is_all_active():
     cfg = zoo.get_config("llama3-8b")
     assert zoo.active_param_count(cfg) == zoo.param_count(cfg) and zoo.expert_param_count(cfg) == 0
@@ -157,6 +173,23 @@ def _ep_plan() -> Plan:
                 schedule=t, rank_mesh=("m0", "m1"), merge_last_stage=False, global_batch=8,
                 seq_len=cfg.seq_len, cluster_path=CPU4X2,
                 model_config=dataclasses.asdict(cfg))
+
+
+def test_latent_attention_shared_experts_and_dense_first_block_run_with_expert_parallel():
+    """The DeepSeek-V3 structure at toy size (zoo/configs/tiny-mla-moe.yaml) on two meshes of 2
+    CPU devices: expert parallel 2 on the first, tensor parallel 2 (latent attention's heads,
+    the shared expert, the experts' widths) on the second, a 2-stage 1F1B pipeline, against
+    jax.jit."""
+    cfg = load_model_file(CONFIGS / "tiny-mla-moe.yaml")
+    t = generate("1f1b", 2, 4)
+    plan = Plan(model=cfg.name, cluster="cpu4x2",
+                stages=(StagePlan(0, 0, 3, "m0"), StagePlan(1, 3, 6, "m1")),
+                layouts={"m0": Layout(2, 1, expert=2), "m1": Layout(1, 2)},
+                schedule=t, rank_mesh=("m0", "m1"), merge_last_stage=False, global_batch=8,
+                seq_len=cfg.seq_len, cluster_path=CPU4X2, model_config=dataclasses.asdict(cfg))
+    r = run_plan(plan, steps=1, simulate=False, quiet=True)
+    assert r.max_rel_error < 1e-5
+    assert r.order_mismatches == ()
 
 
 def test_expert_parallel_times_pipeline_run_matches_jax_jit():
