@@ -32,11 +32,12 @@ find the file again (:func:`plan_model`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from pathlib import Path
 from typing import Any, Mapping
 
 from ir.files import read_json, read_yaml
-from zoo.config import ModelConfig, ZooError, get_config
+from zoo.config import ModelConfig, ZooError, get_config, list_models
 
 MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 """A ``--model`` ending in one of these is a model file, anything else a zoo name."""
@@ -73,14 +74,35 @@ def is_model_file(name: str) -> bool:
     return str(name).lower().endswith(MODEL_FILE_SUFFIXES)
 
 
+def shipped_models() -> dict[str, Path]:
+    """The published configs shipped in ``zoo/configs/``, by lower-case name (``deepseek-v3``,
+    ``mixtral-8x22b-v0.1``, ``qwen3-235b-a22b``, ...): ``--model`` takes these names too."""
+    folder = Path(__file__).resolve().parent / "configs"
+    return {p.stem.lower(): p for p in sorted(folder.iterdir()) if p.suffix in MODEL_FILE_SUFFIXES}
+
+
 def resolve_model(name: str) -> ModelConfig:
-    """The model a ``--model`` value names: a zoo model or a model file.
+    """The model a ``--model`` value names: a zoo model, a shipped config by its name
+    (:func:`shipped_models`, case-insensitive) or a model file.
 
     Raises:
-        ZooError: an unknown zoo name ("did you mean"), or a model file this module refuses.
+        ZooError: an unknown name (with the closest known one and the list), or a model file this
+            module refuses.
         ir.files.InputError: a file that cannot be read or parsed.
     """
-    return load_model_file(name) if is_model_file(name) else get_config(name)
+    if is_model_file(name):
+        return load_model_file(name)
+    shipped = shipped_models()
+    try:
+        return get_config(name)
+    except ZooError:
+        if str(name).lower() in shipped:
+            return load_model_file(shipped[str(name).lower()])
+        known = list_models() + sorted(shipped)
+        close = difflib.get_close_matches(str(name).lower(), known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ZooError(f"unknown model {name!r}; {hint}known models: {', '.join(known)}; or give "
+                       f"a config.json / model spec path") from None
 
 
 def load_model_file(path: str | Path) -> ModelConfig:

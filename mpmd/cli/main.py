@@ -19,7 +19,8 @@ from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MA
                              MAX_TIME_LIMIT_S, FiniteFloat, int_range)
 from hardware_profiles.paths import resolve_cluster_path
 from ir.files import write_atomic
-from zoo.model_files import config_fields, is_model_file, resolve_model
+from zoo.config import list_models
+from zoo.model_files import config_fields, resolve_model
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -195,7 +196,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
             ctrl_c.check()
             if out:
                 chosen = (with_model_config(result.plan, config_fields(cfg))
-                          if is_model_file(model) else result.plan)
+                          if cfg.name not in list_models() else result.plan)
                 doc = any_plan_to_json(chosen)   # a pipeline plan or a data-parallel plan
                 validate_plan_json(doc)
                 text = json.dumps(doc, indent=1)

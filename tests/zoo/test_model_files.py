@@ -111,6 +111,13 @@ def test_a_bundled_config_is_found_from_any_directory(tmp_path, monkeypatch):
     assert resolve_model("zoo/configs/gpt2.json").hidden == 768
 
 
+def test_shipped_configs_answer_to_their_names():
+    assert resolve_model("deepseek-v3") == load_model_file(CONFIGS / "DeepSeek-V3.json")
+    assert resolve_model("Qwen3-235B-A22B").experts == 128
+    with pytest.raises(ZooError, match="unknown model 'deepseek-v4'; did you mean 'deepseek-v3'"):
+        resolve_model("deepseek-v4")
+
+
 def test_resolve_model_takes_a_name_or_a_file():
     assert not is_model_file("llama3-8b") and is_model_file("a/b/config.JSON")
     assert resolve_model("llama3-8b") == zoo.get_config("llama3-8b")
