@@ -6,7 +6,7 @@ import pytest
 
 from hardware_profiles import CLUSTERS_DIR, DEVICES_DIR, Cluster, ProfileError, bundled_clusters, load_cluster, load_device
 
-BUNDLED = ["a100x1024_nodes", "a100x80_v100x240_nodes", "h100x1", "h100x128", "h100x128_nodes", "h100x16384_nodes", "h100x16_p150bx32", "h100x256_nodes", "h100x32_p150bx128", "h100x32_p150bx128_nodes",
+BUNDLED = ["a100x1024_nodes", "a100x80_v100x240_nodes", "h100x1", "h100x128", "h100x128_nodes", "h100x16384_nodes", "h100x16_p150bx32", "h100x2048_nodes", "h100x256_nodes", "h100x32_p150bx128", "h100x32_p150bx128_nodes",
            "h100x4096_nodes", "h100x512_nodes",
            "h100x64", "h100x64_nodes", "h200x1", "loudbox_p150bx8", "mixed1024_nodes", "mixed4096_nodes", "mixed512_nodes",
            "p150bx256", "p150bx256_nodes", "quietbox_n300x4", "quietbox_p150x4", "tpuv5e256", "tpuv5e256_h100x16", "tpuv6e128"]
