@@ -33,7 +33,7 @@ import pandas as pd
 
 from zoo.costing import workload as make_workload
 from ir import DataParallelPlan
-from zoo import get_config
+from zoo.model_files import resolve_model
 from hardware_profiles.calibration import calibration_origin, calibration_status
 from planner import PlanOptions
 from planner import plan as run_plan
@@ -237,7 +237,8 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
     """Plan, simulate and cost every option; one DataFrame row per option.
 
     Args:
-        model: zoo model name (``zoo.list_models()``).
+        model: zoo model name (``zoo.list_models()``), a shipped config's name or a model file
+            (``zoo.model_files.resolve_model``).
         options: cluster paths / bundled stems, :class:`~hardware_profiles.types.Cluster` objects,
             :class:`~reports.spec.Option` objects, or mappings ``{cluster, label, time_limit_s, ...}``.
         sweep: a budget sweep (:class:`~reports.sweep.SweepSpec`, its YAML mapping, or a path);
@@ -277,7 +278,7 @@ def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mappin
         opts += [Option(c.cluster, c.label, max_tensor=c.max_tensor) for c in sweep_res.kept]
     if not opts:
         raise ReportError("no options to compare; pass --options CLUSTER.yaml ... or --sweep SPEC.yaml")
-    cfg = get_config(model)
+    cfg = resolve_model(model)
     if global_batch is None:
         global_batch = DEFAULT_GLOBAL_BATCH if cfg.training else cfg.sampling_steps * cfg.cfg_passes
     w = make_workload(cfg, global_batch=global_batch, seq_len=seq_len)

@@ -42,8 +42,8 @@ def register(main: click.Group, guard) -> None:
                deadline_days, prices, time_limit, screenshot, out) -> None:
         """Plan every hardware option, replay it, and write a what-if purchasing report."""
         if model:   # a mistyped name is refused before the planner and JAX load (did you mean ...)
-            from zoo.config import get_config
-            get_config(model)
+            from zoo.model_files import resolve_model
+            resolve_model(model)
         from rich.markup import escape
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -75,15 +75,14 @@ def register(main: click.Group, guard) -> None:
         if prices:
             from reports.pricing import parse_prices
             price_map.update(parse_prices(prices))
-        name = spec.get("name") or model
+        from zoo.model_files import resolve_model
+        name = spec.get("name") or resolve_model(model).name
         out = out or f"whatif/{name}"
         # every input is read and checked before the progress bar starts, so a bad one is one line
-        from zoo import get_config
         from reports.pricing import parse_prices as check_prices
         from reports.spec import read_yaml, to_option
         from reports.sweep import parse_spec
 
-        get_config(model)
         check_prices(price_map)
         opts = [to_option(o, base) for o in opts]
         if sweep is not None:

@@ -165,3 +165,13 @@ def test_cli_refuses_a_bad_model_file_in_one_line(tmp_path, content, needle):
     assert res.exit_code == 2
     assert len(res.output.strip().splitlines()) == 1 and needle in res.output
     assert not (tmp_path / "p.json").exists()
+
+
+def test_whatif_takes_a_shipped_config_by_name(tmp_path):
+    """`mpmd whatif --model` goes through the same resolver as `mpmd plan`."""
+    from reports import whatif
+
+    df = whatif("gpt2", [str(ROOT / "hardware_profiles" / "clusters" / "h100x64_nodes.yaml")],
+                global_batch=64, time_limit_s=1.0)
+    assert len(df) == 1 and bool(df.iloc[0]["feasible"])
+    assert df.iloc[0]["plan"].model == "gpt2"
