@@ -130,6 +130,9 @@ class HandLayout:
             gathering each layer's parameters before use (``Layout.fsdp``).
         expert: expert-parallel degree (``Layout.expert``: a mixture of experts' experts split over
             that many devices of the data axis; Megatron-LM's ``--expert-model-parallel-size``).
+        pipeline_schedule: a named schedule instead of 1F1B / interleaved 1F1B (e.g.
+            ``"dualpipe-v"`` with ``virtual_stages=2``, the V of DeepSeek-V3's DualPipe); "" (the
+            default) derives it from ``virtual_stages``.
     """
 
     tensor: int
@@ -141,6 +144,7 @@ class HandLayout:
     distributed_optimizer: bool = True
     fsdp: bool = False
     expert: int = 1
+    pipeline_schedule: str = ""
 
     @property
     def devices(self) -> int:
@@ -148,6 +152,8 @@ class HandLayout:
 
     @property
     def schedule(self) -> str:
+        if self.pipeline_schedule:
+            return self.pipeline_schedule
         return "interleaved-1f1b" if self.virtual_stages > 1 else "1f1b"
 
     @property

@@ -52,8 +52,10 @@ search charges its work budget per choice (``planner.budget.COSTS["option"]``)."
 
 
 def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
-                  split: bool, headroom: float, max_tensor: int, fsdp: bool = True
-                  ) -> tuple[MeshOption, ...]:
+                  split: bool, headroom: float, max_tensor: int, fsdp: bool = True,
+                  hidden: bool = False) -> tuple[MeshOption, ...]:
+    """Every undominated layout option of ``mesh``; ``hidden``: the schedule hides a mixture of
+    experts' all-to-alls (``ScheduleKind.hides_alltoall``), as the layer costs then do."""
     pre, nb, post = _split_layers(w)
     dtype = cm.compute_dtype(w)
     ovh = cm.fragment_overhead(mesh)
@@ -65,7 +67,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     for lay, rc in choices:
         def t(lo: int, hi: int) -> float:
             return sum(cm.layer_time(w.layer(i), k, samples, mesh, lay, dtype, split_backward=split,
-                                     recompute=rc, seq_len=w.seq_len)
+                                     recompute=rc, seq_len=w.seq_len, alltoall_hidden=hidden)
                        for i in range(lo, hi) for k in kinds)
 
         def tail(lo: int, hi: int) -> float:
@@ -94,14 +96,16 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
             capacity=cm.usable_bytes(mesh, headroom),
             tail_marginal_s=(tail(pre, pre + 2) - tail(pre, pre + 1)) if nb >= 2 else tail(pre, pre + 1),
             block_w_s=(sum(cm.layer_time(w.layer(i), "W", samples, mesh, lay, dtype, split_backward=True,
-                                         recompute=rc, seq_len=w.seq_len) for i in range(pre, pre + 1))
+                                         recompute=rc, seq_len=w.seq_len, alltoall_hidden=hidden)
+                           for i in range(pre, pre + 1))
                        if "W" in kinds else 0.0),
-            **_sync_excess(w, mesh, lay, samples, rc, kinds, (pre, nb, post))))
+            **_sync_excess(w, mesh, lay, samples, rc, kinds, (pre, nb, post), hidden)))
     return _undominated(opts)
 
 
 def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: bool,
-                 kinds: tuple[str, ...], split_layers: tuple[int, int, int]) -> dict[str, float]:
+                 kinds: tuple[str, ...], split_layers: tuple[int, int, int],
+                 hidden: bool = False) -> dict[str, float]:
     """``sync_excess_s`` and ``sync_offset_s`` of a :class:`MeshOption` (without a split
     backward: its last fragment, the last microbatch's B, is when the buckets become ready).
     A stage of ``n`` blocks exposes ``max(0, sync - B_last) >= n x excess + offset``, where
@@ -117,7 +121,8 @@ def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: b
         return x[2] if x is not None else 0.0
 
     def bwd(i: int) -> float:
-        return cm.layer_time(w.layer(i), "B", samples, mesh, lay, dtype, recompute=rc, seq_len=w.seq_len)
+        return cm.layer_time(w.layer(i), "B", samples, mesh, lay, dtype, recompute=rc, seq_len=w.seq_len,
+                             alltoall_hidden=hidden)
 
     excess = sync(pre) - bwd(pre)
     if excess <= 0:
@@ -179,12 +184,12 @@ another workload cannot take its place unnoticed."""
 
 
 def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
-                         split: bool, headroom: float, max_tensor: int, fsdp: bool
-                         ) -> tuple[MeshOption, ...]:
+                         split: bool, headroom: float, max_tensor: int, fsdp: bool,
+                         hidden: bool = False) -> tuple[MeshOption, ...]:
     """:func:`_mesh_options`, computed once per workload and mesh spec (meshes that differ only by
     name share their options: clusters repeat identical meshes)."""
     spec = tuple(getattr(mesh, f.name) for f in fields(mesh) if f.name != "name")
-    key = (samples, kinds, split, headroom, max_tensor, fsdp)
+    key = (samples, kinds, split, headroom, max_tensor, fsdp, hidden)
     with _OPTIONS_LOCK:
         if _OPTIONS_CACHE.get("w") is not w:
             _OPTIONS_CACHE.clear()
@@ -193,7 +198,7 @@ def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tup
         for other, opts in bucket:
             if other == spec:
                 return opts
-    opts = _mesh_options(w, mesh, samples, kinds, split, headroom, max_tensor, fsdp)
+    opts = _mesh_options(w, mesh, samples, kinds, split, headroom, max_tensor, fsdp, hidden)
     with _OPTIONS_LOCK:
         if _OPTIONS_CACHE.get("w") is w:
             bucket.append((spec, opts))

@@ -126,11 +126,11 @@ class _Options:
     def __init__(self, w: Workload, opts: api.PlanOptions, budget: Budget | None = None):
         self.w, self.opts, self.budget = w, opts, budget
 
-    def get(self, mesh: MeshSpec, samples: float, kinds: tuple[str, ...], split: bool
-            ) -> tuple[MeshOption, ...]:
+    def get(self, mesh: MeshSpec, samples: float, kinds: tuple[str, ...], split: bool,
+            hidden: bool = False) -> tuple[MeshOption, ...]:
         before = options_computed[0]
         got = _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
-                                   self.opts.max_tensor, self.opts.fsdp)
+                                   self.opts.max_tensor, self.opts.fsdp, hidden)
         if self.budget is not None and options_computed[0] > before:
             self.budget.charge(COSTS["option"] * (options_computed[0] - before))
         return got
@@ -176,6 +176,7 @@ class _Enumeration:
             combos = [c + (s,) for c in combos for s in shapes]
         combos = [c for c in combos if sum(s.num_meshes for s in c) <= min(MAX_STAGES, self.nb)]
         self.scheds = _schedules(w, opts)
+        hides = any(kind(s).hides_alltoall for s in self.scheds)
         self.lc: dict[tuple[GroupShape, ...], tuple[Cluster, tuple[str, ...]]] = {}
         self.items: list[ShapeCandidate] = []
         for shapes in combos:
@@ -185,7 +186,8 @@ class _Enumeration:
             for m in api._microbatch_counts(w, opts, len(meshes)):
                 kinds = api.fragment_kinds(self.scheds[0], w.training) if len(self.scheds) == 1 else \
                     (("F", "B") if w.training else ("F",))
-                work = [cache.get(x, w.global_batch / m, kinds, "W" in kinds) for x in specs]
+                # a bound over every schedule: the all-to-alls hidden if any schedule hides them
+                work = [cache.get(x, w.global_batch / m, kinds, "W" in kinds, hides) for x in specs]
                 if any(not o for o in work):
                     continue
                 self.items.append(ShapeCandidate(shapes, m, quick_bound(work, m, self.nb),
@@ -220,10 +222,11 @@ class _Enumeration:
             if kind(sched).adaptive and p * m > ADAPTIVE_MAX_FRAGMENTS:
                 continue
             kinds = _kinds(sched, w.training)
-            work = [self.cache.get(x, samples, kinds, _split(sched)) for x in specs]
+            hidden = kind(sched).hides_alltoall
+            work = [self.cache.get(x, samples, kinds, _split(sched), hidden) for x in specs]
             if any(not o for o in work):
                 continue
-            crit = ([self.cache.get(x, samples, ("F", "B"), True) for x in specs]
+            crit = ([self.cache.get(x, samples, ("F", "B"), True, hidden) for x in specs]
                     if _split(sched) and w.training else work)
             sk = kind(sched)
             v = sk.stages_per_rank(opts.virtual_stages)

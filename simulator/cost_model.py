@@ -178,7 +178,7 @@ def _layer_utilisation(h: float, n: float, tokens: float, tiling: tuple[int, int
 @functools.lru_cache(maxsize=1 << 16)
 def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layout: Layout,
                dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False,
-               seq_len: int = 0) -> float:
+               seq_len: int = 0, alltoall_hidden: bool = False) -> float:
     """Seconds one device of ``mesh`` spends on ``kind`` of one layer for a ``samples`` microbatch.
 
     Args:
@@ -189,6 +189,10 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
             2016, "Training Deep Nets with Sublinear Memory Cost"; Megatron-LM's full recompute).
         seq_len: tokens per sample (the workload's); with the profile's ``gemm_tiling`` it sizes
             the layer's GEMMs for wave quantisation (:func:`gemm_utilisation`); 0 charges none.
+        alltoall_hidden: a schedule that runs a mixture of experts' all-to-alls under another
+            microbatch's compute (``ScheduleKind.hides_alltoall``: DualPipe): the expert-parallel
+            all-to-all (:func:`expert_alltoall`) is overlapped with the layer's work, slowed by the
+            device's ``comm_interference``, instead of added to it.
 
     With ``layout.fsdp`` (ZeRO-3, Rajbhandari et al. 2020; PyTorch FSDP, Zhao et al. 2023) a
     forward all-gathers the layer's parameters over the data axis and a backward gathers them again
@@ -240,11 +244,16 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     # prefetching overlaps FSDP's gathers with compute (slowed by the collectives beside it);
     # a device that overlaps nothing inside a fragment (roofline "sum": XLA:CPU runs a
     # fragment's ops one after another) adds them
+    a2a = expert_alltoall(cost, kind, per_dev, mesh, layout)
     body = ((work + shard if mesh.device.roofline == "sum"
-             else overlapped(work, shard, mesh.device.comm_interference)) + elementwise + comm
-            + expert_alltoall(cost, kind, per_dev, mesh, layout))
+             else overlapped(work, shard, mesh.device.comm_interference)) + elementwise + comm)
+    if alltoall_hidden and a2a > 0 and mesh.device.roofline != "sum":
+        body = overlapped(body, a2a, mesh.device.comm_interference)
+    else:
+        body += a2a
     if recompute and kind == "B":
-        return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len)
+        return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len,
+                                 alltoall_hidden=alltoall_hidden)
     return body
 
 

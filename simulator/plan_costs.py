@@ -15,6 +15,7 @@ from functools import cached_property
 from ir import FragmentRef, Plan, Workload
 from hardware_profiles.types import Cluster, MeshSpec, straggler_factor, straggler_hosts
 from simulator import cost_model as cm
+from simulator.schedules import KINDS as SCHEDULE_KINDS
 
 
 class CostError(ValueError):
@@ -82,9 +83,17 @@ class PlanCosts:
                 out[(st.index, kind)] = sum(
                     cm.layer_time(self.workload.layer(i), kind, self.samples, mesh, lay,
                                   self.dtype, split_backward=split, recompute=rc,
-                                  seq_len=self.workload.seq_len)
+                                  seq_len=self.workload.seq_len, alltoall_hidden=self.alltoall_hidden)
                     for i in range(st.first, st.last)) + self.fsdp_exposed(st.index, kind)
         return out
+
+    @cached_property
+    def alltoall_hidden(self) -> bool:
+        """Whether the plan's schedule hides a mixture of experts' all-to-alls under another
+        microbatch's compute (``ScheduleKind.hides_alltoall``: DualPipe); False for a table whose
+        name is no known schedule."""
+        got = SCHEDULE_KINDS.get(self.plan.schedule.name)
+        return bool(got and got.hides_alltoall)
 
     def fsdp_exposed(self, stage: int, kind: str) -> float:
         """Seconds of stage ``stage``'s FSDP gathers and reduce-scatters that prefetching cannot
@@ -284,7 +293,8 @@ class PlanCosts:
                 c = self.workload.layer(i)
                 done += cm.layer_time(c, ref.kind, self.samples, mesh, lay, self.dtype,
                                       split_backward=split, recompute=self.recompute(st.mesh),
-                                      seq_len=self.workload.seq_len)
+                                      seq_len=self.workload.seq_len,
+                                      alltoall_hidden=self.alltoall_hidden)
                 x = cm.layer_grad_sync(c, mesh, lay)
                 if x is not None and x[2] > 0:
                     frac = 1.0 if after or total <= 0 else min(1.0, done / total)

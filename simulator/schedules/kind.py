@@ -51,6 +51,11 @@ class ScheduleKind:
         sync_exposed: the gradient sync after the last backward is exposed (no W to hide it).
         training: offered for training plans (inference plans use GPipe's forward).
         searched: tried by the planner's default search (else only when named, ``--schedule``).
+        hides_alltoall: a mixture of experts' dispatch and combine all-to-alls run under another
+            microbatch's compute (DualPipe's overlapped forward-backward pairs, DeepSeek-V3
+            Technical Report, Sec. 3.2.1: "both all-to-all and PP communication can be fully
+            hidden"), so a fragment pays ``overlapped(work, all-to-all)``, not their sum
+            (``simulator.cost_model.layer_time``'s ``alltoall_hidden``).
         aliases: other names published runs use for it (``"1f1b-interleaved"``), which
             validation reads.
     """
@@ -69,6 +74,7 @@ class ScheduleKind:
     training: bool = True
     searched: bool = True
     aliases: tuple[str, ...] = ()
+    hides_alltoall: bool = False
 
     def inflight_count(self, pos: int, ranks: int, microbatches: int, virtual_stages: int) -> int:
         """The instances rank ``pos`` of ``ranks`` holds at its peak (:attr:`inflight`, capped at

@@ -198,3 +198,27 @@ def test_expert_parallel_times_pipeline_run_matches_jax_jit():
     r = run_plan(_ep_plan(), steps=1, simulate=False, quiet=True)
     assert r.max_rel_error < 1e-5
     assert r.order_mismatches == ()
+
+
+def test_dualpipe_hides_the_expert_alltoall_under_compute():
+    """DualPipe (the model's DualPipeV) runs the all-to-alls under another microbatch's compute:
+    a fragment pays overlapped(work, all-to-all), slowed by the device's interference, instead of
+    the sum; no other schedule hides them."""
+    from simulator.schedules import KINDS, kind
+
+    assert [n for n, k in KINDS.items() if k.hides_alltoall] == ["dualpipe-v"]
+    w = workload(_tiny(), 8)
+    c = w.layer(1)
+    # an H100 node (its compute and collectives overlap; the CPU meshes' "sum" roofline does not)
+    mesh = load_cluster(ROOT / "hardware_profiles" / "clusters" / "h100x64.yaml").meshes["h100_0"]
+    ep, base = Layout(8, 1, expert=2), Layout(8, 1)
+    a2a = cm.expert_alltoall(c, "F", 1.0, mesh, ep)
+    shown = cm.layer_time(c, "F", 8.0, mesh, ep)
+    hidden = cm.layer_time(c, "F", 8.0, mesh, ep, alltoall_hidden=True)
+    work = shown - a2a
+    assert hidden == pytest.approx(cm.overlapped(work, a2a, mesh.device.comm_interference))
+    assert work <= hidden < shown
+    # nothing to hide without expert parallelism
+    assert (cm.layer_time(c, "F", 8.0, mesh, base, alltoall_hidden=True)
+            == cm.layer_time(c, "F", 8.0, mesh, base))
+    assert kind("dualpipe-v").hides_alltoall and not kind("zb-v").hides_alltoall
