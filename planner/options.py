@@ -188,6 +188,9 @@ def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tup
                          hidden: bool = False) -> tuple[MeshOption, ...]:
     """:func:`_mesh_options`, computed once per workload and mesh spec (meshes that differ only by
     name share their options: clusters repeat identical meshes)."""
+    # only a mixture of experts has all-to-alls to hide: a dense model's options are the same
+    # either way, so they are computed (and charged to the work budget) once
+    hidden = hidden and any(c.alltoall_bytes_per_sample > 0 for c in w.costs.values())
     spec = tuple(getattr(mesh, f.name) for f in fields(mesh) if f.name != "name")
     key = (samples, kinds, split, headroom, max_tensor, fsdp, hidden)
     with _OPTIONS_LOCK:
