@@ -6,8 +6,9 @@ Usage:
 
 Three MoE models (``zoo/configs/``) on H100 DGX node groups, each with ``plan()`` at the given
 ``--time-limit`` (work budget, reference 2-core seconds): Mixtral 8x22B on 128 H100, Qwen3-235B-A22B
-on 512 and DeepSeek-V3 on 2,048 (``h100x2048_nodes.yaml``: 256 DGX H100, the GPU count of
-DeepSeek-V3's run). DeepSeek-V3's own layout, replayed in the same model: "16-way Pipeline
+on 512 and DeepSeek-V3 on 2,048, as H100 (``h100x2048_nodes.yaml``: 256 DGX H100) and as the
+H800 its run used (``h800x2048_nodes.yaml``: the H100's compute with NVLink at 200 GB/s per
+direction; a prior profile). DeepSeek-V3's own layout, replayed in the same model: "16-way Pipeline
 Parallelism (PP), 64-way Expert Parallelism (EP) spanning 8 nodes, and ZeRO-1 Data Parallelism"
 on 2,048 H800, no tensor parallelism, batch 15,360 sequences of 4,096 tokens (DeepSeek-AI,
 "DeepSeek-V3 Technical Report", 2024, Sec. 3.2 and 4.2), replayed with DualPipeV (the V
@@ -15,7 +16,7 @@ half of DualPipe, whose overlapped forward-backward pairs hide the all-to-alls:
 ``ScheduleKind.hides_alltoall``), micro-batch 1, with and without full recomputation, and with
 1F1B for contrast. The model has no FP8 and cannot express DeepSeek's selective recomputation
 (RMSNorm and the MLA up-projections, Sec. 3.2.3); H100 stands in for the H800 (same tensor
-cores, NVLink 900 vs 400 GB/s).
+cores, NVLink 900 vs 400 GB/s) in one replay and the H800 profile in the other.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from zoo.model_files import load_model_file  # noqa: E402
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 CASES = (("Mixtral-8x22B-v0.1.json", "h100x128_nodes.yaml", 256, 4096, 1),
          ("Qwen3-235B-A22B.json", "h100x512_nodes.yaml", 512, 4096, 1),
-         ("DeepSeek-V3.json", "h100x2048_nodes.yaml", 15360, 4096, 4))
+         ("DeepSeek-V3.json", "h100x2048_nodes.yaml", 15360, 4096, 4),
+         ("DeepSeek-V3.json", "h800x2048_nodes.yaml", 15360, 4096, 4))
 """(config, cluster, global batch, sequence, budgets): each case is planned at the time limit
 and, for the last, also at 4x it (its first candidate alone costs a third of the default
 budget at 2,048 GPUs and 1,920 microbatches per replica)."""
@@ -71,7 +73,7 @@ def rows(time_limit: float) -> list[dict]:
             wall = time.perf_counter() - t0
             pred = p.predicted
             gap = p.solver.get("search_gap")
-            out.append({"model": cfg.name, "devices": devices, "batch": batch,
+            out.append({"model": cfg.name, "cluster": cluster.name, "devices": devices, "batch": batch,
                         "what": f"plan, --time-limit {limit:g}", "wall": wall,
                         "step": pred["step_time_s"], "mfu": pred["mfu"],
                         "tok_gpu": pred["tokens_per_s"] / devices, "fits": True,
@@ -80,7 +82,8 @@ def rows(time_limit: float) -> list[dict]:
             for hl in DEEPSEEK_V3:
                 h = hand_plan(w, cluster, hl)
                 peak = max(h.prediction.peak_memory_bytes.values()) / 1e9
-                out.append({"model": cfg.name, "devices": devices, "batch": batch,
+                out.append({"model": cfg.name, "cluster": cluster.name, "devices": devices,
+                            "batch": batch,
                             "what": f"DeepSeek's layout, {hl.schedule}"
                                     + (", full recompute" if hl.recompute == "full" else ""),
                             "wall": 0.0,
@@ -93,15 +96,15 @@ def rows(time_limit: float) -> list[dict]:
 
 def markdown(time_limit: float = 30.0) -> str:
     lines = [f"Mixtures of experts from their published configs (`zoo/configs/`), `plan()` with "
-             f"--time-limit {time_limit:g} s on H100 DGX node groups; DeepSeek-V3's published "
+             f"--time-limit {time_limit:g} s on H100 / H800 node groups; DeepSeek-V3's published "
              f"layout (PP16 x EP64 x DP128, no TP; DeepSeek-V3 Technical Report, Sec. 3.2) "
              f"replayed in the same model with DualPipeV (all-to-alls hidden) and with 1F1B (no FP8 in "
              f"the model). "
              f"`python benchmarks/bench_moe.py`", "",
-             "| model | H100 | batch | what | wall (s) | step (s) | MFU | tokens/s/GPU | fits | layout |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
+             "| model | cluster | GPUs | batch | what | wall (s) | step (s) | MFU | tokens/s/GPU | fits | layout |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
     for r in rows(time_limit):
-        lines.append(f"| {r['model']} | {r['devices']} | {r['batch']} | {r['what']} | "
+        lines.append(f"| {r['model']} | {r['cluster']} | {r['devices']} | {r['batch']} | {r['what']} | "
                      f"{r['wall']:.1f} | {r['step']:.2f} | {100 * r['mfu']:.1f}% | "
                      f"{r['tok_gpu']:,.0f} | {'yes' if r['fits'] else 'no'} | {r['layout']} |")
     return "\n".join(lines) + "\n"
