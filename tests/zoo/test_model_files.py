@@ -26,6 +26,7 @@ PUBLISHED = {  # file -> published total (zoo/configs/README.md cites each)
     "Qwen2.5-7B.json": 7.61e9,
     "Qwen3-8B.json": 8.2e9,
     "gemma-2-9b.json": 9_241_705_984,
+    "gemma-3-1b-pt.json": 1.0e9,
     "gpt2.json": 124e6,
     "gpt-neox-20b.json": 20_554_567_680,
     "opt-1.3b.json": 1.32e9,
