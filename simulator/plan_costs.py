@@ -95,6 +95,32 @@ class PlanCosts:
         got = SCHEDULE_KINDS.get(self.plan.schedule.name)
         return bool(got and got.hides_alltoall)
 
+    def expert_alltoall(self) -> dict[str, tuple[float, float]]:
+        """Per mesh with expert parallelism, ``(bytes, seconds)`` of one step's mixture-of-experts
+        all-to-alls, as the fragments are charged them (``cost_model.expert_alltoall``): every
+        microbatch's dispatch and combine in each forward and their transposes in each backward,
+        bytes summed over the mesh's devices; seconds per device, before any hiding under
+        compute (:attr:`alltoall_hidden`). Empty for a plan without expert parallelism."""
+        out: dict[str, tuple[float, float]] = {}
+        M = self.plan.microbatches
+        for st in self.plan.stages:
+            lay = self.plan.layouts[st.mesh]
+            if lay.expert <= 1:
+                continue
+            mesh = self.cluster.meshes[st.mesh]
+            per_dev = self.samples / lay.data
+            nbytes = seconds = 0.0
+            for i in range(st.first, st.last):
+                c = self.workload.layer(i)
+                if c.alltoall_bytes_per_sample <= 0:
+                    continue
+                # dispatch + combine in F, their transposes in B, on every device of the mesh
+                nbytes += 4 * c.alltoall_bytes_per_sample * per_dev / lay.tensor * mesh.num_devices
+                seconds += sum(cm.expert_alltoall(c, k, per_dev, mesh, lay) for k in ("F", "B"))
+            b, t = out.get(st.mesh, (0.0, 0.0))
+            out[st.mesh] = (b + nbytes * M, t + seconds * M)
+        return {m: v for m, v in out.items() if v[0] > 0}
+
     def fsdp_exposed(self, stage: int, kind: str) -> float:
         """Seconds of stage ``stage``'s FSDP gathers and reduce-scatters that prefetching cannot
         hide in one ``kind`` fragment (the first gather, the last reduce-scatter:

@@ -191,8 +191,12 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.1f}"
 
 
-def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed=None) -> None:
+def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed=None,
+                     alltoall=None) -> None:
     """Print a simulated step: per mesh busy, bubble, peak memory and capacity; per link volume;
+    per mesh with expert parallelism, its mixture-of-experts all-to-all volume and seconds
+    (``alltoall``: :meth:`simulator.plan_costs.PlanCosts.expert_alltoall`, charged inside the
+    fragments, so not on the links);
     for a data-parallel plan one line per part and the cross-part gradient all-reduce; the step
     time, MFU and (``compare``) the planner's prediction; the exposed communication per step
     (``exposed``, a :class:`simulator.exposure.Exposure`, when given); memory errors and a
@@ -228,6 +232,14 @@ def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed
     for ln, b in sorted(r.link_bytes.items()):
         links.add_row(escape(ln), f"{b / 1e9:.2f}")
     console.print(links)
+    if alltoall:
+        a2a = Table(title="expert all-to-all per mesh (inside the fragments: dispatch and combine, "
+                          "forward and backward)", title_justify="left")
+        for col in ("mesh", "GB", "seconds per device"):
+            a2a.add_column(col, justify="left" if col == "mesh" else "right")
+        for m, (b, s) in alltoall.items():
+            a2a.add_row(escape(m), f"{b / 1e9:.2f}", f"{s:.4f}")
+        console.print(a2a)
     if dp:
         for p in r.extra.get("parts", []):
             console.print(
@@ -292,7 +304,9 @@ def register(main: click.Group, guard) -> None:
         from mpmd.cli.main import console
         from simulator.exposure import exposure
         from simulator.knobs import Knobs
-        from simulator.plan_sim import simulate_any
+        from ir import DataParallelPlan
+        from simulator.plan_costs import PlanCosts
+        from simulator.plan_sim import plan_cluster, simulate_any
         from simulator.trace import write_chrome_trace
 
         stragglers = _pairs(straggler, "=", "--straggler", "use MESH=2.0", 0.0, 1e6, lo_open=True)
@@ -308,8 +322,11 @@ def register(main: click.Group, guard) -> None:
         # the same replay with every link free; a step that failed has no step time to compare
         exposed = (None if r.failure else
                    exposure(plan, w, cluster, knobs=knobs, step_time_s=r.step_time_s))
+        a2a = ({} if isinstance(plan, DataParallelPlan)
+               else PlanCosts(plan, w, plan_cluster(plan, cluster)).expert_alltoall())
         print_simulation(console, plan, cluster, r,
-                         compare=schedule is None and microbatches is None, exposed=exposed)
+                         compare=schedule is None and microbatches is None, exposed=exposed,
+                         alltoall=a2a)
         if trace:
             write_chrome_trace(r.timeline, trace)
             console.print(f"wrote {trace} (open it in ui.perfetto.dev)")

@@ -222,3 +222,30 @@ def test_dualpipe_hides_the_expert_alltoall_under_compute():
     assert (cm.layer_time(c, "F", 8.0, mesh, base, alltoall_hidden=True)
             == cm.layer_time(c, "F", 8.0, mesh, base))
     assert kind("dualpipe-v").hides_alltoall and not kind("zb-v").hides_alltoall
+
+
+def test_simulate_reports_each_meshs_expert_alltoall(tmp_path):
+    """`mpmd simulate` lists the all-to-all volume the fragments are charged: 4 transfers
+    (dispatch and combine, forward and backward) of every MoE layer's tokens per microbatch,
+    on every device of the mesh."""
+    from click.testing import CliRunner
+
+    from mpmd.cli.main import main
+    from simulator.plan_costs import PlanCosts
+
+    plan = _ep_plan()
+    w = workload(_tiny(), plan.global_batch)
+    costs = PlanCosts(plan, w, load_cluster(CPU4X2))
+    got = costs.expert_alltoall()
+    per_dev = plan.global_batch / plan.microbatches / 2
+    c = w.layer(1)
+    want0 = 4 * c.alltoall_bytes_per_sample * per_dev * 2 * 2 * plan.microbatches   # 2 MoE layers
+    assert set(got) == {"m0", "m1"} and got["m0"][0] == pytest.approx(want0)
+    assert got["m1"][0] == pytest.approx(want0)          # layers 3, 4 (the head has no experts)
+    dense = dataclasses.replace(plan, layouts={"m0": Layout(2, 1), "m1": Layout(2, 1)})
+    assert PlanCosts(dense, w, load_cluster(CPU4X2)).expert_alltoall() == {}
+    path = tmp_path / "ep.json"
+    path.write_text(json.dumps(any_plan_to_json(plan)))
+    res = CliRunner().invoke(main, ["simulate", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "expert all-to-all per mesh" in res.output
