@@ -165,9 +165,5 @@ def part_views(plan: Plan | DataParallelPlan) -> tuple[PartView, ...]:
         sync = (f"the parts' gradient all-reduce over {plan.sync_link or 'the link between them'} "
                 f"joins {len(plan.parts)} jobs: no launcher flag does that; run the parts in one "
                 f"job with a process group across them")
-        out.append(_with_note(v, sync))
+        out.append(replace(v, notes=v.notes + (sync,)))
     return tuple(out)
-
-
-def _with_note(v: PartView, note: str) -> PartView:
-    return replace(v, notes=v.notes + (note,))

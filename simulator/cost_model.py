@@ -78,13 +78,24 @@ def collective(mesh: MeshSpec, op: str, nbytes: float, group: int, stride: int =
     return span_collective(op, nbytes, mesh.collective_span(group, stride))
 
 
+def expert_share(cost: LayerCost) -> float:
+    """The fraction of a layer's parameters in its experts (0 for a dense layer)."""
+    return cost.expert_param_count / cost.param_count if cost.param_count > 0 else 0.0
+
+
 def held_fraction(cost: LayerCost, layout: Layout) -> float:
     """The fraction of a layer's parameters one device of a tensor shard holds under
     ``layout``'s expert parallelism: all the dense ones and ``1 / expert`` of the experts'
     (1 for a dense layer or ``expert == 1``)."""
-    if layout.expert <= 1 or cost.expert_param_count <= 0 or cost.param_count <= 0:
+    if layout.expert <= 1:
         return 1.0
-    return 1.0 - cost.expert_param_count * (1.0 - 1.0 / layout.expert) / cost.param_count
+    return 1.0 - expert_share(cost) * (1.0 - 1.0 / layout.expert)
+
+
+def expert_alltoall_bytes(cost: LayerCost, per_dev: float, layout: Layout) -> float:
+    """Bytes one device sends in one of a layer's expert all-to-alls: the tokens of its
+    ``per_dev`` samples, split over tensor parallel as sequence parallelism splits them."""
+    return cost.alltoall_bytes_per_sample * per_dev / layout.tensor
 
 
 def expert_alltoall(cost: LayerCost, kind: str, per_dev: float, mesh: MeshSpec,
@@ -98,8 +109,8 @@ def expert_alltoall(cost: LayerCost, kind: str, per_dev: float, mesh: MeshSpec,
     ``expert == 1``."""
     if layout.expert <= 1 or cost.alltoall_bytes_per_sample <= 0 or kind == "W":
         return 0.0
-    nbytes = cost.alltoall_bytes_per_sample * per_dev / layout.tensor
-    return 2.0 * collective(mesh, "all_to_all", nbytes, layout.expert, layout.tensor)
+    return 2.0 * collective(mesh, "all_to_all", expert_alltoall_bytes(cost, per_dev, layout),
+                            layout.expert, layout.tensor)
 
 
 def overlapped(work: float, comm: float, interference: float) -> float:
@@ -347,9 +358,9 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
         else:
             # expert parallelism: a device holds 1/expert of the experts (weights, gradients);
             # their optimizer state is split over the data axis as the dense state is
-            held = [held_fraction(workload.layer(i), layout) for i in range(first, last)]
-            held_params = sum(workload.layer(i).param_count * f for i, f in zip(range(first, last), held))
-            held_bytes = sum(workload.layer(i).param_bytes * f for i, f in zip(range(first, last), held))
+            layers = [workload.layer(i) for i in range(first, last)]
+            held_params = sum(c.param_count * held_fraction(c, layout) for c in layers)
+            held_bytes = sum(c.param_bytes * held_fraction(c, layout) for c in layers)
             static = (held_bytes + held_params * GRAD_BYTES_PER_PARAM + params * adam / d) / t
         per_layer = [(workload.layer(i - 1).activation_bytes_per_sample if i > 0 else 0.0)
                      if recompute else workload.layer(i).residual_bytes_per_sample
@@ -382,14 +393,15 @@ def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[st
         return None
     t = layout.tensor
     if op == "reduce_scatter":
-        e = layout.expert if cost.expert_param_count > 0 else 1
-        dense = (cost.param_count - cost.expert_param_count * (e > 1)) * GRAD_BYTES_PER_PARAM / t
-        seconds = collective(mesh, op, dense, layout.data, t)
-        if e > 1:     # each expert shard over the replicas that hold it (stride expert x tensor)
-            local = cost.expert_param_count * GRAD_BYTES_PER_PARAM / t / e
+        e = layout.expert
+        experts = cost.expert_param_count if e > 1 else 0
+        nbytes = (cost.param_count - experts) * GRAD_BYTES_PER_PARAM / t
+        seconds = collective(mesh, op, nbytes, layout.data, t)
+        if experts:   # each expert shard over the replicas that hold it (stride expert x tensor)
+            local = experts * GRAD_BYTES_PER_PARAM / t / e
             seconds += collective(mesh, op, local, layout.data // e, e * t)
-            dense += local
-        return op, dense, seconds
+            nbytes += local
+        return op, nbytes, seconds
     g = layout.shard
     nbytes = cost.param_count * GRAD_BYTES_PER_PARAM / t / g
     return op, nbytes, collective(mesh, op, nbytes, layout.hsdp, g * t)
@@ -419,8 +431,7 @@ def param_gather_time(workload: Workload, first: int, last: int, mesh: MeshSpec,
         return 0.0
     e, t = layout.expert, layout.tensor
     layers = [workload.layer(i) for i in range(first, last)]
-    expert = sum(c.param_bytes * c.expert_param_count / c.param_count
-                 for c in layers if c.param_count > 0) if e > 1 else 0.0
+    expert = sum(c.param_bytes * expert_share(c) for c in layers) if e > 1 else 0.0
     dense = sum(c.param_bytes for c in layers) - expert
     out = collective(mesh, "all_gather", dense / t, layout.data, t)
     if expert > 0:

@@ -115,7 +115,7 @@ class PlanCosts:
                 if c.alltoall_bytes_per_sample <= 0:
                     continue
                 # dispatch + combine in F, their transposes in B, on every device of the mesh
-                nbytes += 4 * c.alltoall_bytes_per_sample * per_dev / lay.tensor * mesh.num_devices
+                nbytes += 4 * cm.expert_alltoall_bytes(c, per_dev, lay) * mesh.num_devices
                 seconds += sum(cm.expert_alltoall(c, k, per_dev, mesh, lay) for k in ("F", "B"))
             b, t = out.get(st.mesh, (0.0, 0.0))
             out[st.mesh] = (b + nbytes * M, t + seconds * M)

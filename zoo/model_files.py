@@ -36,6 +36,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Mapping
 
+from hardware_profiles.paths import PACKAGE_ROOT
 from ir.files import read_json, read_yaml
 from zoo.config import ModelConfig, ZooError, get_config, list_models
 
@@ -126,15 +127,10 @@ def load_model_file(path: str | Path) -> ModelConfig:
     return from_spec(doc, name, f"{path.name} (model spec)")
 
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-"""The checkout's root: a relative model path that is not found from the working directory is
-tried from here, so ``zoo/configs/Qwen3-8B.json`` works from any directory, as bundled cluster
-paths do (``hardware_profiles.paths.resolve_cluster_path``)."""
-
-
 def bundled_path(path: str | Path) -> Path:
     """``path`` itself when it exists, else a bundled file at that path from the checkout's root
-    (``zoo/configs/...``), else ``path`` (the reader then says it is missing)."""
+    (``hardware_profiles.paths.PACKAGE_ROOT``), so ``zoo/configs/Qwen3-8B.json`` works from any
+    directory as bundled cluster paths do; else ``path`` (the reader then says it is missing)."""
     p = Path(path)
     try:
         if not p.exists() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
