@@ -137,9 +137,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
         q: ``[B, S, H, D]``; k: ``[B, T, KV, D]``; v: ``[B, T, KV, Dv]`` with ``H % KV == 0``
             (``Dv`` may differ from ``D``, as in multi-head latent attention).
         causal: mask future keys (decoders) or not (DiT joint attention).
-        impl: ``"plain"`` (softmax matrix materialized and kept for the backward) or ``"flash"``
+        impl: ``"plain"`` (softmax matrix materialized and kept for the backward), ``"flash"``
             (custom VJP keeping q, k, v, o and the log-sum-exp, recomputing the softmax in the
-            backward, as FlashAttention does: Dao et al. 2022).
+            backward, as FlashAttention does: Dao et al. 2022) or ``"fused"``
+            (``jax.nn.dot_product_attention``: cuDNN's fused flash attention on an NVIDIA GPU,
+            XLA's own lowering elsewhere; ``D`` must equal ``Dv``).
     Returns: ``[B, S, H, Dv]``.
     """
     B, S, H, D = q.shape
@@ -149,8 +151,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
         o = _plain(qg, k, v, causal)
     elif impl == "flash":
         o = _flash(qg, k, v, causal)
+    elif impl == "fused":
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
     else:
-        raise ValueError(f"attention impl {impl!r} is not 'plain' or 'flash'")
+        raise ValueError(f"attention impl {impl!r} is not 'plain', 'flash' or 'fused'")
     return o.reshape(B, S, H, v.shape[-1])
 
 

@@ -315,7 +315,7 @@ def _gpt_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where: 
 _CHOICES = {"family": ("llama", "gpt"), "norm": ("rms", "layer"),
             "mlp": ("swiglu", "gelu", "relu"), "pos_emb": ("rope", "learned", "none"),
             "dtype": ("bfloat16", "float32"), "attention_kernel": ("flash", "unfused"),
-            "attention": ("plain", "flash")}
+            "attention": ("plain", "flash", "fused")}
 """The fields of a model spec with a fixed vocabulary, and their values."""
 
 

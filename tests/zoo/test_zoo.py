@@ -146,8 +146,9 @@ def test_layer_fns_compose_to_forward_loss():
     assert jnp.allclose(loss, jax.jit(zoo.forward_loss(cfg))(params, batch), rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["flash", "fused"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_flash_attention_matches_plain_with_gradients(causal):
+def test_attention_impls_match_plain_with_gradients(causal, impl):
     from zoo.layers import attention
     k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(0), 4)
     q = jax.random.normal(k1, (2, 16, 4, 8))                  # 4 query heads
@@ -159,7 +160,7 @@ def test_flash_attention_matches_plain_with_gradients(causal):
         return jax.jit(jax.value_and_grad(
             lambda q, k, v: jnp.sum(w * attention(q, k, v, causal=causal, impl=impl)),
             argnums=(0, 1, 2)))
-    (l1, g1), (l2, g2) = f("plain")(q, k, v), f("flash")(q, k, v)
+    (l1, g1), (l2, g2) = f("plain")(q, k, v), f(impl)(q, k, v)
     assert jnp.allclose(l1, l2, rtol=1e-5)
     for a, b in zip(g1, g2):
         assert jnp.allclose(a, b, atol=1e-4)

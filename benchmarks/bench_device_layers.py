@@ -1,0 +1,202 @@
+"""Time the zoo's layers on this machine's accelerator: the measurements a device profile is fitted on.
+
+Run on a machine whose JAX sees a GPU or TPU (it needs nothing of this project but ``zoo``'s
+config and layers, and JAX):
+
+    PYTHONPATH=. python benchmarks/bench_device_layers.py --out device_layers.csv
+
+It writes one CSV row per measurement (``runtime.calibration.device_layers.COLUMNS``), flushed as it
+goes so a run stopped at ``--budget-s`` keeps what it measured:
+
+- ``gemm``: one bf16 matrix product ``[m, k] @ [k, n]`` (the shapes of the blocks below);
+- ``copy``: an elementwise ``a + 1`` over a bf16 array (HBM bytes read and written);
+- ``h2d`` / ``d2h``: a host-to-device and a device-to-host copy (the host link);
+- ``block``: one decoder block of a zoo model, forward (``F``) and forward plus backward (``FB``)
+  with respect to parameters and input, bf16, attention through ``jax.nn.dot_product_attention``
+  (cuDNN's fused flash attention on NVIDIA GPUs). ``tensor`` = t runs one tensor-parallel shard
+  of the block as Megatron splits it (heads, key/value heads and MLP width divided by t; the
+  all-reduces are not run: one device has no peer), so the row times what one device of a TP-t
+  layout computes.
+
+Each time is the median of ``repeats`` timed calls after warm-up (each timed call is ``inner``
+back-to-back runs, synchronised once, divided by ``inner``), in seconds. Nothing here predicts:
+``python -m runtime.calibration.device_layers`` compares a CSV with the cost model.
+
+``--quick`` runs a tiny model on any backend (CPU included) in seconds: the smoke test the suite
+runs; without it the script refuses a CPU backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from zoo import decoder  # noqa: E402  (the zoo's JAX layers; imports no other package)
+from zoo.config import ModelConfig, get_config  # noqa: E402
+
+COLUMNS = ("device_kind", "backend", "jax_version", "item", "model", "tensor", "samples",
+           "seq_len", "m", "k", "n", "pass", "seconds", "repeats", "nbytes", "attention")
+
+FULL_BLOCKS = (   # (model, seq_len, tensor degrees, samples): what production layouts run per device
+    ("llama3-8b", 8192, (1, 2, 4, 8), (1,)),
+    ("llama3-8b", 8192, (1, 8), (2,)),
+    ("llama3-70b", 8192, (2, 4, 8), (1,)),
+    ("gpt3-175b", 2048, (4, 8), (1, 2)),
+)
+QUICK_BLOCKS = (("llama-tiny", 64, (1, 2), (1, 2)),)
+
+
+def shard(cfg: ModelConfig, tensor: int, seq_len: int) -> ModelConfig:
+    """One tensor-parallel shard of ``cfg`` (Megatron-LM's split, Shoeybi et al. 2019): heads,
+    key/value heads (at least one: replicated below the degree) and the MLP width divided by
+    ``tensor``; the head width kept."""
+    return dataclasses.replace(
+        cfg, heads=cfg.heads // tensor, kv_heads=max(cfg.kv_heads // tensor, 1),
+        ffn=cfg.ffn // tensor, head_size=cfg.head_dim, seq_len=seq_len, dtype="bfloat16",
+        attention="fused")
+
+
+def _time(fn, *args, repeats: int, min_s: float = 0.02) -> float:
+    """Median seconds of one ``fn(*args)`` call (after two warm-up calls)."""
+    for _ in range(2):
+        jax.block_until_ready(fn(*args))
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    once = max(time.perf_counter() - t0, 1e-6)
+    inner = max(1, min(50, int(min_s / once)))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def _init(shapes: dict, key) -> dict:
+    keys = jax.random.split(key, len(shapes))
+    return {name: (0.02 * jax.random.normal(kk, s, jnp.float32)).astype(jnp.bfloat16)
+            for kk, (name, s) in zip(keys, sorted(shapes.items()))}
+
+
+def block_rows(model: str, seq_len: int, tensor: int, samples: int, repeats: int):
+    cfg = shard(get_config(model), tensor, seq_len)
+    block = decoder.block_fn(cfg)
+    p = _init(decoder.block_shapes(cfg), jax.random.PRNGKey(0))
+    x = jax.random.normal(jax.random.PRNGKey(1), (samples, seq_len, cfg.hidden), jnp.bfloat16)
+    dy = jax.random.normal(jax.random.PRNGKey(2), x.shape, jnp.bfloat16)
+    fwd = jax.jit(block)
+    fb = jax.jit(jax.value_and_grad(
+        lambda p, x: jnp.vdot(block(p, x).astype(jnp.float32), dy.astype(jnp.float32)),
+        argnums=(0, 1)))
+    base = dict(item="block", model=model, tensor=tensor, samples=samples, seq_len=seq_len,
+                attention="fused")
+    yield dict(base, **{"pass": "F", "seconds": _time(fwd, p, x, repeats=repeats)})
+    yield dict(base, **{"pass": "FB", "seconds": _time(fb, p, x, repeats=repeats)})
+
+
+def gemm_shapes(blocks) -> list[tuple[int, int, int]]:
+    """The forward GEMMs of the blocks' shards: ``[tokens, h] @ [h, n]`` and back."""
+    out = set()
+    for model, seq_len, tensors, samples in blocks:
+        cfg = get_config(model)
+        for t in tensors:
+            for b in samples:
+                tok, h, f = b * seq_len, cfg.hidden, cfg.ffn // t
+                qkv = (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim // t
+                out |= {(tok, h, f), (tok, f, h), (tok, h, qkv)}
+    return sorted(out)
+
+
+def gemm_row(m: int, k: int, n: int, repeats: int) -> dict:
+    a = jax.random.normal(jax.random.PRNGKey(3), (m, k), jnp.bfloat16)
+    b = jax.random.normal(jax.random.PRNGKey(4), (k, n), jnp.bfloat16)
+    s = _time(jax.jit(jnp.matmul), a, b, repeats=repeats)
+    return dict(item="gemm", m=m, k=k, n=n, seconds=s, nbytes=2 * (m * k + k * n + m * n))
+
+
+def copy_row(nbytes: int, repeats: int) -> dict:
+    a = jnp.zeros((nbytes // 2,), jnp.bfloat16)
+    s = _time(jax.jit(lambda a: a + 1), a, repeats=repeats)
+    return dict(item="copy", seconds=s, nbytes=2 * nbytes)
+
+
+def host_rows(nbytes: int, repeats: int):
+    host = np.ones((nbytes // 4,), np.float32)
+    dev = jax.devices()[0]
+    yield dict(item="h2d", nbytes=nbytes,
+               seconds=_time(lambda h: jax.device_put(h, dev), host, repeats=repeats, min_s=0))
+    # a fresh device array per copy: a jax.Array caches its host copy after the first transfer
+    arrays = [jax.block_until_ready(jax.device_put(host, dev) + i) for i in range(repeats + 1)]
+    np.asarray(arrays.pop())
+    times = []
+    for a in arrays:
+        t0 = time.perf_counter()
+        np.asarray(a)
+        times.append(time.perf_counter() - t0)
+        del a
+    yield dict(item="d2h", nbytes=nbytes, seconds=statistics.median(times))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="CSV to write")
+    ap.add_argument("--quick", action="store_true", help="a tiny model on any backend (smoke test)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="stop starting new measurements after this many seconds")
+    args = ap.parse_args(argv)
+    backend = jax.default_backend()
+    if backend == "cpu" and not args.quick:
+        print("bench_device_layers: JAX's backend is cpu; run it where JAX sees a GPU or TPU, "
+              "or pass --quick for the CPU smoke run", file=sys.stderr)
+        return 2
+    blocks = QUICK_BLOCKS if args.quick else FULL_BLOCKS
+    mib = 1 << 20
+    copy_bytes, host_bytes = (4 * mib, 4 * mib) if args.quick else (2048 * mib, 1024 * mib)
+    jobs = [lambda: [copy_row(copy_bytes, args.repeats)],
+            lambda: list(host_rows(host_bytes, args.repeats))]
+    jobs += [lambda s=s: [gemm_row(*s, args.repeats)] for s in gemm_shapes(blocks)]
+    jobs += [lambda a=(m, s, t, b): list(block_rows(*a, args.repeats))
+             for m, s, ts, bs in blocks for t in ts for b in bs]
+    common = dict(device_kind=jax.devices()[0].device_kind, backend=backend,
+                  jax_version=jax.__version__, repeats=args.repeats)
+    start = time.perf_counter()
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".partial")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS, restval="")
+        w.writeheader()
+        for job in jobs:
+            if time.perf_counter() - start > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent: stopping", file=sys.stderr)
+                break
+            try:
+                rows = job()
+            except Exception as e:    # one failed shape (memory, an unsupported kernel) is a gap
+                print(f"skipped: {type(e).__name__}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
+                continue
+            for r in rows:
+                row = dict(common, **r)
+                w.writerow(row)
+                fh.flush()
+                print(",".join(str(row.get(c, "")) for c in COLUMNS), flush=True)
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
