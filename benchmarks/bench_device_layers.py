@@ -103,7 +103,7 @@ def block_rows(model: str, seq_len: int, tensor: int, samples: int, repeats: int
         lambda p, x: jnp.vdot(block(p, x).astype(jnp.float32), dy.astype(jnp.float32)),
         argnums=(0, 1)))
     base = dict(item="block", model=model, tensor=tensor, samples=samples, seq_len=seq_len,
-                attention="fused")
+                attention="cudnn" if jax.default_backend() == "gpu" else "xla")
     yield dict(base, **{"pass": "F", "seconds": _time(fwd, p, x, repeats=repeats)})
     yield dict(base, **{"pass": "FB", "seconds": _time(fb, p, x, repeats=repeats)})
 
@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="CSV to write")
     ap.add_argument("--quick", action="store_true", help="a tiny model on any backend (smoke test)")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--blocks-only", action="store_true", help="skip the GEMM, copy and host rows")
+    ap.add_argument("--models", default="", help="comma-separated: only these models' blocks")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="stop starting new measurements after this many seconds")
     args = ap.parse_args(argv)
@@ -165,11 +167,14 @@ def main(argv: list[str] | None = None) -> int:
               "or pass --quick for the CPU smoke run", file=sys.stderr)
         return 2
     blocks = QUICK_BLOCKS if args.quick else FULL_BLOCKS
+    if args.models:
+        blocks = tuple(b for b in blocks if b[0] in args.models.split(","))
     mib = 1 << 20
     copy_bytes, host_bytes = (4 * mib, 4 * mib) if args.quick else (2048 * mib, 1024 * mib)
-    jobs = [lambda: [copy_row(copy_bytes, args.repeats)],
-            lambda: list(host_rows(host_bytes, args.repeats))]
-    jobs += [lambda s=s: [gemm_row(*s, args.repeats)] for s in gemm_shapes(blocks)]
+    jobs = [] if args.blocks_only else [lambda: [copy_row(copy_bytes, args.repeats)],
+                                        lambda: list(host_rows(host_bytes, args.repeats))]
+    if not args.blocks_only:
+        jobs += [lambda s=s: [gemm_row(*s, args.repeats)] for s in gemm_shapes(blocks)]
     jobs += [lambda a=(m, s, t, b): list(block_rows(*a, args.repeats))
              for m, s, ts, bs in blocks for t in ts for b in bs]
     common = dict(device_kind=jax.devices()[0].device_kind, backend=backend,

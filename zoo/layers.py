@@ -141,7 +141,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
             (custom VJP keeping q, k, v, o and the log-sum-exp, recomputing the softmax in the
             backward, as FlashAttention does: Dao et al. 2022) or ``"fused"``
             (``jax.nn.dot_product_attention``: cuDNN's fused flash attention on an NVIDIA GPU,
-            XLA's own lowering elsewhere; ``D`` must equal ``Dv``).
+            XLA's own lowering, scores materialized, elsewhere; ``D`` must equal ``Dv``).
     Returns: ``[B, S, H, Dv]``.
     """
     B, S, H, D = q.shape
@@ -152,7 +152,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     elif impl == "flash":
         o = _flash(qg, k, v, causal)
     elif impl == "fused":
-        return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+        kernel = "cudnn" if jax.default_backend() == "gpu" else None
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=kernel)
     else:
         raise ValueError(f"attention impl {impl!r} is not 'plain', 'flash' or 'fused'")
     return o.reshape(B, S, H, v.shape[-1])
