@@ -44,7 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zoo import decoder  # noqa: E402  (the zoo's JAX layers; imports no other package)
-from zoo.config import ModelConfig, get_config  # noqa: E402
+from zoo.config import ModelConfig, get_config, tensor_shard  # noqa: E402
 
 COLUMNS = ("device_kind", "backend", "jax_version", "item", "model", "tensor", "samples",
            "seq_len", "m", "k", "n", "pass", "seconds", "repeats", "nbytes", "attention")
@@ -59,13 +59,10 @@ QUICK_BLOCKS = (("llama-tiny", 64, (1, 2), (1, 2)),)
 
 
 def shard(cfg: ModelConfig, tensor: int, seq_len: int) -> ModelConfig:
-    """One tensor-parallel shard of ``cfg`` (Megatron-LM's split, Shoeybi et al. 2019): heads,
-    key/value heads (at least one: replicated below the degree) and the MLP width divided by
-    ``tensor``; the head width kept."""
-    return dataclasses.replace(
-        cfg, heads=cfg.heads // tensor, kv_heads=max(cfg.kv_heads // tensor, 1),
-        ffn=cfg.ffn // tensor, head_size=cfg.head_dim, seq_len=seq_len, dtype="bfloat16",
-        attention="fused")
+    """One tensor-parallel shard of ``cfg`` (:func:`zoo.config.tensor_shard`) at ``seq_len`` tokens,
+    bf16, attention through ``jax.nn.dot_product_attention``."""
+    return dataclasses.replace(tensor_shard(cfg, tensor), seq_len=seq_len, dtype="bfloat16",
+                               attention="fused")
 
 
 def _time(fn, *args, repeats: int, min_s: float = 0.02) -> float:

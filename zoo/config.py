@@ -282,3 +282,20 @@ def get_config(name: str, **overrides) -> ModelConfig:
         raise ZooError(f"unknown ModelConfig field(s) {bad} for {cfg.name!r}; "
                        f"valid fields: {', '.join(sorted(fields))}")
     return dataclasses.replace(cfg, **overrides)
+
+
+def tensor_shard(cfg: ModelConfig, tensor: int) -> ModelConfig:
+    """What one device of a ``tensor``-way tensor-parallel layout computes of each block, as a
+    model of its own: heads, key/value heads (at least one: replicated below the degree, as
+    Megatron-LM does) and the MLP width divided by ``tensor``, the head width kept (Shoeybi et al.
+    2019, Sec. 3). Used to time and cost one shard on one device.
+
+    Raises:
+        ZooError: ``tensor`` < 1, or it does not divide the heads or the MLP width.
+    """
+    if tensor < 1 or cfg.heads % tensor or cfg.ffn % tensor:
+        raise ZooError(f"tensor={tensor} must be >= 1 and divide {cfg.name}'s {cfg.heads} heads "
+                       f"and MLP width {cfg.ffn}; pick a divisor of both")
+    return dataclasses.replace(cfg, heads=cfg.heads // tensor,
+                               kv_heads=max(cfg.kv_heads // tensor, 1), ffn=cfg.ffn // tensor,
+                               head_size=cfg.head_dim)

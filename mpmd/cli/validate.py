@@ -1,5 +1,6 @@
 """``mpmd validate [--fit] [--csv PATH] [--out FILE.md] [--profiles-out DIR] [--strict]``: the
-simulator against published training measurements.
+simulator against published training measurements (``--layers CSV``: against layer timings
+measured on one accelerator instead, :mod:`mpmd.cli.validate_layers`).
 
 Builds every row's setup (:mod:`simulator.validate`), simulates it on its own device's profile (the
 CSV's ``device`` column) with :func:`simulator.plan_sim.simulate_plan`, checks
@@ -113,7 +114,8 @@ def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_
     write_atomic(out or path, text[:start] + block + text[end:])
 
 
-EXTRA_EFFICIENCY = (("scale_out", "scale_out_efficiency"), ("comm_interference", "comm_interference"),
+EXTRA_EFFICIENCY = (("backward", "backward_efficiency"),
+                    ("scale_out", "scale_out_efficiency"), ("comm_interference", "comm_interference"),
                     ("grad_sync_overlap", "grad_sync_overlap"), ("sync_jitter", "sync_jitter"))
 """Profile efficiency keys beyond the four :func:`simulator.validate.fit` fits: (YAML key,
 ``DeviceProfile`` attribute), kept with their origins when a fit rewrites the block."""
@@ -256,9 +258,16 @@ def register(main: click.Group, guard) -> None:
     @click.option("--hold-elementwise", is_flag=True,
                   help="With --fit: keep each profile's elementwise-traffic fraction instead of "
                        "searching the grid (six times fewer evaluations).")
+    @click.option("--layers", "layers_csv", type=click.Path(dir_okay=False), default=None,
+                  help="Instead: layer timings measured on one accelerator "
+                       "(benchmarks/bench_device_layers.py) against the cost model.")
+    @click.option("--profile", default=None,
+                  help="With --layers: the device profile to predict on (default: the one of "
+                       "the rows' device kind).")
     @guard
     def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None,
-                 strict: bool, hold_elementwise: bool = False) -> None:
+                 strict: bool, hold_elementwise: bool = False, layers_csv: str | None = None,
+                 profile: str | None = None) -> None:
         """Check the simulator against published training runs (per-row table, MAPE, zb ranking).
 
         Every row is simulated on its own device's profile (the CSV's ``device`` column). A row
@@ -266,6 +275,13 @@ def register(main: click.Group, guard) -> None:
         and listed with its reason; exit 0 when at least one row is scored (--strict: exit 2 on
         the first skipped row).
         """
+        if profile and not layers_csv:
+            raise click.BadParameter("--profile needs --layers; add --layers CSV or drop it")
+        if layers_csv:
+            from mpmd.cli import validate_layers
+            from mpmd.cli.main import console
+            validate_layers.run(layers_csv, profile, out, console)
+            return
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 

@@ -209,3 +209,13 @@ def test_mochi_dit_tiny_has_the_10b_block_structure():
     assert batch["latent"].shape == (2, 4, 2, 8, 8) and batch["text"].shape == (2, 8, 32)
     out = jax.jit(zoo.forward(tiny))(params, batch)
     assert out.shape == (2, 4, 2, 8, 8) and bool(jnp.all(jnp.isfinite(out)))
+
+
+def test_tensor_shard_divides_heads_kv_heads_and_mlp_width():
+    from zoo import get_config, tensor_shard
+    s = tensor_shard(get_config("llama3-70b"), 8)
+    assert (s.heads, s.kv_heads, s.ffn, s.head_dim, s.hidden) == (8, 1, 3584, 128, 8192)
+    s = tensor_shard(get_config("llama3-8b"), 16)       # 8 kv heads: replicated below 16
+    assert (s.heads, s.kv_heads) == (2, 1)
+    with pytest.raises(zoo.ZooError, match="tensor=3"):
+        tensor_shard(get_config("llama3-8b"), 3)

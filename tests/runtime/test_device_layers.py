@@ -1,0 +1,136 @@
+"""Layer timings measured on one accelerator against the cost model
+(``runtime.calibration.device_layers``, ``mpmd validate --layers``, the benchmark that writes them)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hardware_profiles import load_device
+from runtime.calibration.device_layers import (COLUMNS, LayerTiming, compare, gemm_time_ratio,
+                                               predict, profile_for, read_timings, summary)
+from runtime.calibration.fit import CalibrationError
+from simulator.cost_model import wave_utilisation
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "reports" / "validation" / "device"
+H100, H200 = DATA / "h100_layers.csv", DATA / "h200_layers.csv"
+
+
+def test_shipped_measurements_read_with_each_backward_derived():
+    h100, h200 = read_timings(H100), read_timings(H200)
+    # 66 / 86 measured rows, plus one B (= FB - F) per measured block
+    assert (len(h100), len(h200)) == (66 + 13, 86 + 23)
+    assert profile_for(h100) == "h100-sxm" and profile_for(h200) == "h200-sxm"
+    f = next(t for t in h200 if t.label == "block llama3-70b t8 b1 s8192 cudnn F")
+    fb = next(t for t in h200 if t.label == "block llama3-70b t8 b1 s8192 cudnn FB")
+    b = next(t for t in h200 if t.label == "block llama3-70b t8 b1 s8192 cudnn B")
+    assert b.seconds == fb.seconds - f.seconds
+
+
+def test_h200_profile_is_the_h100_fit_times_the_measured_gemm_ratio():
+    ratio, shapes = gemm_time_ratio(read_timings(H100), read_timings(H200))
+    assert shapes == 37
+    assert 1.0 < ratio < 1.03          # same GH100 die: the H200 multiplies within 3% of the H100
+    h100, h200 = load_device("h100-sxm"), load_device("h200-sxm")
+    assert h200.matmul_efficiency == round(h100.matmul_efficiency * ratio, 3)
+
+
+def test_gemm_and_copy_predictions_are_the_roofline():
+    dev = load_device("h100-sxm")
+    g = LayerTiming(device_kind="x", item="gemm", seconds=1e-3, m=2048, k=12288, n=4608)
+    util = wave_utilisation(2048, 4608, dev.gemm_tiling) if dev.gemm_tiling else 1.0
+    assert predict(g, dev) == 2 * 2048 * 12288 * 4608 / dev.achievable_flops("bf16") / util
+    c = LayerTiming(device_kind="x", item="copy", seconds=1e-3, nbytes=4e9)
+    assert predict(c, dev) == 4e9 / dev.achievable_bandwidth
+    assert predict(dataclasses.replace(c, item="h2d"), dev) is None
+
+
+def test_block_prediction_follows_the_attention_kernel_and_the_pass():
+    dev = load_device("h200-sxm")
+    row = LayerTiming(device_kind="NVIDIA H200", item="block", seconds=1e-3, model="llama3-8b",
+                      tensor=8, samples=1, seq_len=8192, pass_="F", attention="cudnn")
+    f, b = predict(row, dev), predict(dataclasses.replace(row, pass_="B"), dev)
+    assert predict(dataclasses.replace(row, pass_="FB"), dev) == f + b
+    assert 1.5 * f < b < 3 * f
+    # XLA's materialized scores cost more than FlashAttention at 8,192 tokens
+    assert predict(dataclasses.replace(row, attention="xla"), dev) > f
+
+
+def test_summary_and_errors_are_signed_fractions():
+    dev = load_device("h100-sxm")
+    t = LayerTiming(device_kind="x", item="copy", seconds=1.0, nbytes=dev.achievable_bandwidth * 1.1)
+    (c,) = compare([t], dev)
+    assert c.error == pytest.approx(0.1)
+    assert summary([c]) == {"copy": (1, c.error, c.error, c.error)}
+
+
+def test_bad_files_are_one_line_errors(tmp_path):
+    with pytest.raises(CalibrationError, match="no layer-timing CSV"):
+        read_timings(tmp_path / "none.csv")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("device_kind,item\nx,gemm\n")
+    with pytest.raises(CalibrationError, match="lacks column"):
+        read_timings(bad)
+    mixed = list(read_timings(H100)[:1]) + list(read_timings(H200)[:1])
+    with pytest.raises(CalibrationError, match="2 device kinds"):
+        profile_for(mixed)
+    with pytest.raises(CalibrationError, match="--profile"):
+        profile_for([dataclasses.replace(mixed[0], device_kind="Mystery GPU")])
+
+
+def test_mpmd_validate_layers_writes_the_comparison(tmp_path):
+    out = tmp_path / "layers.md"
+    r = subprocess.run(["mpmd", "validate", "--layers", str(H200), "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    groups = [line for line in text.splitlines() if line.startswith("| block ")
+              and line.count("|") == 6]
+    assert [g.split("|")[1].strip() for g in groups] == [
+        "block cudnn F", "block cudnn B", "block cudnn FB", "block xla F", "block xla B",
+        "block xla FB"]
+    assert text.count("\n| gemm ") == 1 + 37          # the summary line and each GEMM
+    r = subprocess.run(["mpmd", "validate", "--profile", "h100-sxm"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 2 and "--profile needs --layers" in r.stderr
+
+
+def test_benchmark_quick_run_writes_the_columns_the_reader_takes(tmp_path):
+    out = tmp_path / "q.csv"
+    script = ROOT / "benchmarks" / "bench_device_layers.py"
+    r = subprocess.run([sys.executable, str(script), "--quick", "--blocks-only", "--repeats", "1",
+                        "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with out.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+    assert tuple(reader.fieldnames) == COLUMNS
+    # llama-tiny at tensor 1 and 2, microbatch 1 and 2, F and FB
+    assert [(r["tensor"], r["samples"], r["pass"]) for r in rows] == [
+        (t, b, p) for t in "12" for b in "12" for p in ("F", "FB")]
+    assert len(read_timings(out)) == 12
+    r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x.csv")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--quick" in r.stderr and not (tmp_path / "x.csv").exists()
+
+
+def test_readme_quotes_the_comparison_it_runs():
+    import re
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    cs = compare(read_timings(H200), load_device("h200-sxm"))
+    fb = [c for c in cs if c.timing.item == "block" and c.timing.attention == "cudnn"
+          and c.timing.pass_ == "FB"]
+    (n, mean, _, worst), = summary(fb).values()
+    (_, gemm, _, _), = summary([c for c in cs if c.timing.item == "gemm"]).values()
+    assert (f"the blocks run {mean * 100:.1f}% faster than `h200-sxm` predicts (mean; max "
+            f"{worst * 100:.1f}%" in readme)
+    assert f"its GEMMs {gemm * 100:.1f}% faster" in readme
+    ratio, _ = gemm_time_ratio(read_timings(H100), read_timings(H200))
+    assert re.search(rf"median H100 / H200 time {ratio:.4f}", readme)
