@@ -18,6 +18,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from mpmd.cli.main import _workload  # noqa: E402
+from zoo import get_config  # noqa: E402
 from hardware_profiles import load_cluster  # noqa: E402
 from planner import InfeasibleError, PlanOptions, plan  # noqa: E402
 
@@ -34,7 +35,7 @@ CASES = [
 
 def bench(model: str, cluster: str, time_limit: float) -> dict:
     t0 = time.perf_counter()
-    w = _workload(model, None, None)
+    w = _workload(get_config(model), None, None)
     t1 = time.perf_counter()
     c = load_cluster(cluster)
     try:

@@ -117,7 +117,7 @@ def test_profiles_table_lists_every_device():
     assert [r[0] for r in rows] == sorted(IDS + MEASURED)
     h100 = dict(zip(["id", "vendor", "bf16", "mem", "bw", "up", "tdp", "price", "eff"], next(r for r in rows if r[0] == "h100-sxm")))
     assert h100 == {"id": "h100-sxm", "vendor": "NVIDIA", "bf16": "989", "mem": "80.0", "bw": "3,350", "up": "450",
-                    "tdp": "700", "price": "2.7-4.9", "eff": "0.65"}
+                    "tdp": "700", "price": "2.7-4.9", "eff": "0.67"}
     table = profiles_table()
     assert table.row_count == len(IDS + MEASURED) and len(table.columns) == 10
     console = Console(width=200, record=True)

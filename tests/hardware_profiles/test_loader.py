@@ -190,8 +190,8 @@ def test_link_bandwidth_both_or_neither(tmp_path):
     assert "links[0] gives neither bandwidth_gbit_per_s and bandwidth_gb_per_s" in _one_line_error(load_cluster, p)
 
 
-def _device_yaml(tmp_path, old, new, stem="h100-sxm"):
-    src = (DEVICES_DIR / "h100-sxm.yaml").read_text()
+def _device_yaml(tmp_path, old, new, stem="h100-sxm", base="h100-sxm"):
+    src = (DEVICES_DIR / f"{base}.yaml").read_text()
     assert old in src
     p = tmp_path / f"{stem}.yaml"
     p.write_text(src.replace(old, new, 1))
@@ -219,7 +219,7 @@ def test_device_missing_source(tmp_path):
 
 
 def test_device_efficiency_out_of_range(tmp_path):
-    p = _device_yaml(tmp_path, "matmul:\n    value: 0.645", "matmul:\n    value: 1.5")
+    p = _device_yaml(tmp_path, "matmul:\n    value: 0.674", "matmul:\n    value: 1.5")
     assert "efficiency.matmul.value = 1.5: Input should be less than or equal to 1" in _one_line_error(load_device, p)
 
 
@@ -267,13 +267,15 @@ def test_p2p_mode(tmp_path):
 def test_device_gemm_tiling(tmp_path):
     assert load_device(DEVICES_DIR / "a100-80gb-sxm.yaml").gemm_tiling == (108, 256, 128)
     assert load_device(DEVICES_DIR / "tpu-v5e.yaml").gemm_tiling is None
-    p = _device_yaml(tmp_path, "  compute_units: 132\n", "  compute_units: 0\n")
+    assert load_device(DEVICES_DIR / "h100-sxm.yaml").gemm_tiling is None   # measured: no waves
+    p = _device_yaml(tmp_path, "  compute_units: 108\n", "  compute_units: 0\n",
+                     stem="a100-80gb-sxm", base="a100-80gb-sxm")
     msg = _one_line_error(load_device, p)
     assert "gemm_tiling.compute_units = 0" in msg and "\n" not in msg
 
 
 def test_device_elementwise_traffic(tmp_path):
-    assert load_device(DEVICES_DIR / "h200-sxm.yaml").elementwise_traffic == 0.0
+    assert load_device(DEVICES_DIR / "b200.yaml").elementwise_traffic == 0.0
     field = "  elementwise_traffic:\n    value: {}\n    origin: test\n"
     old = "  elementwise_traffic:\n    value: 0.4\n"
     src = (DEVICES_DIR / "h100-sxm.yaml").read_text()
