@@ -40,11 +40,11 @@ def readme_paragraph(start: str) -> str:
     return README[i:README.index("\n\n", i)].replace("\n", " ")
 
 
-H100_128 = readme_paragraph("Measured 2026-11-25 on this project's 2-core machine, idle")
+H100_128 = readme_paragraph("Measured 2026-11-26 on this project's 2-core machine, idle")
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), it planned 4")
 FIXTURES = readme_paragraph("Published layouts as fixtures:")
 PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), the first uses both kinds")
-MOE = readme_paragraph("On this project's 2-core machine, idle (2026-11-26), DeepSeek-V3")
+MOE = readme_paragraph("On this project's 2-core machine (2026-11-26), DeepSeek-V3")
 
 
 @pytest.mark.parametrize("text,match,cells", [
