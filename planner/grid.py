@@ -13,7 +13,10 @@ alike):
 - recomputation: none, else full when nothing fits without it (``selective`` is not in the cost
   model: it lies between the two);
 - data parallel with the distributed optimizer (ZeRO-1, Megatron-LM) or FSDP (ZeRO-3, torchtitan's
-  FSDP x TP), data parallel = the devices left.
+  FSDP x TP), data parallel = the devices left;
+- for a mixture of experts, expert parallel ``e`` in {1, 2, 4, ..., 64} dividing the data degree
+  and the experts (Megatron-LM's ``--expert-model-parallel-size`` over the data-parallel ranks;
+  with the distributed optimizer only, as ``Layout.expert`` is).
 
 Configurations that do not fit memory (at ``headroom``) are dropped. Each is one exact replay, so a
 sweep costs one prediction per grid point (hundreds to a few thousand: 518 points, 2 s of CPU
@@ -36,6 +39,7 @@ from planner.errors import PlannerError
 TENSOR = (1, 2, 4, 8)
 VIRTUAL = (1, 2, 4)
 MICRO_BATCH = (1, 2, 4, 8)
+EXPERT = (2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +56,15 @@ class GridResult:
 
 def grid_layouts(w: Workload, cluster: Cluster, group: str,
                  opts: api.PlanOptions | None = None) -> list[HandLayout]:
-    """Every grid point of :mod:`planner.grid` for node group ``group`` (recomputation left
+    """Every grid point of :mod:`planner.grid` for node group ``group`` (expert parallel only for
+    a workload with experts; recomputation left
     ``"none"``; :func:`grid_sweep` adds full recomputation where a point does not fit). With
     ``opts``, only the points the planner's options allow (schedules, microbatch counts, largest
     tensor-parallel degree, FSDP; its ``virtual_stages`` joins the grid's)."""
     g = cluster.groups[group]
     devices, k = g.num_devices, g.devices_per_node
     _, blocks, _ = api._split_layers(w)
+    experts = max(c.experts for c in w.costs.values())
     virtual = VIRTUAL if opts is None else tuple(sorted({*VIRTUAL, opts.virtual_stages}))
     out = []
     for t in (x for x in TENSOR if k % x == 0 and (opts is None or x <= opts.max_tensor)):
@@ -72,9 +78,11 @@ def grid_layouts(w: Workload, cluster: Cluster, group: str,
                 for b in MICRO_BATCH:
                     if w.global_batch % (d * b):
                         continue
-                    for fsdp in ((False, True) if d > 1 and (opts is None or opts.fsdp) else (False,)):
+                    ep = (1, *(e for e in EXPERT if experts and d % e == 0 and experts % e == 0))
+                    fsdps = (False, True) if d > 1 and (opts is None or opts.fsdp) else (False,)
+                    for fsdp, e in ((f, e) for f in fsdps for e in ep if not (f and e > 1)):
                         h = HandLayout(tensor=t, pipeline=p, data=d, virtual_stages=v, micro_batch=b,
-                                       fsdp=fsdp)
+                                       fsdp=fsdp, expert=e)
                         if opts is None or _allowed(h, w, opts):
                             out.append(h)
     return out
@@ -125,4 +133,4 @@ def grid_sweep(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1,
 def _with(layout: HandLayout, recompute: str) -> HandLayout:
     return HandLayout(tensor=layout.tensor, pipeline=layout.pipeline, data=layout.data,
                       virtual_stages=layout.virtual_stages, micro_batch=layout.micro_batch,
-                      recompute=recompute, fsdp=layout.fsdp)
+                      recompute=recompute, fsdp=layout.fsdp, expert=layout.expert)

@@ -69,3 +69,23 @@ def test_a_spent_budget_stops_the_sweep():
     cut = grid_sweep(W, nodes(), "g", budget=b)
     assert full.complete and not cut.complete
     assert 0 < cut.evaluated < full.evaluated and b.out()
+
+
+def test_a_mixture_of_experts_adds_expert_parallel_points():
+    from zoo.costing import workload
+    from zoo.model_files import resolve_model
+
+    moe = workload(resolve_model("zoo/configs/tiny-moe.yaml"), 32, seq_len=64)
+    experts = max(c.experts for c in moe.costs.values())
+    pts = grid_layouts(moe, nodes(), "g")
+    ep = [p for p in pts if p.expert > 1]
+    assert ep and all(not p.fsdp and p.data % p.expert == 0 and experts % p.expert == 0
+                      for p in ep)
+    assert {p.expert for p in ep} == {e for e in (2, 4, 8, 16, 32, 64) if experts % e == 0
+                                      and any(q.data % e == 0 for q in pts)}
+    # each expert-parallel point is a distributed-optimizer point of the grid with the experts split
+    plain = {(p.tensor, p.pipeline, p.data, p.virtual_stages, p.micro_batch)
+             for p in pts if p.expert == 1 and not p.fsdp}
+    assert {(p.tensor, p.pipeline, p.data, p.virtual_stages, p.micro_batch) for p in ep} <= plain
+    # a dense model's grid has none
+    assert all(p.expert == 1 for p in grid_layouts(W, nodes(), "g"))
