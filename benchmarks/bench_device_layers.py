@@ -144,7 +144,6 @@ def host_rows(nbytes: int, repeats: int):
         t0 = time.perf_counter()
         np.asarray(a)
         times.append(time.perf_counter() - t0)
-        del a
     yield dict(item="d2h", nbytes=nbytes, seconds=statistics.median(times))
 
 

@@ -80,11 +80,12 @@ def grid_layouts(w: Workload, cluster: Cluster, group: str,
                         continue
                     ep = (1, *(e for e in EXPERT if experts and d % e == 0 and experts % e == 0))
                     fsdps = (False, True) if d > 1 and (opts is None or opts.fsdp) else (False,)
-                    for fsdp, e in ((f, e) for f in fsdps for e in ep if not (f and e > 1)):
-                        h = HandLayout(tensor=t, pipeline=p, data=d, virtual_stages=v, micro_batch=b,
-                                       fsdp=fsdp, expert=e)
-                        if opts is None or _allowed(h, w, opts):
-                            out.append(h)
+                    for fsdp in fsdps:
+                        for e in ((1,) if fsdp else ep):      # Layout.expert: not with FSDP
+                            h = HandLayout(tensor=t, pipeline=p, data=d, virtual_stages=v,
+                                           micro_batch=b, fsdp=fsdp, expert=e)
+                            if opts is None or _allowed(h, w, opts):
+                                out.append(h)
     return out
 
 

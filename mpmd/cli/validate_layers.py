@@ -9,31 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _group(c) -> str:
-    t = c.timing
-    if t.item == "block":
-        return f"block {t.attention} {t.pass_}"
-    return t.item
-
-
 def markdown(comparisons, device_name: str, csv_path: str) -> str:
-    """The comparison as Markdown: a summary per group, then every row."""
+    """The comparison as Markdown: a summary per group (:func:`summary`), then every row."""
     from runtime.calibration.device_layers import summary
 
-    groups: dict[str, list] = {}
-    for c in comparisons:
-        groups.setdefault(_group(c), []).append(c)
     lines = [f"Layer timings of `{csv_path}` ({comparisons[0].timing.device_kind}) against the "
              f"cost model on profile `{device_name}` (`mpmd validate --layers {csv_path}`). "
              "Error = predicted / measured - 1 (negative: the model is too fast).", "",
              "| rows | n | mean error | mean abs error | max abs error |", "|---|---:|---:|---:|---:|"]
-    order = {"F": 0, "B": 1, "FB": 2}
-    for g, cs in sorted(groups.items(), key=lambda kv: (
-            kv[1][0].timing.item != "block", kv[0].split()[:-1], order.get(kv[0].split()[-1], 3))):
-        s = summary(cs)
-        if s:
-            n, mean, mabs, mx = next(iter(s.values()))
-            lines.append(f"| {g} | {n} | {mean * 100:+.1f}% | {mabs * 100:.1f}% | {mx * 100:.1f}% |")
+    for g, (n, mean, mabs, mx) in summary(comparisons).items():
+        lines.append(f"| {g} | {n} | {mean * 100:+.1f}% | {mabs * 100:.1f}% | {mx * 100:.1f}% |")
     lines += ["", "| row | measured (ms) | predicted (ms) | error |", "|---|---:|---:|---:|"]
     for c in comparisons:
         pred = "-" if c.predicted is None else f"{c.predicted * 1e3:.3f}"

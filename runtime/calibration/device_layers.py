@@ -46,6 +46,7 @@ KIND_PROFILES = {"NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA H200": "h200-sxm",
 """JAX's ``device_kind`` -> the bundled profile it is measured against."""
 
 _KERNELS = {"cudnn": "flash", "xla": "unfused"}
+_PASSES = ("F", "B", "FB")
 ITEMS = ("block", "gemm", "copy", "h2d", "d2h")
 
 
@@ -188,16 +189,19 @@ def compare(timings: Iterable[LayerTiming], device: DeviceProfile) -> list[Compa
 
 
 def summary(comparisons: Sequence[Comparison]) -> dict[str, tuple[int, float, float, float]]:
-    """Per item (blocks per pass: ``block F``, ``block B``, ``block FB``): rows, mean signed
-    error, mean absolute error and largest absolute error, as fractions."""
-    groups: dict[str, list[float]] = {}
+    """Per item (blocks per attention kernel and pass: ``block cudnn F``, ``block cudnn B``, ...,
+    then ``copy``, ``gemm``): rows, mean signed error, mean absolute error and largest absolute
+    error, as fractions; blocks first, each kernel's F, B, FB in that order."""
+    groups: dict[tuple, list[float]] = {}
     for c in comparisons:
         if c.error is None:
             continue
-        key = f"block {c.timing.pass_}" if c.timing.item == "block" else c.timing.item
+        t = c.timing
+        key = ((0, t.attention, _PASSES.index(t.pass_)) if t.item == "block" else (1, t.item, 0))
         groups.setdefault(key, []).append(c.error)
-    return {k: (len(v), statistics.fmean(v), statistics.fmean(abs(e) for e in v),
-                max(abs(e) for e in v)) for k, v in groups.items()}
+    return {(f"block {k[1]} {_PASSES[k[2]]}" if k[0] == 0 else k[1]):
+            (len(v), statistics.fmean(v), statistics.fmean(abs(e) for e in v), max(abs(e) for e in v))
+            for k, v in sorted(groups.items())}
 
 
 def gemm_time_ratio(a: Sequence[LayerTiming], b: Sequence[LayerTiming]) -> tuple[float, int]:
