@@ -21,7 +21,8 @@ _FACE = {
     "hardware_profiles.carve": (
         "GroupShape", "default_shapes", "shapes_from_json"),
     "hardware_profiles.collectives": (
-        "ALGORITHMS", "all_gather", "all_reduce", "all_to_all", "collective_time", "reduce_scatter",
+        "ALGORITHMS", "all_gather", "all_reduce", "all_to_all", "collective_time", "one_hop_all_reduce",
+        "reduce_scatter",
         "ring_all_reduce", "send_recv", "span_all_gather", "span_all_reduce", "span_all_to_all",
         "span_collective", "span_reduce_scatter", "tree_all_reduce"),
     "hardware_profiles.loader": (

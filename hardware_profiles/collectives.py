@@ -190,6 +190,28 @@ def span_all_reduce(nbytes: float, span: Span) -> tuple[float, str]:
     return (tree, "tree") if tree < ring else (ring, "ring")
 
 
+def one_hop_all_reduce(nbytes: float, n: int, link: Link) -> tuple[float, str]:
+    """(seconds, algorithm) of an all-reduce of ``nbytes`` per device over ``n`` devices that are
+    all one hop apart (a switch such as NVSwitch, or a full mesh: ``DeviceProfile.scale_up_one_hop``),
+    the faster of the two direct algorithms TensorRT-LLM's custom all-reduce runs for the small
+    messages of inference (``cpp/tensorrt_llm/kernels/customAllReduceKernels.cu``, ONESHOT and
+    TWOSHOT strategies):
+
+    - one-shot: every device reads its ``n - 1`` peers' whole buffers and reduces locally:
+      ``2 a + (n-1) nbytes / B`` (a flag barrier, then the reads);
+    - two-shot: a direct reduce-scatter then a direct all-gather: ``3 a + 2 (n-1)/n nbytes / B``.
+
+    Raises:
+        ProfileError: bad sizes or link.
+    """
+    _check("all_reduce", nbytes, n, link)
+    if n == 1 or nbytes == 0:
+        return 0.0, "none"
+    one = 2 * link.latency + (n - 1) * nbytes / link.bandwidth
+    two = 3 * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+    return (one, "one-shot") if one <= two else (two, "two-shot")
+
+
 def span_all_gather(nbytes: float, span: Span) -> float:
     """Ring all-gather whose OUTPUT is ``nbytes`` per device over ``span``, seconds:
     ``(n-1)/n x nbytes / busBw`` + ``n - 1`` hops, ``N - 1`` over the network (NCCL runs

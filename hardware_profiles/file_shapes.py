@@ -91,6 +91,13 @@ class _Efficiencies(_Strict):
     comm_interference: _Fraction | None = None
     grad_sync_overlap: _GradSyncOverlap | None = None
     sync_jitter: _Fraction | None = None
+    decode_layer_overhead_us: _Overhead | None = None
+    prefill_layer_overhead_us: _Overhead | None = None
+
+
+class _OneHop(_Strict):
+    value: bool
+    source: str = Field(min_length=1)
 
 
 class _TorusDims(_Strict):
@@ -115,6 +122,7 @@ class _ScaleUp(_Strict):
     latency_us: _Latency
     topology: str = ""
     torus_dimensions: _TorusDims | None = None
+    one_hop: _OneHop | None = None
 
 
 class _ScaleOut(_Strict):

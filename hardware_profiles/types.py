@@ -91,6 +91,15 @@ class DeviceProfile:
             ICI domain (a slice's chips run one program in lock-step on ICI, their hosts only
             feed them, so slices joined over the data-center network are the independent
             units). A mesh spanning several nodes counts its nodes instead.
+        scale_up_one_hop: every pair of devices in a node is one hop apart (a switch such as
+            NVSwitch, or a full mesh), so a small all-reduce can run in one step: each device
+            reads its peers' buffers directly (TensorRT-LLM's one-shot custom all-reduce, NCCL's
+            NVLS); False for rings of cards and tori (Tenstorrent Ethernet, TPU ICI).
+        decode_layer_overhead / prefill_layer_overhead: a serving step's fixed time per decoder
+            layer, s, on top of its roofline and its collectives: kernel launches, host dispatch
+            and synchronisation of a decode step (captured once and replayed: CUDA graphs,
+            tt-metal traces) and of a step that prefills (run op by op in most engines). None:
+            ``fragment_overhead`` per layer (:func:`simulator.serving_cost.layer_overhead`).
         sources: field name -> citation for every published figure and the origin of every
             efficiency factor.
         alternatives: figures from other sources that disagree with the ones used.
@@ -122,6 +131,9 @@ class DeviceProfile:
     grad_sync_overlap: str = "bucketed"
     sync_jitter: float = 0.0
     lockstep_devices: int = 8
+    scale_up_one_hop: bool = False
+    decode_layer_overhead: float | None = None
+    prefill_layer_overhead: float | None = None
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype``, 0 when the device has no rate for it. A 16-bit dtype

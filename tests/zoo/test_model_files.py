@@ -22,6 +22,8 @@ CONFIGS = ROOT / "zoo" / "configs"
 
 PUBLISHED = {  # file -> published total (zoo/configs/README.md cites each)
     "Llama-3.1-8B.json": 8.03e9,
+    "Llama-3.2-1B-Instruct.json": 1.23e9,
+    "Llama-3.2-3B-Instruct.json": 3.21e9,
     "Mistral-7B-v0.1.json": 7.24e9,
     "Qwen2.5-7B.json": 7.61e9,
     "Qwen3-8B.json": 8.2e9,
