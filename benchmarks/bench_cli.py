@@ -26,6 +26,8 @@ CASES = (
      ["plan", "--model", "llama3-70", "--cluster", "hardware_profiles/clusters/mixed512_nodes.yaml"]),
     ("mpmd plan --cluster (a missing file)",
      ["plan", "--model", "llama3-70b", "--cluster", "hardware_profiles/clusters/mixed512_node.yaml"]),
+    ("mpmd simulate missing.json (a missing plan file)", ["simulate", "missing.json"]),
+    ("mpmd run missing.json (a missing plan file)", ["run", "missing.json"]),
 )
 HEAVY = ("jax", "ortools", "pydantic")
 

@@ -34,7 +34,9 @@ import jax
 import numpy as np
 
 from compiler.calls import ForLoop, Func
+from compiler.config import MpmdConfig
 from compiler.errors import CompilerError
+from compiler.exported import ExportedProgram
 from compiler.program import (CONSTANT, Atom, Eqn, Lit, MeshlessOp, NamedComputation, Op, Program,
                               TensorType)
 from compiler.driver import default_pipeline, run_passes
@@ -283,7 +285,7 @@ class Lowered:
     """
 
     def __init__(self, initial: Program, history: list[tuple[str, Program]], final: Program,
-                 exported: Any, in_tree: Any, out_tree: Any) -> None:
+                 exported: ExportedProgram, in_tree: Any, out_tree: Any) -> None:
         self.initial_program = initial
         self.history = history
         self.program = final
@@ -300,7 +302,7 @@ class Lowered:
 class MpmdFunction:
     """``jit(fn, config)``: lower with :meth:`lower`."""
 
-    def __init__(self, fn: Callable[..., Any], config: Any, verify: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], config: MpmdConfig, verify: bool = False) -> None:
         self.fn = fn
         self.config = config
         self.verify = verify
@@ -326,7 +328,7 @@ class MpmdFunction:
         return self.lower(*args).compile()(*args)
 
 
-def jit(fn: Callable[..., Any], config: Any, *, verify: bool = False) -> MpmdFunction:
+def jit(fn: Callable[..., Any], config: MpmdConfig, *, verify: bool = False) -> MpmdFunction:
     """MPMD-partition ``fn`` per ``config`` (an :class:`~compiler.config.MpmdConfig`).
 
     ``verify=True`` runs the IR verifier between passes.

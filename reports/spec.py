@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 from hardware_profiles import load_cluster
 from hardware_profiles.types import Cluster, ProfileError
@@ -65,6 +65,11 @@ class Option:
     note: str = ""
 
 
+OptionLike = Union[str, Path, Cluster, Option, Mapping[str, Any]]
+"""What an option may be given as (:func:`to_option`): a cluster path or bundled stem, a
+:class:`Cluster`, an :class:`Option`, or a mapping ``{cluster, label, time_limit_s, ...}``."""
+
+
 def _load(path: str | Path, base: Path | None) -> Cluster:
     p = Path(path)
     if base is not None and not p.is_absolute() and (base / p).exists():
@@ -75,7 +80,7 @@ def _load(path: str | Path, base: Path | None) -> Cluster:
         raise ReportError(f"option cluster {str(path)!r}: {e}") from None
 
 
-def to_option(x: Any, base: Path | None = None) -> Option:
+def to_option(x: OptionLike, base: Path | None = None) -> Option:
     """An :class:`Option` from a path or bundled stem, a :class:`Cluster`, a mapping or an Option.
 
     Raises:

@@ -50,7 +50,7 @@ from reports.sweep import SweepResult, SweepSpec, generate, parse_spec
 from reports.uncertainty import alternatives_outcomes
 from simulator.plan_sim import plan_cluster, plan_meshes, simulate_any
 from hardware_profiles.carve import GroupShape
-from reports.spec import Option, read_yaml, to_option
+from reports.spec import Option, OptionLike, read_yaml, to_option
 
 DEFAULT_GLOBAL_BATCH = 256
 """Samples per training step when none is given (2M tokens at sequence length 8192), as ``mpmd plan``."""
@@ -228,7 +228,7 @@ def _metrics(row: dict[str, Any], res, sim, outcomes, cfg, w, cluster, tokens: f
                         "fleet_usd_per_hour_worst": n_worst * hi})
 
 
-def whatif(model: str, options: Iterable[Any] = (), *, sweep: SweepSpec | Mapping | str | None = None,
+def whatif(model: str, options: Iterable[OptionLike] = (), *, sweep: SweepSpec | Mapping | str | None = None,
            global_batch: int | None = None, seq_len: int | None = None, tokens: float | None = None,
            videos_per_hour: float | None = None, deadline_days: float | None = None,
            prices: Iterable[str] | Mapping[str, Any] | None = None,

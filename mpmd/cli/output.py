@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.markup import escape
@@ -16,6 +16,11 @@ from rich.text import Text
 from ir.files import write_atomic  # noqa: F401  (moved to ir.files; re-exported for old imports)
 
 from ir.plan_file import SCHEMA_PATH
+
+if TYPE_CHECKING:   # the planner loads OR-Tools: the commands import it only when they run
+    from hardware_profiles.types import Cluster
+    from ir import DataParallelPlan, Plan
+    from planner import PlanResult
 
 
 @lru_cache(maxsize=1)
@@ -52,7 +57,7 @@ def _num(x: Any, fmt: str, default: str = "-") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else default
 
 
-def mesh_spans(plan: Any, cluster: Any) -> dict[str, str]:
+def mesh_spans(plan: Plan | DataParallelPlan, cluster: Cluster) -> dict[str, str]:
     """For a plan carved from node groups: mesh -> the nodes it spans and its devices, e.g.
     ``"nodes 0-1 (2 x 8 h100-sxm)"`` or ``"node 3, slice 2 of 2 (4 h100-sxm)"``; empty for a plan
     on a cluster that lists its meshes. ``cluster`` is the carved one
@@ -77,7 +82,7 @@ def mesh_spans(plan: Any, cluster: Any) -> dict[str, str]:
     return out
 
 
-def carving_text(plan: Any, cluster: Any) -> str:
+def carving_text(plan: Plan | DataParallelPlan, cluster: Cluster) -> str:
     """The carving in one line, e.g. ``"h100: 4 x (2 nodes x 8) of 8 nodes"``; "" when none."""
     from hardware_profiles.carve import GroupShape
 
@@ -91,7 +96,7 @@ def carving_text(plan: Any, cluster: Any) -> str:
     return "; ".join(out)
 
 
-def meshes_table(plan: Any, cluster: Any) -> Group | None:
+def meshes_table(plan: Plan, cluster: Cluster) -> Group | None:
     """The logical meshes of a carved plan: the nodes each spans, its devices, the data-parallel
     replicas of its stage (the layout's data degree: pipeline replicas running the stage side by
     side) and its layout; None for a plan that is not carved."""
@@ -117,7 +122,7 @@ MAX_CANDIDATE_ROWS = 12
 """Rows of the schedule candidate table shown (the rest are counted)."""
 
 
-def schedules_table(plan: Any) -> Group | None:
+def schedules_table(plan: Plan) -> Group | None:
     """The candidate table of a plan (``Plan.schedules``: every schedule and microbatch count the
     search replayed for the chosen shape, best first), compact; None when the plan has none."""
     rows = list(getattr(plan, "schedules", ()))
@@ -139,7 +144,8 @@ def schedules_table(plan: Any) -> Group | None:
     return _titled("schedule candidates (this shape)", t)
 
 
-def _stages_table(title: str, plan: Any, lc: Any, stage_times: Any, peak: Any, cap: Any) -> Any:
+def _stages_table(title: str, plan: Plan, lc: Cluster, stage_times: Any, peak: Any,
+                  cap: Any) -> Group:
     stages = Table()
     for col in ("stage", "layers", "mesh", "device", "layout", "compute/mb (ms)",
                 "memory used / capacity (GB)"):
@@ -241,7 +247,7 @@ def _mean(d: Any) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def profiles_line(plan: Any, cluster: Any) -> str:
+def profiles_line(plan: Plan | DataParallelPlan, cluster: Cluster) -> str:
     """One line saying, per device kind the plan uses (pipeline order), whether its profile is
     calibrated or a prior, e.g. ``"profiles: a100-80gb-sxm calibrated (fitted by `mpmd validate
     --fit` on 31 rows, MAPE 5.2%); blackhole-p150b prior (never fitted: predictions may be off by
@@ -254,7 +260,7 @@ def profiles_line(plan: Any, cluster: Any) -> str:
                                               if m in cluster.meshes)
 
 
-def plan_table(result: Any, cluster: Any) -> Group:
+def plan_table(result: PlanResult, cluster: Cluster) -> Group:
     """A readable summary of a :class:`planner.PlanResult`: stages, then step-level metrics.
 
     When the search was interrupted or left candidates unsearched, the solver row says its gap is

@@ -15,6 +15,29 @@ def _cpu_devices(n: int) -> None:
     jax.config.update("jax_num_cpu_devices", n)
 
 
+def _check_process_flags(processes: int | None, process_id: int | None,
+                         coordinator: str | None) -> None:
+    """Refuse a combination of ``--processes``, ``--process-id`` and ``--coordinator`` that no
+    run can take, or a coordinator that is not ``HOST:PORT``, before JAX loads (the runtime checks
+    the same for its API callers: :func:`runtime.train.launch.run_processes`,
+    :func:`runtime.train.process_run.start_distributed`).
+
+    Raises:
+        click.UsageError: one line naming the flag and the fix.
+    """
+    if processes is None:
+        raise click.UsageError("--process-id and --coordinator need --processes N (the number of "
+                               "processes of the run)")
+    if (process_id is None) != (coordinator is None):
+        raise click.UsageError("give --process-id and --coordinator together (each host runs one "
+                               "process), or neither to start all processes on this host")
+    if coordinator is not None:
+        host, _, port = coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise click.UsageError(f"--coordinator {coordinator!r} is not HOST:PORT; pass e.g. "
+                                   f"10.0.0.1:1234 (the host of process 0 and a free port)")
+
+
 def register(main: click.Group, guard) -> None:
     @main.command()
     @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
@@ -48,9 +71,20 @@ def register(main: click.Group, guard) -> None:
         A forward-only (inference) plan of a DiT generates from noise instead: the model's
         sampling steps, each one run of the program, checked against jax.jit. A data-parallel plan
         runs its pipelines on their batch shares and all-reduces their gradients."""
+        # the input first, before JAX loads: bad process flags, a missing or malformed plan file
+        # or a missing cluster file is refused in ~0.2 s
+        from hardware_profiles.paths import resolve_cluster_path
+        from ir.plan_file import load_plan
+
+        multi = processes is not None or process_id is not None or coordinator is not None
+        if multi:
+            _check_process_flags(processes, process_id, coordinator)
+        plan = load_plan(plan_path)                               # InputError / IRError
+        if cluster_path or plan.cluster_path:
+            resolve_cluster_path(cluster_path or plan.cluster_path)   # ProfileError: no such file
         from mpmd.cli.main import console
 
-        if processes is not None or process_id is not None or coordinator is not None:
+        if multi:
             from runtime.train.launch import run_processes
 
             run_processes(plan_path, processes, process_id, coordinator, steps=steps,
@@ -60,7 +94,7 @@ def register(main: click.Group, guard) -> None:
         _cpu_devices(8)
         from runtime.train.run import print_report, run_plan
 
-        report = run_plan(plan_path, steps=steps, cluster_path=cluster_path,
+        report = run_plan(plan, steps=steps, cluster_path=cluster_path,
                           check_every=check_every, lr=lr, console=console)
         print_report(report, console=console)
         if trace_path is not None and report.timelines:

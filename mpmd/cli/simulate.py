@@ -5,11 +5,16 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
 from mpmd.cli.params import MAX_MICROBATCHES, FiniteFloat, int_range
+
+if TYPE_CHECKING:   # the command loads these only when it runs, after checking its input
+    from hardware_profiles.types import Cluster
+    from ir import DataParallelPlan, Plan, Workload
 
 
 def _pairs(items: tuple[str, ...], sep: str, what: str, fix: str,
@@ -108,11 +113,13 @@ def check_knob_names(plan, cluster, stragglers: dict[str, float], degraded: dict
     return fixed[0], fixed[1]
 
 
-def load_plan_inputs(plan_path: str):
+def load_plan_inputs(plan_path: str, plan: Plan | DataParallelPlan | None = None
+                     ) -> tuple[Plan | DataParallelPlan, Workload, Cluster]:
     """(plan, workload, cluster) for a plan file, re-costing its model from the zoo.
 
     The plan is read by :func:`ir.plan_file.load_plan` (guarded read, schema, sizes): a
-    :class:`~ir.Plan` or a :class:`~ir.DataParallelPlan`. The cluster is the one
+    :class:`~ir.Plan` or a :class:`~ir.DataParallelPlan`; ``plan``, when given, is that plan
+    already read from ``plan_path``, and the file is not read again. The cluster is the one
     the plan runs on (:func:`simulator.plan_sim.plan_cluster`: the plan's cluster file, carved as
     the plan's ``carving`` says). The plan's meshes must exist in it with the devices the plan
     names, and its stages (every part's) must cover the model's layers. The workload is the whole
@@ -129,7 +136,8 @@ def load_plan_inputs(plan_path: str):
     from hardware_profiles import load_cluster
     from simulator.plan_sim import plan_cluster
 
-    plan = load_plan(plan_path)
+    if plan is None:
+        plan = load_plan(plan_path)
     cluster = plan_cluster(plan, load_cluster(plan.cluster_path or plan.cluster))
     parts = plan.parts if isinstance(plan, DataParallelPlan) else (plan,)
     for part in parts:
@@ -301,6 +309,17 @@ def register(main: click.Group, guard) -> None:
         A data-parallel plan (several pipelines) is replayed as one step: every part's pipeline,
         the gradient all-reduce across parts, then every mesh's optimizer. The exposed
         communication is the step time minus that of the same replay with every link free."""
+        # the input first, before the simulator, pydantic and JAX load: a malformed knob, a
+        # missing or malformed plan file or a missing cluster file is refused in ~0.2 s
+        from hardware_profiles.paths import resolve_cluster_path
+        from ir.plan_file import load_plan
+
+        stragglers = _pairs(straggler, "=", "--straggler", "use MESH=2.0", 0.0, 1e6, lo_open=True)
+        degraded = _pairs(degrade_link, "=", "--degrade-link", "use A<->B=0.5", 0.0, 1.0, lo_open=True)
+        failed_l = _pairs(fail_link, "@", "--fail-link", "use A<->B@1.5", 0.0, 1e9)
+        failed_m = _pairs(fail_mesh, "@", "--fail-mesh", "use MESH@1.5", 0.0, 1e9)
+        plan = load_plan(plan_path)                              # InputError / IRError
+        resolve_cluster_path(plan.cluster_path or plan.cluster)  # ProfileError: no such file
         from mpmd.cli.main import console
         from simulator.exposure import exposure
         from simulator.knobs import Knobs
@@ -309,11 +328,7 @@ def register(main: click.Group, guard) -> None:
         from simulator.plan_sim import plan_cluster, simulate_any
         from simulator.trace import write_chrome_trace
 
-        stragglers = _pairs(straggler, "=", "--straggler", "use MESH=2.0", 0.0, 1e6, lo_open=True)
-        degraded = _pairs(degrade_link, "=", "--degrade-link", "use A<->B=0.5", 0.0, 1.0, lo_open=True)
-        failed_l = _pairs(fail_link, "@", "--fail-link", "use A<->B@1.5", 0.0, 1e9)
-        failed_m = _pairs(fail_mesh, "@", "--fail-mesh", "use MESH@1.5", 0.0, 1e9)
-        plan, w, cluster = load_plan_inputs(plan_path)
+        plan, w, cluster = load_plan_inputs(plan_path, plan)
         plan = reschedule(plan, schedule, microbatches)
         degraded, failed_l = check_knob_names(plan, cluster, stragglers, degraded, failed_l, failed_m)
         knobs = Knobs(seed=seed, jitter=jitter, stragglers=stragglers, degraded_links=degraded,

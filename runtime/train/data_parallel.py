@@ -31,9 +31,11 @@ import jax
 import numpy as np
 
 import zoo
+from zoo.config import ModelConfig
 from zoo.model_files import plan_model
 from compiler.plan_config import config_from_plan
 from compiler.runtime import run_program
+from hardware_profiles.types import Cluster
 from ir import DataParallelPlan
 from runtime.train import check
 from runtime.train.report import RunReport
@@ -73,7 +75,7 @@ def cross_part_sum(trees: list[Any], weights: list[float]) -> list[Any]:
             for leaves, tree in flat]
 
 
-def simulated_step_time(plan: DataParallelPlan, cluster: Any, cfg: Any) -> float:
+def simulated_step_time(plan: DataParallelPlan, cluster: Cluster, cfg: ModelConfig) -> float:
     """The simulator's step of ``plan`` as executed here (every part's backward syncing its
     microbatch's gradients itself, ``grad_sync="microbatch"``), without the optimizer ops, s."""
 

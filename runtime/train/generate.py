@@ -37,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 import zoo
+from zoo.config import ModelConfig
 from zoo.model_files import plan_model
 from compiler.plan_config import config_from_plan
 from compiler.runtime import run_program
@@ -76,7 +77,7 @@ def split_rows(batch: Mapping[str, Any], microbatches: int) -> tuple[dict, ...]:
     return tuple({k: v[m * b:(m + 1) * b] for k, v in batch.items()} for m in range(microbatches))
 
 
-def forward_step_fn(cfg: Any, microbatches: int):
+def forward_step_fn(cfg: ModelConfig, microbatches: int):
     """``(params, mbs) -> velocities``: the zoo DiT forward (named layers) of each of the M
     microbatches ``mbs`` (``{"latent" [b,C,F,H,W], "timestep" float32 [b], "text" [b,T,td]}``,
     see :func:`split_rows`), a tuple of M velocities ``[b,C,F,H,W]``.
@@ -108,7 +109,7 @@ def euler_update(z: jax.Array, v_all: jax.Array, dsigma: float, scale: float) ->
     return z + dsigma * (v_u + scale * (v_c - v_u))
 
 
-def sample_fn(cfg: Any, microbatches: int, scale: float = CFG_SCALE):
+def sample_fn(cfg: ModelConfig, microbatches: int, scale: float = CFG_SCALE):
     """``(params, noise [V,C,F,H,W], text [V,T,td]) -> (latents [V,C,F,H,W], velocities
     [steps, 2V,C,F,H,W])``: the whole sampler in one function (``cfg.sampling_steps`` Euler steps
     of :func:`forward_step_fn`, a ``jax.lax.scan`` over the steps), with every step's DiT
@@ -157,7 +158,7 @@ class GenerateReport:
         return all(c.ok for c in self.executables.values())
 
 
-def check_forward_only(plan: Plan, cfg: Any) -> None:
+def check_forward_only(plan: Plan, cfg: ModelConfig) -> None:
     """Raise :class:`RunError` unless ``plan`` is a forward-only plan of an inference DiT."""
     if not plan.schedule.forward_only:
         raise RunError(f"plan of {plan.model!r} is not forward-only; train it with run_plan")

@@ -79,7 +79,7 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
            cluster_path: str | Path | None = None, lr: float = 1e-3, seed: int = 0,
            model_overrides: Mapping[str, Any] | None = None,
            trace_path: str | Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-           console: Any = None) -> Any:
+           console: Any = None) -> DistributedReport:
     """Run a plan as ``processes`` local processes; see the module docstring.
 
     Returns:
@@ -148,7 +148,7 @@ class _Progress:
 
 
 def _wait(procs: Sequence[subprocess.Popen], errs: Sequence[Path], timeout_s: float,
-          progress: Any = None) -> None:
+          progress: _Progress | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         if progress is not None:

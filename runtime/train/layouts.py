@@ -32,7 +32,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
+from hardware_profiles.types import Cluster
 from ir import Layout, Plan
+from zoo.config import ModelConfig
 
 DATA, MODEL, REPLICA, EXPERT = "data", "model", "replica", "expert"
 
@@ -75,7 +77,7 @@ def layout_axes(layout: Layout) -> dict[str, int]:
     return {DATA: layout.data, MODEL: layout.tensor}
 
 
-def plan_mesh_axes(plan: Plan, cluster: Any) -> dict[str, dict[str, int]]:
+def plan_mesh_axes(plan: Plan, cluster: Cluster) -> dict[str, dict[str, int]]:
     """Mesh name -> :func:`layout_axes` of the plan's layout for it (a mesh the plan leaves idle:
     one ``data`` axis over all its devices)."""
     return {name: layout_axes(plan.layouts.get(name, Layout(spec.num_devices, 1)))
@@ -105,7 +107,7 @@ def batch_spec(layout: Layout) -> PartitionSpec:
     return PartitionSpec((DATA, EXPERT) if layout.expert > 1 else DATA)
 
 
-def _tp_dim(cfg: Any, name: str, shape: tuple[int, ...], tensor: int) -> int | None:
+def _tp_dim(cfg: ModelConfig, name: str, shape: tuple[int, ...], tensor: int) -> int | None:
     """The dimension of parameter ``name`` that tensor parallel splits, or None (replicated)."""
     if tensor <= 1:
         return None
@@ -125,7 +127,7 @@ def _tp_dim(cfg: Any, name: str, shape: tuple[int, ...], tensor: int) -> int | N
     return None
 
 
-def param_spec(cfg: Any, name: str, shape: tuple[int, ...], layout: Layout) -> PartitionSpec:
+def param_spec(cfg: ModelConfig, name: str, shape: tuple[int, ...], layout: Layout) -> PartitionSpec:
     """The ``PartitionSpec`` of one parameter (see the module docstring).
 
     Tensor parallel takes its Megatron dimension first (decoders: attention and MLP; Mochi's DiT:
@@ -162,7 +164,7 @@ def layer_meshes(plan: Plan, layer_names: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def param_specs(cfg: Any, plan: Plan, params: Mapping[str, Any],
+def param_specs(cfg: ModelConfig, plan: Plan, params: Mapping[str, Any],
                 layer_names: Sequence[str]) -> dict[str, Any]:
     """The zoo parameter pytree (``{"embed", "blocks": [...], "head"}``) with each leaf replaced
     by its ``PartitionSpec`` under the layout of the mesh its layer is placed on."""
@@ -176,7 +178,7 @@ def param_specs(cfg: Any, plan: Plan, params: Mapping[str, Any],
             "head": layer("head", params["head"])}
 
 
-def topology_for_plan(plan: Plan, cluster: Any, devices: Sequence[Any]) -> dict[str, Mesh]:
+def topology_for_plan(plan: Plan, cluster: Cluster, devices: Sequence[Any]) -> dict[str, Mesh]:
     """Mesh name -> ``Mesh`` over consecutive ``devices`` in the cluster's mesh order, each shaped
     by the plan's layout for it (meshes the plan leaves idle keep one ``data`` axis).
 

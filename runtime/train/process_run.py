@@ -29,6 +29,7 @@ from rich.table import Table
 from compiler.distributed import (DistributedError, allgather, assign_meshes, barrier, prepare,
                                   process_topology, run_process)
 from compiler.errors import CompilerError
+from hardware_profiles.types import Cluster
 from ir import Plan, Timeline, TimelineEvent
 from ir.files import write_atomic
 from runtime.train import check
@@ -195,7 +196,7 @@ def run_worker(plan_path: str | Path, *, process_id: int, processes: int, coordi
     return report
 
 
-def _train(plan: Any, cluster: Any, groups: tuple[tuple[str, ...], ...], *, steps: int, lr: float,
+def _train(plan: Plan, cluster: Cluster, groups: tuple[tuple[str, ...], ...], *, steps: int, lr: float,
            seed: int, model_overrides: Mapping[str, Any] | None, console: Any) -> dict[str, Any]:
     """This process's training loop; returns its part of the report (JSON-able)."""
     topology = process_topology(plan_mesh_axes(plan, cluster), groups)
@@ -239,7 +240,7 @@ def _train(plan: Any, cluster: Any, groups: tuple[tuple[str, ...], ...], *, step
             "step_times_s": times, "timelines": timelines, "order": order}
 
 
-def _merge(plan_path: str, plan: Any, groups: tuple[tuple[str, ...], ...],
+def _merge(plan_path: str, plan: Plan, groups: tuple[tuple[str, ...], ...],
            parts: list[dict[str, Any]]) -> DistributedReport:
     """Process 0's merge of every process's part (:func:`_train`)."""
     steps = len(parts[0]["losses"])

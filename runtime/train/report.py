@@ -8,9 +8,9 @@ from typing import Any, Mapping
 from rich.console import Console
 from rich.table import Table
 
-from ir import DataParallelPlan, Plan
+from ir import DataParallelPlan, Plan, Timeline
 from runtime.train import check
-from runtime.train.generate import print_generate_report
+from runtime.train.generate import GenerateReport, print_generate_report
 
 @dataclass(frozen=True)
 class RunReport:
@@ -26,7 +26,7 @@ class RunReport:
     both Adam moments of every leaf are sharded exactly like it.
     """
 
-    plan: Plan
+    plan: Plan | DataParallelPlan
     losses: tuple[float, ...]
     loss_rel_errors: tuple[float, ...]
     grad_rel_errors: tuple[float, ...]
@@ -36,7 +36,7 @@ class RunReport:
     simulated_step_s: float | None
     step_times_s: tuple[float, ...]
     executed_order: Mapping[str, tuple[str, ...]]
-    timelines: tuple[Any, ...] = field(default=(), repr=False)
+    timelines: tuple[Timeline, ...] = field(default=(), repr=False)
     grad_leaf_rel_errors: tuple[float, ...] = ()
     param_shardings: Any = field(default=None, repr=False)
     opt_state_follows_params: bool | None = None
@@ -57,7 +57,7 @@ class RunReport:
 
 
 
-def print_report(report: RunReport, console: Any = None) -> None:
+def print_report(report: RunReport | GenerateReport, console: Any = None) -> None:
     """Print a :class:`RunReport` (or a forward-only run's ``GenerateReport``) as rich tables."""
     if not isinstance(report, RunReport):
         return print_generate_report(report, console)

@@ -22,7 +22,7 @@ from compiler.runtime import run_program
 from ir import DataParallelPlan, Plan
 from runtime.train import check
 from runtime.train.data_parallel import run_data_parallel
-from runtime.train.generate import generate_plan
+from runtime.train.generate import GenerateReport, generate_plan
 from runtime.train.report import RunReport, print_report
 from runtime.train.step import (RunError, adam_init, adam_update, compile_plan, load_run_plan,
                                 measured_step_time, place_inputs, plan_topology, run_cluster,
@@ -31,16 +31,17 @@ from runtime.train.step import (RunError, adam_init, adam_update, compile_plan, 
 __all__ = ["RunError", "RunReport", "print_report", "run_plan"]
 
 
-def run_plan(plan_path: str | Path | Plan, steps: int = 3, *, cluster_path: str | Path | None = None,
+def run_plan(plan_path: str | Path | Plan | DataParallelPlan, steps: int = 3, *,
+             cluster_path: str | Path | None = None,
              lr: float = 1e-3, seed: int = 0, check_every: int = 1,
              model_overrides: Mapping[str, Any] | None = None, simulate: bool = True,
-             console: Any = None, quiet: bool = False) -> RunReport:
+             console: Any = None, quiet: bool = False) -> RunReport | GenerateReport:
     """Compile and run ``steps`` training steps of a plan; see the module docstring. A forward-only
     (inference) plan runs its DiT's sampler instead (``steps``, ``lr`` and ``check_every`` unused)
     and returns :class:`runtime.train.generate.GenerateReport`.
 
     Args:
-        plan_path: a plan.json path, or a :class:`Plan`.
+        plan_path: a plan.json path, or a :class:`Plan` or :class:`DataParallelPlan`.
         steps: training steps (Adam, learning rate ``lr``).
         cluster_path: the cluster YAML (default: the plan's ``cluster_path``).
         check_every: compare against ``jax.jit`` every this many steps (the first always).

@@ -12,7 +12,7 @@ import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +21,14 @@ from jax.sharding import Mesh, PartitionSpec
 
 import zoo
 from zoo.model_files import plan_model
+from zoo.config import ModelConfig
 from compiler import frontend
+from compiler.config import MpmdConfig
 from compiler.errors import CompilerError
+from compiler.exported import ExportedProgram
 from compiler.plan_config import config_from_plan
 from hardware_profiles.loader import load_cluster
+from hardware_profiles.types import Cluster
 from ir import DataParallelPlan, Plan
 from ir.plan_file import load_plan
 from runtime.train.layouts import batch_spec, param_specs, too_few_devices, topology_for_plan
@@ -68,7 +72,7 @@ def split_microbatches(batch: Mapping[str, Any]) -> tuple[dict, ...]:
     return tuple({k: v[m] for k, v in batch.items()} for m in range(M))
 
 
-def train_step_fn(cfg: Any, microbatches: int):
+def train_step_fn(cfg: ModelConfig, microbatches: int):
     """``(params, microbatches) -> (loss, grads)``: the mean of the microbatch losses and its
     gradient; ``microbatches`` is a sequence of M ``{"tokens", "targets"}`` int32 ``[b, S]`` (see
     :func:`split_microbatches`), the loop over them unrolled (one call of each layer per microbatch).
@@ -127,7 +131,7 @@ def adam_update(params: Any, grads: Any, state: Any, lr: float) -> tuple[Any, An
 
 
 # --------------------------------------------------------------------------- cluster & topology
-def run_cluster(plan: Plan, cluster_path: str | Path) -> Any:
+def run_cluster(plan: Plan | DataParallelPlan, cluster_path: str | Path) -> Cluster:
     """The cluster ``plan`` runs on: the cluster file, carved into the plan's meshes when the plan
     was made for a cluster described as node groups (:func:`simulator.plan_sim.plan_cluster`).
 
@@ -137,7 +141,7 @@ def run_cluster(plan: Plan, cluster_path: str | Path) -> Any:
     return plan_cluster(plan, load_cluster(cluster_path))
 
 
-def topology_from_cluster(cluster: Any, devices: list | None = None) -> dict[str, Mesh]:
+def topology_from_cluster(cluster: Cluster, devices: list | None = None) -> dict[str, Mesh]:
     """Mesh name -> ``jax.sharding.Mesh`` over consecutive local devices, with the cluster's axes.
 
     Raises:
@@ -156,7 +160,7 @@ def topology_from_cluster(cluster: Any, devices: list | None = None) -> dict[str
     return out
 
 
-def plan_topology(plan: Plan, cluster: Any, devices: list | None = None) -> dict[str, Mesh]:
+def plan_topology(plan: Plan, cluster: Cluster, devices: list | None = None) -> dict[str, Mesh]:
     """Mesh name -> ``Mesh`` shaped by the plan's layout for it (axes ``data``, ``model``, and
     ``replica`` for hybrid sharding; :func:`runtime.train.layouts.topology_for_plan`).
 
@@ -169,7 +173,7 @@ def plan_topology(plan: Plan, cluster: Any, devices: list | None = None) -> dict
         raise RunError(str(e)) from None
 
 
-def place_inputs(tree: Any, exported: Any) -> Any:
+def place_inputs(tree: Any, exported: ExportedProgram) -> Any:
     """``tree`` (the leading arguments of the compiled step, e.g. the parameters) with each leaf
     placed on the sharding the exported program's matching input expects (its mesh and spec)."""
     leaves, treedef = jax.tree.flatten(tree)
@@ -210,7 +214,7 @@ def executed_plan(plan: Plan) -> Plan:
     return dataclasses.replace(plan, grad_sync="microbatch")
 
 
-def simulated_step_time(plan: Plan, cluster: Any, cfg: Any) -> float:
+def simulated_step_time(plan: Plan, cluster: Cluster, cfg: ModelConfig) -> float:
     """The simulator's step time of ``plan`` as executed here (:func:`executed_plan`) on
     ``cluster``, without the optimizer op (the optimizer runs outside the MPMD program), s."""
     wl = zoo.workload(cfg, plan.global_batch, plan.seq_len)
@@ -218,7 +222,8 @@ def simulated_step_time(plan: Plan, cluster: Any, cfg: Any) -> float:
     return max((e.end_s for e in res.timeline.events if e.kind != "optimizer"), default=0.0)
 
 
-def with_plan_specs(config: Any, plan: Plan, cfg: Any, params: Any, microbatches: Any) -> Any:
+def with_plan_specs(config: MpmdConfig, plan: Plan, cfg: ModelConfig, params: Any,
+                    microbatches: Any) -> MpmdConfig:
     """``config`` with the plan's shardings as input specs (:mod:`runtime.train.layouts`): every
     parameter sharded as its mesh's layout says (Megatron tensor parallel over ``model``, FSDP over
     ``data``), every microbatch array split over the data axes of the mesh that reads it (the
@@ -236,7 +241,8 @@ def with_plan_specs(config: Any, plan: Plan, cfg: Any, params: Any, microbatches
     return dataclasses.replace(config, in_specs=specs)
 
 
-def compile_step(step, config, example):
+def compile_step(step: Callable[..., Any], config: MpmdConfig,
+                 example: tuple[Any, ...]) -> ExportedProgram:
     """``step`` compiled by the MPMD compiler for ``config`` on ``example`` arguments: the
     :class:`~compiler.exported.ExportedProgram`.
 
@@ -263,12 +269,12 @@ class PlanProgram:
         exported: the :class:`~compiler.exported.ExportedProgram`.
     """
 
-    cfg: Any
+    cfg: ModelConfig
     step: Any
     params: Any
     data: Any
     first: Any
-    exported: Any
+    exported: ExportedProgram
 
 
 def compile_plan(plan: Plan, topology: Mapping[str, Mesh], *, seed: int = 0,

@@ -229,6 +229,38 @@ def test_run_refuses_a_binary_plan(tmp_path):
     one_line(run(["run", f, "--steps", "1"]), needles=(f"{f}: plan JSON file has a NUL byte",))
 
 
+BUNDLED_PLAN = ROOT / "tests" / "launchers" / "data" / "llama3-70b-h100x128.json"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["run", "missing.json"], "error: missing.json: plan JSON file not found; fix: check the path"),
+    (["run", "missing.json", "--steps", "0"],
+     "error: Invalid value for '--steps': 0 is not in the range 1<=x<=1000000; "
+     "see 'mpmd run --help'"),
+    (["run", "missing.json", "--process-id", "1"],
+     "error: --process-id and --coordinator need --processes N (the number of processes of the "
+     "run); see 'mpmd run --help'"),
+    (["run", "missing.json", "--processes", "2", "--process-id", "0"],
+     "error: give --process-id and --coordinator together (each host runs one process), or "
+     "neither to start all processes on this host; see 'mpmd run --help'"),
+    (["run", "missing.json", "--processes", "2", "--process-id", "0", "--coordinator", "nohost"],
+     "error: --coordinator 'nohost' is not HOST:PORT; pass e.g. 10.0.0.1:1234 (the host of "
+     "process 0 and a free port); see 'mpmd run --help'"),
+    (["run", "missing.json", "--processes", "2"],
+     "error: missing.json: plan JSON file not found; fix: check the path"),
+    (["run", str(BUNDLED_PLAN), "--cluster", "gone.yaml"],
+     "error: gone.yaml: cluster file not found; fix: check the path"),
+])
+def test_run_refuses_a_missing_file_or_a_bad_flag_before_jax(args, line, tmp_path, fresh_mpmd):
+    """``mpmd run`` in a fresh process: a missing plan or cluster file and bad flags (a value out
+    of range, process flags no run can take) are each one line on stderr, nothing on stdout,
+    exit 2, with neither JAX, OR-Tools nor pydantic imported (read from ``-X importtime``)."""
+    code, said, out, heavy = fresh_mpmd(*args)
+    assert (code, said, out) == (2, [line], ""), said
+    assert heavy == set(), heavy
+    assert not list(tmp_path.iterdir())
+
+
 # ----------------------------------------------------------------------------- simulate knobs
 @pytest.mark.parametrize("args,needles", [
     (["--straggler", "nope=2"], ("--straggler", "'nope' is not a mesh of the plan",

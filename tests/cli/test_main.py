@@ -238,19 +238,45 @@ def test_plan_for_cost_refuses_bad_goals_in_one_line(tmp_path, args, needle):
     (["whatif", "--model", "llama3-8", "--options", "h100x64"],
      "unknown model 'llama3-8'; did you mean 'llama3-8b'?"),
 ])
-def test_a_mistyped_name_is_refused_before_the_heavy_imports(args, needle, tmp_path):
+def test_a_mistyped_name_is_refused_before_the_heavy_imports(args, needle, tmp_path, fresh_mpmd):
     """A fresh ``python -m mpmd`` process: one line with the closest name, exit 2, and neither JAX,
     OR-Tools nor pydantic imported (read from ``-X importtime``, not from a clock)."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "mpmd", *args], cwd=tmp_path,
-                         capture_output=True, text=True, env={**__import__("os").environ,
-                                                              "PYTHONPATH": str(root)})
-    said = [ln for ln in res.stderr.splitlines() if not ln.startswith("import time:")]
-    imported = {ln.split("|")[-1].strip().split(".")[0] for ln in res.stderr.splitlines()
-                if ln.startswith("import time:")}
-    assert res.returncode == 2 and len(said) == 1 and needle in said[0], res.stderr[-500:]
-    assert not imported & {"jax", "ortools", "pydantic"}, imported & {"jax", "ortools", "pydantic"}
+    code, said, _, heavy = fresh_mpmd(*args)
+    assert code == 2 and len(said) == 1 and needle in said[0], said
+    assert heavy == set(), heavy
     assert not list(tmp_path.iterdir())
+
+
+def _plan_on_missing_cluster(folder: Path) -> Path:
+    """A bundled plan whose cluster file is gone: ``plan/p.json``, naming ``gone/h100x128_node.yaml``."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "tests" / "launchers" / "data"
+                      / "llama3-70b-h100x128.json").read_text())
+    doc["cluster_path"] = "gone/h100x128_node.yaml"
+    (folder / "plan").mkdir()
+    (folder / "plan" / "p.json").write_text(json.dumps(doc))
+    return folder / "plan" / "p.json"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["simulate", "missing.json"], "error: missing.json: plan JSON file not found; fix: check the path"),
+    (["simulate", "missing.json", "--straggler", "m0"],
+     "error: Invalid value for --straggler: 'm0' is not NAME=NUMBER; use MESH=2.0; "
+     "see 'mpmd simulate --help'"),
+    (["simulate", "missing.json", "--jitter", "x"],
+     "error: Invalid value for '--jitter': 'x' is not a valid finite float; "
+     "see 'mpmd simulate --help'"),
+    (["simulate", "plan/p.json"],
+     "error: gone/h100x128_node.yaml: cluster file not found; fix: check the path (did you mean "
+     "hardware_profiles/clusters/h100x128_nodes.yaml?)"),
+])
+def test_simulate_refuses_a_missing_file_or_a_bad_flag_before_the_heavy_imports(
+        args, line, tmp_path, fresh_mpmd):
+    """``mpmd simulate`` in a fresh process: a missing plan file, a malformed knob or flag value and
+    a plan whose cluster file is missing are each one line on stderr, nothing on stdout, exit 2,
+    with neither JAX, OR-Tools nor pydantic imported (read from ``-X importtime``)."""
+    _plan_on_missing_cluster(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    code, said, out, heavy = fresh_mpmd(*args)
+    assert (code, said, out) == (2, [line], ""), said
+    assert heavy == set(), heavy
+    assert sorted(tmp_path.rglob("*")) == before
