@@ -93,6 +93,7 @@ class _Efficiencies(_Strict):
     sync_jitter: _Fraction | None = None
     decode_layer_overhead_us: _Overhead | None = None
     prefill_layer_overhead_us: _Overhead | None = None
+    logit_overhead_ns: _Overhead | None = None
 
 
 class _OneHop(_Strict):
@@ -109,6 +110,11 @@ class _GemmTiling(_Strict):
     compute_units: int = Field(ge=1, le=100000)
     tile_m: int = Field(ge=1, le=4096)
     tile_n: int = Field(ge=1, le=4096)
+    source: str = Field(min_length=1)
+
+
+class _Chip(_Strict):
+    value: str = Field(min_length=1, max_length=100)
     source: str = Field(min_length=1)
 
 
@@ -158,6 +164,7 @@ class _DeviceFile(_Strict):
     efficiency: _Efficiencies
     gemm_tiling: _GemmTiling | None = None
     lockstep_devices: _LockstepDevices | None = None
+    chip: _Chip | None = None
     alternatives: list[_AltFile] = []
 
 

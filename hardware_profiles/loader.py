@@ -191,12 +191,15 @@ def _device_from_file(path: Path) -> DeviceProfile:
             sources[attr] = got.origin
     if f.lockstep_devices is not None:
         sources["lockstep_devices"] = f.lockstep_devices.source
+    if f.chip is not None:
+        sources["chip"] = f.chip.source
     if f.scale_up.topology:
         sources["scale_up_topology"] = f.scale_up.topology
     if f.scale_up.one_hop is not None:
         sources["scale_up_one_hop"] = f.scale_up.one_hop.source
-    for key in ("decode_layer_overhead", "prefill_layer_overhead"):
-        got = getattr(f.efficiency, key + "_us")
+    for key, unit in (("decode_layer_overhead", "_us"), ("prefill_layer_overhead", "_us"),
+                      ("logit_overhead", "_ns")):
+        got = getattr(f.efficiency, key + unit)
         if got is not None:
             sources[key] = got.origin
     if f.scale_up.torus_dimensions is not None:
@@ -238,11 +241,14 @@ def _device_from_file(path: Path) -> DeviceProfile:
                            if f.efficiency.grad_sync_overlap else "bucketed"),
         sync_jitter=f.efficiency.sync_jitter.value if f.efficiency.sync_jitter else 0.0,
         lockstep_devices=f.lockstep_devices.value if f.lockstep_devices else 8,
+        chip=f.chip.value if f.chip else f.name,
         scale_up_one_hop=bool(f.scale_up.one_hop and f.scale_up.one_hop.value),
         decode_layer_overhead=(f.efficiency.decode_layer_overhead_us.value * US
                                if f.efficiency.decode_layer_overhead_us else None),
         prefill_layer_overhead=(f.efficiency.prefill_layer_overhead_us.value * US
                                 if f.efficiency.prefill_layer_overhead_us else None),
+        logit_overhead=(f.efficiency.logit_overhead_ns.value * 1e-9
+                        if f.efficiency.logit_overhead_ns else 0.0),
         sources=sources,
         alternatives=tuple(_alternative(path, a) for a in f.alternatives),
     )

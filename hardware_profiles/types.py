@@ -91,6 +91,10 @@ class DeviceProfile:
             ICI domain (a slice's chips run one program in lock-step on ICI, their hosts only
             feed them, so slices joined over the data-center network are the independent
             units). A mesh spanning several nodes counts its nodes instead.
+        chip: the accelerator chip (die) the device is built on (``"wormhole"`` for the n150 and
+            n300 cards, ``"gh100"`` for H100, H800 and H200); kinds on one chip share their
+            efficiencies' physics, so a serving fit fits them together. The profile's name when
+            the file names none.
         scale_up_one_hop: every pair of devices in a node is one hop apart (a switch such as
             NVSwitch, or a full mesh), so a small all-reduce can run in one step: each device
             reads its peers' buffers directly (TensorRT-LLM's one-shot custom all-reduce, NCCL's
@@ -100,6 +104,10 @@ class DeviceProfile:
             and synchronisation of a decode step (captured once and replayed: CUDA graphs,
             tt-metal traces) and of a step that prefills (run op by op in most engines). None:
             ``fragment_overhead`` per layer (:func:`simulator.serving_cost.layer_overhead`).
+        logit_overhead: a serving step's time per logit it hands to sampling, s: a stack that
+            reads each step's ``batch x vocab`` logits back to the host and samples there pays
+            it (a decode step of 32 users costs a Wormhole n150 ~8 ms more than one user's, for
+            1B to 70B models alike: tt-metal's published rows); 0 for on-device sampling.
         sources: field name -> citation for every published figure and the origin of every
             efficiency factor.
         alternatives: figures from other sources that disagree with the ones used.
@@ -132,8 +140,10 @@ class DeviceProfile:
     sync_jitter: float = 0.0
     lockstep_devices: int = 8
     scale_up_one_hop: bool = False
+    chip: str = ""
     decode_layer_overhead: float | None = None
     prefill_layer_overhead: float | None = None
+    logit_overhead: float = 0.0
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype``, 0 when the device has no rate for it. A 16-bit dtype

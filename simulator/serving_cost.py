@@ -6,6 +6,7 @@ width split ``tp`` ways (Megatron-LM tensor parallel, Shoeybi et al. 2019; what 
 TensorRT-LLM and tt-metal run inside a box). One step (:class:`ir.BatchStep`) on one device costs
 
     roofline(compute, memory) + 2 x layers x all_reduce(tokens x hidden x 2 B) + layers x overhead
+        + sampled x vocab x logit_overhead
 
 - compute: ``tokens x flops_per_token / tp`` at each weight format's peak rate times the profile's
   ``matmul_efficiency``, plus the attention's ``pairs x attention_flops_per_pair / tp`` at the bf16
@@ -188,15 +189,16 @@ def step_cost(replica: Replica, step: BatchStep) -> StepCost:
     if step.tokens < 1:
         raise SimError("a serving step with no tokens; fix: give it a prefill chunk or a decode")
     return load_cost(replica, step.tokens, step.attention_pairs, step.kv_tokens_read,
-                     1.0 if step.prefill else 0.0)
+                     1.0 if step.prefill else 0.0, len(step.decode) + len(step.prefill))
 
 
 def load_cost(replica: Replica, tokens: float, pairs: float, kv_read: float,
-              prefill_share: float) -> StepCost:
+              prefill_share: float, sampled: float) -> StepCost:
     """:func:`step_cost` of a step given by its totals, which may be averages over many steps
     (:func:`saturation_throughput`): ``tokens`` through the weights, attention ``pairs``,
-    ``kv_read`` cached tokens read, and the fraction ``prefill_share`` of steps that prefill
-    (their per-layer overhead is the prefill one)."""
+    ``kv_read`` cached tokens read, the fraction ``prefill_share`` of steps that prefill (their
+    per-layer overhead is the prefill one), and ``sampled`` logit vectors handed to sampling
+    (``DeviceProfile.logit_overhead`` per logit)."""
     m, dev, tp = replica.model, replica.device, replica.tp
     compute = sum(f * tokens / tp / _rate(dev, dtype) for dtype, f in m.flops_per_token)
     attention = ATTENTION_RATE if dev.peak(ATTENTION_RATE) > 0 else "bf16"
@@ -208,6 +210,7 @@ def load_cost(replica: Replica, tokens: float, pairs: float, kv_read: float,
     comm = 2 * m.layers * tp_all_reduce(tokens * m.hidden * ACTIVATION_BYTES, replica)
     overhead = m.layers * (prefill_share * layer_overhead(dev, prefill=True)
                            + (1 - prefill_share) * layer_overhead(dev, prefill=False))
+    overhead += sampled * m.vocab * dev.logit_overhead
     return StepCost(compute, memory, comm, overhead, body + comm + overhead)
 
 
@@ -243,7 +246,7 @@ def saturation_throughput(replica: Replica, prompt: int, output: int, *, max_bat
         d = r * (output - 1)
     ctx = prompt + output / 2
     cost = load_cost(replica, d + r * prompt, d * ctx + r * prompt * (prompt + 1) / 2,
-                     d * ctx + r * prompt, min(1.0, r))
+                     d * ctx + r * prompt, min(1.0, r), d + r)
     return (d + r) / cost.total_s
 
 

@@ -231,7 +231,7 @@ def _workload(cfg, global_batch: int | None, seq_len: int | None):
 def _extra_commands() -> None:
     """Attach the commands whose implementations live in other packages, when present."""
     for mod in ("mpmd.cli.simulate", "mpmd.cli.run", "mpmd.cli.validate", "mpmd.cli.whatif",
-                "mpmd.cli.export"):
+                "mpmd.cli.export", "mpmd.cli.serve"):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:

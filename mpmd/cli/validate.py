@@ -1,6 +1,7 @@
 """``mpmd validate [--fit] [--csv PATH] [--out FILE.md] [--profiles-out DIR] [--strict]``: the
 simulator against published training measurements (``--layers CSV``: against layer timings
-measured on one accelerator instead, :mod:`mpmd.cli.validate_layers`).
+measured on one accelerator instead, :mod:`mpmd.cli.validate_layers`; ``--serving``: against
+published serving measurements, :mod:`mpmd.cli.validate_serving`).
 
 Builds every row's setup (:mod:`simulator.validate`), simulates it on its own device's profile (the
 CSV's ``device`` column) with :func:`simulator.plan_sim.simulate_plan`, checks
@@ -264,10 +265,14 @@ def register(main: click.Group, guard) -> None:
     @click.option("--profile", default=None,
                   help="With --layers: the device profile to predict on (default: the one of "
                        "the rows' device kind).")
+    @click.option("--serving", is_flag=True,
+                  help="Instead: published serving measurements (default CSV "
+                       "reports/validation/published_serving.csv) against the serving cost "
+                       "model; with --fit, fit each chip's serving parameters.")
     @guard
     def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None,
                  strict: bool, hold_elementwise: bool = False, layers_csv: str | None = None,
-                 profile: str | None = None) -> None:
+                 profile: str | None = None, serving: bool = False) -> None:
         """Check the simulator against published training runs (per-row table, MAPE, zb ranking).
 
         Every row is simulated on its own device's profile (the CSV's ``device`` column). A row
@@ -277,6 +282,14 @@ def register(main: click.Group, guard) -> None:
         """
         if profile and not layers_csv:
             raise click.BadParameter("--profile needs --layers; add --layers CSV or drop it")
+        if serving:
+            if profiles_out and not fit:
+                raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
+            from mpmd.cli import validate_serving
+            from mpmd.cli.main import console
+            validate_serving.run(None if csv_path == str(DEFAULT_CSV) else csv_path, fit,
+                                 profiles_out, out, console)
+            return
         if layers_csv:
             from mpmd.cli import validate_layers
             from mpmd.cli.main import console

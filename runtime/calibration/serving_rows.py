@@ -6,6 +6,8 @@ and output lengths, a precision, and one metric. What each metric is predicted a
 
 - ``tokens_per_s_per_user``: ``1 / decode step`` of ``batch`` requests at the context
   ``prompt + output / 2`` (the mean over the decode; ``prompt`` when no output length is stated);
+  ``dp`` replicas driven by one host process sample all ``dp x batch`` users' logits there, so the
+  step also pays the other replicas' ``logit_overhead``;
 - ``ttft_s``: the prefill step of one request's ``prompt`` tokens (the per-user time to first
   token the tt-metal demos report: prefill time / users);
 - ``tokens_per_s`` with a batch: a static batch served end to end: ``batch x output`` tokens over
@@ -14,10 +16,15 @@ and output lengths, a precision, and one metric. What each metric is predicted a
   (:func:`simulator.serving_cost.saturation_throughput`, at :data:`OFFLINE_MAX_BATCH` and
   :data:`OFFLINE_CHUNK_TOKENS`); ``tokens_per_s_total``: the same over ``dp`` replicas.
 
-The fit (:func:`fit_kind`) sets four parameters of one device kind by least squares on the rows'
-relative errors (scipy ``least_squares``, bounded): ``matmul_efficiency``, ``memory_efficiency``,
-``decode_layer_overhead`` and ``prefill_layer_overhead``; :func:`leave_one_model_out` refits without
-each model's rows and scores those rows.
+The fit (:func:`fit_kind`) sets a device kind's serving parameters by least squares on its rows'
+relative errors (scipy ``least_squares``, bounded, several starts): on a kind not yet calibrated
+(Tenstorrent) ``matmul_efficiency``, ``memory_efficiency``, ``decode_layer_overhead``,
+``prefill_layer_overhead`` and, with multi-device rows, ``scale_up_latency`` (the achieved latency
+per hop of the fabric's collectives); on a kind whose efficiencies were fitted to training runs,
+only the two per-layer overheads of its serving engine. A kind is fitted on the rows of one engine
+(:func:`fit_engine`: the one with most rows; a device profile describes the device under its
+vendor's general serving stack); other engines' rows are scored, not fitted.
+:func:`leave_one_out` refits without each row and scores that row.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from zoo.inference import inference_model
 from zoo.model_files import resolve_model
 
 COLUMNS = ("source", "model", "device", "devices", "tp", "dp", "batch", "prompt_tokens",
-           "output_tokens", "weight_format", "kv_format", "metric", "value", "framework", "note")
+           "output_tokens", "weight_format", "kv_format", "metric", "value", "framework", "engine",
+           "note")
 METRICS = ("tokens_per_s_per_user", "ttft_s", "tokens_per_s", "tokens_per_s_total")
 
 OFFLINE_MAX_BATCH = 4096
@@ -67,6 +75,7 @@ class ServingRow:
     kv_format: str
     metric: str
     value: float
+    engine: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +142,7 @@ def read_rows(path: str | Path) -> list[ServingRow]:
                 prompt_tokens=_int(r["prompt_tokens"], i, "prompt_tokens"),
                 output_tokens=_int(r["output_tokens"], i, "output_tokens", optional=True),
                 weight_format=r["weight_format"] or "bf16", kv_format=r["kv_format"] or "bf16",
-                metric=r["metric"], value=value))
+                metric=r["metric"], value=value, engine=r["engine"]))
     return rows
 
 
@@ -154,7 +163,8 @@ def predict(row: ServingRow, device: DeviceProfile) -> float:
     out = row.output_tokens
     if row.metric == "tokens_per_s_per_user":
         ctx = row.prompt_tokens + (out // 2 if out else 0)
-        return 1.0 / step_time(rep, BatchStep(decode=(ctx,) * batch))
+        host = (row.dp - 1) * batch * rep.model.vocab * device.logit_overhead
+        return 1.0 / (step_time(rep, BatchStep(decode=(ctx,) * batch)) + host)
     if row.metric == "ttft_s":
         return step_time(rep, BatchStep(prefill=((0, row.prompt_tokens),)))
     if out is None:
@@ -185,34 +195,54 @@ def score(rows: list[ServingRow], devices: dict[str, DeviceProfile] | None = Non
 
 
 PARAMS = ("matmul_efficiency", "memory_efficiency", "decode_layer_overhead",
-          "prefill_layer_overhead")
-BOUNDS = ((0.05, 1.0), (0.1, 1.0), (0.0, 5e-3), (0.0, 20e-3))
-"""Fit bounds: efficiencies as fractions, overheads in s per layer."""
+          "prefill_layer_overhead", "logit_overhead", "scale_up_latency")
+"""Every ``DeviceProfile`` field a serving fit may set."""
 
-STARTS = ((0.5, 0.8, 50e-6, 200e-6), (0.3, 0.6, 200e-6, 1e-3), (0.7, 0.9, 10e-6, 50e-6))
+OVERHEADS = ("decode_layer_overhead", "prefill_layer_overhead")
+"""What a fit sets on a kind whose efficiencies are already fitted to training runs (its matmul and
+memory efficiencies are the device's, kept; the serving engine's per-layer times are not)."""
+
+BOUNDS = {"matmul_efficiency": (0.05, 0.95), "memory_efficiency": (0.1, 0.95),
+          "decode_layer_overhead": (0.0, 5e-3), "prefill_layer_overhead": (0.0, 20e-3),
+          "logit_overhead": (0.0, 50e-9), "scale_up_latency": (0.5e-6, 200e-6)}
+"""Fit bounds: efficiencies as fractions (at most 0.95: no DRAM or matmul unit sustains its
+datasheet peak), times in s (overheads per layer, latency per hop)."""
+
+SCALES = {"matmul_efficiency": 0.1, "memory_efficiency": 0.1, "decode_layer_overhead": 1e-4,
+          "prefill_layer_overhead": 1e-3, "logit_overhead": 1e-9, "scale_up_latency": 1e-5}
+
+STARTS = ({"matmul_efficiency": 0.5, "memory_efficiency": 0.8, "decode_layer_overhead": 50e-6,
+           "prefill_layer_overhead": 200e-6, "logit_overhead": 0.0, "scale_up_latency": 5e-6},
+          {"matmul_efficiency": 0.3, "memory_efficiency": 0.6, "decode_layer_overhead": 200e-6,
+           "prefill_layer_overhead": 1e-3, "logit_overhead": 2e-9, "scale_up_latency": 20e-6},
+          {"matmul_efficiency": 0.7, "memory_efficiency": 0.9, "decode_layer_overhead": 10e-6,
+           "prefill_layer_overhead": 50e-6, "logit_overhead": 0.0, "scale_up_latency": 2e-6})
 """Starting points the fit tries besides the profile's own values (the best result wins)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ServingFit:
-    device: str
+    """A chip's fitted serving parameters (``values``: field name -> SI value), the rows and engine
+    they were fitted on, and the fit's MAPE (%)."""
+
+    chip: str
+    engine: str
     values: dict
     rows: int
     mape: float
     evaluations: int
 
 
-def with_params(device: DeviceProfile, x) -> DeviceProfile:
-    """``device`` with :data:`PARAMS` set to ``x``."""
-    return dataclasses.replace(device, **dict(zip(PARAMS, (float(v) for v in x))))
+def with_values(device: DeviceProfile, values: dict) -> DeviceProfile:
+    """``device`` with the fields in ``values`` (names of :data:`PARAMS`) set."""
+    return dataclasses.replace(device, **{k: float(v) for k, v in values.items()})
 
 
-def _x0(device: DeviceProfile) -> list[float]:
-    return [device.matmul_efficiency, device.memory_efficiency,
-            device.decode_layer_overhead if device.decode_layer_overhead is not None
-            else device.fragment_overhead,
-            device.prefill_layer_overhead if device.prefill_layer_overhead is not None
-            else device.fragment_overhead]
+def current(device: DeviceProfile, name: str) -> float:
+    """The profile's value of fit parameter ``name`` (an unset overhead reads as
+    ``fragment_overhead``, as the cost model uses it)."""
+    got = getattr(device, name)
+    return device.fragment_overhead if got is None else got
 
 
 def mape(scored: list[Scored]) -> float:
@@ -220,61 +250,92 @@ def mape(scored: list[Scored]) -> float:
     return 100.0 * sum(abs(s.error) for s in scored) / max(1, len(scored))
 
 
-def fit_kind(rows: list[ServingRow], device: DeviceProfile) -> ServingFit:
-    """The :data:`PARAMS` of ``device`` that best predict ``rows`` (all of that kind): scipy
-    ``least_squares`` on the relative errors, within :data:`BOUNDS`, from the profile's values.
+def default_params(devices: list[DeviceProfile], rows: list[ServingRow]) -> tuple[str, ...]:
+    """What :func:`fit_chip` sets: :data:`OVERHEADS` when a kind of the chip is calibrated on
+    training runs; otherwise the efficiencies too, and the scale-up hop latency when some row
+    spans several devices."""
+    from hardware_profiles.calibration import is_calibrated
+
+    if any(is_calibrated(d) for d in devices):
+        return OVERHEADS
+    return PARAMS if any(r.tp > 1 for r in rows) else PARAMS[:5]
+
+
+def fit_chip(rows: list[ServingRow], devices: dict[str, DeviceProfile],
+             params: tuple[str, ...] | None = None, starts: tuple[dict, ...] = STARTS
+             ) -> ServingFit:
+    """The ``params`` (default :func:`default_params`) shared by the kinds ``devices`` (one chip)
+    that best predict ``rows`` (each on its own kind's profile): scipy ``least_squares`` on the
+    relative errors, within :data:`BOUNDS`, from the first profile's values and each of
+    ``starts``. Efficiencies are fractions of each kind's own peak and bandwidth, so one chip's
+    cards share them.
 
     Raises:
-        CalibrationError: no rows can be predicted on the kind.
+        CalibrationError: no rows can be predicted on the kinds.
     """
     import numpy as np
     from scipy.optimize import least_squares
 
-    ok = [r for r in rows if not score([r], {r.device: device})[1]]
+    ok = [r for r in rows if r.device in devices and not score([r], devices)[1]]
     if not ok:
-        raise CalibrationError(f"no {device.name} row can be predicted; fix: check the rows")
-    lo, hi = zip(*BOUNDS)
-    x0 = np.clip(_x0(device), lo, hi)
+        raise CalibrationError(f"no row of {', '.join(devices)} can be predicted; fix: check the "
+                               "rows")
+    params = params or default_params(list(devices.values()), ok)
+    first = next(iter(devices.values()))
+    lo = [BOUNDS[p][0] for p in params]
+    hi = [BOUNDS[p][1] for p in params]
+
+    def shared(x) -> dict[str, DeviceProfile]:
+        return {k: with_values(d, dict(zip(params, x))) for k, d in devices.items()}
 
     def resid(x):
-        dev = with_params(device, x)
-        return [predict(r, dev) / r.value - 1.0 for r in ok]
+        devs = shared(x)
+        return [predict(r, devs[r.device]) / r.value - 1.0 for r in ok]
 
-    best = None
-    for start in (x0, *STARTS):      # several starts: the overheads and efficiencies trade off
-        res = least_squares(resid, np.clip(start, lo, hi), bounds=(lo, hi),
-                            x_scale=[0.1, 0.1, 1e-4, 1e-3], diff_step=1e-3)
-        evaluations = res.nfev + (best[1] if best else 0)
-        if best is None or res.cost < best[0].cost:
-            best = (res, evaluations)
-        else:
-            best = (best[0], evaluations)
-    res = best[0]
-    fitted = with_params(device, res.x)
-    got = score(ok, {device.name: fitted})[0]
-    return ServingFit(device.name, dict(zip(PARAMS, (float(v) for v in res.x))), len(ok),
-                      mape(got), int(best[1]))
+    best, evaluations = None, 0
+    for start in ({p: current(first, p) for p in params}, *starts):
+        x0 = np.clip([start[p] for p in params], lo, hi)
+        res = least_squares(resid, x0, bounds=(lo, hi), x_scale=[SCALES[p] for p in params],
+                            diff_step=1e-3)
+        evaluations += res.nfev
+        if best is None or res.cost < best.cost:
+            best = res
+    values = dict(zip(params, (float(v) for v in best.x)))
+    got = score(ok, shared(best.x))[0]
+    engine = ", ".join(dict.fromkeys(r.engine for r in ok))
+    return ServingFit(first.chip or first.name, engine, values, len(ok), mape(got), evaluations)
 
 
-def leave_one_model_out(rows: list[ServingRow], device: DeviceProfile) -> dict[str, float]:
-    """For each model with rows on the kind, the MAPE of its rows under a fit on the others (%);
-    a model whose rows are the kind's only rows is left out."""
-    out = {}
-    for model in dict.fromkeys(r.model for r in rows):
-        rest = [r for r in rows if r.model != model]
-        if not rest:
-            continue
-        f = fit_kind(rest, device)
-        got = score([r for r in rows if r.model == model],
-                    {device.name: with_params(device, [f.values[p] for p in PARAMS])})[0]
-        if got:
-            out[model] = mape(got)
+def leave_one_out(rows: list[ServingRow], devices: dict[str, DeviceProfile],
+                  fit: ServingFit) -> list[Scored]:
+    """Each row predicted under a fit on the other rows (leave-one-row-out), each refit started
+    from ``fit`` (the fit on all rows) over the same parameters."""
+    params = tuple(fit.values)
+    out = []
+    for i, r in enumerate(rows):
+        f = fit_chip(rows[:i] + rows[i + 1:], devices, params, starts=(fit.values,))
+        out += score([r], {k: with_values(d, f.values) for k, d in devices.items()})[0]
     return out
 
 
-def fitted_profile(device: DeviceProfile, fit: ServingFit) -> DeviceProfile:
-    """``device`` with the fit's values."""
-    return with_params(device, [fit.values[p] for p in PARAMS])
+def chip_kinds(chip: str) -> dict[str, DeviceProfile]:
+    """Every bundled device profile on ``chip`` (``DeviceProfile.chip``), by id."""
+    from hardware_profiles.loader import known_device_ids
+
+    out = {}
+    for name in known_device_ids():
+        dev = load_device(name)
+        if (dev.chip or dev.name) == chip:
+            out[name] = dev
+    return out
+
+
+def fit_engine(rows: list[ServingRow]) -> str:
+    """The engine a kind's fit uses: the one with most of its rows (ties: first listed)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.engine] = counts.get(r.engine, 0) + 1
+    return max(counts, key=counts.get)
 
 
 def metric_label(row: ServingRow) -> str:
