@@ -107,11 +107,33 @@ class ServingPlan:
         return sum(p.devices for p in self.pools)
 
 
-def _groups(cluster: Cluster) -> dict[str, NodeGroup]:
-    if not cluster.groups:
-        raise PlannerError(f"cluster {cluster.path or ''!s} lists meshes; serving plans need node "
-                        "groups (hardware as bought); fix: use a *_nodes.yaml cluster")
-    return dict(cluster.groups)
+def serving_groups(cluster: Cluster) -> dict[str, NodeGroup]:
+    """The cluster's node groups: as written, as a mesh list of whole nodes describes them
+    (:func:`hardware_profiles.carve.node_groups_of`), or, for other mesh lists, one group per set
+    of alike meshes (same device, node size and links; a mesh is one node unless it gives
+    ``devices_per_node``), named after the first."""
+    from hardware_profiles.carve import node_groups_of
+
+    if cluster.groups:
+        return dict(cluster.groups)
+    described = node_groups_of(cluster)
+    if described is not None and described.groups:
+        return dict(described.groups)
+    alike: dict[tuple, list] = {}
+    for name, m in cluster.meshes.items():
+        per = m.devices_per_node or m.num_devices
+        key = (m.device.name, per, m.intra_link, m.scale_out_link, m.price_per_device_hour,
+               m.power_watts_per_device)
+        alike.setdefault(key, []).append((name, m))
+    out = {}
+    for (_, per, intra, so, price, power), meshes in alike.items():
+        name, m = meshes[0]
+        so = so or Link(m.device.scale_out_bandwidth, 10e-6, "the device profile's scale-out NIC")
+        nodes = sum(x.num_devices for _, x in meshes) // per
+        out[name] = NodeGroup(name=name, device=m.device, nodes=nodes, devices_per_node=per,
+                              intra_link=intra, scale_out_link=so, price_per_device_hour=price,
+                              power_watts_per_device=power)
+    return out
 
 
 def tp_degrees(group: NodeGroup) -> list[int]:
@@ -247,10 +269,9 @@ def plan_serving(model: InferenceModel | dict[str, InferenceModel], cluster: Clu
     ``model`` is one :class:`ir.InferenceModel`, or one per node group name (a precision per kind).
 
     Raises:
-        PlannerError: a cluster without node groups, or no family meets the objectives (one line
-            naming the tightest objective).
+        PlannerError: no family meets the objectives (one line naming what each reaches).
     """
-    groups = _groups(cluster)
+    groups = serving_groups(cluster)
     models = model if isinstance(model, dict) else {g: model for g in groups}
     colo: dict[str, list[_Option]] = {}
     pre: dict[str, list[_Option]] = {}
@@ -311,15 +332,19 @@ def _rank(p: ServingPlan):
 
 
 def _link(cluster: Cluster, a: NodeGroup, b: NodeGroup) -> Link:
-    """The per-replica link a KV cache crosses from group ``a`` to ``b``: one device's scale-out
-    NIC at the slower end (a prefill replica sends from its devices' NICs in parallel; the
-    caller's transfer is per request), capped by the groups' link when the cluster gives one."""
+    """The link one request's KV cache crosses from group ``a`` to ``b``: one device's scale-out
+    NIC at the slower end, capped by the cluster's link between the two (a ``group_links`` entry,
+    or the link between two listed meshes) when it gives one."""
     bw = min(a.scale_out_link.bandwidth, b.scale_out_link.bandwidth)
     lat = max(a.scale_out_link.latency, b.scale_out_link.latency)
-    for gl in cluster.group_links:
-        if {gl.a, gl.b} == {a.name, b.name}:
-            bw = min(bw, gl.link.bandwidth)
-            lat = max(lat, gl.link.latency)
+    caps = [gl.link for gl in cluster.group_links if {gl.a, gl.b} == {a.name, b.name}]
+    if not caps and a.name in cluster.meshes and b.name in cluster.meshes:
+        try:
+            caps.append(cluster.link_between(a.name, b.name).link)
+        except ValueError:
+            pass
+    for c in caps:
+        bw, lat = min(bw, c.bandwidth), max(lat, c.latency)
     return Link(bw, lat)
 
 
@@ -361,7 +386,7 @@ def _disaggregated_plan(p_op: _Option, d_op: _Option, ga: NodeGroup, gb: NodeGro
 
 def replica_specs(plan: ServingPlan, cluster: Cluster, models) -> list[ReplicaSpec]:
     """The plan's replicas as the discrete-event simulator's :class:`ReplicaSpec` s."""
-    groups = _groups(cluster)
+    groups = serving_groups(cluster)
     specs = []
     for pool in plan.pools:
         g = groups[pool.group]
@@ -388,7 +413,7 @@ def _checked(plan: ServingPlan, mix: RequestMix, slo: ServiceObjectives, models,
     transfer = None
     kv_bytes = 0.0
     if any(s.role == "decode" for s in specs):
-        groups = _groups(cluster)
+        groups = serving_groups(cluster)
         pre, dec = (groups[p.group] for p in plan.pools)
         link = _link(cluster, pre, dec)
         m = models[dec.name]
@@ -408,7 +433,7 @@ def _checked(plan: ServingPlan, mix: RequestMix, slo: ServiceObjectives, models,
             break
     rate, res, ttft, tpot = last
     ok = ttft <= slo.ttft_s and tpot <= slo.tpot_s
-    groups = _groups(cluster)
+    groups = serving_groups(cluster)
     tokens = rate * mix.output_tokens
     usd, kwh = _cost([(groups[p.group], p.devices) for p in plan.pools], tokens)
     note = plan.note

@@ -38,7 +38,8 @@ EXAMPLES_DIR = Path(__file__).parent / "examples"
 
 _OPTION_KEYS = {"cluster", "label", "time_limit_s", "max_tensor", "schedules", "microbatches", "note"}
 _EXAMPLE_KEYS = {"name", "title", "model", "global_batch", "seq_len", "tokens", "deadline_days",
-                 "videos_per_hour", "time_limit_s", "prices", "options", "sweep", "description"}
+                 "videos_per_hour", "time_limit_s", "prices", "options", "sweep", "description",
+                 "serving"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,12 +91,12 @@ def register(main: click.Group, guard) -> None:
         from ir import RequestMix, ServiceObjectives
         from ir.files import write_atomic
         from mpmd.cli.main import console
-        from planner.serving import plan_serving
+        from planner.serving import plan_serving, serving_groups
         from zoo.inference import inference_model
 
         cluster = load_cluster(path)
         default, per_kind = parse_precisions(precisions)
-        groups = dict(cluster.groups)
+        groups = serving_groups(cluster)
         unknown = sorted(set(per_kind) - {g.device.name for g in groups.values()})
         if unknown:
             raise click.BadParameter(f"--precision names {', '.join(unknown)}, which the cluster "

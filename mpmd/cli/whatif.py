@@ -60,6 +60,9 @@ def register(main: click.Group, guard) -> None:
         base = None
         if example:
             spec, base = load_example(example)
+            if spec.get("serving"):
+                _serving(spec, base, model, options, out, screenshot, console)
+                return
         if sum(bool(x) for x in (options, sweep_path)) > 1:
             raise ReportError("give --options or --sweep, not both")
         model = model or spec.get("model")
@@ -125,3 +128,39 @@ def register(main: click.Group, guard) -> None:
                       highlight=False)
         console.print(f"wrote {escape(', '.join(str(p) for p in paths.values()))} "
                       f"in {time.monotonic() - t0:.0f} s", highlight=False)
+
+
+def _serving(spec: dict, base, model, options, out, screenshot: bool, console) -> None:
+    """A serving example (``serving:`` in its YAML): :func:`reports.serving.serving_whatif`."""
+    import time
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    from reports.serving import COLUMNS, _cell, serving_whatif, write_serving_report
+
+    t0 = time.monotonic()
+    df = serving_whatif(model or spec["model"], spec["serving"],
+                        list(options) or list(spec.get("options", [])), base_dir=base,
+                        title=spec.get("title"))
+    paths = write_serving_report(df, out or f"whatif/{spec.get('name', 'serving')}")
+    if screenshot:
+        from reports.browser import find_chromium
+        from reports.browser import screenshot as shoot
+
+        if find_chromium():
+            paths["png"] = shoot(paths["html"], paths["html"].with_suffix(".png"))
+        else:
+            console.print("no chromium: skipped the screenshot (apt-get install -y chromium)")
+    table = Table(title=escape(str(df.attrs["title"])), title_justify="left")
+    keep = [c for c in COLUMNS if c not in ("plan", "note")]
+    for c in keep:
+        table.add_column(c, overflow="fold")
+    for _, r in df.iterrows():
+        table.add_row(*(escape(_cell(c, r[c])) for c in keep))
+    console.print(table)
+    console.print(f"objectives: {escape(df.attrs['objectives'])}", highlight=False)
+    console.print(f"[bold]Recommendation.[/] {escape(str(df.attrs['recommendation']))}",
+                  highlight=False)
+    console.print(f"wrote {escape(', '.join(str(p) for p in paths.values()))} "
+                  f"in {time.monotonic() - t0:.0f} s", highlight=False)
