@@ -103,7 +103,15 @@ def inference_model(cfg: ModelConfig | str, precision: str = "bf16",
     dense_gu, dense_dn = _mlp_params(cfg, cfg.ffn)
     exp_gu, exp_dn = _mlp_params(cfg, cfg.expert_ffn) if cfg.moe else (0, 0)
     shared = cfg.shared_experts
-    norms = (2 * h + (2 * h if cfg.bias else 0)) * L + h
+    # norm weights (and LayerNorm biases), MLA's two latent norms, linear biases: bf16, read
+    norms = 2 * h * L + h
+    if cfg.norm == "layer" and cfg.bias:
+        norms *= 2
+    if cfg.mla:
+        norms += (cfg.q_lora_rank + cfg.kv_lora_rank) * L
+    if cfg.bias:
+        gates = 2 if cfg.mlp == "swiglu" else 1
+        norms += L * ((cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim + h + gates * cfg.ffn + h)
     router = moe_layers * cfg.experts * h
 
     dense_mlp_layers = L - moe_layers
@@ -124,7 +132,7 @@ def inference_model(cfg: ModelConfig | str, precision: str = "bf16",
         qk, v = cfg.head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
     else:
         qk = v = cfg.head_dim
-    embedding = cfg.vocab * h * SMALL_BYTES
+    embedding = 0.0 if cfg.tie_embeddings else cfg.vocab * h * SMALL_BYTES
     if cfg.pos_emb == "learned":
         embedding += cfg.seq_len * h * SMALL_BYTES
     return InferenceModel(
@@ -136,4 +144,4 @@ def inference_model(cfg: ModelConfig | str, precision: str = "bf16",
         attention_flops_per_pair=float(2 * L * cfg.heads * (qk + v)),
         kv_bytes_per_token=float(L * kv_elems * kv_b),
         tp_allreduce_bytes_per_token=float(2 * L * h * SMALL_BYTES),
-        embedding_bytes=float(0.0 if cfg.tie_embeddings else embedding))
+        embedding_bytes=float(embedding))

@@ -114,35 +114,48 @@ def read_rows(path: str | Path) -> list[ServingRow]:
     """The rows of a serving CSV with :data:`COLUMNS`.
 
     Raises:
-        CalibrationError: a missing file or column, or a malformed value (one line, naming it).
+        CalibrationError: a missing file or column, a short row, or a malformed or non-positive
+            value (one line, naming it).
+        ir.files.InputError: an unreadable file (not UTF-8, too large, malformed CSV).
     """
+    from ir.files import read_csv_rows, read_text
+
     p = Path(path)
     if not p.is_file():
         raise CalibrationError(f"serving CSV {str(path)!r} not found; fix: check the path")
-    with open(p, newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise CalibrationError(f"{path}: missing columns {', '.join(missing)}; fix: use the "
-                                   f"columns {', '.join(COLUMNS)}")
-        rows = []
-        for i, r in enumerate(reader, start=2):
-            if r["metric"] not in METRICS:
-                raise CalibrationError(f"line {i}: unknown metric {r['metric']!r}; fix: one of "
-                                       f"{', '.join(METRICS)}")
-            try:
-                value = float(r["value"])
-            except ValueError:
-                raise CalibrationError(f"line {i}: value {r['value']!r} is not a number") from None
-            rows.append(ServingRow(
-                line=i, source=r["source"], model=r["model"], device=r["device"],
-                devices=_int(r["devices"], i, "devices"), tp=_int(r["tp"], i, "tp"),
-                dp=_int(r["dp"], i, "dp", optional=True) or 1,
-                batch=_int(r["batch"], i, "batch", optional=True),
-                prompt_tokens=_int(r["prompt_tokens"], i, "prompt_tokens"),
-                output_tokens=_int(r["output_tokens"], i, "output_tokens", optional=True),
-                weight_format=r["weight_format"] or "bf16", kv_format=r["kv_format"] or "bf16",
-                metric=r["metric"], value=value, engine=r["engine"]))
+    records = read_csv_rows(p, "serving CSV")
+    header = next(csv.reader([read_text(p, "serving CSV").split("\n", 1)[0]]), [])
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise CalibrationError(f"{path}: missing columns {', '.join(missing)}; fix: use the "
+                               f"columns {', '.join(COLUMNS)}")
+    if not records:
+        raise CalibrationError(f"{path}: no rows; fix: add published serving rows")
+    rows = []
+    for i, r in enumerate(records, start=2):
+        if any(r.get(c) is None for c in COLUMNS):
+            raise CalibrationError(f"line {i}: the row has fewer fields than the header; fix: "
+                                   f"give every column ({', '.join(COLUMNS)})")
+        if r["metric"] not in METRICS:
+            raise CalibrationError(f"line {i}: unknown metric {r['metric']!r}; fix: one of "
+                                   f"{', '.join(METRICS)}")
+        try:
+            value = float(r["value"])
+        except ValueError:
+            raise CalibrationError(f"line {i}: value {r['value']!r} is not a number; fix: the "
+                                   "measured figure in SI units") from None
+        if not (math.isfinite(value) and value > 0):
+            raise CalibrationError(f"line {i}: value {r['value']!r} is not a positive finite "
+                                   "number; fix: the measured figure in SI units")
+        rows.append(ServingRow(
+            line=i, source=r["source"], model=r["model"], device=r["device"],
+            devices=_int(r["devices"], i, "devices"), tp=_int(r["tp"], i, "tp"),
+            dp=_int(r["dp"], i, "dp", optional=True) or 1,
+            batch=_int(r["batch"], i, "batch", optional=True),
+            prompt_tokens=_int(r["prompt_tokens"], i, "prompt_tokens"),
+            output_tokens=_int(r["output_tokens"], i, "output_tokens", optional=True),
+            weight_format=r["weight_format"] or "bf16", kv_format=r["kv_format"] or "bf16",
+            metric=r["metric"], value=value, engine=r["engine"]))
     return rows
 
 
@@ -252,11 +265,15 @@ def mape(scored: list[Scored]) -> float:
 
 def default_params(devices: list[DeviceProfile], rows: list[ServingRow]) -> tuple[str, ...]:
     """What :func:`fit_chip` sets: :data:`OVERHEADS` when a kind of the chip is calibrated on
-    training runs; otherwise the efficiencies too, and the scale-up hop latency when some row
+    training runs (a serving fit's own calibration does not count, so a refit is the same fit);
+    otherwise the efficiencies too, and the scale-up hop latency when some row
     spans several devices."""
     from hardware_profiles.calibration import is_calibrated
 
-    if any(is_calibrated(d) for d in devices):
+    def trained(d: DeviceProfile) -> bool:    # calibrated, and not by a serving fit
+        return is_calibrated(d) and "--serving" not in d.sources.get("matmul_efficiency", "")
+
+    if any(trained(d) for d in devices):
         return OVERHEADS
     return PARAMS if any(r.tp > 1 for r in rows) else PARAMS[:5]
 
