@@ -51,10 +51,11 @@ def register(main: click.Group, guard) -> None:
                   help="Mean prompt length, tokens.")
     @click.option("--output", type=click.IntRange(1, 1 << 20), required=True,
                   help="Mean output length, tokens.")
-    @click.option("--ttft", type=click.FloatRange(min=1e-6, max=1e6), default=math.inf,
-                  help="Time-to-first-token objective at the percentile, seconds.")
-    @click.option("--tpot", type=click.FloatRange(min=1e-6, max=1e6), default=math.inf,
-                  help="Time-per-output-token objective at the percentile, seconds.")
+    @click.option("--ttft", type=click.FloatRange(min=1e-6, max=1e6), default=None,
+                  help="Time-to-first-token objective at the percentile, seconds (default: none).")
+    @click.option("--tpot", type=click.FloatRange(min=1e-6, max=1e6), default=None,
+                  help="Time-per-output-token objective at the percentile, seconds (default: "
+                       "none).")
     @click.option("--percentile", type=click.FloatRange(min=1, max=100), default=99.0,
                   show_default=True, help="Percentile of requests the objectives hold at.")
     @click.option("--precision", "precisions", multiple=True,
@@ -71,8 +72,8 @@ def register(main: click.Group, guard) -> None:
     @click.option("--trace", type=click.Path(dir_okay=False), default=None,
                   help="Write the best plan's simulated timeline as a Perfetto trace here.")
     @guard
-    def serve_plan(model: str, cluster_path: str, prompt: int, output: int, ttft: float,
-                   tpot: float, percentile: float, precisions: tuple[str, ...], kv_format: str,
+    def serve_plan(model: str, cluster_path: str, prompt: int, output: int, ttft: float | None,
+                   tpot: float | None, percentile: float, precisions: tuple[str, ...], kv_format: str,
                    spread: float, requests: int, out: str | None, trace: str | None) -> None:
         """Plan how to serve MODEL on CLUSTER within the TTFT / TPOT objectives.
 
@@ -83,6 +84,9 @@ def register(main: click.Group, guard) -> None:
         import json
 
         from hardware_profiles.paths import resolve_cluster_path
+
+        ttft = math.inf if ttft is None else ttft
+        tpot = math.inf if tpot is None else tpot
         from zoo.model_files import resolve_model
 
         cfg = resolve_model(model)
