@@ -140,8 +140,8 @@ def test_readme_commands_run_as_written(tmp_path):
 
 @pytest.mark.slow
 def test_readme_whatif_examples_run_as_written(tmp_path):
-    """Slow: the three what-if examples (minutes even with short planner budgets)."""
+    """Slow: the four what-if examples (minutes even with short planner budgets)."""
     ran = _run_readme(tmp_path, slow=True)
-    assert ran == ["whatif"] * 3
-    for name in ("llama70b-1t", "mochi-videos", "budget-100"):
+    assert ran == ["whatif"] * 4
+    for name in ("llama70b-1t", "mochi-videos", "budget-100", "llama70b-serve"):
         assert (tmp_path / "whatif" / f"{name}.html").is_file()
