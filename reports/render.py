@@ -322,8 +322,9 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_report(df: pd.DataFrame, out: str | Path) -> dict[str, Path]:
-    """Write ``OUT.html``, ``OUT.csv`` and ``OUT.md`` (``out`` is a path stem; a suffix is dropped).
+def report_paths(out: str | Path) -> dict[str, Path]:
+    """``{"html", "csv", "md"}`` -> ``OUT.html``, ``OUT.csv``, ``OUT.md`` (``out`` is a path stem; a
+    report suffix is dropped).
 
     Raises:
         ReportError: ``out`` is an existing directory.
@@ -333,7 +334,16 @@ def write_report(df: pd.DataFrame, out: str | Path) -> dict[str, Path]:
         stem = stem.with_suffix("")
     if stem.is_dir():
         raise ReportError(f"--out {str(out)!r} is a directory; give a file stem like reports/whatif/NAME")
-    paths = {k: stem.with_name(stem.name + "." + k) for k in ("html", "csv", "md")}
+    return {k: stem.with_name(stem.name + "." + k) for k in ("html", "csv", "md")}
+
+
+def write_report(df: pd.DataFrame, out: str | Path) -> dict[str, Path]:
+    """Write ``OUT.html``, ``OUT.csv`` and ``OUT.md`` (``out`` is a path stem; a suffix is dropped).
+
+    Raises:
+        ReportError: ``out`` is an existing directory.
+    """
+    paths = report_paths(out)
     _write(paths["html"], to_html(df))
     _write(paths["csv"], csv_table(df).to_csv(index=False, float_format="%.6g"))
     _write(paths["md"], to_markdown(df))

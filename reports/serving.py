@@ -204,13 +204,9 @@ def write_serving_report(df: pd.DataFrame, out: str | Path) -> dict[str, Path]:
         ReportError: ``out`` is an existing directory.
     """
     from ir.files import write_atomic
+    from reports.render import report_paths
 
-    stem = Path(out)
-    if stem.suffix in (".html", ".csv", ".md"):
-        stem = stem.with_suffix("")
-    if stem.is_dir():
-        raise ReportError(f"--out {str(out)!r} is a directory; give a file stem like whatif/NAME")
-    paths = {k: stem.with_name(stem.name + "." + k) for k in ("html", "csv", "md")}
+    paths = report_paths(out)
     for p in paths.values():
         p.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(paths["html"], to_html(df))
