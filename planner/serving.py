@@ -32,7 +32,7 @@ from ir import BatchStep, InferenceModel, RequestMix, ServiceObjectives
 from planner.errors import PlannerError
 from simulator.program import SimError
 from simulator.serving import ReplicaSpec, ServingResult, simulate_serving
-from simulator.serving_cost import Replica, kv_transfer_time, load_cost, step_time, tp_span
+from simulator.serving_cost import Replica, kv_transfer_time, steady_cost, step_time, tp_span
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Largest running batches (``max_batch``) the search tries per replica."""
@@ -159,8 +159,7 @@ class _Option:
     tpot: float
 
 
-def _colocated(rep: Replica, mix: RequestMix, slo: ServiceObjectives, group: NodeGroup
-               ) -> list[_Option]:
+def _colocated(rep: Replica, mix: RequestMix, group: NodeGroup) -> list[_Option]:
     p, o = mix.prompt_tokens, mix.output_tokens
     cap = rep.kv_capacity_tokens // (p + o)
     out = []
@@ -168,17 +167,13 @@ def _colocated(rep: Replica, mix: RequestMix, slo: ServiceObjectives, group: Nod
         if b > cap:
             break
         r = min(b / max(1, o - 1), CHUNK_TOKENS / p)
-        d = r * (o - 1)
-        ctx = p + o / 2
-        t = load_cost(rep, d + r * p, d * ctx + r * p * (p + 1) / 2, d * ctx + r * p,
-                      min(1.0, r), d + r).total_s
+        t = steady_cost(rep, p, o, r).total_s
         ttft = (math.ceil(max(1.0, r) * p / CHUNK_TOKENS) + 0.5) * t
         out.append(_Option(rep, group, "both", b, r / t, ttft, t))
     return out
 
 
-def _prefill(rep: Replica, mix: RequestMix, slo: ServiceObjectives, group: NodeGroup
-             ) -> list[_Option]:
+def _prefill(rep: Replica, mix: RequestMix, group: NodeGroup) -> list[_Option]:
     p = mix.prompt_tokens
     out = []
     for k in (1, 2, 4, 8, 16):
@@ -189,8 +184,7 @@ def _prefill(rep: Replica, mix: RequestMix, slo: ServiceObjectives, group: NodeG
     return out
 
 
-def _decode(rep: Replica, mix: RequestMix, slo: ServiceObjectives, group: NodeGroup,
-            transfer: float) -> list[_Option]:
+def _decode(rep: Replica, mix: RequestMix, group: NodeGroup, transfer: float) -> list[_Option]:
     p, o = mix.prompt_tokens, mix.output_tokens
     cap = rep.kv_capacity_tokens // (p + o)
     out = []
@@ -247,7 +241,7 @@ def _miss(family: str, opts: list[_Option], slo: ServiceObjectives) -> ServingPl
     return ServingPlan(family, (), 0.0, 0.0, math.inf, math.inf, None, math.inf, note=note)
 
 
-def _best_colocated(opts: list[_Option], devices: int,
+def _best(opts: list[_Option], devices: int,
                     slo: ServiceObjectives | None = None) -> _Option | None:
     """The option (meeting ``slo`` when given) serving the most requests/s from ``devices``."""
     best = None
@@ -282,16 +276,16 @@ def plan_serving(model: InferenceModel | dict[str, InferenceModel], cluster: Clu
             rep = _replica(models[name], g, tp)
             if rep is None:
                 continue
-            colo[name] += _colocated(rep, mix, slo, g)
-            pre[name] += _prefill(rep, mix, slo, g)
+            colo[name] += _colocated(rep, mix, g)
+            pre[name] += _prefill(rep, mix, g)
     plans: list[ServingPlan] = []
     for name, g in groups.items():
         family = f"colocated {g.device.name}"
-        op = _best_colocated(colo[name], g.num_devices, slo)
+        op = _best(colo[name], g.num_devices, slo)
         plans.append(_colocated_plan(family, [op], [g], mix, models) if op
                      else _miss(family, colo[name], slo))
     if len(groups) > 1:
-        ops = [(_best_colocated(colo[n], g.num_devices, slo), g) for n, g in groups.items()]
+        ops = [(_best(colo[n], g.num_devices, slo), g) for n, g in groups.items()]
         if all(o for o, _ in ops):
             plans.append(_colocated_plan("colocated, every kind", [o for o, _ in ops],
                                          [g for _, g in ops], mix, models))
@@ -306,9 +300,9 @@ def plan_serving(model: InferenceModel | dict[str, InferenceModel], cluster: Clu
                 for tp in tp_degrees(gb):
                     rep = _replica(models[b], gb, tp)
                     if rep is not None:
-                        decs += _decode(rep, mix, slo, gb, transfer)
-                p_op = _best_colocated(pre[a], ga.num_devices, slo)
-                d_op = _best_colocated(decs, gb.num_devices, slo)
+                        decs += _decode(rep, mix, gb, transfer)
+                p_op = _best(pre[a], ga.num_devices, slo)
+                d_op = _best(decs, gb.num_devices, slo)
                 if p_op and d_op:
                     plans.append(_disaggregated_plan(p_op, d_op, ga, gb, mix, models, transfer,
                                                      link))

@@ -238,16 +238,21 @@ def saturation_throughput(replica: Replica, prompt: int, output: int, *, max_bat
     if resident < 1:
         raise SimError(f"one request of {prompt + output} tokens does not fit the KV cache of "
                        f"{replica.kv_capacity_tokens} tokens; fix: more devices per replica")
-    if output == 1:
-        r = chunk_tokens / prompt
-        d = 0.0
-    else:
-        r = min(resident / (output - 1), chunk_tokens / prompt)
-        d = r * (output - 1)
+    r = (chunk_tokens / prompt if output == 1
+         else min(resident / (output - 1), chunk_tokens / prompt))
+    return r * output / steady_cost(replica, prompt, output, r).total_s
+
+
+def steady_cost(replica: Replica, prompt: int, output: int, r: float) -> StepCost:
+    """The average step of a replica in steady state that prefills ``r`` new ``prompt``-token
+    requests per step and so decodes ``d = r (output - 1)`` running ones, at the mean context
+    ``prompt + output / 2`` (:func:`load_cost` of ``d + r prompt`` tokens, each prompt's
+    ``prompt (prompt + 1) / 2`` causal pairs, ``d + r`` logit vectors sampled); it yields
+    ``r output`` tokens."""
+    d = r * (output - 1)
     ctx = prompt + output / 2
-    cost = load_cost(replica, d + r * prompt, d * ctx + r * prompt * (prompt + 1) / 2,
+    return load_cost(replica, d + r * prompt, d * ctx + r * prompt * (prompt + 1) / 2,
                      d * ctx + r * prompt, min(1.0, r), d + r)
-    return (d + r) / cost.total_s
 
 
 def step_time(replica: Replica, step: BatchStep) -> float:

@@ -92,10 +92,10 @@ def register(main: click.Group, guard) -> None:
                           trace_path=trace_path, console=console)
             return
         _cpu_devices(8)
-        from runtime.train.serve_run import is_decoder_plan, print_serve_report, serve_plan
+        from runtime.train.serve_run import decode_plan, is_decoder_plan, print_decode_report
 
         if is_decoder_plan(plan):   # forward-only decoder: greedy decoding with a KV cache
-            return print_serve_report(serve_plan(plan, cluster_path=cluster_path), console)
+            return print_decode_report(decode_plan(plan, cluster_path=cluster_path), console)
         from runtime.train.run import print_report, run_plan
 
         report = run_plan(plan, steps=steps, cluster_path=cluster_path,

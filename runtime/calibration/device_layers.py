@@ -98,6 +98,16 @@ def _int(v: str) -> int:
     return int(v) if v not in ("", None) else 0
 
 
+def shipped_csv(path: str | Path) -> Path:
+    """``path``, or, when it is relative and not found below the working directory, the same path
+    from the repository root (the shipped ``reports/validation/device/*.csv``, named as in the
+    README, from any directory)."""
+    p = Path(path)
+    if not p.is_file() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
+        return PACKAGE_ROOT / p
+    return p
+
+
 def read_timings(path: str | Path) -> tuple[LayerTiming, ...]:
     """The rows of a ``bench_device_layers`` CSV, with each block's ``B = FB - F`` added; a
     relative path not found below the working directory is tried from the repository root (the
@@ -107,9 +117,7 @@ def read_timings(path: str | Path) -> tuple[LayerTiming, ...]:
         CalibrationError: the file is missing, lacks a column of :data:`COLUMNS`, or names an
             unknown item.
     """
-    p = Path(path)
-    if not p.is_file() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
-        p = PACKAGE_ROOT / p          # a shipped file named as in the README, from any directory
+    p = shipped_csv(path)
     if not p.is_file():
         raise CalibrationError(f"no layer-timing CSV at {str(p)!r}; write one with "
                                "`python benchmarks/bench_device_layers.py --out FILE`")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hardware_profiles.types import DeviceProfile, Link, Span
 from ir import BatchStep
+from runtime.calibration.device_layers import shipped_csv
 from runtime.calibration.fit import CalibrationError
 from simulator.serving_cost import Replica, step_cost
 from zoo.inference import inference_model
@@ -53,22 +54,11 @@ class StepComparison:
         return self.predicted / self.timing.seconds - 1.0
 
 
-def resolve(path: str | Path) -> Path:
-    """``path``, or, when it is relative and not found below the working directory, the same path
-    from the repository root (the shipped ``reports/validation/device/*.csv``, named as in the
-    README, from any directory)."""
-    from runtime.calibration.device_layers import PACKAGE_ROOT
-
-    p = Path(path)
-    if not p.is_file() and not p.is_absolute() and (PACKAGE_ROOT / p).is_file():
-        return PACKAGE_ROOT / p
-    return p
-
-
 def is_serving_csv(path: str | Path) -> bool:
-    """Whether ``path``'s header (after :func:`resolve`) is a serving-step timing file's (has a
-    ``context`` column); False for a missing file (the layer-timing reader then says so)."""
-    p = resolve(path)
+    """Whether ``path``'s header (found as :func:`~runtime.calibration.device_layers.shipped_csv`
+    finds it) is a serving-step timing file's (has a ``context`` column); False for a missing
+    file (the layer-timing reader then says so)."""
+    p = shipped_csv(path)
     if not p.is_file():
         return False
     with open(p, newline="") as fh:
@@ -81,7 +71,7 @@ def read_steps(path: str | Path) -> list[StepTiming]:
     Raises:
         CalibrationError: a missing file or column, or a malformed number (one line).
     """
-    p = resolve(path)
+    p = shipped_csv(path)
     if not p.is_file():
         raise CalibrationError(f"timing CSV {str(path)!r} not found; fix: check the path")
     out = []

@@ -361,9 +361,3 @@ def metric_label(row: ServingRow) -> str:
     b = f"b{row.batch}" if row.batch else "max-load"
     o = f"/{row.output_tokens}" if row.output_tokens else ""
     return f"{name} {row.devices}x{row.device} tp{row.tp} {b} {row.prompt_tokens}{o} {row.weight_format}"
-
-
-def ape(s: Scored) -> float:
-    """Absolute percentage error of one row, %."""
-    return 100.0 * abs(s.error)
-

@@ -1,7 +1,7 @@
 """``mpmd run`` of a forward-only plan of a Llama-family decoder: greedy decoding with a KV cache,
 prefill and decode each compiled as an MPMD program.
 
-:func:`serve_plan` loads a forward-only plan of a dense Llama-family decoder (e.g. ``mpmd plan
+:func:`decode_plan` loads a forward-only plan of a dense Llama-family decoder (e.g. ``mpmd plan
 --model spec.yaml`` of llama-tiny's fields with ``training: false``; the planner gives inference
 models the forward-only GPipe schedule) and compiles two programs with the project's compiler
 (``compiler.frontend.jit(step, config_from_plan(...))``, the plan's stages, meshes, layouts and
@@ -26,7 +26,7 @@ of the growing sequence), with the logits' relative error; (b) each program's ex
 order against the plan; (c) executables against unique fragment bodies; (d) every block's
 caches in and out of the decode program on that block's mesh; and reports (e) the
 measured decode step time next to the simulator's forward of the plan at ``seq_len`` 1 (see
-:class:`ServeReport` for what that figure leaves out).
+:class:`DecodeReport` for what that figure leaves out).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ PROMPT_LEN = 16
 
 def is_decoder_plan(plan: Plan | DataParallelPlan) -> bool:
     """Whether ``plan`` is a forward-only single-pipeline plan of a Llama-family decoder (what
-    :func:`serve_plan` runs; a forward-only DiT plan goes to :mod:`runtime.train.generate`)."""
+    :func:`decode_plan` runs; a forward-only DiT plan goes to :mod:`runtime.train.generate`)."""
     if isinstance(plan, DataParallelPlan) or not plan.schedule.forward_only:
         return False
     return plan_model(plan.model, plan.model_config).family == "llama"
@@ -164,8 +164,8 @@ def transfers_per_step(exported: ExportedProgram) -> int:
 
 
 @dataclass(frozen=True)
-class ServeReport:
-    """What :func:`serve_plan` measured and checked (SI units).
+class DecodeReport:
+    """What :func:`decode_plan` measured and checked (SI units).
 
     ``tokens`` ``[B, new_tokens + 1]``: the prefill's greedy token then one per decode step, from
     the MPMD programs; ``reference_tokens`` the same from one ``jax.jit`` of the cached greedy
@@ -212,11 +212,11 @@ class ServeReport:
         return all(c.ok for per in self.executables.values() for c in per.values())
 
 
-def serve_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | None = None,
-               new_tokens: int = NEW_TOKENS, prompt_len: int = PROMPT_LEN,
-               max_len: int | None = None, seed: int = 0,
-               model_overrides: Mapping[str, Any] | None = None, simulate: bool = True,
-               console: Any = None, quiet: bool = False) -> ServeReport:
+def decode_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | None = None,
+                new_tokens: int = NEW_TOKENS, prompt_len: int = PROMPT_LEN,
+                max_len: int | None = None, seed: int = 0,
+                model_overrides: Mapping[str, Any] | None = None, simulate: bool = True,
+                console: Any = None, quiet: bool = False) -> DecodeReport:
     """Greedy decoding of a forward-only decoder plan through MPMD programs; see the module
     docstring.
 
@@ -321,7 +321,7 @@ def serve_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | None 
     if simulate:
         sim_dec = simulated_step_time(dataclasses.replace(plan, seq_len=1), cluster, cfg)
         sim_pre = simulated_step_time(dataclasses.replace(plan, seq_len=prompt_len), cluster, cfg)
-    return ServeReport(
+    return DecodeReport(
         plan=plan, prompt=prompt, tokens=got, reference_tokens=np.asarray(ref_toks),
         recompute_tokens=np.asarray(rec_toks),
         logits_rel_error=check.rel_error(got_logits, np.asarray(ref_logits)),
@@ -337,8 +337,8 @@ def serve_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | None 
         decode_transfers=transfers_per_step(dec_ex), executed_order=orders)
 
 
-def print_serve_report(report: ServeReport, console: Any = None) -> None:
-    """Print a :class:`ServeReport` as a rich table."""
+def print_decode_report(report: DecodeReport, console: Any = None) -> None:
+    """Print a :class:`DecodeReport` as a rich table."""
     console = console or Console()
     p = report.plan
     B, n = report.tokens.shape

@@ -17,8 +17,8 @@ from ir import Layout, Plan, StagePlan
 from ir.plan_file import load_plan
 from mpmd.cli.main import main
 from runtime.train import serve_run
-from runtime.train.serve_run import (ServeReport, check_decoder_plan, is_decoder_plan,
-                                     print_serve_report, serve_plan)
+from runtime.train.serve_run import (DecodeReport, check_decoder_plan, decode_plan,
+                                     is_decoder_plan, print_decode_report)
 from runtime.train.step import RunError
 from simulator.schedules import generate
 from zoo import decoder, kv_decode
@@ -120,8 +120,8 @@ def planned(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def served(planned) -> ServeReport:
-    return serve_plan(planned)
+def served(planned) -> DecodeReport:
+    return decode_plan(planned)
 
 
 @pytest.mark.slow
@@ -156,15 +156,15 @@ def test_tensor_parallel_and_fsdp_meshes_decode_the_same_tokens():
     plan = _plan("llama-tiny-serve", True, layouts={"m0": Layout(1, 2),
                                                     "m1": Layout(2, 1, fsdp=True)},
                  model_config={**spec, "name": "llama-tiny-serve", "training": False})
-    r = serve_plan(plan, new_tokens=4, simulate=False)
+    r = decode_plan(plan, new_tokens=4, simulate=False)
     assert r.tokens_match and r.logits_rel_error < 1e-5
     assert r.order_mismatches == () and r.executables_ok and r.cache_placement_errors == ()
 
 
 @pytest.mark.slow
 def test_mpmd_run_dispatches_a_decoder_plan_to_greedy_decoding(planned, monkeypatch):
-    real = serve_run.serve_plan
-    monkeypatch.setattr(serve_run, "serve_plan",
+    real = serve_run.decode_plan
+    monkeypatch.setattr(serve_run, "decode_plan",
                         lambda plan, **kw: real(plan, new_tokens=2, simulate=False, **kw))
     res = CliRunner().invoke(main, ["run", planned])
     assert res.exit_code == 0, res.output
@@ -175,7 +175,7 @@ def test_mpmd_run_dispatches_a_decoder_plan_to_greedy_decoding(planned, monkeypa
 @pytest.mark.slow
 def test_print_serve_report(served):
     buf = io.StringIO()
-    print_serve_report(served, Console(file=buf, width=200))
+    print_decode_report(served, Console(file=buf, width=200))
     text = buf.getvalue()
     assert "33 x 4 tokens" in text and "NO" not in text and "decode step" in text
 
