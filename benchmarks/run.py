@@ -21,6 +21,7 @@ import bench_fixtures  # noqa: E402
 import bench_moe  # noqa: E402
 import bench_peer  # noqa: E402
 import bench_planner  # noqa: E402
+import bench_run_check  # noqa: E402
 import bench_shapes  # noqa: E402
 import bench_simulator  # noqa: E402
 
@@ -39,6 +40,8 @@ SECTIONS = {
             bench_moe.markdown),
     "peer": ("## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
              bench_peer.markdown),
+    "run": ("## CPU runs against the simulation, after `mpmd calibrate`\n",
+            bench_run_check.markdown),
     "cli": ("## CLI: bad input refused before the heavy imports\n", bench_cli.markdown),
 }
 """Section key -> (heading, the benchmark's Markdown)."""

@@ -84,6 +84,7 @@ class _Efficiencies(_Strict):
     matmul: _Efficiency
     memory: _Efficiency
     fragment_overhead_us: _Overhead
+    weight_stream: _Efficiency | None = None
     backward: _Efficiency | None = None
     roofline: _Roofline | None = None
     elementwise_traffic: _Fraction | None = None

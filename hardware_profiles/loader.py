@@ -178,6 +178,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
         "memory_efficiency": f.efficiency.memory.origin,
         "fragment_overhead": f.efficiency.fragment_overhead_us.origin,
     })
+    if f.efficiency.weight_stream is not None:
+        sources["weight_stream_efficiency"] = f.efficiency.weight_stream.origin
     if f.efficiency.backward is not None:
         sources["backward_efficiency"] = f.efficiency.backward.origin
     if f.efficiency.roofline is not None:
@@ -228,6 +230,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
         price_per_hour=price,
         matmul_efficiency=f.efficiency.matmul.value,
         memory_efficiency=f.efficiency.memory.value,
+        weight_stream_efficiency=(f.efficiency.weight_stream.value
+                                  if f.efficiency.weight_stream else None),
         fragment_overhead=f.efficiency.fragment_overhead_us.value * US,
         backward_efficiency=f.efficiency.backward.value if f.efficiency.backward else 1.0,
         roofline=f.efficiency.roofline.value if f.efficiency.roofline else "max",

@@ -48,6 +48,13 @@ class DeviceProfile:
         price_per_hour: (low, high) USD per device-hour, or None when unknown.
         matmul_efficiency: achievable fraction of ``peak_flops`` for large matmuls (profile data).
         memory_efficiency: achievable fraction of ``memory_bandwidth``.
+        weight_stream_efficiency: achievable fraction of ``memory_bandwidth`` at which a
+            matrix-vector product (a matmul of one token per device: a decode step of one
+            sequence) streams its weights, read once, or None for ``memory_efficiency``. The
+            profiles of accelerators leave it None (HBM serves both at one rate); on XLA:CPU
+            the matrix-vector kernel streams weights several times faster than elementwise
+            loops and matrix-matrix kernels (which pack their weights first) move bytes, and
+            ``mpmd calibrate`` times it.
         fragment_overhead: fixed dispatch cost per fragment launch, s.
         backward_efficiency: the backward's (B, W) achieved matmul rate relative to the forward's
             (1.0 unless measured otherwise: e.g. XLA:CPU's backward kernels run slower).
@@ -144,6 +151,7 @@ class DeviceProfile:
     decode_layer_overhead: float | None = None
     prefill_layer_overhead: float | None = None
     logit_overhead: float = 0.0
+    weight_stream_efficiency: float | None = None
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype``, 0 when the device has no rate for it. A 16-bit dtype
@@ -171,6 +179,15 @@ class DeviceProfile:
     def achievable_bandwidth(self) -> float:
         """Achievable memory bandwidth, B/s."""
         return self.memory_bandwidth * self.memory_efficiency
+
+    def weight_bandwidth(self, tokens: float) -> float:
+        """Achievable bandwidth at which a matmul over ``tokens`` tokens per device streams its
+        weights, B/s: ``weight_stream_efficiency`` for a matrix-vector product (``tokens`` <= 1)
+        when the profile has one, else :attr:`achievable_bandwidth`."""
+        eff = self.weight_stream_efficiency
+        if eff is None or tokens > 1:
+            return self.achievable_bandwidth
+        return self.memory_bandwidth * eff
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from ir import LayerCost, Layout, Workload
 from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
 from hardware_profiles.collectives import span_collective
-from hardware_profiles.types import Link, MeshSpec
+from hardware_profiles.types import DeviceProfile, Link, MeshSpec
 
 GRAD_BYTES_PER_PARAM = 4.0
 """fp32 gradient accumulation buffer (Megatron-LM mixed precision; Micikevicius et al. 2018)."""
@@ -200,6 +200,11 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
             2016, "Training Deep Nets with Sublinear Memory Cost"; Megatron-LM's full recompute).
         seq_len: tokens per sample (the workload's); with the profile's ``gemm_tiling`` it sizes
             the layer's GEMMs for wave quantisation (:func:`gemm_utilisation`); 0 charges none.
+            A forward of one token per device (``samples / data x seq_len <= 1``: a decode step
+            of one sequence) is a matrix-vector product: its weights stream at the profile's
+            weight-stream rate (:func:`fragment_memory_time`) and a layer with matmuls pays the
+            profile's ``decode_layer_overhead`` (its small ops dispatched one by one), as
+            :mod:`simulator.serving_cost` charges a decode step.
         alltoall_hidden: a schedule that runs a mixture of experts' all-to-alls under another
             microbatch's compute (``ScheduleKind.hides_alltoall``: DualPipe): the expert-parallel
             all-to-all (:func:`expert_alltoall`) is overlapped with the layer's work, slowed by the
@@ -221,7 +226,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
                             mesh.device.gemm_tiling)
     if kind == "F":
         flops = cost.fwd_flops_per_sample * per_dev
-        mem = cost.fwd_bytes_fixed + cost.fwd_bytes_per_sample * per_dev
+        fixed, varying = cost.fwd_bytes_fixed, cost.fwd_bytes_per_sample * per_dev
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev
         other = cost.fwd_other_bytes_per_sample
     elif kind == "B" or kind == "W":
@@ -229,18 +234,18 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         part = cost.bwd_input_flops_per_sample if kind == "B" else bwd - cost.bwd_input_flops_per_sample
         share = (part / bwd if bwd > 0 else 0.0) if split_backward or kind == "W" else 1.0
         flops = bwd * share * per_dev
-        mem = (cost.bwd_bytes_fixed + cost.bwd_bytes_per_sample * per_dev) * share
+        fixed, varying = cost.bwd_bytes_fixed * share, cost.bwd_bytes_per_sample * per_dev * share
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev if kind == "B" else 0.0
         x, total = cost.bwd_input_other_bytes_per_sample, cost.bwd_other_bytes_per_sample
         other = (x if kind == "B" else total - x) if split_backward or kind == "W" else total
     else:
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
     if layout.expert > 1:       # a device reads only the experts it holds
-        fixed = cost.fwd_bytes_fixed if kind == "F" else cost.bwd_bytes_fixed * share
-        mem -= fixed * (1.0 - held_fraction(cost, layout))
+        fixed *= held_fraction(cost, layout)
     rate = _flops_rate(mesh, dtype) * (1.0 if kind == "F" else mesh.device.backward_efficiency)
     compute = flops / t / rate / util
-    memory = mem / t / mesh.device.achievable_bandwidth
+    tokens = per_dev * seq_len if kind == "F" else 0.0     # a backward is never matrix-vector
+    memory = fragment_memory_time(fixed / t, varying / t, mesh.device, tokens)
     elementwise = (mesh.device.elementwise_traffic * other * per_dev / t
                    / mesh.device.achievable_bandwidth)
     comm = collective(mesh, "all_reduce", tp_bytes, t) if t > 1 else 0.0
@@ -262,10 +267,26 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         body = overlapped(body, a2a, mesh.device.comm_interference)
     else:
         body += a2a
+    if 0 < tokens <= 1 and flops > 0:
+        # a decode step's layer: its small ops dispatched one by one (serving_cost charges the same)
+        body += mesh.device.decode_layer_overhead or 0.0
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len,
                                  alltoall_hidden=alltoall_hidden)
     return body
+
+
+def fragment_memory_time(fixed_bytes: float, varying_bytes: float, device: DeviceProfile,
+                         tokens: float) -> float:
+    """Seconds one device spends moving a fragment's bytes: the part that does not grow with the
+    microbatch (the weights its matmuls stream, and their gradients) at
+    ``device.weight_bandwidth(tokens)`` and the rest (activations) at
+    ``device.achievable_bandwidth``. ``tokens``: the fragment's tokens per device (0 when the
+    caller does not know them: then both at the achievable bandwidth). The two rates differ only
+    for a matrix-vector product (one token per device) on a profile that measured one
+    (``DeviceProfile.weight_stream_efficiency``: XLA:CPU)."""
+    weight_bw = device.weight_bandwidth(tokens if tokens > 0 else math.inf)
+    return fixed_bytes / weight_bw + varying_bytes / device.achievable_bandwidth
 
 
 def fsdp_traffic(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[float, float]:

@@ -205,7 +205,7 @@ def load_cost(replica: Replica, tokens: float, pairs: float, kv_read: float,
     compute += m.attention_flops_per_pair * pairs / tp / _rate(dev, attention)
     weights = (m.dense_weight_bytes + m.expert_bytes_read(math.ceil(tokens))) / tp
     kv = m.kv_bytes_per_token * replica.kv_share * (kv_read + tokens)
-    memory = (weights + kv) / dev.achievable_bandwidth
+    memory = weights / dev.weight_bandwidth(tokens) + kv / dev.achievable_bandwidth
     body = compute + memory if dev.roofline == "sum" else max(compute, memory)
     comm = 2 * m.layers * tp_all_reduce(tokens * m.hidden * ACTIVATION_BYTES, replica)
     overhead = m.layers * (prefill_share * layer_overhead(dev, prefill=True)

@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from runtime.calibration.fit import Calibration, CalibrationError
+from runtime.calibration.fit import (DECODE_ROTATION_MIB, WEIGHT_STREAM_MIB, Calibration,
+                                     CalibrationError)
 from hardware_profiles.loader import DEVICES_DIR
 from ir.files import write_atomic
 
@@ -115,8 +116,9 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
                       "source": f"this machine's RAM (os.sysconf) / {cal.host_devices} CPU devices"},
         "memory_bandwidth_gb_per_s": {
             "value": round(cal.memory_bandwidth / 1e9, 4),
-            "source": (f"{where}: numpy copy of 256 MiB (read + write) / {cal.devices_per_mesh} "
-                       f"devices per mesh")},
+            "source": (f"{where}: the faster of a numpy copy of 256 MiB (read + write) / "
+                       f"{cal.devices_per_mesh} devices per mesh and the matrix-vector weight "
+                       f"stream (efficiency.weight_stream)")},
         "scale_up": {
             "bandwidth_gb_per_s_per_direction": {
                 "value": round(cal.intra_bandwidth / 1e9, 4),
@@ -152,12 +154,31 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
             "memory": {"value": round(cal.memory_efficiency, 5), "origin": (
                 f"{where}: a + b over 64 MiB per device on a {cal.devices_per_mesh}-device mesh "
                 f"reached {cal.achievable_bandwidth / 1e9:.2f} GB/s per device")},
+            **({"weight_stream": {"value": round(cal.weight_stream_efficiency, 5), "origin": (
+                f"{where}: a matrix-vector product x @ W, one row against "
+                f"{WEIGHT_STREAM_MIB} MiB of float32 weights per device split over a "
+                f"{cal.devices_per_mesh}-device mesh (what a matmul of one token per device, a "
+                f"decode step's, does: read each weight once), reached "
+                f"{cal.weight_bandwidth / 1e9:.2f} GB/s per device")}}
+               if cal.weight_bandwidth > 0 else {}),
             "roofline": {"value": cal.roofline, "origin": (
                 f"{where}: the better fit over the timed fragments of compute and memory time "
                 f"overlapping (max) or adding (sum); relative rms error "
                 + ", ".join(f"{k} {e:.3f}" for k, e in cal.roofline_errors))},
             "fragment_overhead_us": {"value": round(cal.fragment_overhead * 1e6, 2), "origin": (
                 f"{where}: compiler.runtime.run_program per step, 200 one-element calls")},
+            **({"decode_layer_overhead_us": {
+                "value": round(cal.decode_layer_overhead * 1e6, 2), "origin": (
+                    f"{where}: a decoder block's forward on one token per device over a "
+                    f"{cal.devices_per_mesh}-device tensor-parallel mesh, cycling over "
+                    f"{DECODE_ROTATION_MIB} MiB of blocks' weights (streamed from memory, as a "
+                    f"decode step streams each layer once), took "
+                    f"{cal.decode_fragment.seconds * 1e6:.1f} us; this is what it took beyond the "
+                    f"cost model's charge for it (fragment overhead, weights at the weight-stream "
+                    f"rate, FLOP, tensor-parallel all-reduces): its small ops dispatched one by "
+                    f"one (runtime.calibration.fit.fit_decode_overhead)")}}
+               if cal.decode_layer_overhead is not None and cal.decode_fragment is not None
+               else {}),
         },
     }
 

@@ -32,6 +32,13 @@ class CalibrationError(CompilerError):
     """Calibration could not run (too few devices, a failed measurement); the message says why."""
 
 
+WEIGHT_STREAM_MIB = 64
+"""Weights per device the matrix-vector timing streams (MiB): past the host's caches."""
+DECODE_ROTATION_MIB = 128
+"""Weights (MiB, the whole mesh's) the decode-shaped timing cycles over: past the host's caches,
+as a decode step streams every layer's weights once."""
+
+
 @dataclass(frozen=True, slots=True)
 class FragmentTiming:
     """One measured fragment: ``layer`` ``kind`` (F or B) for ``samples`` samples on one mesh.
@@ -49,6 +56,11 @@ class FragmentTiming:
     bytes: float
     seconds: float
     layout: str = "dp"
+    seq_len: int = 0
+    """Tokens per sample (0: the model's); 1 for a decode-shaped forward."""
+    weight_bytes: float = 0.0
+    """Of ``bytes``, the part that does not grow with the samples (the weights the matmuls
+    stream): set by :func:`~runtime.calibration.layouts.layout_costs`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +112,14 @@ class Calibration:
     memory_bytes: float = 0.0
     host_devices: int = 8
     cpu_model: str = ""
+    weight_bandwidth: float = 0.0
+    """The rate a matmul of one token per device streams its weights at, B/s: a matrix-vector
+    product timed alone (0: not measured; the profile then has no ``weight_stream``)."""
+    decode_layer_overhead: float | None = None
+    """Seconds a decode-shaped layer (one token per device) takes beyond its streamed weights,
+    FLOP and collectives (:func:`fit_decode_overhead`; None: not measured)."""
+    decode_fragment: FragmentTiming | None = None
+    """The decode-shaped fragment that gave ``decode_layer_overhead``."""
 
     @property
     def matmul_efficiency(self) -> float:
@@ -108,6 +128,10 @@ class Calibration:
     @property
     def memory_efficiency(self) -> float:
         return min(1.0, self.achievable_bandwidth / self.memory_bandwidth)
+
+    @property
+    def weight_stream_efficiency(self) -> float:
+        return min(1.0, self.weight_bandwidth / self.memory_bandwidth)
 
     def predict(self, flops: float, nbytes: float) -> float:
         """The cost model's time for one forward fragment of ``flops`` / ``nbytes`` per device, s."""
@@ -339,6 +363,22 @@ def fit_calibration(frags: Sequence[FragmentTiming], overhead: float, bandwidth:
     return {"roofline": roofline, "achievable_flops": ach_flops,
             "backward_efficiency": min(1.0, bwd_flops / ach_flops), "allreduce_bandwidth": ar_bw,
             "rel_error": rms, "roofline_errors": tuple((k, v[0]) for k, v in fits.items())}
+
+
+def fit_decode_overhead(cal: Calibration, f: FragmentTiming) -> float:
+    """The fixed time per layer of a decode step, s: what the decode-shaped fragment ``f`` (one
+    layer's forward on one token per device, its weights streamed from memory: timed over more
+    layers' weights than the caches hold, as a decode step streams every layer once) takes beyond
+    the cost model's charge for it, ``overhead + work(flops / F, act / B + weights / B_w) +
+    collectives`` with ``B_w`` the matrix-vector rate (``cal.weight_bandwidth``); at least 0.
+    What it holds: the step's many small ops (norms, rotary embedding, softmax, cache update),
+    each dispatched on its own (``DeviceProfile.decode_layer_overhead``)."""
+    fixed, per = collective_terms(f, cal.devices_per_mesh, cal.intra_latency)
+    weight_bw = cal.weight_bandwidth or cal.achievable_bandwidth
+    memory = (f.bytes - f.weight_bytes) / cal.achievable_bandwidth + f.weight_bytes / weight_bw
+    work = combine_work(f.flops / cal.achievable_flops, memory, cal.roofline)
+    model = cal.fragment_overhead + work + fixed + per / cal.intra_bandwidth
+    return max(0.0, f.seconds - model)
 
 
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:

@@ -48,8 +48,8 @@ def layout_of(name: str, devices: int) -> Layout:
     raise ValueError(f"unknown layout {name!r}; use one of {', '.join(LAYOUTS)}")
 
 
-def _cost(model: str, samples: int, layer: str):
-    return workload(model, max(1, samples)).costs[LAYER_BODY[layer]]
+def _cost(model: str, samples: int, layer: str, seq_len: int = 0):
+    return workload(model, max(1, samples), seq_len=seq_len or None).costs[LAYER_BODY[layer]]
 
 
 def layout_costs(frags: Sequence, devices: int, *, model: str = "llama-tiny") -> list:
@@ -57,19 +57,21 @@ def layout_costs(frags: Sequence, devices: int, *, model: str = "llama-tiny") ->
     replaced by what ``simulator.cost_model.layer_time`` charges, so the fitted rates reproduce the
     measured times through the simulator's own costing: ``flops_per_sample x samples /
     d / t`` and ``(bytes_fixed + bytes_per_sample x samples / d) / t`` for the fragment's layout
-    ``d x t`` (the ``zoo.costing`` workload's figures)."""
+    ``d x t`` (the ``zoo.costing`` workload's figures, at the fragment's ``seq_len``), with
+    ``bytes_fixed / t`` of them as its ``weight_bytes``."""
     out = []
     for f in frags:
-        c = _cost(model, f.samples, f.layer)
+        c = _cost(model, f.samples, f.layer, f.seq_len)
         lay = layout_of(f.layout, devices)
         per_dev = f.samples / lay.data
         if f.kind == "F":
-            flops = c.fwd_flops_per_sample * per_dev
-            nbytes = c.fwd_bytes_fixed + c.fwd_bytes_per_sample * per_dev
+            flops, fixed = c.fwd_flops_per_sample * per_dev, c.fwd_bytes_fixed
+            nbytes = fixed + c.fwd_bytes_per_sample * per_dev
         else:
-            flops = c.bwd_flops_per_sample * per_dev
-            nbytes = c.bwd_bytes_fixed + c.bwd_bytes_per_sample * per_dev
-        out.append(replace(f, flops=flops / lay.tensor, bytes=nbytes / lay.tensor))
+            flops, fixed = c.bwd_flops_per_sample * per_dev, c.bwd_bytes_fixed
+            nbytes = fixed + c.bwd_bytes_per_sample * per_dev
+        out.append(replace(f, flops=flops / lay.tensor, bytes=nbytes / lay.tensor,
+                           weight_bytes=fixed / lay.tensor))
     return out
 
 
@@ -87,7 +89,7 @@ def collective_terms(f, devices: int, latency: float, *,
       the reduce-scatter of its fp32 gradients (a device that overlaps nothing inside a fragment,
       as XLA:CPU, adds them to the compute: ``roofline: sum``).
     """
-    c = _cost(model, f.samples, f.layer)
+    c = _cost(model, f.samples, f.layer, f.seq_len)
     lay = layout_of(f.layout, devices)
 
     def terms(op, nbytes: float) -> tuple[float, float]:

@@ -15,7 +15,13 @@ What is measured (median of ``repeats`` runs each, ``block_until_ready`` for hon
   smaller figure and make every memory-heavy fragment look too fast.)
 - **fragment overhead**: the runtime's cost per step, from :func:`compiler.runtime.run_program`
   running many one-element calls.
-- **memory bandwidth**: a memory-bound fragment (``a + b`` over 64 MiB per device) on the mesh.
+- **memory bandwidth**: a memory-bound fragment (``a + b`` over 64 MiB per device) on the mesh:
+  the rate activations move at.
+- **weight stream**: a matrix-vector product ``x @ W`` over 64 MiB of weights per device
+  (:func:`measure_weight_stream`): the rate a matmul of one token per device (a decode step's)
+  streams its weights at. XLA:CPU runs it as a matrix-vector kernel that reads each weight once,
+  several times faster than its elementwise loops (and its matrix-matrix kernels, which pack the
+  weights first) move bytes.
 - **links**: ``jax.device_put`` between the meshes' shardings (bandwidth from a 16 MiB value,
   latency from a 4-byte one), and between the two devices of one mesh (the intra-mesh link).
 - **host sharing**: ``k`` equal fragments on ``k`` different meshes dispatched together versus one
@@ -33,6 +39,8 @@ the profile's nominal peaks (see :func:`nominal_peaks`).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -42,9 +50,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from runtime.calibration.fit import (LAYER_BODY, Calibration, CalibrationError, FragmentTiming,
+from runtime.calibration.fit import (DECODE_ROTATION_MIB, LAYER_BODY, WEIGHT_STREAM_MIB, Calibration, CalibrationError, FragmentTiming,
                                      HostInfo, cpu_model, fit_additive, fit_backward,
-                                     fit_calibration, fit_flops, grad_bytes, model_seconds,
+                                     fit_calibration, fit_decode_overhead, fit_flops, grad_bytes,
+                                     model_seconds,
                                      nominal_peaks, read_host)
 from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
 from compiler.runtime import run_program
@@ -201,6 +210,57 @@ def measure_bandwidth(mesh: Mesh, mib_per_device: int = 64, repeats: int = 5
     return nbytes, time_call(f, a, b, repeats=repeats)
 
 
+def measure_weight_stream(mesh: Mesh, mib_per_device: int = WEIGHT_STREAM_MIB, repeats: int = 5
+                          ) -> tuple[float, float]:
+    """(weight bytes per device, seconds) of a matrix-vector product ``x @ W`` on ``mesh``: one
+    row ``x [1, 1024]`` against float32 weights ``W [1024, f]`` split by column over the mesh,
+    ``mib_per_device`` MiB per device (past the caches): what a matmul of one token per device
+    does, stream each weight once, read-only."""
+    h = 1024
+    cols = mesh.devices.size * (mib_per_device * 2**20 // 4 // h)
+    w = jax.device_put(jnp.ones((h, cols), jnp.float32),
+                       NamedSharding(mesh, P(None, mesh.axis_names[0])))
+    x = jax.device_put(jnp.ones((1, h), jnp.float32), NamedSharding(mesh, P()))
+    f = jax.jit(lambda x, w: x @ w)
+    return h * cols * 4 / mesh.devices.size, time_call(f, x, w, repeats=repeats)
+
+
+def measure_decode_layer(mesh: Mesh, *, model: str = "llama-tiny", repeats: int = 5
+                         ) -> FragmentTiming:
+    """Time one decoder block's forward on one token per device under tensor parallelism (what a
+    decode step of one sequence runs on each layer), cycling over enough copies of the block's
+    weights (:data:`DECODE_ROTATION_MIB`) that each call streams its weights from memory, not
+    from a cache. Returns the median seconds per call over ``max(15, 3 x repeats)`` sweeps (on a
+    2-core machine the median of 5 sweeps moved by up to 30% from one calibration to the next,
+    of 9 by 13%) as a ``tp`` :class:`FragmentTiming` of ``seq_len`` 1 (FLOP and bytes 0 until
+    :func:`layout_costs` fills them): the typical call, as ``mpmd run`` reports the median
+    step."""
+    cfg = get_config(model)
+    lay = layout_of("tp", mesh.devices.size)
+    mesh = layout_mesh(list(mesh.devices.flat), lay)
+    shapes = block_shapes(cfg)
+    block_bytes = sum(math.prod(v) for v in shapes.values()) * jnp.dtype(cfg.jnp_dtype).itemsize
+    copies = max(2, math.ceil(DECODE_ROTATION_MIB * 2**20 / block_bytes))
+    params = []
+    for k in range(copies):
+        vals = init_from_shapes(shapes, cfg.jnp_dtype, jax.random.PRNGKey(k))
+        params.append({n: jax.device_put(v, NamedSharding(mesh, param_spec(cfg, n, tuple(v.shape), lay)))
+                       for n, v in vals.items()})
+    x = jax.device_put(jnp.ones((1, 1, cfg.hidden), cfg.jnp_dtype) * 0.1,
+                       NamedSharding(mesh, batch_spec(lay)))
+    fwd = jax.jit(lambda p, h: block_fn(cfg)(p, h))
+    for p in params:
+        _block(fwd(p, x))
+
+    def sweep() -> float:
+        t0 = time.perf_counter()
+        for p in params:
+            _block(fwd(p, x))
+        return (time.perf_counter() - t0) / copies
+    seconds = statistics.median(sweep() for _ in range(max(15, 3 * repeats)))
+    return FragmentTiming("block", "F", 1, 0.0, 0.0, seconds, "tp", seq_len=1)
+
+
 def measure_stream(mib: int = 256, repeats: int = 5) -> float:
     """The host's copy bandwidth (bytes read + written per second) with numpy, B/s."""
     a = np.ones(mib * 2**20 // 8)
@@ -295,6 +355,7 @@ def measure_runtime_concurrency(meshes: Sequence[Mesh], fragments: int = 6, samp
 
 
 CALIBRATION_STEPS = ("fragments", "fragment overhead", "memory bandwidth", "host copy bandwidth",
+                     "weight stream (matrix-vector)", "decode-shaped layer",
                      "all-reduce inside a mesh", "link between meshes", "XLA concurrency",
                      "runtime concurrency")
 
@@ -335,20 +396,26 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
     step(3)
     stream = measure_stream(repeats=repeats) / devices_per_mesh
     step(4)
+    w_bytes, t_w = measure_weight_stream(meshes[0], repeats=repeats)
+    weight_bw = w_bytes / max(t_w - overhead, 1e-9)
+    step(5)
+    decode = measure_decode_layer(meshes[0], repeats=repeats)
+    step(6)
     intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
     fit = fit_calibration(frags, overhead, achievable_bw, devices_per_mesh, intra_lat)
     peak, peak_src, _ = nominal_peaks(devices_per_mesh, host.cores, host.cpuinfo)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
-    step(5)
-    link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
-    step(6)
-    speed = measure_concurrency(meshes[:2], repeats=repeats)
     step(7)
+    link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
+    step(8)
+    speed = measure_concurrency(meshes[:2], repeats=repeats)
+    step(9)
     achieved = measure_runtime_concurrency(meshes[:2])
-    return Calibration(
+    cal = Calibration(
         peak_flops=peak, achievable_flops=fit["achievable_flops"],
-        memory_bandwidth=max(stream, achievable_bw),
-        achievable_bandwidth=achievable_bw, fragment_overhead=overhead, link_bandwidth=link_bw,
+        memory_bandwidth=max(stream, achievable_bw, weight_bw),
+        achievable_bandwidth=achievable_bw, weight_bandwidth=weight_bw,
+        fragment_overhead=overhead, link_bandwidth=link_bw,
         link_latency=link_lat, intra_bandwidth=min(fit["allreduce_bandwidth"], intra_bw),
         intra_latency=intra_lat, standalone_allreduce_bandwidth=intra_bw,
         roofline=fit["roofline"], roofline_errors=fit["roofline_errors"],
@@ -359,6 +426,9 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
         fit_rel_error=fit["rel_error"], date=host.date, peak_source=peak_src,
         memory_bytes=host.memory_bytes, host_devices=len(jax.devices()),
         cpu_model=cpu_model(host.cpuinfo))
+    decode = layout_costs([decode], devices_per_mesh)[0]
+    return dataclasses.replace(cal, decode_layer_overhead=fit_decode_overhead(cal, decode),
+                               decode_fragment=decode)
 
 
 def print_calibration(cal: Calibration, console: Any) -> None:
@@ -373,7 +443,12 @@ def print_calibration(cal: Calibration, console: Any) -> None:
     console.print(
         f"achievable {cal.achievable_flops / 1e9:.2f} GFLOP/s/device (efficiency "
         f"{cal.matmul_efficiency:.3f}), {cal.achievable_bandwidth / 1e9:.2f} GB/s/device "
-        f"(efficiency {cal.memory_efficiency:.3f}), overhead {cal.fragment_overhead * 1e6:.1f} us, "
+        f"(efficiency {cal.memory_efficiency:.3f}), "
+        + (f"one-token matmuls stream weights at {cal.weight_bandwidth / 1e9:.2f} GB/s/device, "
+           if cal.weight_bandwidth > 0 else "")
+        + (f"decode layer overhead {cal.decode_layer_overhead * 1e6:.1f} us, "
+           if cal.decode_layer_overhead is not None else "")
+        + f"overhead {cal.fragment_overhead * 1e6:.1f} us, "
         f"link {cal.link_bandwidth / 1e9:.2f} GB/s + {cal.link_latency * 1e6:.1f} us, host_slots "
         f"{cal.host_slots} (runtime concurrency {cal.runtime_concurrency:.2f}, XLA concurrency "
         f"speed-up {cal.concurrency_speedup:.2f}), fit error {cal.fit_rel_error:.3f} (roofline "

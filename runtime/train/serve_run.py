@@ -175,9 +175,11 @@ class DecodeReport:
     ``decode_times_s`` one per decode execution, ``measured_decode_s`` their
     :func:`~runtime.train.step.measured_step_time`. ``simulated_decode_s``: the simulator's
     forward of the plan at ``seq_len`` 1 (the decode step's matmuls and weight reads through the
-    plan's stages, pipeline and transfers; it does not cost the attention's read of the KV cache
-    nor the cache write, small next to the weights for the tiny model, and the calibrated CPU
-    profile does not model the per-call overhead that dominates ~1 ms fragments);
+    plan's stages, pipeline and transfers: with one sequence per microbatch each device's matmuls
+    are matrix-vector products, costed at the profile's weight-stream rate plus its per-layer
+    ``decode_layer_overhead``, both measured by ``mpmd calibrate``; it does not cost the
+    attention's read of the KV cache nor the cache write, small next to the weights for the tiny
+    model);
     ``simulated_prefill_s`` the same at ``seq_len`` = the prompt length.
     ``cache_placement_errors``: decode-program caches not on their block's mesh
     (:func:`cache_placement_errors`); ``decode_transfers``: transfers per decode execution.

@@ -6,6 +6,8 @@ Every test here but the ``slow`` ones is independent of the machine: the host's 
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 import subprocess
@@ -183,6 +185,43 @@ def test_profiles_written_load_with_measured_origins(tmp_path):
                    str(dev2), str(clu))
     d = load_device(dev2)
     assert d.roofline == "sum" and "max 0.040, sum 0.020" in d.sources["roofline"]
+
+
+def test_weight_stream_and_decode_overhead_are_written_and_loaded(tmp_path):
+    """A calibration that measured the matrix-vector weight stream and the decode-shaped layer
+    writes both into the profile, with their origins; one that did not writes neither."""
+    decode = FragmentTiming("block", "F", 1, 1e6, 8e6, 1e-3, "tp", seq_len=1, weight_bytes=7e6)
+    cal = _cal(weight_bandwidth=8e9, decode_layer_overhead=2.5e-4, decode_fragment=decode)
+    dev = tmp_path / "cpu-host.yaml"
+    write_profiles(cal, str(dev), str(tmp_path / "cpu4x2.yaml"))
+    d = load_device(dev)
+    assert d.weight_stream_efficiency == pytest.approx(0.8, rel=1e-12)   # 8 of 10 GB/s
+    assert d.weight_bandwidth(1) == pytest.approx(8e9, rel=1e-12)
+    assert d.weight_bandwidth(2) == pytest.approx(3e9, rel=1e-12)         # a matrix-matrix product
+    assert d.decode_layer_overhead == pytest.approx(2.5e-4, rel=1e-12)
+    assert "reached 8.00 GB/s per device" in d.sources["weight_stream_efficiency"]
+    assert "took 1000.0 us" in d.sources["decode_layer_overhead"]
+    plain = device_yaml(_cal())["efficiency"]
+    assert "weight_stream" not in plain and "decode_layer_overhead_us" not in plain
+
+
+def test_decode_overhead_is_what_the_layer_takes_beyond_the_cost_models_charge():
+    """fit_decode_overhead: the timed decode-shaped fragment less the fragment overhead, its FLOP,
+    its weights at the matrix-vector rate, its activations at the a + b rate and its two
+    tensor-parallel all-reduces (ring over 2 devices: 2 latencies + bytes / bandwidth)."""
+    from runtime.calibration.fit import fit_decode_overhead
+    from runtime.calibration.layouts import collective_terms, layout_costs
+
+    cal = _cal(roofline="sum", weight_bandwidth=8e9)
+    raw = FragmentTiming("block", "F", 1, 0.0, 0.0, 5e-3, "tp", seq_len=1)
+    f = layout_costs([raw], 2)[0]
+    assert f.seq_len == 1 and 0 < f.weight_bytes < f.bytes
+    fixed, per = collective_terms(f, 2, cal.intra_latency)
+    charge = (1e-4 + f.flops / 4.992e10 + (f.bytes - f.weight_bytes) / 3e9 + f.weight_bytes / 8e9
+              + fixed + per / 2e9)
+    assert fit_decode_overhead(cal, f) == pytest.approx(5e-3 - charge, rel=1e-12)
+    fast = dataclasses.replace(f, seconds=charge / 2)
+    assert fit_decode_overhead(cal, fast) == 0.0        # never negative
 
 
 def test_profiles_without_the_hosts_figures_are_refused():

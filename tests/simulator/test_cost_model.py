@@ -98,3 +98,41 @@ def test_layer_time_divides_compute_by_the_wave_utilisation(kind):
     assert t == pytest.approx(flops / dev.achievable_flops("bf16") * 7 / 6, rel=1e-12)
     assert layer_time(GPT_BLOCK, kind, 4, m, lay, split_backward=split) == pytest.approx(
         flops / dev.achievable_flops("bf16"), rel=1e-12)         # seq_len 0: no quantisation
+
+
+# --------------------------------------------------------------------------- decode regime
+def _decode_mesh(stream: float | None, overhead: float | None) -> MeshSpec:
+    m = _mesh("sum")
+    dev = dataclasses.replace(m.device, weight_stream_efficiency=stream,
+                              decode_layer_overhead=overhead)
+    return dataclasses.replace(m, device=dev)
+
+
+def test_one_token_per_device_streams_weights_at_the_matrix_vector_rate_and_pays_the_layer_overhead():
+    lay = Layout(data=2, tensor=1)
+    plain, dec = _decode_mesh(None, None), _decode_mesh(0.9, 250e-6)
+    d = dec.device
+    rate, act_bw, w_bw = d.achievable_flops("bf16"), d.achievable_bandwidth, d.memory_bandwidth * 0.9
+    # 2 samples of one token over data 2: one token per device, a matrix-vector product
+    want = 4e12 / rate + 2e9 / w_bw + 1e9 / act_bw + 250e-6
+    assert layer_time(COST, "F", 2, dec, lay, seq_len=1) == pytest.approx(want, rel=1e-12)
+    # without the two profile fields: every byte at the achievable bandwidth, no layer overhead
+    assert layer_time(COST, "F", 2, plain, lay, seq_len=1) == pytest.approx(
+        4e12 / rate + 3e9 / act_bw, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind,samples,seq_len", [("F", 4, 1), ("F", 2, 128), ("B", 2, 1),
+                                                  ("F", 2, 0)])
+def test_the_decode_regime_needs_a_forward_of_one_token_per_device(kind, samples, seq_len):
+    lay = Layout(data=2, tensor=1)
+    plain, dec = _decode_mesh(None, None), _decode_mesh(0.9, 250e-6)
+    assert layer_time(COST, kind, samples, dec, lay, seq_len=seq_len) == layer_time(
+        COST, kind, samples, plain, lay, seq_len=seq_len)
+
+
+def test_a_layer_without_matmuls_pays_no_decode_overhead():
+    lay = Layout(data=2, tensor=1)
+    gather = dataclasses.replace(COST, fwd_flops_per_sample=0.0, fwd_bytes_fixed=0.0)
+    plain, dec = _decode_mesh(None, None), _decode_mesh(0.9, 250e-6)
+    assert layer_time(gather, "F", 2, dec, lay, seq_len=1) == layer_time(
+        gather, "F", 2, plain, lay, seq_len=1)

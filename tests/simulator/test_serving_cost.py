@@ -86,6 +86,16 @@ def test_a_chunk_after_cached_tokens():
     assert c.overhead_s == pytest.approx(2 * 2e-5)     # a step that prefills pays the prefill time
 
 
+def test_a_one_token_step_streams_weights_at_the_matrix_vector_rate():
+    # a profile that measured a faster matrix-vector weight stream (0.8 of 1e12 B/s) uses it for a
+    # step of one token; a step of two tokens is a matrix-matrix product at the memory rate
+    dev = device(weight_stream_efficiency=0.8)
+    one = step_cost(replica(dev=dev), BatchStep(decode=(100,)))
+    assert one.memory_s == pytest.approx(1e9 / 8e11 + 1e3 * 101 / 5e11, rel=1e-12)
+    two = step_cost(replica(dev=dev), BatchStep(decode=(100, 200)))
+    assert two.memory_s == pytest.approx((1e9 + 1e3 * 302) / 5e11, rel=1e-12)
+
+
 def test_sum_roofline_adds_compute_and_memory():
     c = step_cost(replica(dev=device(roofline="sum")), BatchStep(decode=(100, 200)))
     assert c.total_s == pytest.approx(8.00006e-6 + 2.000604e-3 + 2e-5, rel=1e-12)
