@@ -12,8 +12,10 @@ from typing import Any, Mapping
 class TimelineEvent:
     """One interval on one track.
 
-    ``track`` is ``"<mesh>/compute"``, ``"<mesh>/send"``, ``"<mesh>/recv"`` or ``"link:<name>"``;
-    ``kind`` is F, B, W, ``transfer``, ``allreduce`` or ``optimizer``. Times in seconds from step start.
+    ``track`` is ``"<mesh>/compute"``, ``"<mesh>/send"``, ``"<mesh>/recv"``, ``"link:<name>"`` or
+    ``"<mesh>/alltoall"`` (a mixture of experts' token exchange on the mesh's fabric, drawn inside
+    the fragments that pay it); ``kind`` is F, B, W, ``transfer``, ``allreduce``, ``optimizer`` or
+    ``all_to_all``. Times in seconds from step start.
     """
 
     name: str

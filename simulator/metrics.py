@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 from ir import Timeline
 
-_STREAMS = ("compute", "send", "recv", "collective")
+_STREAMS = ("compute", "send", "recv", "collective", "alltoall")
 
 
 @dataclass(frozen=True, slots=True)

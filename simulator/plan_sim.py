@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from ir import DataParallelPlan, FragmentRef, Plan, Timeline, Workload
+from ir import DataParallelPlan, FragmentRef, Plan, Timeline, TimelineEvent, Workload
 from hardware_profiles.carve import carve, shapes_from_json
 from hardware_profiles.types import Cluster
 from simulator import cost_model as cm
@@ -56,8 +56,61 @@ def plan_program(plan: Plan, workload: Workload, cluster: Cluster) -> SimProgram
 
 def simulate_plan(plan: Plan, workload: Workload, cluster: Cluster, *,
                   knobs: Knobs | None = None) -> SimResult:
-    """Replay ``plan`` on the discrete-event engine; see :func:`simulator.engine.simulate`."""
-    return simulate(plan_program(plan, workload, cluster), knobs=knobs)
+    """Replay ``plan`` on the discrete-event engine; see :func:`simulator.engine.simulate`. A plan
+    with expert parallelism also gets its all-to-alls drawn in its timeline
+    (:func:`alltoall_events`)."""
+    res = simulate(plan_program(plan, workload, cluster), knobs=knobs)
+    if not any(lay.expert > 1 for lay in plan.layouts.values()):
+        return res
+    drawn = alltoall_events(plan, workload, cluster, res.timeline.events)
+    return replace(res, timeline=Timeline(res.timeline.events + drawn, res.timeline.memory))
+
+
+ALLTOALL_TRACK = "{mesh}/alltoall"
+"""The timeline track of a mesh's expert all-to-alls (its fabric: NVLink inside a node, the
+network across nodes)."""
+
+
+def alltoall_events(plan: Plan, workload: Workload, cluster: Cluster,
+                    events: Sequence[TimelineEvent]) -> tuple[TimelineEvent, ...]:
+    """The expert-parallel all-to-alls inside the fragments of ``events`` (the replay's compute
+    events), as events of kind ``all_to_all`` on each mesh's :data:`ALLTOALL_TRACK`: per
+    mixture-of-experts layer of a forward, its dispatch at the start of the layer's share of the
+    fragment and its combine at the end (the experts wait for the one, the next layer for the
+    other: ``cost_model.expert_alltoall``); a backward runs its layers last to first and sends the
+    transposes (the combine's gradient first). Each takes half the layer's
+    ``cost_model.expert_alltoall`` seconds, the bytes one device sends
+    (``cost_model.expert_alltoall_bytes``). Drawing only: the fragments already include that time
+    (or, under DualPipe, hide it under another microbatch's compute), so the step is unchanged."""
+    samples = plan.global_batch / plan.microbatches
+    out: list[TimelineEvent] = []
+    for e in events:
+        if e.kind not in ("F", "B") or not e.track.endswith("/compute") or e.stage < 0:
+            continue
+        lay = plan.layouts.get(e.mesh)
+        if lay is None or lay.expert <= 1:
+            continue
+        st = plan.stages[e.stage]
+        mesh = cluster.meshes[e.mesh]
+        per_dev = samples / lay.data
+        n = st.last - st.first
+        width = e.duration_s / max(1, n)
+        for j, i in enumerate(range(st.first, st.last)):
+            c = workload.layer(i)
+            half = cm.expert_alltoall(c, e.kind, per_dev, mesh, lay) / 2
+            if half <= 0:
+                continue
+            half = min(half, width / 2)
+            pos = j if e.kind == "F" else n - 1 - j
+            w0 = e.start_s + pos * width
+            nbytes = cm.expert_alltoall_bytes(c, per_dev, lay)
+            first, second = ("dispatch", "combine") if e.kind == "F" else ("combine^T", "dispatch^T")
+            for what, t0 in ((first, w0), (second, w0 + width - half)):
+                out.append(TimelineEvent(
+                    name=f"{what} L{i} {e.name}", kind="all_to_all",
+                    track=ALLTOALL_TRACK.format(mesh=e.mesh), mesh=e.mesh, stage=e.stage,
+                    microbatch=e.microbatch, start_s=t0, end_s=t0 + half, bytes=nbytes))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- carved clusters

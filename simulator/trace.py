@@ -3,7 +3,8 @@
 Format: the Trace Event Format (JSON object form, ``{"traceEvents": [...]}``), see
 https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU:
     - one process (pid) per mesh, with threads (tid) ``compute`` = 1, ``send`` = 2, ``recv`` = 3,
-      ``collective`` = 4 (gradient reduce-scatters / all-reduces, parameter all-gathers);
+      ``collective`` = 4 (gradient reduce-scatters / all-reduces, parameter all-gathers),
+      ``alltoall`` = 5 (a mixture of experts' dispatch and combine, inside its fragments);
     - one process per link (``link:<name>``), one thread;
     - intervals as complete events ``ph: "X"`` with ``ts`` / ``dur`` in microseconds;
     - ``process_name`` / ``thread_name`` / ``process_sort_index`` metadata events (``ph: "M"``);
@@ -20,7 +21,7 @@ from ir import Timeline
 from simulator.metrics import split_track
 from ir.files import write_atomic
 
-_TIDS = {"compute": 1, "send": 2, "recv": 3, "collective": 4, "link": 1}
+_TIDS = {"compute": 1, "send": 2, "recv": 3, "collective": 4, "alltoall": 5, "link": 1}
 _US = 1e6
 
 

@@ -204,7 +204,8 @@ def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed
     """Print a simulated step: per mesh busy, bubble, peak memory and capacity; per link volume;
     per mesh with expert parallelism, its mixture-of-experts all-to-all volume and seconds
     (``alltoall``: :meth:`simulator.plan_costs.PlanCosts.expert_alltoall`, charged inside the
-    fragments, so not on the links);
+    fragments and drawn on each mesh's ``<mesh>/alltoall`` track of the timeline:
+    :func:`simulator.plan_sim.alltoall_events`);
     for a data-parallel plan one line per part and the cross-part gradient all-reduce; the step
     time, MFU and (``compare``) the planner's prediction; the exposed communication per step
     (``exposed``, a :class:`simulator.exposure.Exposure`, when given); memory errors and a
@@ -242,7 +243,8 @@ def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed
     console.print(links)
     if alltoall:
         a2a = Table(title="expert all-to-all per mesh (inside the fragments: dispatch and combine, "
-                          "forward and backward)", title_justify="left")
+                          "forward and backward; drawn on the trace's '<mesh>/alltoall' track)",
+                    title_justify="left")
         for col in ("mesh", "GB", "seconds per device"):
             a2a.add_column(col, justify="left" if col == "mesh" else "right")
         for m, (b, s) in alltoall.items():

@@ -224,6 +224,39 @@ def test_dualpipe_hides_the_expert_alltoall_under_compute():
     assert kind("dualpipe-v").hides_alltoall and not kind("zb-v").hides_alltoall
 
 
+def test_simulate_draws_the_alltoalls_inside_their_fragments():
+    """The replay's timeline draws every MoE layer's dispatch and combine (forward) and their
+    transposes (backward) on each expert-parallel mesh's '<mesh>/alltoall' track: each inside
+    the fragment that pays it, adding up per mesh to PlanCosts.expert_alltoall's seconds, and the
+    step is the engine's, unchanged by the drawing; a plan without expert parallelism draws
+    none."""
+    from simulator.engine import simulate
+    from simulator.plan_costs import PlanCosts
+    from simulator.plan_sim import plan_program, simulate_plan
+
+    plan, cluster = _ep_plan(), load_cluster(CPU4X2)
+    w = workload(_tiny(), plan.global_batch)
+    res = simulate_plan(plan, w, cluster)
+    a2a = [e for e in res.timeline.events if e.kind == "all_to_all"]
+    # 2 MoE layers per stage x (dispatch, combine) x (F, B) x 4 microbatches, on each mesh
+    assert len(a2a) == 2 * 2 * 2 * 2 * plan.microbatches
+    assert {e.track for e in a2a} == {"m0/alltoall", "m1/alltoall"}
+    frags = {(e.mesh, e.stage, e.microbatch, e.kind): e for e in res.timeline.events
+             if e.track.endswith("/compute")}
+    for e in a2a:
+        f = frags[e.mesh, e.stage, e.microbatch, e.name.split()[-1][0]]
+        assert f.start_s <= e.start_s < e.end_s <= f.end_s + 1e-12
+    want = PlanCosts(plan, w, cluster).expert_alltoall()
+    for m in ("m0", "m1"):
+        drawn = sum(e.duration_s for e in a2a if e.mesh == m)
+        assert drawn == pytest.approx(want[m][1], rel=1e-9)
+        assert sum(e.bytes for e in a2a if e.mesh == m) * 2 == pytest.approx(want[m][0], rel=1e-9)
+    assert res.step_time_s == simulate(plan_program(plan, w, cluster)).step_time_s
+    dense = dataclasses.replace(plan, layouts={"m0": Layout(2, 1), "m1": Layout(2, 1)})
+    assert not [e for e in simulate_plan(dense, w, cluster).timeline.events
+                if e.kind == "all_to_all"]
+
+
 def test_simulate_reports_each_meshs_expert_alltoall(tmp_path):
     """`mpmd simulate` lists the all-to-all volume the fragments are charged: 4 transfers
     (dispatch and combine, forward and backward) of every MoE layer's tokens per microbatch,
