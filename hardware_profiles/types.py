@@ -182,10 +182,10 @@ class DeviceProfile:
 
     def weight_bandwidth(self, tokens: float) -> float:
         """Achievable bandwidth at which a matmul over ``tokens`` tokens per device streams its
-        weights, B/s: ``weight_stream_efficiency`` for a matrix-vector product (``tokens`` <= 1)
-        when the profile has one, else :attr:`achievable_bandwidth`."""
+        weights, B/s: ``weight_stream_efficiency`` for a matrix-vector product (``0 < tokens <=
+        1``; 0 means unknown) when the profile has one, else :attr:`achievable_bandwidth`."""
         eff = self.weight_stream_efficiency
-        if eff is None or tokens > 1:
+        if eff is None or not 0 < tokens <= 1:
             return self.achievable_bandwidth
         return self.memory_bandwidth * eff
 

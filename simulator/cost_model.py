@@ -285,8 +285,8 @@ def fragment_memory_time(fixed_bytes: float, varying_bytes: float, device: Devic
     caller does not know them: then both at the achievable bandwidth). The two rates differ only
     for a matrix-vector product (one token per device) on a profile that measured one
     (``DeviceProfile.weight_stream_efficiency``: XLA:CPU)."""
-    weight_bw = device.weight_bandwidth(tokens if tokens > 0 else math.inf)
-    return fixed_bytes / weight_bw + varying_bytes / device.achievable_bandwidth
+    return (fixed_bytes / device.weight_bandwidth(tokens)
+            + varying_bytes / device.achievable_bandwidth)
 
 
 def fsdp_traffic(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[float, float]:

@@ -50,10 +50,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from runtime.calibration.fit import (DECODE_ROTATION_MIB, LAYER_BODY, WEIGHT_STREAM_MIB, Calibration, CalibrationError, FragmentTiming,
-                                     HostInfo, cpu_model, fit_additive, fit_backward,
-                                     fit_calibration, fit_decode_overhead, fit_flops, grad_bytes,
-                                     model_seconds,
+from runtime.calibration.fit import (DECODE_ROTATION_MIB, LAYER_BODY, WEIGHT_STREAM_MIB,
+                                     Calibration, CalibrationError, FragmentTiming, HostInfo,
+                                     cpu_model, fit_additive, fit_backward, fit_calibration,
+                                     fit_decode_overhead, fit_flops, grad_bytes, model_seconds,
                                      nominal_peaks, read_host)
 from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
 from compiler.runtime import run_program
@@ -118,6 +118,14 @@ def local_meshes(num_meshes: int, devices_per_mesh: int, axis: str = "data") -> 
 
 
 # --------------------------------------------------------------------------- measurements
+def _placed(cfg: Any, shapes: dict, mesh: Mesh, lay: Any, key: Any) -> dict:
+    """Parameters of ``shapes`` drawn from ``key``, each on ``mesh`` with the sharding ``mpmd
+    run`` gives it under ``lay`` (:func:`runtime.train.layouts.param_spec`)."""
+    vals = init_from_shapes(shapes, cfg.jnp_dtype, key)
+    return {k: jax.device_put(v, NamedSharding(mesh, param_spec(cfg, k, tuple(v.shape), lay)))
+            for k, v in vals.items()}
+
+
 def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: str = "llama-tiny",
                       repeats: int = 5, progress: Progress | None = None,
                       layout: str = "dp") -> list[FragmentTiming]:
@@ -134,12 +142,7 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
     mesh = layout_mesh(list(mesh.devices.flat), lay)
     bat = NamedSharding(mesh, batch_spec(lay))
     key = jax.random.PRNGKey(0)
-
-    def placed(shapes: dict) -> dict:
-        vals = init_from_shapes(shapes, cfg.jnp_dtype, key)
-        return {k: jax.device_put(v, NamedSharding(mesh, param_spec(cfg, k, tuple(v.shape), lay)))
-                for k, v in vals.items()}
-    params = {n: placed(s(cfg))
+    params = {n: _placed(cfg, s(cfg), mesh, lay, key)
               for n, s in (("embed", embed_shapes), ("block", block_shapes), ("head", head_shapes))}
     out: list[FragmentTiming] = []
     total, done = 2 * 3 * len(samples), 0
@@ -241,11 +244,7 @@ def measure_decode_layer(mesh: Mesh, *, model: str = "llama-tiny", repeats: int 
     shapes = block_shapes(cfg)
     block_bytes = sum(math.prod(v) for v in shapes.values()) * jnp.dtype(cfg.jnp_dtype).itemsize
     copies = max(2, math.ceil(DECODE_ROTATION_MIB * 2**20 / block_bytes))
-    params = []
-    for k in range(copies):
-        vals = init_from_shapes(shapes, cfg.jnp_dtype, jax.random.PRNGKey(k))
-        params.append({n: jax.device_put(v, NamedSharding(mesh, param_spec(cfg, n, tuple(v.shape), lay)))
-                       for n, v in vals.items()})
+    params = [_placed(cfg, shapes, mesh, lay, jax.random.PRNGKey(k)) for k in range(copies)]
     x = jax.device_put(jnp.ones((1, 1, cfg.hidden), cfg.jnp_dtype) * 0.1,
                        NamedSharding(mesh, batch_spec(lay)))
     fwd = jax.jit(lambda p, h: block_fn(cfg)(p, h))
