@@ -93,6 +93,8 @@ class _Efficiencies(_Strict):
     grad_sync_overlap: _GradSyncOverlap | None = None
     sync_jitter: _Fraction | None = None
     decode_layer_overhead_us: _Overhead | None = None
+    forward_layer_overhead_us: _Overhead | None = None
+    backward_layer_overhead_us: _Overhead | None = None
     prefill_layer_overhead_us: _Overhead | None = None
     logit_overhead_ns: _Overhead | None = None
 

@@ -200,6 +200,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
     if f.scale_up.one_hop is not None:
         sources["scale_up_one_hop"] = f.scale_up.one_hop.source
     for key, unit in (("decode_layer_overhead", "_us"), ("prefill_layer_overhead", "_us"),
+                      ("forward_layer_overhead", "_us"), ("backward_layer_overhead", "_us"),
                       ("logit_overhead", "_ns")):
         got = getattr(f.efficiency, key + unit)
         if got is not None:
@@ -251,6 +252,10 @@ def _device_from_file(path: Path) -> DeviceProfile:
                                if f.efficiency.decode_layer_overhead_us else None),
         prefill_layer_overhead=(f.efficiency.prefill_layer_overhead_us.value * US
                                 if f.efficiency.prefill_layer_overhead_us else None),
+        forward_layer_overhead=(f.efficiency.forward_layer_overhead_us.value * US
+                                if f.efficiency.forward_layer_overhead_us else 0.0),
+        backward_layer_overhead=(f.efficiency.backward_layer_overhead_us.value * US
+                                 if f.efficiency.backward_layer_overhead_us else 0.0),
         logit_overhead=(f.efficiency.logit_overhead_ns.value * 1e-9
                         if f.efficiency.logit_overhead_ns else 0.0),
         sources=sources,

@@ -111,6 +111,12 @@ class DeviceProfile:
             and synchronisation of a decode step (captured once and replayed: CUDA graphs,
             tt-metal traces) and of a step that prefills (run op by op in most engines). None:
             ``fragment_overhead`` per layer (:func:`simulator.serving_cost.layer_overhead`).
+        forward_layer_overhead / backward_layer_overhead: a training or prefill fragment's
+            fixed time per layer it runs, s, forward and whole backward, on top of its roofline:
+            the layer's ops dispatched one after another, each paying a fixed cost whatever its
+            size (XLA:CPU's thunk executor), measured by ``mpmd calibrate`` as the intercept of a
+            small block's time against its microbatch; 0 where no profile measured one (an
+            accelerator's stream hides its kernel launches behind the running kernels).
         logit_overhead: a serving step's time per logit it hands to sampling, s: a stack that
             reads each step's ``batch x vocab`` logits back to the host and samples there pays
             it (a decode step of 32 users costs a Wormhole n150 ~8 ms more than one user's, for
@@ -152,6 +158,8 @@ class DeviceProfile:
     prefill_layer_overhead: float | None = None
     logit_overhead: float = 0.0
     weight_stream_efficiency: float | None = None
+    forward_layer_overhead: float = 0.0
+    backward_layer_overhead: float = 0.0
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype``, 0 when the device has no rate for it. A 16-bit dtype

@@ -21,6 +21,8 @@ parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weigh
   between the matmuls on a GPU stream, so they add to the matmul time instead of hiding under it)
   + tensor-parallel all-reduces of the activation over ``t`` devices (ring, ``collectives``)
   + the device's fixed dispatch overhead per fragment
+  + a fixed time per layer where the profile measured one (``forward_layer_overhead``,
+  ``backward_layer_overhead``: XLA:CPU dispatches a layer's ops one after another)
 - transfer time  = link latency + bytes / link bandwidth
 - gradient sync  = Megatron-LM's distributed optimizer with ``overlap_grad_reduce`` (Megatron-LM
   ``DistributedDataParallel``: gradients reduce-scattered in buckets while the backward still runs):
@@ -204,7 +206,9 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
             of one sequence) is a matrix-vector product: its weights stream at the profile's
             weight-stream rate (:func:`fragment_memory_time`) and a layer with matmuls pays the
             profile's ``decode_layer_overhead`` (its small ops dispatched one by one), as
-            :mod:`simulator.serving_cost` charges a decode step.
+            :mod:`simulator.serving_cost` charges a decode step. Any other layer with FLOP pays
+            the profile's ``forward_layer_overhead`` in a forward and
+            ``backward_layer_overhead`` in a backward (split between B and W by their FLOP).
         alltoall_hidden: a schedule that runs a mixture of experts' all-to-alls under another
             microbatch's compute (``ScheduleKind.hides_alltoall``: DualPipe): the expert-parallel
             all-to-all (:func:`expert_alltoall`) is overlapped with the layer's work, slowed by the
@@ -270,6 +274,10 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     if 0 < tokens <= 1 and flops > 0:
         # a decode step's layer: its small ops dispatched one by one (serving_cost charges the same)
         body += mesh.device.decode_layer_overhead or 0.0
+    elif flops > 0:
+        # the layer's ops dispatched one after another, each at a fixed cost (measured: XLA:CPU)
+        body += (mesh.device.forward_layer_overhead if kind == "F"
+                 else mesh.device.backward_layer_overhead * share)
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len,
                                  alltoall_hidden=alltoall_hidden)

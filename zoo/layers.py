@@ -181,21 +181,30 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.A
                w_down: jax.Array, *, top_k: int, capacity_factor: float) -> jax.Array:
     """Mixture-of-experts SwiGLU with top-k token-choice routing (``zoo.ModelConfig`` docs).
 
-    Each (token, choice) pair is sorted by expert and placed in its expert's buffer of
-    :func:`expert_capacity` rows (pairs past it are dropped: that expert adds nothing to the
-    token); the experts run as batched matmuls over ``[experts, capacity, h]``, so a trace costs
-    ``2 x tokens x top_k x capacity_factor x h x f`` FLOP per expert matmul, as the routed work
-    is, not every expert on every token; the outputs are gathered back and summed with the gates.
+    Tokens are routed within their sample: each sample's sequence is one routing group (GShard's
+    groups, Lepikhin et al. 2021, Sec. 3.2), so a data-parallel or expert-parallel layout shards
+    the routing with the batch and no device sorts another device's tokens. In a group, each
+    (token, choice) pair is sorted by expert and placed in its expert's buffer of
+    :func:`expert_capacity` rows for the group's ``S`` tokens (pairs past it are dropped: that
+    expert adds nothing to the token); the experts run as batched matmuls over
+    ``[B, experts, capacity, h]``, so a trace costs ``2 x tokens x top_k x capacity_factor x h x f``
+    FLOP per expert matmul, as the routed work is, not every expert on every token; the outputs
+    are gathered back and summed with the gates.
 
     Args:
         x: ``[B, S, h]``; w_router: ``[h, E]``; w_gate, w_up: ``[E, h, f]``; w_down: ``[E, f, h]``.
         top_k: experts per token; capacity_factor: expert capacity over the balanced share.
     Returns: ``[B, S, h]``.
     """
-    B, S, h = x.shape
+    return jax.vmap(lambda xs: _moe_group(xs, w_router, w_gate, w_up, w_down, top_k,
+                                          capacity_factor))(x)
+
+
+def _moe_group(xt: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.Array,
+               w_down: jax.Array, top_k: int, capacity_factor: float) -> jax.Array:
+    """:func:`moe_swiglu` of one routing group ``xt: [T, h]`` -> ``[T, h]``."""
+    T, h = xt.shape
     E = w_router.shape[1]
-    T = B * S
-    xt = x.reshape(T, h)
     probs = jax.nn.softmax((xt @ w_router).astype(jnp.float32), axis=-1)
     gates, chosen = jax.lax.top_k(probs, top_k)
     gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
@@ -207,13 +216,13 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.A
     pos = jnp.arange(T * top_k) - first[by_expert]
     slot = jnp.where(pos < C, by_expert * C + pos, E * C)      # E * C: dropped
     token = order // top_k
-    buf = jnp.zeros((E * C, h), x.dtype).at[slot].set(xt[token], mode="drop").reshape(E, C, h)
+    buf = jnp.zeros((E * C, h), xt.dtype).at[slot].set(xt[token], mode="drop").reshape(E, C, h)
     g = jnp.einsum("ech,ehf->ecf", buf, w_gate)
     u = jnp.einsum("ech,ehf->ecf", buf, w_up)
     y = jnp.einsum("ecf,efh->ech", _silu_mul(g, u), w_down).reshape(E * C, h)
     picked = jnp.take(y, slot, axis=0, mode="fill", fill_value=0)
-    w = gates.reshape(-1)[order].astype(x.dtype)
-    return jnp.zeros((T, h), x.dtype).at[token].add(picked * w[:, None]).reshape(B, S, h)
+    w = gates.reshape(-1)[order].astype(xt.dtype)
+    return jnp.zeros((T, h), xt.dtype).at[token].add(picked * w[:, None])
 
 
 @jax.checkpoint

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from runtime.calibration.fit import (DECODE_ROTATION_MIB, WEIGHT_STREAM_MIB, Calibration,
+from runtime.calibration.fit import (DECODE_ROTATION_MIB, SMALL_BLOCK, WEIGHT_STREAM_MIB, Calibration,
                                      CalibrationError)
 from hardware_profiles.loader import DEVICES_DIR
 from ir.files import write_atomic
@@ -167,6 +167,18 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
                 + ", ".join(f"{k} {e:.3f}" for k, e in cal.roofline_errors))},
             "fragment_overhead_us": {"value": round(cal.fragment_overhead * 1e6, 2), "origin": (
                 f"{where}: compiler.runtime.run_program per step, 200 one-element calls")},
+            **({key: {"value": round(value * 1e6, 2), "origin": (
+                f"{where}: the intercept of a least-squares line through a small decoder block's "
+                f"{what} times (width {SMALL_BLOCK['hidden']}, {SMALL_BLOCK['seq_len']} tokens per "
+                f"sample, data parallel over {cal.devices_per_mesh} devices) against its "
+                f"microbatch of " + ", ".join(str(f.samples) for f in cal.small_block if f.kind == kind)
+                + f" samples, less the fragment overhead: its ops dispatched one after "
+                f"another, each at a cost that does not grow with the microbatch "
+                f"(runtime.calibration.fit.fit_layer_overhead)")}
+                for key, value, what, kind in (
+                    ("forward_layer_overhead_us", cal.forward_layer_overhead, "forward", "F"),
+                    ("backward_layer_overhead_us", cal.backward_layer_overhead, "backward", "B"))}
+               if cal.small_block else {}),
             **({"decode_layer_overhead_us": {
                 "value": round(cal.decode_layer_overhead * 1e6, 2), "origin": (
                     f"{where}: a decoder block's forward on one token per device over a "

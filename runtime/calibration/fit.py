@@ -38,6 +38,11 @@ DECODE_ROTATION_MIB = 128
 """Weights (MiB, the whole mesh's) the decode-shaped timing cycles over: past the host's caches,
 as a decode step streams every layer's weights once."""
 
+SMALL_BLOCK = {"hidden": 128, "ffn": 384, "heads": 4, "kv_heads": 4, "seq_len": 64}
+"""The small decoder block whose time against its microbatch gives the fixed time per layer
+(llama-tiny's structure at width 128 and 64 tokens per sample: its ops are so small that their
+dispatch is a large share of its time, so the intercept is well determined)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FragmentTiming:
@@ -120,6 +125,11 @@ class Calibration:
     FLOP and collectives (:func:`fit_decode_overhead`; None: not measured)."""
     decode_fragment: FragmentTiming | None = None
     """The decode-shaped fragment that gave ``decode_layer_overhead``."""
+    forward_layer_overhead: float = 0.0
+    backward_layer_overhead: float = 0.0
+    """Fixed seconds per layer in a forward / a whole backward (:func:`fit_layer_overhead`)."""
+    small_block: tuple[FragmentTiming, ...] = ()
+    """The small block's timings that gave them."""
 
     @property
     def matmul_efficiency(self) -> float:
@@ -381,11 +391,41 @@ def fit_decode_overhead(cal: Calibration, f: FragmentTiming) -> float:
     return max(0.0, f.seconds - model)
 
 
+def fit_layer_overhead(frags: Sequence[FragmentTiming], overhead: float) -> tuple[float, float]:
+    """(forward, backward) fixed seconds per layer: the intercept of a least-squares line through
+    the small block's times against its samples (:func:`~runtime.calibration.measure.measure_small_block`),
+    per kind, less the fragment's dispatch ``overhead``; at least 0. What it holds: the
+    layer's ops dispatched one after another, each at a cost that does not grow with the
+    microbatch (``DeviceProfile.forward_layer_overhead``, ``backward_layer_overhead``).
+
+    Raises:
+        CalibrationError: fewer than two sample counts timed for a kind.
+    """
+    out = []
+    for kind in ("F", "B"):
+        pts = [(f.samples, f.seconds) for f in frags if f.kind == kind]
+        if len({s for s, _ in pts}) < 2:
+            raise CalibrationError(f"the small block's {kind} was timed at {len(pts)} sample "
+                                   f"count(s); time it at two or more to fit its fixed time")
+        x, y = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+        slope, intercept = np.polyfit(x, y, 1)
+        out.append(max(0.0, float(intercept) - overhead))
+    return out[0], out[1]
+
+
+def layer_fixed(cal: Calibration, f: FragmentTiming) -> float:
+    """The fixed time per layer the calibration charges fragment ``f`` (one layer), s: 0 for a
+    decode-shaped forward (its own overhead holds its small ops)."""
+    if f.seq_len == 1:
+        return 0.0
+    return cal.forward_layer_overhead if f.kind == "F" else cal.backward_layer_overhead
+
+
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:
     """The fitted model's time for fragment ``f`` (s): overhead, the work at the forward or
     backward rate, and its collectives (:func:`~runtime.calibration.layouts.collective_terms`) on the fitted intra-mesh link."""
     rate = cal.achievable_flops * (1.0 if f.kind == "F" else cal.backward_efficiency)
     fixed, per = collective_terms(f, cal.devices_per_mesh, cal.intra_latency)
-    return (cal.fragment_overhead
+    return (cal.fragment_overhead + layer_fixed(cal, f)
             + work_time(f.flops, f.bytes, rate, cal.achievable_bandwidth, cal.roofline)
             + fixed + per / cal.intra_bandwidth)

@@ -50,10 +50,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from runtime.calibration.fit import (DECODE_ROTATION_MIB, LAYER_BODY, WEIGHT_STREAM_MIB,
+from runtime.calibration.fit import (DECODE_ROTATION_MIB, LAYER_BODY, SMALL_BLOCK,
+                                     WEIGHT_STREAM_MIB,
                                      Calibration, CalibrationError, FragmentTiming, HostInfo,
                                      cpu_model, fit_additive, fit_backward, fit_calibration,
-                                     fit_decode_overhead, fit_flops, grad_bytes, model_seconds,
+                                     fit_decode_overhead, fit_flops, fit_layer_overhead, grad_bytes,
+                                     model_seconds,
                                      nominal_peaks, read_host)
 from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
 from compiler.runtime import run_program
@@ -353,10 +355,39 @@ def measure_runtime_concurrency(meshes: Sequence[Mesh], fragments: int = 6, samp
     return busy / ex.wall_s
 
 
-CALIBRATION_STEPS = ("fragments", "fragment overhead", "memory bandwidth", "host copy bandwidth",
+CALIBRATION_STEPS = ("fragments", "fragment overhead", "small block (fixed time per layer)",
+                     "memory bandwidth", "host copy bandwidth",
                      "weight stream (matrix-vector)", "decode-shaped layer",
                      "all-reduce inside a mesh", "link between meshes", "XLA concurrency",
                      "runtime concurrency")
+
+
+def measure_small_block(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, repeats: int = 5
+                        ) -> list[FragmentTiming]:
+    """Time a small decoder block's forward and whole backward (:data:`SMALL_BLOCK`) on
+    ``mesh`` under data parallelism at each of ``samples``: median of ``max(15, 3 x repeats)``
+    calls each (the calls take a millisecond or so, so more of them cost little and steady the
+    intercept). FLOP and bytes are left 0: only the times enter the fit
+    (:func:`runtime.calibration.fit.fit_layer_overhead`)."""
+    cfg = get_config("llama-tiny", **SMALL_BLOCK)
+    lay = layout_of("dp", mesh.devices.size)
+    mesh = layout_mesh(list(mesh.devices.flat), lay)
+    params = _placed(cfg, block_shapes(cfg), mesh, lay, jax.random.PRNGKey(0))
+    fwd = jax.jit(lambda p, h: block_fn(cfg)(p, h))
+    fwd_vjp = jax.jit(lambda p, h: jax.vjp(lambda p, h: block_fn(cfg)(p, h), p, h))
+    bwd = jax.jit(lambda f, c: f(c))     # the backward on the forward's residuals, as a B runs
+    n = max(15, 3 * repeats)
+    out = []
+    for b in samples:
+        x = jax.device_put(jnp.ones((b, cfg.seq_len, cfg.hidden), cfg.jnp_dtype) * 0.1,
+                           NamedSharding(mesh, batch_spec(lay)))
+        out.append(FragmentTiming("small_block", "F", b, 0.0, 0.0,
+                                  time_call(fwd, params, x, repeats=n), "dp", cfg.seq_len))
+        y, vjp_fn = fwd_vjp(params, x)
+        out.append(FragmentTiming("small_block", "B", b, 0.0, 0.0,
+                                  time_call(bwd, vjp_fn, jnp.ones_like(y), repeats=n), "dp",
+                                  cfg.seq_len))
+    return out
 
 
 def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
@@ -390,25 +421,31 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
     step(1)
     overhead = measure_overhead(meshes[0])
     step(2)
+    small = measure_small_block(meshes[0], repeats=repeats)
+    fixed_f, fixed_b = fit_layer_overhead(small, overhead)
+    step(3)
     nbytes, t_mem = measure_bandwidth(meshes[0], repeats=repeats)
     achievable_bw = nbytes / max(t_mem - overhead, 1e-9)
-    step(3)
-    stream = measure_stream(repeats=repeats) / devices_per_mesh
     step(4)
+    stream = measure_stream(repeats=repeats) / devices_per_mesh
+    step(5)
     w_bytes, t_w = measure_weight_stream(meshes[0], repeats=repeats)
     weight_bw = w_bytes / max(t_w - overhead, 1e-9)
-    step(5)
-    decode = measure_decode_layer(meshes[0], repeats=repeats)
     step(6)
+    decode = measure_decode_layer(meshes[0], repeats=repeats)
+    step(7)
     intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
-    fit = fit_calibration(frags, overhead, achievable_bw, devices_per_mesh, intra_lat)
+    # the rates are fitted on what each one-layer fragment took beyond its fixed time per layer
+    rest = [dataclasses.replace(f, seconds=max(f.seconds - (fixed_f if f.kind == "F" else fixed_b),
+                                               1e-9)) for f in frags]
+    fit = fit_calibration(rest, overhead, achievable_bw, devices_per_mesh, intra_lat)
     peak, peak_src, _ = nominal_peaks(devices_per_mesh, host.cores, host.cpuinfo)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
-    step(7)
-    link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
     step(8)
-    speed = measure_concurrency(meshes[:2], repeats=repeats)
+    link_bw, link_lat = measure_link(rep0, rep1, repeats=repeats)
     step(9)
+    speed = measure_concurrency(meshes[:2], repeats=repeats)
+    step(10)
     achieved = measure_runtime_concurrency(meshes[:2])
     cal = Calibration(
         peak_flops=peak, achievable_flops=fit["achievable_flops"],
@@ -424,7 +461,8 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
         devices_per_mesh=devices_per_mesh, cores=host.cores, fragments=tuple(frags),
         fit_rel_error=fit["rel_error"], date=host.date, peak_source=peak_src,
         memory_bytes=host.memory_bytes, host_devices=len(jax.devices()),
-        cpu_model=cpu_model(host.cpuinfo))
+        cpu_model=cpu_model(host.cpuinfo), forward_layer_overhead=fixed_f,
+        backward_layer_overhead=fixed_b, small_block=tuple(small))
     decode = layout_costs([decode], devices_per_mesh)[0]
     return dataclasses.replace(cal, decode_layer_overhead=fit_decode_overhead(cal, decode),
                                decode_fragment=decode)
@@ -447,7 +485,9 @@ def print_calibration(cal: Calibration, console: Any) -> None:
            if cal.weight_bandwidth > 0 else "")
         + (f"decode layer overhead {cal.decode_layer_overhead * 1e6:.1f} us, "
            if cal.decode_layer_overhead is not None else "")
-        + f"overhead {cal.fragment_overhead * 1e6:.1f} us, "
+        + f"overhead {cal.fragment_overhead * 1e6:.1f} us, fixed time per layer "
+        f"{cal.forward_layer_overhead * 1e6:.1f} us forward, "
+        f"{cal.backward_layer_overhead * 1e6:.1f} us backward, "
         f"link {cal.link_bandwidth / 1e9:.2f} GB/s + {cal.link_latency * 1e6:.1f} us, host_slots "
         f"{cal.host_slots} (runtime concurrency {cal.runtime_concurrency:.2f}, XLA concurrency "
         f"speed-up {cal.concurrency_speedup:.2f}), fit error {cal.fit_rel_error:.3f} (roofline "

@@ -358,3 +358,58 @@ def test_mpmd_calibrate_for_real_writes_a_loadable_profile(tmp_path):
     assert 0 < dev.matmul_efficiency <= 1 and 0 < dev.memory_efficiency <= 1
     assert dev.fragment_overhead > 0 and c.host_slots["local"] >= 1
     assert "wrote out/cpu-host.yaml and out/cpu4x2.yaml" in res.stdout.replace("\n", " ")
+
+
+def test_fixed_time_per_layer_is_the_small_blocks_intercept_less_the_overhead():
+    """fit_layer_overhead: a line through the small block's times against its samples; its
+    intercept less the fragment overhead is the fixed time per layer, per kind (F: 300 us + 0.25
+    ms per sample, B: 1.3 ms + 0.5 ms per sample, overhead 100 us)."""
+    from runtime.calibration.fit import fit_layer_overhead
+
+    frags = [FragmentTiming("small_block", k, b, 0.0, 0.0, a + s * b, "dp", 64)
+             for b in (2, 4, 8) for k, a, s in (("F", 4e-4, 2.5e-4), ("B", 1.4e-3, 5e-4))]
+    f, b = fit_layer_overhead(frags, 1e-4)
+    assert f == pytest.approx(3e-4, rel=1e-9) and b == pytest.approx(1.3e-3, rel=1e-9)
+    # an intercept below the dispatch overhead is no negative time
+    assert fit_layer_overhead([dataclasses.replace(x, seconds=x.samples * 1e-3) for x in frags],
+                              1e-4) == (0.0, 0.0)
+    with pytest.raises(CalibrationError, match="timed at 1 sample count"):
+        fit_layer_overhead([x for x in frags if x.samples == 2], 1e-4)
+
+
+def test_fixed_time_per_layer_is_written_loaded_and_charged_per_layer(tmp_path):
+    """The profile carries both fixed times with their origin; the cost model adds them to every
+    layer with FLOP (the forward's to an F, the backward's to a B, split by FLOP between B and W),
+    never to a decode-shaped forward, which has its own."""
+    small = tuple(FragmentTiming("small_block", k, b, 0.0, 0.0, 1e-3, "dp", 64)
+                  for b in (2, 4) for k in "FB")
+    cal = _cal(forward_layer_overhead=3e-4, backward_layer_overhead=1.2e-3, small_block=small)
+    dev = tmp_path / "cpu-host.yaml"
+    write_profiles(cal, str(dev), str(tmp_path / "cpu4x2.yaml"))
+    d = load_device(dev)
+    assert (d.forward_layer_overhead, d.backward_layer_overhead) == (
+        pytest.approx(3e-4, rel=1e-12), pytest.approx(1.2e-3, rel=1e-12))
+    assert "microbatch of 2, 4 samples" in d.sources["forward_layer_overhead"]
+    assert "forward_layer_overhead_us" not in device_yaml(_cal())["efficiency"]
+
+    from hardware_profiles.loader import load_cluster
+    from ir import Layout
+    from simulator import cost_model as cm
+    from zoo.costing import workload
+
+    mesh = load_cluster(tmp_path / "cpu4x2.yaml").meshes["m0"]
+    bare = dataclasses.replace(mesh, device=dataclasses.replace(
+        d, forward_layer_overhead=0.0, backward_layer_overhead=0.0))
+    c = workload("llama-tiny", 8).costs["decoder_block"]
+    lay = Layout(2, 1)
+
+    def extra(kind, **kw):
+        return (cm.layer_time(c, kind, 4.0, mesh, lay, "fp32", seq_len=128, **kw)
+                - cm.layer_time(c, kind, 4.0, bare, lay, "fp32", seq_len=128, **kw))
+    assert extra("F") == pytest.approx(3e-4, rel=1e-9)
+    assert extra("B") == pytest.approx(1.2e-3, rel=1e-9)
+    share = c.bwd_input_flops_per_sample / c.bwd_flops_per_sample
+    assert extra("B", split_backward=True) == pytest.approx(1.2e-3 * share, rel=1e-9)
+    assert extra("W") == pytest.approx(1.2e-3 * (1 - share), rel=1e-9)
+    one = cm.layer_time(c, "F", 2.0, mesh, lay, "fp32", seq_len=1)     # one token per device
+    assert one == pytest.approx(cm.layer_time(c, "F", 2.0, bare, lay, "fp32", seq_len=1), rel=1e-12)
