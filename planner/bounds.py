@@ -245,3 +245,69 @@ def quick_bound(work: Sequence[Sequence[MeshOption]], microbatches: int, num_blo
     inv = sum(1.0 / x for x in b if x > 0)
     tau = (num_blocks + sum(fi / bi for fi, bi in zip(f, b) if bi > 0)) / inv if inv else 0.0
     return microbatches * max(0.0, tau)
+
+
+def layer_work_per_sample(cost, device, dtype: str, training: bool) -> float:
+    """A lower bound on the device-seconds one sample of one layer costs on ``device`` under any
+    layout, microbatch and schedule (s): the cost model's own terms that grow with the samples,
+    at their most favourable. Per device, :func:`simulator.cost_model.layer_time` charges
+    ``FLOP / (d t) / (rate x utilisation)`` (utilisation at most 1), per-sample bytes
+    ``/ (d t) / bandwidth`` combined with it by the device's roofline, and the unfused elementwise
+    bytes; its ``d x t`` devices therefore spend at least ``FLOP / rate`` and the rest per sample
+    in all. Everything else it charges (weights streamed, collectives, FSDP gathers, dispatch and
+    fixed times per layer, recomputation) is at least 0 and left out. Forward plus (when
+    ``training``) the whole backward at ``backward_efficiency`` x the rate."""
+    from simulator.cost_model import combine_work
+    rate = device.achievable_flops(dtype) if device.peak(dtype) > 0 else device.achievable_flops("bf16") / 3.0
+    bw = device.achievable_bandwidth
+
+    def part(flops: float, nbytes: float, other: float, r: float) -> float:
+        return (combine_work(flops / r, nbytes / bw, device.roofline)
+                + device.elementwise_traffic * other / bw)
+    out = part(cost.fwd_flops_per_sample, cost.fwd_bytes_per_sample, cost.fwd_other_bytes_per_sample,
+               rate)
+    if training:
+        out += part(cost.bwd_flops_per_sample, cost.bwd_bytes_per_sample,
+                    cost.bwd_other_bytes_per_sample, rate * device.backward_efficiency)
+    return out
+
+
+def work_bound(w, cluster, groups: Sequence[str]) -> float:
+    """A lower bound on the step time of any plan of workload ``w`` on node ``groups`` of
+    ``cluster``, seconds: every sample of every layer is run on some device, costing it at least
+    :func:`layer_work_per_sample`, and a group of ``N`` devices has ``N x step`` device-seconds.
+    The least ``step`` for which the layers' samples can be shared out so (a linear program over
+    the share of each distinct layer on each group, solved by HiGHS) is the bound: tighter than
+    the FLOP bound because it charges what the cost model charges for the backward, the unfused
+    elementwise traffic and memory-bound layers, on each kind, and lets each kind take the layers
+    it runs best. Lowered by one part in 10^6 against the solver's tolerance."""
+    import numpy as np
+    from scipy.optimize import linprog
+    from simulator.cost_model import compute_dtype
+
+    dtype = compute_dtype(w)
+    counts: dict[str, int] = {}
+    for name in w.layers:
+        counts[name] = counts.get(name, 0) + 1
+    layers, gs = list(counts), list(groups)
+    if not layers or not gs:
+        return 0.0
+    e = np.array([[layer_work_per_sample(w.costs[n], cluster.groups[g].device, dtype, w.training)
+                   for g in gs] for n in layers])
+    nl, ng = len(layers), len(gs)
+    # variables: x[l, g] (the share of layer l's samples on group g), then the step
+    cost = np.zeros(nl * ng + 1)
+    cost[-1] = 1.0
+    a_eq = np.zeros((nl, nl * ng + 1))
+    for i in range(nl):
+        a_eq[i, i * ng:(i + 1) * ng] = 1.0
+    a_ub = np.zeros((ng, nl * ng + 1))
+    for j, g in enumerate(gs):
+        for i, n in enumerate(layers):
+            a_ub[j, i * ng + j] = w.global_batch * counts[n] * e[i, j]
+        a_ub[j, -1] = -float(cluster.groups[g].num_devices)
+    got = linprog(cost, A_ub=a_ub, b_ub=np.zeros(ng), A_eq=a_eq, b_eq=np.ones(nl),
+                  bounds=[(0, None)] * (nl * ng + 1), method="highs")
+    if got.status != 0:
+        return 0.0
+    return max(0.0, float(got.fun) * (1 - 1e-6))

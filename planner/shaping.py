@@ -24,8 +24,10 @@ to the mesh-level search (:func:`planner.api.plan_meshes`). Shaping:
 
 The fastest wins; the result says which and why. The reported bound is a true lower bound: for one
 group, the search's own (every candidate's bound); for several, the step can be no shorter than
-the batch's model FLOP over the sum of every device's achievable FLOP/s (the cost model never
-computes faster).
+the time in which the groups' devices, working side by side, could run every layer of every
+sample at the least device-seconds the cost model charges it on their kind
+(:func:`planner.bounds.work_bound`, a linear program; never below the batch's model FLOP over the
+sum of every device's achievable FLOP/s).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from hardware_profiles.types import Cluster, Link
 from planner import api
 from planner.errors import InfeasibleError
 from planner.predict import Prediction
+from planner.bounds import work_bound
 from planner.budget import Budget
 from planner.grid import GridResult, grid_sweep
 from planner.shapes import PipelineResult, search_pipeline
@@ -301,9 +304,9 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
     reason = f"{label}: {step:.2f} s per step" + (f" (next: {'; '.join(others)})" if others else "")
     if k == 1:
         r: PipelineResult = chosen
-        bound = r.bound_s
+        bound = max(r.bound_s, work_bound(w, cluster, groups))
     else:
-        bound = flop_bound(w, cluster, groups)
+        bound = max(flop_bound(w, cluster, groups), work_bound(w, cluster, groups))
     gap = max(0.0, (step - bound) / step)
     solver_extra = {"search_wall_s": wall, "search_bound": bound, "search_gap": gap,
                     "interrupted": s.interrupted, "reason": reason,

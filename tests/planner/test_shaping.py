@@ -17,6 +17,7 @@ from hardware_profiles.types import Link
 from planner import PlanOptions, plan
 from planner.baseline import best_megatron
 from planner.grid import grid_sweep
+from planner.bounds import layer_work_per_sample, work_bound
 from planner.shaping import _granule, _shares, cross_sync, flop_bound
 from simulator import cost_model as cm
 from simulator.plan_sim import plan_cluster, simulate_any
@@ -100,6 +101,10 @@ def test_two_kinds_choose_the_fastest_option_and_say_why(tmp_path, llama8b):
     assert r.prediction.step_time_s == pytest.approx(min(found))
     assert r.plan.solver["reason"].split(":")[0] in labels
     assert flop_bound(llama8b, c, ("h100", "a100")) <= r.prediction.step_time_s
+    # the reported bound is the work bound: above the FLOP bound, below every option tried
+    wb = work_bound(llama8b, c, ("h100", "a100"))
+    assert r.search_bound_s == pytest.approx(wb, rel=1e-12)
+    assert flop_bound(llama8b, c, ("h100", "a100")) < wb <= min(found)
     if isinstance(r.plan, DataParallelPlan):
         assert sum(p.global_batch for p in r.plan.parts) == 64
 
@@ -191,3 +196,22 @@ def test_llama3_70b_on_the_h100x128_listing_plans_as_on_its_node_groups():
     nodes = plan(w, load_cluster(CLUSTERS / "h100x128_nodes.yaml"), PlanOptions(time_limit_s=30))
     assert [s["group"] for s in listing.plan.carving] == ["h100-sxm"]
     assert listing.prediction.step_time_s == pytest.approx(nodes.prediction.step_time_s, rel=0.02)
+
+
+def test_work_bound_is_the_fluid_share_of_every_layers_least_device_seconds(llama8b):
+    """One kind: the bound is the batch's least device-seconds over the devices. Two kinds with
+    the same layers: the devices' speeds add (an H100 group and an A100 group side by side)."""
+    import dataclasses
+    c = load_cluster(CLUSTERS / "h100x64_nodes.yaml")
+    (g,) = c.groups
+    dev = c.groups[g].device
+    per = sum(layer_work_per_sample(llama8b.costs[n], dev, "bf16", True) for n in llama8b.layers)
+    assert work_bound(llama8b, c, (g,)) == pytest.approx(64 * per / 64 * (1 - 1e-6), rel=1e-9)
+    # each layer's per-sample seconds hold the FLOP at the forward and backward rates
+    blk = llama8b.costs["decoder_block"]
+    rate = dev.achievable_flops("bf16")
+    assert layer_work_per_sample(blk, dev, "bf16", True) >= (
+        blk.fwd_flops_per_sample / rate + blk.bwd_flops_per_sample / (rate * dev.backward_efficiency))
+    two = dataclasses.replace(c, groups={"a": c.groups[g], "b": c.groups[g]})
+    assert work_bound(llama8b, two, ("a", "b")) == pytest.approx(
+        work_bound(llama8b, c, (g,)) / 2, rel=1e-6)
