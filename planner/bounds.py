@@ -107,16 +107,19 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
     Chain ranks: the rank's critical work between its first forward and its last backward: all its
     fragments except the weight gradients it may still owe after its last backward, at most its
     in-flight count of chunk instances (each W waits on a held activation): per block
-    ``M x block - min(M v, in-flight) x W / v``, plus the F and B dispatches; its chain seconds per
+    ``M x block - min(M v, in-flight) x W / v``, plus the F and B dispatches, plus what one more
+    block adds to the optimizer step and parameter all-gather that follow the rank's last fragment
+    (``tail_marginal_s``); its chain seconds per
     block are F and B (the path through the rank). Memory: the most blocks an
     option holds with ``inflight[r]`` chunk instances of residuals, after the pre/post layers'
     weights and ``ends`` (first, last stage) instances of their residuals on the ranks holding
     them (the CP-SAT model's own memory terms). ``straggler[r]``: rank ``r``'s straggler wait as a
     share of its work (work ranks only: the gradient sync waits that long after its last fragment,
-    :meth:`simulator.plan_costs.PlanCosts.straggler_wait`). ``sync_exposed``: one stage per rank
-    whose last fragment is its last microbatch's B (1F1B, GPipe): a work rank's step is also at
-    least its work plus what its gradient sync outlasts that B (``MeshOption.sync_excess_s`` per
-    block, ``sync_offset_s``), a second constraint on its blocks."""
+    :meth:`simulator.plan_costs.PlanCosts.straggler_wait`). ``sync_exposed``: every rank's last
+    fragment is a whole backward (B, or W when split) of its first stage, which holds ``1/v`` of
+    its blocks (``ScheduleKind.sync_exposed``): a work rank's step is also at least its work plus
+    what that stage's gradient sync outlasts the fragment (``MeshOption.sync_excess_s`` per block
+    of the stage, ``sync_offset_s``), a second constraint on its blocks."""
     out = []
     last = len(options) - 1
     m, v = microbatches, virtual_stages
@@ -156,14 +159,17 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
                 own += o.post_s - least_post
             extra = m * own * slow
             if chain:
-                per.append((m * o.block_s - owed * o.block_w_s, o.block_s - o.block_w_s, cap, extra,
-                            0.0, 0.0))
+                # after its last backward the rank still runs its optimizer (and the parameter
+                # all-gather after it): the tail no overlap hides, as in the work term
+                per.append((m * o.block_s - owed * o.block_w_s + o.tail_marginal_s,
+                            o.block_s - o.block_w_s, cap, extra, 0.0, 0.0))
             else:
                 # the gradient buckets exposed past the last backward (one stage per rank, its
                 # last B the rank's last fragment: a last stage that may merge F and B is left out)
                 sync = sync_exposed and not (merge and r == last)
+                # (its first stage holds 1/v of the rank's blocks)
                 per.append((slow * m * o.block_s + o.tail_marginal_s, o.block_s, cap, extra,
-                            o.sync_excess_s if sync else 0.0, o.sync_offset_s if sync else 0.0))
+                            o.sync_excess_s / v if sync else 0.0, o.sync_offset_s if sync else 0.0))
         out.append((slow * m * fixed, fixed, tuple(per)))
     return out
 
@@ -201,8 +207,8 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     rank, ``straggler_factor - 1`` of its device over the pipeline's hosts (the gradient sync
     waits that share of the rank's work for the slowest host, after its last fragment: the work
     term becomes ``(1 + straggler) x M x T_m + tail_m``; :func:`straggler_shares`);
-    ``sync_exposed``: the schedule runs one stage per rank and ends each rank on its last
-    microbatch's B (:func:`_ranks`).
+    ``sync_exposed``: the schedule ends each rank on a whole backward (B or W) of its first
+    stage (:func:`_ranks`).
     """
     level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
                           post_rank=post_rank, ends=ends, straggler=straggler,

@@ -32,12 +32,14 @@ two meshes it touches."""
 def solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str, m: int,
                    opts: api.PlanOptions, left: float, stop: threading.Event | None,
                    incumbent: float = math.inf, budget: Budget | None = None
-                   ) -> tuple[Plan, Prediction] | None:
+                   ) -> tuple[Plan, Prediction, bool] | None:
     """One CP-SAT solve of the pipeline ``meshes`` (in order) of ``lc`` for schedule ``sched`` at
     ``m`` microbatches, then the exact replay (exhaustive for small candidates, else
-    :func:`_polish` when within :data:`POLISH_WITHIN` of ``incumbent``); the plan and its
-    prediction, or None when no layout fits or CP-SAT finds nothing. ``left``: wall seconds left;
-    ``budget``: charged for the work done (:class:`planner.budget.Budget`)."""
+    :func:`_polish` when within :data:`POLISH_WITHIN` of ``incumbent``); the plan, its
+    prediction and whether it is this (pipeline, schedule, microbatches)'s optimum (the exhaustive
+    search covered every plan of it), or None when no layout fits or CP-SAT finds nothing.
+    ``left``: wall seconds left; ``budget``: charged for the work done
+    (:class:`planner.budget.Budget`)."""
     o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(m,))
     cand = api.make_candidate(w, lc, meshes, sched, m, o)
     if cand is None:
@@ -53,16 +55,18 @@ def solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str
     p, pred = _evaluate(w, lc, a, sched, m, cand.virtual_stages, opts)
     budget.charge(_work(p))
     simulated = any(lc.meshes[x].host for x in meshes)   # predict runs the simulator: costly
+    exact = False
     if simulated:
         budget.charge(COSTS["simulated"] * _fragments(p))
     elif _plans_in(cand) <= EXACT_MAX_PLANS and len(meshes) * m <= EXACT_MAX_FRAGMENTS:
         a, p, pred = _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget)
+        exact = True
     elif len(meshes) * m <= POLISH_MAX_FRAGMENTS and _score(pred) <= POLISH_WITHIN * incumbent:
         a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts, time.monotonic() + left, budget)
     solver = {"status": a.status, "objective": a.objective_s, "bound": a.bound_s,
               "gap": (a.objective_s - a.bound_s) / a.objective_s if a.objective_s else 0.0,
               "wall_s": a.wall_s}
-    return replace(p, predicted=pred.to_json(), solver=solver), pred
+    return replace(p, predicted=pred.to_json(), solver=solver), pred, exact
 
 
 EXACT_MAX_PLANS = 2000
@@ -85,19 +89,43 @@ def _plans_in(cand) -> int:
             * (2 if cand.mergeable else 1)) if per >= p else 0
 
 
+def rank_work(cand, i: int, o, n: int) -> float:
+    """Seconds rank ``i`` of ``cand`` computes in one step under option ``o`` with ``n`` blocks
+    per virtual stage: ``M x`` its per-microbatch work as the CP-SAT model charges it (its blocks
+    in every virtual stage, the layers before the blocks on the first rank and after them on the
+    rank that holds them, one dispatch per virtual stage), less the last stage's F+B merge saving
+    where it may merge. Every schedule runs a rank's fragments one after another, so no plan with
+    that rank's choice is faster: a lower bound on the replayed step."""
+    v, last = cand.virtual_stages, len(cand.meshes) - 1
+    post = i == 0 if cand.v_shape else i == last
+    t = (v * n * o.block_s + (o.pre_s if i == 0 else 0.0) + (o.post_s if post else 0.0)
+         + v * o.overhead_s - (o.merge_saving_s if cand.mergeable and i == last else 0.0))
+    return cand.microbatches * t
+
+
 def _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget):
-    """The best of every plan of a small candidate on the exact replay (CP-SAT's answer first)."""
+    """The best of every plan of a small candidate on the exact replay (CP-SAT's answer first),
+    visited by their busiest rank's work (:func:`rank_work`) and stopped once that lower bound
+    cannot beat the best replay found: the answer is the same as replaying them all."""
     best = (_score(pred), a, p, pred)
     per = cand.num_blocks // cand.virtual_stages
+    plans = []
     for blocks in _compositions(per, len(cand.meshes)):
         for picks in itertools.product(*cand.options):
-            for merge in ((False, True) if cand.mergeable else (False,)):
-                na = replace(a, blocks=blocks, layouts=tuple(x.layout for x in picks),
-                             recompute=tuple(x.recompute for x in picks), merge=merge)
-                np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
-                budget.charge(_work(np_))
-                if _score(npred) < best[0] * (1 - 1e-12):
-                    best = (_score(npred), na, np_, npred)
+            lower = max(rank_work(cand, i, o, n) for i, (o, n) in enumerate(zip(picks, blocks)))
+            plans.append((lower, blocks, picks))
+    budget.charge(COSTS["bound"] * len(plans))
+    plans.sort(key=lambda x: x[0])
+    for lower, blocks, picks in plans:
+        if lower >= best[0] * (1 - 1e-9):
+            break                           # neither this plan nor any after it can win
+        for merge in ((False, True) if cand.mergeable else (False,)):
+            na = replace(a, blocks=blocks, layouts=tuple(x.layout for x in picks),
+                         recompute=tuple(x.recompute for x in picks), merge=merge)
+            np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)
+            budget.charge(_work(np_))
+            if _score(npred) < best[0] * (1 - 1e-12):
+                best = (_score(npred), na, np_, npred)
     return best[1], best[2], best[3]
 
 
@@ -116,7 +144,8 @@ def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf,
     neighbouring stages, switch one mesh to another of its layout options, or toggle the last
     stage's F+B merge, while the replayed
     step improves (the surrogate CP-SAT minimises is not the replay; this closes the difference on
-    small pipelines, where the test brute-forces the space)."""
+    small pipelines, where the test brute-forces the space). A neighbour whose busiest rank's work
+    (:func:`rank_work`) cannot beat the best replay is not replayed."""
     picks = [next(k for k, o in enumerate(cand.options[i])
                   if o.layout == a.layouts[i] and o.recompute == a.recompute[i])
              for i in range(len(a.order))]
@@ -146,6 +175,9 @@ def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf,
         for nb, pk, mg in [(b, k, cur.merge) for b, k in moves] + merges:
             if time.monotonic() >= deadline or (budget is not None and budget.out()):
                 break
+            if max(rank_work(cand, i, cand.options[i][k], n)
+                   for i, (k, n) in enumerate(zip(pk, nb))) >= best[0] * (1 - 1e-9):
+                continue                    # its busiest rank alone cannot beat the best replay
             na = replace(cur, blocks=nb, layouts=tuple(cand.options[i][k].layout for i, k in enumerate(pk)),
                          recompute=tuple(cand.options[i][k].recompute for i, k in enumerate(pk)), merge=mg)
             np_, npred = _evaluate(w, lc, na, sched, m, cand.virtual_stages, opts)

@@ -106,13 +106,15 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
 def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: bool,
                  kinds: tuple[str, ...], split_layers: tuple[int, int, int],
                  hidden: bool = False) -> dict[str, float]:
-    """``sync_excess_s`` and ``sync_offset_s`` of a :class:`MeshOption` (without a split
-    backward: its last fragment, the last microbatch's B, is when the buckets become ready).
-    A stage of ``n`` blocks exposes ``max(0, sync - B_last) >= n x excess + offset``, where
-    ``offset`` (<= 0) counts the layers outside the blocks at their least and subtracts the B
-    fragment's dispatch and FSDP exposure at their most."""
-    if not w.training or "W" in kinds or "B" not in kinds:
+    """``sync_excess_s`` and ``sync_offset_s`` of a :class:`MeshOption`: the buckets become ready
+    during the stage's last backward fragment (the last microbatch's B, or its W when the backward
+    is split: :meth:`simulator.plan_costs.PlanCosts.last_backward`). A stage of ``n`` blocks
+    exposes ``max(0, sync - last) >= n x excess + offset``, where ``offset`` (<= 0) counts the
+    layers outside the blocks at their least and subtracts that fragment's dispatch and FSDP
+    exposure at their most."""
+    if not w.training or "B" not in kinds:
         return {}
+    last = "W" if "W" in kinds else "B"
     pre, nb, post = split_layers
     dtype = cm.compute_dtype(w)
 
@@ -121,8 +123,8 @@ def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: b
         return x[2] if x is not None else 0.0
 
     def bwd(i: int) -> float:
-        return cm.layer_time(w.layer(i), "B", samples, mesh, lay, dtype, recompute=rc, seq_len=w.seq_len,
-                             alltoall_hidden=hidden)
+        return cm.layer_time(w.layer(i), last, samples, mesh, lay, dtype, recompute=rc,
+                             seq_len=w.seq_len, alltoall_hidden=hidden, split_backward=last == "W")
 
     excess = sync(pre) - bwd(pre)
     if excess <= 0:
@@ -131,7 +133,8 @@ def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: b
     offset = sum(min(0.0, sync(i) - bwd(i)) for i in outside) - cm.fragment_overhead(mesh)
     if lay.fsdp:
         traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in _distinct(w)]
-        offset -= max(g for g, _ in traffic) * (2 if rc else 1) + max(s for _, s in traffic)
+        gathers = 0 if last == "W" else (2 if rc else 1)     # a W only reduce-scatters
+        offset -= max(g for g, _ in traffic) * gathers + max(s for _, s in traffic)
     return {"sync_excess_s": excess, "sync_offset_s": min(0.0, offset)}
 
 

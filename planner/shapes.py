@@ -328,7 +328,10 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             progress(searched, total, best[0] if best else None)
         lc, meshes = e.lc[cand.shapes]
         table = []
-        for sched, sbound in cand.schedule_bounds:
+        # what this candidate's plans can be no faster than, per schedule: its bound, or its
+        # optimum where the exhaustive search covered every plan of it
+        proven = [sb for _, sb in cand.schedule_bounds]
+        for k, (sched, sbound) in enumerate(cand.schedule_bounds):
             if best is not None and sbound >= best[0]:
                 continue                            # this schedule cannot beat the best plan
             left = min(deadline - time.monotonic(), budget.wall_left())
@@ -340,7 +343,9 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             solves += 1
             if got is None:
                 continue
-            p, pred = got
+            p, pred, exact = got
+            if exact:
+                proven[k] = max(sbound, pred.step_time_s if pred.fits else math.inf)
             table.append({"schedule": sched, "microbatches": cand.microbatches,
                           "step_time_s": pred.step_time_s if pred.fits else None})
             if pred.fits and (best is None or pred.step_time_s < best[0] * (1 - 1e-9)):
@@ -350,7 +355,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             ranked = sorted(table, key=lambda r: (r["step_time_s"] is None, r["step_time_s"] or 0.0))
             best = (best[0], replace(best[1], schedules=tuple(ranked)), best[2])
         searched += 1
-        searched_bounds.append(cand.bound_s)
+        searched_bounds.append(min(proven, default=cand.bound_s))
         if interrupted:
             break
     left_bound = min([h[1] for h in heap] + searched_bounds, default=math.inf)

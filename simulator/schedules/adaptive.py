@@ -304,10 +304,10 @@ KINDS = (
     ScheduleKind("zb-1p", order=5, inflight=lambda P, p, M, v: [P],   # ZB-1p's memory limit
                  generate=lambda P, M, *, forward_only=False, durations=None, comm=0.0, **_: zb_1p(
                      P, M, durations=durations, comm=comm, forward_only=forward_only),
-                 split_backward=True, adaptive=True),
+                 split_backward=True, adaptive=True, sync_exposed=True),
     ScheduleKind("zb-2p", order=6, inflight=lambda P, p, M, v: [2 * P],   # ZB-2p's limit
                  generate=lambda P, M, *, forward_only=False, durations=None, comm=0.0, **_: zb_2p(
                      P, M, durations=durations, comm=comm, forward_only=forward_only),
-                 split_backward=True, adaptive=True),
+                 split_backward=True, adaptive=True, sync_exposed=True),
 )
 """Qi et al. 2024's automatic ZB-1p / ZB-2p, built from the fragment durations."""

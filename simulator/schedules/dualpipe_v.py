@@ -111,5 +111,5 @@ KINDS = (ScheduleKind(
     generate=lambda P, M, *, forward_only=False, **_: dualpipe_v(P, M, forward_only=forward_only),
     stages_per_rank=lambda virtual_stages: 2,
     sizes_ok=lambda ranks, microbatches, virtual_stages: microbatches >= 2 * ranks,
-    v_shaped=True, split_backward=True, hides_alltoall=True),)
+    v_shaped=True, split_backward=True, hides_alltoall=True, sync_exposed=True),)
 """DualPipeV: two stages per rank in a V, M >= 2P, the backward split."""

@@ -82,5 +82,5 @@ KINDS = (ScheduleKind(
     generate=lambda P, M, *, forward_only=False, virtual_stages=2, **_: interleaved_1f1b(
         P, M, virtual_stages=virtual_stages, forward_only=forward_only),
     stages_per_rank=lambda virtual_stages: virtual_stages, sizes_ok=_interleaved_ok,
-    aliases=("1f1b-interleaved",)),)
+    aliases=("1f1b-interleaved",), sync_exposed=True),)
 """Interleaved 1F1B: ``virtual_stages`` chunks per rank, M a multiple of P."""

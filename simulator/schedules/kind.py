@@ -48,7 +48,11 @@ class ScheduleKind:
         split_backward: the backward is split into B (input gradient) and W (weight gradient).
         adaptive: built from the fragment durations (``durations``, ``comm``).
         fb_mergeable: the planner may merge the last stage's forward and backward (1F1B).
-        sync_exposed: the gradient sync after the last backward is exposed (no W to hide it).
+        sync_exposed: each rank ends on a whole pass of one microbatch's backward over its
+            first stage (the lowest it holds; B, or W when the backward is split), during which
+            that stage's gradient buckets become ready: what their sync outlasts that fragment is
+            exposed (a bound term: :func:`planner.bounds.candidate_bound`;
+            ``tests/simulator/test_schedules.py`` checks the generated tables end so).
         training: offered for training plans (inference plans use GPipe's forward).
         searched: tried by the planner's default search (else only when named, ``--schedule``).
         hides_alltoall: a mixture of experts' dispatch and combine all-to-alls run under another

@@ -99,5 +99,5 @@ KINDS = (ScheduleKind(
     inflight=lambda P, p, M, v: [2 * P, M + p + 1],
     generate=lambda P, M, *, forward_only=False, **_: zb_v(P, M, forward_only=forward_only),
     stages_per_rank=lambda virtual_stages: 2, v_shaped=True, split_backward=True,
-    aliases=("zbv",)),)
+    aliases=("zbv",), sync_exposed=True),)
 """ZB-V: two stages per rank in a V, the backward split."""

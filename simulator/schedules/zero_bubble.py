@@ -128,9 +128,9 @@ def zb_h2(num_ranks: int, microbatches: int, *, forward_only: bool = False,
 KINDS = (
     ScheduleKind("zb-h1", order=3, inflight=lambda P, p, M, v: [P],   # Qi et al. 2024, Sec. 2.1
                  generate=lambda P, M, *, forward_only=False, **_: zb_h1(
-                     P, M, forward_only=forward_only), split_backward=True),
+                     P, M, forward_only=forward_only), split_backward=True, sync_exposed=True),
     ScheduleKind("zb-h2", order=4, inflight=lambda P, p, M, v: [2 * P - 1],   # the greedy limit
                  generate=lambda P, M, *, forward_only=False, **_: zb_h2(
-                     P, M, forward_only=forward_only), split_backward=True),
+                     P, M, forward_only=forward_only), split_backward=True, sync_exposed=True),
 )
 """ZB-H1 holds P microbatches per rank, ZB-H2 2P - 1; both split the backward."""

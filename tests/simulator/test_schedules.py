@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ir import FragmentRef
-from simulator.schedules import (SCHEDULES, SPLIT_BACKWARD, ScheduleError, generate, replay,
+from simulator.schedules import (KINDS, SCHEDULES, SPLIT_BACKWARD, ScheduleError, generate, replay,
                                  stages_per_rank, validate)
 
 
@@ -254,3 +254,23 @@ def test_eager_1f1b_runs_one_more_warm_up_forward_than_1f1b():
     e, p = replay(eager, ones), replay(plain, ones)
     assert e.makespan == p.makespan == 8.0   # (M + P - 1)(F + B) with F = B = 1
     assert e.peak_inflight == (3, 2) and p.peak_inflight == (2, 1)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, k in KINDS.items() if k.sync_exposed and not k.adaptive))
+def test_sync_exposed_schedules_end_each_rank_on_its_first_stages_backward(name):
+    """ScheduleKind.sync_exposed (a bound term of the planner): every rank's last fragment is a
+    whole backward of its lowest stage, the W when the backward is split, else the B."""
+    k = KINDS[name]
+    checked = 0
+    for P in (2, 3, 4):
+        for M in (2 * P, 4 * P):
+            v = 2 if k.v_shaped or name.startswith("interleaved") else 1
+            if not k.sizes_ok(P, M, v):
+                continue
+            t = generate(name, P, M, virtual_stages=v) if v > 1 else generate(name, P, M)
+            for order in t.order:
+                last = order[-1]
+                assert last.kind == ("W" if t.split_backward else "B")
+                assert last.stage == min(f.stage for f in order)
+            checked += 1
+    assert checked >= 2
