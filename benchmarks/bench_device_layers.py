@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -47,7 +48,8 @@ from zoo import decoder  # noqa: E402  (the zoo's JAX layers; imports no other p
 from zoo.config import ModelConfig, get_config, tensor_shard  # noqa: E402
 
 COLUMNS = ("device_kind", "backend", "jax_version", "item", "model", "tensor", "samples",
-           "seq_len", "m", "k", "n", "pass", "seconds", "repeats", "nbytes", "attention")
+           "seq_len", "m", "k", "n", "pass", "seconds", "repeats", "nbytes", "attention",
+           "heads", "kv_heads", "head_dim")
 
 FULL_BLOCKS = (   # (model, seq_len, tensor degrees, samples): what production layouts run per device
     ("llama3-8b", 8192, (1, 2, 4, 8), (1,)),
@@ -56,6 +58,18 @@ FULL_BLOCKS = (   # (model, seq_len, tensor degrees, samples): what production l
     ("gpt3-175b", 2048, (4, 8), (1, 2)),
 )
 QUICK_BLOCKS = (("llama-tiny", 64, (1, 2), (1, 2)),)
+FULL_ATTENTION = (  # (heads, kv_heads, head_dim, seq_len, samples): cores of the blocks above, MPT's
+    (16, 16, 128, 2048, 8),     # a 2048-wide multi-head model (MPT-1B's core), 16k tokens
+    (32, 32, 128, 2048, 4),     # 4096-wide multi-head (MPT-7B), 8k tokens
+    (56, 56, 128, 2048, 2),     # 7168-wide multi-head (MPT-30B)
+    (32, 8, 128, 8192, 1),      # Llama 3 8B, whole
+    (8, 1, 128, 8192, 1),       # Llama 3 70B, one TP8 shard
+    (12, 12, 128, 2048, 4),     # GPT-3 175B, one TP8 shard
+    (16, 16, 64, 2048, 8),      # head_dim 64
+    (32, 8, 128, 2048, 4),      # Llama 3 8B core at 2k tokens
+    (32, 8, 128, 16384, 1),     # ... and at 16k
+)
+QUICK_ATTENTION = ((4, 2, 32, 64, 2),)
 
 
 def shard(cfg: ModelConfig, tensor: int, seq_len: int) -> ModelConfig:
@@ -103,6 +117,28 @@ def block_rows(model: str, seq_len: int, tensor: int, samples: int, repeats: int
                 attention="cudnn" if jax.default_backend() == "gpu" else "xla")
     yield dict(base, **{"pass": "F", "seconds": _time(fwd, p, x, repeats=repeats)})
     yield dict(base, **{"pass": "FB", "seconds": _time(fb, p, x, repeats=repeats)})
+
+
+def attention_rows(heads: int, kv_heads: int, head_dim: int, seq_len: int, samples: int,
+                   repeats: int):
+    """The causal attention core alone, ``[samples, seq_len, heads, head_dim]`` queries against
+    ``kv_heads`` key/value heads, through ``jax.nn.dot_product_attention`` (cuDNN's fused flash
+    attention on an NVIDIA GPU, XLA's lowering elsewhere): forward (``F``) and forward plus the
+    backward to q, k and v (``FB``)."""
+    ks = jax.random.split(jax.random.PRNGKey(5), 4)
+    q = jax.random.normal(ks[0], (samples, seq_len, heads, head_dim), jnp.bfloat16)
+    k = jax.random.normal(ks[1], (samples, seq_len, kv_heads, head_dim), jnp.bfloat16)
+    v = jax.random.normal(ks[2], k.shape, jnp.bfloat16)
+    do = jax.random.normal(ks[3], q.shape, jnp.bfloat16)
+    impl = "cudnn" if jax.default_backend() == "gpu" else None
+    core = functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation=impl)
+    fwd = jax.jit(core)
+    fb = jax.jit(jax.grad(lambda q, k, v: jnp.vdot(core(q, k, v).astype(jnp.float32),
+                                                    do.astype(jnp.float32)), argnums=(0, 1, 2)))
+    base = dict(item="attention", samples=samples, seq_len=seq_len, heads=heads,
+                kv_heads=kv_heads, head_dim=head_dim, attention=impl or "xla")
+    yield dict(base, **{"pass": "F", "seconds": _time(fwd, q, k, v, repeats=repeats)})
+    yield dict(base, **{"pass": "FB", "seconds": _time(fb, q, k, v, repeats=repeats)})
 
 
 def gemm_shapes(blocks) -> list[tuple[int, int, int]]:
@@ -154,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--blocks-only", action="store_true", help="skip the GEMM, copy and host rows")
     ap.add_argument("--models", default="", help="comma-separated: only these models' blocks")
+    ap.add_argument("--attention-first", action="store_true",
+                    help="time the attention cores before everything else")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="stop starting new measurements after this many seconds")
     args = ap.parse_args(argv)
@@ -173,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [lambda s=s: [gemm_row(*s, args.repeats)] for s in gemm_shapes(blocks)]
     jobs += [lambda a=(m, s, t, b): list(block_rows(*a, args.repeats))
              for m, s, ts, bs in blocks for t in ts for b in bs]
+    attn = [lambda a=a: list(attention_rows(*a, args.repeats))
+            for a in (QUICK_ATTENTION if args.quick else FULL_ATTENTION)]
+    jobs = attn + jobs if args.attention_first else jobs + attn
     common = dict(device_kind=jax.devices()[0].device_kind, backend=backend,
                   jax_version=jax.__version__, repeats=args.repeats)
     start = time.perf_counter()

@@ -75,6 +75,11 @@ class _Fraction(_Strict):
     origin: str = Field(min_length=1)
 
 
+class _Tokens(_Strict):
+    value: float = Field(ge=0, le=MAX_US)
+    origin: str = Field(min_length=1)
+
+
 class _GradSyncOverlap(_Strict):
     value: Literal["bucketed", "after_backward"]
     origin: str = Field(min_length=1)
@@ -86,6 +91,10 @@ class _Efficiencies(_Strict):
     fragment_overhead_us: _Overhead
     weight_stream: _Efficiency | None = None
     backward: _Efficiency | None = None
+    attention: _Efficiency | None = None
+    attention_backward: _Efficiency | None = None
+    attention_half_tokens: _Tokens | None = None
+    attention_backward_half_tokens: _Tokens | None = None
     roofline: _Roofline | None = None
     elementwise_traffic: _Fraction | None = None
     scale_out: _Efficiency | None = None

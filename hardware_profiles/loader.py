@@ -182,6 +182,13 @@ def _device_from_file(path: Path) -> DeviceProfile:
         sources["weight_stream_efficiency"] = f.efficiency.weight_stream.origin
     if f.efficiency.backward is not None:
         sources["backward_efficiency"] = f.efficiency.backward.origin
+    for key, attr in (("attention", "attention_efficiency"),
+                      ("attention_backward", "attention_backward_efficiency"),
+                      ("attention_half_tokens", "attention_half_tokens"),
+                      ("attention_backward_half_tokens", "attention_backward_half_tokens")):
+        got = getattr(f.efficiency, key)
+        if got is not None:
+            sources[attr] = got.origin
     if f.efficiency.roofline is not None:
         sources["roofline"] = f.efficiency.roofline.origin
     if f.efficiency.elementwise_traffic is not None:
@@ -235,6 +242,13 @@ def _device_from_file(path: Path) -> DeviceProfile:
                                   if f.efficiency.weight_stream else None),
         fragment_overhead=f.efficiency.fragment_overhead_us.value * US,
         backward_efficiency=f.efficiency.backward.value if f.efficiency.backward else 1.0,
+        attention_efficiency=f.efficiency.attention.value if f.efficiency.attention else 1.0,
+        attention_backward_efficiency=(f.efficiency.attention_backward.value
+                                       if f.efficiency.attention_backward else 1.0),
+        attention_half_tokens=(f.efficiency.attention_half_tokens.value
+                               if f.efficiency.attention_half_tokens else 0.0),
+        attention_backward_half_tokens=(f.efficiency.attention_backward_half_tokens.value
+                                        if f.efficiency.attention_backward_half_tokens else 0.0),
         roofline=f.efficiency.roofline.value if f.efficiency.roofline else "max",
         elementwise_traffic=(f.efficiency.elementwise_traffic.value
                              if f.efficiency.elementwise_traffic else 0.0),

@@ -58,6 +58,15 @@ class DeviceProfile:
         fragment_overhead: fixed dispatch cost per fragment launch, s.
         backward_efficiency: the backward's (B, W) achieved matmul rate relative to the forward's
             (1.0 unless measured otherwise: e.g. XLA:CPU's backward kernels run slower).
+        attention_efficiency / attention_backward_efficiency: a fused attention kernel's
+            (FlashAttention, cuDNN fused attention) FLOP rate on long sequences relative to the
+            device's GEMM rate, forward and backward; applied to
+            ``LayerCost.attention_*_flops_per_sample`` only (:meth:`attention_rate`). 1.0 unless
+            measured: the kernel runs at the GEMM rate.
+        attention_half_tokens / attention_backward_half_tokens: the sequence length at which the
+            kernel reaches half that rate: at ``s`` tokens it runs at
+            ``efficiency x s / (s + half)`` (each query block's fixed work, loading it and
+            rescaling its output, amortised over the key blocks it visits). 0: no such loss.
         roofline: how a fragment's compute and memory times combine: ``"max"`` (they overlap:
             the roofline, Williams et al. 2009; accelerators) or ``"sum"`` (they do not: fitted
             for XLA:CPU by ``mpmd calibrate``).
@@ -143,6 +152,10 @@ class DeviceProfile:
     sources: Mapping[str, str] = field(default_factory=dict)
     alternatives: tuple[Alternative, ...] = ()
     backward_efficiency: float = 1.0
+    attention_efficiency: float = 1.0
+    attention_backward_efficiency: float = 1.0
+    attention_half_tokens: float = 0.0
+    attention_backward_half_tokens: float = 0.0
     roofline: str = "max"
     elementwise_traffic: float = 0.0
     torus_dims: int = 0
@@ -160,6 +173,14 @@ class DeviceProfile:
     weight_stream_efficiency: float | None = None
     forward_layer_overhead: float = 0.0
     backward_layer_overhead: float = 0.0
+
+    def attention_rate(self, seq_len: int, backward: bool = False) -> float:
+        """The fused attention kernel's FLOP rate relative to the GEMM rate at ``seq_len`` tokens
+        per sample: ``efficiency x s / (s + half_tokens)`` (forward, or the backward's with
+        ``backward``); the long-sequence efficiency when ``seq_len`` is 0 (unknown)."""
+        eff, half = ((self.attention_backward_efficiency, self.attention_backward_half_tokens)
+                     if backward else (self.attention_efficiency, self.attention_half_tokens))
+        return eff * seq_len / (seq_len + half) if seq_len > 0 and half > 0 else eff
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype``, 0 when the device has no rate for it. A 16-bit dtype

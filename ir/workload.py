@@ -38,6 +38,12 @@ class LayerCost:
             result), in the forward, the whole backward and the input-gradient part B; the cost
             model charges a device-specific fraction of them as memory-bound time outside the
             roofline (see ``simulator.cost_model.layer_time``). 0 when not traced.
+        attention_fwd_flops_per_sample / attention_bwd_flops_per_sample: of the forward's and the
+            backward's FLOP, those of a fused attention kernel's core (``"flash"``: the score
+            blocks it computes, the backward's recomputed scores included; all input-gradient
+            FLOP, the core has no weights). The cost model runs them at the device's attention
+            kernel rate (``DeviceProfile.attention_efficiency``) rather than its GEMM rate. 0 for
+            a layer without attention or an unfused core (its matmuls are ordinary GEMMs).
     """
 
     name: str
@@ -60,6 +66,8 @@ class LayerCost:
     """Experts of the layer's mixture of experts (0: a dense layer)."""
     expert_param_count: int = 0
     """Of ``param_count``, the parameters in the experts: what expert parallelism shards."""
+    attention_fwd_flops_per_sample: float = 0.0
+    attention_bwd_flops_per_sample: float = 0.0
     alltoall_bytes_per_sample: float = 0.0
     """Bytes one sample's tokens send to their experts in one dispatch (``seq x top_k x h x dtype
     bytes x capacity factor``); the combine sends as many back. What an expert-parallel layout
@@ -82,6 +90,12 @@ class LayerCost:
                           f"{self.alltoall_bytes_per_sample!r}: counts must be >= 0 and within the layer's")
         if self.bwd_input_flops_per_sample > self.bwd_flops_per_sample:
             raise IRError(f"LayerCost {self.name!r}: input-gradient FLOP exceed the backward's")
+        if not (0 <= self.attention_fwd_flops_per_sample <= self.fwd_flops_per_sample
+                and 0 <= self.attention_bwd_flops_per_sample <= self.bwd_input_flops_per_sample):
+            raise IRError(f"LayerCost {self.name!r}: attention core FLOP (forward "
+                          f"{self.attention_fwd_flops_per_sample!r}, backward "
+                          f"{self.attention_bwd_flops_per_sample!r}) must be >= 0 and within the "
+                          f"forward's and the input gradient's FLOP")
         if self.bwd_input_other_bytes_per_sample > self.bwd_other_bytes_per_sample:
             raise IRError(f"LayerCost {self.name!r}: input-gradient other bytes exceed the backward's")
 

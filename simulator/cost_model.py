@@ -228,8 +228,11 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     per_dev = samples / d
     util = gemm_utilisation(cost, per_dev * seq_len, t, seq_len, 2 if dtype == "bf16" else 4,
                             mesh.device.gemm_tiling)
+    dev = mesh.device
     if kind == "F":
         flops = cost.fwd_flops_per_sample * per_dev
+        attention = cost.attention_fwd_flops_per_sample * per_dev
+        attention_rate = dev.attention_rate(seq_len)
         fixed, varying = cost.fwd_bytes_fixed, cost.fwd_bytes_per_sample * per_dev
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev
         other = cost.fwd_other_bytes_per_sample
@@ -238,6 +241,9 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         part = cost.bwd_input_flops_per_sample if kind == "B" else bwd - cost.bwd_input_flops_per_sample
         share = (part / bwd if bwd > 0 else 0.0) if split_backward or kind == "W" else 1.0
         flops = bwd * share * per_dev
+        # the attention core is all input gradient (B): none of it in a W
+        attention = cost.attention_bwd_flops_per_sample * per_dev if kind == "B" else 0.0
+        attention_rate = dev.attention_rate(seq_len, backward=True)
         fixed, varying = cost.bwd_bytes_fixed * share, cost.bwd_bytes_per_sample * per_dev * share
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev if kind == "B" else 0.0
         x, total = cost.bwd_input_other_bytes_per_sample, cost.bwd_other_bytes_per_sample
@@ -246,8 +252,10 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
     if layout.expert > 1:       # a device reads only the experts it holds
         fixed *= held_fraction(cost, layout)
-    rate = _flops_rate(mesh, dtype) * (1.0 if kind == "F" else mesh.device.backward_efficiency)
-    compute = flops / t / rate / util
+    gemm = _flops_rate(mesh, dtype)
+    rate = gemm * (1.0 if kind == "F" else dev.backward_efficiency)
+    # the attention core's FLOP run at the fused kernel's own rate (relative to the GEMMs')
+    compute = ((flops - attention) / util / rate + attention / (gemm * attention_rate)) / t
     tokens = per_dev * seq_len if kind == "F" else 0.0     # a backward is never matrix-vector
     memory = fragment_memory_time(fixed / t, varying / t, mesh.device, tokens)
     elementwise = (mesh.device.elementwise_traffic * other * per_dev / t

@@ -154,7 +154,8 @@ def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: 
       core has no weights, so its backward FLOPs are all input-gradient (B) FLOPs.
     """
     zero = dict.fromkeys(("fwd_bytes", "fwd_other", "fwd_flops", "bwd_bytes", "bwd_other",
-                          "bwd_flops", "bwdx_other", "bwdx_flops"), 0.0)
+                          "bwd_flops", "bwdx_other", "bwdx_flops", "attn_fwd_flops",
+                          "attn_bwd_flops"), 0.0)
     qkv, causal = _attention_core(cfg, body, b)
     if qkv is None or cfg.attention_kernel == "unfused":
         return zero
@@ -169,7 +170,7 @@ def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: 
     io = _nbytes(qkv) + _nbytes(q)                          # q, k, v in; o out
     lse = math.prod(q.shape[:3]) * 4                        # float32 per (b, s, head)
     out = dict(zero, fwd_bytes=io + lse - plain_fwd, fwd_other=-other_fwd,
-               fwd_flops=(frac - 1.0) * flops_fwd)
+               fwd_flops=(frac - 1.0) * flops_fwd, attn_fwd_flops=frac * flops_fwd)
     if not training:
         return out
     bwd_fn, leaves, ct = _vjp_parts(lambda p, q, k, v: core(q, k, v), {}, qkv, (), True)
@@ -177,7 +178,8 @@ def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: 
     flash_bwd = frac * (flops_bwd + scores_flops)
     out.update(bwd_bytes=(io + _nbytes(q) + lse) + _nbytes(qkv) - plain_bwd,  # q,k,v,o,do,lse in
                bwd_other=-other_bwd, bwdx_other=-other_bwd,
-               bwd_flops=flash_bwd - flops_bwd, bwdx_flops=flash_bwd - flops_bwd)
+               bwd_flops=flash_bwd - flops_bwd, bwdx_flops=flash_bwd - flops_bwd,
+               attn_bwd_flops=flash_bwd)
     return out
 
 
@@ -191,7 +193,8 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
     r["fwd_flops"], r["fwd_bytes"], r["fwd_other"] = _costs(
         fn, p, *diff, *other, floor=_nbytes((diff, other, out)))
     r["out_bytes"] = 0.0 if (cfg.training and layer == "head") else _nbytes(out)
-    for k in ("bwd_flops", "bwd_bytes", "bwdx_flops", "resid_bytes", "bwd_other", "bwdx_other"):
+    for k in ("bwd_flops", "bwd_bytes", "bwdx_flops", "resid_bytes", "bwd_other", "bwdx_other",
+              "attn_fwd_flops", "attn_bwd_flops"):
         r[k] = 0.0
     if cfg.training:
         bwd, leaves, ct = _vjp_parts(fn, p, diff, other, wrt_params=True)
@@ -256,6 +259,9 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         fwd_other_bytes_per_sample=per["fwd_other"],
         bwd_other_bytes_per_sample=per["bwd_other"],
         bwd_input_other_bytes_per_sample=min(per["bwdx_other"], per["bwd_other"]),
+        attention_fwd_flops_per_sample=min(per["attn_fwd_flops"], per["fwd_flops"]),
+        attention_bwd_flops_per_sample=min(per["attn_bwd_flops"], per["bwdx_flops"],
+                                           per["bwd_flops"]),
         **_expert_fields(cfg, body))
 
 

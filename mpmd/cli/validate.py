@@ -112,6 +112,12 @@ def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_
              f"  elementwise_traffic:\n    value: {elementwise:g}\n    origin: {o_ew}\n")
     block += "".join(f"  {k}:\n    value: {v:g}\n    origin: {q(o)}\n" if isinstance(v, float)
                      else f"  {k}:\n    value: {v}\n    origin: {q(o)}\n" for k, v, o in extra)
+    # every other entry of the old block (serving overheads, attention rates, ...) kept verbatim
+    written = {"matmul", "memory", "fragment_overhead_us", "elementwise_traffic"} | {k for k, *_ in extra}
+    old = text[start + len("efficiency:\n"):end]
+    for m in re.finditer(r"^  (\w+):\n(?:    .*\n?)*", old, re.MULTILINE):
+        if m.group(1) not in written:
+            block += m.group(0) if m.group(0).endswith("\n") else m.group(0) + "\n"
     write_atomic(out or path, text[:start] + block + text[end:])
 
 

@@ -11,7 +11,12 @@ planner uses, on a device profile:
   model's ``flash``; ``xla``: scores materialized, ``unfused``);
 - ``gemm``: ``2 m k n`` FLOP at the profile's achievable rate, divided by the wave utilisation
   of an ``m x n`` output (:func:`simulator.cost_model.wave_utilisation`);
-- ``copy``: bytes read and written at the profile's achievable bandwidth.
+- ``copy``: bytes read and written at the profile's achievable bandwidth;
+- ``attention``: the causal attention core alone (cuDNN flash attention): its FLOP
+  (:func:`attention_flops`) at the profile's GEMM rate times its attention efficiency, forward
+  and backward (``DeviceProfile.attention_efficiency`` / ``attention_backward_efficiency``).
+  :func:`attention_efficiencies` measures those two from the same file: the attention rows'
+  FLOP rate over its GEMM rows' median rate.
 
 The host-link rows (``h2d``, ``d2h``) are listed, not predicted: no profile carries a host link.
 ``mpmd validate --layers CSV`` prints the comparison (``reports/validation/device/README.md``
@@ -32,12 +37,16 @@ from hardware_profiles.paths import PACKAGE_ROOT
 from hardware_profiles.types import Link, MeshSpec
 from ir import Layout
 from runtime.calibration.fit import CalibrationError
+from ir.workload import causal_fraction
 from simulator.cost_model import layer_time, wave_utilisation
 from zoo import body_cost, body_of, get_config, tensor_shard
 
 COLUMNS = ("device_kind", "backend", "jax_version", "item", "model", "tensor", "samples",
            "seq_len", "m", "k", "n", "pass", "seconds", "repeats", "nbytes", "attention")
-"""The CSV's header, as ``benchmarks/bench_device_layers.py`` writes it."""
+"""The CSV's required columns (``benchmarks/bench_device_layers.py`` writes them, and
+:data:`ATTENTION_COLUMNS` after them)."""
+ATTENTION_COLUMNS = ("heads", "kv_heads", "head_dim")
+"""The attention rows' shape columns (empty on other rows; absent from files written before them)."""
 
 KIND_PROFILES = {"NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA H200": "h200-sxm",
                  "NVIDIA A100-SXM4-80GB": "a100-80gb-sxm", "NVIDIA A100-SXM4-40GB": "a100-40gb-sxm",
@@ -47,7 +56,7 @@ KIND_PROFILES = {"NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA H200": "h200-sxm",
 
 _KERNELS = {"cudnn": "flash", "xla": "unfused"}
 _PASSES = ("F", "B", "FB")
-ITEMS = ("block", "gemm", "copy", "h2d", "d2h")
+ITEMS = ("block", "gemm", "copy", "h2d", "d2h", "attention")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +78,9 @@ class LayerTiming:
     pass_: str = ""
     nbytes: float = 0.0
     attention: str = ""
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
 
     @property
     def label(self) -> str:
@@ -78,6 +90,9 @@ class LayerTiming:
                     f"{self.attention} {self.pass_}")
         if self.item == "gemm":
             return f"gemm {self.m}x{self.k}x{self.n}"
+        if self.item == "attention":
+            return (f"attention h{self.heads}/{self.kv_heads} d{self.head_dim} b{self.samples} "
+                    f"s{self.seq_len} {self.attention} {self.pass_}")
         return f"{self.item} {self.nbytes / 2**30:g} GiB"
 
 
@@ -135,15 +150,80 @@ def read_timings(path: str | Path) -> tuple[LayerTiming, ...]:
             device_kind=r["device_kind"], item=r["item"], seconds=float(r["seconds"]),
             model=r["model"], tensor=_int(r["tensor"]), samples=_int(r["samples"]),
             seq_len=_int(r["seq_len"]), m=_int(r["m"]), k=_int(r["k"]), n=_int(r["n"]),
-            pass_=r["pass"], nbytes=float(r["nbytes"] or 0), attention=r["attention"]))
-    forwards = {_block_key(t): t for t in out if t.item == "block" and t.pass_ == "F"}
+            pass_=r["pass"], nbytes=float(r["nbytes"] or 0), attention=r["attention"],
+            **{c: _int(r.get(c, "")) for c in ATTENTION_COLUMNS}))
+    passes = ("block", "attention")
+    forwards = {_block_key(t): t for t in out if t.item in passes and t.pass_ == "F"}
     backs = [dataclasses.replace(t, pass_="B", seconds=t.seconds - forwards[_block_key(t)].seconds)
-             for t in out if t.item == "block" and t.pass_ == "FB" and _block_key(t) in forwards]
+             for t in out if t.item in passes and t.pass_ == "FB" and _block_key(t) in forwards]
     return tuple(out) + tuple(backs)
 
 
 def _block_key(t: LayerTiming) -> tuple:
-    return (t.device_kind, t.model, t.tensor, t.samples, t.seq_len, t.attention)
+    return (t.device_kind, t.item, t.model, t.tensor, t.samples, t.seq_len, t.attention,
+            t.heads, t.kv_heads, t.head_dim)
+
+
+BACKWARD_FLOP_RATIO = 2.5
+"""A flash attention backward's FLOP over its forward's: the scores ``Q K^T`` recomputed, then
+four matmuls (dV, dP, dQ, dK) against the forward's two (Dao 2023, FlashAttention-2, Sec. 3.1-3.2;
+``zoo.costing`` charges the same)."""
+
+
+def attention_flops(t: LayerTiming) -> float:
+    """The FLOP of attention row ``t``'s pass (``F``, ``B`` or ``FB``): the forward's
+    ``4 b s^2 H d`` (``Q K^T`` and ``P V``) times the causal blocks a blocked kernel computes
+    (:func:`ir.workload.causal_fraction`), the backward :data:`BACKWARD_FLOP_RATIO` times that."""
+    fwd = 4.0 * t.samples * t.seq_len ** 2 * t.heads * t.head_dim * causal_fraction(t.seq_len)
+    return fwd * {"F": 1.0, "B": BACKWARD_FLOP_RATIO, "FB": 1.0 + BACKWARD_FLOP_RATIO}[t.pass_]
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionFit:
+    """A fused attention kernel's rate relative to the GEMMs' (``DeviceProfile.attention_rate``):
+    ``efficiency x s / (s + half_tokens)`` at ``s`` tokens, forward and backward, fitted on
+    ``rows`` shapes; ``worst``: the largest relative residual of either pass's rates."""
+
+    efficiency: float
+    half_tokens: float
+    backward_efficiency: float
+    backward_half_tokens: float
+    rows: int
+    worst: float
+
+
+def attention_efficiencies(timings: Sequence[LayerTiming]) -> AttentionFit:
+    """Fit ``efficiency x s / (s + half)`` to the attention rows' FLOP rates over the median FLOP
+    rate of the same file's GEMM rows, forward (``F``) and backward (``FB - F``) apart, by least
+    squares on the relative residual (scipy): what ``DeviceProfile.attention_efficiency``,
+    ``attention_half_tokens`` and their backward twins are.
+
+    Raises:
+        CalibrationError: the rows hold fewer than two attention pairs, or no GEMM.
+    """
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    gemm = [2.0 * t.m * t.k * t.n / t.seconds for t in timings if t.item == "gemm"]
+    att = [t for t in timings if t.item == "attention"]
+    n_f = sum(t.pass_ == "F" for t in att)
+    n_b = sum(t.pass_ == "B" for t in att)
+    if not gemm or n_f < 2 or n_b < 2:
+        raise CalibrationError(f"attention efficiencies need two or more attention rows (F and "
+                               f"FB) and GEMM rows of one device; got {n_f} F, {n_b} B, "
+                               f"{len(gemm)} GEMM rows (fix: bench_device_layers.py without "
+                               f"--blocks-only)")
+    g = statistics.median(gemm)
+    out, worst = [], 0.0
+    for p in ("F", "B"):
+        rows = [t for t in att if t.pass_ == p]
+        s = np.array([t.seq_len for t in rows], float)
+        r = np.array([attention_flops(t) / t.seconds / g for t in rows])
+        res = least_squares(lambda q: (q[0] * s / (s + q[1]) - r) / r,
+                            [float(r.max()), float(s.min())], bounds=([1e-3, 0.0], [1.0, 1e6]))
+        out += [float(res.x[0]), float(res.x[1])]
+        worst = max(worst, float(np.abs(res.fun).max()))
+    return AttentionFit(*out, rows=n_f, worst=worst)
 
 
 def profile_for(timings: Sequence[LayerTiming]) -> str:
@@ -179,6 +259,12 @@ def predict(t: LayerTiming, device: DeviceProfile) -> float | None:
     if t.item == "gemm":
         util = (wave_utilisation(t.m, t.n, device.gemm_tiling) if device.gemm_tiling else 1.0)
         return 2.0 * t.m * t.k * t.n / device.achievable_flops("bf16") / util
+    if t.item == "attention":
+        f = attention_flops(dataclasses.replace(t, pass_="F"))
+        fwd = f / (device.achievable_flops("bf16") * device.attention_rate(t.seq_len))
+        bwd = BACKWARD_FLOP_RATIO * f / (device.achievable_flops("bf16")
+                                         * device.attention_rate(t.seq_len, backward=True))
+        return {"F": fwd, "B": bwd, "FB": fwd + bwd}[t.pass_]
     if t.item != "block":
         return None
     cfg = dataclasses.replace(tensor_shard(get_config(t.model), t.tensor), seq_len=t.seq_len,
@@ -197,17 +283,19 @@ def compare(timings: Iterable[LayerTiming], device: DeviceProfile) -> list[Compa
 
 
 def summary(comparisons: Sequence[Comparison]) -> dict[str, tuple[int, float, float, float]]:
-    """Per item (blocks per attention kernel and pass: ``block cudnn F``, ``block cudnn B``, ...,
-    then ``copy``, ``gemm``): rows, mean signed error, mean absolute error and largest absolute
-    error, as fractions; blocks first, each kernel's F, B, FB in that order."""
+    """Per item (attention cores and blocks per attention kernel and pass: ``attention cudnn F``,
+    ..., ``block cudnn F``, ``block cudnn B``, ..., then ``copy``, ``gemm``): rows, mean signed
+    error, mean absolute error and largest absolute error, as fractions; each kernel's F, B, FB in
+    that order."""
     groups: dict[tuple, list[float]] = {}
     for c in comparisons:
         if c.error is None:
             continue
         t = c.timing
-        key = ((0, t.attention, _PASSES.index(t.pass_)) if t.item == "block" else (1, t.item, 0))
+        key = ((0, t.item, t.attention, _PASSES.index(t.pass_)) if t.item in ("block", "attention")
+               else (1, t.item, "", 0))
         groups.setdefault(key, []).append(c.error)
-    return {(f"block {k[1]} {_PASSES[k[2]]}" if k[0] == 0 else k[1]):
+    return {(f"{k[1]} {k[2]} {_PASSES[k[3]]}" if k[0] == 0 else k[1]):
             (len(v), statistics.fmean(v), statistics.fmean(abs(e) for e in v), max(abs(e) for e in v))
             for k, v in sorted(groups.items())}
 

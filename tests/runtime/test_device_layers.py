@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from hardware_profiles import load_device
-from runtime.calibration.device_layers import (COLUMNS, LayerTiming, compare, gemm_time_ratio,
-                                               predict, profile_for, read_timings, summary)
+from ir.workload import causal_fraction
+from runtime.calibration.device_layers import (ATTENTION_COLUMNS, COLUMNS, LayerTiming,
+                                               attention_efficiencies, attention_flops, compare,
+                                               gemm_time_ratio, predict, profile_for,
+                                               read_timings, summary)
 from runtime.calibration.fit import CalibrationError
 from simulator.cost_model import wave_utilisation
 
@@ -24,8 +27,8 @@ H100, H200 = DATA / "h100_layers.csv", DATA / "h200_layers.csv"
 
 def test_shipped_measurements_read_with_each_backward_derived():
     h100, h200 = read_timings(H100), read_timings(H200)
-    # 66 / 86 measured rows, plus one B (= FB - F) per measured block
-    assert (len(h100), len(h200)) == (66 + 13, 86 + 23)
+    # 110 / 86 measured rows, plus one B (= FB - F) per measured block and attention core
+    assert (len(h100), len(h200)) == (110 + 13 + 13 + 9, 86 + 23)
     assert profile_for(h100) == "h100-sxm" and profile_for(h200) == "h200-sxm"
     f = next(t for t in h200 if t.label == "block llama3-70b t8 b1 s8192 cudnn F")
     fb = next(t for t in h200 if t.label == "block llama3-70b t8 b1 s8192 cudnn FB")
@@ -60,6 +63,68 @@ def test_block_prediction_follows_the_attention_kernel_and_the_pass():
     assert 1.5 * f < b < 3 * f
     # XLA's materialized scores cost more than FlashAttention at 8,192 tokens
     assert predict(dataclasses.replace(row, attention="xla"), dev) > f
+
+
+def _attention_rows(eff, half, beff, bhalf, gemm_rate=700e12):
+    """Synthetic rows of a kernel running exactly at ``eff x s / (s + half)`` of the GEMMs' rate."""
+    rows = [LayerTiming(device_kind="x", item="gemm", seconds=2 * 4096 ** 3 / gemm_rate,
+                        m=4096, k=4096, n=4096)]
+    for s in (1024, 2048, 4096, 8192, 16384):
+        base = LayerTiming(device_kind="x", item="attention", seconds=1.0, samples=2, seq_len=s,
+                           heads=16, kv_heads=4, head_dim=128, attention="cudnn")
+        f = attention_flops(dataclasses.replace(base, pass_="F"))
+        tf = f / (gemm_rate * eff * s / (s + half))
+        tb = 2.5 * f / (gemm_rate * beff * s / (s + bhalf))
+        rows += [dataclasses.replace(base, pass_="F", seconds=tf),
+                 dataclasses.replace(base, pass_="B", seconds=tb)]
+    return rows
+
+
+def test_attention_flops_are_the_causal_blocks_of_the_two_matmuls():
+    t = LayerTiming(device_kind="x", item="attention", seconds=1.0, samples=2, seq_len=2048,
+                    heads=16, kv_heads=4, head_dim=128, pass_="F")
+    fwd = 4 * 2 * 2048 ** 2 * 16 * 128 * causal_fraction(2048)
+    assert attention_flops(t) == fwd
+    assert attention_flops(dataclasses.replace(t, pass_="B")) == 2.5 * fwd
+    assert attention_flops(dataclasses.replace(t, pass_="FB")) == 3.5 * fwd
+
+
+def test_attention_fit_recovers_the_rate_curve_it_was_made_from():
+    fit = attention_efficiencies(_attention_rows(0.8, 600.0, 0.7, 1200.0))
+    assert fit.rows == 5 and fit.worst < 1e-6
+    assert fit.efficiency == pytest.approx(0.8, rel=1e-5)
+    assert fit.half_tokens == pytest.approx(600.0, rel=1e-4)
+    assert fit.backward_efficiency == pytest.approx(0.7, rel=1e-5)
+    assert fit.backward_half_tokens == pytest.approx(1200.0, rel=1e-4)
+    with pytest.raises(CalibrationError, match="two or more attention rows"):
+        attention_efficiencies([t for t in _attention_rows(0.8, 600, 0.7, 1200) if t.item == "gemm"])
+
+
+def test_gh100_profiles_carry_the_attention_fit_of_the_shipped_h100_rows():
+    fit = attention_efficiencies(read_timings(H100))
+    assert fit.rows == 9
+    for name in ("h100-sxm", "h200-sxm", "h800-sxm"):
+        dev = load_device(name)
+        assert (dev.attention_efficiency, dev.attention_half_tokens) == (
+            round(fit.efficiency, 3), round(fit.half_tokens))
+        assert (dev.attention_backward_efficiency, dev.attention_backward_half_tokens) == (
+            round(fit.backward_efficiency, 3), round(fit.backward_half_tokens))
+    dev = load_device("h100-sxm")
+    # the kernel loses most at short sequences, and the backward more than the forward
+    assert dev.attention_rate(2048) < dev.attention_rate(8192) < dev.attention_efficiency
+    assert dev.attention_rate(8192, backward=True) < dev.attention_rate(8192)
+
+
+def test_attention_prediction_is_its_flop_at_the_profile_attention_rate():
+    dev = load_device("h100-sxm")
+    t = LayerTiming(device_kind="x", item="attention", seconds=1.0, samples=4, seq_len=2048,
+                    heads=32, kv_heads=8, head_dim=128, pass_="F", attention="cudnn")
+    f = attention_flops(t)
+    gemm = dev.achievable_flops("bf16")
+    assert predict(t, dev) == f / (gemm * dev.attention_rate(2048))
+    assert predict(dataclasses.replace(t, pass_="B"), dev) == (
+        2.5 * f / (gemm * dev.attention_rate(2048, backward=True)))
+    assert t.label == "attention h32/8 d128 b4 s2048 cudnn F"
 
 
 def test_summary_and_errors_are_signed_fractions():
@@ -110,11 +175,13 @@ def test_benchmark_quick_run_writes_the_columns_the_reader_takes(tmp_path):
     with out.open(newline="") as fh:
         reader = csv.DictReader(fh)
         rows = list(reader)
-    assert tuple(reader.fieldnames) == COLUMNS
-    # llama-tiny at tensor 1 and 2, microbatch 1 and 2, F and FB
-    assert [(r["tensor"], r["samples"], r["pass"]) for r in rows] == [
-        (t, b, p) for t in "12" for b in "12" for p in ("F", "FB")]
-    assert len(read_timings(out)) == 12
+    assert tuple(reader.fieldnames) == COLUMNS + ATTENTION_COLUMNS
+    # llama-tiny at tensor 1 and 2, microbatch 1 and 2, F and FB; then one attention core
+    assert [(r["item"], r["tensor"], r["samples"], r["pass"]) for r in rows] == [
+        ("block", t, b, p) for t in "12" for b in "12" for p in ("F", "FB")] + [
+        ("attention", "", "2", "F"), ("attention", "", "2", "FB")]
+    assert [rows[-1][c] for c in ATTENTION_COLUMNS] == ["4", "2", "32"]
+    assert len(read_timings(out)) == 15
     r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x.csv")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--quick" in r.stderr and not (tmp_path / "x.csv").exists()

@@ -51,6 +51,42 @@ def test_elementwise_traffic_adds_after_the_roofline(kind, split, other):
         base + extra, rel=1e-12)
 
 
+ATTN = dataclasses.replace(COST, attention_fwd_flops_per_sample=1e12,
+                           attention_bwd_flops_per_sample=2.5e12)
+
+
+@pytest.mark.parametrize("kind,split,gemm_flops,attention,backward", [
+    ("F", False, 3e12, 1e12, False), ("B", False, 5.5e12, 2.5e12, True),
+    ("B", True, 1.5e12, 2.5e12, True), ("W", True, 4e12, 0.0, True)])
+def test_the_attention_core_runs_at_the_kernel_rate_of_its_sequence_length(
+        kind, split, gemm_flops, attention, backward):
+    lay = Layout(data=2, tensor=1)
+    m = _mesh("max")
+    dev = dataclasses.replace(m.device, attention_efficiency=0.8, attention_half_tokens=600.0,
+                              attention_backward_efficiency=0.7,
+                              attention_backward_half_tokens=1200.0, backward_efficiency=0.9)
+    mesh = dataclasses.replace(m, device=dev)
+    gemm = dev.achievable_flops("bf16")
+    eff = (0.7 * 2048 / (2048 + 1200)) if backward else 0.8 * 2048 / (2048 + 600)
+    want = gemm_flops / (gemm * (0.9 if backward else 1.0)) + attention / (gemm * eff)
+    got = layer_time(ATTN, kind, 2, mesh, lay, split_backward=split, seq_len=2048)
+    assert got == pytest.approx(want, rel=1e-12)          # compute-bound: one sample per device
+    # a device without a measured kernel rate runs the core at its GEMM rate, as before
+    plain = dataclasses.replace(mesh, device=dataclasses.replace(
+        dev, attention_efficiency=1.0, attention_backward_efficiency=1.0))
+    assert layer_time(ATTN, kind, 2, plain, lay, split_backward=split, seq_len=2048) == \
+        pytest.approx(layer_time(COST, kind, 2, plain, lay, split_backward=split, seq_len=2048),
+                      rel=1e-12)
+
+
+def test_attention_flops_must_lie_within_the_pass_flops():
+    from ir import IRError
+    with pytest.raises(IRError, match="attention core FLOP"):
+        dataclasses.replace(COST, attention_fwd_flops_per_sample=5e12)
+    with pytest.raises(IRError, match="attention core FLOP"):
+        dataclasses.replace(COST, attention_bwd_flops_per_sample=4.5e12)
+
+
 # --------------------------------------------------------------------------- wave quantisation
 A100_TILING = (108, 256, 128)
 
