@@ -244,7 +244,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
         backward_efficiency=f.efficiency.backward.value if f.efficiency.backward else 1.0,
         attention_efficiency=f.efficiency.attention.value if f.efficiency.attention else 1.0,
         attention_backward_efficiency=(f.efficiency.attention_backward.value
-                                       if f.efficiency.attention_backward else 1.0),
+                                       if f.efficiency.attention_backward else None),
         attention_half_tokens=(f.efficiency.attention_half_tokens.value
                                if f.efficiency.attention_half_tokens else 0.0),
         attention_backward_half_tokens=(f.efficiency.attention_backward_half_tokens.value

@@ -62,7 +62,8 @@ class DeviceProfile:
             (FlashAttention, cuDNN fused attention) FLOP rate on long sequences relative to the
             device's GEMM rate, forward and backward; applied to
             ``LayerCost.attention_*_flops_per_sample`` only (:meth:`attention_rate`). 1.0 unless
-            measured: the kernel runs at the GEMM rate.
+            measured: the kernel runs at the GEMM rate (the backward's: ``backward_efficiency``;
+            ``attention_backward_efficiency`` None).
         attention_half_tokens / attention_backward_half_tokens: the sequence length at which the
             kernel reaches half that rate: at ``s`` tokens it runs at
             ``efficiency x s / (s + half)`` (each query block's fixed work, loading it and
@@ -153,7 +154,7 @@ class DeviceProfile:
     alternatives: tuple[Alternative, ...] = ()
     backward_efficiency: float = 1.0
     attention_efficiency: float = 1.0
-    attention_backward_efficiency: float = 1.0
+    attention_backward_efficiency: float | None = None
     attention_half_tokens: float = 0.0
     attention_backward_half_tokens: float = 0.0
     roofline: str = "max"
@@ -178,6 +179,8 @@ class DeviceProfile:
         """The fused attention kernel's FLOP rate relative to the GEMM rate at ``seq_len`` tokens
         per sample: ``efficiency x s / (s + half_tokens)`` (forward, or the backward's with
         ``backward``); the long-sequence efficiency when ``seq_len`` is 0 (unknown)."""
+        if backward and self.attention_backward_efficiency is None:
+            return self.backward_efficiency        # unmeasured: the backward's GEMM rate
         eff, half = ((self.attention_backward_efficiency, self.attention_backward_half_tokens)
                      if backward else (self.attention_efficiency, self.attention_half_tokens))
         return eff * seq_len / (seq_len + half) if seq_len > 0 and half > 0 else eff

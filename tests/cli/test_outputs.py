@@ -76,3 +76,28 @@ def test_a_node_group_search_says_why_it_stopped_and_whose_solve_is_optimal():
         assert rows["solver"].endswith("gap 0.00% (the chosen candidate's solve)")
         assert rows["search gap"] == "21.0% against a proven lower bound of 1.500 s"
     assert "raise --time-limit" in STOPPED["time limit"] and "raise it" in STOPPED["work budget"]
+
+
+def test_a_refit_profile_keeps_every_efficiency_entry_it_does_not_fit(tmp_path):
+    """``mpmd validate --fit --profiles-out`` rewrites the four fitted values and keeps the rest
+    (serving overheads, the attention kernel's rates, ...) as they were."""
+    import yaml
+
+    from hardware_profiles import load_device
+    from hardware_profiles.paths import DEVICES_DIR
+    from mpmd.cli.validate import extra_efficiency, write_profile_efficiency
+
+    src = DEVICES_DIR / "h100-sxm.yaml"
+    out = tmp_path / "h100-sxm.yaml"
+    write_profile_efficiency(src, 0.7, 0.8, 25, "a test fit", 0.2, out=out,
+                             extra=extra_efficiency(load_device("h100-sxm"), None))
+    old = yaml.safe_load(src.read_text())["efficiency"]
+    new = yaml.safe_load(out.read_text())["efficiency"]
+    assert set(new) == set(old)
+    assert [new[k]["value"] for k in ("matmul", "memory", "fragment_overhead_us",
+                                      "elementwise_traffic")] == [0.7, 0.8, 25, 0.2]
+    for k in set(old) - {"matmul", "memory", "fragment_overhead_us", "elementwise_traffic"}:
+        assert new[k] == old[k], k
+    dev = load_device(str(out))
+    assert (dev.attention_efficiency, dev.decode_layer_overhead) == (
+        load_device("h100-sxm").attention_efficiency, load_device("h100-sxm").decode_layer_overhead)

@@ -73,7 +73,8 @@ def test_the_attention_core_runs_at_the_kernel_rate_of_its_sequence_length(
     assert got == pytest.approx(want, rel=1e-12)          # compute-bound: one sample per device
     # a device without a measured kernel rate runs the core at its GEMM rate, as before
     plain = dataclasses.replace(mesh, device=dataclasses.replace(
-        dev, attention_efficiency=1.0, attention_backward_efficiency=1.0))
+        dev, attention_efficiency=1.0, attention_backward_efficiency=None,
+        attention_half_tokens=0.0, attention_backward_half_tokens=0.0))
     assert layer_time(ATTN, kind, 2, plain, lay, split_backward=split, seq_len=2048) == \
         pytest.approx(layer_time(COST, kind, 2, plain, lay, split_backward=split, seq_len=2048),
                       rel=1e-12)
