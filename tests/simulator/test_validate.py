@@ -569,3 +569,23 @@ def test_rows_whose_setup_or_simulation_fails_are_skipped():
     res, bad = V.evaluate_rows(setups, dev, boom)
     assert not res
     assert bad == (V.SkippedRow(2, "zb", "1.5B", "zb/1.5B/b144/1f1b: does not fit; fix it"),)
+
+
+def test_the_held_out_figures_quoted_in_the_validation_readme_are_what_validate_scores():
+    """``reports/validation/README.md`` quotes the held-out H100 rows' errors; they are what
+    ``mpmd validate --csv reports/validation/heldout_training.csv`` prints with the bundled
+    profiles, so a profile change cannot leave the quoted figures stale."""
+    import re
+    import subprocess
+
+    root = CSV.parents[2]
+    r = subprocess.run(["mpmd", "validate", "--csv", "reports/validation/heldout_training.csv"],
+                       capture_output=True, text=True, cwd=root, env={**__import__("os").environ,
+                                                                      "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"(\d+) of (\d+) rows scored\s+mean abs % error ([\d.]+)%\s+max ([\d.]+)%",
+                  r.stdout)
+    assert m, r.stdout[-500:]
+    scored, total, mean, worst = m.groups()
+    readme = " ".join((root / "reports" / "validation" / "README.md").read_text().split())
+    assert (f"{scored} of {total} rows, mean absolute error {mean}%, max {worst}%" in readme)
