@@ -65,9 +65,13 @@ def test_h100_units_exact():
     assert d.scale_up_latency == pytest.approx(3e-6, rel=1e-15)
     assert d.fragment_overhead == pytest.approx(20e-6, rel=1e-15)  # the prior, held by `mpmd validate --fit`
     assert d.tdp_watts == 700 and d.price_per_hour == (2.7, 4.9)
-    assert d.achievable_flops("bf16") == pytest.approx(989e12 * 0.674)
-    # measured on one H100 / H200 (reports/validation/device): no wave quantisation, backward 0.9
-    assert d.gemm_tiling is None and d.backward_efficiency == 0.9
+    assert d.achievable_flops("bf16") == pytest.approx(989e12 * 0.689)
+    # measured on one H100 / H200 (reports/validation/device): no wave quantisation, a backward's
+    # GEMMs at 0.92 of the forward's rate, the attention core at 0.789 s / (s + 647) forward
+    assert d.gemm_tiling is None and d.backward_efficiency == 0.92
+    assert (d.attention_efficiency, d.attention_half_tokens) == (0.789, 647)
+    assert (d.attention_backward_efficiency, d.attention_backward_half_tokens) == (0.715, 1161)
+    assert d.attention_rate(647) == pytest.approx(0.789 / 2)
 
 
 def test_gib_conversion_exact():
@@ -117,7 +121,7 @@ def test_profiles_table_lists_every_device():
     assert [r[0] for r in rows] == sorted(IDS + MEASURED)
     h100 = dict(zip(["id", "vendor", "bf16", "mem", "bw", "up", "tdp", "price", "eff"], next(r for r in rows if r[0] == "h100-sxm")))
     assert h100 == {"id": "h100-sxm", "vendor": "NVIDIA", "bf16": "989", "mem": "80.0", "bw": "3,350", "up": "450",
-                    "tdp": "700", "price": "2.7-4.9", "eff": "0.67"}
+                    "tdp": "700", "price": "2.7-4.9", "eff": "0.69"}
     table = profiles_table()
     assert table.row_count == len(IDS + MEASURED) and len(table.columns) == 10
     console = Console(width=200, record=True)

@@ -226,7 +226,7 @@ def test_device_missing_source(tmp_path):
 
 
 def test_device_efficiency_out_of_range(tmp_path):
-    p = _device_yaml(tmp_path, "matmul:\n    value: 0.674", "matmul:\n    value: 1.5")
+    p = _device_yaml(tmp_path, "matmul:\n    value: 0.689", "matmul:\n    value: 1.5")
     assert "efficiency.matmul.value = 1.5: Input should be less than or equal to 1" in _one_line_error(load_device, p)
 
 

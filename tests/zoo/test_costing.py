@@ -36,6 +36,25 @@ def test_traced_training_flops_match_analytic(name):
     assert flash.step_flops < w.step_flops
 
 
+@pytest.mark.parametrize("name", ["llama3-8b", "gpt3-175b"])
+def test_the_fused_attention_core_is_costed_apart(name):
+    """A decoder block under the fused kernel names its attention core's FLOP: the forward's
+    ``4 s^2 H d`` (``Q K^T``, ``P V``) times the causal share, within the softmax's FLOP (about
+    7 per score, under 2%), and a backward 2.5x that, all input gradient; the unfused kernel
+    names none (its matmuls are ordinary batched GEMMs)."""
+    cfg = zoo.get_config(name)
+    c = costing.workload(cfg, global_batch=2).costs["decoder_block"]
+    core = 4.0 * cfg.seq_len ** 2 * cfg.heads * cfg.head_dim * causal_fraction(cfg.seq_len)
+    assert c.attention_fwd_flops_per_sample == pytest.approx(core, rel=0.02)
+    assert c.attention_bwd_flops_per_sample == pytest.approx(
+        2.5 * c.attention_fwd_flops_per_sample, rel=0.01)
+    assert c.attention_bwd_flops_per_sample <= c.bwd_input_flops_per_sample
+    plain = costing.workload(zoo.get_config(name, attention_kernel="unfused"), global_batch=2)
+    assert plain.costs["decoder_block"].attention_fwd_flops_per_sample == 0.0
+    assert plain.costs["decoder_block"].attention_bwd_flops_per_sample == 0.0
+    assert costing.workload(cfg, global_batch=2).costs["head"].attention_fwd_flops_per_sample == 0.0
+
+
 def test_causal_fraction_counts_the_blocks_on_and_below_the_diagonal():
     assert causal_fraction(128) == 1.0                       # one block: computed whole
     assert causal_fraction(256) == 0.75                      # 3 of 4 blocks
