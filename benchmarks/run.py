@@ -21,6 +21,7 @@ import bench_fixtures  # noqa: E402
 import bench_moe  # noqa: E402
 import bench_peer  # noqa: E402
 import bench_planner  # noqa: E402
+import bench_residual_forward  # noqa: E402
 import bench_run_check  # noqa: E402
 import bench_shapes  # noqa: E402
 import bench_simulator  # noqa: E402
@@ -42,6 +43,8 @@ SECTIONS = {
              bench_peer.markdown),
     "run": ("## CPU runs against the simulation, after `mpmd calibrate`\n",
             bench_run_check.markdown),
+    "residual": ("## XLA:CPU: the training forward against the plain forward calibrate times\n",
+                 bench_residual_forward.markdown),
     "cli": ("## CLI: bad input refused before the heavy imports\n", bench_cli.markdown),
 }
 """Section key -> (heading, the benchmark's Markdown)."""
