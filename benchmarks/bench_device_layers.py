@@ -56,6 +56,7 @@ FULL_BLOCKS = (   # (model, seq_len, tensor degrees, samples): what production l
     ("llama3-8b", 8192, (1, 8), (2,)),
     ("llama3-70b", 8192, (2, 4, 8), (1,)),
     ("gpt3-175b", 2048, (4, 8), (1, 2)),
+    ("opt-350m", 2048, (1,), (8, 16)),      # a small model: 16 heads of width 64 at 2k tokens
 )
 QUICK_BLOCKS = (("llama-tiny", 64, (1, 2), (1, 2)),)
 FULL_ATTENTION = (  # (heads, kv_heads, head_dim, seq_len, samples): cores of the blocks above, MPT's
