@@ -27,8 +27,8 @@ H100, H200 = DATA / "h100_layers.csv", DATA / "h200_layers.csv"
 
 def test_shipped_measurements_read_with_each_backward_derived():
     h100, h200 = read_timings(H100), read_timings(H200)
-    # 110 / 104 measured rows, plus one B (= FB - F) per measured block and attention core
-    assert (len(h100), len(h200)) == (110 + 13 + 13 + 9, 104 + 23 + 9)
+    # 114 / 104 measured rows, plus one B (= FB - F) per measured block and attention core
+    assert (len(h100), len(h200)) == (114 + 13 + 15 + 9, 104 + 23 + 9)
     assert profile_for(h100) == "h100-sxm" and profile_for(h200) == "h200-sxm"
     f = next(t for t in h200 if t.label == "block llama3-70b t8 b1 s8192 cudnn F")
     fb = next(t for t in h200 if t.label == "block llama3-70b t8 b1 s8192 cudnn FB")
