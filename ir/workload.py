@@ -42,7 +42,7 @@ class LayerCost:
             backward's FLOP, those of a fused attention kernel's core (``"flash"``: the score
             blocks it computes, the backward's recomputed scores included; all input-gradient
             FLOP, the core has no weights). The cost model runs them at the device's attention
-            kernel rate (``DeviceProfile.attention_efficiency``) rather than its GEMM rate. 0 for
+            kernel rate (``DeviceProfile.attention_rate``) rather than its GEMM rate. 0 for
             a layer without attention or an unfused core (its matmuls are ordinary GEMMs).
     """
 

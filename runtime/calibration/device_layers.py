@@ -36,8 +36,8 @@ from hardware_profiles import DeviceProfile
 from hardware_profiles.paths import PACKAGE_ROOT
 from hardware_profiles.types import Link, MeshSpec
 from ir import Layout
-from runtime.calibration.fit import CalibrationError
 from ir.workload import causal_fraction
+from runtime.calibration.fit import CalibrationError
 from simulator.cost_model import layer_time, wave_utilisation
 from zoo import body_cost, body_of, get_config, tensor_shard
 
