@@ -1,11 +1,12 @@
-"""What a training forward costs on XLA:CPU beside the plain forward ``mpmd calibrate`` times.
+"""What a training forward costs on XLA:CPU beside the plain forward.
 
 ``mpmd run``'s training forward is the forward that keeps its residuals for the backward (a
-``jax.vjp`` forward); ``mpmd calibrate`` fits its forward rates on the plain forward
-(``jax.jit(fn)``). This times both, and the backward on the kept residuals, for one decoder block
-of the tiny mixture of experts (``zoo/configs/tiny-moe.yaml``) and of the same block with a dense
-SwiGLU MLP, on 2 CPU devices as data parallel 2 and (the MoE) expert parallel 2: the gap that
-keeps ``mpmd run``'s MoE step over its simulation (issue 22's step-time figure).
+``jax.vjp`` forward), which is what ``mpmd calibrate`` times; until stop 36 it timed the plain
+forward (``jax.jit(fn)``). This times both, and the backward on the kept residuals, for one
+decoder block of the tiny mixture of experts (``zoo/configs/tiny-moe.yaml``) and of the same
+block with a dense SwiGLU MLP, on 2 CPU devices as data parallel 2 and (the MoE) expert parallel
+2: the gap that kept ``mpmd run``'s MoE step over its simulation while calibrate timed the plain
+forward (issue 22's step-time figure).
 
     python benchmarks/bench_residual_forward.py
 
@@ -80,7 +81,7 @@ def markdown(samples: int = 2, repeats: int = 31) -> str:
 def _table(samples: int, repeats: int) -> str:
     lines = [f"One decoder block of `zoo/configs/tiny-moe.yaml` (and the same block with a dense "
              f"MLP), {samples} samples on 2 CPU devices, median of {repeats} calls: the plain "
-             "forward `mpmd calibrate` times against the forward that keeps its residuals, which "
+             "forward against the forward that keeps its residuals, which `mpmd calibrate` times and "
              "`mpmd run` executes. `python benchmarks/bench_residual_forward.py`", "",
              "| block | layout | plain forward (ms) | forward keeping residuals (ms) | ratio | "
              "backward (ms) | residuals (KB per sample) |",

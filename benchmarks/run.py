@@ -43,7 +43,7 @@ SECTIONS = {
              bench_peer.markdown),
     "run": ("## CPU runs against the simulation, after `mpmd calibrate`\n",
             bench_run_check.markdown),
-    "residual": ("## XLA:CPU: the training forward against the plain forward calibrate times\n",
+    "residual": ("## XLA:CPU: the training forward against the plain forward\n",
                  bench_residual_forward.markdown),
     "cli": ("## CLI: bad input refused before the heavy imports\n", bench_cli.markdown),
 }

@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from runtime.calibration.fit import (DECODE_ROTATION_MIB, SMALL_BLOCK, WEIGHT_STREAM_MIB, Calibration,
+from runtime.calibration.fit import (DECODE_CACHE_TOKENS, DECODE_LAYERS, DECODE_ROTATION_MIB,
+                                     SMALL_BLOCK, WEIGHT_STREAM_MIB, Calibration,
                                      CalibrationError)
 from hardware_profiles.loader import DEVICES_DIR
 from ir.files import write_atomic
@@ -181,14 +182,16 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
                if cal.small_block else {}),
             **({"decode_layer_overhead_us": {
                 "value": round(cal.decode_layer_overhead * 1e6, 2), "origin": (
-                    f"{where}: a decoder block's forward on one token per device over a "
-                    f"{cal.devices_per_mesh}-device tensor-parallel mesh, cycling over "
+                    f"{where}: one more decoder block's decode step (one token per device, "
+                    f"its {DECODE_CACHE_TOKENS}-position KV cache written and attended over) in "
+                    f"a fragment on a {cal.devices_per_mesh}-device tensor-parallel mesh, "
+                    f"fragments of {DECODE_LAYERS[0]} and {DECODE_LAYERS[1]} blocks cycling over "
                     f"{DECODE_ROTATION_MIB} MiB of blocks' weights (streamed from memory, as a "
-                    f"decode step streams each layer once), took "
-                    f"{cal.decode_fragment.seconds * 1e6:.1f} us; this is what it took beyond the "
-                    f"cost model's charge for it (fragment overhead, weights at the weight-stream "
-                    f"rate, FLOP, tensor-parallel all-reduces): its small ops dispatched one by "
-                    f"one (runtime.calibration.fit.fit_decode_overhead)")}}
+                    f"decode step streams each layer once), added "
+                    f"{cal.decode_fragment.seconds * 1e6:.1f} us; this is what it added beyond the "
+                    f"cost model's charge for it (weights at the weight-stream rate, FLOP, "
+                    f"tensor-parallel all-reduces): its small ops dispatched one by one "
+                    f"(runtime.calibration.fit.fit_decode_overhead)")}}
                if cal.decode_layer_overhead is not None and cal.decode_fragment is not None
                else {}),
         },

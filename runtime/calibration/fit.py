@@ -38,6 +38,15 @@ DECODE_ROTATION_MIB = 128
 """Weights (MiB, the whole mesh's) the decode-shaped timing cycles over: past the host's caches,
 as a decode step streams every layer's weights once."""
 
+DECODE_CACHE_TOKENS = 64
+"""Positions of the KV cache the decode-shaped timing attends over (one sequence): a short
+context, as the CPU decode runs use (16-token prompts, 32 new tokens), whose cache reads are
+small next to the block's weights."""
+
+DECODE_LAYERS = (1, 3)
+"""Blocks per decode fragment the decode-shaped timing compares: what one more block adds is the
+difference per block (:func:`~runtime.calibration.measure.measure_decode_layer`)."""
+
 SMALL_BLOCK = {"hidden": 128, "ffn": 384, "heads": 4, "kv_heads": 4, "seq_len": 64}
 """The small decoder block whose time against its microbatch gives the fixed time per layer
 (llama-tiny's structure at width 128 and 64 tokens per sample: its ops are so small that their
@@ -376,19 +385,19 @@ def fit_calibration(frags: Sequence[FragmentTiming], overhead: float, bandwidth:
 
 
 def fit_decode_overhead(cal: Calibration, f: FragmentTiming) -> float:
-    """The fixed time per layer of a decode step, s: what the decode-shaped fragment ``f`` (one
-    layer's forward on one token per device, its weights streamed from memory: timed over more
-    layers' weights than the caches hold, as a decode step streams every layer once) takes beyond
-    the cost model's charge for it, ``overhead + work(flops / F, act / B + weights / B_w) +
+    """The fixed time per layer of a decode step, s: what one more layer adds to a decode
+    fragment (``f``: one layer's forward on one token per device with its KV cache, its weights
+    streamed from memory, :func:`~runtime.calibration.measure.measure_decode_layer`) beyond the
+    cost model's charge for that layer, ``work(flops / F, act / B + weights / B_w) +
     collectives`` with ``B_w`` the matrix-vector rate (``cal.weight_bandwidth``); at least 0.
-    What it holds: the step's many small ops (norms, rotary embedding, softmax, cache update),
-    each dispatched on its own (``DeviceProfile.decode_layer_overhead``)."""
+    (The fragment's own dispatch, ``cal.fragment_overhead``, is not in ``f``.) What it holds: the
+    step's many small ops (norms, rotary embedding, softmax, cache update), each dispatched on its
+    own (``DeviceProfile.decode_layer_overhead``)."""
     fixed, per = collective_terms(f, cal.devices_per_mesh, cal.intra_latency)
     weight_bw = cal.weight_bandwidth or cal.achievable_bandwidth
     memory = (f.bytes - f.weight_bytes) / cal.achievable_bandwidth + f.weight_bytes / weight_bw
     work = combine_work(f.flops / cal.achievable_flops, memory, cal.roofline)
-    model = cal.fragment_overhead + work + fixed + per / cal.intra_bandwidth
-    return max(0.0, f.seconds - model)
+    return max(0.0, f.seconds - (work + fixed + per / cal.intra_bandwidth))
 
 
 def fit_layer_overhead(frags: Sequence[FragmentTiming], overhead: float) -> tuple[float, float]:

@@ -2,7 +2,8 @@
 
 What is measured (median of ``repeats`` runs each, ``block_until_ready`` for honest timing):
 
-- **fragments**: forward and backward (``jax.vjp``; the backward consumes the forward's residuals)
+- **fragments**: forward and backward as a training step runs them (``jax.vjp``: the forward keeps
+  its residuals, which on XLA:CPU costs 1.7-2.3x the plain forward; the backward consumes them)
   of the zoo's llama layers (``embed``, ``block``, ``head`` of :mod:`zoo.decoder`) at a few
   microbatch sizes, on one mesh of ``devices_per_mesh`` devices under each layout plans use
   (:mod:`runtime.calibration.layouts`: data parallel, Megatron tensor parallel, FSDP), so the
@@ -50,8 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from runtime.calibration.fit import (DECODE_ROTATION_MIB, LAYER_BODY, SMALL_BLOCK,
-                                     WEIGHT_STREAM_MIB,
+from runtime.calibration.fit import (DECODE_CACHE_TOKENS, DECODE_LAYERS, DECODE_ROTATION_MIB,
+                                     LAYER_BODY, SMALL_BLOCK, WEIGHT_STREAM_MIB,
                                      Calibration, CalibrationError, FragmentTiming, HostInfo,
                                      cpu_model, fit_additive, fit_backward, fit_calibration,
                                      fit_decode_overhead, fit_flops, fit_layer_overhead, grad_bytes,
@@ -63,7 +64,8 @@ from rich.console import Console
 from rich.table import Table
 from runtime.calibration.files import check_writable, profile_paths, write_profiles
 from runtime.calibration.layouts import layout_costs, layout_of, LAYOUTS
-from runtime.train.layouts import batch_spec, layout_mesh, param_spec
+from runtime.train.layouts import MODEL, batch_spec, layout_mesh, param_spec
+from zoo import kv_decode
 from zoo.config import get_config
 from zoo.decoder import block_fn, block_shapes, embed_fn, embed_shapes, head_fn, head_shapes
 from zoo.layers import init_from_shapes
@@ -164,12 +166,6 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
             "head": (lambda p, h: head_fn(cfg)(p, h, tok), (params["head"], x), (0, 1)),
         }
         for name, (fn, args, diff) in layers.items():
-            tell(name, "F", b)
-            fwd = jax.jit(fn)
-            f_flops, f_bytes = _cost(fwd.lower(*args).compile())
-            out.append(FragmentTiming(name, "F", b, f_flops, f_bytes,
-                                      time_call(fwd, *args, repeats=repeats), layout))
-
             def fwd_vjp(*a, fn=fn, diff=diff):
                 d = [a[i] for i in diff]
 
@@ -180,8 +176,14 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
                     return fn(*full)
                 return jax.vjp(g, *d)
 
+            # the forward a training step runs: it keeps its residuals for the backward
+            tell(name, "F", b)
+            fwd = jax.jit(fwd_vjp)
+            f_flops, f_bytes = _cost(fwd.lower(*args).compile())
+            out.append(FragmentTiming(name, "F", b, f_flops, f_bytes,
+                                      time_call(fwd, *args, repeats=repeats), layout))
             tell(name, "B", b)
-            y, vjp_fn = jax.jit(fwd_vjp)(*args)
+            y, vjp_fn = fwd(*args)
             ct = jnp.ones_like(y)
             bwd = jax.jit(lambda f, c: f(c))
             b_flops, b_bytes = _cost(bwd.lower(vjp_fn, ct).compile())
@@ -230,36 +232,68 @@ def measure_weight_stream(mesh: Mesh, mib_per_device: int = WEIGHT_STREAM_MIB, r
     return h * cols * 4 / mesh.devices.size, time_call(f, x, w, repeats=repeats)
 
 
-def measure_decode_layer(mesh: Mesh, *, model: str = "llama-tiny", repeats: int = 5
-                         ) -> FragmentTiming:
-    """Time one decoder block's forward on one token per device under tensor parallelism (what a
-    decode step of one sequence runs on each layer), cycling over enough copies of the block's
-    weights (:data:`DECODE_ROTATION_MIB`) that each call streams its weights from memory, not
-    from a cache. Returns the median seconds per call over ``max(15, 3 x repeats)`` sweeps (on a
-    2-core machine the median of 5 sweeps moved by up to 30% from one calibration to the next,
-    of 9 by 13%) as a ``tp`` :class:`FragmentTiming` of ``seq_len`` 1 (FLOP and bytes 0 until
-    :func:`layout_costs` fills them): the typical call, as ``mpmd run`` reports the median
-    step."""
+def measure_decode_layer(mesh: Mesh, *, model: str = "llama-tiny", repeats: int = 5,
+                         cache_tokens: int = DECODE_CACHE_TOKENS,
+                         layers: tuple[int, int] = DECODE_LAYERS) -> FragmentTiming:
+    """Time what one more decoder block adds to a decode fragment on one token per device under
+    tensor parallelism, as ``mpmd run`` executes it (:func:`zoo.kv_decode.block_decode_fn`: the
+    token's keys and values written into a cache of ``cache_tokens`` positions, attention over
+    it, the updated caches returned): fragments of ``layers[0]`` and ``layers[1]`` blocks are
+    timed, cycling over enough copies of the block's weights (:data:`DECODE_ROTATION_MIB`) that
+    each call streams its weights from memory, not from a cache, and the difference per block is
+    returned. A fragment's own cost per call (dispatch, its many buffers) is left out: one block
+    alone took 1.2-1.3x what one more block adds to a fragment (llama-tiny, 2 CPU devices).
+
+    Returns: a ``tp`` :class:`FragmentTiming` of ``seq_len`` 1 and one sample whose ``seconds``
+    are that marginal time per block: the median over ``max(15, 3 x repeats)`` pairs of sweeps
+    (one over each fragment size, back to back, so load that comes and goes falls on both) of
+    their difference; FLOP and bytes 0 until :func:`layout_costs` fills them.
+
+    Raises:
+        CalibrationError: ``layers`` not two increasing counts of at least 1.
+    """
+    few, many = layers
+    if not 1 <= few < many:
+        raise CalibrationError(f"decode fragments of {few} and {many} blocks: give two "
+                               f"increasing counts of at least 1")
     cfg = get_config(model)
     lay = layout_of("tp", mesh.devices.size)
     mesh = layout_mesh(list(mesh.devices.flat), lay)
     shapes = block_shapes(cfg)
     block_bytes = sum(math.prod(v) for v in shapes.values()) * jnp.dtype(cfg.jnp_dtype).itemsize
-    copies = max(2, math.ceil(DECODE_ROTATION_MIB * 2**20 / block_bytes))
+    copies = max(many, math.ceil(DECODE_ROTATION_MIB * 2**20 / block_bytes))
+    copies = math.ceil(copies / many) * many        # whole groups of the larger fragment
     params = [_placed(cfg, shapes, mesh, lay, jax.random.PRNGKey(k)) for k in range(copies)]
+    row = batch_spec(lay)[0]
     x = jax.device_put(jnp.ones((1, 1, cfg.hidden), cfg.jnp_dtype) * 0.1,
-                       NamedSharding(mesh, batch_spec(lay)))
-    fwd = jax.jit(lambda p, h: block_fn(cfg)(p, h))
-    for p in params:
-        _block(fwd(p, x))
+                       NamedSharding(mesh, P(row)))
+    cache = jax.device_put(jnp.zeros(kv_decode.cache_shape(cfg, 1, cache_tokens), cfg.jnp_dtype),
+                           NamedSharding(mesh, P(row, None, MODEL, None)))
+    pos = jnp.int32(cache_tokens // 2)
+    block = kv_decode.block_decode_fn(cfg)
 
-    def sweep() -> float:
+    def fragment(ps, h, c, i):
+        caches = []
+        for p in ps:
+            h, k_c, v_c = block(p, h, c, c, i)
+            caches += [k_c, v_c]
+        return h, caches
+    step = jax.jit(fragment)
+
+    def groups(k: int) -> list[list[dict]]:
+        return [params[i:i + k] for i in range(0, copies - k + 1, k)]
+
+    def sweep(gs: list[list[dict]]) -> float:
         t0 = time.perf_counter()
-        for p in params:
-            _block(fwd(p, x))
-        return (time.perf_counter() - t0) / copies
-    seconds = statistics.median(sweep() for _ in range(max(15, 3 * repeats)))
-    return FragmentTiming("block", "F", 1, 0.0, 0.0, seconds, "tp", seq_len=1)
+        for g in gs:
+            _block(step(g, x, cache, pos))
+        return (time.perf_counter() - t0) / len(gs)
+    small, large = groups(few), groups(many)
+    sweep(small), sweep(large)              # compile and warm both
+    # paired sweeps, the median of their differences: load that comes and goes falls on both
+    diffs = [sweep(large) - sweep(small) for _ in range(max(15, 3 * repeats))]
+    seconds = statistics.median(diffs) / (many - few)
+    return FragmentTiming("block", "F", 1, 0.0, 0.0, max(seconds, 1e-9), "tp", seq_len=1)
 
 
 def measure_stream(mib: int = 256, repeats: int = 5) -> float:
@@ -362,32 +396,41 @@ CALIBRATION_STEPS = ("fragments", "fragment overhead", "small block (fixed time 
                      "runtime concurrency")
 
 
+SMALL_BLOCK_CALLS = 7
+"""Calls of the small block per round of :func:`measure_small_block` (the median is kept)."""
+
+
 def measure_small_block(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, repeats: int = 5
                         ) -> list[FragmentTiming]:
-    """Time a small decoder block's forward and whole backward (:data:`SMALL_BLOCK`) on
-    ``mesh`` under data parallelism at each of ``samples``: median of ``max(15, 3 x repeats)``
-    calls each (the calls take a millisecond or so, so more of them cost little and steady the
-    intercept). FLOP and bytes are left 0: only the times enter the fit
+    """Time a small decoder block's training forward (keeping its residuals, as a training step
+    runs it) and whole backward (:data:`SMALL_BLOCK`) on ``mesh`` under data parallelism at each
+    of ``samples``, in ``max(15, 3 x repeats)`` interleaved rounds (each round times every sample
+    count and kind, median of :data:`SMALL_BLOCK_CALLS` calls each): the median over the rounds.
+    Interleaving keeps a burst of load on the host from landing on one sample count, which tilts
+    the line the intercept comes from (timed one sample count after another, the forward's
+    intercept moved from 0 to 694 us between four calibrations on a 2-core machine; interleaved,
+    from 265 to 291 us). FLOP and bytes are left 0: only the times enter the fit
     (:func:`runtime.calibration.fit.fit_layer_overhead`)."""
     cfg = get_config("llama-tiny", **SMALL_BLOCK)
     lay = layout_of("dp", mesh.devices.size)
     mesh = layout_mesh(list(mesh.devices.flat), lay)
     params = _placed(cfg, block_shapes(cfg), mesh, lay, jax.random.PRNGKey(0))
-    fwd = jax.jit(lambda p, h: block_fn(cfg)(p, h))
+    # the forward a training step runs (keeping its residuals), and the backward on them
     fwd_vjp = jax.jit(lambda p, h: jax.vjp(lambda p, h: block_fn(cfg)(p, h), p, h))
-    bwd = jax.jit(lambda f, c: f(c))     # the backward on the forward's residuals, as a B runs
-    n = max(15, 3 * repeats)
-    out = []
+    bwd = jax.jit(lambda f, c: f(c))
+    calls: dict[tuple[int, str], tuple[Callable[..., Any], tuple]] = {}
     for b in samples:
         x = jax.device_put(jnp.ones((b, cfg.seq_len, cfg.hidden), cfg.jnp_dtype) * 0.1,
                            NamedSharding(mesh, batch_spec(lay)))
-        out.append(FragmentTiming("small_block", "F", b, 0.0, 0.0,
-                                  time_call(fwd, params, x, repeats=n), "dp", cfg.seq_len))
         y, vjp_fn = fwd_vjp(params, x)
-        out.append(FragmentTiming("small_block", "B", b, 0.0, 0.0,
-                                  time_call(bwd, vjp_fn, jnp.ones_like(y), repeats=n), "dp",
-                                  cfg.seq_len))
-    return out
+        calls[(b, "F")] = (fwd_vjp, (params, x))
+        calls[(b, "B")] = (bwd, (vjp_fn, jnp.ones_like(y)))
+    rounds: dict[tuple[int, str], list[float]] = {k: [] for k in calls}
+    for _ in range(max(15, 3 * repeats)):
+        for k, (fn, args) in calls.items():
+            rounds[k].append(time_call(fn, *args, repeats=SMALL_BLOCK_CALLS, warmup=1))
+    return [FragmentTiming("small_block", kind, b, 0.0, 0.0, statistics.median(rounds[(b, kind)]),
+                           "dp", cfg.seq_len) for b in samples for kind in ("F", "B")]
 
 
 def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
@@ -447,6 +490,10 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
     speed = measure_concurrency(meshes[:2], repeats=repeats)
     step(10)
     achieved = measure_runtime_concurrency(meshes[:2])
+    # the decode-shaped layer again, now that the calibration's other work is done: a burst of
+    # load on a 2-core host (another process) slows one timing by up to 3x, rarely both
+    again = measure_decode_layer(meshes[0], repeats=repeats)
+    decode = min(decode, again, key=lambda f: f.seconds)
     cal = Calibration(
         peak_flops=peak, achievable_flops=fit["achievable_flops"],
         memory_bandwidth=max(stream, achievable_bw, weight_bw),
