@@ -65,6 +65,12 @@ class _Overhead(_Strict):
     origin: str = Field(min_length=1)
 
 
+class _LayerOverhead(_Overhead):
+    ops: int | None = Field(default=None, ge=1)
+    """Primitive ops of the block the fixed time was measured on (``LayerCost.fwd_ops`` /
+    ``bwd_ops``): a layer pays the fixed time times its own ops over these. None: per layer."""
+
+
 class _Roofline(_Strict):
     value: Literal["max", "sum"]
     origin: str = Field(min_length=1)
@@ -102,8 +108,8 @@ class _Efficiencies(_Strict):
     grad_sync_overlap: _GradSyncOverlap | None = None
     sync_jitter: _Fraction | None = None
     decode_layer_overhead_us: _Overhead | None = None
-    forward_layer_overhead_us: _Overhead | None = None
-    backward_layer_overhead_us: _Overhead | None = None
+    forward_layer_overhead_us: _LayerOverhead | None = None
+    backward_layer_overhead_us: _LayerOverhead | None = None
     prefill_layer_overhead_us: _Overhead | None = None
     logit_overhead_ns: _Overhead | None = None
 

@@ -270,6 +270,10 @@ def _device_from_file(path: Path) -> DeviceProfile:
                                 if f.efficiency.forward_layer_overhead_us else 0.0),
         backward_layer_overhead=(f.efficiency.backward_layer_overhead_us.value * US
                                  if f.efficiency.backward_layer_overhead_us else 0.0),
+        layer_overhead_ops=tuple((getattr(f.efficiency, k).ops or 0)
+                                 if getattr(f.efficiency, k) else 0
+                                 for k in ("forward_layer_overhead_us",
+                                           "backward_layer_overhead_us")),
         logit_overhead=(f.efficiency.logit_overhead_ns.value * 1e-9
                         if f.efficiency.logit_overhead_ns else 0.0),
         sources=sources,

@@ -127,6 +127,11 @@ class DeviceProfile:
             size (XLA:CPU's thunk executor), measured by ``mpmd calibrate`` as the intercept of a
             small block's time against its microbatch; 0 where no profile measured one (an
             accelerator's stream hides its kernel launches behind the running kernels).
+        layer_overhead_ops: (forward, backward) primitive ops of that small block
+            (``LayerCost.fwd_ops`` / ``bwd_ops``): a layer pays the fixed time in proportion to
+            its own ops (:meth:`layer_fixed_time`; measured on XLA:CPU, a mixture-of-experts
+            block of 2x the dense block's forward ops has 2.4-3x its forward intercept);
+            (0, 0): per layer.
         logit_overhead: a serving step's time per logit it hands to sampling, s: a stack that
             reads each step's ``batch x vocab`` logits back to the host and samples there pays
             it (a decode step of 32 users costs a Wormhole n150 ~8 ms more than one user's, for
@@ -174,6 +179,17 @@ class DeviceProfile:
     weight_stream_efficiency: float | None = None
     forward_layer_overhead: float = 0.0
     backward_layer_overhead: float = 0.0
+    layer_overhead_ops: tuple[int, int] = (0, 0)
+
+    def layer_fixed_time(self, kind: str, ops: int) -> float:
+        """The fixed time, s, a layer of ``ops`` primitive operations pays in a forward (``kind``
+        ``"F"``) or a whole backward (any other kind): ``forward_layer_overhead`` (or
+        ``backward_layer_overhead``) times ``ops`` over the measured block's
+        (``layer_overhead_ops``); the overhead itself where either count is 0 (not traced, or
+        measured per layer)."""
+        if kind == "F":
+            return layer_fixed_share(self.forward_layer_overhead, ops, self.layer_overhead_ops[0])
+        return layer_fixed_share(self.backward_layer_overhead, ops, self.layer_overhead_ops[1])
 
     def attention_rate(self, seq_len: int, backward: bool = False) -> float:
         """The fused attention kernel's FLOP rate relative to the GEMM rate at ``seq_len`` tokens
@@ -229,6 +245,13 @@ class Link:
     bandwidth: float
     latency: float
     source: str = ""
+
+
+def layer_fixed_share(fixed: float, ops: int, measured_ops: int) -> float:
+    """A layer's share of a fixed time per layer measured on a block of ``measured_ops`` primitive
+    ops, s: ``fixed x ops / measured_ops`` (XLA:CPU dispatches each op at a cost of its own), or
+    ``fixed`` where either count is 0 (not traced, or measured per layer)."""
+    return fixed * ops / measured_ops if ops > 0 and measured_ops > 0 else fixed
 
 
 def straggler_factor(hosts: int, jitter: float) -> float:

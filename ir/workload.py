@@ -44,6 +44,7 @@ class LayerCost:
             FLOP, the core has no weights). The cost model runs them at the device's attention
             kernel rate (``DeviceProfile.attention_rate``) rather than its GEMM rate. 0 for
             a layer without attention or an unfused core (its matmuls are ordinary GEMMs).
+        fwd_ops / bwd_ops: primitive operations of the forward and the whole backward.
     """
 
     name: str
@@ -72,6 +73,12 @@ class LayerCost:
     """Bytes one sample's tokens send to their experts in one dispatch (``seq x top_k x h x dtype
     bytes x capacity factor``); the combine sends as many back. What an expert-parallel layout
     moves by all-to-all, per direction."""
+    fwd_ops: int = 0
+    bwd_ops: int = 0
+    """Primitive operations of the forward and of the whole backward (the pullback on the kept
+    residuals): the traced program's equations, nested calls expanded, at one sample. A device
+    that dispatches ops one by one at a fixed cost each (XLA:CPU) pays its measured fixed time per
+    layer in proportion (``DeviceProfile.layer_overhead_ops``). 0 when not traced."""
 
     def __post_init__(self) -> None:
         for f in ("fwd_flops_per_sample", "bwd_flops_per_sample", "bwd_input_flops_per_sample",

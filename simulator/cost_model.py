@@ -22,7 +22,8 @@ parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weigh
   + tensor-parallel all-reduces of the activation over ``t`` devices (ring, ``collectives``)
   + the device's fixed dispatch overhead per fragment
   + a fixed time per layer where the profile measured one (``forward_layer_overhead``,
-  ``backward_layer_overhead``: XLA:CPU dispatches a layer's ops one after another)
+  ``backward_layer_overhead``: XLA:CPU dispatches a layer's ops one after another), in
+  proportion to the layer's primitive ops (``DeviceProfile.layer_fixed_time``)
 - transfer time  = link latency + bytes / link bandwidth
 - gradient sync  = Megatron-LM's distributed optimizer with ``overlap_grad_reduce`` (Megatron-LM
   ``DistributedDataParallel``: gradients reduce-scattered in buckets while the backward still runs):
@@ -208,7 +209,9 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
             profile's ``decode_layer_overhead`` (its small ops dispatched one by one), as
             :mod:`simulator.serving_cost` charges a decode step. Any other layer with FLOP pays
             the profile's ``forward_layer_overhead`` in a forward and
-            ``backward_layer_overhead`` in a backward (split between B and W by their FLOP).
+            ``backward_layer_overhead`` in a backward (split between B and W by their FLOP),
+            scaled by the layer's ops over those of the block they were measured on
+            (``LayerCost.fwd_ops`` / ``bwd_ops``, ``DeviceProfile.layer_fixed_time``).
         alltoall_hidden: a schedule that runs a mixture of experts' all-to-alls under another
             microbatch's compute (``ScheduleKind.hides_alltoall``: DualPipe): the expert-parallel
             all-to-all (:func:`expert_alltoall`) is overlapped with the layer's work, slowed by the
@@ -284,8 +287,9 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         body += mesh.device.decode_layer_overhead or 0.0
     elif flops > 0:
         # the layer's ops dispatched one after another, each at a fixed cost (measured: XLA:CPU)
-        body += (mesh.device.forward_layer_overhead if kind == "F"
-                 else mesh.device.backward_layer_overhead * share)
+        # (in proportion to the layer's ops: DeviceProfile.layer_fixed_time)
+        body += (mesh.device.layer_fixed_time("F", cost.fwd_ops) if kind == "F"
+                 else mesh.device.layer_fixed_time("B", cost.bwd_ops) * share)
     if recompute and kind == "B":
         return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len,
                                  alltoall_hidden=alltoall_hidden)

@@ -93,6 +93,16 @@ def _costs(fn: Callable, *args, floor: float = 0.0) -> tuple[float, float, float
     return flops, max(float(rl.hbm_bytes), float(floor)), max(other, 0.0)
 
 
+def _ops(jaxpr: Any) -> int:
+    """Primitive equations of ``jaxpr``, those of its sub-jaxprs (calls, custom derivatives,
+    control flow bodies) counted in place of the equation that holds them."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        subs = list(jaxprs_in_params(eqn.params))
+        total += sum(_ops(sub) for sub in subs) if subs else 1
+    return total
+
+
 def _layer_inputs(cfg: ModelConfig, layer: str, b: int) -> tuple[tuple, tuple]:
     """(differentiable inputs, other inputs) of ``layer`` at microbatch ``b``."""
     batch = models.batch_spec(cfg, b)
@@ -193,6 +203,8 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
     r["fwd_flops"], r["fwd_bytes"], r["fwd_other"] = _costs(
         fn, p, *diff, *other, floor=_nbytes((diff, other, out)))
     r["out_bytes"] = 0.0 if (cfg.training and layer == "head") else _nbytes(out)
+    r["fwd_ops"] = float(_ops(jax.make_jaxpr(fn)(p, *diff, *other).jaxpr))
+    r["bwd_ops"] = 0.0
     for k in ("bwd_flops", "bwd_bytes", "bwdx_flops", "resid_bytes", "bwd_other", "bwdx_other",
               "attn_fwd_flops", "attn_bwd_flops"):
         r[k] = 0.0
@@ -201,6 +213,7 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
         grads = jax.eval_shape(bwd, leaves, ct)
         r["bwd_flops"], r["bwd_bytes"], r["bwd_other"] = _costs(bwd, leaves, ct,
                                                                 floor=_nbytes((ct, grads)))
+        r["bwd_ops"] = float(_ops(jax.make_jaxpr(bwd)(leaves, ct).jaxpr))
         if diff:
             bwdx, leaves_x, ct = _vjp_parts(fn, p, diff, other, wrt_params=False)
             r["bwdx_flops"], _, r["bwdx_other"] = _costs(bwdx, leaves_x, ct)
@@ -240,6 +253,9 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
     if body not in bodies:
         raise ZooError(f"{cfg.name!r} has no fragment body {body!r}; bodies: {sorted(bodies)}")
     one, two = _probe(cfg, body, 1), _probe(cfg, body, 2)
+    ops = {k: int(one.pop(k)) for k in ("fwd_ops", "bwd_ops")}
+    for k in ops:
+        two.pop(k)
     per = {k: max(two[k] - one[k], 0.0) for k in one}
     fixed = {k: max(one[k] - per[k], 0.0) for k in one}
     layer = next(n for n in models.layer_names(cfg) if models.body_of(cfg, n) == body)
@@ -262,7 +278,7 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         attention_fwd_flops_per_sample=min(per["attn_fwd_flops"], per["fwd_flops"]),
         attention_bwd_flops_per_sample=min(per["attn_bwd_flops"], per["bwdx_flops"],
                                            per["bwd_flops"]),
-        **_expert_fields(cfg, body))
+        fwd_ops=ops["fwd_ops"], bwd_ops=ops["bwd_ops"], **_expert_fields(cfg, body))
 
 
 def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:

@@ -168,17 +168,19 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
                 + ", ".join(f"{k} {e:.3f}" for k, e in cal.roofline_errors))},
             "fragment_overhead_us": {"value": round(cal.fragment_overhead * 1e6, 2), "origin": (
                 f"{where}: compiler.runtime.run_program per step, 200 one-element calls")},
-            **({key: {"value": round(value * 1e6, 2), "origin": (
+            **({key: {"value": round(value * 1e6, 2), "ops": ops, "origin": (
                 f"{where}: the intercept of a least-squares line through a small decoder block's "
                 f"{what} times (width {SMALL_BLOCK['hidden']}, {SMALL_BLOCK['seq_len']} tokens per "
                 f"sample, data parallel over {cal.devices_per_mesh} devices) against its "
                 f"microbatch of " + ", ".join(str(f.samples) for f in cal.small_block if f.kind == kind)
-                + f" samples, less the fragment overhead: its ops dispatched one after "
-                f"another, each at a cost that does not grow with the microbatch "
-                f"(runtime.calibration.fit.fit_layer_overhead)")}
-                for key, value, what, kind in (
-                    ("forward_layer_overhead_us", cal.forward_layer_overhead, "forward", "F"),
-                    ("backward_layer_overhead_us", cal.backward_layer_overhead, "backward", "B"))}
+                + f" samples, less the fragment overhead: its {ops} ops dispatched one after "
+                f"another, each at a cost that does not grow with the microbatch; a layer pays "
+                f"it in proportion to its own ops (runtime.calibration.fit.fit_layer_overhead)")}
+                for key, value, what, kind, ops in (
+                    ("forward_layer_overhead_us", cal.forward_layer_overhead, "forward", "F",
+                     cal.small_block_ops[0] or None),
+                    ("backward_layer_overhead_us", cal.backward_layer_overhead, "backward", "B",
+                     cal.small_block_ops[1] or None))}
                if cal.small_block else {}),
             **({"decode_layer_overhead_us": {
                 "value": round(cal.decode_layer_overhead * 1e6, 2), "origin": (

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from runtime.calibration.layouts import LAYER_BODY, collective_terms
 from compiler.errors import CompilerError
+from hardware_profiles.types import layer_fixed_share
 import numpy as np
 from simulator.cost_model import combine_work
 from zoo.costing import workload
@@ -75,6 +76,9 @@ class FragmentTiming:
     weight_bytes: float = 0.0
     """Of ``bytes``, the part that does not grow with the samples (the weights the matmuls
     stream): set by :func:`~runtime.calibration.layouts.layout_costs`."""
+    ops: int = 0
+    """The layer's primitive ops in this kind (``LayerCost.fwd_ops`` / ``bwd_ops``): set by
+    :func:`~runtime.calibration.layouts.layout_costs`; 0 before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +140,11 @@ class Calibration:
     """The decode-shaped fragment that gave ``decode_layer_overhead``."""
     forward_layer_overhead: float = 0.0
     backward_layer_overhead: float = 0.0
-    """Fixed seconds per layer in a forward / a whole backward (:func:`fit_layer_overhead`)."""
+    """Fixed seconds per layer in a forward / a whole backward (:func:`fit_layer_overhead`),
+    those of the small block, whose ops are ``small_block_ops``."""
+    small_block_ops: tuple[int, int] = (0, 0)
+    """The small block's primitive ops, forward and whole backward (``LayerCost.fwd_ops`` /
+    ``bwd_ops``): another layer's fixed time scales with its own ops over these."""
     small_block: tuple[FragmentTiming, ...] = ()
     """The small block's timings that gave them."""
 
@@ -423,11 +431,14 @@ def fit_layer_overhead(frags: Sequence[FragmentTiming], overhead: float) -> tupl
 
 
 def layer_fixed(cal: Calibration, f: FragmentTiming) -> float:
-    """The fixed time per layer the calibration charges fragment ``f`` (one layer), s: 0 for a
-    decode-shaped forward (its own overhead holds its small ops)."""
+    """The fixed time per layer the calibration charges fragment ``f`` (one layer), s: the small
+    block's, in proportion to ``f``'s ops (:func:`hardware_profiles.types.layer_fixed_share`); 0
+    for a decode-shaped forward (its own overhead holds its small ops)."""
     if f.seq_len == 1:
         return 0.0
-    return cal.forward_layer_overhead if f.kind == "F" else cal.backward_layer_overhead
+    if f.kind == "F":
+        return layer_fixed_share(cal.forward_layer_overhead, f.ops, cal.small_block_ops[0])
+    return layer_fixed_share(cal.backward_layer_overhead, f.ops, cal.small_block_ops[1])
 
 
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:

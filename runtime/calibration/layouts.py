@@ -58,7 +58,8 @@ def layout_costs(frags: Sequence, devices: int, *, model: str = "llama-tiny") ->
     measured times through the simulator's own costing: ``flops_per_sample x samples /
     d / t`` and ``(bytes_fixed + bytes_per_sample x samples / d) / t`` for the fragment's layout
     ``d x t`` (the ``zoo.costing`` workload's figures, at the fragment's ``seq_len``), with
-    ``bytes_fixed / t`` of them as its ``weight_bytes``."""
+    ``bytes_fixed / t`` of them as its ``weight_bytes`` and the layer's primitive ops in that
+    kind as its ``ops``."""
     out = []
     for f in frags:
         c = _cost(model, f.samples, f.layer, f.seq_len)
@@ -71,7 +72,8 @@ def layout_costs(frags: Sequence, devices: int, *, model: str = "llama-tiny") ->
             flops, fixed = c.bwd_flops_per_sample * per_dev, c.bwd_bytes_fixed
             nbytes = fixed + c.bwd_bytes_per_sample * per_dev
         out.append(replace(f, flops=flops / lay.tensor, bytes=nbytes / lay.tensor,
-                           weight_bytes=fixed / lay.tensor))
+                           weight_bytes=fixed / lay.tensor,
+                           ops=c.fwd_ops if f.kind == "F" else c.bwd_ops))
     return out
 
 

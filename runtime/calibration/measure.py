@@ -65,7 +65,8 @@ from rich.table import Table
 from runtime.calibration.files import check_writable, profile_paths, write_profiles
 from runtime.calibration.layouts import layout_costs, layout_of, LAYOUTS
 from runtime.train.layouts import MODEL, batch_spec, layout_mesh, param_spec
-from zoo import kv_decode
+from hardware_profiles.types import layer_fixed_share
+from zoo import kv_decode, workload
 from zoo.config import get_config
 from zoo.decoder import block_fn, block_shapes, embed_fn, embed_shapes, head_fn, head_shapes
 from zoo.layers import init_from_shapes
@@ -396,6 +397,13 @@ CALIBRATION_STEPS = ("fragments", "fragment overhead", "small block (fixed time 
                      "runtime concurrency")
 
 
+def small_block_ops() -> tuple[int, int]:
+    """The small block's (:data:`SMALL_BLOCK`) primitive ops, forward and whole backward, as
+    ``zoo.costing`` counts every layer's (``LayerCost.fwd_ops`` / ``bwd_ops``)."""
+    c = workload(get_config("llama-tiny", **SMALL_BLOCK), 2).costs[LAYER_BODY["block"]]
+    return c.fwd_ops, c.bwd_ops
+
+
 SMALL_BLOCK_CALLS = 7
 """Calls of the small block per round of :func:`measure_small_block` (the median is kept)."""
 
@@ -479,8 +487,10 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
     step(7)
     intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
     # the rates are fitted on what each one-layer fragment took beyond its fixed time per layer
-    rest = [dataclasses.replace(f, seconds=max(f.seconds - (fixed_f if f.kind == "F" else fixed_b),
-                                               1e-9)) for f in frags]
+    small_ops = small_block_ops()
+    rest = [dataclasses.replace(f, seconds=max(f.seconds - layer_fixed_share(
+        fixed_f if f.kind == "F" else fixed_b, f.ops, small_ops[0 if f.kind == "F" else 1]),
+        1e-9)) for f in frags]
     fit = fit_calibration(rest, overhead, achievable_bw, devices_per_mesh, intra_lat)
     peak, peak_src, _ = nominal_peaks(devices_per_mesh, host.cores, host.cpuinfo)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
@@ -509,7 +519,7 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
         fit_rel_error=fit["rel_error"], date=host.date, peak_source=peak_src,
         memory_bytes=host.memory_bytes, host_devices=len(jax.devices()),
         cpu_model=cpu_model(host.cpuinfo), forward_layer_overhead=fixed_f,
-        backward_layer_overhead=fixed_b, small_block=tuple(small))
+        backward_layer_overhead=fixed_b, small_block=tuple(small), small_block_ops=small_ops)
     decode = layout_costs([decode], devices_per_mesh)[0]
     return dataclasses.replace(cal, decode_layer_overhead=fit_decode_overhead(cal, decode),
                                decode_fragment=decode)

@@ -416,6 +416,46 @@ def test_fixed_time_per_layer_is_written_loaded_and_charged_per_layer(tmp_path):
     assert one == pytest.approx(cm.layer_time(c, "F", 2.0, bare, lay, "fp32", seq_len=1), rel=1e-12)
 
 
+def test_fixed_time_per_layer_scales_with_the_layers_ops(tmp_path):
+    """A calibration that counted the small block's ops writes them beside each fixed time; a
+    layer then pays the fixed time times its own ops over the small block's (a mixture of
+    experts' block, with more ops, pays more; the embedding, with few, less), and the fit takes
+    off each timed fragment's own share."""
+    from hardware_profiles.loader import load_cluster
+    from ir import Layout
+    from runtime.calibration.fit import layer_fixed
+    from runtime.calibration.measure import small_block_ops
+    from simulator import cost_model as cm
+    from zoo.costing import workload
+    from zoo.model_files import load_model_file
+
+    ops = small_block_ops()
+    small = tuple(FragmentTiming("small_block", k, b, 0.0, 0.0, 1e-3, "dp", 64)
+                  for b in (2, 4) for k in "FB")
+    cal = _cal(forward_layer_overhead=3e-4, backward_layer_overhead=1.2e-3, small_block=small,
+               small_block_ops=ops)
+    dev = tmp_path / "cpu-host.yaml"
+    write_profiles(cal, str(dev), str(tmp_path / "cpu4x2.yaml"))
+    d = load_device(dev)
+    assert d.layer_overhead_ops == ops
+    assert f"its {ops[0]} ops dispatched" in d.sources["forward_layer_overhead"]
+    mesh = load_cluster(tmp_path / "cpu4x2.yaml").meshes["m0"]
+    bare = dataclasses.replace(mesh, device=dataclasses.replace(
+        d, forward_layer_overhead=0.0, backward_layer_overhead=0.0))
+    lay = Layout(2, 1)
+    moe = workload(load_model_file(REPO / "zoo/configs/tiny-moe.yaml"), 8).costs["decoder_block"]
+    embed = workload("llama-tiny", 8).costs["embed"]
+    for c in (moe, embed):
+        for kind, fixed, n, ref in (("F", 3e-4, c.fwd_ops, ops[0]), ("B", 1.2e-3, c.bwd_ops, ops[1])):
+            extra = (cm.layer_time(c, kind, 4.0, mesh, lay, "fp32", seq_len=64)
+                     - cm.layer_time(c, kind, 4.0, bare, lay, "fp32", seq_len=64))
+            assert extra == pytest.approx(fixed * n / ref, rel=1e-9)
+    assert moe.fwd_ops > 1.5 * ops[0] and moe.bwd_ops > ops[1] and embed.fwd_ops < ops[0] / 10
+    f = FragmentTiming("embed", "F", 2, 0.0, 0.0, 1e-3, "dp", ops=embed.fwd_ops)
+    assert layer_fixed(cal, f) == pytest.approx(3e-4 * embed.fwd_ops / ops[0], rel=1e-12)
+    assert layer_fixed(_cal(forward_layer_overhead=3e-4), f) == 3e-4     # ops not counted
+
+
 def test_decode_layer_is_timed_as_what_one_more_block_adds_to_a_fragment():
     """Structure only (no bound on this machine's speed): the decode-shaped timing is a one-token,
     tensor-parallel F of one sample, and fragments of blocks must be compared at two increasing

@@ -12,7 +12,10 @@ from zoo import costing
 import zoo
 from ir import Workload
 from ir.workload import causal_fraction
+from pathlib import Path
 from zoo import ZooError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "gpt3-175b"])
@@ -179,3 +182,19 @@ def test_errors():
         costing.workload("llama-tiny", 0)
     with pytest.raises(ZooError, match="no fragment body"):
         costing.body_cost(_tiny(), "mlp")
+
+
+def test_ops_are_counted_per_layer_and_kind():
+    """Primitive ops of each body's forward and backward: the embedding is a gather, the head a
+    matmul and its loss, the block the most; a mixture of experts' routing adds to both passes;
+    an inference model has no backward; the counts do not depend on the microbatch."""
+    from zoo.model_files import load_model_file
+
+    w = costing.workload("llama-tiny", 8).costs
+    assert 0 < w["embed"].fwd_ops < w["head"].fwd_ops < w["decoder_block"].fwd_ops
+    assert 0 < w["embed"].bwd_ops < w["head"].bwd_ops < w["decoder_block"].bwd_ops
+    assert costing.workload("llama-tiny", 2).costs["decoder_block"].fwd_ops == w["decoder_block"].fwd_ops
+    moe = costing.workload(load_model_file(ROOT / "zoo/configs/tiny-moe.yaml"), 8).costs["decoder_block"]
+    assert moe.fwd_ops > w["decoder_block"].fwd_ops and moe.bwd_ops > w["decoder_block"].bwd_ops
+    dec = costing.workload(load_model_file(ROOT / "zoo/configs/llama-tiny-decode.yaml"), 4)
+    assert all(c.bwd_ops == 0 and c.fwd_ops > 0 for c in dec.costs.values())
