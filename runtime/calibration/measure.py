@@ -139,7 +139,13 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
     ``"fsdp"``: batch and parameters split; the shardings ``mpmd run`` gives them,
     :mod:`runtime.train.layouts`).
 
-    ``progress`` (if given) is told each fragment before it is timed: ``"block B, 4 samples
+    Each fragment is compiled, then all are timed in ``max(9, repeats)`` interleaved rounds
+    (after two untimed ones), each round calling every fragment once: the median over the rounds. A burst
+    of load on a shared host then falls on one round of every fragment rather than on all the
+    calls of one, which tilted the fitted rates (as it did the small block's intercept,
+    :func:`measure_small_block`).
+
+    ``progress`` (if given) is told each fragment before it is compiled: ``"block B, 4 samples
     (8 of 18)"``.
     """
     cfg = get_config(model)
@@ -149,7 +155,7 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
     key = jax.random.PRNGKey(0)
     params = {n: _placed(cfg, s(cfg), mesh, lay, key)
               for n, s in (("embed", embed_shapes), ("block", block_shapes), ("head", head_shapes))}
-    out: list[FragmentTiming] = []
+    calls: list[tuple[FragmentTiming, Callable[..., Any], tuple]] = []
     total, done = 2 * 3 * len(samples), 0
 
     def tell(name: str, kind: str, b: int) -> None:
@@ -181,16 +187,25 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
             tell(name, "F", b)
             fwd = jax.jit(fwd_vjp)
             f_flops, f_bytes = _cost(fwd.lower(*args).compile())
-            out.append(FragmentTiming(name, "F", b, f_flops, f_bytes,
-                                      time_call(fwd, *args, repeats=repeats), layout))
+            calls.append((FragmentTiming(name, "F", b, f_flops, f_bytes, 0.0, layout), fwd, args))
             tell(name, "B", b)
             y, vjp_fn = fwd(*args)
             ct = jnp.ones_like(y)
             bwd = jax.jit(lambda f, c: f(c))
             b_flops, b_bytes = _cost(bwd.lower(vjp_fn, ct).compile())
-            out.append(FragmentTiming(name, "B", b, b_flops, b_bytes,
-                                      time_call(bwd, vjp_fn, ct, repeats=repeats), layout))
-    return out
+            calls.append((FragmentTiming(name, "B", b, b_flops, b_bytes, 0.0, layout), bwd,
+                          (vjp_fn, ct)))
+    # interleaved rounds, each timing every fragment once (two untimed rounds first): a burst of
+    # load on the host lands on one round of every fragment, not on every call of one
+    times: list[list[float]] = [[] for _ in calls]
+    for r in range(max(9, repeats) + 2):
+        for i, (_, fn, args) in enumerate(calls):
+            t = time.perf_counter()
+            _block(fn(*args))
+            if r >= 2:
+                times[i].append(time.perf_counter() - t)
+    return [dataclasses.replace(f, seconds=statistics.median(ts))
+            for (f, _, _), ts in zip(calls, times)]
 
 
 def measure_overhead(mesh: Mesh, calls: int = 200) -> float:
