@@ -81,16 +81,17 @@ def _dot_bytes(jaxpr: Any) -> int:
     return total
 
 
-def _costs(fn: Callable, *args, floor: float = 0.0) -> tuple[float, float, float]:
-    """(XLA FLOPs, roofline HBM bytes, other bytes) of ``fn(*args)``. HBM bytes are at least
+def _costs(fn: Callable, *args, floor: float = 0.0) -> tuple[float, float, float, int]:
+    """(XLA FLOPs, roofline HBM bytes, other bytes, primitive ops) of ``fn(*args)``. HBM bytes are at least
     ``floor`` (the roofline model charges nothing for gathers and scatters, so the embedding needs
     the floor). Other bytes: the unfused HBM traffic of every op that is not a matmul
     (``roofline``'s ``unfused_hbm_bytes`` minus the ``dot_general`` operands and results; ops
     without a roofline rule, e.g. ``tanh``, count 0)."""
     flops = float(jax.jit(fn).lower(*args).cost_analysis()["flops"])
     _, rl = roofline.roofline(fn)(*args)
-    other = float(rl.unfused_hbm_bytes) - _dot_bytes(jax.make_jaxpr(fn)(*args).jaxpr)
-    return flops, max(float(rl.hbm_bytes), float(floor)), max(other, 0.0)
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+    other = float(rl.unfused_hbm_bytes) - _dot_bytes(jaxpr)
+    return flops, max(float(rl.hbm_bytes), float(floor)), max(other, 0.0), _ops(jaxpr)
 
 
 def _ops(jaxpr: Any) -> int:
@@ -176,7 +177,7 @@ def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: 
     frac = causal_fraction(q.shape[1]) if causal else 1.0
     scores_flops = 2.0 * math.prod(q.shape) * qkv[1].shape[1]   # Q K^T: 2 b S T H D
     core = functools.partial(attention, causal=causal, impl="plain")
-    flops_fwd, plain_fwd, other_fwd = _costs(core, *qkv)
+    flops_fwd, plain_fwd, other_fwd, _ = _costs(core, *qkv)
     io = _nbytes(qkv) + _nbytes(q)                          # q, k, v in; o out
     lse = math.prod(q.shape[:3]) * 4                        # float32 per (b, s, head)
     out = dict(zero, fwd_bytes=io + lse - plain_fwd, fwd_other=-other_fwd,
@@ -184,7 +185,7 @@ def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: 
     if not training:
         return out
     bwd_fn, leaves, ct = _vjp_parts(lambda p, q, k, v: core(q, k, v), {}, qkv, (), True)
-    flops_bwd, plain_bwd, other_bwd = _costs(bwd_fn, leaves, ct)
+    flops_bwd, plain_bwd, other_bwd, _ = _costs(bwd_fn, leaves, ct)
     flash_bwd = frac * (flops_bwd + scores_flops)
     out.update(bwd_bytes=(io + _nbytes(q) + lse) + _nbytes(qkv) - plain_bwd,  # q,k,v,o,do,lse in
                bwd_other=-other_bwd, bwdx_other=-other_bwd,
@@ -200,23 +201,21 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
     diff, other = _layer_inputs(cfg, layer, b)
     out = jax.eval_shape(fn, p, *diff, *other)
     r: dict[str, float] = {}
-    r["fwd_flops"], r["fwd_bytes"], r["fwd_other"] = _costs(
+    r["fwd_flops"], r["fwd_bytes"], r["fwd_other"], r["fwd_ops"] = _costs(
         fn, p, *diff, *other, floor=_nbytes((diff, other, out)))
     r["out_bytes"] = 0.0 if (cfg.training and layer == "head") else _nbytes(out)
-    r["fwd_ops"] = float(_ops(jax.make_jaxpr(fn)(p, *diff, *other).jaxpr))
-    r["bwd_ops"] = 0.0
+    r["bwd_ops"] = 0
     for k in ("bwd_flops", "bwd_bytes", "bwdx_flops", "resid_bytes", "bwd_other", "bwdx_other",
               "attn_fwd_flops", "attn_bwd_flops"):
         r[k] = 0.0
     if cfg.training:
         bwd, leaves, ct = _vjp_parts(fn, p, diff, other, wrt_params=True)
         grads = jax.eval_shape(bwd, leaves, ct)
-        r["bwd_flops"], r["bwd_bytes"], r["bwd_other"] = _costs(bwd, leaves, ct,
-                                                                floor=_nbytes((ct, grads)))
-        r["bwd_ops"] = float(_ops(jax.make_jaxpr(bwd)(leaves, ct).jaxpr))
+        r["bwd_flops"], r["bwd_bytes"], r["bwd_other"], r["bwd_ops"] = _costs(
+            bwd, leaves, ct, floor=_nbytes((ct, grads)))
         if diff:
             bwdx, leaves_x, ct = _vjp_parts(fn, p, diff, other, wrt_params=False)
-            r["bwdx_flops"], _, r["bwdx_other"] = _costs(bwdx, leaves_x, ct)
+            r["bwdx_flops"], _, r["bwdx_other"], _ = _costs(bwdx, leaves_x, ct)
         flash_fn = models.layer_fns(get_config(cfg, attention="flash"))[layer]
         r["resid_bytes"] = float(sum(
             math.prod(a.shape) * jnp.dtype(a.dtype).itemsize

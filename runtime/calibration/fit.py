@@ -436,9 +436,18 @@ def layer_fixed(cal: Calibration, f: FragmentTiming) -> float:
     for a decode-shaped forward (its own overhead holds its small ops)."""
     if f.seq_len == 1:
         return 0.0
+    return fixed_share(f, cal.forward_layer_overhead, cal.backward_layer_overhead,
+                       cal.small_block_ops)
+
+
+def fixed_share(f: FragmentTiming, forward: float, backward: float,
+                measured_ops: tuple[int, int]) -> float:
+    """Fragment ``f``'s share, s, of the fixed time per layer ``forward`` (or ``backward``) that
+    was measured on a block of ``measured_ops`` (forward, backward) primitive ops
+    (:func:`hardware_profiles.types.layer_fixed_share`)."""
     if f.kind == "F":
-        return layer_fixed_share(cal.forward_layer_overhead, f.ops, cal.small_block_ops[0])
-    return layer_fixed_share(cal.backward_layer_overhead, f.ops, cal.small_block_ops[1])
+        return layer_fixed_share(forward, f.ops, measured_ops[0])
+    return layer_fixed_share(backward, f.ops, measured_ops[1])
 
 
 def model_seconds(cal: Calibration, f: FragmentTiming) -> float:

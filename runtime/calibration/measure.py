@@ -54,7 +54,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from runtime.calibration.fit import (DECODE_CACHE_TOKENS, DECODE_LAYERS, DECODE_ROTATION_MIB,
                                      LAYER_BODY, SMALL_BLOCK, WEIGHT_STREAM_MIB,
                                      Calibration, CalibrationError, FragmentTiming, HostInfo,
-                                     cpu_model, fit_additive, fit_backward, fit_calibration,
+                                     cpu_model, fit_additive, fit_backward, fit_calibration, fixed_share,
                                      fit_decode_overhead, fit_flops, fit_layer_overhead, grad_bytes,
                                      model_seconds,
                                      nominal_peaks, read_host)
@@ -65,7 +65,6 @@ from rich.table import Table
 from runtime.calibration.files import check_writable, profile_paths, write_profiles
 from runtime.calibration.layouts import layout_costs, layout_of, LAYOUTS
 from runtime.train.layouts import MODEL, batch_spec, layout_mesh, param_spec
-from hardware_profiles.types import layer_fixed_share
 from zoo import kv_decode, workload
 from zoo.config import get_config
 from zoo.decoder import block_fn, block_shapes, embed_fn, embed_shapes, head_fn, head_shapes
@@ -98,6 +97,21 @@ def time_call(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int 
         _block(fn(*args))
         ts.append(time.perf_counter() - t)
     return statistics.median(ts)
+
+
+def time_interleaved(calls: Sequence[tuple[Callable[..., Any], tuple]], rounds: int, *,
+                     per_round: int = 1, warmup: int = 0, skip: int = 0) -> list[float]:
+    """Median seconds of each ``(fn, args)`` in ``calls`` over ``rounds`` interleaved rounds, the
+    first ``skip`` of them untimed: each round times every call once after the other
+    (:func:`time_call` with ``per_round`` repeats and ``warmup`` untimed calls). A burst of load
+    on a shared host then lands on one round of every call, not on all the timings of one."""
+    times: list[list[float]] = [[] for _ in calls]
+    for r in range(rounds):
+        for ts, (fn, args) in zip(times, calls):
+            t = time_call(fn, *args, repeats=per_round, warmup=warmup)
+            if r >= skip:
+                ts.append(t)
+    return [statistics.median(ts) for ts in times]
 
 
 def _cost(compiled: Any) -> tuple[float, float]:
@@ -195,17 +209,9 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
             b_flops, b_bytes = _cost(bwd.lower(vjp_fn, ct).compile())
             calls.append((FragmentTiming(name, "B", b, b_flops, b_bytes, 0.0, layout), bwd,
                           (vjp_fn, ct)))
-    # interleaved rounds, each timing every fragment once (two untimed rounds first): a burst of
-    # load on the host lands on one round of every fragment, not on every call of one
-    times: list[list[float]] = [[] for _ in calls]
-    for r in range(max(9, repeats) + 2):
-        for i, (_, fn, args) in enumerate(calls):
-            t = time.perf_counter()
-            _block(fn(*args))
-            if r >= 2:
-                times[i].append(time.perf_counter() - t)
-    return [dataclasses.replace(f, seconds=statistics.median(ts))
-            for (f, _, _), ts in zip(calls, times)]
+    # interleaved rounds, each timing every fragment once (two untimed rounds first)
+    seconds = time_interleaved([(fn, args) for _, fn, args in calls], max(9, repeats) + 2, skip=2)
+    return [dataclasses.replace(f, seconds=s) for (f, _, _), s in zip(calls, seconds)]
 
 
 def measure_overhead(mesh: Mesh, calls: int = 200) -> float:
@@ -448,12 +454,10 @@ def measure_small_block(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, repea
         y, vjp_fn = fwd_vjp(params, x)
         calls[(b, "F")] = (fwd_vjp, (params, x))
         calls[(b, "B")] = (bwd, (vjp_fn, jnp.ones_like(y)))
-    rounds: dict[tuple[int, str], list[float]] = {k: [] for k in calls}
-    for _ in range(max(15, 3 * repeats)):
-        for k, (fn, args) in calls.items():
-            rounds[k].append(time_call(fn, *args, repeats=SMALL_BLOCK_CALLS, warmup=1))
-    return [FragmentTiming("small_block", kind, b, 0.0, 0.0, statistics.median(rounds[(b, kind)]),
-                           "dp", cfg.seq_len) for b in samples for kind in ("F", "B")]
+    seconds = dict(zip(calls, time_interleaved(list(calls.values()), max(15, 3 * repeats),
+                                               per_round=SMALL_BLOCK_CALLS, warmup=1)))
+    return [FragmentTiming("small_block", kind, b, 0.0, 0.0, seconds[(b, kind)], "dp",
+                           cfg.seq_len) for b in samples for kind in ("F", "B")]
 
 
 def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
@@ -503,9 +507,9 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
     intra_bw, intra_lat = measure_allreduce(meshes[0], repeats=repeats)
     # the rates are fitted on what each one-layer fragment took beyond its fixed time per layer
     small_ops = small_block_ops()
-    rest = [dataclasses.replace(f, seconds=max(f.seconds - layer_fixed_share(
-        fixed_f if f.kind == "F" else fixed_b, f.ops, small_ops[0 if f.kind == "F" else 1]),
-        1e-9)) for f in frags]
+    rest = [dataclasses.replace(f, seconds=max(f.seconds - fixed_share(f, fixed_f, fixed_b,
+                                                                        small_ops), 1e-9))
+            for f in frags]
     fit = fit_calibration(rest, overhead, achievable_bw, devices_per_mesh, intra_lat)
     peak, peak_src, _ = nominal_peaks(devices_per_mesh, host.cores, host.cpuinfo)
     rep0, rep1 = NamedSharding(meshes[0], P()), NamedSharding(meshes[1], P())
