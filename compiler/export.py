@@ -89,7 +89,7 @@ def export_program(p: Program, topology: Mapping[str, Any]) -> ExportedProgram:
         outs = tuple(_sharding(p, v, mesh) for v in f.outputs)
         common = set.intersection(*(set(d) for _, d in fs)) if fs else set()
         cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
-        fn = jax.jit(body_function(f), in_shardings=ins, out_shardings=outs,
+        fn = jax.jit(body_function(f, mesh), in_shardings=ins, out_shardings=outs,
                      donate_argnums=() if cpu else tuple(sorted(common)))
         executables[name] = Executable(name, f.mesh, fn, ins, outs)
     for mesh, idx, f, name, donate in calls:

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from compiler.calls import ForLoop, Func
+from compiler.constraints import tracing
 from compiler.config import MpmdConfig
 from compiler.errors import CompilerError
 from compiler.exported import ExportedProgram
@@ -314,8 +315,9 @@ class MpmdFunction:
             CompilerError: any subclass, from the passes (assignment, inference, schedule, ...).
         """
         cfg = self.config
-        prog, in_tree, out_tree = trace_program(self.fn, args, meshes=cfg.mesh_names,
-                                                names=cfg.names())
+        with tracing(cfg.topology):
+            prog, in_tree, out_tree = trace_program(self.fn, args, meshes=cfg.mesh_names,
+                                                    names=cfg.names())
         specs = _arg_specs(jax.tree.leaves(args))
         specs.update(cfg.in_specs)
         history: list[tuple[str, Program]] = []

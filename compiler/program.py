@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 import numpy as np
 import jax.numpy as jnp
 
+from compiler.constraints import is_logical_constraint, resolve_params
+
 # --------------------------------------------------------------------------- values
 
 
@@ -298,8 +300,11 @@ def make_fragment(mesh: str, origin: tuple[Origin, ...], body: Sequence[Eqn],
 
 
 def eval_body(body: Sequence[Eqn], inputs: Sequence[str], outputs: Sequence[str],
-              args: Sequence[Any]) -> tuple[Any, ...]:
-    """Evaluate equations on ``args`` (bound to ``inputs``) and return ``outputs``' values."""
+              args: Sequence[Any], mesh: Any = None) -> tuple[Any, ...]:
+    """Evaluate equations on ``args`` (bound to ``inputs``) and return ``outputs``' values.
+
+    ``mesh``: the ``jax.sharding.Mesh`` the body runs on; sharding constraints traced against the
+    logical mesh are resolved on it (:mod:`compiler.constraints`), or dropped without one."""
     env: dict[str, Any] = dict(zip(inputs, args))
 
     def read(a: Atom) -> Any:
@@ -309,8 +314,13 @@ def eval_body(body: Sequence[Eqn], inputs: Sequence[str], outputs: Sequence[str]
         if e.prim is CONSTANT:
             env[e.outputs[0]] = jnp.asarray(e.params["value"])
             continue
-        params = e.prim.get_bind_params(e.params)
         vals = [read(a) for a in e.inputs]
+        name = getattr(e.prim, "name", "")
+        if mesh is None and is_logical_constraint(name, e.params):
+            env[e.outputs[0]] = vals[0]
+            continue
+        raw = resolve_params(name, e.params, mesh, tuple(np.shape(vals[0])) if vals else None)
+        params = e.prim.get_bind_params(raw)
         if e.ctx is not None:
             with e.ctx.manager:
                 ans = e.prim.bind(*vals, **params)
@@ -323,12 +333,13 @@ def eval_body(body: Sequence[Eqn], inputs: Sequence[str], outputs: Sequence[str]
     return tuple(read(o) for o in outputs)
 
 
-def body_function(frag: Fragment) -> Callable[..., tuple[Any, ...]]:
-    """``fn(*inputs) -> tuple(outputs)`` evaluating the fragment's body (traceable by jax.jit)."""
+def body_function(frag: Fragment, mesh: Any = None) -> Callable[..., tuple[Any, ...]]:
+    """``fn(*inputs) -> tuple(outputs)`` evaluating the fragment's body (traceable by jax.jit) on
+    ``mesh`` (see :func:`eval_body`)."""
     body, ins, outs = frag.body, frag.inputs, frag.outputs
 
     def fn(*args: Any) -> tuple[Any, ...]:
-        return eval_body(body, ins, outs, args)
+        return eval_body(body, ins, outs, args, mesh)
 
     return fn
 

@@ -15,6 +15,9 @@ from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from compiler.constraints import constrain, mesh_axes
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -177,6 +180,12 @@ def expert_capacity(tokens: int, top_k: int, experts: int, capacity_factor: floa
     return max(1, math.ceil(tokens * top_k * capacity_factor / experts))
 
 
+DATA_AXIS, EXPERT_AXIS = "data", "expert"
+"""The mesh axes a mixture of experts' token exchange names (``runtime.train.layouts`` shapes each
+mesh with them): the batch is split over ``(DATA_AXIS, EXPERT_AXIS)`` and the experts over
+``EXPERT_AXIS``."""
+
+
 def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.Array,
                w_down: jax.Array, *, top_k: int, capacity_factor: float) -> jax.Array:
     """Mixture-of-experts SwiGLU with top-k token-choice routing (``zoo.ModelConfig`` docs).
@@ -191,38 +200,61 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.A
     FLOP per expert matmul, as the routed work is, not every expert on every token; the outputs
     are gathered back and summed with the gates.
 
+    Expert parallel: traced for a mesh with an :data:`EXPERT_AXIS` (the MPMD compiler's topology,
+    or an ambient ``jax.set_mesh``; ``compiler.constraints``), the dispatch buffers are resharded from the batch split over
+    ``(DATA_AXIS, EXPERT_AXIS)`` to the experts split over :data:`EXPERT_AXIS` before the expert
+    matmuls, and back after them (:func:`_exchange`): XLA's SPMD partitioner makes each an
+    all-to-all of the tokens (GShard's dispatch and combine, Sec. 3.2), and its backward the two
+    transposed all-to-alls. Without those two constraints the partitioner all-gathers the expert
+    weights instead. Without such a mesh (a plain ``jax.jit``) nothing changes in the numbers.
+
     Args:
         x: ``[B, S, h]``; w_router: ``[h, E]``; w_gate, w_up: ``[E, h, f]``; w_down: ``[E, f, h]``.
         top_k: experts per token; capacity_factor: expert capacity over the balanced share.
     Returns: ``[B, S, h]``.
     """
-    return jax.vmap(lambda xs: _moe_group(xs, w_router, w_gate, w_up, w_down, top_k,
-                                          capacity_factor))(x)
-
-
-def _moe_group(xt: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.Array,
-               w_down: jax.Array, top_k: int, capacity_factor: float) -> jax.Array:
-    """:func:`moe_swiglu` of one routing group ``xt: [T, h]`` -> ``[T, h]``."""
-    T, h = xt.shape
+    B, T, h = x.shape
     E = w_router.shape[1]
-    probs = jax.nn.softmax((xt @ w_router).astype(jnp.float32), axis=-1)
-    gates, chosen = jax.lax.top_k(probs, top_k)
-    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     C = expert_capacity(T, top_k, E, capacity_factor)
-    flat = chosen.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    by_expert = flat[order]
-    first = jnp.searchsorted(by_expert, jnp.arange(E))
-    pos = jnp.arange(T * top_k) - first[by_expert]
-    slot = jnp.where(pos < C, by_expert * C + pos, E * C)      # E * C: dropped
-    token = order // top_k
-    buf = jnp.zeros((E * C, h), xt.dtype).at[slot].set(xt[token], mode="drop").reshape(E, C, h)
-    g = jnp.einsum("ech,ehf->ecf", buf, w_gate)
-    u = jnp.einsum("ech,ehf->ecf", buf, w_up)
-    y = jnp.einsum("ecf,efh->ech", _silu_mul(g, u), w_down).reshape(E * C, h)
-    picked = jnp.take(y, slot, axis=0, mode="fill", fill_value=0)
-    w = gates.reshape(-1)[order].astype(xt.dtype)
-    return jnp.zeros((T, h), xt.dtype).at[token].add(picked * w[:, None])
+
+    def dispatch(xt: jax.Array):
+        probs = jax.nn.softmax((xt @ w_router).astype(jnp.float32), axis=-1)
+        gates, chosen = jax.lax.top_k(probs, top_k)
+        gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+        flat = chosen.reshape(-1)
+        order = jnp.argsort(flat, stable=True)
+        by_expert = flat[order]
+        first = jnp.searchsorted(by_expert, jnp.arange(E))
+        pos = jnp.arange(T * top_k) - first[by_expert]
+        slot = jnp.where(pos < C, by_expert * C + pos, E * C)      # E * C: dropped
+        token = order // top_k
+        buf = jnp.zeros((E * C, h), xt.dtype).at[slot].set(xt[token], mode="drop")
+        return buf.reshape(E, C, h), slot, token, gates.reshape(-1)[order].astype(xt.dtype)
+
+    def combine(y: jax.Array, slot: jax.Array, token: jax.Array, w: jax.Array) -> jax.Array:
+        picked = jnp.take(y.reshape(E * C, h), slot, axis=0, mode="fill", fill_value=0)
+        return jnp.zeros((T, h), y.dtype).at[token].add(picked * w[:, None])
+
+    buf, slot, token, w = jax.vmap(dispatch)(x)                 # buf: [B, E, C, h]
+    buf = _exchange(buf, to_experts=True)
+    g = jnp.einsum("bech,ehf->becf", buf, w_gate)
+    u = jnp.einsum("bech,ehf->becf", buf, w_up)
+    y = jnp.einsum("becf,efh->bech", _silu_mul(g, u), w_down)
+    y = _exchange(y, to_experts=False)
+    return jax.vmap(combine)(y, slot, token, w)
+
+
+def _exchange(buf: jax.Array, *, to_experts: bool) -> jax.Array:
+    """``buf: [B, E, C, h]`` resharded between the batch split (``(data, expert)`` on ``B``) and
+    the expert split (``data`` on ``B``, ``expert`` on ``E``): two sharding constraints in a row
+    (``compiler.constrain``), which XLA's partitioner joins into one all-to-all. The identity
+    when the current mesh has no :data:`EXPERT_AXIS` (see :func:`moe_swiglu`)."""
+    if EXPERT_AXIS not in mesh_axes():
+        return buf
+    by_batch = P((DATA_AXIS, EXPERT_AXIS))
+    by_expert = P(DATA_AXIS, EXPERT_AXIS)
+    first, then = (by_batch, by_expert) if to_experts else (by_expert, by_batch)
+    return constrain(constrain(buf, first), then)
 
 
 @jax.checkpoint

@@ -17,6 +17,7 @@ others a sharded one, and one body would need two executables (tensor parallel, 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any, Mapping
 
@@ -59,9 +60,20 @@ def adapt(spec: Spec, shape: tuple[int, ...], mesh: Any) -> Spec:
     return tuple(out)
 
 
-def _sharding_spec(s: Any, ndim: int) -> Spec:
+def _sharding_spec(s: Any, ndim: int, mesh: Any = None) -> Spec:
+    """The spec of an output sharding XLA chose. JAX names it (``NamedSharding``) when it can;
+    otherwise (a ``GSPMDSharding``, e.g. past a sharding constraint) the spec over ``mesh``'s
+    axes of size > 1 (each on one dimension or none, several on one dimension in mesh order)
+    that is equivalent to it; replicated when none is."""
     if isinstance(s, NamedSharding):
         return spec_of(s.spec, ndim)
+    if mesh is None or ndim == 0 or s.is_fully_replicated:
+        return ((),) * ndim
+    axes = [a for a, n in zip(mesh.axis_names, mesh.devices.shape) if n > 1]
+    for dims in itertools.product(range(ndim + 1), repeat=len(axes)):
+        spec = tuple(tuple(a for a, d in zip(axes, dims) if d == k) for k in range(ndim))
+        if NamedSharding(mesh, partition_spec(spec)).is_equivalent_to(s, ndim):
+            return spec
     return ((),) * ndim
 
 
@@ -126,9 +138,9 @@ def _sweep(p: Program, topology: Mapping[str, Any], in_specs: Mapping[int, Spec]
                 args = [jax.ShapeDtypeStruct(p.types[v].shape, np.dtype(p.types[v].dtype),
                                              sharding=NamedSharding(mesh, partition_spec(specs[v])))
                         for v in op.inputs]
-                compiled = jax.jit(body_function(op)).lower(*args).compile()
+                compiled = jax.jit(body_function(op, mesh)).lower(*args).compile()
                 outs = compiled.output_shardings
-                cache[key] = tuple(_sharding_spec(s, len(p.types[v].shape))
+                cache[key] = tuple(_sharding_spec(s, len(p.types[v].shape), mesh)
                                    for s, v in zip(outs, op.outputs))
             specs.update(zip(op.outputs, cache[key]))
             for v in op.outputs:

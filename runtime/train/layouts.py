@@ -10,8 +10,9 @@ the axes
 - ``"replica"`` (only when ``hsdp > 1``): the ``hsdp`` replicas of hybrid sharded data parallel;
   the batch is split over ``("replica", "data")``, the parameters over ``"data"`` only;
 - ``"expert"`` (only when ``expert > 1``): expert parallel: the batch is split over
-  ``("data", "expert")`` and a mixture of experts' expert weights over ``"expert"``; XLA's
-  partitioner moves the tokens to their experts' devices and back (the dispatch and combine);
+  ``("data", "expert")`` and a mixture of experts' expert weights over ``"expert"``; the layer
+  reshards its dispatch buffers to the experts' devices and back (``zoo.layers.moe_swiglu``'s
+  sharding constraints), which XLA's partitioner makes two all-to-alls (the dispatch and combine);
 - ``"model"``: Megatron-LM tensor parallel (Shoeybi et al. 2019, section 3): the attention's Q, K
   and V projections and the MLP's first matrices are column-parallel (output features split), the
   attention output and the MLP's last matrix row-parallel (input features split), the embedding
@@ -35,8 +36,9 @@ from jax.sharding import Mesh, PartitionSpec
 from hardware_profiles.types import Cluster
 from ir import Layout, Plan
 from zoo.config import ModelConfig
+from zoo.layers import DATA_AXIS as DATA, EXPERT_AXIS as EXPERT
 
-DATA, MODEL, REPLICA, EXPERT = "data", "model", "replica", "expert"
+MODEL, REPLICA = "model", "replica"
 
 _EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down")
 """A mixture of experts' weights (zoo.decoder, ``[experts, ...]``): expert parallel splits
