@@ -71,12 +71,18 @@ def constrain(x: jax.Array, spec: PartitionSpec) -> jax.Array:
     axes = mesh_axes()
     if not axes:
         return x
-    dims = []
-    for entry in spec:
-        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-        kept = tuple(a for a in names if a in axes)
-        dims.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    dims = [_entry([a for a in _names(e) if a in axes]) for e in spec]
     return jax.lax.with_sharding_constraint(x, PartitionSpec(*dims))
+
+
+def _names(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one ``PartitionSpec`` entry (None, a name, or a tuple of names)."""
+    return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
+def _entry(axes: list[str]) -> Any:
+    """A ``PartitionSpec`` entry for ``axes``: None, one name, or a tuple of names."""
+    return None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
 
 
 def resolve_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Any) -> PartitionSpec:
@@ -86,15 +92,14 @@ def resolve_spec(spec: PartitionSpec, shape: tuple[int, ...], mesh: Any) -> Part
         else dict(mesh.shape)
     dims: list[Any] = []
     for d, entry in enumerate(tuple(spec) + (None,) * (len(shape) - len(spec))):
-        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
         kept: list[str] = []
         n = 1
-        for a in axes:
+        for a in _names(entry):
             if a not in sizes or shape[d] % (n * sizes[a]):
                 break
             kept.append(a)
             n *= sizes[a]
-        dims.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+        dims.append(_entry(kept))
     while dims and dims[-1] is None:
         dims.pop()
     return PartitionSpec(*dims)

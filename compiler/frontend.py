@@ -34,8 +34,8 @@ import jax
 import numpy as np
 
 from compiler.calls import ForLoop, Func
-from compiler.constraints import tracing
 from compiler.config import MpmdConfig
+from compiler.constraints import tracing
 from compiler.errors import CompilerError
 from compiler.exported import ExportedProgram
 from compiler.program import (CONSTANT, Atom, Eqn, Lit, MeshlessOp, NamedComputation, Op, Program,
