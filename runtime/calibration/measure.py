@@ -54,10 +54,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from runtime.calibration.fit import (DECODE_CACHE_TOKENS, DECODE_LAYERS, DECODE_ROTATION_MIB,
                                      LAYER_BODY, SMALL_BLOCK, WEIGHT_STREAM_MIB,
                                      Calibration, CalibrationError, FragmentTiming, HostInfo,
-                                     cpu_model, fit_additive, fit_backward, fit_calibration, fixed_share,
-                                     fit_decode_overhead, fit_flops, fit_layer_overhead, grad_bytes,
-                                     model_seconds,
-                                     nominal_peaks, read_host)
+                                     cpu_model, fit_additive, fit_backward, fit_calibration,
+                                     fit_decode_overhead, fit_flops, fit_layer_overhead,
+                                     fixed_share, grad_bytes, model_seconds, nominal_peaks,
+                                     read_host)
 from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
 from compiler.runtime import run_program
 from rich.console import Console
@@ -154,10 +154,10 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
     :mod:`runtime.train.layouts`).
 
     Each fragment is compiled, then all are timed in ``max(9, repeats)`` interleaved rounds
-    (after two untimed ones), each round calling every fragment once: the median over the rounds. A burst
-    of load on a shared host then falls on one round of every fragment rather than on all the
-    calls of one, which tilted the fitted rates (as it did the small block's intercept,
-    :func:`measure_small_block`).
+    (after two untimed ones), each round calling every fragment once: the median over the
+    rounds. A burst of load on a shared host then falls on one round of every fragment rather
+    than on all the calls of one, which tilted the fitted rates (as it did the small block's
+    intercept, :func:`measure_small_block`).
 
     ``progress`` (if given) is told each fragment before it is compiled: ``"block B, 4 samples
     (8 of 18)"``.
