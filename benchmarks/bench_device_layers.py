@@ -16,7 +16,9 @@ goes so a run stopped at ``--budget-s`` keeps what it measured:
   (cuDNN's fused flash attention on NVIDIA GPUs). ``tensor`` = t runs one tensor-parallel shard
   of the block as Megatron splits it (heads, key/value heads and MLP width divided by t; the
   all-reduces are not run: one device has no peer), so the row times what one device of a TP-t
-  layout computes.
+  layout computes. ``--moe`` adds mixture-of-experts blocks of shipped configs (``MOE_BLOCKS``),
+  whole: one device of an expert-parallel layout routes its own tokens and runs every expert's
+  share of them (the same FLOP as its experts' shard of every device's tokens).
 
 Each time is the median of ``repeats`` timed calls after warm-up (each timed call is ``inner``
 back-to-back runs, synchronised once, divided by ``inner``), in seconds. Nothing here predicts:
@@ -46,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from zoo import decoder  # noqa: E402  (the zoo's JAX layers; imports no other package)
 from zoo.config import ModelConfig, get_config, tensor_shard  # noqa: E402
+from zoo.model_files import resolve_model  # noqa: E402
 
 COLUMNS = ("device_kind", "backend", "jax_version", "item", "model", "tensor", "samples",
            "seq_len", "m", "k", "n", "pass", "seconds", "repeats", "nbytes", "attention",
@@ -59,6 +62,12 @@ FULL_BLOCKS = (   # (model, seq_len, tensor degrees, samples): what production l
     ("opt-350m", 2048, (1,), (8, 16)),      # a small model: 16 heads of width 64 at 2k tokens
 )
 QUICK_BLOCKS = (("llama-tiny", 64, (1, 2), (1, 2)),)
+MOE_BLOCKS = (    # (shipped config, seq_len, tensor degrees, samples): one mixture-of-experts block,
+    ("mixtral-8x22b-v0.1", 4096, (1,), (1, 2)),    # whole, as one device of an expert-parallel
+    ("qwen3-235b-a22b", 4096, (1,), (1, 2)),       # layout computes it (its tokens, every expert)
+    ("deepseek-v3", 2048, (1,), (1,)),             # MLA: scores materialized (xla rows)
+)
+QUICK_MOE_BLOCKS = (("tiny-moe", 64, (1,), (1, 2)), ("tiny-mla-moe", 64, (1,), (1,)))
 FULL_ATTENTION = (  # (heads, kv_heads, head_dim, seq_len, samples): cores of the blocks above, MPT's
     (16, 16, 128, 2048, 8),     # a 2048-wide multi-head model (MPT-1B's core), 16k tokens
     (32, 32, 128, 2048, 4),     # 4096-wide multi-head (MPT-7B), 8k tokens
@@ -75,9 +84,11 @@ QUICK_ATTENTION = ((4, 2, 32, 64, 2),)
 
 def shard(cfg: ModelConfig, tensor: int, seq_len: int) -> ModelConfig:
     """One tensor-parallel shard of ``cfg`` (:func:`zoo.config.tensor_shard`) at ``seq_len`` tokens,
-    bf16, attention through ``jax.nn.dot_product_attention``."""
+    bf16, attention through ``jax.nn.dot_product_attention`` (multi-head latent attention, whose
+    values are narrower than its queries and keys, through the zoo's plain attention: scores
+    materialized, the ``xla`` rows)."""
     return dataclasses.replace(tensor_shard(cfg, tensor), seq_len=seq_len, dtype="bfloat16",
-                               attention="fused")
+                               attention="plain" if cfg.mla else "fused")
 
 
 def _time(fn, *args, repeats: int, min_s: float = 0.02) -> float:
@@ -105,7 +116,7 @@ def _init(shapes: dict, key) -> dict:
 
 
 def block_rows(model: str, seq_len: int, tensor: int, samples: int, repeats: int):
-    cfg = shard(get_config(model), tensor, seq_len)
+    cfg = shard(resolve_model(model), tensor, seq_len)
     block = decoder.block_fn(cfg)
     p = _init(decoder.block_shapes(cfg), jax.random.PRNGKey(0))
     x = jax.random.normal(jax.random.PRNGKey(1), (samples, seq_len, cfg.hidden), jnp.bfloat16)
@@ -115,7 +126,8 @@ def block_rows(model: str, seq_len: int, tensor: int, samples: int, repeats: int
         lambda p, x: jnp.vdot(block(p, x).astype(jnp.float32), dy.astype(jnp.float32)),
         argnums=(0, 1)))
     base = dict(item="block", model=model, tensor=tensor, samples=samples, seq_len=seq_len,
-                attention="cudnn" if jax.default_backend() == "gpu" else "xla")
+                attention="cudnn" if jax.default_backend() == "gpu" and cfg.attention == "fused"
+                else "xla")
     yield dict(base, **{"pass": "F", "seconds": _time(fwd, p, x, repeats=repeats)})
     yield dict(base, **{"pass": "FB", "seconds": _time(fb, p, x, repeats=repeats)})
 
@@ -191,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--blocks-only", action="store_true", help="skip the GEMM, copy and host rows")
     ap.add_argument("--models", default="", help="comma-separated: only these models' blocks")
+    ap.add_argument("--moe", action="store_true",
+                    help="also time mixture-of-experts blocks of shipped configs (MOE_BLOCKS)")
+    ap.add_argument("--no-attention", action="store_true", help="skip the attention cores")
     ap.add_argument("--attention-first", action="store_true",
                     help="time the attention cores before everything else")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
@@ -202,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
               "or pass --quick for the CPU smoke run", file=sys.stderr)
         return 2
     blocks = QUICK_BLOCKS if args.quick else FULL_BLOCKS
+    moe = (QUICK_MOE_BLOCKS if args.quick else MOE_BLOCKS) if args.moe else ()
     if args.models:
         blocks = tuple(b for b in blocks if b[0] in args.models.split(","))
+        moe = tuple(b for b in moe if b[0] in args.models.split(","))
     mib = 1 << 20
     copy_bytes, host_bytes = (4 * mib, 4 * mib) if args.quick else (2048 * mib, 1024 * mib)
     jobs = [] if args.blocks_only else [lambda: [copy_row(copy_bytes, args.repeats)],
@@ -211,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.blocks_only:
         jobs += [lambda s=s: [gemm_row(*s, args.repeats)] for s in gemm_shapes(blocks)]
     jobs += [lambda a=(m, s, t, b): list(block_rows(*a, args.repeats))
-             for m, s, ts, bs in blocks for t in ts for b in bs]
+             for m, s, ts, bs in blocks + moe for t in ts for b in bs]
     attn = [lambda a=a: list(attention_rows(*a, args.repeats))
-            for a in (QUICK_ATTENTION if args.quick else FULL_ATTENTION)]
+            for a in (() if args.no_attention else QUICK_ATTENTION if args.quick
+                      else FULL_ATTENTION)]
     jobs = attn + jobs if args.attention_first else jobs + attn
     common = dict(device_kind=jax.devices()[0].device_kind, backend=backend,
                   jax_version=jax.__version__, repeats=args.repeats)

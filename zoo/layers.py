@@ -217,31 +217,72 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.A
     E = w_router.shape[1]
     C = expert_capacity(T, top_k, E, capacity_factor)
 
-    def dispatch(xt: jax.Array):
+    def route(xt: jax.Array):
         probs = jax.nn.softmax((xt @ w_router).astype(jnp.float32), axis=-1)
         gates, chosen = jax.lax.top_k(probs, top_k)
         gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
-        flat = chosen.reshape(-1)
-        order = jnp.argsort(flat, stable=True)
-        by_expert = flat[order]
-        first = jnp.searchsorted(by_expert, jnp.arange(E))
-        pos = jnp.arange(T * top_k) - first[by_expert]
-        slot = jnp.where(pos < C, by_expert * C + pos, E * C)      # E * C: dropped
-        token = order // top_k
-        buf = jnp.zeros((E * C, h), xt.dtype).at[slot].set(xt[token], mode="drop")
-        return buf.reshape(E, C, h), slot, token, gates.reshape(-1)[order].astype(xt.dtype)
+        slot_of_pair, pair_of_slot = _slots(chosen.reshape(-1), E, C)
+        return slot_of_pair, pair_of_slot, gates.astype(xt.dtype)
 
-    def combine(y: jax.Array, slot: jax.Array, token: jax.Array, w: jax.Array) -> jax.Array:
-        picked = jnp.take(y.reshape(E * C, h), slot, axis=0, mode="fill", fill_value=0)
-        return jnp.zeros((T, h), y.dtype).at[token].add(picked * w[:, None])
-
-    buf, slot, token, w = jax.vmap(dispatch)(x)                 # buf: [B, E, C, h]
-    buf = _exchange(buf, to_experts=True)
+    slot_of_pair, pair_of_slot, gates = jax.vmap(route)(x)      # [B, T*k], [B, E*C], [B, T, k]
+    # dispatch: slot s of expert s // C takes token pair_of_slot[s] // k (T: an empty slot)
+    token_of_slot = jnp.where(pair_of_slot < T * top_k, pair_of_slot // top_k, T)
+    to_token = slot_of_pair.reshape(B, T, top_k)
+    buf = jax.vmap(_permute)(x, token_of_slot, to_token)        # [B, E*C, h]
+    buf = _exchange(buf.reshape(B, E, C, h), to_experts=True)
     g = jnp.einsum("bech,ehf->becf", buf, w_gate)
     u = jnp.einsum("bech,ehf->becf", buf, w_up)
     y = jnp.einsum("becf,efh->bech", _silu_mul(g, u), w_down)
-    y = _exchange(y, to_experts=False)
-    return jax.vmap(combine)(y, slot, token, w)
+    y = _exchange(y, to_experts=False).reshape(B, E * C, h)
+    # combine: each (token, choice) pair reads its slot (E*C: dropped, a zero row)
+    picked = jax.vmap(_permute)(y, to_token, pair_of_slot[..., None])    # [B, T, k, h]
+    return jnp.einsum("btkh,btk->bth", picked, gates)
+
+
+def _slots(choice: jax.Array, experts: int, capacity: int) -> tuple[jax.Array, jax.Array]:
+    """Where each (token, choice) pair of a routing group goes: ``choice: [P]`` (pair ``p`` = token
+    ``p // k``'s ``p % k``-th expert). Pairs are stably sorted by expert and take their expert's
+    slots ``e x capacity + position`` in order; those past ``capacity`` are dropped.
+
+    Returns: ``slot_of_pair [P]`` (``experts x capacity`` when dropped) and its inverse
+    ``pair_of_slot [experts x capacity]`` (``P`` for an empty slot), int32.
+    """
+    n = choice.shape[0]
+    order = jnp.argsort(choice, stable=True)                       # sorted position -> pair
+    by_expert = choice[order]
+    first = jnp.searchsorted(by_expert, jnp.arange(experts + 1))   # each expert's first position
+    pos = jnp.arange(n) - first[by_expert]
+    slot = jnp.where(pos < capacity, by_expert * capacity + pos, experts * capacity)
+    slot_of_pair = jnp.zeros(n, jnp.int32).at[order].set(slot.astype(jnp.int32))
+    c = jnp.arange(capacity)
+    at = first[:experts, None] + c[None, :]                         # [E, C] sorted positions
+    filled = c[None, :] < (first[1:] - first[:-1])[:, None]
+    pair_of_slot = jnp.where(filled, order[jnp.minimum(at, n - 1)], n).reshape(-1)
+    return slot_of_pair, pair_of_slot.astype(jnp.int32)
+
+
+@jax.custom_vjp
+def _permute(x: jax.Array, index: jax.Array, inverse: jax.Array) -> jax.Array:
+    """Rows of ``x [N, h]`` gathered at ``index`` (any shape; ``N``: a zero row): ``index.shape +
+    (h,)``. ``inverse [N, r]``: the flat output rows each row of ``x`` went to (the flat output
+    size when unused), so the gradient is a gather and a sum too, not a scatter-add: a token
+    permutation both ways (XLA's GPU scatter-add of bf16 rows ran several times slower than the
+    gathers; ``reports/validation/device/README.md``)."""
+    return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
+
+
+def _permute_fwd(x, index, inverse):
+    return _permute(x, index, inverse), (index, inverse)
+
+
+def _permute_bwd(res, g):
+    index, inverse = res
+    flat = g.reshape(-1, g.shape[-1])
+    dx = jnp.take(flat, inverse, axis=0, mode="fill", fill_value=0).sum(axis=1)
+    return dx.astype(g.dtype), None, None
+
+
+_permute.defvjp(_permute_fwd, _permute_bwd)
 
 
 def _exchange(buf: jax.Array, *, to_experts: bool) -> jax.Array:

@@ -39,7 +39,8 @@ from ir import Layout
 from ir.workload import causal_fraction
 from runtime.calibration.fit import CalibrationError
 from simulator.cost_model import layer_time, wave_utilisation
-from zoo import body_cost, body_of, get_config, tensor_shard
+from zoo import body_cost, body_of, tensor_shard
+from zoo.model_files import resolve_model
 
 COLUMNS = ("device_kind", "backend", "jax_version", "item", "model", "tensor", "samples",
            "seq_len", "m", "k", "n", "pass", "seconds", "repeats", "nbytes", "attention")
@@ -267,7 +268,7 @@ def predict(t: LayerTiming, device: DeviceProfile) -> float | None:
         return {"F": fwd, "B": bwd, "FB": fwd + bwd}[t.pass_]
     if t.item != "block":
         return None
-    cfg = dataclasses.replace(tensor_shard(get_config(t.model), t.tensor), seq_len=t.seq_len,
+    cfg = dataclasses.replace(tensor_shard(resolve_model(t.model), t.tensor), seq_len=t.seq_len,
                               dtype="bfloat16", attention="plain",
                               attention_kernel=_KERNELS.get(t.attention, "flash"))
     cost = body_cost(cfg, body_of(cfg, "block0"))

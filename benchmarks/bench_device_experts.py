@@ -1,0 +1,140 @@
+"""Time a mixture-of-experts layer's parts on this machine's accelerator: what the expert matmuls
+cost at each number of tokens per expert, apart from the routing around them.
+
+Run on a machine whose JAX sees a GPU or TPU:
+
+    PYTHONPATH=. python benchmarks/bench_device_experts.py --out device_experts.csv
+
+One CSV row per measurement (:data:`COLUMNS`), bf16, each the median of ``repeats`` timed calls
+after warm-up (the timing of ``bench_device_layers.py``):
+
+- ``experts``: the SwiGLU experts alone as ``zoo.layers.moe_swiglu`` runs them: three batched
+  einsums over ``[E, C, h]`` tokens (``C`` tokens per expert) and ``[E, h, f]`` weights, forward
+  (``F``) and forward plus backward to the weights and the tokens (``FB``);
+- ``moe``: the whole ``moe_swiglu`` on one sample of ``seq_len`` tokens (routing, dispatch,
+  experts, combine), ``F`` and ``FB``; ``C`` is then :func:`zoo.layers.expert_capacity`'s.
+
+``--quick`` runs tiny shapes on any backend (the smoke test the suite runs).
+``runtime.calibration.device_experts`` compares a CSV with the cost model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_device_layers import _time  # noqa: E402
+from zoo.layers import _silu_mul, expert_capacity, moe_swiglu  # noqa: E402
+
+COLUMNS = ("device_kind", "backend", "jax_version", "item", "experts", "top_k", "capacity",
+           "hidden", "expert_ffn", "seq_len", "pass", "seconds", "repeats")
+
+# (experts, hidden, expert_ffn, top_k): Qwen3-235B-A22B's, Mixtral 8x22B's and DeepSeek-V3's
+# expert shapes (zoo/configs/)
+FULL_SHAPES = ((128, 4096, 1536, 8), (8, 6144, 16384, 2), (32, 7168, 2048, 8))
+FULL_CAPACITY = (64, 128, 256, 512, 1024, 2048)
+FULL_SEQ = 4096
+QUICK_SHAPES = ((4, 64, 32, 2),)
+QUICK_CAPACITY = (8, 32)
+QUICK_SEQ = 64
+
+
+def _bf16(key, shape):
+    return (0.02 * jax.random.normal(key, shape, jnp.float32)).astype(jnp.bfloat16)
+
+
+def expert_rows(E: int, h: int, f: int, C: int, repeats: int):
+    ks = jax.random.split(jax.random.PRNGKey(0), 5)
+    x = _bf16(ks[0], (E, C, h)) * 50
+    wg, wu, wd = _bf16(ks[1], (E, h, f)), _bf16(ks[2], (E, h, f)), _bf16(ks[3], (E, f, h))
+    dy = _bf16(ks[4], (E, C, h))
+
+    def experts(w, x):
+        g = jnp.einsum("ech,ehf->ecf", x, w[0])
+        u = jnp.einsum("ech,ehf->ecf", x, w[1])
+        return jnp.einsum("ecf,efh->ech", _silu_mul(g, u), w[2])
+
+    fwd = jax.jit(experts)
+    fb = jax.jit(jax.grad(lambda w, x: jnp.vdot(experts(w, x).astype(jnp.float32),
+                                                 dy.astype(jnp.float32)), argnums=(0, 1)))
+    base = dict(item="experts", experts=E, capacity=C, hidden=h, expert_ffn=f)
+    w = (wg, wu, wd)
+    yield dict(base, **{"pass": "F", "seconds": _time(fwd, w, x, repeats=repeats)})
+    yield dict(base, **{"pass": "FB", "seconds": _time(fb, w, x, repeats=repeats)})
+
+
+def moe_rows(E: int, h: int, f: int, k: int, seq_len: int, repeats: int):
+    ks = jax.random.split(jax.random.PRNGKey(1), 6)
+    x = _bf16(ks[0], (1, seq_len, h)) * 50
+    w = (_bf16(ks[1], (h, E)), _bf16(ks[2], (E, h, f)), _bf16(ks[3], (E, h, f)),
+         _bf16(ks[4], (E, f, h)))
+    dy = _bf16(ks[5], x.shape)
+
+    def layer(w, x):
+        return moe_swiglu(x, *w, top_k=k, capacity_factor=1.0)
+
+    fwd = jax.jit(layer)
+    fb = jax.jit(jax.grad(lambda w, x: jnp.vdot(layer(w, x).astype(jnp.float32),
+                                                 dy.astype(jnp.float32)), argnums=(0, 1)))
+    base = dict(item="moe", experts=E, top_k=k, hidden=h, expert_ffn=f, seq_len=seq_len,
+                capacity=expert_capacity(seq_len, k, E, 1.0))
+    yield dict(base, **{"pass": "F", "seconds": _time(fwd, w, x, repeats=repeats)})
+    yield dict(base, **{"pass": "FB", "seconds": _time(fb, w, x, repeats=repeats)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="CSV to write")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes on any backend (smoke test)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--moe-only", action="store_true", help="only the whole-layer (moe) rows")
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="stop starting new measurements after this many seconds")
+    args = ap.parse_args(argv)
+    backend = jax.default_backend()
+    if backend == "cpu" and not args.quick:
+        print("bench_device_experts: JAX's backend is cpu; run it where JAX sees a GPU or TPU, "
+              "or pass --quick for the CPU smoke run", file=sys.stderr)
+        return 2
+    shapes, caps, seq = ((QUICK_SHAPES, QUICK_CAPACITY, QUICK_SEQ) if args.quick
+                         else (FULL_SHAPES, FULL_CAPACITY, FULL_SEQ))
+    jobs = [lambda a=(E, h, f, k): list(moe_rows(*a, seq, args.repeats)) for E, h, f, k in shapes]
+    jobs += [lambda a=(E, h, f, C): list(expert_rows(*a, args.repeats))
+             for E, h, f, _ in shapes for C in ((() if args.moe_only else caps))]
+    common = dict(device_kind=jax.devices()[0].device_kind, backend=backend,
+                  jax_version=jax.__version__, repeats=args.repeats)
+    start = time.perf_counter()
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".partial")
+    with open(tmp, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS, restval="")
+        w.writeheader()
+        for job in jobs:
+            if time.perf_counter() - start > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent: stopping", file=sys.stderr)
+                break
+            try:
+                rows = job()
+            except Exception as e:    # one failed shape (memory) is a gap, not the end
+                print(f"skipped: {type(e).__name__}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
+                continue
+            for r in rows:
+                row = dict(common, **r)
+                w.writerow(row)
+                fh.flush()
+                print(",".join(str(row.get(c, "")) for c in COLUMNS), flush=True)
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
