@@ -15,7 +15,7 @@ after warm-up (the timing of ``bench_device_layers.py``):
   experts, combine), ``F`` and ``FB``; ``C`` is then :func:`zoo.layers.expert_capacity`'s.
 
 ``--quick`` runs tiny shapes on any backend (the smoke test the suite runs).
-``runtime.calibration.device_experts`` compares a CSV with the cost model.
+``mpmd validate --layers CSV`` compares a CSV with the cost model (``runtime.calibration.device_layers``).
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_device_layers import _time  # noqa: E402
+from benchmarks.bench_device_layers import COLUMNS as BLOCK_COLUMNS, _time  # noqa: E402
 from zoo.layers import _silu_mul, expert_capacity, moe_swiglu  # noqa: E402
 
-COLUMNS = ("device_kind", "backend", "jax_version", "item", "experts", "top_k", "capacity",
-           "hidden", "expert_ffn", "seq_len", "pass", "seconds", "repeats")
+COLUMNS = BLOCK_COLUMNS + ("experts", "top_k")
+"""``bench_device_layers.py``'s columns (``m``: tokens per expert, ``k``: the model width, ``n``:
+the expert width) and the experts and experts per token."""
 
 # (experts, hidden, expert_ffn, top_k): Qwen3-235B-A22B's, Mixtral 8x22B's and DeepSeek-V3's
 # expert shapes (zoo/configs/)
@@ -66,7 +67,7 @@ def expert_rows(E: int, h: int, f: int, C: int, repeats: int):
     fwd = jax.jit(experts)
     fb = jax.jit(jax.grad(lambda w, x: jnp.vdot(experts(w, x).astype(jnp.float32),
                                                  dy.astype(jnp.float32)), argnums=(0, 1)))
-    base = dict(item="experts", experts=E, capacity=C, hidden=h, expert_ffn=f)
+    base = dict(item="experts", experts=E, m=C, k=h, n=f)
     w = (wg, wu, wd)
     yield dict(base, **{"pass": "F", "seconds": _time(fwd, w, x, repeats=repeats)})
     yield dict(base, **{"pass": "FB", "seconds": _time(fb, w, x, repeats=repeats)})
@@ -85,8 +86,8 @@ def moe_rows(E: int, h: int, f: int, k: int, seq_len: int, repeats: int):
     fwd = jax.jit(layer)
     fb = jax.jit(jax.grad(lambda w, x: jnp.vdot(layer(w, x).astype(jnp.float32),
                                                  dy.astype(jnp.float32)), argnums=(0, 1)))
-    base = dict(item="moe", experts=E, top_k=k, hidden=h, expert_ffn=f, seq_len=seq_len,
-                capacity=expert_capacity(seq_len, k, E, 1.0))
+    base = dict(item="moe", experts=E, top_k=k, k=h, n=f, seq_len=seq_len, samples=1,
+                m=expert_capacity(seq_len, k, E, 1.0))
     yield dict(base, **{"pass": "F", "seconds": _time(fwd, w, x, repeats=repeats)})
     yield dict(base, **{"pass": "FB", "seconds": _time(fb, w, x, repeats=repeats)})
 

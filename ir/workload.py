@@ -73,6 +73,10 @@ class LayerCost:
     """Bytes one sample's tokens send to their experts in one dispatch (``seq x top_k x h x dtype
     bytes x capacity factor``); the combine sends as many back. What an expert-parallel layout
     moves by all-to-all, per direction."""
+    expert_fwd_flops_per_sample: float = 0.0
+    """Of ``fwd_flops_per_sample``, the routed experts' matmuls (at their capacity): the part that
+    streams the experts' weights once per microbatch and so runs at the roofline of its own
+    intensity (tokens per expert), apart from the rest of the layer. Their backward is twice it."""
     fwd_ops: int = 0
     bwd_ops: int = 0
     """Primitive operations of the forward and of the whole backward (the pullback on the kept
@@ -91,10 +95,13 @@ class LayerCost:
             if not v >= 0:
                 raise IRError(f"LayerCost {self.name!r}: {f}={v!r} must be >= 0")
         if not 0 <= self.expert_param_count <= self.param_count or self.experts < 0 \
-                or not self.alltoall_bytes_per_sample >= 0:
+                or not self.alltoall_bytes_per_sample >= 0 \
+                or not 0 <= self.expert_fwd_flops_per_sample <= self.fwd_flops_per_sample:
             raise IRError(f"LayerCost {self.name!r}: experts={self.experts}, expert_param_count="
                           f"{self.expert_param_count} (of {self.param_count}), alltoall bytes "
-                          f"{self.alltoall_bytes_per_sample!r}: counts must be >= 0 and within the layer's")
+                          f"{self.alltoall_bytes_per_sample!r}, expert FLOP "
+                          f"{self.expert_fwd_flops_per_sample!r}: counts must be >= 0 and within "
+                          "the layer's")
         if self.bwd_input_flops_per_sample > self.bwd_flops_per_sample:
             raise IRError(f"LayerCost {self.name!r}: input-gradient FLOP exceed the backward's")
         if not (0 <= self.attention_fwd_flops_per_sample <= self.fwd_flops_per_sample

@@ -190,6 +190,27 @@ def _layer_utilisation(h: float, n: float, tokens: float, tiling: tuple[int, int
 
 
 @functools.lru_cache(maxsize=1 << 16)
+def expert_matmul_work(cost: LayerCost, kind: str, per_dev: float, layout: Layout,
+                       split_backward: bool = False) -> tuple[float, float]:
+    """(FLOP, weight bytes) of a mixture-of-experts layer's routed expert matmuls in one fragment
+    of ``kind`` on one device, before tensor parallelism divides both: ``per_dev`` samples' routed
+    rows (:attr:`LayerCost.expert_fwd_flops_per_sample`; the backward twice it, half input and
+    half weight gradient) against the experts the device holds (``1 / layout.expert`` of them),
+    whose weights the forward reads once and the backward reads (input gradient) and writes (weight
+    gradient) once each. Their intensity is the tokens each expert gets: at a few hundred tokens
+    per expert the weight stream, not the FLOP, sets the time (measured on an H100:
+    ``reports/validation/device/README.md``, "Mixture of experts"). (0, 0) for a dense layer."""
+    if cost.expert_fwd_flops_per_sample <= 0 or cost.param_count <= 0:
+        return 0.0, 0.0
+    weights = cost.param_bytes * expert_share(cost) / layout.expert
+    flops = cost.expert_fwd_flops_per_sample * per_dev
+    if kind == "F":
+        return flops, weights
+    if kind == "W" or split_backward:
+        return flops, weights
+    return 2.0 * flops, 2.0 * weights
+
+
 def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layout: Layout,
                dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False,
                seq_len: int = 0, alltoall_hidden: bool = False) -> float:
@@ -271,7 +292,15 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     if layout.fsdp and layout.shard > 1:
         gather, scatter = fsdp_traffic(cost, mesh, layout)
         shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
-    work = combine_work(compute, memory, mesh.device.roofline)
+    if cost.expert_fwd_flops_per_sample > 0 and mesh.device.roofline == "max":
+        # the routed experts' matmuls are kernels of their own intensity: their own roofline
+        e_flops, e_bytes = expert_matmul_work(cost, kind, per_dev, layout, split_backward)
+        e_compute = e_flops / util / rate / t
+        e_memory = fragment_memory_time(e_bytes, 0.0, dev, tokens)
+        work = (max(compute - e_compute, max(memory - e_memory, 0.0))
+                + max(e_compute, e_memory))
+    else:
+        work = combine_work(compute, memory, mesh.device.roofline)
     # prefetching overlaps FSDP's gathers with compute (slowed by the collectives beside it);
     # a device that overlaps nothing inside a fragment (roofline "sum": XLA:CPU runs a
     # fragment's ops one after another) adds them

@@ -56,7 +56,7 @@ from ir import LayerCost, Workload
 from ir.workload import ATTENTION_KERNELS, causal_fraction
 from zoo import models
 from zoo.config import ModelConfig, ZooError, get_config
-from zoo.layers import attention
+from zoo.layers import attention, expert_capacity
 
 __all__ = ["workload", "body_cost", "analytic_training_flops"]
 
@@ -282,10 +282,16 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
 
 def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
     """A mixture-of-experts block's :class:`LayerCost` expert fields: its experts, their
-    parameters and the bytes one sample's tokens send to them in one dispatch."""
+    parameters, the FLOP of their matmuls for one sample (every capacity row of every expert:
+    ``zoo.layers.moe_swiglu`` computes the empty rows too) and the bytes one sample's tokens send
+    to them in one dispatch."""
     if not cfg.moe or body != "decoder_block":
         return {}
+    routed = cfg.experts * expert_capacity(cfg.seq_len, cfg.experts_per_token, cfg.experts,
+                                           cfg.capacity_factor)     # token rows per sample
     return {"experts": cfg.experts, "expert_param_count": models.expert_param_count(cfg),
+            # gate, up and down projections of every routed row (shared experts are dense work)
+            "expert_fwd_flops_per_sample": 6.0 * routed * cfg.hidden * cfg.expert_ffn,
             "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.hidden
                                           * cfg.dtype_bytes * cfg.capacity_factor)}
 

@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 from hardware_profiles import DeviceProfile
 from hardware_profiles.paths import PACKAGE_ROOT
 from hardware_profiles.types import Link, MeshSpec
-from ir import Layout
+from ir import LayerCost, Layout
 from ir.workload import causal_fraction
 from runtime.calibration.fit import CalibrationError
 from simulator.cost_model import layer_time, wave_utilisation
@@ -48,6 +48,8 @@ COLUMNS = ("device_kind", "backend", "jax_version", "item", "model", "tensor", "
 :data:`ATTENTION_COLUMNS` after them)."""
 ATTENTION_COLUMNS = ("heads", "kv_heads", "head_dim")
 """The attention rows' shape columns (empty on other rows; absent from files written before them)."""
+EXPERT_COLUMNS = ("experts", "top_k")
+"""The expert rows' columns (``benchmarks/bench_device_experts.py``; absent from other files)."""
 
 KIND_PROFILES = {"NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA H200": "h200-sxm",
                  "NVIDIA A100-SXM4-80GB": "a100-80gb-sxm", "NVIDIA A100-SXM4-40GB": "a100-40gb-sxm",
@@ -57,7 +59,8 @@ KIND_PROFILES = {"NVIDIA H100 80GB HBM3": "h100-sxm", "NVIDIA H200": "h200-sxm",
 
 _KERNELS = {"cudnn": "flash", "xla": "unfused"}
 _PASSES = ("F", "B", "FB")
-ITEMS = ("block", "gemm", "copy", "h2d", "d2h", "attention")
+ITEMS = ("block", "gemm", "copy", "h2d", "d2h", "attention", "experts", "moe")
+_PAIRED = ("block", "attention", "experts", "moe")     # items timed as F and FB
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,8 @@ class LayerTiming:
     heads: int = 0
     kv_heads: int = 0
     head_dim: int = 0
+    experts: int = 0
+    top_k: int = 0
 
     @property
     def label(self) -> str:
@@ -94,6 +99,10 @@ class LayerTiming:
         if self.item == "attention":
             return (f"attention h{self.heads}/{self.kv_heads} d{self.head_dim} b{self.samples} "
                     f"s{self.seq_len} {self.attention} {self.pass_}")
+        if self.item in ("experts", "moe"):
+            routing = f" top{self.top_k} s{self.seq_len}" if self.item == "moe" else ""
+            return (f"{self.item} E{self.experts}{routing} C{self.m} {self.k}x{self.n} "
+                    f"{self.pass_}")
         return f"{self.item} {self.nbytes / 2**30:g} GiB"
 
 
@@ -152,17 +161,16 @@ def read_timings(path: str | Path) -> tuple[LayerTiming, ...]:
             model=r["model"], tensor=_int(r["tensor"]), samples=_int(r["samples"]),
             seq_len=_int(r["seq_len"]), m=_int(r["m"]), k=_int(r["k"]), n=_int(r["n"]),
             pass_=r["pass"], nbytes=float(r["nbytes"] or 0), attention=r["attention"],
-            **{c: _int(r.get(c, "")) for c in ATTENTION_COLUMNS}))
-    passes = ("block", "attention")
-    forwards = {_block_key(t): t for t in out if t.item in passes and t.pass_ == "F"}
+            **{c: _int(r.get(c, "")) for c in ATTENTION_COLUMNS + EXPERT_COLUMNS}))
+    forwards = {_block_key(t): t for t in out if t.item in _PAIRED and t.pass_ == "F"}
     backs = [dataclasses.replace(t, pass_="B", seconds=t.seconds - forwards[_block_key(t)].seconds)
-             for t in out if t.item in passes and t.pass_ == "FB" and _block_key(t) in forwards]
+             for t in out if t.item in _PAIRED and t.pass_ == "FB" and _block_key(t) in forwards]
     return tuple(out) + tuple(backs)
 
 
 def _block_key(t: LayerTiming) -> tuple:
     return (t.device_kind, t.item, t.model, t.tensor, t.samples, t.seq_len, t.attention,
-            t.heads, t.kv_heads, t.head_dim)
+            t.heads, t.kv_heads, t.head_dim, t.m, t.k, t.n, t.experts, t.top_k)
 
 
 BACKWARD_FLOP_RATIO = 2.5
@@ -266,6 +274,8 @@ def predict(t: LayerTiming, device: DeviceProfile) -> float | None:
         bwd = BACKWARD_FLOP_RATIO * f / (device.achievable_flops("bf16")
                                          * device.attention_rate(t.seq_len, backward=True))
         return {"F": fwd, "B": bwd, "FB": fwd + bwd}[t.pass_]
+    if t.item == "experts":
+        return expert_matmuls_time(t, device)
     if t.item != "block":
         return None
     cfg = dataclasses.replace(tensor_shard(resolve_model(t.model), t.tensor), seq_len=t.seq_len,
@@ -275,6 +285,26 @@ def predict(t: LayerTiming, device: DeviceProfile) -> float | None:
     mesh, layout = _one_device(device), Layout(data=1, tensor=1)
     f = layer_time(cost, "F", t.samples, mesh, layout, seq_len=t.seq_len)
     b = layer_time(cost, "B", t.samples, mesh, layout, seq_len=t.seq_len)
+    return {"F": f, "B": b, "FB": f + b}[t.pass_]
+
+
+def expert_matmuls_time(t: LayerTiming, device: DeviceProfile) -> float:
+    """Seconds :func:`simulator.cost_model.layer_time` gives an ``experts`` row on one device:
+    SwiGLU experts alone (``t.experts`` experts of ``t.k`` x ``t.n`` weights, gate, up and down,
+    ``t.m`` token rows each) as a layer whose every FLOP and weight is routed, so it runs at the
+    experts' own roofline (:func:`simulator.cost_model.expert_matmul_work`)."""
+    params = 3 * t.experts * t.k * t.n
+    flops = 6.0 * t.experts * t.m * t.k * t.n
+    cost = LayerCost(name="experts", fwd_flops_per_sample=flops, bwd_flops_per_sample=2 * flops,
+                     bwd_input_flops_per_sample=flops, fwd_bytes_fixed=2.0 * params,
+                     fwd_bytes_per_sample=0.0, bwd_bytes_fixed=4.0 * params,
+                     bwd_bytes_per_sample=0.0, param_count=params, param_bytes=2.0 * params,
+                     activation_bytes_per_sample=0.0, residual_bytes_per_sample=0.0,
+                     tp_allreduce_bytes_per_sample=0.0, experts=t.experts,
+                     expert_param_count=params, expert_fwd_flops_per_sample=flops)
+    mesh, layout = _one_device(device), Layout(data=1, tensor=1)
+    f = layer_time(cost, "F", 1, mesh, layout)
+    b = layer_time(cost, "B", 1, mesh, layout)
     return {"F": f, "B": b, "FB": f + b}[t.pass_]
 
 
@@ -293,10 +323,10 @@ def summary(comparisons: Sequence[Comparison]) -> dict[str, tuple[int, float, fl
         if c.error is None:
             continue
         t = c.timing
-        key = ((0, t.item, t.attention, _PASSES.index(t.pass_)) if t.item in ("block", "attention")
+        key = ((0, t.item, t.attention, _PASSES.index(t.pass_)) if t.item in _PAIRED
                else (1, t.item, "", 0))
         groups.setdefault(key, []).append(c.error)
-    return {(f"{k[1]} {k[2]} {_PASSES[k[3]]}" if k[0] == 0 else k[1]):
+    return {(" ".join(x for x in (k[1], k[2], _PASSES[k[3]]) if x) if k[0] == 0 else k[1]):
             (len(v), statistics.fmean(v), statistics.fmean(abs(e) for e in v), max(abs(e) for e in v))
             for k, v in sorted(groups.items())}
 

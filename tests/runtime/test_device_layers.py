@@ -214,3 +214,44 @@ def test_readme_quotes_the_comparison_it_runs():
     assert f"its GEMMs {gemm * 100:.1f}% faster" in readme
     ratio, _ = gemm_time_ratio(read_timings(H100), read_timings(H200))
     assert re.search(rf"median H100 / H200 time {ratio:.4f}", readme)
+
+
+EXPERTS = ROOT / "reports" / "validation" / "device" / "h100_experts.csv"
+
+
+def test_expert_rows_are_the_experts_roofline_weight_stream_below_the_ridge():
+    h100 = load_device("h100-sxm")
+    rows = {t.label: t for t in read_timings(EXPERTS)}
+    # 128 experts of 4096 x 1536 (gate, up, down) in bf16 at 64 tokens each: 0.31 TFLOP against
+    # 4.8 GB of weights, below the ridge: the forward streams the weights once, the backward twice
+    weights = 2.0 * 3 * 128 * 4096 * 1536
+    f, b = rows["experts E128 C64 4096x1536 F"], rows["experts E128 C64 4096x1536 B"]
+    assert predict(f, h100) == pytest.approx(weights / h100.achievable_bandwidth, rel=1e-9)
+    assert predict(b, h100) == pytest.approx(2 * weights / h100.achievable_bandwidth, rel=1e-9)
+    # at 2048 tokens each, compute-bound: the FLOP at the GEMM rate
+    big = rows["experts E128 C2048 4096x1536 F"]
+    flops = 6.0 * 128 * 2048 * 4096 * 1536
+    assert predict(big, h100) == pytest.approx(flops / h100.achievable_flops("bf16"), rel=1e-9)
+    # the whole routed layers are listed, not predicted, each with its backward derived
+    moe = [t for t in rows.values() if t.item == "moe"]
+    assert len(moe) == 9 and all(predict(t, h100) is None for t in moe)
+    assert summary(compare(read_timings(EXPERTS), h100)).keys() == {
+        "experts F", "experts B", "experts FB"}
+
+
+def test_expert_benchmark_quick_run_writes_rows_the_reader_takes(tmp_path):
+    out = tmp_path / "e.csv"
+    script = ROOT / "benchmarks" / "bench_device_experts.py"
+    r = subprocess.run([sys.executable, str(script), "--quick", "--repeats", "1", "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = read_timings(out)
+    # one routed layer (4 experts, top 2 of 64 tokens: capacity 32), then the experts at 8 and
+    # 32 tokens each; F and FB, and each B derived
+    assert sorted((t.item, t.m, t.pass_) for t in rows) == sorted(
+        [("moe", 32, p) for p in ("F", "FB", "B")]
+        + [("experts", c, p) for c in (8, 32) for p in ("F", "FB", "B")])
+    assert all(t.experts == 4 and (t.k, t.n) == (64, 32) for t in rows)
+    r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x.csv")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--quick" in r.stderr and not (tmp_path / "x.csv").exists()

@@ -173,3 +173,49 @@ def test_a_layer_without_matmuls_pays_no_decode_overhead():
     plain, dec = _decode_mesh(None, None), _decode_mesh(0.9, 250e-6)
     assert layer_time(gather, "F", 2, dec, lay, seq_len=1) == layer_time(
         gather, "F", 2, plain, lay, seq_len=1)
+
+
+def _routed(expert_flops: float) -> LayerCost:
+    """A layer of 1 GFLOP of attention-free dense work plus ``expert_flops`` of routed experts,
+    with 2 GB of parameters of which 1.5 GB are the experts'."""
+    return LayerCost(name="moe", fwd_flops_per_sample=1e9 + expert_flops,
+                     bwd_flops_per_sample=2 * (1e9 + expert_flops),
+                     bwd_input_flops_per_sample=1e9 + expert_flops, fwd_bytes_fixed=2e9,
+                     fwd_bytes_per_sample=0.0, bwd_bytes_fixed=4e9, bwd_bytes_per_sample=0.0,
+                     param_count=1_000_000_000, param_bytes=2e9, activation_bytes_per_sample=0.0,
+                     residual_bytes_per_sample=0.0, tp_allreduce_bytes_per_sample=0.0, experts=8,
+                     expert_param_count=750_000_000, expert_fwd_flops_per_sample=expert_flops)
+
+
+def test_routed_experts_run_at_their_own_roofline():
+    from simulator.cost_model import expert_matmul_work
+
+    h100 = load_device("h100-sxm")
+    mesh = MeshSpec(name="one", device=h100, num_devices=1, axes={"data": 1},
+                    intra_link=Link(bandwidth=1.0, latency=0.0))
+    rate, bw = h100.achievable_flops("bf16"), h100.achievable_bandwidth
+    cost = _routed(1e11)
+    one = Layout(data=1, tensor=1)
+    # forward: the experts stream their 1.5 GB once; backward twice, split half and half
+    assert expert_matmul_work(cost, "F", 2.0, one) == (2e11, 1.5e9)
+    assert expert_matmul_work(cost, "B", 2.0, one) == (4e11, 3e9)
+    assert expert_matmul_work(cost, "B", 2.0, one, split_backward=True) == (2e11, 1.5e9)
+    assert expert_matmul_work(cost, "W", 2.0, one) == (2e11, 1.5e9)
+    assert expert_matmul_work(cost, "F", 2.0, Layout(data=4, tensor=1, expert=4)) == (2e11, 3.75e8)
+    dense = dataclasses.replace(cost, experts=0, expert_param_count=0, expert_fwd_flops_per_sample=0)
+    assert expert_matmul_work(dense, "F", 2.0, one) == (0.0, 0.0)
+    # one sample: the experts (0.1 TFLOP) sit below the ridge of 1.5 GB; the dense rest (1 GFLOP,
+    # 0.5 GB) too: each part pays its own weight stream, where one roofline over the whole layer
+    # took max(1.01e11 FLOP, 2 GB) as if the dense part's bytes could hide under the experts' FLOP
+    f = layer_time(cost, "F", 1.0, mesh, one)
+    fixed = h100.layer_fixed_time("F", cost.fwd_ops)
+    expected = max(1e9 / rate, 0.5e9 / bw) + max(1e11 / rate, 1.5e9 / bw)
+    assert f == pytest.approx(expected + fixed, rel=1e-12)
+    # well above the ridge both ways it is the FLOP, as before
+    big = _routed(1e14)
+    assert layer_time(big, "F", 1.0, mesh, one) == pytest.approx(
+        max(1e9 / rate, 0.5e9 / bw) + 1e14 / rate + fixed, rel=1e-12)
+    # a device that overlaps nothing inside a fragment (roofline "sum") adds compute and bytes
+    cpu = dataclasses.replace(mesh, device=dataclasses.replace(h100, roofline="sum"))
+    assert layer_time(cost, "F", 1.0, cpu, one) == pytest.approx(
+        layer_time(dataclasses.replace(cost, expert_fwd_flops_per_sample=0.0), "F", 1.0, cpu, one))

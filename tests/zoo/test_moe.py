@@ -11,6 +11,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 import zoo
@@ -316,3 +318,35 @@ def test_simulate_reports_each_meshs_expert_alltoall(tmp_path):
     res = CliRunner().invoke(main, ["simulate", str(path)])
     assert res.exit_code == 0, res.output
     assert "expert all-to-all per mesh" in res.output
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=24), st.integers(1, 8))
+def test_slots_are_a_partial_permutation_and_its_inverse(choice, capacity):
+    from zoo.layers import _slots
+
+    E, n = 4, len(choice)
+    slot_of_pair, pair_of_slot = (jnp.asarray(a).tolist() for a in _slots(jnp.asarray(choice), E, capacity))
+    for p, e in enumerate(choice):
+        earlier = sum(1 for q in range(p) if choice[q] == e)       # stable: earlier pairs first
+        expect = e * capacity + earlier if earlier < capacity else E * capacity
+        assert slot_of_pair[p] == expect
+        if expect < E * capacity:
+            assert pair_of_slot[expect] == p
+    kept = {s for s in slot_of_pair if s < E * capacity}
+    assert all((pair_of_slot[s] == n) == (s not in kept) for s in range(E * capacity))
+
+
+def test_permutation_gradient_equals_the_scatter_add_it_replaces():
+    from zoo.layers import _permute, _slots
+
+    choice = jnp.asarray([2, 0, 2, 1, 2, 0, 3, 2])       # 4 tokens x top 2; expert 2 overflows
+    slot_of_pair, pair_of_slot = _slots(choice, 4, 2)
+    T, k = 4, 2
+    x = jax.random.normal(jax.random.PRNGKey(0), (T, 3))
+    token_of_slot = jnp.where(pair_of_slot < T * k, pair_of_slot // k, T)
+    inverse = slot_of_pair.reshape(T, k)
+    g = jax.random.normal(jax.random.PRNGKey(1), (8, 3))
+    ours = jax.vjp(lambda x: _permute(x, token_of_slot, inverse), x)[1](g)[0]
+    plain = jax.vjp(lambda x: jnp.take(x, token_of_slot, axis=0, mode="fill", fill_value=0), x)[1](g)[0]
+    assert jnp.allclose(ours, plain, atol=1e-6) and float(jnp.abs(plain).sum()) > 0
