@@ -44,7 +44,7 @@ H100_128 = readme_paragraph("Measured 2026-11-26 on this project's 2-core machin
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-25), it planned 4")
 FIXTURES = readme_paragraph("Published layouts as fixtures:")
 PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-26), the first uses both kinds")
-MOE = readme_paragraph("On this project's 2-core machine (2026-11-26), DeepSeek-V3")
+MOE = readme_paragraph("On this project's 2-core machine (2026-11-27), DeepSeek-V3")
 
 
 @pytest.mark.parametrize("text,match,cells", [
@@ -70,7 +70,7 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-26), DeepSeek-
      {"step (s)": "replays at {} s in the same"}),
     (PEER, {"plan": "mpmd plan --schedule 1f1b"}, {"step (s)": "between the kinds at {} s"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes", "what": "plan, --time-limit 30"},
-     {"step (s)": "EP8, 1F1B), at {} s per step"}),
+     {"step (s)": "some stages, ZB-H2) at {} s per step"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes", "what": "plan, --time-limit 120"},
      {"step (s)": "at {} s per step", "MFU": "({} MFU", "tokens/s/GPU": "{} tokens/s per GPU"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes",
@@ -82,7 +82,7 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-26), DeepSeek-
            "what": "DeepSeek's layout, 1f1b, full recompute"},
      {"step (s)": "all-to-alls exposed: {} s"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h800x2048_nodes", "what": "plan, --time-limit 30"},
-     {"step (s)": "TP8 ones: {} s per step", "MFU": "per step, {} MFU"}),
+     {"step (s)": "with EP8 (DualPipeV): {} s per step", "MFU": "per step, {} MFU"}),
     (MOE, {"model": "Mixtral-8x22B-v0.1"},
      {"step (s)": "DualPipeV, {} s per step", "MFU": "per step, {} MFU"}),
     (PEER, {"plan": "mpmd plan --objective cost --min-throughput 2000000"},

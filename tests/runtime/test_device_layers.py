@@ -255,3 +255,10 @@ def test_expert_benchmark_quick_run_writes_rows_the_reader_takes(tmp_path):
     r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "x.csv")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--quick" in r.stderr and not (tmp_path / "x.csv").exists()
+
+
+def test_readme_quotes_the_expert_comparison_it_runs():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    s = summary(compare(read_timings(EXPERTS), load_device("h100-sxm")))
+    assert (f"predicts those rows within {s['experts F'][2] * 100:.1f}% (forward) and "
+            f"{s['experts B'][2] * 100:.1f}% (backward) mean absolute error" in readme)
