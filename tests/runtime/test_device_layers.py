@@ -262,3 +262,22 @@ def test_readme_quotes_the_expert_comparison_it_runs():
     s = summary(compare(read_timings(EXPERTS), load_device("h100-sxm")))
     assert (f"predicts those rows within {s['experts F'][2] * 100:.1f}% (forward) and "
             f"{s['experts B'][2] * 100:.1f}% (backward) mean absolute error" in readme)
+
+
+def test_benchmark_times_moe_blocks_of_shipped_configs_the_reader_predicts(tmp_path):
+    out = tmp_path / "m.csv"
+    script = ROOT / "benchmarks" / "bench_device_layers.py"
+    r = subprocess.run([sys.executable, str(script), "--quick", "--blocks-only", "--moe",
+                        "--no-attention", "--models", "tiny-moe,tiny-mla-moe", "--repeats", "1",
+                        "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = read_timings(out)
+    # tiny-moe at 1 and 2 samples, tiny-mla-moe at 1 (latent attention: its values are narrower
+    # than its keys, so the zoo's plain attention runs it), F and FB, each B derived
+    assert sorted((t.model, t.samples, t.pass_) for t in rows) == sorted(
+        [("tiny-moe", b, p) for b in (1, 2) for p in ("F", "FB", "B")]
+        + [("tiny-mla-moe", 1, p) for p in ("F", "FB", "B")])
+    assert {t.attention for t in rows} == {"xla"}
+    # a shipped config's block is costed by name, its routed experts included
+    h100 = load_device("h100-sxm")
+    assert all(predict(t, h100) > 0 for t in rows)
