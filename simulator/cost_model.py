@@ -189,7 +189,6 @@ def _layer_utilisation(h: float, n: float, tokens: float, tiling: tuple[int, int
     return 1.0 / (2.0 / 3.0 * inv_act + 1.0 / 3.0 * inv_w)
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def expert_matmul_work(cost: LayerCost, kind: str, per_dev: float, layout: Layout,
                        split_backward: bool = False) -> tuple[float, float]:
     """(FLOP, weight bytes) of a mixture-of-experts layer's routed expert matmuls in one fragment
@@ -204,13 +203,12 @@ def expert_matmul_work(cost: LayerCost, kind: str, per_dev: float, layout: Layou
         return 0.0, 0.0
     weights = cost.param_bytes * expert_share(cost) / layout.expert
     flops = cost.expert_fwd_flops_per_sample * per_dev
-    if kind == "F":
-        return flops, weights
-    if kind == "W" or split_backward:
+    if kind in ("F", "W") or split_backward:
         return flops, weights
     return 2.0 * flops, 2.0 * weights
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layout: Layout,
                dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False,
                seq_len: int = 0, alltoall_hidden: bool = False) -> float:
