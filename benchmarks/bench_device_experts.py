@@ -15,16 +15,14 @@ after warm-up (the timing of ``bench_device_layers.py``):
   experts, combine), ``F`` and ``FB``; ``C`` is then :func:`zoo.layers.expert_capacity`'s.
 
 ``--quick`` runs tiny shapes on any backend (the smoke test the suite runs).
-``mpmd validate --layers CSV`` compares a CSV with the cost model (``runtime.calibration.device_layers``).
+``mpmd validate --layers CSV`` compares a CSV with the cost model
+(``runtime.calibration.device_layers``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -32,7 +30,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_device_layers import COLUMNS as BLOCK_COLUMNS, _time  # noqa: E402
+from benchmarks.bench_device_layers import (COLUMNS as BLOCK_COLUMNS, _time,  # noqa: E402
+                                            write_rows)
 from zoo.layers import _silu_mul, expert_capacity, moe_swiglu  # noqa: E402
 
 COLUMNS = BLOCK_COLUMNS + ("experts", "top_k")
@@ -110,30 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                          else (FULL_SHAPES, FULL_CAPACITY, FULL_SEQ))
     jobs = [lambda a=(E, h, f, k): list(moe_rows(*a, seq, args.repeats)) for E, h, f, k in shapes]
     jobs += [lambda a=(E, h, f, C): list(expert_rows(*a, args.repeats))
-             for E, h, f, _ in shapes for C in ((() if args.moe_only else caps))]
-    common = dict(device_kind=jax.devices()[0].device_kind, backend=backend,
-                  jax_version=jax.__version__, repeats=args.repeats)
-    start = time.perf_counter()
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".partial")
-    with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS, restval="")
-        w.writeheader()
-        for job in jobs:
-            if time.perf_counter() - start > args.budget_s:
-                print(f"budget of {args.budget_s:.0f} s spent: stopping", file=sys.stderr)
-                break
-            try:
-                rows = job()
-            except Exception as e:    # one failed shape (memory) is a gap, not the end
-                print(f"skipped: {type(e).__name__}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
-                continue
-            for r in rows:
-                row = dict(common, **r)
-                w.writerow(row)
-                fh.flush()
-                print(",".join(str(row.get(c, "")) for c in COLUMNS), flush=True)
-    os.replace(tmp, out)
+             for E, h, f, _ in shapes for C in (() if args.moe_only else caps)]
+    write_rows(jobs, Path(args.out), COLUMNS, args.repeats, args.budget_s)
     return 0
 
 

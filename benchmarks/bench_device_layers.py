@@ -233,17 +233,26 @@ def main(argv: list[str] | None = None) -> int:
             for a in (() if args.no_attention else QUICK_ATTENTION if args.quick
                       else FULL_ATTENTION)]
     jobs = attn + jobs if args.attention_first else jobs + attn
-    common = dict(device_kind=jax.devices()[0].device_kind, backend=backend,
-                  jax_version=jax.__version__, repeats=args.repeats)
+    write_rows(jobs, Path(args.out), COLUMNS, args.repeats, args.budget_s)
+    return 0
+
+
+def write_rows(jobs, out: Path, columns: tuple[str, ...], repeats: int, budget_s: float) -> None:
+    """Run ``jobs`` (each returns a list of row dicts) in order and write their rows to the CSV
+    ``out`` under ``columns``, each with the device kind, backend, JAX version and ``repeats``:
+    flushed and printed as they come, into ``out.partial`` (renamed to ``out`` at the end), so a
+    run stopped at ``budget_s`` seconds, or killed, keeps what it measured. A job that raises
+    (out of memory, an unsupported kernel) is skipped with a one-line message."""
+    common = dict(device_kind=jax.devices()[0].device_kind, backend=jax.default_backend(),
+                  jax_version=jax.__version__, repeats=repeats)
     start = time.perf_counter()
-    out = Path(args.out)
     tmp = out.with_name(out.name + ".partial")
     with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS, restval="")
+        w = csv.DictWriter(fh, fieldnames=columns, restval="")
         w.writeheader()
         for job in jobs:
-            if time.perf_counter() - start > args.budget_s:
-                print(f"budget of {args.budget_s:.0f} s spent: stopping", file=sys.stderr)
+            if time.perf_counter() - start > budget_s:
+                print(f"budget of {budget_s:.0f} s spent: stopping", file=sys.stderr)
                 break
             try:
                 rows = job()
@@ -254,9 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = dict(common, **r)
                 w.writerow(row)
                 fh.flush()
-                print(",".join(str(row.get(c, "")) for c in COLUMNS), flush=True)
+                print(",".join(str(row.get(c, "")) for c in columns), flush=True)
     os.replace(tmp, out)
-    return 0
 
 
 if __name__ == "__main__":

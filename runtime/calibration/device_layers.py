@@ -17,8 +17,12 @@ planner uses, on a device profile:
   and backward (``DeviceProfile.attention_efficiency`` / ``attention_backward_efficiency``).
   :func:`attention_efficiencies` measures those two from the same file: the attention rows'
   FLOP rate over its GEMM rows' median rate.
+- ``experts`` (``benchmarks/bench_device_experts.py``): SwiGLU experts alone, ``m`` tokens per
+  expert, through ``layer_time`` as a layer whose every FLOP and weight is routed
+  (:func:`expert_matmuls_time`: the experts' own roofline).
 
-The host-link rows (``h2d``, ``d2h``) are listed, not predicted: no profile carries a host link.
+The host-link rows (``h2d``, ``d2h``) and the whole routed layers (``moe``) are listed, not
+predicted: no profile carries a host link, and a routed layer alone is no zoo body.
 ``mpmd validate --layers CSV`` prints the comparison (``reports/validation/device/README.md``
 records the shipped measurements).
 """
