@@ -35,7 +35,7 @@ def rows(samples: int = 2, repeats: int = 31) -> list[tuple[str, str, float, flo
     from jax.sharding import NamedSharding
 
     from ir import Layout
-    from runtime.calibration.measure import _placed, time_call
+    from runtime.calibration.timing import placed_params, time_call
     from runtime.train.layouts import batch_spec, layout_mesh
     from zoo import workload
     from zoo.config import get_config
@@ -53,7 +53,7 @@ def rows(samples: int = 2, repeats: int = 31) -> list[tuple[str, str, float, flo
         resid = workload(cfg, samples).costs["decoder_block"].residual_bytes_per_sample / 1e3
         for lay in layouts:
             mesh = layout_mesh(jax.devices()[:2], lay)
-            p = _placed(cfg, block_shapes(cfg), mesh, lay, jax.random.PRNGKey(0))
+            p = placed_params(cfg, block_shapes(cfg), mesh, lay, jax.random.PRNGKey(0))
             fwd = jax.jit(lambda p, h, cfg=cfg: block_fn(cfg)(p, h))
             keep = jax.jit(lambda p, h, cfg=cfg: jax.vjp(lambda p, h: block_fn(cfg)(p, h), p, h))
             bwd = jax.jit(lambda f, c: f(c))

@@ -112,6 +112,8 @@ class _Efficiencies(_Strict):
     backward_layer_overhead_us: _LayerOverhead | None = None
     prefill_layer_overhead_us: _Overhead | None = None
     logit_overhead_ns: _Overhead | None = None
+    forward_routing_pair_ns: _Overhead | None = None
+    backward_routing_pair_ns: _Overhead | None = None
 
 
 class _OneHop(_Strict):

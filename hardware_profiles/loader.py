@@ -208,7 +208,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
         sources["scale_up_one_hop"] = f.scale_up.one_hop.source
     for key, unit in (("decode_layer_overhead", "_us"), ("prefill_layer_overhead", "_us"),
                       ("forward_layer_overhead", "_us"), ("backward_layer_overhead", "_us"),
-                      ("logit_overhead", "_ns")):
+                      ("logit_overhead", "_ns"), ("forward_routing_pair", "_ns"),
+                      ("backward_routing_pair", "_ns")):
         got = getattr(f.efficiency, key + unit)
         if got is not None:
             sources[key] = got.origin
@@ -270,6 +271,10 @@ def _device_from_file(path: Path) -> DeviceProfile:
                                 if f.efficiency.forward_layer_overhead_us else 0.0),
         backward_layer_overhead=(f.efficiency.backward_layer_overhead_us.value * US
                                  if f.efficiency.backward_layer_overhead_us else 0.0),
+        forward_routing_pair=(f.efficiency.forward_routing_pair_ns.value * 1e-9
+                              if f.efficiency.forward_routing_pair_ns else 0.0),
+        backward_routing_pair=(f.efficiency.backward_routing_pair_ns.value * 1e-9
+                               if f.efficiency.backward_routing_pair_ns else 0.0),
         layer_overhead_ops=tuple((getattr(f.efficiency, k).ops or 0)
                                  if getattr(f.efficiency, k) else 0
                                  for k in ("forward_layer_overhead_us",

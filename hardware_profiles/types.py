@@ -132,6 +132,15 @@ class DeviceProfile:
             its own ops (:meth:`layer_fixed_time`; measured on XLA:CPU, a mixture-of-experts
             block of 2x the dense block's forward ops has 2.4-3x its forward intercept);
             (0, 0): per layer.
+        forward_routing_pair / backward_routing_pair: a mixture-of-experts layer's time per
+            (token, expert) pair it routes, s, in a forward and in a whole backward (the input
+            gradient's), beyond what its bytes and FLOP cost: the permutations that move each
+            token's row into its experts' slots and back, gathered row by row (XLA:CPU runs a
+            gather as a scalar loop: 6-8 us a pair of 128 float32 values on a 2-core host),
+            measured by ``mpmd calibrate`` on a small routed block; 0 where no profile measured
+            one (an accelerator's gathers stream at its memory bandwidth, charged with the
+            layer's other bytes: an H100 moved Qwen3-235B's 32,768 pairs of 4,096 bf16 values
+            through both of a sample's gathers in 0.2 ms).
         logit_overhead: a serving step's time per logit it hands to sampling, s: a stack that
             reads each step's ``batch x vocab`` logits back to the host and samples there pays
             it (a decode step of 32 users costs a Wormhole n150 ~8 ms more than one user's, for
@@ -180,6 +189,8 @@ class DeviceProfile:
     forward_layer_overhead: float = 0.0
     backward_layer_overhead: float = 0.0
     layer_overhead_ops: tuple[int, int] = (0, 0)
+    forward_routing_pair: float = 0.0
+    backward_routing_pair: float = 0.0
 
     def layer_fixed_time(self, kind: str, ops: int) -> float:
         """The fixed time, s, a layer of ``ops`` primitive operations pays in a forward (``kind``

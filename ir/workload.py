@@ -77,6 +77,11 @@ class LayerCost:
     """Of ``fwd_flops_per_sample``, the routed experts' matmuls (at their capacity): the part that
     streams the experts' weights once per microbatch and so runs at the roofline of its own
     intensity (tokens per expert), apart from the rest of the layer. Their backward is twice it."""
+    routed_pairs_per_sample: float = 0.0
+    """(token, expert) pairs one sample routes in a mixture-of-experts layer (``seq x top_k``):
+    what its token permutations (dispatch into the experts' slots, combine back) move, row by row.
+    A device whose gathers cost more than their bytes (XLA:CPU) pays its measured time per pair
+    (``DeviceProfile.forward_routing_pair`` / ``backward_routing_pair``). 0 for a dense layer."""
     fwd_ops: int = 0
     bwd_ops: int = 0
     """Primitive operations of the forward and of the whole backward (the pullback on the kept
@@ -96,6 +101,7 @@ class LayerCost:
                 raise IRError(f"LayerCost {self.name!r}: {f}={v!r} must be >= 0")
         if not 0 <= self.expert_param_count <= self.param_count or self.experts < 0 \
                 or not self.alltoall_bytes_per_sample >= 0 \
+                or not self.routed_pairs_per_sample >= 0 \
                 or not 0 <= self.expert_fwd_flops_per_sample <= self.fwd_flops_per_sample:
             raise IRError(f"LayerCost {self.name!r}: experts={self.experts}, expert_param_count="
                           f"{self.expert_param_count} (of {self.param_count}), alltoall bytes "

@@ -231,6 +231,9 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
             ``backward_layer_overhead`` in a backward (split between B and W by their FLOP),
             scaled by the layer's ops over those of the block they were measured on
             (``LayerCost.fwd_ops`` / ``bwd_ops``, ``DeviceProfile.layer_fixed_time``).
+            A mixture-of-experts layer pays the profile's ``forward_routing_pair`` (or
+            ``backward_routing_pair``, all in the input gradient) for each (token, expert) pair
+            of the device's tokens (``LayerCost.routed_pairs_per_sample``).
         alltoall_hidden: a schedule that runs a mixture of experts' all-to-alls under another
             microbatch's compute (``ScheduleKind.hides_alltoall``: DualPipe): the expert-parallel
             all-to-all (:func:`expert_alltoall`) is overlapped with the layer's work, slowed by the
@@ -309,6 +312,10 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         body = overlapped(body, a2a, mesh.device.comm_interference)
     else:
         body += a2a
+    if cost.routed_pairs_per_sample > 0 and kind != "W":
+        # the token permutations, row by row, where a gather costs more than its bytes (XLA:CPU)
+        body += cost.routed_pairs_per_sample * per_dev / t * (
+            dev.forward_routing_pair if kind == "F" else dev.backward_routing_pair)
     if 0 < tokens <= 1 and flops > 0:
         # a decode step's layer: its small ops dispatched one by one (serving_cost charges the same)
         body += mesh.device.decode_layer_overhead or 0.0

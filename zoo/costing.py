@@ -283,8 +283,8 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
 def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
     """A mixture-of-experts block's :class:`LayerCost` expert fields: its experts, their
     parameters, the FLOP of their matmuls for one sample (every capacity row of every expert:
-    ``zoo.layers.moe_swiglu`` computes the empty rows too) and the bytes one sample's tokens send
-    to them in one dispatch."""
+    ``zoo.layers.moe_swiglu`` computes the empty rows too), the bytes one sample's tokens send
+    to them in one dispatch and the (token, expert) pairs it routes."""
     if not cfg.moe or body != "decoder_block":
         return {}
     routed = cfg.experts * expert_capacity(cfg.seq_len, cfg.experts_per_token, cfg.experts,
@@ -293,7 +293,8 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
             # gate, up and down projections of every routed row (shared experts are dense work)
             "expert_fwd_flops_per_sample": 6.0 * routed * cfg.hidden * cfg.expert_ffn,
             "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.hidden
-                                          * cfg.dtype_bytes * cfg.capacity_factor)}
+                                          * cfg.dtype_bytes * cfg.capacity_factor),
+            "routed_pairs_per_sample": float(cfg.seq_len * cfg.experts_per_token)}
 
 
 def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | None = None,

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from runtime.calibration.fit import (DECODE_CACHE_TOKENS, DECODE_LAYERS, DECODE_ROTATION_MIB,
-                                     SMALL_BLOCK, WEIGHT_STREAM_MIB, Calibration,
+                                     ROUTED_MODEL, SMALL_BLOCK, WEIGHT_STREAM_MIB, Calibration,
                                      CalibrationError)
 from hardware_profiles.loader import DEVICES_DIR
 from ir.files import write_atomic
@@ -182,6 +182,21 @@ def device_yaml(cal: Calibration, name: str = DEVICE_ID) -> dict[str, Any]:
                     ("backward_layer_overhead_us", cal.backward_layer_overhead, "backward", "B",
                      cal.small_block_ops[1] or None))}
                if cal.small_block else {}),
+            **({key: {"value": round(value * 1e9, 1), "origin": (
+                f"{where}: a small mixture of experts' block ({ROUTED_MODEL}: 4 experts, "
+                f"top 2, width 128, 64 tokens per sample) timed {what} under "
+                + " and ".join(f"{'data' if lay == 'dp' else 'expert'} parallel"
+                               for lay in dict.fromkeys(f.layout for f in cal.routed_block))
+                + f" over {cal.devices_per_mesh} devices at "
+                + ", ".join(str(b) for b in dict.fromkeys(f.samples for f in cal.routed_block))
+                + " samples; what it took beyond the cost model's charge on this profile and the "
+                "fragment overhead, per (token, expert) pair of a device's tokens (least squares "
+                "in relative error): its tokens' rows gathered into the experts' slots and back "
+                "one by one (runtime.calibration.routing.fit_routing_pairs)")}
+                for key, value, what in (
+                    ("forward_routing_pair_ns", cal.forward_routing_pair, "forward"),
+                    ("backward_routing_pair_ns", cal.backward_routing_pair, "whole backward"))}
+               if cal.routed_block else {}),
             **({"decode_layer_overhead_us": {
                 "value": round(cal.decode_layer_overhead * 1e6, 2), "origin": (
                     f"{where}: one more decoder block's decode step (one token per device, "

@@ -53,6 +53,10 @@ SMALL_BLOCK = {"hidden": 128, "ffn": 384, "heads": 4, "kv_heads": 4, "seq_len": 
 (llama-tiny's structure at width 128 and 64 tokens per sample: its ops are so small that their
 dispatch is a large share of its time, so the intercept is well determined)."""
 
+ROUTED_MODEL = "zoo/configs/tiny-moe.yaml"
+"""The mixture of experts whose block gives the time per routed pair (relative to the project
+root; 4 SwiGLU experts of inner width 128, each token routed to its top 2, width 128, 64 tokens
+per sample: the model ``mpmd run`` trains as expert parallel 2 x pipeline 2 in the benchmarks)."""
 
 @dataclass(frozen=True, slots=True)
 class FragmentTiming:
@@ -147,6 +151,13 @@ class Calibration:
     ``bwd_ops``): another layer's fixed time scales with its own ops over these."""
     small_block: tuple[FragmentTiming, ...] = ()
     """The small block's timings that gave them."""
+    forward_routing_pair: float = 0.0
+    backward_routing_pair: float = 0.0
+    """Seconds per routed (token, expert) pair of a device's tokens in a mixture of experts'
+    forward / whole backward, beyond the cost model's charge
+    (:func:`runtime.calibration.routing.fit_routing_pairs`)."""
+    routed_block: tuple[FragmentTiming, ...] = ()
+    """The routed block's timings that gave them (empty: not measured, no routing terms)."""
 
     @property
     def matmul_efficiency(self) -> float:

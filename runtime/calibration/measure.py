@@ -44,6 +44,8 @@ import dataclasses
 import math
 import statistics
 import time
+import tempfile
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
@@ -62,9 +64,12 @@ from compiler.exported import Call, Executable, ExportedProgram, MeshProgram
 from compiler.runtime import run_program
 from rich.console import Console
 from rich.table import Table
+from hardware_profiles import load_cluster
 from runtime.calibration.files import check_writable, profile_paths, write_profiles
 from runtime.calibration.layouts import layout_costs, layout_of, LAYOUTS
-from runtime.train.layouts import MODEL, batch_spec, layout_mesh, param_spec
+from runtime.calibration.routing import fit_routing_pairs, measure_routed_block
+from runtime.calibration.timing import _block, placed_params, time_call, time_interleaved
+from runtime.train.layouts import MODEL, batch_spec, layout_mesh
 from zoo import kv_decode, workload
 from zoo.config import get_config
 from zoo.decoder import block_fn, block_shapes, embed_fn, embed_shapes, head_fn, head_shapes
@@ -78,40 +83,6 @@ __all__ = ["Calibration", "CalibrationError", "FragmentTiming", "HostInfo", "LAY
            "fit_calibration", "measure_link", "measure_overhead", "measure_runtime_concurrency",
            "measure_stream", "print_calibration",
            "model_seconds", "nominal_peaks", "read_host", "time_call"]
-
-
-# --------------------------------------------------------------------------- timing helpers
-def _block(x: Any) -> None:
-    for leaf in jax.tree.leaves(x):
-        if hasattr(leaf, "block_until_ready"):
-            leaf.block_until_ready()
-
-
-def time_call(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int = 2) -> float:
-    """Median seconds of ``fn(*args)`` until ready, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        _block(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        _block(fn(*args))
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-def time_interleaved(calls: Sequence[tuple[Callable[..., Any], tuple]], rounds: int, *,
-                     per_round: int = 1, warmup: int = 0, skip: int = 0) -> list[float]:
-    """Median seconds of each ``(fn, args)`` in ``calls`` over ``rounds`` interleaved rounds, the
-    first ``skip`` of them untimed: each round times every call once after the other
-    (:func:`time_call` with ``per_round`` repeats and ``warmup`` untimed calls). A burst of load
-    on a shared host then lands on one round of every call, not on all the timings of one."""
-    times: list[list[float]] = [[] for _ in calls]
-    for r in range(rounds):
-        for ts, (fn, args) in zip(times, calls):
-            t = time_call(fn, *args, repeats=per_round, warmup=warmup)
-            if r >= skip:
-                ts.append(t)
-    return [statistics.median(ts) for ts in times]
 
 
 def _cost(compiled: Any) -> tuple[float, float]:
@@ -137,14 +108,6 @@ def local_meshes(num_meshes: int, devices_per_mesh: int, axis: str = "data") -> 
 
 
 # --------------------------------------------------------------------------- measurements
-def _placed(cfg: Any, shapes: dict, mesh: Mesh, lay: Any, key: Any) -> dict:
-    """Parameters of ``shapes`` drawn from ``key``, each on ``mesh`` with the sharding ``mpmd
-    run`` gives it under ``lay`` (:func:`runtime.train.layouts.param_spec`)."""
-    vals = init_from_shapes(shapes, cfg.jnp_dtype, key)
-    return {k: jax.device_put(v, NamedSharding(mesh, param_spec(cfg, k, tuple(v.shape), lay)))
-            for k, v in vals.items()}
-
-
 def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: str = "llama-tiny",
                       repeats: int = 5, progress: Progress | None = None,
                       layout: str = "dp") -> list[FragmentTiming]:
@@ -167,7 +130,7 @@ def measure_fragments(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, model: 
     mesh = layout_mesh(list(mesh.devices.flat), lay)
     bat = NamedSharding(mesh, batch_spec(lay))
     key = jax.random.PRNGKey(0)
-    params = {n: _placed(cfg, s(cfg), mesh, lay, key)
+    params = {n: placed_params(cfg, s(cfg), mesh, lay, key)
               for n, s in (("embed", embed_shapes), ("block", block_shapes), ("head", head_shapes))}
     calls: list[tuple[FragmentTiming, Callable[..., Any], tuple]] = []
     total, done = 2 * 3 * len(samples), 0
@@ -285,7 +248,7 @@ def measure_decode_layer(mesh: Mesh, *, model: str = "llama-tiny", repeats: int 
     block_bytes = sum(math.prod(v) for v in shapes.values()) * jnp.dtype(cfg.jnp_dtype).itemsize
     copies = max(many, math.ceil(DECODE_ROTATION_MIB * 2**20 / block_bytes))
     copies = math.ceil(copies / many) * many        # whole groups of the larger fragment
-    params = [_placed(cfg, shapes, mesh, lay, jax.random.PRNGKey(k)) for k in range(copies)]
+    params = [placed_params(cfg, shapes, mesh, lay, jax.random.PRNGKey(k)) for k in range(copies)]
     row = batch_spec(lay)[0]
     x = jax.device_put(jnp.ones((1, 1, cfg.hidden), cfg.jnp_dtype) * 0.1,
                        NamedSharding(mesh, P(row)))
@@ -415,7 +378,7 @@ CALIBRATION_STEPS = ("fragments", "fragment overhead", "small block (fixed time 
                      "memory bandwidth", "host copy bandwidth",
                      "weight stream (matrix-vector)", "decode-shaped layer",
                      "all-reduce inside a mesh", "link between meshes", "XLA concurrency",
-                     "runtime concurrency")
+                     "runtime concurrency", "routed block (time per routed pair)")
 
 
 def small_block_ops() -> tuple[int, int]:
@@ -443,7 +406,7 @@ def measure_small_block(mesh: Mesh, samples: Sequence[int] = (2, 4, 8), *, repea
     cfg = get_config("llama-tiny", **SMALL_BLOCK)
     lay = layout_of("dp", mesh.devices.size)
     mesh = layout_mesh(list(mesh.devices.flat), lay)
-    params = _placed(cfg, block_shapes(cfg), mesh, lay, jax.random.PRNGKey(0))
+    params = placed_params(cfg, block_shapes(cfg), mesh, lay, jax.random.PRNGKey(0))
     # the forward a training step runs (keeping its residuals), and the backward on them
     fwd_vjp = jax.jit(lambda p, h: jax.vjp(lambda p, h: block_fn(cfg)(p, h), p, h))
     bwd = jax.jit(lambda f, c: f(c))
@@ -541,8 +504,16 @@ def calibrate(host: HostInfo, *, num_meshes: int = 4, devices_per_mesh: int = 2,
         cpu_model=cpu_model(host.cpuinfo), forward_layer_overhead=fixed_f,
         backward_layer_overhead=fixed_b, small_block=tuple(small), small_block_ops=small_ops)
     decode = layout_costs([decode], devices_per_mesh)[0]
-    return dataclasses.replace(cal, decode_layer_overhead=fit_decode_overhead(cal, decode),
-                               decode_fragment=decode)
+    cal = dataclasses.replace(cal, decode_layer_overhead=fit_decode_overhead(cal, decode),
+                              decode_fragment=decode)
+    step(11)
+    routed = measure_routed_block(meshes[0], repeats=repeats)
+    with tempfile.TemporaryDirectory() as d:    # the profile so far, as the simulator loads it
+        _, cluster_path = write_profiles(cal, Path(d) / "cpu-host.yaml", Path(d) / "cpu4x2.yaml")
+        mesh = next(iter(load_cluster(cluster_path).meshes.values()))
+        forward, backward = fit_routing_pairs(routed, mesh, overhead)
+    return dataclasses.replace(cal, forward_routing_pair=forward, backward_routing_pair=backward,
+                               routed_block=tuple(routed))
 
 
 def print_calibration(cal: Calibration, console: Any) -> None:
@@ -562,6 +533,9 @@ def print_calibration(cal: Calibration, console: Any) -> None:
            if cal.weight_bandwidth > 0 else "")
         + (f"decode layer overhead {cal.decode_layer_overhead * 1e6:.1f} us, "
            if cal.decode_layer_overhead is not None else "")
+        + (f"routing {cal.forward_routing_pair * 1e9:.0f} ns forward, "
+           f"{cal.backward_routing_pair * 1e9:.0f} ns backward per routed pair, "
+           if cal.routed_block else "")
         + f"overhead {cal.fragment_overhead * 1e6:.1f} us, fixed time per layer "
         f"{cal.forward_layer_overhead * 1e6:.1f} us forward, "
         f"{cal.backward_layer_overhead * 1e6:.1f} us backward, "

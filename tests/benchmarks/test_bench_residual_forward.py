@@ -23,4 +23,4 @@ def test_the_table_has_each_block_and_layout_with_consistent_figures():
     for r in body:
         plain, keep, ratio = float(r[2]), float(r[3]), float(r[4])
         assert plain > 0 and keep > 0 and abs(ratio - round(keep / plain, 2)) <= 0.011
-    assert [r[6] for r in body] == ["460", "859", "859"]
+    assert [r[6] for r in body] == ["460", "925", "925"]

@@ -350,3 +350,30 @@ def test_permutation_gradient_equals_the_scatter_add_it_replaces():
     ours = jax.vjp(lambda x: _permute(x, token_of_slot, inverse), x)[1](g)[0]
     plain = jax.vjp(lambda x: jnp.take(x, token_of_slot, axis=0, mode="fill", fill_value=0), x)[1](g)[0]
     assert jnp.allclose(ours, plain, atol=1e-6) and float(jnp.abs(plain).sum()) > 0
+
+
+def test_combine_and_its_gradients_equal_the_plain_gather_and_gated_sum():
+    """zoo.layers._combine (a barrier between gather and sum, a written-out backward) against
+    autodiff of the plain gather + einsum: output, dy and dgates, with a dropped pair (expert 2
+    overflows its 2 slots) and an empty slot (expert 1 gets one pair)."""
+    from zoo.layers import _combine, _slots
+
+    choice = jnp.asarray([2, 0, 2, 1, 2, 0, 3, 2])       # 4 tokens x top 2
+    T, k, E, C, h = 4, 2, 4, 2, 3
+    slot_of_pair, pair_of_slot = _slots(choice, E, C)
+    index = slot_of_pair.reshape(T, k)
+    assert int((index == E * C).sum()) == 2 and int((pair_of_slot == T * k).sum()) == 2
+    y = jax.random.normal(jax.random.PRNGKey(0), (E * C, h))
+    gates = jax.random.uniform(jax.random.PRNGKey(1), (T, k))
+    dout = jax.random.normal(jax.random.PRNGKey(2), (T, h))
+
+    def plain(y, gates):
+        return jnp.einsum("tkh,tk->th", jnp.take(y, index, axis=0, mode="fill", fill_value=0), gates)
+
+    out, vjp = jax.vjp(lambda y, g: _combine(y, index, pair_of_slot, g), y, gates)
+    ref, ref_vjp = jax.vjp(plain, y, gates)
+    assert jnp.allclose(out, ref, atol=1e-6)
+    for ours, want in zip(vjp(dout), ref_vjp(dout)):
+        assert jnp.allclose(ours, want, atol=1e-6) and float(jnp.abs(want).sum()) > 0
+    batched = jax.vmap(lambda y, g: _combine(y, index, pair_of_slot, g))(y[None], gates[None])
+    assert jnp.allclose(batched[0], ref, atol=1e-6)
