@@ -9,7 +9,7 @@ XLA:CPU a gather runs as a scalar loop, row by row, and the small routed block b
 
 :func:`measure_routed_block` times the tiny mixture of experts' block (``zoo/configs/tiny-moe.yaml``)
 forward (keeping its residuals) and whole backward under data and expert parallelism at two
-microbatches; :func:`fit_routing_pairs` charges each timing what ``simulator.cost_model.layer_time``
+microbatches (:data:`ROUTED_SAMPLES`); :func:`fit_routing_pairs` charges each timing what ``simulator.cost_model.layer_time``
 charges it on the calibrated profile (routing terms 0) plus the fragment overhead, and fits what is
 left as seconds per pair of the device's tokens (``DeviceProfile.forward_routing_pair`` /
 ``backward_routing_pair``), least squares in relative error so each timing counts alike.
@@ -37,7 +37,7 @@ from zoo.model_files import load_model_file
 ROUTED_PATH = PACKAGE_ROOT / ROUTED_MODEL
 """The timed block's model file (:data:`runtime.calibration.fit.ROUTED_MODEL`)."""
 
-ROUTED_SAMPLES = (2, 8)
+ROUTED_SAMPLES = (2, 4, 8)
 """Microbatches (the mesh's samples) the routed block is timed at."""
 
 ROUTED_LAYOUTS = ("dp", "ep")
@@ -65,7 +65,7 @@ def measure_routed_block(mesh: Mesh, samples: Sequence[int] = ROUTED_SAMPLES, *,
                          repeats: int = 5) -> list[FragmentTiming]:
     """Time the tiny mixture of experts' block (:data:`~runtime.calibration.fit.ROUTED_MODEL`) on ``mesh`` under each of
     :data:`ROUTED_LAYOUTS` at each of ``samples``: its training forward (keeping the residuals)
-    and whole backward, in ``max(11, 2 x repeats + 1)`` interleaved rounds of
+    and whole backward, in ``max(15, 3 x repeats)`` interleaved rounds of
     :data:`ROUTED_CALLS` calls each (the median; see
     :func:`runtime.calibration.timing.time_interleaved`). FLOP and bytes are left 0: the fit
     costs each timing through the cost model itself (:func:`fit_routing_pairs`)."""
@@ -88,7 +88,7 @@ def measure_routed_block(mesh: Mesh, samples: Sequence[int] = ROUTED_SAMPLES, *,
                 ct = jnp.ones_like(y)
                 calls += [(fwd, (params, x)), (bwd, (vjp_fn, ct))]
                 keys += [(name, b, "F"), (name, b, "B")]
-    seconds = time_interleaved(calls, max(11, 2 * repeats + 1), per_round=ROUTED_CALLS, warmup=1)
+    seconds = time_interleaved(calls, max(15, 3 * repeats), per_round=ROUTED_CALLS, warmup=1)
     return [FragmentTiming("routed_block", kind, b, 0.0, 0.0, s, name, cfg.seq_len)
             for (name, b, kind), s in zip(keys, seconds)]
 
