@@ -178,7 +178,8 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
                     microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
                     virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
                     post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
-                    straggler: Sequence[float] = (), sync_exposed: bool = False) -> float:
+                    straggler: Sequence[float] = (), sync_exposed: bool = False,
+                    v_shaped: bool = False) -> float:
     """A lower bound on the step time of a pipeline over meshes with these options, seconds,
     valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
     sec. 2.2 give the uniform case it generalises).
@@ -209,16 +210,97 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     term becomes ``(1 + straggler) x M x T_m + tail_m``; :func:`straggler_shares`);
     ``sync_exposed``: the schedule ends each rank on a whole backward (B or W) of its first
     stage (:func:`_ranks`).
+    - Fill (:func:`fill_level`): rank 0's backwards wait for one microbatch's forward over the
+      whole pipeline (and, in a line, its backward back to rank 0's last chunk), coupled with
+      the work of the other ranks over the blocks rank 0 leaves them; ``v_shaped``: the schedule
+      puts the first and last stage on rank 0.
     """
-    level = _level(_ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
-                          post_rank=post_rank, ends=ends, straggler=straggler,
-                          sync_exposed=sync_exposed),
-                   num_blocks, 0.0, virtual_stages)
+    work_ranks = _ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
+                        post_rank=post_rank, ends=ends, straggler=straggler,
+                        sync_exposed=sync_exposed)
+    level = _level(work_ranks, num_blocks, 0.0, virtual_stages)
+    if chain > 0 and level < math.inf:
+        fl = fill_level(work, work_ranks, microbatches, num_blocks, virtual_stages, v_shaped)
+        level = max(level, fl)
     if chain > 0 and level < math.inf:
         level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
                                          merge=mergeable, post_rank=post_rank, ends=ends),
                                   num_blocks, chain, virtual_stages, comm))
     return level
+
+
+def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank], microbatches: int,
+               num_blocks: int, virtual_stages: int, v_shaped: bool) -> float:
+    """A lower bound on the step from the pipeline's fill, coupled with the work of the ranks after
+    the first (seconds; 0 when an option lacks its forward time ``block_f_s`` or the schedule
+    has no backward).
+
+    Rank 0's first backward fragment (B of its last chunk in pipeline order) waits for one
+    microbatch's forward over every chunk, then (in a line) that microbatch's input-gradient
+    backward over the chunks after it (the last round's, on ranks ``1..p-1``): ``t0 >= sum of
+    the forward over all blocks + the B of the last-round chunks``, whichever microbatch it is
+    (each depends on the one before it). Every B and W of rank 0 runs after ``t0``, and in a V
+    (rank 0 holds the first and the last stage) so do ``M - 1`` of its last stage's forwards
+    (every generated schedule runs a stage's microbatches in order; the first of them ends at
+    ``t0``). So with ``n`` blocks on rank 0 under option ``o`` (fitting its memory):
+    ``step >= n f_o + (L - n) f_min + [line] (L - n) / v x b_min + M n (block_o - f_o) +
+    n tail_o + [V] (M - 1) (n / 2 x f_o + post_o)`` plus the B and W dispatches (``f``, ``b``: F
+    and input-gradient B per block and microbatch, the minima over the other ranks' options;
+    ``tail``: what a block adds to the optimizer step and parameter gather after the rank's last
+    fragment; ``post``: the layers after the blocks, all of whose fragments run on rank 0 after
+    ``t0`` in a V), and the other ranks must hold ``L - n`` blocks:
+    ``step >= work level of ranks 1..p-1`` (:func:`_level`, no chain). The bound is the least
+    over ``n`` (multiples of ``v``) of the larger of the two: the first rises with ``n`` (taken
+    as its least over ``n' >= n``, which keeps it a bound) and the second falls, so a bisection
+    finds it. The layers before the blocks, transfers and the F dispatches before ``t0`` are left
+    out (each only adds)."""
+    if len(work) < 2 or any(o.block_f_s <= 0 for opts in work for o in opts):
+        return 0.0
+    if any(o.block_s - o.block_f_s <= 0 for opts in work for o in opts):
+        return 0.0           # no backward (a forward-only plan): no fill to wait for
+    m, v, L = microbatches, virtual_stages, num_blocks
+    f_min = min(o.block_f_s for opts in work[1:] for o in opts)
+    b_min = min(o.block_s - o.block_f_s - o.block_w_s for opts in work[1:] for o in opts)
+    caps = [opt[2] for opt in work_ranks[0][2]]
+    kinds = 3 if any(o.block_w_s > 0 for o in work[0]) else 2
+    dispatch = min(o.overhead_s for o in work[0]) / kinds      # one fragment's, at its least
+    # rank 0's fragments after t0 beyond its blocks': every B and W dispatch, and in a V the
+    # layers after the blocks (its last stage's: M - 1 forwards and every B and W, at least
+    # (M - 1) x all of them) and that stage's M - 1 forward dispatches
+    fixed_after = m * v * dispatch * (kinds - 1) + ((m - 1) * dispatch if v_shaped else 0.0)
+    counts = range(0, L + 1, v)
+    fill = []
+    for n in counts:
+        best = math.inf
+        for o, cap in zip(work[0], caps):
+            if n > cap:
+                continue
+            t0 = n * o.block_f_s + (L - n) * f_min + (0.0 if v_shaped else (L - n) / v * b_min)
+            after = (m * n * (o.block_s - o.block_f_s) + n * o.tail_marginal_s + fixed_after
+                     + ((m - 1) * (n / 2 * o.block_f_s + o.post_s) if v_shaped else 0.0))
+            best = min(best, t0 + after)
+        fill.append(best)
+    for i in range(len(fill) - 2, -1, -1):      # the least over n' >= n: non-decreasing in n
+        fill[i] = min(fill[i], fill[i + 1])
+    rest = work_ranks[1:]
+
+    def others(i: int) -> float:
+        return _level(rest, L - counts[i], 0.0, v)
+
+    lo, hi = 0, len(counts) - 1                 # the first i with fill >= others(i)
+    if fill[hi] < others(hi):
+        return others(hi)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fill[mid] >= others(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    # the minimum of max(fill, others) is at the crossing or just before it
+    best = max(fill[lo], others(lo))
+    if lo > 0:
+        best = min(best, max(fill[lo - 1], others(lo - 1)))
+    return best
 
 
 def straggler_shares(specs: Sequence[MeshSpec]) -> tuple[float, ...]:

@@ -95,6 +95,9 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
             working=max(blk.working_bytes, pr.working_bytes, po.working_bytes),
             capacity=cm.usable_bytes(mesh, headroom),
             tail_marginal_s=(tail(pre, pre + 2) - tail(pre, pre + 1)) if nb >= 2 else tail(pre, pre + 1),
+            block_f_s=(cm.layer_time(w.layer(pre), "F", samples, mesh, lay, dtype, recompute=rc,
+                                     seq_len=w.seq_len, alltoall_hidden=hidden)
+                       if nb and "F" in kinds else 0.0),
             block_w_s=(sum(cm.layer_time(w.layer(i), "W", samples, mesh, lay, dtype, split_backward=True,
                                          recompute=rc, seq_len=w.seq_len, alltoall_hidden=hidden)
                            for i in range(pre, pre + 1))

@@ -92,6 +92,9 @@ class MeshOption:
     capacity: float
     block_w_s: float = 0.0
     """The weight-gradient (W) part of ``block_s`` when the backward is split, else 0."""
+    block_f_s: float = 0.0
+    """The forward (F) part of ``block_s`` (0: not given; the bounds then leave out the pipeline's
+    fill, :func:`planner.bounds.fill_level`)."""
     tail_marginal_s: float = 0.0
     """What one more block adds to the end-of-step tail (a stage's gradient all-reduce is one
     collective: its latency is paid once, so ``tail_block_s`` x blocks over-counts it)."""

@@ -212,3 +212,25 @@ def test_bound_holds_for_random_plans(tmp_path, jitter):
                     assert bound <= pred.step_time_s * (1 + 1e-9), (c.shapes, c.microbatches, sched)
                     checked += 1
     assert checked > 100
+
+
+def test_fill_bound_waits_for_one_microbatchs_forward_and_backward():
+    """2 ranks, 4 blocks each F 1, B 1, W 1 s, 2 microbatches. In a line, rank 0's first B waits
+    for a forward over all 4 blocks and the B of rank 1's, then runs its own 2 x n x (B + W):
+    with n blocks on rank 0, ``8 - n + 4 n``, against rank 1's work ``6 (4 - n)``: n = 2 gives
+    max(14, 12) = 14 (a ZB-H1 table of that split ends at 14), n = 1 max(11, 18). In a V (rank 0
+    holds the first and the last stage) rank 0 also runs its last stage's second forward after
+    the first: ``4 + 4.5 n`` against ``6 (4 - n)``, least at n = 2: 13."""
+    from planner.bounds import _ranks, fill_level
+
+    o = replace(_opt(3.0), block_f_s=1.0, block_w_s=1.0)
+    opts = [[o], [o]]
+    line = _ranks(opts, [2, 1], 1, 2)
+    assert fill_level(opts, line, 2, 4, 1, v_shaped=False) == pytest.approx(14.0)
+    assert candidate_bound(opts, opts, 2, 4, 1.0, [2, 1]) == pytest.approx(14.0)
+    vee = _ranks(opts, [2, 2], 2, 2)
+    assert fill_level(opts, vee, 2, 4, 2, v_shaped=True) == pytest.approx(13.0)
+    # without a forward time, or without a backward (forward-only), no fill term
+    assert fill_level([[_opt(3.0)]] * 2, line, 2, 4, 1, v_shaped=False) == 0.0
+    fwd = replace(_opt(1.0), block_f_s=1.0)
+    assert fill_level([[fwd]] * 2, _ranks([[fwd]] * 2, [2, 1], 1, 2), 2, 4, 1, False) == 0.0
