@@ -8,8 +8,9 @@ produce: ``tests/planner/test_shapes.py`` checks them against every plan of smal
 
 from __future__ import annotations
 
+import bisect
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hardware_profiles.types import MeshSpec, straggler_factor, straggler_hosts
 from simulator.schedules import kind
@@ -37,6 +38,38 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
     ``comm[r]``: seconds the path spends between rank ``r`` and ``r + 1`` (the forward's and the
     backward's transfers), added to the chain in full.
     """
+    blocks = _capacity(ranks, chain, per_rank, comm, num_blocks)
+    # bracket: double from the fluid level without memory (a lower bound), then bisect to a
+    # relative 1e-7 (the returned lower end is never feasible: a valid bound)
+    lo = 0.0
+    hi = max(1e-9, sum(f for f, _, _ in ranks)
+             + num_blocks * min(c for _, _, o in ranks for c, _, _, _, _, _ in o) / len(ranks))
+    fastest = min(c for _, _, opts in ranks for _, c, _, _, _, _ in opts)
+    hop_total = sum(comm[r] for r in range(min(len(comm), len(ranks) - 1))) if chain > 0 else 0.0
+    worst = (sum(f + max(max(e, e + off) for _, _, _, e, _, off in o) for f, _, o in ranks)
+             + num_blocks * max(c + more for _, _, o in ranks for c, _, _, _, more, _ in o)
+             + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hop_total) * 2 + 1.0
+    while blocks(hi) < num_blocks:
+        lo, hi = hi, hi * 2
+        if hi > worst:
+            if blocks(worst) < num_blocks:
+                return math.inf      # no partition fits memory
+            hi = worst
+            break
+    while hi - lo > 1e-7 * hi:
+        mid = (lo + hi) / 2
+        if blocks(mid) >= num_blocks:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _capacity(ranks: Sequence[Rank], chain: float, per_rank: int = 1, comm: Sequence[float] = (),
+              num_blocks: int = 0) -> Callable[[float], int]:
+    """The greedy of :func:`_level`: ``tau -> `` the most blocks the ranks hold in all with every
+    rank's ``chain x S_r + cost_r(n_r) <= tau`` (a rank holding no matmul cost holds up to
+    ``num_blocks``)."""
     fastest = min(c for _, _, opts in ranks for _, c, _, _, _, _ in opts)
     hops = [0.0]
     for r in range(len(ranks) - 1):
@@ -73,28 +106,7 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
             total += n
             s += fixed_chain + n * fastest
         return total
-    # bracket: double from the fluid level without memory (a lower bound), then bisect to a
-    # relative 1e-7 (the returned lower end is never feasible: a valid bound)
-    lo = 0.0
-    hi = max(1e-9, sum(f for f, _, _ in ranks)
-             + num_blocks * min(c for _, _, o in ranks for c, _, _, _, _, _ in o) / len(ranks))
-    worst = (sum(f + max(max(e, e + off) for _, _, _, e, _, off in o) for f, _, o in ranks)
-             + num_blocks * max(c + more for _, _, o in ranks for c, _, _, _, more, _ in o)
-             + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hops[-1]) * 2 + 1.0
-    while blocks(hi) < num_blocks:
-        lo, hi = hi, hi * 2
-        if hi > worst:
-            if blocks(worst) < num_blocks:
-                return math.inf      # no partition fits memory
-            hi = worst
-            break
-    while hi - lo > 1e-7 * hi:
-        mid = (lo + hi) / 2
-        if blocks(mid) >= num_blocks:
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    return blocks
 
 
 def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
@@ -220,8 +232,8 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
                         sync_exposed=sync_exposed)
     level = _level(work_ranks, num_blocks, 0.0, virtual_stages)
     if chain > 0 and level < math.inf:
-        fl = fill_level(work, work_ranks, microbatches, num_blocks, virtual_stages, v_shaped)
-        level = max(level, fl)
+        level = fill_level(work, work_ranks, microbatches, num_blocks, virtual_stages, v_shaped,
+                           level)
     if chain > 0 and level < math.inf:
         level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
                                          merge=mergeable, post_rank=post_rank, ends=ends),
@@ -230,10 +242,10 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
 
 
 def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank], microbatches: int,
-               num_blocks: int, virtual_stages: int, v_shaped: bool) -> float:
+               num_blocks: int, virtual_stages: int, v_shaped: bool, level: float = 0.0) -> float:
     """A lower bound on the step from the pipeline's fill, coupled with the work of the ranks after
-    the first (seconds; 0 when an option lacks its forward time ``block_f_s`` or the schedule
-    has no backward).
+    the first (seconds), or ``level`` (a bound already known) when it is no higher; ``level``
+    also when an option lacks its forward time ``block_f_s`` or the schedule has no backward.
 
     Rank 0's first backward fragment (B of its last chunk in pipeline order) waits for one
     microbatch's forward over every chunk, then (in a line) that microbatch's input-gradient
@@ -251,13 +263,14 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
     ``t0`` in a V), and the other ranks must hold ``L - n`` blocks:
     ``step >= work level of ranks 1..p-1`` (:func:`_level`, no chain). The bound is the least
     over ``n`` (multiples of ``v``) of the larger of the two: the first rises with ``n`` (taken
-    as its least over ``n' >= n``, which keeps it a bound) and the second falls, so a bisection
-    finds it. The layers before the blocks, transfers and the F dispatches before ``t0`` are left
+    as its least over ``n' >= n``, which keeps it a bound), so at a step ``tau`` rank 0 takes
+    the most blocks it allows and the others must hold the rest (:func:`_capacity`); a
+    bisection on ``tau`` above ``level`` finds the least feasible one. The layers before the blocks, transfers and the F dispatches before ``t0`` are left
     out (each only adds)."""
     if len(work) < 2 or any(o.block_f_s <= 0 for opts in work for o in opts):
-        return 0.0
+        return level
     if any(o.block_s - o.block_f_s <= 0 for opts in work for o in opts):
-        return 0.0           # no backward (a forward-only plan): no fill to wait for
+        return level         # no backward (a forward-only plan): no fill to wait for
     m, v, L = microbatches, virtual_stages, num_blocks
     f_min = min(o.block_f_s for opts in work[1:] for o in opts)
     b_min = min(o.block_s - o.block_f_s - o.block_w_s for opts in work[1:] for o in opts)
@@ -282,25 +295,27 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
         fill.append(best)
     for i in range(len(fill) - 2, -1, -1):      # the least over n' >= n: non-decreasing in n
         fill[i] = min(fill[i], fill[i + 1])
-    rest = work_ranks[1:]
+    held = _capacity(work_ranks[1:], 0.0, v, (), L)
 
-    def others(i: int) -> float:
-        return _level(rest, L - counts[i], 0.0, v)
+    def feasible(tau: float) -> bool:
+        """Rank 0 takes the most blocks its fill allows at ``tau``; the others hold the rest."""
+        i = bisect.bisect_right(fill, tau) - 1
+        return i >= 0 and held(tau) >= L - counts[i]
 
-    lo, hi = 0, len(counts) - 1                 # the first i with fill >= others(i)
-    if fill[hi] < others(hi):
-        return others(hi)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fill[mid] >= others(mid):
+    if feasible(level):
+        return level             # no better than the level it is checked against
+    lo, hi = level, max(level, 1e-6) * 2
+    while not feasible(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1e12 * max(level, 1.0):
+            return level         # nothing fits: the work level already says so
+    while hi - lo > 1e-7 * hi:
+        mid = (lo + hi) / 2
+        if feasible(mid):
             hi = mid
         else:
-            lo = mid + 1
-    # the minimum of max(fill, others) is at the crossing or just before it
-    best = max(fill[lo], others(lo))
-    if lo > 0:
-        best = min(best, max(fill[lo - 1], others(lo - 1)))
-    return best
+            lo = mid
+    return lo
 
 
 def straggler_shares(specs: Sequence[MeshSpec]) -> tuple[float, ...]:
