@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_device_layers import (COLUMNS as BLOCK_COLUMNS, _time,  # noqa: E402
                                             write_rows)
+from ir.files import write_atomic  # noqa: E402
 from zoo.layers import _silu_mul, expert_capacity, moe_swiglu  # noqa: E402
 
 COLUMNS = BLOCK_COLUMNS + ("experts", "top_k")
@@ -142,7 +143,7 @@ def combine_lines(shapes, seq_len: int, samples: tuple[int, ...], repeats: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="CSV to write")
+    ap.add_argument("--out", required=True, help="CSV (Markdown with --combine) to write")
     ap.add_argument("--quick", action="store_true", help="tiny shapes on any backend (smoke test)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--moe-only", action="store_true", help="only the whole-layer (moe) rows")
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                          else (FULL_SHAPES, FULL_CAPACITY, FULL_SEQ))
     if args.combine:
         text = "\n".join(combine_lines(shapes, seq, (1, 4), args.repeats)) + "\n"
-        Path(args.out).write_text(text)
+        write_atomic(Path(args.out), text)
         print(text, end="")
         return 0
     jobs = [lambda a=(E, h, f, k): list(moe_rows(*a, seq, args.repeats)) for E, h, f, k in shapes]

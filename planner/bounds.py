@@ -49,16 +49,25 @@ def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int =
     worst = (sum(f + max(max(e, e + off) for _, _, _, e, _, off in o) for f, _, o in ranks)
              + num_blocks * max(c + more for _, _, o in ranks for c, _, _, _, more, _ in o)
              + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hop_total) * 2 + 1.0
-    while blocks(hi) < num_blocks:
+    return _least_feasible(lambda tau: blocks(tau) >= num_blocks, lo, hi, worst)
+
+
+def _least_feasible(feasible: Callable[[float], bool], lo: float, hi: float, worst: float
+                    ) -> float:
+    """The lower end of the least ``tau`` at which ``feasible`` (monotone in ``tau``) holds, to a
+    relative 1e-7, searched from the infeasible ``lo`` by doubling ``hi`` up to ``worst``, then
+    bisecting: the returned end is never feasible (a valid bound); ``inf`` when ``worst`` is not
+    feasible either."""
+    while not feasible(hi):
         lo, hi = hi, hi * 2
         if hi > worst:
-            if blocks(worst) < num_blocks:
-                return math.inf      # no partition fits memory
+            if not feasible(worst):
+                return math.inf
             hi = worst
             break
     while hi - lo > 1e-7 * hi:
         mid = (lo + hi) / 2
-        if blocks(mid) >= num_blocks:
+        if feasible(mid):
             hi = mid
         else:
             lo = mid
@@ -265,8 +274,8 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
     over ``n`` (multiples of ``v``) of the larger of the two: the first rises with ``n`` (taken
     as its least over ``n' >= n``, which keeps it a bound), so at a step ``tau`` rank 0 takes
     the most blocks it allows and the others must hold the rest (:func:`_capacity`); a
-    bisection on ``tau`` above ``level`` finds the least feasible one. The layers before the blocks, transfers and the F dispatches before ``t0`` are left
-    out (each only adds)."""
+    bisection on ``tau`` above ``level`` finds the least feasible one. The layers before the
+    blocks, transfers and the F dispatches before ``t0`` are left out (each only adds)."""
     if len(work) < 2 or any(o.block_f_s <= 0 for opts in work for o in opts):
         return level
     if any(o.block_s - o.block_f_s <= 0 for opts in work for o in opts):
@@ -304,18 +313,8 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
 
     if feasible(level):
         return level             # no better than the level it is checked against
-    lo, hi = level, max(level, 1e-6) * 2
-    while not feasible(hi):
-        lo, hi = hi, hi * 2
-        if hi > 1e12 * max(level, 1.0):
-            return level         # nothing fits: the work level already says so
-    while hi - lo > 1e-7 * hi:
-        mid = (lo + hi) / 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    got = _least_feasible(feasible, level, max(level, 1e-6) * 2, 1e12 * max(level, 1.0))
+    return level if got == math.inf else got    # nothing fits: the work level already says so
 
 
 def straggler_shares(specs: Sequence[MeshSpec]) -> tuple[float, ...]:

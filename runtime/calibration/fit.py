@@ -58,6 +58,7 @@ ROUTED_MODEL = "zoo/configs/tiny-moe.yaml"
 root; 4 SwiGLU experts of inner width 128, each token routed to its top 2, width 128, 64 tokens
 per sample: the model ``mpmd run`` trains as expert parallel 2 x pipeline 2 in the benchmarks)."""
 
+
 @dataclass(frozen=True, slots=True)
 class FragmentTiming:
     """One measured fragment: ``layer`` ``kind`` (F or B) for ``samples`` samples on one mesh.

@@ -43,8 +43,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 

@@ -63,8 +63,8 @@ def routed_layout(name: str, devices: int) -> Layout:
 
 def measure_routed_block(mesh: Mesh, samples: Sequence[int] = ROUTED_SAMPLES, *,
                          repeats: int = 5) -> list[FragmentTiming]:
-    """Time the tiny mixture of experts' block (:data:`~runtime.calibration.fit.ROUTED_MODEL`) on ``mesh`` under each of
-    :data:`ROUTED_LAYOUTS` at each of ``samples``: its training forward (keeping the residuals)
+    """Time the tiny mixture of experts' block (:data:`~runtime.calibration.fit.ROUTED_MODEL`) on
+    ``mesh`` under each of :data:`ROUTED_LAYOUTS` at each of ``samples``: its training forward (keeping the residuals)
     and whole backward, in ``max(15, 3 x repeats)`` interleaved rounds of
     :data:`ROUTED_CALLS` calls each (the median; see
     :func:`runtime.calibration.timing.time_interleaved`). FLOP and bytes are left 0: the fit

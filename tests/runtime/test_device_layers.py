@@ -257,6 +257,23 @@ def test_expert_benchmark_quick_run_writes_rows_the_reader_takes(tmp_path):
     assert r.returncode == 2 and "--quick" in r.stderr and not (tmp_path / "x.csv").exists()
 
 
+def test_expert_benchmark_combine_table_compares_both_backwards(tmp_path):
+    """``--combine --quick``: one row per sample count (1, 4) of the tiny shape, both timings
+    positive, and the two backwards' gradients equal within bf16 rounding of values near 1."""
+    out = tmp_path / "c.md"
+    script = ROOT / "benchmarks" / "bench_device_experts.py"
+    r = subprocess.run([sys.executable, str(script), "--quick", "--combine", "--repeats", "1",
+                        "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("| experts | width | top k | samples |") and len(lines) == 4
+    for line, b in zip(lines[2:], (1, 4)):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:4] == ["4", "64", "2", str(b)]
+        times = [float(x) for c in cells[4:6] for x in c.split(" / ")]
+        assert all(t > 0 for t in times) and float(cells[6]) < 0.1
+
+
 def test_readme_quotes_the_expert_comparison_it_runs():
     readme = " ".join((ROOT / "README.md").read_text().split())
     s = summary(compare(read_timings(EXPERTS), load_device("h100-sxm")))
