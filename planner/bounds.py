@@ -200,7 +200,8 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
                     virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
                     post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
                     straggler: Sequence[float] = (), sync_exposed: bool = False,
-                    v_shaped: bool = False) -> float:
+                    v_shaped: bool = False, orders: Sequence[tuple[int, int]] | None = None
+                    ) -> float:
     """A lower bound on the step time of a pipeline over meshes with these options, seconds,
     valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
     sec. 2.2 give the uniform case it generalises).
@@ -235,6 +236,11 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
       whole pipeline (and, in a line, its backward back to rank 0's last chunk), coupled with
       the work of the other ranks over the blocks rank 0 leaves them; ``v_shaped``: the schedule
       puts the first and last stage on rank 0.
+    - Fill of every rank (:func:`line_fill_level`, one stage per rank): each rank's backwards
+      wait for one microbatch's round trip through the ranks after it, and its last backward's
+      input gradient still crosses the ranks before it; ``orders``: per rank, the forwards after
+      its first B and the W's before its last B in the schedule's order
+      (:func:`planner.inflight.rank_order_counts`; None: from the in-flight count).
     """
     work_ranks = _ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
                         post_rank=post_rank, ends=ends, straggler=straggler,
@@ -242,7 +248,10 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     level = _level(work_ranks, num_blocks, 0.0, virtual_stages)
     if chain > 0 and level < math.inf:
         level = fill_level(work, work_ranks, microbatches, num_blocks, virtual_stages, v_shaped,
-                           level)
+                           level, inflight[0] if inflight else None)
+    if chain > 0 and level < math.inf and virtual_stages == 1 and not v_shaped:
+        level = line_fill_level(work, work_ranks, microbatches, num_blocks, inflight, comm, level,
+                                orders)
     if chain > 0 and level < math.inf:
         level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
                                          merge=mergeable, post_rank=post_rank, ends=ends),
@@ -251,7 +260,8 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
 
 
 def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank], microbatches: int,
-               num_blocks: int, virtual_stages: int, v_shaped: bool, level: float = 0.0) -> float:
+               num_blocks: int, virtual_stages: int, v_shaped: bool, level: float = 0.0,
+               held_first: int | None = None) -> float:
     """A lower bound on the step from the pipeline's fill, coupled with the work of the ranks after
     the first (seconds), or ``level`` (a bound already known) when it is no higher; ``level``
     also when an option lacks its forward time ``block_f_s`` or the schedule has no backward.
@@ -275,7 +285,14 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
     as its least over ``n' >= n``, which keeps it a bound), so at a step ``tau`` rank 0 takes
     the most blocks it allows and the others must hold the rest (:func:`_capacity`); a
     bisection on ``tau`` above ``level`` finds the least feasible one. The layers before the
-    blocks, transfers and the F dispatches before ``t0`` are left out (each only adds)."""
+    blocks, transfers and the F dispatches before ``t0`` are left out (each only adds).
+
+    ``held_first``: the most chunk instances whose residuals rank 0 holds at once under the
+    schedule (:func:`planner.inflight.inflight_count`, never below the replay's peak). No
+    residual of rank 0 is freed before its first backward, so at most that many of its ``v M``
+    chunk forwards start before ``t0``: the other ``v M - held_first`` (``n / v`` blocks and one
+    dispatch each) run after it, which replaces the V's ``M - 1`` when larger (Narayanan et al.
+    2021, sec. 2.2: 1F1B's warm-up is the in-flight count)."""
     if len(work) < 2 or any(o.block_f_s <= 0 for opts in work for o in opts):
         return level
     if any(o.block_s - o.block_f_s <= 0 for opts in work for o in opts):
@@ -285,11 +302,12 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
     b_min = min(o.block_s - o.block_f_s - o.block_w_s for opts in work[1:] for o in opts)
     caps = [opt[2] for opt in work_ranks[0][2]]
     kinds = 3 if any(o.block_w_s > 0 for o in work[0]) else 2
-    dispatch = min(o.overhead_s for o in work[0]) / kinds      # one fragment's, at its least
-    # rank 0's fragments after t0 beyond its blocks': every B and W dispatch, and in a V the
-    # layers after the blocks (its last stage's: M - 1 forwards and every B and W, at least
-    # (M - 1) x all of them) and that stage's M - 1 forward dispatches
-    fixed_after = m * v * dispatch * (kinds - 1) + ((m - 1) * dispatch if v_shaped else 0.0)
+    dispatch = min(o.merge_saving_s for o in work[0])   # one fragment's dispatch (no FSDP share)
+    # rank 0's fragments after t0 beyond its blocks' B and W: every B and W dispatch, the chunk
+    # forwards its residual memory cannot hold before t0 (in a V at least its last stage's M - 1)
+    # with their dispatches, and in a V the layers after the blocks (M - 1 x all their fragments)
+    late = max((m - 1) if v_shaped else 0, m * v - held_first if held_first is not None else 0)
+    fixed_after = m * v * dispatch * (kinds - 1) + late * dispatch
     counts = range(0, L + 1, v)
     fill = []
     for n in counts:
@@ -299,7 +317,7 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
                 continue
             t0 = n * o.block_f_s + (L - n) * f_min + (0.0 if v_shaped else (L - n) / v * b_min)
             after = (m * n * (o.block_s - o.block_f_s) + n * o.tail_marginal_s + fixed_after
-                     + ((m - 1) * (n / 2 * o.block_f_s + o.post_s) if v_shaped else 0.0))
+                     + late * n / v * o.block_f_s + ((m - 1) * o.post_s if v_shaped else 0.0))
             best = min(best, t0 + after)
         fill.append(best)
     for i in range(len(fill) - 2, -1, -1):      # the least over n' >= n: non-decreasing in n
@@ -315,6 +333,91 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
         return level             # no better than the level it is checked against
     got = _least_feasible(feasible, level, max(level, 1e-6) * 2, 1e12 * max(level, 1.0))
     return level if got == math.inf else got    # nothing fits: the work level already says so
+
+
+def line_fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
+                    microbatches: int, num_blocks: int, inflight: Sequence[int],
+                    comm: Sequence[float] = (), level: float = 0.0,
+                    orders: Sequence[tuple[int, int]] | None = None) -> float:
+    """A lower bound on the step of a pipeline with one stage per rank in a line (1F1B, GPipe,
+    ZB-H1/H2, ZB-1p/2p), from every rank's fill and drain at once (seconds), or ``level`` when it
+    is no higher; ``level`` also when an option lacks ``block_f_s`` or there is no backward.
+
+    Every generated schedule runs a stage's microbatches in order, so rank ``r``'s first backward
+    (microbatch 0's B) starts no earlier than ``t_r``: microbatch 0's forward over the ``P``
+    blocks of the ranks before ``r`` and over its own ``n``, then its forward and input-gradient
+    backward over the ``L - P - n`` blocks after it, with the transfers at the boundaries after
+    ``r`` (``comm``, both ways). After ``t_r`` the rank runs the forwards its order puts after its
+    first B (``orders[r][0]``; without an order, those its residual memory cannot hold before
+    ``t_r``: ``M - inflight[r]``), its ``M`` input-gradient backwards and its ``M`` weight
+    gradients (with their dispatches). Its last B's gradient then crosses the ``P`` blocks before
+    it (the drain), which only its weight gradients after that last B (all but ``orders[r][1]``)
+    and its end-of-step tail may overlap. With option ``o`` (``f_o``, ``b_o``, ``w_o``: F, B and
+    W per block and microbatch; ``f``, ``b`` the least of any rank)::
+
+        step >= P f + n f_o + (L - P - n)(f + b) + hops_r + late n f_o + M n b_o
+                + max(P b + early n w_o, M n w_o + n tail_o)
+
+    The layers outside the blocks add ``(1 + late)`` x all their fragments on their rank (their F
+    and B precede the last B only when the backward is not split). A longer prefix ``P`` never
+    tightens a rank's constraint (its coefficient is 0 or ``-b``), so filling the ranks in
+    pipeline order with the most blocks each allows at ``tau`` (intersected with its work term)
+    holds the most blocks in all: that greedy decides feasibility, and a bisection on ``tau``
+    above ``level`` finds the bound. Transfers before ``r``, the layers before the blocks' own
+    forwards and the straggler wait are left out (each only adds). For uniform stages and
+    ``late = M - (P - r)`` (1F1B) the last rank's term is ``(M + P - 1) T`` with the blocks split
+    evenly (Narayanan et al. 2021, sec. 2.2)."""
+    if len(work) < 2 or any(o.block_f_s <= 0 for opts in work for o in opts):
+        return level
+    if any(o.block_s - o.block_f_s <= 0 for opts in work for o in opts):
+        return level
+    m, L, p = microbatches, num_blocks, len(work)
+    f = min(o.block_f_s for opts in work for o in opts)
+    b = min(o.block_s - o.block_f_s - o.block_w_s for opts in work for o in opts)
+    prepared = []
+    for r, opts in enumerate(work):
+        late, early = orders[r] if orders else (m - min(inflight[r], m), 0)
+        kinds = 3 if any(o.block_w_s > 0 for o in opts) else 2
+        dispatch = 0.0 if r == p - 1 else min(o.merge_saving_s for o in opts)   # one dispatch
+        after = m * dispatch * (kinds - 1) + late * dispatch
+        after += sum(comm[q] for q in range(r, min(len(comm), p - 1)))
+        rows = []
+        for o, (_, _, cap, _, _, _) in zip(opts, work_ranks[r][2]):
+            b_o = o.block_s - o.block_f_s - o.block_w_s
+            own = (1 + late) * o.block_f_s + m * b_o - f - b      # net of the path it replaces
+            # the layers outside the blocks on their rank, (1 + late) x all their fragments:
+            # their F and B precede the rank's last B, their W (when split) may not
+            ends = (1 + late) * ((o.pre_s if r == 0 else 0.0) + (o.post_s if r == p - 1 else 0.0))
+            drained = ends if o.block_w_s == 0 else 0.0
+            rows.append((own + early * o.block_w_s, drained,
+                         own + m * o.block_w_s + o.tail_marginal_s, ends, cap))
+        prepared.append((after, tuple(rows), _capacity([work_ranks[r]], 0.0, 1, (), L)))
+
+    def feasible(tau: float) -> bool:
+        pre = 0
+        for r, (after, rows, held) in enumerate(prepared):
+            base = after + pre * f + (L - pre) * (f + b)     # the path with no block of its own
+            drain = pre * b if r > 0 else None               # nothing before rank 0: no drain
+            best = -1
+            for s1, c1, s2, c2, cap in rows:
+                room2 = tau - base - c2
+                room1 = tau - base - (drain + c1 if drain is not None else 0.0)
+                if room1 < 0 or room2 < 0:
+                    continue
+                k = min(room1 / s1 if drain is not None and s1 > 0 else math.inf,
+                        room2 / s2 if s2 > 0 else math.inf, cap, L)
+                best = max(best, math.floor(k * (1 + 1e-12)))
+            if best < 0:
+                return False
+            pre += min(best, held(tau))
+            if pre >= L:
+                return True
+        return pre >= L
+
+    if feasible(level):
+        return level
+    got = _least_feasible(feasible, level, max(level, 1e-6) * 2, 1e12 * max(level, 1.0))
+    return level if got == math.inf else got
 
 
 def straggler_shares(specs: Sequence[MeshSpec]) -> tuple[float, ...]:

@@ -7,6 +7,8 @@ Every count is checked against the exact replay's peak on every generator
 
 from __future__ import annotations
 
+import functools
+
 from simulator.schedules import KINDS, kind
 
 V_SHAPED = frozenset(n for n, k in KINDS.items() if k.v_shaped)
@@ -64,3 +66,38 @@ def inflight_end_counts(schedule: str, ranks: int, microbatches: int, virtual_st
         return min(2 * P, M), 1
     return (inflight_count(schedule, 0, P, M, virtual_stages),
             inflight_count(schedule, P - 1, P, M, virtual_stages))
+
+
+ORDER_MAX_FRAGMENTS = 2048
+"""Largest ranks x microbatches whose order is generated for :func:`rank_order_counts` (beyond
+it the generator costs more than the bound gains; the bound falls back to the in-flight count)."""
+
+
+@functools.lru_cache(maxsize=512)
+def rank_order_counts(schedule: str, ranks: int, microbatches: int) -> tuple[tuple[int, int], ...] | None:
+    """Per pipeline rank of a line with one stage per rank, from the schedule's own per-rank
+    order (:func:`simulator.schedules.generate`, which every plan with that schedule replays):
+    (forwards after the rank's first B, weight gradients W before its last B). None for the
+    adaptive schedules (their order depends on the fragment times), those with several stages
+    per rank, and orders over :data:`ORDER_MAX_FRAGMENTS` (1F1B's and GPipe's are closed forms). :func:`planner.bounds.line_fill_level` uses them: every F after the first
+    B runs after the pipeline's fill reaches the rank, and every W before the last B delays
+    it."""
+    k = kind(schedule)
+    if k.adaptive or k.stages_per_rank(2) != 1:
+        return None
+    if schedule == "1f1b":      # its warm-up: P - r forwards (Narayanan et al. 2021, sec. 2.2)
+        return tuple((microbatches - min(ranks - r, microbatches), 0) for r in range(ranks))
+    if schedule == "gpipe":     # every forward first
+        return ((0, 0),) * ranks
+    if ranks * microbatches > ORDER_MAX_FRAGMENTS:
+        return None
+    from simulator.schedules import generate
+    table = generate(schedule, ranks, microbatches)
+    out = []
+    for order in table.order:
+        kinds = [f.kind for f in order]
+        first_b = kinds.index("B") if "B" in kinds else len(kinds)
+        last_b = len(kinds) - 1 - kinds[::-1].index("B") if "B" in kinds else -1
+        out.append((sum(1 for x in kinds[first_b:] if x == "F"),
+                    sum(1 for x in kinds[:last_b] if x == "W")))
+    return tuple(out)

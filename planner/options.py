@@ -70,6 +70,12 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
                                      recompute=rc, seq_len=w.seq_len, alltoall_hidden=hidden)
                        for i in range(lo, hi) for k in kinds)
 
+        def by_kind(lo: int, hi: int) -> tuple[float, float, float]:
+            return tuple(sum(cm.layer_time(w.layer(i), k, samples, mesh, lay, dtype, split_backward=split,
+                                           recompute=rc, seq_len=w.seq_len, alltoall_hidden=hidden)
+                             for i in range(lo, hi)) if k in kinds else 0.0
+                         for k in ("F", "B", "W"))
+
         def tail(lo: int, hi: int) -> float:
             if hi <= lo:
                 return 0.0
@@ -102,6 +108,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
                                          recompute=rc, seq_len=w.seq_len, alltoall_hidden=hidden)
                            for i in range(pre, pre + 1))
                        if "W" in kinds else 0.0),
+            pre_kinds_s=by_kind(0, pre), post_kinds_s=by_kind(pre + nb, len(w.layers)),
             **_sync_excess(w, mesh, lay, samples, rc, kinds, (pre, nb, post), hidden)))
     return _undominated(opts)
 

@@ -102,6 +102,11 @@ class MeshOption:
     """Per block, how much its data-parallel gradient sync outlasts its backward of one microbatch
     (``max(0, sync - B)``, seconds): the buckets are synced one after another during and after the
     stage's last backward, so what exceeds that backward is exposed (bounds only)."""
+    pre_kinds_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """The layers before the blocks' F, B and W per microbatch (their sum is ``pre_s``; zeros:
+    not given; bounds only, :func:`planner.dag_bound.order_bound`)."""
+    post_kinds_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """The same for the layers after the blocks (``post_s``)."""
     sync_offset_s: float = 0.0
     """At most 0: the same excess's constant part over the layers outside the blocks and the
     backward fragment's fixed costs (bounds only; see :func:`planner.bounds.candidate_bound`)."""

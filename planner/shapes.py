@@ -27,11 +27,12 @@ from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
 from planner import api
 from planner.errors import PlannerError
-from planner.bounds import candidate_bound, chain_share, quick_bound, straggler_shares
+from planner.bounds import _ranks, candidate_bound, chain_share, quick_bound, straggler_shares
+from planner.dag_bound import MAX_FRAGMENTS, order_bound
 from planner.budget import COSTS, Budget
 from planner.candidate import solve_schedule
 from planner.predict import Prediction
-from planner.inflight import inflight_count, inflight_end_counts
+from planner.inflight import inflight_count, inflight_end_counts, rank_order_counts
 from planner.options import _cached_mesh_options
 from planner.options import computed as options_computed
 from planner.search import MeshOption
@@ -239,15 +240,58 @@ class _Enumeration:
             interleaved = v > 1 and not sk.v_shaped
             ends = ((0, 0) if interleaved or not w.training
                     else inflight_end_counts(sched, p, m, v))
+            orders = rank_order_counts(sched, p, m) if w.training and p > 1 else None
             key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank,
-                   ends, slow, sched in SYNC_EXPOSED)
+                   ends, slow, sched in SYNC_EXPOSED, orders)
             if key not in self.memo:
                 self.memo[key] = candidate_bound(work, crit, m, nb, chain, infl, v,
                                                  mergeable=sched in api.MERGEABLE and w.training,
                                                  comm=comm, post_rank=post_rank, ends=ends,
                                                  straggler=slow, sync_exposed=sched in SYNC_EXPOSED,
-                                                 v_shaped=sk.v_shaped)
+                                                 v_shaped=sk.v_shaped, orders=orders)
             named.append((sched, max(self.memo[key], c.bound_s)))
+        named.sort(key=lambda x: x[1])
+        return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
+
+    def refine_orders(self, c: ShapeCandidate, best: float, budget: Budget) -> ShapeCandidate:
+        """``c`` with each fixed-order schedule's bound raised to its dependence graph's
+        (:func:`planner.dag_bound.order_bound`), for the schedules whose bound is below ``best``
+        (the others cannot win either way); charged to ``budget`` per fragment."""
+        w = self.w
+        lc, meshes = self.lc[c.shapes]
+        specs = [lc.meshes[x] for x in meshes]
+        m, p = c.microbatches, len(meshes)
+        samples = w.global_batch / m
+        named = []
+        for sched, sbound in c.schedule_bounds:
+            sk = kind(sched)
+            v = sk.stages_per_rank(self.opts.virtual_stages)
+            if sbound < best and not sk.adaptive and p > 1 and p * v * m * 3 <= MAX_FRAGMENTS:
+                key = ("order", c.shapes, m, sched)
+                if key not in self.memo:
+                    work = [self.cache.get(x, samples, _kinds(sched, True), _split(sched),
+                                           sk.hides_alltoall) for x in specs]
+                    infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
+                    interleaved = v > 1 and not sk.v_shaped
+                    ends = (0, 0) if interleaved else inflight_end_counts(sched, p, m, v)
+                    ranks = _ranks(work, infl, v, m, post_rank=0 if sk.v_shaped else p - 1,
+                                   ends=ends)
+                    caps = [[x[2] for x in rank[2]] for rank in ranks]
+                    act = w.layer(api._split_layers(w)[0]).activation_bytes_per_sample * samples
+                    hops: dict[tuple[int, int], float] = {}
+
+                    def hop(a: int, b: int) -> float:
+                        if (a, b) not in hops:
+                            link = lc.link_between(meshes[a], meshes[b]).link
+                            hops[(a, b)] = cm.transfer_time(act, link)
+                        return hops[(a, b)]
+                    self.memo[key] = order_bound(sched, work, caps, m, self.nb, v,
+                                                 0 if sk.v_shaped else p - 1, hop,
+                                                 straggler_shares(specs),
+                                                 sched in api.MERGEABLE and w.training)
+                    budget.charge(COSTS["fragment"] * 8 * p * v * m * 3)
+                sbound = max(sbound, self.memo[key])
+            named.append((sched, sbound))
         named.sort(key=lambda x: x[1])
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
 
@@ -295,7 +339,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
     cache = _Options(w, opts, budget)
     e = _Enumeration(w, cluster, groups, opts, cache, nodes)
     budget.charge(COSTS["candidate"] * len(e.items))
-    heap = [(not c.hand, c.bound_s, i, False, c) for i, c in enumerate(e.items)]
+    heap = [(not c.hand, c.bound_s, i, 0, c) for i, c in enumerate(e.items)]
     heapq.heapify(heap)
     total = len(heap)
     best: tuple[float, Plan, Prediction] | None = None
@@ -323,7 +367,13 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             cand = e.refine(cand)
             budget.charge(COSTS["bound"] * len(e.lc[cand.shapes][1]) * max(1, len(cand.schedule_bounds)))
             if cand.bound_s < math.inf:
-                heapq.heappush(heap, (unhanded, cand.bound_s, i, True, cand))
+                heapq.heappush(heap, (unhanded, cand.bound_s, i, 1, cand))
+            continue
+        if full == 1 and w.training:
+            # the schedules' own dependence graphs, for those that can still win
+            cand = e.refine_orders(cand, best[0] if best is not None else math.inf, budget)
+            if cand.bound_s < math.inf:
+                heapq.heappush(heap, (unhanded, cand.bound_s, i, 2, cand))
             continue
         if progress:
             progress(searched, total, best[0] if best else None)

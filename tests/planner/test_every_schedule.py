@@ -288,3 +288,33 @@ def test_zero_bubble_beats_1f1b_on_llama3_8b():
     assert best.plan.schedule.name in ZERO_BUBBLE
     assert best.prediction.step_time_s < 0.9 * one.prediction.step_time_s
     assert {x[0] for x in best.candidates} == set(SEARCHED_SCHEDULES)
+
+
+def test_rank_order_counts_from_the_generated_order():
+    """Forwards after each rank's first B and W's before its last B, read off the generator's
+    order: 1F1B's warm-up is P - r forwards (Narayanan et al. 2021, sec. 2.2), so M - (P - r)
+    follow the first B; GPipe runs every forward first; ZB-H1 keeps 1F1B's forwards and runs W's
+    between its B's; several stages per rank and the adaptive schedules give None."""
+    from planner.inflight import rank_order_counts
+
+    from simulator.schedules import generate
+
+    def counted(name, p, m):
+        out = []
+        for order in generate(name, p, m).order:
+            k = [f.kind for f in order]
+            first, last = k.index("B"), len(k) - 1 - k[::-1].index("B")
+            out.append((k[first:].count("F"), k[:last].count("W")))
+        return tuple(out)
+
+    for name in ("1f1b", "gpipe", "zb-h1", "zb-h2"):     # closed forms and generated alike
+        for p, m in ((2, 1), (3, 2), (4, 8), (5, 3), (8, 8)):
+            assert rank_order_counts(name, p, m) == counted(name, p, m), (name, p, m)
+    P, M = 4, 8
+    assert rank_order_counts("1f1b", P, M) == tuple((M - (P - r), 0) for r in range(P))
+    assert rank_order_counts("gpipe", P, M) == ((0, 0),) * P
+    zb = rank_order_counts("zb-h1", P, M)
+    assert [f for f, _ in zb] == [M - (P - r) for r in range(P)]
+    assert all(0 < w < M for _, w in zb)
+    for name in ("zb-1p", "zb-2p", "interleaved-1f1b", "zb-v", "dualpipe-v"):
+        assert rank_order_counts(name, P, M) is None

@@ -18,6 +18,7 @@ from planner import api
 from planner.predict import predict
 from planner.search import Assignment, MeshOption
 from planner.bounds import candidate_bound, quick_bound
+from planner.budget import Budget
 from planner.shapes import _Enumeration, _Options, group_shapes, search_pipeline
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
@@ -178,9 +179,10 @@ def _jittered(tmp_path: Path, jitter: float) -> str:
 
 @pytest.mark.parametrize("jitter", [0.0, 0.08])
 def test_bound_holds_for_random_plans(tmp_path, jitter):
-    """Every schedule's bound of a candidate is at most the exact step of any plan of that
-    candidate that fits memory: 4 nodes of 2 devices, every shape, random partitions and layouts,
-    with and without a straggler wait at the gradient sync (``sync_jitter``)."""
+    """Every schedule's bound of a candidate (the closed-form terms and its dependence graph's,
+    ``planner.dag_bound``) is at most the exact step of any plan of that candidate that fits
+    memory: 4 nodes of 2 devices, every shape, random partitions and layouts, with and without a
+    straggler wait at the gradient sync (``sync_jitter``)."""
     import random
 
     rng = random.Random(0)
@@ -192,7 +194,7 @@ def test_bound_holds_for_random_plans(tmp_path, jitter):
     pre, nb, post = api._split_layers(w)
     checked = 0
     for c in e.items:
-        c = e.refine(c)
+        c = e.refine_orders(e.refine(c), math.inf, Budget(math.inf, math.inf))
         lc, meshes = e.lc[c.shapes]
         p = len(meshes)
         for sched, bound in c.schedule_bounds:
@@ -234,3 +236,34 @@ def test_fill_bound_waits_for_one_microbatchs_forward_and_backward():
     assert fill_level([[_opt(3.0)]] * 2, line, 2, 4, 1, v_shaped=False) == 0.0
     fwd = replace(_opt(1.0), block_f_s=1.0)
     assert fill_level([[fwd]] * 2, _ranks([[fwd]] * 2, [2, 1], 1, 2), 2, 4, 1, False) == 0.0
+
+
+def test_line_fill_bound_every_rank_waits_for_its_round_trip():
+    """One stage per rank, F 1 s, B 2 s per block (no W), 6 blocks, 4 microbatches, 1F1B on 3
+    ranks (rank r runs M - (P - r) forwards after its first B). Rank r with n blocks:
+    ``n (1 + late) + 8 n + max(3 (6 - n), 6 - n)``: 7n + 18, 8n + 18, 9n + 18; the even split
+    gives the last rank 36 = (M + P - 1) x 6 s, the uniform 1F1B step (Narayanan et al. 2021),
+    which any other split exceeds. With a 6 s LM head on the last rank, all of whose 4 fragments
+    run after its first B (non-split backward), that rank needs 42 s even with no block:
+    ``(L - 0) (F + B) + 4 x 6``. The 2-rank split-backward case of the rank-0 fill bound gives
+    the same 14 s."""
+    from planner.bounds import _ranks, line_fill_level
+    from planner.inflight import rank_order_counts
+
+    o = replace(_opt(3.0), block_f_s=1.0)
+    opts = [[o]] * 3
+    orders = rank_order_counts("1f1b", 3, 4)
+    assert orders == ((1, 0), (2, 0), (3, 0))
+    ranks = _ranks(opts, [3, 2, 1], 1, 4)
+    assert line_fill_level(opts, ranks, 4, 6, [3, 2, 1], (), 0.0, orders) == pytest.approx(36.0)
+    assert line_fill_level(opts, ranks, 4, 6, [3, 2, 1], (), 0.0) == pytest.approx(36.0)
+    assert candidate_bound(opts, opts, 4, 6, 1.0, [3, 2, 1], orders=orders) == pytest.approx(36.0)
+    head = [[o], [o], [replace(o, post_s=6.0)]]
+    ranks = _ranks(head, [3, 2, 1], 1, 4, post_rank=2)
+    assert line_fill_level(head, ranks, 4, 6, [3, 2, 1], (), 0.0, orders) == pytest.approx(42.0)
+    split = replace(_opt(3.0), block_f_s=1.0, block_w_s=1.0)
+    two = [[split], [split]]
+    assert line_fill_level(two, _ranks(two, [2, 1], 1, 2), 2, 4, [2, 1]) == pytest.approx(14.0)
+    # a transfer at the boundary after a rank lies on its round trip
+    assert line_fill_level(opts, _ranks(opts, [3, 2, 1], 1, 4), 4, 6, [3, 2, 1], (5.0, 5.0), 0.0,
+                           orders) > 36.0
