@@ -43,7 +43,8 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
                 caps: Sequence[Sequence[float]],
                 microbatches: int, num_blocks: int, virtual_stages: int,
                 post_rank: int, hop: Callable[[int, int], float] | None = None,
-                straggler: Sequence[float] = (), mergeable: bool = False) -> float:
+                straggler: Sequence[float] = (), mergeable: bool = False,
+                inflight: Sequence[int] = ()) -> float:
     """The least step of the candidate's dependence graph (see the module docstring), seconds;
     0.0 when it does not apply (an adaptive schedule, more than :data:`MAX_FRAGMENTS`
     fragments, an option without its forward time) or the solver fails.
@@ -61,21 +62,30 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
             (:func:`planner.bounds.straggler_shares`): the gradient sync point waits that long
             after the rank's last fragment and its buckets, before the optimizer.
         mergeable: the last stage's F and B may merge into one fragment (one dispatch).
+        inflight: per rank, the most activations it holds (:func:`planner.inflight.inflight_count`,
+            never below the replay's peak): for the adaptive ZB-1p/2p, whose order depends on
+            the fragment times, the graph has no rank order but each stage's F, B and W in
+            microbatch order, ``F(j)`` after ``W(j - inflight)`` (its activation freed), and
+            each rank's remaining work after its ``j``-th F, B or W (:func:`_free_order`).
     """
     import numpy as np
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
-    from ir import FragmentRef
+    from ir import FragmentRef, ScheduleTable
     from simulator.schedules import kind
 
     sk = kind(schedule)
     p, m, v, L = len(work), microbatches, virtual_stages, num_blocks
-    if sk.adaptive or p * v * m * 3 > MAX_FRAGMENTS or p < 2:
+    if p * v * m * 3 > MAX_FRAGMENTS or p < 2 or (sk.adaptive and (v != 1 or not inflight)):
         return 0.0
     if any(o.block_f_s <= 0 for opts in work for o in opts):
         return 0.0
-    table = _table(schedule, p, m, v)
-    kinds = 3 if table.split_backward else 2
+    if sk.adaptive:          # no fixed order: every fragment, each stage's in microbatch order
+        table = ScheduleTable(schedule, p, p, m, tuple(range(p)), tuple(
+            tuple(FragmentRef(k, r, j) for k in "FBW" for j in range(m)) for r in range(p)),
+            split_backward=True)
+    else:
+        table = _table(schedule, p, m, v)
     # variables: x[r, o] (blocks per chunk of rank r under option o: a mix of options relaxes the
     # choice of one), a start time per fragment, the step
     col, nx = [], 0
@@ -140,10 +150,15 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
             + duration(u), -fixed(u) - move)
 
     for r, order in enumerate(table.order):
-        for a, b in zip(order, order[1:]):
-            after(a, b)
+        if sk.adaptive:
+            _free_order(r, order, after, add, index, col[r], work[r], m, inflight[r], tau,
+                        lambda o: v * o.tail_marginal_s, wait(r), dispatch[r])
+            u = FragmentRef("W", r, m - 1)          # every fragment of the rank precedes it
+        else:
+            for a, b in zip(order, order[1:]):
+                after(a, b)
+            u = order[-1]
         # the rank's optimizer step (and parameter gather) follows its last fragment
-        u = order[-1]
         add([(index[(u.kind, u.stage, u.microbatch)], 1.0), (tau, -1.0)]
             + duration(u, lambda o: v * o.tail_marginal_s) + wait(r), -fixed(u))
     for x in frags:
@@ -196,3 +211,30 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
     if got.status != 0:
         return 0.0
     return max(0.0, float(got.fun) * (1 - 1e-6))
+
+
+def _free_order(r, order, after, add, index, col, opts, m, held, tau, tail, wait, dispatch) -> None:
+    """Rank ``r``'s constraints when its order is not fixed (see :func:`order_bound`): each
+    stage's F, B and W run in microbatch order (the adaptive generator picks the next B, the next
+    F, the oldest pending W), an F waits for the W that frees the activation ``held`` microbatches
+    before it, and the rank, running one fragment at a time, still owes after the start of
+    ``F(j)`` every fragment of microbatches ``j..M-1``, after ``B(j)`` their B and W and the
+    forwards that memory keeps from starting before it (``M - j - held``), after ``W(j)`` their
+    W: each then its optimizer step (``tail``) and straggler wait (``wait``)."""
+    from ir import FragmentRef
+    byk = {k: [f for f in order if f.kind == k] for k in "FBW"}
+    for k in "FBW":
+        for a, b in zip(byk[k], byk[k][1:]):
+            after(a, b)
+    for j in range(held, m):
+        after(FragmentRef("W", r, j - held), FragmentRef("F", r, j))
+    per = {"F": lambda o: o.block_s, "B": lambda o: o.block_s - o.block_f_s,
+           "W": lambda o: o.block_w_s}
+    for k in "FBW":
+        for j in range(m):
+            left = m - j
+            late = max(0, m - j - held) if k == "B" else 0
+            add([(index[(k, r, j)], 1.0), (tau, -1.0)]
+                + [(col[i], left * per[k](o) + late * o.block_f_s + tail(o))
+                   for i, o in enumerate(opts)] + wait,
+                -dispatch * (left * (3 if k == "F" else 2 if k == "B" else 1) + late))

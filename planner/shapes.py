@@ -266,7 +266,7 @@ class _Enumeration:
         for sched, sbound in c.schedule_bounds:
             sk = kind(sched)
             v = sk.stages_per_rank(self.opts.virtual_stages)
-            if sbound < best and not sk.adaptive and p > 1 and p * v * m * 3 <= MAX_FRAGMENTS:
+            if sbound < best and p > 1 and p * v * m * 3 <= MAX_FRAGMENTS:
                 key = ("order", c.shapes, m, sched)
                 if key not in self.memo:
                     work = [self.cache.get(x, samples, _kinds(sched, True), _split(sched),
@@ -288,7 +288,7 @@ class _Enumeration:
                     self.memo[key] = order_bound(sched, work, caps, m, self.nb, v,
                                                  0 if sk.v_shaped else p - 1, hop,
                                                  straggler_shares(specs),
-                                                 sched in api.MERGEABLE and w.training)
+                                                 sched in api.MERGEABLE and w.training, infl)
                     budget.charge(COSTS["fragment"] * 8 * p * v * m * 3)
                 sbound = max(sbound, self.memo[key])
             named.append((sched, sbound))

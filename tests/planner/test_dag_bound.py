@@ -14,11 +14,17 @@ from hardware_profiles import carve
 from planner import api
 from planner.bounds import straggler_shares
 from planner.dag_bound import MAX_FRAGMENTS, order_bound
+from planner.inflight import inflight_count
 from planner.predict import predict
 from planner.search import Assignment
 from planner.shapes import group_shapes
 from simulator import cost_model as cm
 from test_shapes import _cluster, _opt
+
+
+WITHIN_FREE = 0.9
+"""How close the adaptive schedules' bound must come to the pinned plan's replay (0.92 for ZB-1p
+and 0.97 for ZB-2p measured on this instance: the graph without a rank order relaxes most)."""
 
 
 def test_uniform_one_f_one_b_is_the_textbook_step():
@@ -35,13 +41,15 @@ def test_uniform_one_f_one_b_is_the_textbook_step():
     assert order_bound("1f1b", [[o]] * 3, [[math.inf]] * 3, big, 6, 1, 2) == 0.0
 
 
-@pytest.mark.parametrize("sched", ["1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v",
-                                   "dualpipe-v"])
-def test_pinned_to_a_plan_it_is_at_most_and_close_to_its_replay(tmp_path, sched):
+@pytest.mark.parametrize("sched,within", [
+    ("1f1b", 0.97), ("gpipe", 0.97), ("zb-h1", 0.97), ("zb-h2", 0.97), ("interleaved-1f1b", 0.97),
+    ("zb-v", 0.97), ("dualpipe-v", 0.97), ("zb-1p", WITHIN_FREE), ("zb-2p", WITHIN_FREE)])
+def test_pinned_to_a_plan_it_is_at_most_and_close_to_its_replay(tmp_path, sched, within):
     """llama-tiny (batch 16, 8 microbatches) on 4 meshes of 2 H100: with the partition and the
     layout pinned to a plan's (each rank's one option, memory caps at its blocks), the graph's
-    least step is at most the plan's exact replay and within 3% of it (what it leaves out: the
-    layers outside the blocks' dispatch detail and FSDP's exposed gathers)."""
+    least step is at most the plan's exact replay and within 3% of it for a fixed order (what it
+    leaves out: the layers outside the blocks' dispatch detail and FSDP's exposed gathers); the
+    adaptive ZB-1p/2p, bounded over every order their memory allows, less closely."""
     w = workload("llama-tiny", 16)
     cluster = _cluster(tmp_path, [("h100", "h100-sxm", 4, 2)])
     shape = next(s for s in group_shapes(cluster.groups["h100"], 8) if s.num_meshes == 4)
@@ -63,6 +71,8 @@ def test_pinned_to_a_plan_it_is_at_most_and_close_to_its_replay(tmp_path, sched)
 
     def hop(x: int, y: int) -> float:
         return cm.transfer_time(act, lc.link_between(meshes[x], meshes[y]).link)
+    infl = [inflight_count(sched, r, p, m, v) for r in range(p)]
     got = order_bound(sched, [[o] for o in picks], [[n * v] for n in blocks], m, cand.num_blocks, v,
-                      0 if cand.v_shape else p - 1, hop, straggler_shares([lc.meshes[x] for x in meshes]))
-    assert 0.97 * replay <= got <= replay * (1 + 1e-9)
+                      0 if cand.v_shape else p - 1, hop, straggler_shares([lc.meshes[x] for x in meshes]),
+                      False, infl)      # the pinned plan does not merge its last F and B
+    assert within * replay <= got <= replay * (1 + 1e-9)
