@@ -15,7 +15,9 @@ cost model. Three-kind rows plan llama3-70b
 alone on the same batch: the plan's throughput over the sum of the kinds' separate throughputs.
 
 Columns: wall = trace + search seconds on this machine; gap = (step - proven lower bound) / step;
-step/roofline = step over the model FLOP at the used devices' dense peak.
+stopped = why the search ended (complete / work budget / time limit); step at 2x limit = the same
+plan() with twice the --time-limit, and its change against the step; step/roofline = step over
+the model FLOP at the used devices' dense peak.
 """
 
 from __future__ import annotations
@@ -73,10 +75,12 @@ def homogeneous(time_limit: float) -> list[dict]:
         t = time.perf_counter()
         r = plan(w, c, PlanOptions(time_limit_s=time_limit))
         wall = time.perf_counter() - t + trace
+        twice = plan(w, c, PlanOptions(time_limit_s=2 * time_limit)).prediction.step_time_s
         hand = best_megatron(w, c, "h100")
         grid = grid_sweep(w, c, "h100").best
         rows.append({"model": model, "devices": n, "batch": batch, "wall": wall, "step": r.prediction.step_time_s,
-                     "mfu": r.prediction.mfu, "gap": r.search_gap,
+                     "mfu": r.prediction.mfu, "gap": r.search_gap, "twice": twice,
+                     "stopped": r.plan.solver.get("stopped", ""),
                      "roof": r.prediction.step_time_s / r.prediction.roofline_step_time_s,
                      "shape": shape_text(r.plan),
                      "hand": hand.prediction.step_time_s if hand else None,
@@ -95,6 +99,7 @@ def mixed(time_limit: float) -> list[dict]:
         t = time.perf_counter()
         r = plan(w, c, PlanOptions(time_limit_s=time_limit))
         wall = time.perf_counter() - t
+        twice = plan(w, c, PlanOptions(time_limit_s=2 * time_limit)).prediction.step_time_s
         alone = {}
         for g in c.groups:
             sub = replace(c, groups={g: c.groups[g]}, group_links=())
@@ -104,7 +109,8 @@ def mixed(time_limit: float) -> list[dict]:
         total = sum(batch / s for s in alone.values())
         rows.append({"cluster": name, "devices": c.num_devices, "batch": batch, "wall": wall,
                      "step": r.prediction.step_time_s, "mfu": r.prediction.mfu, "gap": r.search_gap,
-                     "alone": alone, "share": rate / total, "best_alone": min(alone.values()),
+                     "twice": twice, "stopped": r.plan.solver.get("stopped", ""), "alone": alone,
+                     "share": rate / total, "best_alone": min(alone.values()),
                      "shape": shape_text(r.plan), "reason": r.plan.solver.get("reason", "")})
     return rows
 
@@ -138,9 +144,10 @@ def markdown(time_limit: float = 30.0, only: str | None = None) -> str:
         lines += [f"Planner at scale, homogeneous: `plan()` with --time-limit {time_limit:g} s on H100 DGX "
                   f"node groups, against the best Megatron-style hand configuration (shortest pipeline "
                   f"that fits) and the best point of the practitioners' grid (same cost model)", "",
-                  "| model | H100 | batch | wall (s) | step (s) | MFU | gap | step/roofline | hand step (s) | hand MFU "
+                  "| model | H100 | batch | wall (s) | step (s) | MFU | gap | stopped | step at 2x limit (s) "
+                  "| change | step/roofline | hand step (s) | hand MFU "
                   "| plan/hand | grid step (s) | plan/grid | plan | hand | grid |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
         for r in rows:
             hand = f"{r['hand']:.2f}" if r["hand"] else "-"
             ratio = f"{r['step'] / r['hand']:.3f}" if r["hand"] else "-"
@@ -149,7 +156,8 @@ def markdown(time_limit: float = 30.0, only: str | None = None) -> str:
             gratio = f"{r['step'] / r['grid']:.3f}" if r["grid"] else "-"
             gap = f"{r['gap'] * 100:.1f}%" if r["gap"] is not None else "unknown"
             lines.append(f"| {r['model']} | {r['devices']} | {r['batch']} | {r['wall']:.1f} | {r['step']:.2f} | "
-                         f"{r['mfu'] * 100:.1f}% | {gap} | {r['roof']:.2f} | {hand} | {hmfu} | {ratio} "
+                         f"{r['mfu'] * 100:.1f}% | {gap} | {r['stopped']} | {r['twice']:.2f} | "
+                         f"{(r['twice'] / r['step'] - 1) * 100:+.1f}% | {r['roof']:.2f} | {hand} | {hmfu} | {ratio} "
                          f"| {grid} | {gratio} | {r['shape']} | {r['hand_label']} | {r['grid_label']} |")
         lines.append("")
         lines += zero_bubble(time_limit)
@@ -157,13 +165,15 @@ def markdown(time_limit: float = 30.0, only: str | None = None) -> str:
         rows = mixed(time_limit)
         lines += [f"Planner at scale, three kinds: llama3-70b, sequence 8192, --time-limit "
                   f"{time_limit:g} s; each kind alone planned on the same batch", "",
-                  "| cluster | devices | batch | wall (s) | step (s) | MFU | gap | H100 alone (s) | TPU v5e alone (s) "
+                  "| cluster | devices | batch | wall (s) | step (s) | MFU | gap | stopped | step at 2x limit (s) "
+                  "| change | H100 alone (s) | TPU v5e alone (s) "
                   "| p150b alone (s) | throughput / sum of kinds' | plan |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
         for r in rows:
             a = r["alone"]
             lines.append(f"| {r['cluster']} | {r['devices']} | {r['batch']} | {r['wall']:.1f} | {r['step']:.2f} | "
-                         f"{r['mfu'] * 100:.1f}% | {r['gap'] * 100:.1f}% | {a.get('h100', 0):.2f} | "
+                         f"{r['mfu'] * 100:.1f}% | {r['gap'] * 100:.1f}% | {r['stopped']} | {r['twice']:.2f} | "
+                         f"{(r['twice'] / r['step'] - 1) * 100:+.1f}% | {a.get('h100', 0):.2f} | "
                          f"{a.get('tpu', 0):.2f} | {a.get('p150b', 0):.2f} | {r['share'] * 100:.1f}% | "
                          f"{r['shape']} |")
         lines.append("")

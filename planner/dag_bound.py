@@ -1,23 +1,34 @@
-"""A lower bound on a carved pipeline's step under one fixed-order schedule: the schedule's own
-dependence graph as a linear program over the layer partition (:func:`order_bound`).
+"""A lower bound on a carved pipeline's step under one schedule: the schedule's own dependence
+graph as a linear program over the layer partition (:func:`order_bound`).
 
 The exact replay (:mod:`planner.predict`) runs every rank's fragments in the order the schedule's
-generator gives (:func:`simulator.schedules.generate`; the adaptive ZB-1p/2p build theirs from the
-fragment times, so they are left out), each as soon as the fragment before it on its rank and the
-fragments it depends on have ended: ``F(s, j)`` after ``F(s - 1, j)``, ``B(s, j)`` after
-``B(s + 1, j)`` (the last stage's after its own ``F``), ``W(s, j)`` after ``B(s, j)``. Its step is
-therefore at least the longest path through that graph with each fragment charged its least
-duration: a chunk of ``n_r`` blocks on rank ``r`` costs ``n_r`` times the least per-block F, B or W
-time of any layout option of the rank (plus its least dispatch), and a rank's end-of-step tail
-(gradient sync, optimizer) follows its last fragment. Start times, the partition ``n_r``
-(continuous, ``sum v n_r = L``, at most the blocks the roomiest option holds) and the step are the
-variables; minimising the step under the path constraints is a linear program (HiGHS), whose
-optimum is at most the replay of any plan of the candidate: a plan's own partition and the
-earliest start times under the least durations are feasible, and the replay's durations and
-waits (transfers, link contention, straggler) are no shorter. Each rank's whole work with the
-layers outside the blocks (the work term of :func:`planner.bounds.candidate_bound`) is a
-constraint too. This captures the bubble of every schedule in its own order, which the
-closed-form bounds of :mod:`planner.bounds` only approximate per rank.
+generator gives (:func:`simulator.schedules.generate`), each as soon as the fragment before it on
+its rank and the fragments it depends on have ended (plus the transfer between ranks): ``F(s, j)``
+after ``F(s - 1, j)``, ``B(s, j)`` after ``B(s + 1, j)`` (the last stage's after its own ``F``),
+``W(s, j)`` after ``B(s, j)``. Its step is therefore at least the longest path through that graph
+with each fragment charged its least duration: a chunk of ``n`` blocks costs ``n`` times the least
+per-block F, B or W time of the rank's layout option (plus its least dispatch and, on the first
+and last stage, the layers outside the blocks), and each rank's end-of-step ops follow: its
+stages' exposed gradient sync (``MeshOption.sync_excess_s``), its collective stream running every
+stage's buckets after the first of its last backwards, the straggler wait and the optimizer.
+
+Start times, the partition (continuous blocks per rank and layout option: a mix of options relaxes
+the choice of one, each option within its own memory cap; ``sum v n = L``) and the step are the
+variables; minimising the step is a linear program (HiGHS) whose optimum is at most the replay of
+any plan of the candidate: a plan's own partition and the earliest start times under the least
+durations are feasible, and the replay's durations and waits are no shorter.
+
+Long schedules are truncated: only the first and last :data:`KEEP` microbatches' fragments are
+variables. Between two kept fragments of a rank every fragment between them in its order runs,
+and after a kept fragment's start the rest of its order does: those sums (by kind, linear in the
+partition) keep the middle's work in the program while its size stays bounded.
+
+The adaptive ZB-1p/2p build their order from the fragment times, so they have no rank order
+here: each stage runs its F, B and W in microbatch order (the generator takes the next B, the next
+F, the oldest pending W), an F waits for the W that frees the activation ``inflight`` microbatches
+before it, and a rank, running one fragment at a time, has run before ``F(j)``, ``B(j)`` or
+``W(j)`` what must precede it and owes after it every fragment of the later microbatches
+(:func:`_free_order`).
 """
 
 from __future__ import annotations
@@ -29,8 +40,15 @@ from typing import Callable, Sequence
 from planner.search import MeshOption
 
 MAX_FRAGMENTS = 4000
-"""Largest schedule (fragments) whose graph is solved: beyond it the LP costs more than the
-closed-form bounds save (about 0.1 s at this size on the reference machine)."""
+"""Most fragments kept as variables (about 0.5 s of HiGHS on the reference machine)."""
+KEEP = 8
+"""Microbatches kept as variables at each end of a long schedule (the fill and the drain)."""
+
+
+def kept_fragments(ranks: int, stages_per_rank: int, microbatches: int) -> int:
+    """Fragments :func:`order_bound` keeps as variables (at most 3 per stage and kept
+    microbatch); it applies when this is at most :data:`MAX_FRAGMENTS`."""
+    return ranks * stages_per_rank * min(microbatches, 2 * KEEP) * 3
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,11 +64,11 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
                 straggler: Sequence[float] = (), mergeable: bool = False,
                 inflight: Sequence[int] = ()) -> float:
     """The least step of the candidate's dependence graph (see the module docstring), seconds;
-    0.0 when it does not apply (an adaptive schedule, more than :data:`MAX_FRAGMENTS`
-    fragments, an option without its forward time) or the solver fails.
+    0.0 when it does not apply (more than :data:`MAX_FRAGMENTS` kept fragments, an option without
+    its forward time, an adaptive schedule without ``inflight``) or the solver fails.
 
     Args:
-        schedule: a fixed-order schedule name.
+        schedule: a schedule name.
         work: per rank, its layout options (``block_f_s``, ``block_w_s``, ``block_s``, ...).
         caps: per rank, per option, the most blocks (all its chunks) it holds in memory.
         microbatches / num_blocks / virtual_stages: ``M``, ``L``, stages per rank ``v``.
@@ -63,10 +81,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
             after the rank's last fragment and its buckets, before the optimizer.
         mergeable: the last stage's F and B may merge into one fragment (one dispatch).
         inflight: per rank, the most activations it holds (:func:`planner.inflight.inflight_count`,
-            never below the replay's peak): for the adaptive ZB-1p/2p, whose order depends on
-            the fragment times, the graph has no rank order but each stage's F, B and W in
-            microbatch order, ``F(j)`` after ``W(j - inflight)`` (its activation freed), and
-            each rank's remaining work after its ``j``-th F, B or W (:func:`_free_order`).
+            never below the replay's peak); needed for the adaptive schedules.
     """
     import numpy as np
     from scipy.optimize import linprog
@@ -76,7 +91,8 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
 
     sk = kind(schedule)
     p, m, v, L = len(work), microbatches, virtual_stages, num_blocks
-    if p * v * m * 3 > MAX_FRAGMENTS or p < 2 or (sk.adaptive and (v != 1 or not inflight)):
+    kept_mbs = [j for j in range(m) if j < KEEP or j >= m - KEEP]
+    if kept_fragments(p, v, m) > MAX_FRAGMENTS or p < 2 or (sk.adaptive and (v != 1 or not inflight)):
         return 0.0
     if any(o.block_f_s <= 0 for opts in work for o in opts):
         return 0.0
@@ -86,23 +102,27 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
             split_backward=True)
     else:
         table = _table(schedule, p, m, v)
-    # variables: x[r, o] (blocks per chunk of rank r under option o: a mix of options relaxes the
-    # choice of one), a start time per fragment, the step
+    kinds = "FBW" if table.split_backward else "FB"
+    keep = set(kept_mbs)
+    # variables: x[r, o] (blocks per chunk of rank r under option o), a start time per kept
+    # fragment, the step
     col, nx = [], 0
     for opts in work:
         col.append(list(range(nx, nx + len(opts))))
         nx += len(opts)
-    frags = [x for order in table.order for x in order]
+    frags = [x for order in table.order for x in order if x.microbatch in keep]
     index = {(x.kind, x.stage, x.microbatch): nx + i for i, x in enumerate(frags)}
     tau = nx + len(frags)
     nvar = tau + 1
     rank_of = table.stage_rank
+    last = table.num_stages - 1
     per_block = {"F": lambda o: o.block_f_s, "W": lambda o: o.block_w_s,
                  "B": lambda o: o.block_s - o.block_f_s - o.block_w_s}
     # one fragment's dispatch (merge_saving_s: FSDP's exposed gathers, which fall on some
     # kinds only, left out)
     dispatch = [min(o.merge_saving_s for o in opts) for opts in work]
     offset = [min(o.sync_offset_s for o in opts) for opts in work]
+    slot = {"F": 0, "B": 1, "W": 2}
     rows, cols, vals, rhs = [], [], [], []
     row = 0
 
@@ -117,18 +137,6 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
         rhs.append(const)
         row += 1
 
-    def wait(r: int) -> list:
-        """The straggler wait of rank ``r``: its share of the rank's work, per option variable."""
-        share = straggler[r] if r < len(straggler) else 0.0
-        return [(col[r][k], share * m * v * o.block_s) for k, o in enumerate(work[r])] if share else []
-
-    last = table.num_stages - 1
-    slot = {"F": 0, "B": 1, "W": 2}
-
-    def duration(u, extra=lambda o: 0.0) -> list:
-        r = rank_of[u.stage]
-        return [(col[r][k], per_block[u.kind](o) + extra(o)) for k, o in enumerate(work[r])]
-
     def fixed(u) -> float:
         """The fragment's least seconds beyond its blocks: its dispatch, and the layers before
         (first stage) or after (last stage) the blocks, at their least over the rank's options."""
@@ -142,25 +150,54 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
             out += min(o.post_kinds_s[i] for o in work[r])
         return out
 
+    def span(r: int, counts: dict[str, int], extra=lambda o: 0.0) -> list:
+        """Terms of rank ``r`` running ``counts`` chunk fragments of each kind (plus ``extra``)
+        per block variable."""
+        return [(col[r][k], sum(c * per_block[x](o) for x, c in counts.items()) + extra(o))
+                for k, o in enumerate(work[r])]
+
+    def wait(r: int) -> list:
+        """The straggler wait of rank ``r``: its share of the rank's work, per option variable."""
+        share = straggler[r] if r < len(straggler) else 0.0
+        return [(col[r][k], share * m * v * o.block_s) for k, o in enumerate(work[r])] if share else []
+
+    def t(u) -> int:
+        return index[(u.kind, u.stage, u.microbatch)]
+
     def after(u, x, data: bool = False) -> None:
         """``t[x] >= t[u] + duration(u)`` (plus the transfer when ``data`` crosses ranks)."""
         r, q = rank_of[u.stage], rank_of[x.stage]
         move = hop(r, q) if data and hop is not None and q != r else 0.0
-        add([(index[(u.kind, u.stage, u.microbatch)], 1.0), (index[(x.kind, x.stage, x.microbatch)], -1.0)]
-            + duration(u), -fixed(u) - move)
+        add([(t(u), 1.0), (t(x), -1.0)] + span(r, {u.kind: 1}), -fixed(u) - move)
+
+    def tail(o) -> float:
+        return v * o.tail_marginal_s
 
     for r, order in enumerate(table.order):
         if sk.adaptive:
-            _free_order(r, order, after, add, index, col[r], work[r], m, inflight[r], tau,
-                        lambda o: v * o.tail_marginal_s, wait(r), dispatch[r])
-            u = FragmentRef("W", r, m - 1)          # every fragment of the rank precedes it
-        else:
-            for a, b in zip(order, order[1:]):
-                after(a, b)
-            u = order[-1]
-        # the rank's optimizer step (and parameter gather) follows its last fragment
-        add([(index[(u.kind, u.stage, u.microbatch)], 1.0), (tau, -1.0)]
-            + duration(u, lambda o: v * o.tail_marginal_s) + wait(r), -fixed(u))
+            _free_order(r, order, keep, add, t, col[r], work[r], m, inflight[r], tau, tail, wait(r),
+                        fixed)
+            continue
+        # kept fragments in the rank's order: between two, every fragment between them runs;
+        # after one, the rest of the order does, then the rank's optimizer
+        counts = {k: 0 for k in kinds}
+        fixed_sum = 0.0
+        prefix = []
+        for f in order:
+            prefix.append((dict(counts), fixed_sum))
+            counts[f.kind] += 1
+            fixed_sum += fixed(f)
+        total, total_fixed = counts, fixed_sum
+        kept = [i for i, f in enumerate(order) if f.microbatch in keep]
+        for a, b in zip(kept, kept[1:]):
+            (ca, fa), (cb, fb) = prefix[a], prefix[b]
+            add([(t(order[a]), 1.0), (t(order[b]), -1.0)]
+                + span(r, {k: cb[k] - ca[k] for k in kinds}), -(fb - fa))
+        for i in kept:
+            ci, fi = prefix[i]
+            add([(t(order[i]), 1.0), (tau, -1.0)]
+                + span(r, {k: total[k] - ci[k] for k in kinds}, tail) + wait(r),
+                -(total_fixed - fi))
     for x in frags:
         if x.kind == "F" and x.stage > 0:
             after(FragmentRef("F", x.stage - 1, x.microbatch), x, True)
@@ -171,31 +208,30 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
             after(FragmentRef("B", x.stage, x.microbatch), x)
     # each stage's gradient sync outlasts its last backward by at least n x excess + offset
     # (planner.options._sync_excess), and the rank's optimizer follows its sync
+    lastk = "W" if table.split_backward else "B"
     for stage in range(table.num_stages):
         r = rank_of[stage]
-        lastk = "W" if table.split_backward else "B"
-        u = [f for f in table.order[r] if f.kind == lastk and f.stage == stage][-1]
-        add([(index[(u.kind, u.stage, u.microbatch)], 1.0), (tau, -1.0)]
-            + duration(u, lambda o: o.sync_excess_s + v * o.tail_marginal_s) + wait(r),
+        u = FragmentRef(lastk, stage, m - 1)
+        add([(t(u), 1.0), (tau, -1.0)]
+            + span(r, {lastk: 1}, lambda o: o.sync_excess_s + tail(o)) + wait(r),
             -fixed(u) - offset[r])
     # the rank's collective stream runs every stage's buckets one after another, none before the
     # start of the first of its stages' last backwards; then the optimizer. A block's sync is its
     # exposed excess plus the backward it outlasts (0 when it does not outlast it: a bound)
-    lastk = "W" if table.split_backward else "B"
-    last_of = {"W": lambda o: o.block_w_s, "B": lambda o: o.block_s - o.block_f_s - o.block_w_s}[lastk]
     for r, order in enumerate(table.order):
         u = next(f for f in order if f.kind == lastk and f.microbatch == m - 1)
-        add([(index[(u.kind, u.stage, u.microbatch)], 1.0), (tau, -1.0)]
-            + [(col[r][k], v * ((o.sync_excess_s + last_of(o) if o.sync_excess_s > 0 else 0.0)
-                                + o.tail_marginal_s)) for k, o in enumerate(work[r])] + wait(r), 0.0)
+        add([(t(u), 1.0), (tau, -1.0)]
+            + span(r, {}, lambda o: v * (o.sync_excess_s + per_block[lastk](o)
+                                              if o.sync_excess_s > 0 else 0.0) + tail(o))
+            + wait(r), 0.0)
     # each rank's whole work with the layers outside the blocks
     for r, opts in enumerate(work):
         merged = mergeable and r == rank_of[last]
-        fixed = min(m * o.overhead_s * v - (m * o.merge_saving_s if merged else 0.0)
+        least = min(m * o.overhead_s * v - (m * o.merge_saving_s if merged else 0.0)
                     + m * ((o.pre_s if r == 0 else 0.0) + (o.post_s if r == post_rank else 0.0))
                     for o in opts)
         add([(col[r][k], v * (m * o.block_s + o.tail_marginal_s)) for k, o in enumerate(opts)]
-            + wait(r) + [(tau, -1.0)], -fixed)
+            + wait(r) + [(tau, -1.0)], -least)
     a_ub = coo_matrix((vals, (rows, cols)), shape=(row, nvar)).tocsr()
     a_eq = coo_matrix(([float(v)] * nx, ([0] * nx, list(range(nx)))), shape=(1, nvar)).tocsr()
     cost = np.zeros(nvar)
@@ -213,28 +249,51 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
     return max(0.0, float(got.fun) * (1 - 1e-6))
 
 
-def _free_order(r, order, after, add, index, col, opts, m, held, tau, tail, wait, dispatch) -> None:
-    """Rank ``r``'s constraints when its order is not fixed (see :func:`order_bound`): each
-    stage's F, B and W run in microbatch order (the adaptive generator picks the next B, the next
-    F, the oldest pending W), an F waits for the W that frees the activation ``held`` microbatches
-    before it, and the rank, running one fragment at a time, still owes after the start of
-    ``F(j)`` every fragment of microbatches ``j..M-1``, after ``B(j)`` their B and W and the
-    forwards that memory keeps from starting before it (``M - j - held``), after ``W(j)`` their
-    W: each then its optimizer step (``tail``) and straggler wait (``wait``)."""
+def _free_order(r, order, keep, add, t, cols, opts, m, held, tau, tail, wait, fixed) -> None:
+    """Rank ``r``'s constraints when its order is not fixed (the adaptive schedules, one stage
+    per rank; see the module docstring), over its kept microbatches ``keep``: each kind's
+    fragments run in microbatch order (between two kept ones, those between them); ``F(j)`` waits
+    for the W that frees the activation ``held`` microbatches before it; running one fragment at a
+    time from its first (``F(0)``), the rank has run before ``F(j)``: ``F(0..j-1)`` and the B and W
+    memory demands first; before ``B(j)``: ``F(0..j)`` and ``B(0..j-1)``; before ``W(j)``:
+    ``F(0..j)``, ``B(0..j)`` and ``W(0..j-1)``; after the start of ``F(j)`` it still runs every
+    fragment of microbatches ``j..M-1``, after ``B(j)`` their B and W and the forwards memory
+    keeps from starting before it (``M - j - held``), after ``W(j)`` their W; then its optimizer
+    step (``tail``) and straggler wait (``wait``)."""
     from ir import FragmentRef
-    byk = {k: [f for f in order if f.kind == k] for k in "FBW"}
+    per = {"F": lambda o: o.block_f_s, "W": lambda o: o.block_w_s,
+           "B": lambda o: o.block_s - o.block_f_s - o.block_w_s}
+    one = {k: fixed(FragmentRef(k, r, 0)) for k in "FBW"}   # every microbatch's alike
+
+    def work_of(nf: int, nb: int, nw: int, extra=lambda o: 0.0) -> list:
+        return [(cols[i], nf * per["F"](o) + nb * per["B"](o) + nw * per["W"](o) + extra(o))
+                for i, o in enumerate(opts)]
+
+    def const(nf: int, nb: int, nw: int) -> float:
+        return nf * one["F"] + nb * one["B"] + nw * one["W"]
+
+    kept = sorted(keep)
     for k in "FBW":
-        for a, b in zip(byk[k], byk[k][1:]):
-            after(a, b)
-    for j in range(held, m):
-        after(FragmentRef("W", r, j - held), FragmentRef("F", r, j))
-    per = {"F": lambda o: o.block_s, "B": lambda o: o.block_s - o.block_f_s,
-           "W": lambda o: o.block_w_s}
-    for k in "FBW":
-        for j in range(m):
+        for a, b in zip(kept, kept[1:]):
+            n = {x: (b - a if x == k else 0) for x in "FBW"}
+            add([(t(FragmentRef(k, r, a)), 1.0), (t(FragmentRef(k, r, b)), -1.0)]
+                + work_of(n["F"], n["B"], n["W"]), -const(n["F"], n["B"], n["W"]))
+    for j in kept:
+        if j - held in keep:
+            add([(t(FragmentRef("W", r, j - held)), 1.0), (t(FragmentRef("F", r, j)), -1.0)]
+                + work_of(0, 0, 1), -const(0, 0, 1))
+    first = t(FragmentRef("F", r, 0))
+    for j in kept:
+        for k in "FBW":
+            if j == 0 and k == "F":
+                continue
+            freed = max(0, j - held + 1)
+            done = {"F": (j, freed, freed), "B": (j + 1, j, 0), "W": (j + 1, j + 1, j)}[k]
+            add([(first, 1.0), (t(FragmentRef(k, r, j)), -1.0)] + work_of(*done), -const(*done))
             left = m - j
             late = max(0, m - j - held) if k == "B" else 0
-            add([(index[(k, r, j)], 1.0), (tau, -1.0)]
-                + [(col[i], left * per[k](o) + late * o.block_f_s + tail(o))
-                   for i, o in enumerate(opts)] + wait,
-                -dispatch * (left * (3 if k == "F" else 2 if k == "B" else 1) + late))
+            owed = {"F": (left, left, left), "B": (late, left, left), "W": (0, 0, left)}[k]
+            add([(t(FragmentRef(k, r, j)), 1.0), (tau, -1.0)] + work_of(*owed, tail) + wait,
+                -const(*owed))
+    owed = (m, m, m)
+    add([(first, 1.0), (tau, -1.0)] + work_of(*owed, tail) + wait, -const(*owed))

@@ -28,7 +28,7 @@ from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
 from planner import api
 from planner.errors import PlannerError
 from planner.bounds import _ranks, candidate_bound, chain_share, quick_bound, straggler_shares
-from planner.dag_bound import MAX_FRAGMENTS, order_bound
+from planner.dag_bound import MAX_FRAGMENTS, kept_fragments, order_bound
 from planner.budget import COSTS, Budget
 from planner.candidate import solve_schedule
 from planner.predict import Prediction
@@ -266,7 +266,7 @@ class _Enumeration:
         for sched, sbound in c.schedule_bounds:
             sk = kind(sched)
             v = sk.stages_per_rank(self.opts.virtual_stages)
-            if sbound < best and p > 1 and p * v * m * 3 <= MAX_FRAGMENTS:
+            if sbound < best and p > 1 and kept_fragments(p, v, m) <= MAX_FRAGMENTS:
                 key = ("order", c.shapes, m, sched)
                 if key not in self.memo:
                     work = [self.cache.get(x, samples, _kinds(sched, True), _split(sched),
@@ -289,7 +289,7 @@ class _Enumeration:
                                                  0 if sk.v_shaped else p - 1, hop,
                                                  straggler_shares(specs),
                                                  sched in api.MERGEABLE and w.training, infl)
-                    budget.charge(COSTS["fragment"] * 8 * p * v * m * 3)
+                    budget.charge(COSTS["fragment"] * 8 * kept_fragments(p, v, m))
                 sbound = max(sbound, self.memo[key])
             named.append((sched, sbound))
         named.sort(key=lambda x: x[1])

@@ -13,7 +13,7 @@ from zoo.costing import workload
 from hardware_profiles import carve
 from planner import api
 from planner.bounds import straggler_shares
-from planner.dag_bound import MAX_FRAGMENTS, order_bound
+from planner.dag_bound import KEEP, MAX_FRAGMENTS, order_bound
 from planner.inflight import inflight_count
 from planner.predict import predict
 from planner.search import Assignment
@@ -22,6 +22,10 @@ from simulator import cost_model as cm
 from test_shapes import _cluster, _opt
 
 
+WITHIN_TRUNCATED = 0.93
+"""How close a truncated graph (more than 2 KEEP microbatches) must come: 0.94 for 1F1B, 0.96 for
+ZB-1p and 0.99 for the others measured here (on this instance's uneven split of 1 or 2 blocks
+per rank the middle's cross-rank waits, which only the kept microbatches carry, matter most)."""
 WITHIN_FREE = 0.9
 """How close the adaptive schedules' bound must come to the pinned plan's replay (0.92 for ZB-1p
 and 0.97 for ZB-2p measured on this instance: the graph without a rank order relaxes most)."""
@@ -35,27 +39,36 @@ def test_uniform_one_f_one_b_is_the_textbook_step():
     assert order_bound("1f1b", [[o]] * 3, [[math.inf]] * 3, 4, 6, 1, 2) == pytest.approx(36.0, rel=1e-5)
     assert order_bound("gpipe", [[o]] * 3, [[math.inf]] * 3, 4, 6, 1, 2) == pytest.approx(36.0, rel=1e-5)
     assert order_bound("1f1b", [[o]] * 3, [[1]] * 3, 4, 6, 1, 2) == 0.0
-    # adaptive orders and graphs over MAX_FRAGMENTS are left to the closed-form bounds
+    # a long schedule keeps its first and last KEEP microbatches as variables and the middle's
+    # work as sums: still the textbook step
+    long = 10 * KEEP + 3
+    assert order_bound("1f1b", [[o]] * 3, [[math.inf]] * 3, long, 6, 1, 2) == pytest.approx(
+        (long + 2) * 6.0, rel=1e-5)
+    # more kept fragments than MAX_FRAGMENTS, or an adaptive order without in-flight counts, are
+    # left to the closed-form bounds
+    ranks = MAX_FRAGMENTS // (2 * KEEP * 3) + 1
+    assert order_bound("1f1b", [[o]] * ranks, [[math.inf]] * ranks, 2 * KEEP, ranks, 1,
+                       ranks - 1) == 0.0
     assert order_bound("zb-1p", [[o]] * 3, [[math.inf]] * 3, 4, 6, 1, 2) == 0.0
-    big = MAX_FRAGMENTS // 6 + 1
-    assert order_bound("1f1b", [[o]] * 3, [[math.inf]] * 3, big, 6, 1, 2) == 0.0
 
 
 @pytest.mark.parametrize("sched,within", [
     ("1f1b", 0.97), ("gpipe", 0.97), ("zb-h1", 0.97), ("zb-h2", 0.97), ("interleaved-1f1b", 0.97),
     ("zb-v", 0.97), ("dualpipe-v", 0.97), ("zb-1p", WITHIN_FREE), ("zb-2p", WITHIN_FREE)])
-def test_pinned_to_a_plan_it_is_at_most_and_close_to_its_replay(tmp_path, sched, within):
-    """llama-tiny (batch 16, 8 microbatches) on 4 meshes of 2 H100: with the partition and the
+@pytest.mark.parametrize("m", [8, 4 * KEEP])
+def test_pinned_to_a_plan_it_is_at_most_and_close_to_its_replay(tmp_path, sched, within, m):
+    """llama-tiny (2 samples per microbatch, 8 microbatches, and 32: only the first and last KEEP
+    kept as variables) on 4 meshes of 2 H100: with the partition and the
     layout pinned to a plan's (each rank's one option, memory caps at its blocks), the graph's
     least step is at most the plan's exact replay and within 3% of it for a fixed order (what it
     leaves out: the layers outside the blocks' dispatch detail and FSDP's exposed gathers); the
     adaptive ZB-1p/2p, bounded over every order their memory allows, less closely."""
-    w = workload("llama-tiny", 16)
+    w = workload("llama-tiny", 2 * m)
     cluster = _cluster(tmp_path, [("h100", "h100-sxm", 4, 2)])
     shape = next(s for s in group_shapes(cluster.groups["h100"], 8) if s.num_meshes == 4)
     lc = carve(cluster, (shape,))
     meshes = tuple(lc.meshes)
-    m, p = 8, len(meshes)
+    p = len(meshes)
     opts = api.PlanOptions(schedules=(sched,), microbatches=(m,), fixed_order=True)
     cand = api.make_candidate(w, lc, meshes, sched, m, opts)
     v = cand.virtual_stages
@@ -75,4 +88,5 @@ def test_pinned_to_a_plan_it_is_at_most_and_close_to_its_replay(tmp_path, sched,
     got = order_bound(sched, [[o] for o in picks], [[n * v] for n in blocks], m, cand.num_blocks, v,
                       0 if cand.v_shape else p - 1, hop, straggler_shares([lc.meshes[x] for x in meshes]),
                       False, infl)      # the pinned plan does not merge its last F and B
+    within = within if m <= 2 * KEEP else min(within, WITHIN_TRUNCATED)
     assert within * replay <= got <= replay * (1 + 1e-9)
