@@ -310,11 +310,14 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
                     nodes: dict[str, int] | None = None,
                     progress: Callable[[int, int, float | None], None] | None = None,
                     target_gap: float = TARGET_GAP, budget: Budget | None = None,
-                    incumbent: tuple[Plan, Prediction] | None = None) -> PipelineResult:
+                    incumbent: tuple[Plan, Prediction] | None = None,
+                    graph_bounds: bool = True) -> PipelineResult:
     """The best plan of one pipeline over node ``groups`` (in order) for workload ``w``.
 
     Branch and bound: candidates come off a heap by bound (the practitioner's shapes first); a
-    candidate's cheap bound is replaced by its full one before it is searched; the search stops
+    candidate's cheap bound is replaced by its full one, then (training, ``graph_bounds``) each
+    schedule's by its dependence graph's (:meth:`_Enumeration.refine_orders`), before it is
+    searched; the search stops
     when the least bound left is no better than the best plan (every candidate left is pruned),
     or at ``deadline``/``stop``. The result's bound is the least of the best plan's step and every
     unsearched candidate's bound.
@@ -327,6 +330,8 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         incumbent: a plan of the same pipeline that fits memory, and its prediction (e.g. the
             practitioners' grid's best, :mod:`planner.grid`): the search starts from it, prunes
             every candidate whose bound cannot beat it, and returns it when nothing beats it.
+        graph_bounds: refine the bounds by the schedules' dependence graphs (a linear program per
+            candidate and schedule, charged to ``budget``).
 
     Raises:
         PlannerError: a group name the cluster lacks.
@@ -369,7 +374,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             if cand.bound_s < math.inf:
                 heapq.heappush(heap, (unhanded, cand.bound_s, i, 1, cand))
             continue
-        if full == 1 and w.training:
+        if full == 1 and w.training and graph_bounds:
             # the schedules' own dependence graphs, for those that can still win
             cand = e.refine_orders(cand, best[0] if best is not None else math.inf, budget)
             if cand.bound_s < math.inf:
