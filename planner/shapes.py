@@ -254,9 +254,11 @@ class _Enumeration:
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
 
     def refine_orders(self, c: ShapeCandidate, best: float, budget: Budget) -> ShapeCandidate:
-        """``c`` with each fixed-order schedule's bound raised to its dependence graph's
+        """``c`` with each schedule's bound raised to its dependence graph's
         (:func:`planner.dag_bound.order_bound`), for the schedules whose bound is below ``best``
-        (the others cannot win either way); charged to ``budget`` per fragment."""
+        (the others cannot win either way) and whose program costs at most
+        :data:`GRAPH_SHARE` of the work left (a small budget goes to searching instead); charged to
+        ``budget`` per fragment."""
         w = self.w
         lc, meshes = self.lc[c.shapes]
         specs = [lc.meshes[x] for x in meshes]
@@ -266,7 +268,9 @@ class _Enumeration:
         for sched, sbound in c.schedule_bounds:
             sk = kind(sched)
             v = sk.stages_per_rank(self.opts.virtual_stages)
-            if sbound < best and p > 1 and kept_fragments(p, v, m) <= MAX_FRAGMENTS:
+            cost = COSTS["fragment"] * 8 * kept_fragments(p, v, m)
+            if (sbound < best and p > 1 and kept_fragments(p, v, m) <= MAX_FRAGMENTS
+                    and cost <= GRAPH_SHARE * budget.left()):
                 key = ("order", c.shapes, m, sched)
                 if key not in self.memo:
                     work = [self.cache.get(x, samples, _kinds(sched, True), _split(sched),
@@ -289,12 +293,15 @@ class _Enumeration:
                                                  0 if sk.v_shaped else p - 1, hop,
                                                  straggler_shares(specs),
                                                  sched in api.MERGEABLE and w.training, infl)
-                    budget.charge(COSTS["fragment"] * 8 * kept_fragments(p, v, m))
+                    budget.charge(cost)
                 sbound = max(sbound, self.memo[key])
             named.append((sched, sbound))
         named.sort(key=lambda x: x[1])
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
 
+
+GRAPH_SHARE = 0.05
+"""Most of a search's work left that one dependence-graph bound may cost (nominal seconds)."""
 
 SYNC_EXPOSED = tuple(n for n, k in KINDS.items() if k.sync_exposed)
 """Schedules whose ranks hold one stage each and end on their last microbatch's backward (B):
