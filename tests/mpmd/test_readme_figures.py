@@ -40,10 +40,10 @@ def readme_paragraph(start: str) -> str:
     return README[i:README.index("\n\n", i)].replace("\n", " ")
 
 
-H100_128 = readme_paragraph("Measured 2026-11-26 on this project's 2-core machine, idle")
+H100_128 = readme_paragraph("Measured 2026-11-27 on this project's 2-core machine, idle")
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-27), it planned 4")
 FIXTURES = readme_paragraph("Published layouts as fixtures:")
-PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-26), the first uses both kinds")
+PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-27), the first uses both kinds")
 MOE = readme_paragraph("On this project's 2-core machine (2026-11-27), DeepSeek-V3")
 
 
@@ -70,7 +70,7 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-27), DeepSeek-
      {"step (s)": "replays at {} s in the same"}),
     (PEER, {"plan": "mpmd plan --schedule 1f1b"}, {"step (s)": "between the kinds at {} s"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes", "what": "plan, --time-limit 30"},
-     {"step (s)": "some stages, ZB-H2) at {} s per step"}),
+     {"step (s)": "each stage, ZB-H2) at {} s per step"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes", "what": "plan, --time-limit 120"},
      {"step (s)": "at {} s per step", "MFU": "({} MFU", "tokens/s/GPU": "{} tokens/s per GPU"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes",
