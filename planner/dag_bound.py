@@ -62,7 +62,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
                 microbatches: int, num_blocks: int, virtual_stages: int,
                 post_rank: int, hop: Callable[[int, int], float] | None = None,
                 straggler: Sequence[float] = (), mergeable: bool = False,
-                inflight: Sequence[int] = (), nodes: int = 0) -> float:
+                inflight: Sequence[int] = ()) -> float:
     """The least step of the candidate's dependence graph (see the module docstring), seconds;
     0.0 when it does not apply (more than :data:`MAX_FRAGMENTS` kept fragments, an option without
     its forward time, an adaptive schedule without ``inflight``) or the solver fails.
@@ -232,54 +232,18 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
                     for o in opts)
         add([(col[r][k], v * (m * o.block_s + o.tail_marginal_s)) for k, o in enumerate(opts)]
             + wait(r) + [(tau, -1.0)], -least)
-    hi = []
+    a_ub = coo_matrix((vals, (rows, cols)), shape=(row, nvar)).tocsr()
+    a_eq = coo_matrix(([float(v)] * nx, ([0] * nx, list(range(nx)))), shape=(1, nvar)).tocsr()
+    cost = np.zeros(nvar)
+    cost[tau] = 1.0
+    bounds = []
     for r, opts in enumerate(work):
         for k in range(len(opts)):
             c = caps[r][k]
-            hi.append(min(float(c), float(L)) // v if math.isfinite(c) else L // v)
-    if nodes > 0:
-        # one option per rank (z[r, o] binary, x[r, o] <= cap z[r, o]) and whole blocks per chunk
-        for r, opts in enumerate(work):
-            for k in range(len(opts)):
-                rows.extend((row, row))
-                cols.extend((col[r][k], nvar + col[r][k]))
-                vals.extend((1.0, -float(hi[col[r][k]])))
-                rhs.append(0.0)
-                row += 1
-        total = nvar + nx
-    else:
-        total = nvar
-    a_ub = coo_matrix((vals, (rows, cols)), shape=(row, total)).tocsr()
-    eq_rows, eq_cols, eq_vals = [0] * nx, list(range(nx)), [float(v)] * nx
-    eq_rhs = [float(L)]
-    if nodes > 0:
-        for r, opts in enumerate(work):
-            eq_rows += [r + 1] * len(opts)
-            eq_cols += [nvar + k for k in col[r]]
-            eq_vals += [1.0] * len(opts)
-            eq_rhs.append(1.0)
-    a_eq = coo_matrix((eq_vals, (eq_rows, eq_cols)), shape=(len(eq_rhs), total)).tocsr()
-    cost = np.zeros(total)
-    cost[tau] = 1.0
-    lo = np.zeros(total)
-    up = np.full(total, np.inf)
-    up[:nx] = hi
-    if nodes > 0:
-        up[nvar:] = 1.0
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    integrality = np.zeros(total)
-    if nodes > 0:
-        integrality[:nx] = 1
-        integrality[nvar:] = 1
-    got = milp(cost, constraints=[LinearConstraint(a_ub, -np.inf, np.array(rhs)),
-                                  LinearConstraint(a_eq, np.array(eq_rhs), np.array(eq_rhs))],
-               bounds=Bounds(lo, up), integrality=integrality,
-               options={"node_limit": nodes} if nodes > 0 else {})
-    if nodes > 0:
-        best = getattr(got, "mip_dual_bound", None)
-        if best is None or not math.isfinite(best):
-            return 0.0
-        return max(0.0, float(best) * (1 - 1e-6))
+            bounds.append((0.0, min(float(c), float(L)) / v if math.isfinite(c) else L / v))
+    bounds += [(0.0, None)] * (len(frags) + 1)
+    got = linprog(cost, A_ub=a_ub, b_ub=np.array(rhs), A_eq=a_eq, b_eq=np.array([float(L)]),
+                  bounds=bounds, method="highs")
     if got.status != 0:
         return 0.0
     return max(0.0, float(got.fun) * (1 - 1e-6))

@@ -258,9 +258,7 @@ class _Enumeration:
         (:func:`planner.dag_bound.order_bound`), for the schedules whose bound is below ``best``
         (the others cannot win either way) and whose program costs at most
         :data:`GRAPH_SHARE` of the work left (a small budget goes to searching instead); charged to
-        ``budget`` per fragment. Where that linear bound is still below ``best``, the integer
-        program (one layout and whole blocks per rank: ``order_bound(..., nodes=1)``) within
-        :data:`MILP_MAX_FRAGMENTS` and :data:`MILP_SHARE`."""
+        ``budget`` per fragment."""
         w = self.w
         lc, meshes = self.lc[c.shapes]
         specs = [lc.meshes[x] for x in meshes]
@@ -291,17 +289,11 @@ class _Enumeration:
                             link = lc.link_between(meshes[a], meshes[b]).link
                             hops[(a, b)] = cm.transfer_time(act, link)
                         return hops[(a, b)]
-                    args = (sched, work, caps, m, self.nb, v, 0 if sk.v_shaped else p - 1, hop,
-                            straggler_shares(specs), sched in api.MERGEABLE and w.training, infl)
-                    self.memo[key] = order_bound(*args)
+                    self.memo[key] = order_bound(sched, work, caps, m, self.nb, v,
+                                                 0 if sk.v_shaped else p - 1, hop,
+                                                 straggler_shares(specs),
+                                                 sched in api.MERGEABLE and w.training, infl)
                     budget.charge(cost)
-                    # still below the best plan: the same graph with one layout and whole blocks
-                    # per rank (a mixed-integer program, its root node's dual bound)
-                    whole = COSTS["milp_fragment"] * kept_fragments(p, v, m)
-                    if (self.memo[key] < best and kept_fragments(p, v, m) <= MILP_MAX_FRAGMENTS
-                            and whole <= MILP_SHARE * budget.left()):
-                        self.memo[key] = max(self.memo[key], order_bound(*args, nodes=1))
-                        budget.charge(whole)
                 sbound = max(sbound, self.memo[key])
             named.append((sched, sbound))
         named.sort(key=lambda x: x[1])
@@ -310,12 +302,6 @@ class _Enumeration:
 
 GRAPH_SHARE = 0.05
 """Most of a search's work left that one dependence-graph bound may cost (nominal seconds)."""
-MILP_SHARE = 0.25
-"""Most of a search's work left that one integer dependence-graph bound may cost: it is tried only
-on a candidate whose linear bound is still below the best plan, which is what holds the proven
-gap open."""
-MILP_MAX_FRAGMENTS = 1600
-"""Largest graph (kept fragments) solved as a mixed-integer program (about 5 s at this size)."""
 
 SYNC_EXPOSED = tuple(n for n, k in KINDS.items() if k.sync_exposed)
 """Schedules whose ranks hold one stage each and end on their last microbatch's backward (B):
