@@ -79,9 +79,9 @@ def rank_order_counts(schedule: str, ranks: int, microbatches: int) -> tuple[tup
     order (:func:`simulator.schedules.generate`, which every plan with that schedule replays):
     (forwards after the rank's first B, weight gradients W before its last B). None for the
     adaptive schedules (their order depends on the fragment times), those with several stages
-    per rank, and orders over :data:`ORDER_MAX_FRAGMENTS` (1F1B's and GPipe's are closed forms). :func:`planner.bounds.line_fill_level` uses them: every F after the first
-    B runs after the pipeline's fill reaches the rank, and every W before the last B delays
-    it."""
+    per rank, and orders over :data:`ORDER_MAX_FRAGMENTS` (1F1B's and GPipe's are closed forms).
+    :func:`planner.bounds.line_fill_level` uses them: every F after the first B runs after the
+    pipeline's fill reaches the rank, and every W before the last B delays it."""
     k = kind(schedule)
     if k.adaptive or k.stages_per_rank(2) != 1:
         return None

@@ -195,15 +195,37 @@ class _Enumeration:
                                                  hand=all(s in hand for s in shapes)))
         self.memo: dict = {}
 
-    def comm(self, shapes: tuple[GroupShape, ...], samples: float) -> tuple[float, ...]:
-        """Per boundary of the pipeline: the forward's activation plus the backward's gradient
-        transfer of one microbatch, seconds (what :func:`planner.api.make_candidate` charges)."""
+    def transfer(self, shapes: tuple[GroupShape, ...], samples: float, a: int, b: int) -> float:
+        """Seconds one microbatch's boundary activation (or its gradient) takes from pipeline
+        rank ``a`` to rank ``b`` of ``shapes`` (what :func:`planner.api.make_candidate` charges)."""
         lc, meshes = self.lc[shapes]
         pre = api._split_layers(self.w)[0]
         act = self.w.layer(pre).activation_bytes_per_sample * samples
+        return cm.transfer_time(act, lc.link_between(meshes[a], meshes[b]).link)
+
+    def comm(self, shapes: tuple[GroupShape, ...], samples: float) -> tuple[float, ...]:
+        """Per boundary of the pipeline: the forward's activation plus the backward's gradient
+        transfer of one microbatch, seconds (what :func:`planner.api.make_candidate` charges)."""
         mult = 2 if self.w.training else 1
-        return tuple(mult * cm.transfer_time(act, lc.link_between(a, b).link)
-                     for a, b in zip(meshes, meshes[1:]))
+        return tuple(mult * self.transfer(shapes, samples, r, r + 1)
+                     for r in range(len(self.lc[shapes][1]) - 1))
+
+    def _schedule_inputs(self, c: ShapeCandidate, sched: str):
+        """Per rank of ``c`` under ``sched``: its layout options (all fragment kinds), the
+        stages per rank ``v``, the in-flight counts, and the first/last stage's residual
+        instances (an interleaved schedule's end stages are one chunk of several, which the
+        CP-SAT model over-counts: left out, a bound)."""
+        w = self.w
+        lc, meshes = self.lc[c.shapes]
+        m, p = c.microbatches, len(meshes)
+        sk = kind(sched)
+        work = [self.cache.get(lc.meshes[x], w.global_batch / m, _kinds(sched, w.training),
+                               _split(sched), sk.hides_alltoall) for x in meshes]
+        v = sk.stages_per_rank(self.opts.virtual_stages)
+        infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
+        interleaved = v > 1 and not sk.v_shaped
+        ends = (0, 0) if interleaved or not w.training else inflight_end_counts(sched, p, m, v)
+        return work, v, infl, ends
 
     def refine(self, c: ShapeCandidate) -> ShapeCandidate:
         """``c`` with its full bound: per allowed schedule, :func:`candidate_bound`; the candidate's
@@ -222,24 +244,15 @@ class _Enumeration:
                 continue        # one stage: every schedule runs F, B per microbatch; 1F1B holds least
             if kind(sched).adaptive and p * m > ADAPTIVE_MAX_FRAGMENTS:
                 continue
-            kinds = _kinds(sched, w.training)
-            hidden = kind(sched).hides_alltoall
-            work = [self.cache.get(x, samples, kinds, _split(sched), hidden) for x in specs]
+            sk = kind(sched)
+            work, v, infl, ends = self._schedule_inputs(c, sched)
             if any(not o for o in work):
                 continue
-            crit = ([self.cache.get(x, samples, ("F", "B"), True, hidden) for x in specs]
+            crit = ([self.cache.get(x, samples, ("F", "B"), True, sk.hides_alltoall) for x in specs]
                     if _split(sched) and w.training else work)
-            sk = kind(sched)
-            v = sk.stages_per_rank(opts.virtual_stages)
-            infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
             chain = chain_share(sched, opts.virtual_stages)
             post_rank = 0 if sk.v_shaped else p - 1
             comm = self.comm(c.shapes, samples)
-            # the first/last stage's residual instances (an interleaved schedule's end stages are
-            # one chunk of several, which the CP-SAT model over-counts: left out, a bound)
-            interleaved = v > 1 and not sk.v_shaped
-            ends = ((0, 0) if interleaved or not w.training
-                    else inflight_end_counts(sched, p, m, v))
             orders = rank_order_counts(sched, p, m) if w.training and p > 1 else None
             key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank,
                    ends, slow, sched in SYNC_EXPOSED, orders)
@@ -264,6 +277,12 @@ class _Enumeration:
         specs = [lc.meshes[x] for x in meshes]
         m, p = c.microbatches, len(meshes)
         samples = w.global_batch / m
+        hops: dict[tuple[int, int], float] = {}
+
+        def hop(a: int, b: int) -> float:
+            if (a, b) not in hops:
+                hops[(a, b)] = self.transfer(c.shapes, samples, a, b)
+            return hops[(a, b)]
         named = []
         for sched, sbound in c.schedule_bounds:
             sk = kind(sched)
@@ -273,22 +292,10 @@ class _Enumeration:
                     and cost <= GRAPH_SHARE * budget.left()):
                 key = ("order", c.shapes, m, sched)
                 if key not in self.memo:
-                    work = [self.cache.get(x, samples, _kinds(sched, True), _split(sched),
-                                           sk.hides_alltoall) for x in specs]
-                    infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
-                    interleaved = v > 1 and not sk.v_shaped
-                    ends = (0, 0) if interleaved else inflight_end_counts(sched, p, m, v)
+                    work, _, infl, ends = self._schedule_inputs(c, sched)
                     ranks = _ranks(work, infl, v, m, post_rank=0 if sk.v_shaped else p - 1,
                                    ends=ends)
                     caps = [[x[2] for x in rank[2]] for rank in ranks]
-                    act = w.layer(api._split_layers(w)[0]).activation_bytes_per_sample * samples
-                    hops: dict[tuple[int, int], float] = {}
-
-                    def hop(a: int, b: int) -> float:
-                        if (a, b) not in hops:
-                            link = lc.link_between(meshes[a], meshes[b]).link
-                            hops[(a, b)] = cm.transfer_time(act, link)
-                        return hops[(a, b)]
                     self.memo[key] = order_bound(sched, work, caps, m, self.nb, v,
                                                  0 if sk.v_shaped else p - 1, hop,
                                                  straggler_shares(specs),
