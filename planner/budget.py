@@ -51,7 +51,11 @@ after the level-by-level collectives and overlap terms made each replay dearer; 
 fragment of an automatic ZB-1p/2p schedule built, on top of that (its local search: 8e-5 s,
 was 5e-5), per fragment simulated (meshes sharing a host are timed by the simulator;
 estimate), per rank and schedule of a bound refined (1.2e-4 s, re-measured 2026-11-25 on mixed512 after
-the bounds gained per-option fixed costs and the sync constraint: 87,233 units in 10.9 s; was 6e-5), per candidate enumerated
+the bounds gained per-option fixed costs and the sync constraint: 87,233 units in 10.9 s; was 6e-5;
+2026-11-27: since the fill levels and in-order counts a least-squares fit of 914 refinements'
+CPU time on mixed512's pipelines gives 1.6e-4 s per rank and schedule plus 1.25e-3 s per
+schedule, 2.25x this charge: not yet adopted, as the budgets of every recorded search would
+shrink with it), per candidate enumerated
 (7e-4 to 9e-4 s), per layout choice of a mesh costed for the first time (``planner.options``:
 1.6e-4 s, measured 2026-11-25 on the README's mixed512 case, 26,572 choices in 4.2 s). Re-measure with the process CPU time of ``planner.candidate._evaluate`` and
 ``solve_outcome`` over a few searches whenever the cost model changes: a budget that
@@ -67,3 +71,9 @@ def _work(plan: Plan) -> float:
     """Nominal seconds of building and replaying ``plan`` (see :data:`COSTS`)."""
     per = COSTS["fragment"] + (COSTS["adaptive"] if plan.schedule.name in ADAPTIVE_SCHEDULES else 0.0)
     return per * _fragments(plan)
+
+
+def refine_cost(ranks: int, schedules: int) -> float:
+    """Nominal seconds of one candidate's full bound over ``schedules`` schedules of a pipeline of
+    ``ranks`` ranks (see :data:`COSTS`)."""
+    return COSTS["bound"] * ranks * max(1, schedules)

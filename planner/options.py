@@ -192,8 +192,19 @@ def _undominated(opts: list[MeshOption]) -> tuple[MeshOption, ...]:
 _OPTIONS_LOCK = threading.Lock()
 _OPTIONS_CACHE: dict = {}
 """``_mesh_options`` results of the latest workload: ``{"w": workload, "entries": {key: [(the
-mesh's fields but its name, options), ...]}}``; the workload is held (compared by identity), so
-another workload cannot take its place unnoticed."""
+mesh's fields but its name, options), ...]}}``; the workload is held (its layers and costs
+compared by identity, :func:`_same_program`), so another model cannot take its place
+unnoticed."""
+
+
+def _same_program(a: Workload | None, b: Workload) -> bool:
+    """Whether workloads ``a`` and ``b`` have the same layers, costs and step kind: a mesh's
+    options depend on the samples per microbatch, never on the global batch, so the batch shares
+    of one model (``dataclasses.replace(w, global_batch=...)`` keeps the layers and costs
+    objects) share them. Compared by identity, so another model cannot take their place."""
+    return a is b or (a is not None and a.costs is b.costs and a.layers is b.layers
+                      and a.seq_len == b.seq_len and a.training == b.training
+                      and a.dtype_bytes == b.dtype_bytes)
 
 
 def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
@@ -207,7 +218,7 @@ def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tup
     spec = tuple(getattr(mesh, f.name) for f in fields(mesh) if f.name != "name")
     key = (samples, kinds, split, headroom, max_tensor, fsdp, hidden)
     with _OPTIONS_LOCK:
-        if _OPTIONS_CACHE.get("w") is not w:
+        if not _same_program(_OPTIONS_CACHE.get("w"), w):
             _OPTIONS_CACHE.clear()
             _OPTIONS_CACHE.update(w=w, entries={})
         bucket = _OPTIONS_CACHE["entries"].setdefault(key, [])
@@ -216,6 +227,6 @@ def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tup
                 return opts
     opts = _mesh_options(w, mesh, samples, kinds, split, headroom, max_tensor, fsdp, hidden)
     with _OPTIONS_LOCK:
-        if _OPTIONS_CACHE.get("w") is w:
+        if _same_program(_OPTIONS_CACHE.get("w"), w):
             bucket.append((spec, opts))
     return opts

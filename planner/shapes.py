@@ -29,7 +29,7 @@ from planner import api
 from planner.errors import PlannerError
 from planner.bounds import _ranks, candidate_bound, chain_share, quick_bound, straggler_shares
 from planner.dag_bound import MAX_FRAGMENTS, kept_fragments, order_bound
-from planner.budget import COSTS, Budget
+from planner.budget import COSTS, Budget, refine_cost
 from planner.candidate import solve_schedule
 from planner.predict import Prediction
 from planner.inflight import inflight_count, inflight_end_counts, rank_order_counts
@@ -194,6 +194,21 @@ class _Enumeration:
                 self.items.append(ShapeCandidate(shapes, m, quick_bound(work, m, self.nb),
                                                  hand=all(s in hand for s in shapes)))
         self.memo: dict = {}
+        self.graphed: set[int] = set()
+        """Indices of ``items`` whose schedules' bounds were raised by :meth:`refine_orders`."""
+        self.full: set[int] = set()
+        """Indices of ``items`` whose bound is the full one (:meth:`refine`), kept in ``items``
+        so that a search and a bound (:mod:`planner.split_bound`) share the work."""
+
+    def refine_item(self, i: int, budget: Budget | None) -> ShapeCandidate:
+        """``items[i]`` refined (:meth:`refine`), stored back, and charged to ``budget``."""
+        if i not in self.full:
+            c = self.refine(self.items[i])
+            if budget is not None:
+                budget.charge(refine_cost(len(self.lc[c.shapes][1]), len(c.schedule_bounds)))
+            self.items[i] = c
+            self.full.add(i)
+        return self.items[i]
 
     def transfer(self, shapes: tuple[GroupShape, ...], samples: float, a: int, b: int) -> float:
         """Seconds one microbatch's boundary activation (or its gradient) takes from pipeline
@@ -314,6 +329,11 @@ SYNC_EXPOSED = tuple(n for n, k in KINDS.items() if k.sync_exposed)
 """Schedules whose ranks hold one stage each and end on their last microbatch's backward (B):
 their gradient sync's excess over that B is a bound term (:func:`planner.bounds.candidate_bound`)."""
 
+DIVE_SHARE = 0.3
+"""A search that has no plan when this share of its budget is left searches its best fully
+bounded candidate out of the bound order (:func:`search_pipeline`): a mixed pipeline's cheap
+bounds are far below its full ones, and refining them all could spend the whole budget."""
+
 ADAPTIVE_MAX_FRAGMENTS = 512
 """Largest ranks x microbatches for which the automatic ZB-1p/2p are built (their local search
 replays the schedule many times; above this the fixed ZB-H1/H2/V patterns stand in)."""
@@ -325,7 +345,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
                     progress: Callable[[int, int, float | None], None] | None = None,
                     target_gap: float = TARGET_GAP, budget: Budget | None = None,
                     incumbent: tuple[Plan, Prediction] | None = None,
-                    graph_bounds: bool = True) -> PipelineResult:
+                    graph_bounds: bool = True, enumeration: _Enumeration | None = None) -> PipelineResult:
     """The best plan of one pipeline over node ``groups`` (in order) for workload ``w``.
 
     Branch and bound: candidates come off a heap by bound (the practitioner's shapes first); a
@@ -346,6 +366,8 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             every candidate whose bound cannot beat it, and returns it when nothing beats it.
         graph_bounds: refine the bounds by the schedules' dependence graphs (a linear program per
             candidate and schedule, charged to ``budget``).
+        enumeration: the candidates of the same pipeline and workload, some bounds already
+            refined (:class:`planner.split_bound.PartBound`): used instead of enumerating again.
 
     Raises:
         PlannerError: a group name the cluster lacks.
@@ -355,10 +377,13 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             raise PlannerError(f"cluster {cluster.name!r} has no node group {gname!r}; use one of "
                                f"{sorted(cluster.groups)}")
     budget = budget or Budget(math.inf, deadline)
-    cache = _Options(w, opts, budget)
-    e = _Enumeration(w, cluster, groups, opts, cache, nodes)
-    budget.charge(COSTS["candidate"] * len(e.items))
-    heap = [(not c.hand, c.bound_s, i, 0, c) for i, c in enumerate(e.items)]
+    if enumeration is not None:
+        e = enumeration
+        e.cache.budget = budget
+    else:
+        e = _Enumeration(w, cluster, groups, opts, _Options(w, opts, budget), nodes)
+        budget.charge(COSTS["candidate"] * len(e.items))
+    heap = [(not c.hand, c.bound_s, i, int(i in e.full), c) for i, c in enumerate(e.items)]
     heapq.heapify(heap)
     total = len(heap)
     best: tuple[float, Plan, Prediction] | None = None
@@ -381,10 +406,21 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         if budget.out() or time.monotonic() >= deadline or (stop is not None and stop.is_set()):
             interrupted = True
             break
-        heapq.heappop(heap)
+        top = 2 if w.training and graph_bounds else 1
+        first = None
+        if best is None and budget.left() <= DIVE_SHARE * budget.work_s and any(h[3] >= top for h in heap):
+            # no plan yet and the budget nearly spent: search the best fully bounded candidate
+            # now, out of the bound order (the search then ends with a plan; the proof is unchanged)
+            first = min((k for k, h in enumerate(heap) if h[3] >= top), key=lambda k: heap[k][1])
+        if first is not None:
+            unhanded, bound, i, full, cand = heap[first]
+            heap[first] = heap[-1]
+            heap.pop()
+            heapq.heapify(heap)
+        else:
+            heapq.heappop(heap)
         if not full:
-            cand = e.refine(cand)
-            budget.charge(COSTS["bound"] * len(e.lc[cand.shapes][1]) * max(1, len(cand.schedule_bounds)))
+            cand = e.refine_item(i, budget)
             if cand.bound_s < math.inf:
                 heapq.heappush(heap, (unhanded, cand.bound_s, i, 1, cand))
             continue

@@ -23,11 +23,14 @@ to the mesh-level search (:func:`planner.api.plan_meshes`). Shaping:
    activations in flight).
 
 The fastest wins; the result says which and why. The reported bound is a true lower bound: for one
-group, the search's own (every candidate's bound); for several, the step can be no shorter than
-the time in which the groups' devices, working side by side, could run every layer of every
-sample at the least device-seconds the cost model charges it on their kind
-(:func:`planner.bounds.work_bound`, a linear program; never below the batch's model FLOP over the
-sum of every device's achievable FLOP/s).
+group, the search's own (every candidate's bound); for several, the least over the options the
+search covers (:func:`_space_bound`): each group alone's and the one pipeline's search bound, and
+each data-parallel split's (:mod:`planner.split_bound`: the min-max over batch shares of its
+parts' bounds plus the cross-part all-reduce), refined after the search up to the plan's step on
+:data:`BOUND_SHARE` of ``--time-limit``; never below the time in which the groups' devices,
+working side by side, could run every layer of every sample at the least device-seconds the cost
+model charges it on their kind (:func:`planner.bounds.work_bound`, a linear program) nor the
+batch's model FLOP over the sum of every device's achievable FLOP/s.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from planner.bounds import work_bound
 from planner.budget import Budget
 from planner.grid import GridResult, grid_sweep
 from planner.shapes import PipelineResult, search_pipeline
+from planner.split_bound import PartBound, split_bound
 from simulator import cost_model as cm
 
 
@@ -64,6 +68,19 @@ its deterministic budget before the wall clock would cut it (2026-11-25, README'
 room; 0.5 gave a 1.7x slower plan on this case). The wall clock is a looser cap
 (:data:`WALL_FACTOR`)."""
 
+
+ALONE_SHARE = 0.35
+"""Share of a heterogeneous search's work for the groups alone (their plans give the rates that
+seed the data-parallel shares)."""
+
+SPLITS_SHARE = 0.6
+"""Share of the work left after the groups alone for the data-parallel splits; the one pipeline
+through every group gets the rest."""
+
+BOUND_SHARE = 0.5
+"""Nominal work for a heterogeneous search's bound after its plan is chosen, as a share of
+``--time-limit`` (:func:`_space_bound`: the data-parallel splits' and the one pipeline's bounds
+refined up to the plan's step)."""
 
 WALL_FACTOR = 3.0
 """The wall clock cuts a search at this multiple of ``--time-limit``: the search is governed by its
@@ -205,6 +222,26 @@ class _Search:
         self.grids: dict[tuple[str, int], GridResult] = {}
         self.interrupted = False
         self.done, self.total = 0, 1
+        self.parts: dict[tuple[str, ...], PartBound] = {}
+        self.splits: dict[tuple[tuple[str, ...], ...], float] = {}
+
+    def part(self, groups: tuple[str, ...]) -> PartBound:
+        """The lower bounds of pipeline ``groups`` at every batch share (shared with its searches,
+        charged to the current budget)."""
+        if groups not in self.parts:
+            self.parts[groups] = PartBound(self.w, self.cluster, groups, self.opts, self.budget)
+        self.parts[groups].budget = self.budget
+        return self.parts[groups]
+
+    def split_bound(self, parts: tuple[tuple[str, ...], ...], cap: float, refine: bool = True) -> float:
+        """A lower bound on every plan of the data-parallel split ``parts`` (the search's shares:
+        granules of :func:`_granule`), refined (when ``refine``) until it reaches ``cap`` or the
+        budget is out (:func:`planner.split_bound.split_bound`)."""
+        got = split_bound([self.part(p) for p in parts], self.w.global_batch,
+                          _granule(self.w.global_batch, len(parts)), cross_sync(self.w, self.cluster, parts)[2],
+                          cap, refine)
+        self.splits[parts] = max(self.splits.get(parts, 0.0), got)
+        return self.splits[parts]
 
     def left(self) -> float:
         """Nominal seconds of work left (see :class:`planner.shapes.Budget`)."""
@@ -237,7 +274,8 @@ class _Search:
         # groups the reported bound is the work bound, so their budget goes to searching instead
         r = search_pipeline(w, self.cluster, groups, self.opts, deadline=self.deadline, stop=self.stop,
                             target_gap=target_gap, budget=sub, incumbent=incumbent,
-                            graph_bounds=len(self.cluster.groups) == 1)
+                            graph_bounds=len(self.cluster.groups) == 1,
+                            enumeration=self.part(groups).enumeration(batch))
         self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
         self.cache[key] = r
         self.done += 1
@@ -275,7 +313,7 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
     alone: dict[str, PipelineResult] = {}
     # 1. every group alone, on the whole batch
     for i, g in enumerate(groups):
-        budget = s.left() * (0.35 if k > 1 else 1.0) / (k - i)
+        budget = s.left() * (ALONE_SHARE if k > 1 else 1.0) / (k - i)
         alone[g] = s.pipeline((g,), w.global_batch, budget, 0.01 if k == 1 else 0.03)
         r = alone[g]
         s.tried.append(Option(f"{g} alone", (((g,), w.global_batch),),
@@ -287,7 +325,7 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
     if k > 1:
         # data-parallel splits get 60% of the work left, the one pipeline through every kind the rest
         whole = s.budget
-        s.budget = whole.sub(whole.left() * 0.6)
+        s.budget = whole.sub(whole.left() * SPLITS_SHARE)
         _heterogeneous(s, alone, candidates)
         s.budget = whole
         _mixed(s, groups, candidates)
@@ -298,23 +336,27 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
         raise InfeasibleError(_infeasible(w, cluster))
     candidates.sort(key=lambda c: c[0])
     step, label, chosen = candidates[0]
-    wall = time.monotonic() - s.t0
     others = [f"{lab} {t:.2f} s" for t, lab, _ in candidates[1:4]]
     grid = s.grids.get((label.removesuffix(" alone"), w.global_batch))
     if grid is not None and grid.best is not None and isinstance(chosen, PipelineResult) \
             and chosen.plan is grid.best.plan:
         label += f" (the practitioners' grid's {grid.best.label}: the search found nothing faster)"
     reason = f"{label}: {step:.2f} s per step" + (f" (next: {'; '.join(others)})" if others else "")
+    stopped = _stopped(s)
     if k == 1:
         r: PipelineResult = chosen
         bound = max(r.bound_s, work_bound(w, cluster, groups))
     else:
-        bound = max(flop_bound(w, cluster, groups), work_bound(w, cluster, groups))
+        # the bound's own work, after the search (the plan does not depend on it)
+        s.budget = Budget(opts.time_limit_s * BOUND_SHARE, s.deadline)
+        bound = max(flop_bound(w, cluster, groups), work_bound(w, cluster, groups),
+                    _space_bound(s, alone, step))
     gap = max(0.0, (step - bound) / step)
+    wall = time.monotonic() - s.t0
     solver_extra = {"search_wall_s": wall, "search_bound": bound, "search_gap": gap,
                     "interrupted": s.interrupted, "reason": reason,
                     "budget_spent": s.budget.out() and not s.interrupted,
-                    "stopped": _stopped(s),
+                    "stopped": stopped,
                     "options": [{"label": o.label, "parts": [{"groups": list(g), "batch": b} for g, b in o.parts],
                                  "step_time_s": o.step_time_s} for o in s.tried]}
     if isinstance(chosen, PipelineResult):
@@ -328,6 +370,22 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
     cands = tuple((o.label, 0, o.step_time_s) for o in s.tried)
     return api.PlanResult(p, pred, cands, interrupted=s.interrupted, candidates_total=len(cands),
                           search_bound_s=bound, search_gap=gap)
+
+
+def _space_bound(s: _Search, alone: dict[str, PipelineResult], best: float) -> float:
+    """A lower bound on every plan of a heterogeneous search's space, seconds: the least of each
+    group alone's search bound, the one pipeline through every group's, and every data-parallel
+    split's (:meth:`_Search.split_bound`, refined to ``best`` while the budget lasts), and
+    ``best`` itself."""
+    got = [best] + [r.bound_s for r in alone.values()]
+    order = _by_memory(s, tuple(s.cluster.groups))
+    for part in s.parts.values():
+        part.graph = True                # the dependence graphs' bounds too, now that time allows
+    mixed = s.cache.get((order, s.w.global_batch))
+    whole = s.part(order).at_least(s.w.global_batch, best)
+    got.append(max(mixed.bound_s, whole) if mixed is not None else whole)
+    got += [s.split_bound(parts, best) for parts in list(s.splits)]
+    return min(got)
 
 
 def _stopped(s: _Search) -> str:
@@ -383,6 +441,8 @@ def _heterogeneous(s: _Search, alone: dict[str, PipelineResult], candidates: lis
     # fewer mixed parts first among equals: one kind per part is the cheaper search
     configs.sort(key=lambda parts: (ideal(parts), sum(len(x) > 1 for x in parts)))
     best_alone = min((r.prediction.step_time_s for r in alone.values() if r.prediction), default=math.inf)
+    for parts in configs:
+        s.splits.setdefault(parts, 0.0)  # bounded after the search (:func:`_space_bound`)
     for parts in configs:
         if s.out():
             break

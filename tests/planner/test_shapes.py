@@ -177,22 +177,29 @@ def _jittered(tmp_path: Path, jitter: float) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("jitter,schedules", [(0.0, SCHEDULES), (0.08, SCHEDULES),
-                                               (0.0, ("zb-1p", "zb-2p"))])
-def test_bound_holds_for_random_plans(tmp_path, jitter, schedules):
+@pytest.mark.parametrize("jitter,schedules,mixed", [(0.0, SCHEDULES, False), (0.08, SCHEDULES, False),
+                                                     (0.0, ("zb-1p", "zb-2p"), False),
+                                                     (0.0, SCHEDULES, True)])
+def test_bound_holds_for_random_plans(tmp_path, jitter, schedules, mixed):
     """Every schedule's bound of a candidate (the closed-form terms and its dependence graph's,
     ``planner.dag_bound``) is at most the exact step of any plan of that candidate that fits
     memory: 4 nodes of 2 devices, every shape, random partitions and layouts, with and without a
-    straggler wait at the gradient sync (``sync_jitter``), and the adaptive ZB-1p/2p (whose
-    graph bound has no fixed order)."""
+    straggler wait at the gradient sync (``sync_jitter``), the adaptive ZB-1p/2p (whose
+    graph bound has no fixed order), and a mixed pipeline (2 H100 nodes then 2 A100 nodes, the
+    kinds joined by a slower link: what a heterogeneous search's bound refines)."""
     import random
 
     rng = random.Random(0)
     w = workload("llama-tiny", 16)
-    cluster = _cluster(tmp_path, [("h100", _jittered(tmp_path, jitter), 4, 2)])
-    assert cluster.groups["h100"].device.sync_jitter == jitter
+    if mixed:
+        cluster = _cluster(tmp_path, [("h100", "h100-sxm", 2, 2), ("a100", "a100-80gb-sxm", 2, 2)])
+        groups = ("h100", "a100")
+    else:
+        cluster = _cluster(tmp_path, [("h100", _jittered(tmp_path, jitter), 4, 2)])
+        assert cluster.groups["h100"].device.sync_jitter == jitter
+        groups = ("h100",)
     opts = api.PlanOptions(schedules=schedules)
-    e = _Enumeration(w, cluster, ("h100",), opts, _Options(w, opts), None)
+    e = _Enumeration(w, cluster, groups, opts, _Options(w, opts), None)
     pre, nb, post = api._split_layers(w)
     checked = 0
     for c in e.items:
