@@ -186,7 +186,8 @@ def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(
         whole is None when Ctrl-C ended the search."""
         nodes = {g.name: g.nodes for g in sub.groups.values()}
         try:
-            r = shape_and_plan(w, sub, replace(opts, time_limit_s=max(0.5, share)), None, stop=stop)
+            r = shape_and_plan(w, sub, replace(opts, time_limit_s=max(0.5, share)), None, stop=stop,
+                               prove=False)
         except InfeasibleError:
             tried.append({"nodes": nodes, "step_time_s": None, "usd_per_step": None, "why": "does not fit"})
             return None, None

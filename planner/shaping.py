@@ -272,10 +272,12 @@ class _Search:
                 incumbent = (gp, grid.best.prediction)
         # the dependence-graph bounds tighten a one-group search's proven gap; with several
         # groups the reported bound is the work bound, so their budget goes to searching instead
+        part = self.part(groups)
+        part.budget = sub                   # the search's own enumeration, charged to it
         r = search_pipeline(w, self.cluster, groups, self.opts, deadline=self.deadline, stop=self.stop,
                             target_gap=target_gap, budget=sub, incumbent=incumbent,
                             graph_bounds=len(self.cluster.groups) == 1,
-                            enumeration=self.part(groups).enumeration(batch))
+                            enumeration=part.enumeration(batch))
         self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
         self.cache[key] = r
         self.done += 1
@@ -287,7 +289,7 @@ class _Search:
 
 def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(),
                    progress: Callable[[int, int, float | None], None] | None = None, *,
-                   stop: threading.Event | None = None) -> api.PlanResult:
+                   stop: threading.Event | None = None, prove: bool = True) -> api.PlanResult:
     """The fastest plan on the whole cluster (:func:`planner.plan`'s default goal): shape a node-group cluster (see the module docstring), or search
     a mesh-listing cluster's meshes (:func:`planner.api.plan_meshes`).
 
@@ -296,6 +298,10 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
     carved meshes (``{group}.{j}``) and records its carving, which every consumer re-applies to the
     same file (:func:`simulator.plan_sim.plan_cluster`). ``opts.meshes`` (the user naming meshes)
     or ``carve: fixed`` in the cluster file keeps the listing as written.
+
+    ``prove``: on a heterogeneous cluster, spend :data:`BOUND_SHARE` of ``--time-limit`` after
+    the search on its bound (:func:`_space_bound`); without it the bound uses what the search
+    refined (a cost objective's many sub-cluster searches, which compare costs, not gaps).
 
     Raises:
         InfeasibleError: no configuration fits memory.
@@ -348,7 +354,7 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
         bound = max(r.bound_s, work_bound(w, cluster, groups))
     else:
         # the bound's own work, after the search (the plan does not depend on it)
-        s.budget = Budget(opts.time_limit_s * BOUND_SHARE, s.deadline)
+        s.budget = Budget(opts.time_limit_s * BOUND_SHARE if prove else 0.0, s.deadline)
         bound = max(flop_bound(w, cluster, groups), work_bound(w, cluster, groups),
                     _space_bound(s, alone, step))
     gap = max(0.0, (step - bound) / step)
