@@ -62,10 +62,15 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
                 microbatches: int, num_blocks: int, virtual_stages: int,
                 post_rank: int, hop: Callable[[int, int], float] | None = None,
                 straggler: Sequence[float] = (), mergeable: bool = False,
-                inflight: Sequence[int] = ()) -> float:
+                inflight: Sequence[int] = (), nodes: int = 0) -> float:
     """The least step of the candidate's dependence graph (see the module docstring), seconds;
     0.0 when it does not apply (more than :data:`MAX_FRAGMENTS` kept fragments, an option without
     its forward time, an adaptive schedule without ``inflight``) or the solver fails.
+
+    With ``nodes`` > 0 the graph is a mixed-integer program instead (each rank one layout option,
+    ``z[r, o]`` binary with ``x[r, o] <= cap z[r, o]``, and whole blocks per stage) and the bound
+    is the dual bound HiGHS proves within that many branch-and-bound nodes (1: its root node, cuts
+    included), never below the linear program's.
 
     Args:
         schedule: a schedule name.
@@ -246,7 +251,43 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
                   bounds=bounds, method="highs")
     if got.status != 0:
         return 0.0
-    return max(0.0, float(got.fun) * (1 - 1e-6))
+    lp = max(0.0, float(got.fun) * (1 - 1e-6))
+    if nodes <= 0:
+        return lp
+    return max(lp, _integer_bound(a_ub, rhs, a_eq, L, bounds, cost, work, col, nx, nodes))
+
+
+def _integer_bound(a_ub, rhs, a_eq, num_blocks, bounds, cost, work, col, nx, nodes) -> float:
+    """The dual bound of the graph as a mixed-integer program (see :func:`order_bound`): whole
+    blocks per stage, and one option per rank (binaries ``z``, ``x[r, o] <= cap_o z[r, o]``,
+    ``sum_o z[r, o] = 1``); 0.0 when HiGHS proves none."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix, hstack, vstack
+
+    nvar = a_ub.shape[1]
+    hi = [math.floor(b[1] + 1e-9) for b in bounds[:nx]]
+    link = coo_matrix(([1.0] * nx + [-float(h) for h in hi],
+                       (list(range(nx)) * 2, list(range(nx)) + [nvar + i for i in range(nx)])),
+                      shape=(nx, nvar + nx))
+    one = coo_matrix(([1.0] * nx, ([r for r, opts in enumerate(work) for _ in opts],
+                                   [nvar + k for ks in col for k in ks])), shape=(len(work), nvar + nx))
+    ub = vstack([hstack([a_ub, coo_matrix((a_ub.shape[0], nx))]), link]).tocsr()
+    eq = vstack([hstack([a_eq, coo_matrix((1, nx))]), one]).tocsr()
+    lo = np.zeros(nvar + nx)
+    up = np.array([float(h) for h in hi] + [np.inf] * (nvar - nx) + [1.0] * nx)
+    integrality = np.zeros(nvar + nx)
+    integrality[:nx] = 1
+    integrality[nvar:] = 1
+    got = milp(np.concatenate([cost, np.zeros(nx)]),
+               constraints=[LinearConstraint(ub, -np.inf, np.concatenate([np.array(rhs), np.zeros(nx)])),
+                            LinearConstraint(eq, np.array([float(num_blocks)] + [1.0] * len(work)),
+                                             np.array([float(num_blocks)] + [1.0] * len(work)))],
+               bounds=Bounds(lo, up), integrality=integrality, options={"node_limit": nodes})
+    best = getattr(got, "mip_dual_bound", None)
+    if best is None or not math.isfinite(best):
+        return 0.0
+    return max(0.0, float(best) * (1 - 1e-6))
 
 
 def _free_order(r, order, keep, add, t, cols, opts, m, held, tau, tail, wait, fixed) -> None:

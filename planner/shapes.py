@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from hardware_profiles.carve import GroupShape, carve
@@ -112,6 +112,12 @@ class PipelineResult:
     total: int
     solves: int
     interrupted: bool
+    open: tuple[tuple[float, int, str | None, bool], ...] = ()
+    """What holds the bound below the plan: (bound, candidate index, schedule, exact) for every
+    searched candidate's schedule (``exact``: its optimum, which no bound can raise) and (bound,
+    index, None, False) for every candidate left unsearched, all below the plan's step."""
+    enumeration: object = field(default=None, compare=False, repr=False)
+    """The search's :class:`_Enumeration` (for :func:`prove`)."""
 
     @property
     def gap(self) -> float | None:
@@ -281,12 +287,15 @@ class _Enumeration:
         named.sort(key=lambda x: x[1])
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))
 
-    def refine_orders(self, c: ShapeCandidate, best: float, budget: Budget) -> ShapeCandidate:
+    def refine_orders(self, c: ShapeCandidate, best: float, budget: Budget,
+                      integer: bool = False) -> ShapeCandidate:
         """``c`` with each schedule's bound raised to its dependence graph's
         (:func:`planner.dag_bound.order_bound`), for the schedules whose bound is below ``best``
         (the others cannot win either way) and whose program costs at most
         :data:`GRAPH_SHARE` of the work left (a small budget goes to searching instead); charged to
-        ``budget`` per fragment."""
+        ``budget`` per fragment. ``integer``: the graph as a mixed-integer program instead (its
+        root node's dual bound: one layout and whole blocks per rank), within
+        :data:`INTEGER_MAX_FRAGMENTS` and the budget left."""
         w = self.w
         lc, meshes = self.lc[c.shapes]
         specs = [lc.meshes[x] for x in meshes]
@@ -302,10 +311,15 @@ class _Enumeration:
         for sched, sbound in c.schedule_bounds:
             sk = kind(sched)
             v = sk.stages_per_rank(self.opts.virtual_stages)
-            cost = COSTS["fragment"] * 8 * kept_fragments(p, v, m)
-            if (sbound < best and p > 1 and kept_fragments(p, v, m) <= MAX_FRAGMENTS
-                    and cost <= GRAPH_SHARE * budget.left()):
-                key = ("order", c.shapes, m, sched)
+            frags = kept_fragments(p, v, m)
+            if integer:
+                cost = COSTS["integer_fragment"] * frags
+                fits = frags <= INTEGER_MAX_FRAGMENTS and cost <= budget.left()
+            else:
+                cost = COSTS["fragment"] * 8 * frags
+                fits = frags <= MAX_FRAGMENTS and cost <= GRAPH_SHARE * budget.left()
+            if sbound < best and p > 1 and fits:
+                key = ("integer" if integer else "order", c.shapes, m, sched)
                 if key not in self.memo:
                     work, _, infl, ends = self._schedule_inputs(c, sched)
                     ranks = _ranks(work, infl, v, m, post_rank=0 if sk.v_shaped else p - 1,
@@ -314,7 +328,8 @@ class _Enumeration:
                     self.memo[key] = order_bound(sched, work, caps, m, self.nb, v,
                                                  0 if sk.v_shaped else p - 1, hop,
                                                  straggler_shares(specs),
-                                                 sched in api.MERGEABLE and w.training, infl)
+                                                 sched in api.MERGEABLE and w.training, infl,
+                                                 nodes=1 if integer else 0)
                     budget.charge(cost)
                 sbound = max(sbound, self.memo[key])
             named.append((sched, sbound))
@@ -324,6 +339,10 @@ class _Enumeration:
 
 GRAPH_SHARE = 0.05
 """Most of a search's work left that one dependence-graph bound may cost (nominal seconds)."""
+
+INTEGER_MAX_FRAGMENTS = 1600
+"""Largest dependence graph (kept fragments) bounded as a mixed-integer program (:func:`prove`;
+about 5 s of HiGHS at this size)."""
 
 SYNC_EXPOSED = tuple(n for n, k in KINDS.items() if k.sync_exposed)
 """Schedules whose ranks hold one stage each and end on their last microbatch's backward (B):
@@ -391,6 +410,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         best = (incumbent[1].step_time_s, incumbent[0], incumbent[1])
     searched = solves = 0
     searched_bounds: list[float] = []      # a searched candidate's bound still bounds its plans
+    opened: list[tuple[float, int, str, bool]] = []
     interrupted = False
     while heap:
         unhanded, bound, i, full, cand = heap[0]
@@ -462,9 +482,41 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             best = (best[0], replace(best[1], schedules=tuple(ranked)), best[2])
         searched += 1
         searched_bounds.append(min(proven, default=cand.bound_s))
+        opened += [(b, i, sched, b > sb) for (sched, sb), b in zip(cand.schedule_bounds, proven)]
         if interrupted:
             break
     left_bound = min([h[1] for h in heap] + searched_bounds, default=math.inf)
     if best is None:
         return PipelineResult(None, None, left_bound, searched, total, solves, interrupted)
-    return PipelineResult(best[1], best[2], min(left_bound, best[0]), searched, total, solves, interrupted)
+    held = tuple(sorted([x for x in opened if x[0] < best[0]]
+                        + [(h[1], h[2], None, False) for h in heap if h[1] < best[0]]))
+    return PipelineResult(best[1], best[2], min(left_bound, best[0]), searched, total, solves, interrupted,
+                          held, e)
+
+
+def prove(r: PipelineResult, budget: Budget, target_gap: float = TARGET_GAP) -> PipelineResult:
+    """``r`` with its bound raised, after its search, by what the search had no budget for: from
+    the least of what holds it below the plan (:attr:`PipelineResult.open`) up, each schedule's
+    dependence-graph bound, then the same graph as a mixed-integer program (one layout and whole
+    blocks per rank: :meth:`_Enumeration.refine_orders`), until the gap is within
+    ``target_gap``, the least can be raised no further, or ``budget`` is spent. The plan is
+    unchanged."""
+    e = r.enumeration
+    if r.prediction is None or e is None or not r.open:
+        return r
+    best = r.prediction.step_time_s
+    heap = [(b, i, sched, 2 if exact else 0) for b, i, sched, exact in r.open]
+    heapq.heapify(heap)
+    while heap and heap[0][0] < best * (1 - target_gap) and heap[0][3] < 2 and not budget.out():
+        b, i, sched, _ = heapq.heappop(heap)
+        if sched is None:                   # a candidate left unsearched: all its schedules
+            c = e.refine_item(i, budget)
+            c = e.refine_orders(e.refine_orders(c, best, budget), best, budget, integer=True)
+            for name, sb in c.schedule_bounds:
+                heapq.heappush(heap, (sb, i, name, 2))
+            continue
+        one = replace(e.items[i], schedule_bounds=((sched, b),))
+        one = e.refine_orders(e.refine_orders(one, best, budget), best, budget, integer=True)
+        heapq.heappush(heap, (max(b, one.bound_s), i, sched, 2))
+    least = min([h[0] for h in heap] + [best])
+    return replace(r, bound_s=max(r.bound_s, least))

@@ -53,6 +53,7 @@ from planner.bounds import work_bound
 from planner.budget import Budget
 from planner.grid import GridResult, grid_sweep
 from planner.shapes import PipelineResult, search_pipeline
+from planner.shapes import prove as prove_bound
 from planner.split_bound import PartBound, split_bound
 from simulator import cost_model as cm
 
@@ -76,6 +77,9 @@ seed the data-parallel shares)."""
 SPLITS_SHARE = 0.6
 """Share of the work left after the groups alone for the data-parallel splits; the one pipeline
 through every group gets the rest."""
+
+ONE_GROUP_GAP = 0.01
+"""A one-group search's target gap (its pipeline search's, and its bound's after it)."""
 
 BOUND_SHARE = 0.5
 """Nominal work for a heterogeneous search's bound after its plan is chosen, as a share of
@@ -299,9 +303,10 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
     same file (:func:`simulator.plan_sim.plan_cluster`). ``opts.meshes`` (the user naming meshes)
     or ``carve: fixed`` in the cluster file keeps the listing as written.
 
-    ``prove``: on a heterogeneous cluster, spend :data:`BOUND_SHARE` of ``--time-limit`` after
-    the search on its bound (:func:`_space_bound`); without it the bound uses what the search
-    refined (a cost objective's many sub-cluster searches, which compare costs, not gaps).
+    ``prove``: spend up to :data:`BOUND_SHARE` of ``--time-limit`` after the search on its bound
+    (one group: :func:`planner.shapes.prove` while the gap exceeds :data:`ONE_GROUP_GAP`;
+    several: :func:`_space_bound`); without it the bound uses what the search refined (a cost
+    objective's many sub-cluster searches, which compare costs, not gaps).
 
     Raises:
         InfeasibleError: no configuration fits memory.
@@ -320,7 +325,7 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
     # 1. every group alone, on the whole batch
     for i, g in enumerate(groups):
         budget = s.left() * (ALONE_SHARE if k > 1 else 1.0) / (k - i)
-        alone[g] = s.pipeline((g,), w.global_batch, budget, 0.01 if k == 1 else 0.03)
+        alone[g] = s.pipeline((g,), w.global_batch, budget, ONE_GROUP_GAP if k == 1 else 0.03)
         r = alone[g]
         s.tried.append(Option(f"{g} alone", (((g,), w.global_batch),),
                               r.prediction.step_time_s if r.prediction else None))
@@ -348,9 +353,12 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
             and chosen.plan is grid.best.plan:
         label += f" (the practitioners' grid's {grid.best.label}: the search found nothing faster)"
     reason = f"{label}: {step:.2f} s per step" + (f" (next: {'; '.join(others)})" if others else "")
-    stopped = _stopped(s)
+    stopped, spent = _stopped(s), s.budget.out() and not s.interrupted
     if k == 1:
         r: PipelineResult = chosen
+        if prove and r.gap is not None and r.gap > ONE_GROUP_GAP:
+            # the bound's own work, after the search (the plan does not depend on it)
+            r = prove_bound(r, Budget(opts.time_limit_s * BOUND_SHARE, s.deadline), ONE_GROUP_GAP)
         bound = max(r.bound_s, work_bound(w, cluster, groups))
     else:
         # the bound's own work, after the search (the plan does not depend on it)
@@ -361,7 +369,7 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.Pl
     wall = time.monotonic() - s.t0
     solver_extra = {"search_wall_s": wall, "search_bound": bound, "search_gap": gap,
                     "interrupted": s.interrupted, "reason": reason,
-                    "budget_spent": s.budget.out() and not s.interrupted,
+                    "budget_spent": spent,
                     "stopped": stopped,
                     "options": [{"label": o.label, "parts": [{"groups": list(g), "batch": b} for g, b in o.parts],
                                  "step_time_s": o.step_time_s} for o in s.tried]}

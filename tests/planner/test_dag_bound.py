@@ -90,3 +90,9 @@ def test_pinned_to_a_plan_it_is_at_most_and_close_to_its_replay(tmp_path, sched,
                       False, infl)      # the pinned plan does not merge its last F and B
     within = within if m <= 2 * KEEP else min(within, WITHIN_TRUNCATED)
     assert within * replay <= got <= replay * (1 + 1e-9)
+    # one layout and whole blocks per rank (the mixed-integer program's root dual bound, never
+    # below the linear program's): at most the replay
+    whole = order_bound(sched, [[o] for o in picks], [[n * v] for n in blocks], m, cand.num_blocks,
+                        v, 0 if cand.v_shape else p - 1, hop,
+                        straggler_shares([lc.meshes[x] for x in meshes]), False, infl, nodes=1)
+    assert got <= whole <= replay * (1 + 1e-9)

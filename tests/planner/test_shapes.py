@@ -19,7 +19,7 @@ from planner.predict import predict
 from planner.search import Assignment, MeshOption
 from planner.bounds import candidate_bound, quick_bound
 from planner.budget import Budget
-from planner.shapes import _Enumeration, _Options, group_shapes, search_pipeline
+from planner.shapes import _Enumeration, _Options, group_shapes, prove, search_pipeline
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
 
@@ -97,6 +97,10 @@ def test_brute_force_finds_nothing_better(tmp_path, groups, spec):
     assert got.prediction is not None and math.isfinite(brute)
     assert got.prediction.step_time_s <= brute * (1 + 1e-9)
     assert got.bound_s <= brute * (1 + 1e-9)       # the bound holds
+    # raised after the search (dependence graphs, then as integer programs): it still holds
+    proved = prove(got, Budget(math.inf, math.inf), target_gap=0.0)
+    assert got.bound_s <= proved.bound_s <= brute * (1 + 1e-9)
+    assert proved.plan is got.plan
 
 
 def _opt(block, pre=0.0, tail=0.0, static=0.0, resid=0.0, cap=1e12, ovh=0.0):
@@ -204,6 +208,9 @@ def test_bound_holds_for_random_plans(tmp_path, jitter, schedules, mixed):
     checked = 0
     for c in e.items:
         c = e.refine_orders(e.refine(c), math.inf, Budget(math.inf, math.inf))
+        if not mixed and jitter == 0.0:
+            # the same graphs as mixed-integer programs (one layout, whole blocks per rank)
+            c = e.refine_orders(c, math.inf, Budget(math.inf, math.inf), integer=True)
         lc, meshes = e.lc[c.shapes]
         p = len(meshes)
         for sched, bound in c.schedule_bounds:
