@@ -294,7 +294,7 @@ class _Enumeration:
         (the others cannot win either way) and whose program costs at most
         :data:`GRAPH_SHARE` of the work left (a small budget goes to searching instead); charged to
         ``budget`` per fragment. ``integer``: the graph as a mixed-integer program instead (its
-        root node's dual bound: one layout and whole blocks per rank), within
+        dual bound within :data:`INTEGER_NODES` nodes: one layout and whole blocks per rank), within
         :data:`INTEGER_MAX_FRAGMENTS` and the budget left."""
         w = self.w
         lc, meshes = self.lc[c.shapes]
@@ -329,7 +329,7 @@ class _Enumeration:
                                                  0 if sk.v_shaped else p - 1, hop,
                                                  straggler_shares(specs),
                                                  sched in api.MERGEABLE and w.training, infl,
-                                                 nodes=1 if integer else 0)
+                                                 nodes=INTEGER_NODES if integer else 0)
                     budget.charge(cost)
                 sbound = max(sbound, self.memo[key])
             named.append((sched, sbound))
@@ -342,7 +342,12 @@ GRAPH_SHARE = 0.05
 
 INTEGER_MAX_FRAGMENTS = 1600
 """Largest dependence graph (kept fragments) bounded as a mixed-integer program (:func:`prove`;
-about 5 s of HiGHS at this size)."""
+about 6 s of HiGHS at this size)."""
+
+INTEGER_NODES = 200
+"""Branch-and-bound nodes HiGHS may explore for that bound (its dual bound then; the root node
+costs most of the time: gpt3-175b on 16,384 H100, ZB-V on 16 ranks, 1,536 kept fragments: root
+0.854 s in 4.6 s, 200 nodes 0.886 s in 6.1 s, 2026-11-27)."""
 
 SYNC_EXPOSED = tuple(n for n, k in KINDS.items() if k.sync_exposed)
 """Schedules whose ranks hold one stage each and end on their last microbatch's backward (B):
