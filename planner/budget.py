@@ -43,7 +43,7 @@ class Budget:
 
 
 COSTS = {"cpsat": 5.0, "fragment": 2.5e-5, "adaptive": 8e-5, "simulated": 1e-3, "bound": 1.2e-4,
-         "candidate": 8e-4, "option": 1.6e-4, "integer_fragment": 4.5e-3}
+         "candidate": 8e-4, "option": 1.6e-4, "integer_nonzero": 1.8e-4}
 """Nominal seconds per unit of search work, measured on the reference machine (2 cores): per
 second of CP-SAT deterministic time (3.5-12 s measured 2026-11-23; 5.6 s re-measured
 2026-11-25), per fragment built and replayed (2.5e-5 s of CPU time, re-measured 2026-11-25
@@ -58,9 +58,10 @@ schedule, 2.25x this charge: not yet adopted, as the budgets of every recorded s
 shrink with it), per candidate enumerated
 (7e-4 to 9e-4 s), per layout choice of a mesh costed for the first time (``planner.options``:
 1.6e-4 s, measured 2026-11-25 on the README's mixed512 case, 26,572 choices in 4.2 s), per kept
-fragment of a dependence graph bounded as a mixed-integer program (4.5e-3 s: HiGHS's root node
-and up to 200 more on llama3-70b's and gpt3-175b's 4,096- and 16,384-H100 candidates, 3.5e-3 to
-4.0e-3 s measured 2026-11-27). Re-measure with the process CPU time of ``planner.candidate._evaluate`` and
+constraint nonzero of a dependence graph bounded as a mixed-integer program (1.8e-4 s: HiGHS's
+root node and up to 200 more, process CPU time over llama3-70b on 4,096 H100, 62,280 nonzeros in
+11.2 s, and DeepSeek-V3 on 2,048 H100, 424,240 in 70.3 s, 2026-11-27; charging 3.5e-3 s per kept
+fragment instead undercounted DeepSeek-V3's dense graphs about 6x). Re-measure with the process CPU time of ``planner.candidate._evaluate`` and
 ``solve_outcome`` over a few searches whenever the cost model changes: a budget that
 undercounts lets the wall clock cut the search, and the plan then depends on the machine's
 load."""

@@ -62,7 +62,8 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
                 microbatches: int, num_blocks: int, virtual_stages: int,
                 post_rank: int, hop: Callable[[int, int], float] | None = None,
                 straggler: Sequence[float] = (), mergeable: bool = False,
-                inflight: Sequence[int] = (), nodes: int = 0) -> float:
+                inflight: Sequence[int] = (), nodes: int = 0,
+                afford: Callable[[int], bool] | None = None) -> float:
     """The least step of the candidate's dependence graph (see the module docstring), seconds;
     0.0 when it does not apply (more than :data:`MAX_FRAGMENTS` kept fragments, an option without
     its forward time, an adaptive schedule without ``inflight``) or the solver fails.
@@ -70,7 +71,9 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
     With ``nodes`` > 0 the graph is a mixed-integer program instead (each rank one layout option,
     ``z[r, o]`` binary with ``x[r, o] <= cap z[r, o]``, and whole blocks per stage) and the bound
     is the dual bound HiGHS proves within that many branch-and-bound nodes (1: its root node, cuts
-    included), never below the linear program's.
+    included), never below the linear program's; ``afford(nonzeros)`` is asked first with the
+    integer program's constraint nonzeros (what its time grows with) and may decline it (the
+    linear program's bound is returned then).
 
     Args:
         schedule: a schedule name.
@@ -252,7 +255,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
     if got.status != 0:
         return 0.0
     lp = max(0.0, float(got.fun) * (1 - 1e-6))
-    if nodes <= 0:
+    if nodes <= 0 or (afford is not None and not afford(a_ub.nnz + 2 * nx)):
         return lp
     return max(lp, _integer_bound(a_ub, rhs, a_eq, L, bounds, cost, work, col, nx, nodes))
 

@@ -312,11 +312,10 @@ class _Enumeration:
             sk = kind(sched)
             v = sk.stages_per_rank(self.opts.virtual_stages)
             frags = kept_fragments(p, v, m)
+            cost = COSTS["fragment"] * 8 * frags            # the linear program
             if integer:
-                cost = COSTS["integer_fragment"] * frags
                 fits = frags <= INTEGER_MAX_FRAGMENTS and cost <= budget.left()
             else:
-                cost = COSTS["fragment"] * 8 * frags
                 fits = frags <= MAX_FRAGMENTS and cost <= GRAPH_SHARE * budget.left()
             if sbound < best and p > 1 and fits:
                 key = ("integer" if integer else "order", c.shapes, m, sched)
@@ -325,12 +324,20 @@ class _Enumeration:
                     ranks = _ranks(work, infl, v, m, post_rank=0 if sk.v_shaped else p - 1,
                                    ends=ends)
                     caps = [[x[2] for x in rank[2]] for rank in ranks]
+                    budget.charge(cost)
+
+                    def afford(nonzeros: int) -> bool:
+                        # the integer program, charged by its size (its time grows with it)
+                        more = COSTS["integer_nonzero"] * nonzeros
+                        if more > budget.left():
+                            return False
+                        budget.charge(more)
+                        return True
                     self.memo[key] = order_bound(sched, work, caps, m, self.nb, v,
                                                  0 if sk.v_shaped else p - 1, hop,
                                                  straggler_shares(specs),
                                                  sched in api.MERGEABLE and w.training, infl,
-                                                 nodes=INTEGER_NODES if integer else 0)
-                    budget.charge(cost)
+                                                 nodes=INTEGER_NODES if integer else 0, afford=afford)
                 sbound = max(sbound, self.memo[key])
             named.append((sched, sbound))
         named.sort(key=lambda x: x[1])

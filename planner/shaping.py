@@ -276,12 +276,12 @@ class _Search:
                 incumbent = (gp, grid.best.prediction)
         # the dependence-graph bounds tighten a one-group search's proven gap; with several
         # groups the reported bound is the work bound, so their budget goes to searching instead
-        part = self.part(groups)
-        part.budget = sub                   # the search's own enumeration, charged to it
+        # the candidates are enumerated once per part and share (charged to the phase's budget:
+        # a bound may have enumerated them already), then searched on the sub-budget
         r = search_pipeline(w, self.cluster, groups, self.opts, deadline=self.deadline, stop=self.stop,
                             target_gap=target_gap, budget=sub, incumbent=incumbent,
                             graph_bounds=len(self.cluster.groups) == 1,
-                            enumeration=part.enumeration(batch))
+                            enumeration=self.part(groups).enumeration(batch))
         self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
         self.cache[key] = r
         self.done += 1
