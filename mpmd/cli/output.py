@@ -191,10 +191,13 @@ def _solver_rows(sv: Any) -> list[tuple[str, str]]:
     wall = _num(sv.get("search_wall_s"), "{:.1f}", "?")
     total, done = sv.get("candidates_total"), sv.get("candidates")
     if isinstance(sv.get("search_bound"), (int, float)) and "options" in sv:
-        # a node-group search: every candidate not searched was pruned by its proven bound
+        # a node-group search: a complete one pruned every candidate it did not search by its
+        # proven bound; one that ran out of budget or time left them unsearched
         configs = len(sv["options"]) if isinstance(sv["options"], list) else 0
         searched = sv.get("candidates_searched")
-        what = (f"{searched} of {total} candidates searched, the rest pruned by their bounds; "
+        rest = ("the rest pruned by their bounds" if sv.get("stopped", "complete") == "complete"
+                else "the rest unsearched")
+        what = (f"{searched} of {total} candidates searched, {rest}; "
                 if isinstance(searched, int) and isinstance(total, int) else "")
         why = STOPPED.get(sv.get("stopped"), ", budget spent" if sv.get("budget_spent") else "")
         if rows and rows[0][0] == "solver":

@@ -71,7 +71,8 @@ def test_a_node_group_search_says_why_it_stopped_and_whose_solve_is_optimal():
             "candidates_searched": 4}
     for why in ("work budget", "time limit", "complete", "interrupted"):
         rows = dict(_solver_rows({**base, "stopped": why}))
-        assert rows["search"] == ("4 of 9 candidates searched, the rest pruned by their bounds; "
+        rest = "pruned by their bounds" if why == "complete" else "unsearched"
+        assert rows["search"] == (f"4 of 9 candidates searched, the rest {rest}; "
                                   "2 configurations in 27.0 s" + STOPPED[why])
         assert rows["solver"].endswith("gap 0.00% (the chosen candidate's solve)")
         assert rows["search gap"] == "21.0% against a proven lower bound of 1.500 s"

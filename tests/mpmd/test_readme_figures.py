@@ -55,7 +55,8 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-27), DeepSeek-
     (H100_16K, {"model": "llama3-70b", "H100": "16384"},
      {"step (s)": "at {} s per step", "MFU": "s per step, {} MFU", "gap": "proven gap of {}"}),
     (H100_128, {"cluster": "mixed512_nodes"},
-     {"step (s)": "TPU v5e at {} s", "gap": "proven gap {} against the work", "H100 alone (s)":
+     {"step (s)": "TPU v5e at {} s", "gap": "proven gap {} against the bounds", "wall (s)": "({} s in all)",
+      "H100 alone (s)":
       "(the H100 alone: {} s)"}),
     (FIXTURES, {"run": "narayanan", "model": "1008B"},
      {"plan (s)": "3,072 A100 at {} s", "layout in model (s)": "published layout's {} s"}),
