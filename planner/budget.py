@@ -75,9 +75,3 @@ def _work(plan: Plan) -> float:
     """Nominal seconds of building and replaying ``plan`` (see :data:`COSTS`)."""
     per = COSTS["fragment"] + (COSTS["adaptive"] if plan.schedule.name in ADAPTIVE_SCHEDULES else 0.0)
     return per * _fragments(plan)
-
-
-def refine_cost(ranks: int, schedules: int) -> float:
-    """Nominal seconds of one candidate's full bound over ``schedules`` schedules of a pipeline of
-    ``ranks`` ranks (see :data:`COSTS`)."""
-    return COSTS["bound"] * ranks * max(1, schedules)

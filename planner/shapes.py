@@ -29,7 +29,7 @@ from planner import api
 from planner.errors import PlannerError
 from planner.bounds import _ranks, candidate_bound, chain_share, quick_bound, straggler_shares
 from planner.dag_bound import MAX_FRAGMENTS, kept_fragments, order_bound
-from planner.budget import COSTS, Budget, refine_cost
+from planner.budget import COSTS, Budget
 from planner.candidate import solve_schedule
 from planner.predict import Prediction
 from planner.inflight import inflight_count, inflight_end_counts, rank_order_counts
@@ -211,7 +211,7 @@ class _Enumeration:
         if i not in self.full:
             c = self.refine(self.items[i])
             if budget is not None:
-                budget.charge(refine_cost(len(self.lc[c.shapes][1]), len(c.schedule_bounds)))
+                budget.charge(COSTS["bound"] * len(self.lc[c.shapes][1]) * max(1, len(c.schedule_bounds)))
             self.items[i] = c
             self.full.add(i)
         return self.items[i]

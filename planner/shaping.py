@@ -82,9 +82,9 @@ ONE_GROUP_GAP = 0.01
 """A one-group search's target gap (its pipeline search's, and its bound's after it)."""
 
 BOUND_SHARE = 0.5
-"""Nominal work for a heterogeneous search's bound after its plan is chosen, as a share of
-``--time-limit`` (:func:`_space_bound`: the data-parallel splits' and the one pipeline's bounds
-refined up to the plan's step)."""
+"""Nominal work for a search's bound after its plan is chosen, as a share of ``--time-limit``
+(one group: :func:`planner.shapes.prove`; several: :func:`_space_bound`, the data-parallel
+splits' and the one pipeline's bounds refined up to the plan's step)."""
 
 WALL_FACTOR = 3.0
 """The wall clock cuts a search at this multiple of ``--time-limit``: the search is governed by its
@@ -237,13 +237,13 @@ class _Search:
         self.parts[groups].budget = self.budget
         return self.parts[groups]
 
-    def split_bound(self, parts: tuple[tuple[str, ...], ...], cap: float, refine: bool = True) -> float:
+    def split_bound(self, parts: tuple[tuple[str, ...], ...], cap: float) -> float:
         """A lower bound on every plan of the data-parallel split ``parts`` (the search's shares:
-        granules of :func:`_granule`), refined (when ``refine``) until it reaches ``cap`` or the
-        budget is out (:func:`planner.split_bound.split_bound`)."""
+        granules of :func:`_granule`), refined until it reaches ``cap`` or the budget is out
+        (:func:`planner.split_bound.split_bound`)."""
         got = split_bound([self.part(p) for p in parts], self.w.global_batch,
                           _granule(self.w.global_batch, len(parts)), cross_sync(self.w, self.cluster, parts)[2],
-                          cap, refine)
+                          cap)
         self.splits[parts] = max(self.splits.get(parts, 0.0), got)
         return self.splits[parts]
 
@@ -274,9 +274,9 @@ class _Search:
                 grid = replace(grid, best=replace(grid.best, plan=gp))
                 self.grids[(groups[0], batch)] = grid
                 incumbent = (gp, grid.best.prediction)
-        # the dependence-graph bounds tighten a one-group search's proven gap; with several
-        # groups the reported bound is the work bound, so their budget goes to searching instead
-        # the candidates are enumerated once per part and share (charged to the phase's budget:
+        # the dependence-graph bounds tighten a one-group search's proven gap inside it; with
+        # several groups the budget goes to searching, and the bound comes after (_space_bound).
+        # The candidates are enumerated once per part and share (charged to the phase's budget:
         # a bound may have enumerated them already), then searched on the sub-budget
         r = search_pipeline(w, self.cluster, groups, self.opts, deadline=self.deadline, stop=self.stop,
                             target_gap=target_gap, budget=sub, incumbent=incumbent,

@@ -103,7 +103,6 @@ def _level(values: list[list[float]], units: int) -> tuple[float, list[int]]:
     """The least ``T`` at which shares of ``units`` granules exist with every part's envelope at
     most ``T``, and each part's largest admitted share (granules) at that ``T``.
     ``values[p][u - 1]``: part ``p``'s bound at ``u`` granules."""
-    k = len(values)
     env = []
     for row in values:
         e, low = [0.0] * len(row), math.inf
@@ -132,11 +131,11 @@ def _level(values: list[list[float]], units: int) -> tuple[float, list[int]]:
 
 
 def split_bound(parts: list[PartBound], batch: int, q: int, sync_s: float,
-                cap: float = math.inf, refine: bool = True) -> float:
+                cap: float = math.inf) -> float:
     """A lower bound on the step of the data-parallel split of ``batch`` over ``parts`` in shares of
     ``q`` samples (each part at least one granule), plus the cross-part all-reduce ``sync_s``
     (seconds); refined lazily (see the module docstring) until exact, at least ``cap``, or the
-    parts' budget is spent; from the bounds known so far alone when not ``refine``."""
+    parts' budget is spent."""
     units = batch // q
     k = len(parts)
     if units < k:
@@ -148,7 +147,7 @@ def split_bound(parts: list[PartBound], batch: int, q: int, sync_s: float,
         if t + sync_s >= cap or t == math.inf:
             return t + sync_s
         todo = [(p, g) for p, g in zip(parts, got) if g * q not in p.exact]
-        if not refine or not todo or any(p.budget.out() for p, _ in todo):
+        if not todo or any(p.budget.out() for p, _ in todo):
             return t + sync_s
         for p, g in todo:
             p.at_least(g * q, t)
