@@ -10,119 +10,19 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 from hardware_profiles.types import MeshSpec, straggler_factor, straggler_hosts
 from simulator.schedules import kind
+from planner.level import Rank, block_capacity, least_feasible, water_level
 from planner.search import MeshOption
-
-
-Rank = tuple[float, float, tuple[tuple[float, float, float, float, float, float], ...]]
-"""A rank for the bound: (fixed step seconds, fixed seconds per microbatch on the chain, ((step
-seconds per block, chain seconds per block, most blocks that fit memory, the option's own fixed
-step seconds beyond the rank's, and a second constraint on the same blocks: what it adds per
-block and to the fixed seconds, 0 and 0 for none), ...) per layout option)."""
-
-
-def _level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int = 1,
-           comm: Sequence[float] = ()) -> float:
-    """The least ``tau`` such that ranks with ``tau >= chain * S_r + cost_r(n_r)`` can hold
-    ``num_blocks`` blocks in all, where rank ``r`` holds a whole multiple of ``per_rank`` blocks
-    ``n_r`` (its virtual stages hold equal counts) under one option that fits them,
-    ``cost_r(n) = fixed step seconds + n x step seconds per block``, and ``S_r`` is the chain time
-    of the ranks before ``r`` (fixed chain seconds plus their blocks at the fastest chain seconds
-    per block of any rank: a lower bound on it). As ``S_r`` does not depend on which earlier rank
-    holds a block and a block costs a rank at least as much step time as it adds to a later rank's
-    chain, moving a block to an earlier rank never tightens a constraint: filling ranks greedily
-    in order decides feasibility. Bisection on ``tau`` (the greedy total is monotone in it).
-    ``comm[r]``: seconds the path spends between rank ``r`` and ``r + 1`` (the forward's and the
-    backward's transfers), added to the chain in full.
-    """
-    blocks = _capacity(ranks, chain, per_rank, comm, num_blocks)
-    # bracket: double from the fluid level without memory (a lower bound), then bisect to a
-    # relative 1e-7 (the returned lower end is never feasible: a valid bound)
-    lo = 0.0
-    hi = max(1e-9, sum(f for f, _, _ in ranks)
-             + num_blocks * min(c for _, _, o in ranks for c, _, _, _, _, _ in o) / len(ranks))
-    fastest = min(c for _, _, opts in ranks for _, c, _, _, _, _ in opts)
-    hop_total = sum(comm[r] for r in range(min(len(comm), len(ranks) - 1))) if chain > 0 else 0.0
-    worst = (sum(f + max(max(e, e + off) for _, _, _, e, _, off in o) for f, _, o in ranks)
-             + num_blocks * max(c + more for _, _, o in ranks for c, _, _, _, more, _ in o)
-             + chain * (sum(fc for _, fc, _ in ranks) + num_blocks * fastest) + hop_total) * 2 + 1.0
-    return _least_feasible(lambda tau: blocks(tau) >= num_blocks, lo, hi, worst)
-
-
-def _least_feasible(feasible: Callable[[float], bool], lo: float, hi: float, worst: float
-                    ) -> float:
-    """The lower end of the least ``tau`` at which ``feasible`` (monotone in ``tau``) holds, to a
-    relative 1e-7, searched from the infeasible ``lo`` by doubling ``hi`` up to ``worst``, then
-    bisecting: the returned end is never feasible (a valid bound); ``inf`` when ``worst`` is not
-    feasible either."""
-    while not feasible(hi):
-        lo, hi = hi, hi * 2
-        if hi > worst:
-            if not feasible(worst):
-                return math.inf
-            hi = worst
-            break
-    while hi - lo > 1e-7 * hi:
-        mid = (lo + hi) / 2
-        if feasible(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo
-
-
-def _capacity(ranks: Sequence[Rank], chain: float, per_rank: int = 1, comm: Sequence[float] = (),
-              num_blocks: int = 0) -> Callable[[float], int]:
-    """The greedy of :func:`_level`: ``tau -> `` the most blocks the ranks hold in all with every
-    rank's ``chain x S_r + cost_r(n_r) <= tau`` (a rank holding no matmul cost holds up to
-    ``num_blocks``)."""
-    fastest = min(c for _, _, opts in ranks for _, c, _, _, _, _ in opts)
-    hops = [0.0]
-    for r in range(len(ranks) - 1):
-        hops.append(hops[-1] + (comm[r] if r < len(comm) and chain > 0 else 0.0))
-
-    prepared = [(hops[r], fixed, fixed_chain,
-                 tuple((cost, cap, extra, (cost + more, extra + off) if more or off else None)
-                       for cost, _, cap, extra, more, off in opts if cost > 0),
-                 min((cap for cost, _, cap, _, _, _ in opts if cost <= 0), default=-1))
-                for r, (fixed, fixed_chain, opts) in enumerate(ranks)]
-    floor = math.floor
-
-    def blocks(tau: float) -> int:
-        total, s = 0, 0.0
-        for hop, fixed, fixed_chain, opts, free_cap in prepared:
-            room = tau - chain * s - hop - fixed
-            n = 0
-            if room > 0:
-                for cost, cap, extra, second in opts:
-                    if room <= extra:
-                        continue
-                    k = floor((room - extra) / cost * (1 + 1e-12))
-                    if second is not None:
-                        if room <= second[1]:
-                            continue
-                        k2 = floor((room - second[1]) / second[0] * (1 + 1e-12))
-                        k = k2 if k2 < k else k
-                    k = cap if cap < k else k
-                    if k > n:
-                        n = k
-            if free_cap >= 0 and room >= 0:
-                n = max(n, min(free_cap, num_blocks))
-            n = int(n) // per_rank * per_rank
-            total += n
-            s += fixed_chain + n * fastest
-        return total
-    return blocks
 
 
 def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
            microbatches: int, *, chain: bool = False, merge: bool = False,
            post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
            straggler: Sequence[float] = (), sync_exposed: bool = False) -> list[Rank]:
-    """Per rank, for :func:`_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
+    """Per rank, for :func:`water_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
     ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers), per
     block ``M x block + the tail one more block adds`` (a stage's all-reduce pays its latency once).
     Chain ranks: the rank's critical work between its first forward and its last backward: all its
@@ -200,8 +100,8 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
                     virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
                     post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
                     straggler: Sequence[float] = (), sync_exposed: bool = False,
-                    v_shaped: bool = False, orders: Sequence[tuple[int, int]] | None = None
-                    ) -> float:
+                    v_shaped: bool = False, orders: Sequence[tuple[int, int]] | None = None,
+                    every_rank: bool = False) -> float:
     """A lower bound on the step time of a pipeline over meshes with these options, seconds,
     valid for every layer partition and layout the CP-SAT model admits (Narayanan et al. SC'21
     sec. 2.2 give the uniform case it generalises).
@@ -219,7 +119,7 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
       the signature). ``chain`` is 1 for one stage per rank, ``1/v`` for ``v`` interleaved
       chunks, 1/2 for V-shaped placements (:func:`_chain`).
 
-    Both are minimised over integer partitions (:func:`_level`: whole blocks per rank, a multiple
+    Both are minimised over integer partitions (:func:`water_level`: whole blocks per rank, a multiple
     of the virtual stages; a water level filled greedily in pipeline order); in the work term
     each mesh also pays, after its last fragment, the end-of-step gradient sync and optimizer time
     of its blocks under the same option (``step >= M x T_m + tail_m``).
@@ -241,27 +141,51 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
       input gradient still crosses the ranks before it; ``orders``: per rank, the forwards after
       its first B and the W's before its last B in the schedule's order
       (:func:`planner.inflight.rank_order_counts`; None: from the in-flight count).
+
+    ``every_rank``: the pipeline uses every rank, each holding at least one block per stage (the
+    shape search's pipelines: :func:`planner.candidate.solve_schedule` fixes the order and uses
+    every mesh), so no partition leaves a rank idle; without it a rank may hold none.
     """
+    least = virtual_stages if every_rank else 0
     work_ranks = _ranks(work, inflight, virtual_stages, microbatches, merge=mergeable,
                         post_rank=post_rank, ends=ends, straggler=straggler,
                         sync_exposed=sync_exposed)
-    level = _level(work_ranks, num_blocks, 0.0, virtual_stages)
+    level = water_level(work_ranks, num_blocks, 0.0, virtual_stages, least=least)
+    if chain > 0 and level < math.inf and all(o.block_f_s > 0 for opts in work for o in opts):
+        # the work term again, each rank idle until microbatch 0's forward reaches it
+        level = max(level, water_level(_started(work_ranks, work), num_blocks, chain, virtual_stages,
+                                  [c / 2 for c in comm], least))
     if chain > 0 and level < math.inf:
         level = fill_level(work, work_ranks, microbatches, num_blocks, virtual_stages, v_shaped,
-                           level, inflight[0] if inflight else None)
+                           level, inflight[0] if inflight else None, least)
     if chain > 0 and level < math.inf and virtual_stages == 1 and not v_shaped:
         level = line_fill_level(work, work_ranks, microbatches, num_blocks, inflight, comm, level,
-                                orders)
+                                orders, least)
     if chain > 0 and level < math.inf:
-        level = max(level, _level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
+        level = max(level, water_level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
                                          merge=mergeable, post_rank=post_rank, ends=ends),
-                                  num_blocks, chain, virtual_stages, comm))
+                                  num_blocks, chain, virtual_stages, comm, least))
     return level
+
+
+def _started(work_ranks: Sequence[Rank], work: Sequence[Sequence[MeshOption]]) -> list[Rank]:
+    """``work_ranks`` (:func:`_ranks`, work terms) with each option's chain seconds per block its
+    forward alone (``block_f_s``) and no fixed chain seconds: with them :func:`water_level` bounds the
+    step by every rank's whole work (and tail) after the time microbatch 0's forward takes to
+    reach its first stage. Every fragment of rank ``r`` depends on some microbatch's forward over
+    the stages before its first, and each microbatch's forward crosses those stages' blocks, so
+    rank ``r`` starts no earlier than ``chain x S_r`` (the blocks of the ranks before it at the
+    least forward seconds of any) and runs all its work after that. The forward's transfers are
+    half the round trip's ``comm``; the dispatches and the layers before the blocks on the path
+    are left out (each only adds)."""
+    return [(fixed, 0.0, tuple((step, o.block_f_s, cap, extra, more, off)
+                               for (step, _, cap, extra, more, off), o in zip(per, opts)))
+            for (fixed, _, per), opts in zip(work_ranks, work)]
 
 
 def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank], microbatches: int,
                num_blocks: int, virtual_stages: int, v_shaped: bool, level: float = 0.0,
-               held_first: int | None = None) -> float:
+               held_first: int | None = None, least: int = 0) -> float:
     """A lower bound on the step from the pipeline's fill, coupled with the work of the ranks after
     the first (seconds), or ``level`` (a bound already known) when it is no higher; ``level``
     also when an option lacks its forward time ``block_f_s`` or the schedule has no backward.
@@ -280,10 +204,10 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
     ``tail``: what a block adds to the optimizer step and parameter gather after the rank's last
     fragment; ``post``: the layers after the blocks, all of whose fragments run on rank 0 after
     ``t0`` in a V), and the other ranks must hold ``L - n`` blocks:
-    ``step >= work level of ranks 1..p-1`` (:func:`_level`, no chain). The bound is the least
+    ``step >= work level of ranks 1..p-1`` (:func:`water_level`, no chain). The bound is the least
     over ``n`` (multiples of ``v``) of the larger of the two: the first rises with ``n`` (taken
     as its least over ``n' >= n``, which keeps it a bound), so at a step ``tau`` rank 0 takes
-    the most blocks it allows and the others must hold the rest (:func:`_capacity`); a
+    the most blocks it allows and the others must hold the rest (:func:`block_capacity`); a
     bisection on ``tau`` above ``level`` finds the least feasible one. The layers before the
     blocks, transfers and the F dispatches before ``t0`` are left out (each only adds).
 
@@ -292,7 +216,8 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
     residual of rank 0 is freed before its first backward, so at most that many of its ``v M``
     chunk forwards start before ``t0``: the other ``v M - held_first`` (``n / v`` blocks and one
     dispatch each) run after it, which replaces the V's ``M - 1`` when larger (Narayanan et al.
-    2021, sec. 2.2: 1F1B's warm-up is the in-flight count)."""
+    2021, sec. 2.2: 1F1B's warm-up is the in-flight count). ``least``: blocks every rank holds at
+    least (rank 0 then holds at most ``L - (p - 1) least``)."""
     if len(work) < 2 or any(o.block_f_s <= 0 for opts in work for o in opts):
         return level
     if any(o.block_s - o.block_f_s <= 0 for opts in work for o in opts):
@@ -308,7 +233,7 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
     # with their dispatches, and in a V the layers after the blocks (M - 1 x all their fragments)
     late = max((m - 1) if v_shaped else 0, m * v - held_first if held_first is not None else 0)
     fixed_after = m * v * dispatch * (kinds - 1) + late * dispatch
-    counts = range(0, L + 1, v)
+    counts = range(least, L - (len(work) - 1) * least + 1, v)
     fill = []
     for n in counts:
         best = math.inf
@@ -322,7 +247,7 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
         fill.append(best)
     for i in range(len(fill) - 2, -1, -1):      # the least over n' >= n: non-decreasing in n
         fill[i] = min(fill[i], fill[i + 1])
-    held = _capacity(work_ranks[1:], 0.0, v, (), L)
+    held = block_capacity(work_ranks[1:], 0.0, v, (), L, least)
 
     def feasible(tau: float) -> bool:
         """Rank 0 takes the most blocks its fill allows at ``tau``; the others hold the rest."""
@@ -331,14 +256,14 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
 
     if feasible(level):
         return level             # no better than the level it is checked against
-    got = _least_feasible(feasible, level, max(level, 1e-6) * 2, 1e12 * max(level, 1.0))
+    got = least_feasible(feasible, level, max(level, 1e-6) * 2, 1e12 * max(level, 1.0))
     return level if got == math.inf else got    # nothing fits: the work level already says so
 
 
 def line_fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
                     microbatches: int, num_blocks: int, inflight: Sequence[int],
                     comm: Sequence[float] = (), level: float = 0.0,
-                    orders: Sequence[tuple[int, int]] | None = None) -> float:
+                    orders: Sequence[tuple[int, int]] | None = None, least: int = 0) -> float:
     """A lower bound on the step of a pipeline with one stage per rank in a line (1F1B, GPipe,
     ZB-H1/H2, ZB-1p/2p), from every rank's fill and drain at once (seconds), or ``level`` when it
     is no higher; ``level`` also when an option lacks ``block_f_s`` or there is no backward.
@@ -366,7 +291,9 @@ def line_fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[R
     above ``level`` finds the bound. Transfers before ``r``, the layers before the blocks' own
     forwards and the straggler wait are left out (each only adds). For uniform stages and
     ``late = M - (P - r)`` (1F1B) the last rank's term is ``(M + P - 1) T`` with the blocks split
-    evenly (Narayanan et al. 2021, sec. 2.2)."""
+    evenly (Narayanan et al. 2021, sec. 2.2). ``least``: blocks every rank holds at least (the
+    greedy then leaves that many for each later rank: a shorter prefix for them, which the
+    greedy's longest prefixes still dominate)."""
     if len(work) < 2 or any(o.block_f_s <= 0 for opts in work for o in opts):
         return level
     if any(o.block_s - o.block_f_s <= 0 for opts in work for o in opts):
@@ -391,7 +318,7 @@ def line_fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[R
             drained = ends if o.block_w_s == 0 else 0.0
             rows.append((own + early * o.block_w_s, drained,
                          own + m * o.block_w_s + o.tail_marginal_s, ends, cap))
-        prepared.append((after, tuple(rows), _capacity([work_ranks[r]], 0.0, 1, (), L)))
+        prepared.append((after, tuple(rows), block_capacity([work_ranks[r]], 0.0, 1, (), L)))
 
     def feasible(tau: float) -> bool:
         pre = 0
@@ -407,16 +334,17 @@ def line_fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[R
                 k = min(room1 / s1 if drain is not None and s1 > 0 else math.inf,
                         room2 / s2 if s2 > 0 else math.inf, cap, L)
                 best = max(best, math.floor(k * (1 + 1e-12)))
-            if best < 0:
+            take = min(best, held(tau), L - least * (p - 1 - r) - pre)
+            if take < least:                             # -1: no option fits
                 return False
-            pre += min(best, held(tau))
+            pre += take
             if pre >= L:
                 return True
         return pre >= L
 
     if feasible(level):
         return level
-    got = _least_feasible(feasible, level, max(level, 1e-6) * 2, 1e12 * max(level, 1.0))
+    got = least_feasible(feasible, level, max(level, 1e-6) * 2, 1e12 * max(level, 1.0))
     return level if got == math.inf else got
 
 

@@ -282,7 +282,8 @@ class _Enumeration:
                                                  mergeable=sched in api.MERGEABLE and w.training,
                                                  comm=comm, post_rank=post_rank, ends=ends,
                                                  straggler=slow, sync_exposed=sched in SYNC_EXPOSED,
-                                                 v_shaped=sk.v_shaped, orders=orders)
+                                                 v_shaped=sk.v_shaped, orders=orders,
+                                                 every_rank=True)
             named.append((sched, max(self.memo[key], c.bound_s)))
         named.sort(key=lambda x: x[1])
         return replace(c, bound_s=named[0][1] if named else math.inf, schedule_bounds=tuple(named))

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from zoo.costing import workload
 from ir import Layout
@@ -283,3 +284,73 @@ def test_line_fill_bound_every_rank_waits_for_its_round_trip():
     # a transfer at the boundary after a rank lies on its round trip
     assert line_fill_level(opts, _ranks(opts, [3, 2, 1], 1, 4), 4, 6, [3, 2, 1], (5.0, 5.0), 0.0,
                            orders) > 36.0
+
+
+def test_started_bound_waits_for_the_forward_to_reach_each_rank():
+    """2 ranks in a line, 4 blocks of 1 s (F 0.25 s), 2 microbatches: rank 1 starts only once
+    microbatch 0's forward crosses rank 0's ``n0`` blocks, then runs its ``2 n1`` s:
+    ``max(2 n0, 0.25 n0 + 2 n1)`` is 4.5 at (2, 2), 6 at (3, 1): 4.5 (the work term alone: 4)."""
+    from planner.bounds import _ranks, _started
+    from planner.level import water_level
+
+    o = replace(_opt(1.0), block_f_s=0.25)
+    opts = [[o], [o]]
+    ranks = _ranks(opts, [2, 1], 1, 2)
+    assert water_level(ranks, 4, 0.0) == pytest.approx(4.0)
+    assert water_level(_started(ranks, opts), 4, 1.0) == pytest.approx(4.5)
+    assert candidate_bound(opts, opts, 2, 4, 1.0, [2, 1]) >= 4.5 * (1 - 1e-6)
+    # in a V (chain 1/2) rank 1's first stage follows one of rank 0's two: 0.25 x n0 / 2
+    assert water_level(_started(ranks, opts), 4, 0.5, 2) == pytest.approx(4.25)
+
+
+def test_every_rank_holds_a_block():
+    """3 ranks of 1, 1 and 5 s per block, 3 blocks, 1 microbatch: left free the slow rank holds
+    none (2, 1, 0): 2 s; when every rank holds one (the shape search's pipelines): 5 s; 2 blocks
+    cannot cover 3 ranks."""
+    from planner.level import water_level
+
+    opts = [[_opt(1.0)], [_opt(1.0)], [_opt(5.0)]]
+    assert candidate_bound(opts, opts, 1, 3, 0.0, [1] * 3) == pytest.approx(2.0)
+    assert candidate_bound(opts, opts, 1, 3, 0.0, [1] * 3, every_rank=True) == pytest.approx(5.0)
+    from planner.bounds import _ranks
+    assert water_level(_ranks(opts, [1] * 3, 1, 1), 2, 0.0, least=1) == math.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 2.0), st.floats(0.0, 1.0),
+                          st.lists(st.tuples(st.floats(0.1, 3.0), st.floats(0.05, 1.0),
+                                             st.integers(0, 6), st.floats(0.0, 2.0)),
+                                   min_size=1, max_size=2)), min_size=1, max_size=4),
+       st.integers(1, 8), st.sampled_from([0.0, 0.5, 1.0]), st.sampled_from([1, 2]),
+       st.booleans(), st.floats(0.0, 30.0))
+def test_capacity_matches_every_partition(ranks, blocks, chain, per_rank, every, tau):
+    """``block_capacity`` decides, at any ``tau``, exactly whether some partition of ``blocks`` over
+    the ranks (whole multiples of ``per_rank``, each at least ``per_rank`` when ``every``) meets
+    every rank's ``tau >= fixed + chain (fixed chain of the ranks before + their blocks x the
+    least chain seconds per block) + extra + n x step`` (``n <= cap``) for some option."""
+    from planner.level import block_capacity
+
+    num_blocks = blocks * per_rank
+    least = per_rank if every else 0
+    # (fixed, fixed chain, ((step per block, chain per block, cap, extra, 0, 0), ...)); a block's
+    # step seconds are at least its chain seconds, as in every rank the bounds build
+    rs = [(f, fc, tuple((s + c, c, cap, x, 0.0, 0.0) for s, c, cap, x in opts))
+          for f, fc, opts in ranks]
+    fastest = min(c for _, _, opts in rs for _, c, _, _, _, _ in opts)
+
+    def fits(r: int, n: int, before: int) -> bool:
+        if n == 0 and not every:
+            return True
+        fixed, _, opts = rs[r]
+        room = tau - fixed - chain * (sum(x[1] for x in rs[:r]) + before * fastest)
+        return any(n <= cap and room > extra and n * step <= (room - extra) * (1 + 1e-12)
+                   for step, _, cap, extra, _, _ in opts)
+
+    def brute(r: int, before: int) -> bool:
+        if r == len(rs):
+            return before == num_blocks
+        return any(fits(r, n, before) and brute(r + 1, before + n)
+                   for n in range(least, num_blocks - before + 1, per_rank))
+
+    got = block_capacity(rs, chain, per_rank, (), num_blocks, least)(tau) >= num_blocks
+    assert got == brute(0, 0)
