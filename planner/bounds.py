@@ -22,25 +22,25 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
            microbatches: int, *, chain: bool = False, merge: bool = False,
            post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
            straggler: Sequence[float] = (), sync_exposed: bool = False) -> list[Rank]:
-    """Per rank, for :func:`water_level`. Work ranks (``chain`` False): step cost ``M x T + tail``: fixed
-    ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers), per
-    block ``M x block + the tail one more block adds`` (a stage's all-reduce pays its latency once).
-    Chain ranks: the rank's critical work between its first forward and its last backward: all its
-    fragments except the weight gradients it may still owe after its last backward, at most its
-    in-flight count of chunk instances (each W waits on a held activation): per block
-    ``M x block - min(M v, in-flight) x W / v``, plus the F and B dispatches, plus what one more
-    block adds to the optimizer step and parameter all-gather that follow the rank's last fragment
-    (``tail_marginal_s``); its chain seconds per
-    block are F and B (the path through the rank). Memory: the most blocks an
-    option holds with ``inflight[r]`` chunk instances of residuals, after the pre/post layers'
-    weights and ``ends`` (first, last stage) instances of their residuals on the ranks holding
-    them (the CP-SAT model's own memory terms). ``straggler[r]``: rank ``r``'s straggler wait as a
-    share of its work (work ranks only: the gradient sync waits that long after its last fragment,
-    :meth:`simulator.plan_costs.PlanCosts.straggler_wait`). ``sync_exposed``: every rank's last
-    fragment is a whole backward (B, or W when split) of its first stage, which holds ``1/v`` of
-    its blocks (``ScheduleKind.sync_exposed``): a work rank's step is also at least its work plus
-    what that stage's gradient sync outlasts the fragment (``MeshOption.sync_excess_s`` per block
-    of the stage, ``sync_offset_s``), a second constraint on its blocks."""
+    """Per rank, for :func:`water_level`. Work ranks (``chain`` False): step cost ``M x T + tail``:
+    fixed ``M x`` (overhead, the first rank's pre-block layers, ``post_rank``'s post-block layers),
+    per block ``M x block + the tail one more block adds`` (a stage's all-reduce pays its latency
+    once). Chain ranks: the rank's critical work between its first forward and its last backward:
+    all its fragments except the weight gradients it may still owe after its last backward, at most
+    its in-flight count of chunk instances (each W waits on a held activation): per block ``M x
+    block - min(M v, in-flight) x W / v``, plus the F and B dispatches, plus what one more block
+    adds to the optimizer step and parameter all-gather that follow the rank's last fragment
+    (``tail_marginal_s``); its chain seconds per block are F and B (the path through the rank).
+    Memory: the most blocks an option holds with ``inflight[r]`` chunk instances of residuals,
+    after the pre/post layers' weights and ``ends`` (first, last stage) instances of their
+    residuals on the ranks holding them (the CP-SAT model's own memory terms). ``straggler[r]``:
+    rank ``r``'s straggler wait as a share of its work (work ranks only: the gradient sync waits
+    that long after its last fragment, :meth:`simulator.plan_costs.PlanCosts.straggler_wait`).
+    ``sync_exposed``: every rank's last fragment is a whole backward (B, or W when split) of its
+    first stage, which holds ``1/v`` of its blocks (``ScheduleKind.sync_exposed``): a work rank's
+    step is also at least its work plus what that stage's gradient sync outlasts the fragment
+    (``MeshOption.sync_excess_s`` per block of the stage, ``sync_offset_s``), a second constraint
+    on its blocks."""
     out = []
     last = len(options) - 1
     m, v = microbatches, virtual_stages
@@ -119,19 +119,18 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
       the signature). ``chain`` is 1 for one stage per rank, ``1/v`` for ``v`` interleaved
       chunks, 1/2 for V-shaped placements (:func:`_chain`).
 
-    Both are minimised over integer partitions (:func:`water_level`: whole blocks per rank, a multiple
-    of the virtual stages; a water level filled greedily in pipeline order); in the work term
-    each mesh also pays, after its last fragment, the end-of-step gradient sync and optimizer time
-    of its blocks under the same option (``step >= M x T_m + tail_m``).
-    ``inf`` when no partition fits memory. ``comm``: per boundary, the forward plus backward
-    transfer seconds on the chain's path; ``post_rank``: the rank holding the post-block layers
-    (the last for a line, the first for a V); ``ends``: residual instances of the first and
-    last stage their ranks hold (:func:`planner.inflight.inflight_end_counts`); ``straggler``: per
-    rank, ``straggler_factor - 1`` of its device over the pipeline's hosts (the gradient sync
-    waits that share of the rank's work for the slowest host, after its last fragment: the work
-    term becomes ``(1 + straggler) x M x T_m + tail_m``; :func:`straggler_shares`);
-    ``sync_exposed``: the schedule ends each rank on a whole backward (B or W) of its first
-    stage (:func:`_ranks`).
+    Both are minimised over integer partitions (:func:`water_level`: whole blocks per rank, a
+    multiple of the virtual stages; a water level filled greedily in pipeline order); in the work
+    term each mesh also pays, after its last fragment, the end-of-step gradient sync and optimizer
+    time of its blocks under the same option (``step >= M x T_m + tail_m``). ``inf`` when no
+    partition fits memory. ``comm``: per boundary, the forward plus backward transfer seconds on
+    the chain's path; ``post_rank``: the rank holding the post-block layers (the last for a line,
+    the first for a V); ``ends``: residual instances of the first and last stage their ranks hold
+    (:func:`planner.inflight.inflight_end_counts`); ``straggler``: per rank, ``straggler_factor -
+    1`` of its device over the pipeline's hosts (the gradient sync waits that share of the rank's
+    work for the slowest host, after its last fragment: the work term becomes ``(1 + straggler) x M
+    x T_m + tail_m``; :func:`straggler_shares`); ``sync_exposed``: the schedule ends each rank on a
+    whole backward (B or W) of its first stage (:func:`_ranks`).
     - Fill (:func:`fill_level`): rank 0's backwards wait for one microbatch's forward over the
       whole pipeline (and, in a line, its backward back to rank 0's last chunk), coupled with
       the work of the other ranks over the blocks rank 0 leaves them; ``v_shaped``: the schedule
@@ -153,8 +152,8 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     level = water_level(work_ranks, num_blocks, 0.0, virtual_stages, least=least)
     if chain > 0 and level < math.inf and all(o.block_f_s > 0 for opts in work for o in opts):
         # the work term again, each rank idle until microbatch 0's forward reaches it
-        level = max(level, water_level(_started(work_ranks, work), num_blocks, chain, virtual_stages,
-                                  [c / 2 for c in comm], least))
+        level = max(level, water_level(_started(work_ranks, work), num_blocks, chain,
+                                       virtual_stages, [c / 2 for c in comm], least))
     if chain > 0 and level < math.inf:
         level = fill_level(work, work_ranks, microbatches, num_blocks, virtual_stages, v_shaped,
                            level, inflight[0] if inflight else None, least)
@@ -162,16 +161,16 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
         level = line_fill_level(work, work_ranks, microbatches, num_blocks, inflight, comm, level,
                                 orders, least)
     if chain > 0 and level < math.inf:
-        level = max(level, water_level(_ranks(work, inflight, virtual_stages, microbatches, chain=True,
-                                         merge=mergeable, post_rank=post_rank, ends=ends),
-                                  num_blocks, chain, virtual_stages, comm, least))
+        chained = _ranks(work, inflight, virtual_stages, microbatches, chain=True,
+                         merge=mergeable, post_rank=post_rank, ends=ends)
+        level = max(level, water_level(chained, num_blocks, chain, virtual_stages, comm, least))
     return level
 
 
 def _started(work_ranks: Sequence[Rank], work: Sequence[Sequence[MeshOption]]) -> list[Rank]:
     """``work_ranks`` (:func:`_ranks`, work terms) with each option's chain seconds per block its
-    forward alone (``block_f_s``) and no fixed chain seconds: with them :func:`water_level` bounds the
-    step by every rank's whole work (and tail) after the time microbatch 0's forward takes to
+    forward alone (``block_f_s``) and no fixed chain seconds: with them :func:`water_level` bounds
+    the step by every rank's whole work (and tail) after the time microbatch 0's forward takes to
     reach its first stage. Every fragment of rank ``r`` depends on some microbatch's forward over
     the stages before its first, and each microbatch's forward crosses those stages' blocks, so
     rank ``r`` starts no earlier than ``chain x S_r`` (the blocks of the ranks before it at the

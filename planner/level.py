@@ -1,7 +1,8 @@
 """The water level over whole blocks that every closed-form pipeline bound solves
-(:func:`water_level`): the least step ``tau`` at which ranks, each paying its own work for the blocks it
-holds after the chain time of the blocks before it, can hold a model's blocks in all; decided by a
-greedy fill in pipeline order (:func:`block_capacity`) inside a bisection (:func:`least_feasible`).
+(:func:`water_level`): the least step ``tau`` at which ranks, each paying its own work for the
+blocks it holds after the chain time of the blocks before it, can hold a model's blocks in all;
+decided by a greedy fill in pipeline order (:func:`block_capacity`) inside a bisection
+(:func:`least_feasible`).
 
 Used by :mod:`planner.bounds`; checked against every partition of small instances in
 ``tests/planner/test_shapes.py``.
@@ -20,7 +21,7 @@ block and to the fixed seconds, 0 and 0 for none), ...) per layout option)."""
 
 
 def water_level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: int = 1,
-           comm: Sequence[float] = (), least: int = 0) -> float:
+                comm: Sequence[float] = (), least: int = 0) -> float:
     """The least ``tau`` such that ranks with ``tau >= chain * S_r + cost_r(n_r)`` can hold
     ``num_blocks`` blocks in all, where rank ``r`` holds a whole multiple of ``per_rank`` blocks
     ``n_r`` (its virtual stages hold equal counts) under one option that fits them,
@@ -50,8 +51,7 @@ def water_level(ranks: Sequence[Rank], num_blocks: int, chain: float, per_rank: 
     return least_feasible(lambda tau: blocks(tau) >= num_blocks, lo, hi, worst)
 
 
-def least_feasible(feasible: Callable[[float], bool], lo: float, hi: float, worst: float
-                    ) -> float:
+def least_feasible(feasible: Callable[[float], bool], lo: float, hi: float, worst: float) -> float:
     """The lower end of the least ``tau`` at which ``feasible`` (monotone in ``tau``) holds, to a
     relative 1e-7, searched from the infeasible ``lo`` by doubling ``hi`` up to ``worst``, then
     bisecting: the returned end is never feasible (a valid bound); ``inf`` when ``worst`` is not
@@ -72,10 +72,11 @@ def least_feasible(feasible: Callable[[float], bool], lo: float, hi: float, wors
     return lo
 
 
-def block_capacity(ranks: Sequence[Rank], chain: float, per_rank: int = 1, comm: Sequence[float] = (),
-              num_blocks: int = 0, least: int = 0) -> Callable[[float], int]:
-    """The greedy of :func:`water_level`: ``tau -> `` the most blocks the ranks hold in all with every
-    rank's ``chain x S_r + cost_r(n_r) <= tau`` (a rank holding no matmul cost holds up to
+def block_capacity(ranks: Sequence[Rank], chain: float, per_rank: int = 1,
+                   comm: Sequence[float] = (), num_blocks: int = 0,
+                   least: int = 0) -> Callable[[float], int]:
+    """The greedy of :func:`water_level`: ``tau -> `` the most blocks the ranks hold in all with
+    every rank's ``chain x S_r + cost_r(n_r) <= tau`` (a rank holding no matmul cost holds up to
     ``num_blocks``), or -1 when some rank cannot hold ``least`` blocks (every rank of a pipeline
     holds at least one block per stage: the shape search's pipelines use every rank).
 
