@@ -71,7 +71,7 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-27), DeepSeek-
      {"step (s)": "replays at {} s in the same"}),
     (PEER, {"plan": "mpmd plan --schedule 1f1b"}, {"step (s)": "between the kinds at {} s"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes", "what": "plan, --time-limit 30"},
-     {"step (s)": "each stage, ZB-H2) at {} s per step"}),
+     {"step (s)": "each stage, DualPipeV) at {} s per step", "MFU": "per step ({} MFU"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes", "what": "plan, --time-limit 120"},
      {"step (s)": "at {} s per step", "MFU": "({} MFU", "tokens/s/GPU": "{} tokens/s per GPU"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes",
