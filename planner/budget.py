@@ -53,9 +53,12 @@ was 5e-5), per fragment simulated (meshes sharing a host are timed by the simula
 estimate), per rank and schedule of a bound refined (1.2e-4 s, re-measured 2026-11-25 on mixed512 after
 the bounds gained per-option fixed costs and the sync constraint: 87,233 units in 10.9 s; was 6e-5;
 2026-11-27: since the fill levels and in-order counts a least-squares fit of 914 refinements'
-CPU time on mixed512's pipelines gives 1.6e-4 s per rank and schedule plus 1.25e-3 s per
-schedule, 2.25x this charge: not yet adopted, as the budgets of every recorded search would
-shrink with it), per candidate enumerated
+CPU time on mixed512's pipelines gave 1.6e-4 s per rank and schedule plus 1.25e-3 s per
+schedule, 2.25x this charge; re-measured the same day after the started-work term and the
+every-rank minimum, the same 914 take 13.1 s of CPU against 9.1 s charged, 1.44x (15.8 s just
+before that change, on the same idle machine: the 2.25x was measured on a busier one), fit
+9.4e-5 s per rank and schedule plus 8.8e-4 s per schedule; not yet adopted, as the budgets of
+every recorded search would shrink with it), per candidate enumerated
 (7e-4 to 9e-4 s), per layout choice of a mesh costed for the first time (``planner.options``:
 1.6e-4 s, measured 2026-11-25 on the README's mixed512 case, 26,572 choices in 4.2 s), per kept
 constraint nonzero of a dependence graph bounded as a mixed-integer program (1.8e-4 s: HiGHS's
