@@ -55,8 +55,9 @@ the bounds gained per-option fixed costs and the sync constraint: 87,233 units i
 2026-11-27: since the fill levels and in-order counts a least-squares fit of 914 refinements'
 CPU time on mixed512's pipelines gave 1.6e-4 s per rank and schedule plus 1.25e-3 s per
 schedule, 2.25x this charge; re-measured the same day after the started-work term and the
-every-rank minimum, the same 914 take 13.1 s of CPU against 9.1 s charged, 1.44x (15.8 s just
-before that change, on the same idle machine: the 2.25x was measured on a busier one), fit
+every-rank minimum, the same 914 take 13.1 s of CPU against 9.1 s charged, 1.44x (the code
+just before that change: 15.8 s, 1.73x, on the same idle machine; the 2.25x fit was not
+reproduced), fit
 9.4e-5 s per rank and schedule plus 8.8e-4 s per schedule; not yet adopted, as the budgets of
 every recorded search would shrink with it), per candidate enumerated
 (7e-4 to 9e-4 s), per layout choice of a mesh costed for the first time (``planner.options``:
