@@ -182,20 +182,26 @@ def _jittered(tmp_path: Path, jitter: float) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("jitter,schedules,mixed", [(0.0, SCHEDULES, False), (0.08, SCHEDULES, False),
-                                                     (0.0, ("zb-1p", "zb-2p"), False),
-                                                     (0.0, SCHEDULES, True)])
-def test_bound_holds_for_random_plans(tmp_path, jitter, schedules, mixed):
+@pytest.mark.parametrize("jitter,schedules,mixed,moe", [(0.0, SCHEDULES, False, False),
+                                                         (0.08, SCHEDULES, False, False),
+                                                         (0.0, ("zb-1p", "zb-2p"), False, False),
+                                                         (0.0, SCHEDULES, True, False),
+                                                         (0.0, SCHEDULES, False, True)])
+def test_bound_holds_for_random_plans(tmp_path, jitter, schedules, mixed, moe):
     """Every schedule's bound of a candidate (the closed-form terms and its dependence graph's,
     ``planner.dag_bound``) is at most the exact step of any plan of that candidate that fits
     memory: 4 nodes of 2 devices, every shape, random partitions and layouts, with and without a
     straggler wait at the gradient sync (``sync_jitter``), the adaptive ZB-1p/2p (whose
-    graph bound has no fixed order), and a mixed pipeline (2 H100 nodes then 2 A100 nodes, the
-    kinds joined by a slower link: what a heterogeneous search's bound refines)."""
+    graph bound has no fixed order), a mixed pipeline (2 H100 nodes then 2 A100 nodes, the
+    kinds joined by a slower link: what a heterogeneous search's bound refines), and a mixture
+    of experts (``tiny-moe``: expert-parallel layouts, DualPipeV hiding the all-to-alls)."""
     import random
 
+    from zoo.model_files import resolve_model
+
     rng = random.Random(0)
-    w = workload("llama-tiny", 16)
+    w = workload(resolve_model("zoo/configs/tiny-moe.yaml"), 16, seq_len=64) if moe else \
+        workload("llama-tiny", 16)
     if mixed:
         cluster = _cluster(tmp_path, [("h100", "h100-sxm", 2, 2), ("a100", "a100-80gb-sxm", 2, 2)])
         groups = ("h100", "a100")
@@ -209,7 +215,7 @@ def test_bound_holds_for_random_plans(tmp_path, jitter, schedules, mixed):
     checked = 0
     for c in e.items:
         c = e.refine_orders(e.refine(c), math.inf, Budget(math.inf, math.inf))
-        if not mixed and jitter == 0.0:
+        if not mixed and not moe and jitter == 0.0:
             # the same graphs as mixed-integer programs (one layout, whole blocks per rank)
             c = e.refine_orders(c, math.inf, Budget(math.inf, math.inf), integer=True)
         lc, meshes = e.lc[c.shapes]
