@@ -57,18 +57,17 @@ CPU time on mixed512's pipelines gave 1.6e-4 s per rank and schedule plus 1.25e-
 schedule, 2.25x this charge; re-measured the same day after the started-work term and the
 every-rank minimum, the same 914 take 13.1 s of CPU against 9.1 s charged, 1.44x (the code
 just before that change: 15.8 s, 1.73x, on the same idle machine; the 2.25x fit was not
-reproduced), fit
-9.4e-5 s per rank and schedule plus 8.8e-4 s per schedule; not yet adopted, as the budgets of
-every recorded search would shrink with it), per candidate enumerated
-(7e-4 to 9e-4 s), per layout choice of a mesh costed for the first time (``planner.options``:
+reproduced), fit 9.4e-5 s per rank and schedule plus 8.8e-4 s per schedule; not yet adopted,
+as the budgets of every recorded search would shrink with it), per candidate enumerated (7e-4
+to 9e-4 s), per layout choice of a mesh costed for the first time (``planner.options``:
 1.6e-4 s, measured 2026-11-25 on the README's mixed512 case, 26,572 choices in 4.2 s), per kept
 constraint nonzero of a dependence graph bounded as a mixed-integer program (1.8e-4 s: HiGHS's
 root node and up to 200 more, process CPU time over llama3-70b on 4,096 H100, 62,280 nonzeros in
 11.2 s, and DeepSeek-V3 on 2,048 H100, 424,240 in 70.3 s, 2026-11-27; charging 3.5e-3 s per kept
-fragment instead undercounted DeepSeek-V3's dense graphs about 6x). Re-measure with the process CPU time of ``planner.candidate._evaluate`` and
-``solve_outcome`` over a few searches whenever the cost model changes: a budget that
-undercounts lets the wall clock cut the search, and the plan then depends on the machine's
-load."""
+fragment instead undercounted DeepSeek-V3's dense graphs about 6x). Re-measure with the process
+CPU time of ``planner.candidate._evaluate`` and ``solve_outcome`` over a few searches whenever
+the cost model changes: a budget that undercounts lets the wall clock cut the search, and the
+plan then depends on the machine's load."""
 
 
 def _fragments(plan: Plan) -> int:

@@ -98,6 +98,8 @@ def block_capacity(ranks: Sequence[Rank], chain: float, per_rank: int = 1,
                  min((cap for cost, _, cap, _, _, _ in opts if cost <= 0), default=-1))
                 for r, (fixed, fixed_chain, opts) in enumerate(ranks)]
     floor = math.floor
+    if least * len(prepared) > num_blocks:
+        return lambda tau: -1        # the ranks cannot all hold ``least``
 
     def most(room: float, opts, free_cap: int) -> int:
         """The most blocks (a multiple of ``per_rank``) a rank holds with ``room`` seconds."""
@@ -120,8 +122,6 @@ def block_capacity(ranks: Sequence[Rank], chain: float, per_rank: int = 1,
         return int(n) // per_rank * per_rank
 
     def blocks(tau: float) -> int:
-        if least * len(prepared) > num_blocks:
-            return -1                # the ranks cannot all hold ``least``
         total, s = 0, 0.0            # s: the fixed chain seconds of the ranks before
         for r, (hop, fixed, fixed_chain, opts, free_cap) in enumerate(prepared):
             base = tau - hop - fixed - chain * s
