@@ -176,7 +176,7 @@ def make_candidate(w: Workload, cluster: Cluster, meshes: tuple[str, ...], sched
     split = "W" in kinds
     options = []
     for m in meshes:
-        o = _cached_mesh_options(w, cluster.meshes[m], samples, kinds, split, opts.headroom,
+        o, _ = _cached_mesh_options(w, cluster.meshes[m], samples, kinds, split, opts.headroom,
                                  opts.max_tensor, opts.fsdp, kind(schedule).hides_alltoall)
         if not o:
             return None

@@ -15,10 +15,10 @@ from typing import Sequence
 from hardware_profiles.types import MeshSpec, straggler_factor, straggler_hosts
 from simulator.schedules import kind
 from planner.level import Rank, block_capacity, least_feasible, water_level
-from planner.search import MeshOption
+from simulator.stage_cost import StageCost
 
 
-def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], virtual_stages: int,
+def _ranks(options: Sequence[Sequence[StageCost]], inflight: Sequence[int], virtual_stages: int,
            microbatches: int, *, chain: bool = False, merge: bool = False,
            post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
            straggler: Sequence[float] = (), sync_exposed: bool = False) -> list[Rank]:
@@ -39,7 +39,7 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
     ``sync_exposed``: every rank's last fragment is a whole backward (B, or W when split) of its
     first stage, which holds ``1/v`` of its blocks (``ScheduleKind.sync_exposed``): a work rank's
     step is also at least its work plus what that stage's gradient sync outlasts the fragment
-    (``MeshOption.sync_excess_s`` per block of the stage, ``sync_offset_s``), a second constraint
+    (``StageCost.sync_excess_s`` per block of the stage, ``sync_offset_s``), a second constraint
     on its blocks."""
     out = []
     last = len(options) - 1
@@ -65,12 +65,11 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
         owed = min(m * v, inflight[r]) / v
         slow = 1.0 if chain or r >= len(straggler) else 1.0 + straggler[r]
         for o in opts:
-            need = o.static_block + inflight[r] * o.resid_block / v
-            room = o.capacity - o.working
-            if r == 0:                   # the layers before the blocks and their residuals
-                room -= o.static_pre + ends[0] * o.resid_pre
-            if r == post_rank:           # the layers after them (on the last rank, or the first in a V)
-                room -= o.static_post + ends[1] * o.resid_post
+            need = o.block_bytes(v, inflight[r])
+            # less the layers before the blocks and their residuals on the first rank, and the
+            # layers after them on the rank holding them (the last, or the first in a V)
+            room = o.room_bytes(first=r == 0, holds_post=r == post_rank,
+                                first_instances=ends[0], post_instances=ends[1])
             cap = math.inf if need <= 0 else max(0.0, math.floor(room / need))
             # the option's own fixed seconds beyond the rank's least (e.g. FSDP's exposed gathers)
             own = (o.overhead_s - least) * share
@@ -95,7 +94,7 @@ def _ranks(options: Sequence[Sequence[MeshOption]], inflight: Sequence[int], vir
     return out
 
 
-def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Sequence[MeshOption]],
+def candidate_bound(work: Sequence[Sequence[StageCost]], critical: Sequence[Sequence[StageCost]],
                     microbatches: int, num_blocks: int, chain: float, inflight: Sequence[int],
                     virtual_stages: int = 1, mergeable: bool = False, comm: Sequence[float] = (),
                     post_rank: int | None = None, ends: tuple[int, int] = (0, 0),
@@ -167,7 +166,7 @@ def candidate_bound(work: Sequence[Sequence[MeshOption]], critical: Sequence[Seq
     return level
 
 
-def _started(work_ranks: Sequence[Rank], work: Sequence[Sequence[MeshOption]]) -> list[Rank]:
+def _started(work_ranks: Sequence[Rank], work: Sequence[Sequence[StageCost]]) -> list[Rank]:
     """``work_ranks`` (:func:`_ranks`, work terms) with each option's chain seconds per block its
     forward alone (``block_f_s``) and no fixed chain seconds: with them :func:`water_level` bounds
     the step by every rank's whole work (and tail) after the time microbatch 0's forward takes to
@@ -182,7 +181,7 @@ def _started(work_ranks: Sequence[Rank], work: Sequence[Sequence[MeshOption]]) -
             for (fixed, _, per), opts in zip(work_ranks, work)]
 
 
-def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank], microbatches: int,
+def fill_level(work: Sequence[Sequence[StageCost]], work_ranks: Sequence[Rank], microbatches: int,
                num_blocks: int, virtual_stages: int, v_shaped: bool, level: float = 0.0,
                held_first: int | None = None, least: int = 0) -> float:
     """A lower bound on the step from the pipeline's fill, coupled with the work of the ranks after
@@ -223,7 +222,7 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
         return level         # no backward (a forward-only plan): no fill to wait for
     m, v, L = microbatches, virtual_stages, num_blocks
     f_min = min(o.block_f_s for opts in work[1:] for o in opts)
-    b_min = min(o.block_s - o.block_f_s - o.block_w_s for opts in work[1:] for o in opts)
+    b_min = min(o.block_b_s for opts in work[1:] for o in opts)
     caps = [opt[2] for opt in work_ranks[0][2]]
     kinds = 3 if any(o.block_w_s > 0 for o in work[0]) else 2
     dispatch = min(o.merge_saving_s for o in work[0])   # one fragment's dispatch (no FSDP share)
@@ -259,7 +258,7 @@ def fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
     return level if got == math.inf else got    # nothing fits: the work level already says so
 
 
-def line_fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[Rank],
+def line_fill_level(work: Sequence[Sequence[StageCost]], work_ranks: Sequence[Rank],
                     microbatches: int, num_blocks: int, inflight: Sequence[int],
                     comm: Sequence[float] = (), level: float = 0.0,
                     orders: Sequence[tuple[int, int]] | None = None, least: int = 0) -> float:
@@ -299,7 +298,7 @@ def line_fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[R
         return level
     m, L, p = microbatches, num_blocks, len(work)
     f = min(o.block_f_s for opts in work for o in opts)
-    b = min(o.block_s - o.block_f_s - o.block_w_s for opts in work for o in opts)
+    b = min(o.block_b_s for opts in work for o in opts)
     prepared = []
     for r, opts in enumerate(work):
         late, early = orders[r] if orders else (m - min(inflight[r], m), 0)
@@ -309,7 +308,7 @@ def line_fill_level(work: Sequence[Sequence[MeshOption]], work_ranks: Sequence[R
         after += sum(comm[q] for q in range(r, min(len(comm), p - 1)))
         rows = []
         for o, (_, _, cap, _, _, _) in zip(opts, work_ranks[r][2]):
-            b_o = o.block_s - o.block_f_s - o.block_w_s
+            b_o = o.block_b_s
             own = (1 + late) * o.block_f_s + m * b_o - f - b      # net of the path it replaces
             # the layers outside the blocks on their rank, (1 + late) x all their fragments:
             # their F and B precede the rank's last B, their W (when split) may not
@@ -366,7 +365,7 @@ def chain_share(sched: str, virtual_stages: int) -> float:
     return 1.0 / kind(sched).stages_per_rank(virtual_stages)
 
 
-def quick_bound(work: Sequence[Sequence[MeshOption]], microbatches: int, num_blocks: int) -> float:
+def quick_bound(work: Sequence[Sequence[StageCost]], microbatches: int, num_blocks: int) -> float:
     """A cheap lower bound, never above :func:`candidate_bound`: the fluid work bound without
     memory, ``M x tau`` with ``sum_r (tau - f_r) / b_r = L`` left unclamped (a negative term only
     lowers ``tau``)."""

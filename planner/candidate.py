@@ -14,7 +14,8 @@ from hardware_profiles.types import Cluster
 from planner import api
 from planner.budget import COSTS, Budget, _fragments, _work
 from planner.predict import Prediction, predict
-from planner.search import solve_outcome
+from planner.search import Candidate, solve_outcome
+from simulator.stage_cost import StageCost
 import itertools
 
 
@@ -89,17 +90,17 @@ def _plans_in(cand) -> int:
             * (2 if cand.mergeable else 1)) if per >= p else 0
 
 
-def rank_work(cand, i: int, o, n: int) -> float:
+def rank_work(cand: Candidate, i: int, o: StageCost, n: int) -> float:
     """Seconds rank ``i`` of ``cand`` computes in one step under option ``o`` with ``n`` blocks
     per virtual stage: ``M x`` its per-microbatch work as the CP-SAT model charges it (its blocks
     in every virtual stage, the layers before the blocks on the first rank and after them on the
     rank that holds them, one dispatch per virtual stage), less the last stage's F+B merge saving
     where it may merge. Every schedule runs a rank's fragments one after another, so no plan with
     that rank's choice is faster: a lower bound on the replayed step."""
-    v, last = cand.virtual_stages, len(cand.meshes) - 1
-    post = i == 0 if cand.v_shape else i == last
-    t = (v * n * o.block_s + (o.pre_s if i == 0 else 0.0) + (o.post_s if post else 0.0)
-         + v * o.overhead_s - (o.merge_saving_s if cand.mergeable and i == last else 0.0))
+    last = len(cand.meshes) - 1
+    t = o.rank_time(cand.virtual_stages).at(
+        n, first=i == 0, holds_post=i == 0 if cand.v_shape else i == last,
+        merged=cand.mergeable and i == last)
     return cand.microbatches * t
 
 

@@ -9,7 +9,7 @@ after ``F(s - 1, j)``, ``B(s, j)`` after ``B(s + 1, j)`` (the last stage's after
 with each fragment charged its least duration: a chunk of ``n`` blocks costs ``n`` times the least
 per-block F, B or W time of the rank's layout option (plus its least dispatch and, on the first
 and last stage, the layers outside the blocks), and each rank's end-of-step ops follow: its
-stages' exposed gradient sync (``MeshOption.sync_excess_s``), its collective stream running every
+stages' exposed gradient sync (``StageCost.sync_excess_s``), its collective stream running every
 stage's buckets after the first of its last backwards, the straggler wait and the optimizer.
 
 Start times, the partition (continuous blocks per rank and layout option: a mix of options relaxes
@@ -37,7 +37,7 @@ import functools
 import math
 from typing import Callable, Sequence
 
-from planner.search import MeshOption
+from simulator.stage_cost import StageCost
 
 MAX_FRAGMENTS = 4000
 """Most fragments kept as variables (about 0.5 s of HiGHS on the reference machine)."""
@@ -57,7 +57,7 @@ def _table(schedule: str, ranks: int, microbatches: int, virtual_stages: int):
     return generate(schedule, ranks, microbatches, virtual_stages=virtual_stages)
 
 
-def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
+def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
                 caps: Sequence[Sequence[float]],
                 microbatches: int, num_blocks: int, virtual_stages: int,
                 post_rank: int, hop: Callable[[int, int], float] | None = None,
@@ -124,8 +124,6 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
     nvar = tau + 1
     rank_of = table.stage_rank
     last = table.num_stages - 1
-    per_block = {"F": lambda o: o.block_f_s, "W": lambda o: o.block_w_s,
-                 "B": lambda o: o.block_s - o.block_f_s - o.block_w_s}
     # one fragment's dispatch (merge_saving_s: FSDP's exposed gathers, which fall on some
     # kinds only, left out)
     dispatch = [min(o.merge_saving_s for o in opts) for opts in work]
@@ -161,13 +159,13 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
     def span(r: int, counts: dict[str, int], extra=lambda o: 0.0) -> list:
         """Terms of rank ``r`` running ``counts`` chunk fragments of each kind (plus ``extra``)
         per block variable."""
-        return [(col[r][k], sum(c * per_block[x](o) for x, c in counts.items()) + extra(o))
+        return [(col[r][k], sum(c * o.block_kind_s(x) for x, c in counts.items()) + extra(o))
                 for k, o in enumerate(work[r])]
 
     def wait(r: int) -> list:
         """The straggler wait of rank ``r``: its share of the rank's work, per option variable."""
         share = straggler[r] if r < len(straggler) else 0.0
-        return [(col[r][k], share * m * v * o.block_s) for k, o in enumerate(work[r])] if share else []
+        return [(col[r][k], share * m * o.rank_time(v).per_block) for k, o in enumerate(work[r])] if share else []
 
     def t(u) -> int:
         return index[(u.kind, u.stage, u.microbatch)]
@@ -229,16 +227,17 @@ def order_bound(schedule: str, work: Sequence[Sequence[MeshOption]],
     for r, order in enumerate(table.order):
         u = next(f for f in order if f.kind == lastk and f.microbatch == m - 1)
         add([(t(u), 1.0), (tau, -1.0)]
-            + span(r, {}, lambda o: v * (o.sync_excess_s + per_block[lastk](o)
+            + span(r, {}, lambda o: v * (o.sync_excess_s + o.block_kind_s(lastk)
                                               if o.sync_excess_s > 0 else 0.0) + tail(o))
             + wait(r), 0.0)
     # each rank's whole work with the layers outside the blocks
     for r, opts in enumerate(work):
         merged = mergeable and r == rank_of[last]
-        least = min(m * o.overhead_s * v - (m * o.merge_saving_s if merged else 0.0)
-                    + m * ((o.pre_s if r == 0 else 0.0) + (o.post_s if r == post_rank else 0.0))
+        least = min(m * o.rank_time(v).at(0, first=r == 0, holds_post=r == post_rank,
+                                          merged=merged)
                     for o in opts)
-        add([(col[r][k], v * (m * o.block_s + o.tail_marginal_s)) for k, o in enumerate(opts)]
+        add([(col[r][k], m * o.rank_time(v).per_block + v * o.tail_marginal_s)
+             for k, o in enumerate(opts)]
             + wait(r) + [(tau, -1.0)], -least)
     a_ub = coo_matrix((vals, (rows, cols)), shape=(row, nvar)).tocsr()
     a_eq = coo_matrix(([float(v)] * nx, ([0] * nx, list(range(nx)))), shape=(1, nvar)).tocsr()
@@ -305,12 +304,10 @@ def _free_order(r, order, keep, add, t, cols, opts, m, held, tau, tail, wait, fi
     keeps from starting before it (``M - j - held``), after ``W(j)`` their W; then its optimizer
     step (``tail``) and straggler wait (``wait``)."""
     from ir import FragmentRef
-    per = {"F": lambda o: o.block_f_s, "W": lambda o: o.block_w_s,
-           "B": lambda o: o.block_s - o.block_f_s - o.block_w_s}
     one = {k: fixed(FragmentRef(k, r, 0)) for k in "FBW"}   # every microbatch's alike
 
     def work_of(nf: int, nb: int, nw: int, extra=lambda o: 0.0) -> list:
-        return [(cols[i], nf * per["F"](o) + nb * per["B"](o) + nw * per["W"](o) + extra(o))
+        return [(cols[i], nf * o.block_kind_s("F") + nb * o.block_kind_s("B") + nw * o.block_kind_s("W") + extra(o))
                 for i, o in enumerate(opts)]
 
     def const(nf: int, nb: int, nw: int) -> float:

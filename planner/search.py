@@ -39,11 +39,13 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from ortools.sat.python import cp_model
 
 from ir import Layout
 from planner.cpsat_thread import run_solver
+from simulator.stage_cost import Affine, StageCost
 from planner.inflight import (  # noqa: F401  (re-exported: the model's callers name them here)
     V_SHAPED, _chunks, inflight_count, inflight_end_counts)
 from simulator.schedules import kind
@@ -55,64 +57,6 @@ MB = 1e6
 
 
 @dataclass(frozen=True, slots=True)
-class MeshOption:
-    """Costs of one mesh under one layout, per microbatch (seconds, per-device bytes).
-
-    Attributes:
-        layout: the data x tensor parallel layout.
-        recompute: whether the mesh recomputes activations in the backward.
-        block_s / pre_s / post_s: compute time of one repeated block, of the layers before the
-            blocks, and of the layers after them (all fragment kinds of one microbatch summed).
-        overhead_s: dispatch overhead of one virtual stage's fragments for one microbatch.
-        merge_saving_s: overhead saved per microbatch when the last stage's F and B merge.
-        tail_block_s / tail_pre_s / tail_post_s: end-of-step gradient sync + optimizer time.
-        static_block / static_pre / static_post: weights, gradients, optimizer state bytes.
-        resid_block / resid_pre / resid_post: residual bytes per microbatch in flight.
-        working: transient bytes of a running fragment.
-        capacity: usable bytes per device.
-    """
-
-    layout: Layout
-    recompute: bool
-    block_s: float
-    pre_s: float
-    post_s: float
-    overhead_s: float
-    merge_saving_s: float
-    tail_block_s: float
-    tail_pre_s: float
-    tail_post_s: float
-    static_block: float
-    static_pre: float
-    static_post: float
-    resid_block: float
-    resid_pre: float
-    resid_post: float
-    working: float
-    capacity: float
-    block_w_s: float = 0.0
-    """The weight-gradient (W) part of ``block_s`` when the backward is split, else 0."""
-    block_f_s: float = 0.0
-    """The forward (F) part of ``block_s`` (0: not given; the bounds then leave out the pipeline's
-    fill, :func:`planner.bounds.fill_level`)."""
-    tail_marginal_s: float = 0.0
-    """What one more block adds to the end-of-step tail (a stage's gradient all-reduce is one
-    collective: its latency is paid once, so ``tail_block_s`` x blocks over-counts it)."""
-    sync_excess_s: float = 0.0
-    """Per block, how much its data-parallel gradient sync outlasts its backward of one microbatch
-    (``max(0, sync - B)``, seconds): the buckets are synced one after another during and after the
-    stage's last backward, so what exceeds that backward is exposed (bounds only)."""
-    pre_kinds_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    """The layers before the blocks' F, B and W per microbatch (their sum is ``pre_s``; zeros:
-    not given; bounds only, :func:`planner.dag_bound.order_bound`)."""
-    post_kinds_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    """The same for the layers after the blocks (``post_s``)."""
-    sync_offset_s: float = 0.0
-    """At most 0: the same excess's constant part over the layers outside the blocks and the
-    backward fragment's fixed costs (bounds only; see :func:`planner.bounds.candidate_bound`)."""
-
-
-@dataclass(frozen=True, slots=True)
 class Candidate:
     """The fixed part of one solve."""
 
@@ -121,7 +65,7 @@ class Candidate:
     virtual_stages: int
     num_blocks: int
     meshes: tuple[str, ...]
-    options: tuple[tuple[MeshOption, ...], ...]      # per mesh, per allowed layout
+    options: tuple[tuple[StageCost, ...], ...]      # per mesh, per allowed layout
     comm_s: tuple[tuple[float, ...], ...]            # per ordered mesh pair: F + B transfer time
     mergeable: bool
     even_split: bool = False
@@ -183,6 +127,29 @@ def _mb(nbytes: float) -> int:
     return math.ceil(nbytes / MB - 1e-9)
 
 
+def _us(seconds: float) -> int:
+    """Seconds as whole microseconds, rounded to the nearest (the objective's unit)."""
+    return int(round(seconds * US))
+
+
+def _linear(a: Affine, blocks: Any, first: Any, post: Any, on: Any = 1, merged: Any = 0,
+            unit: Callable[[float], int] = _us) -> Any:
+    """``a`` (a :class:`simulator.stage_cost.Affine` of a :class:`StageCost`) as a CP-SAT linear
+    expression in integer ``unit`` s: ``blocks`` blocks per virtual stage, ``first`` / ``post``
+    whether the rank holds the end layers, ``on`` whether the option is chosen (its fixed term),
+    ``merged`` whether the last stage's F and B merge (constants or model variables)."""
+    return (unit(a.per_block) * blocks + unit(a.first) * first + unit(a.post) * post
+            + unit(a.fixed) * on - unit(a.merged) * merged)
+
+
+def _hull(a: Affine, blocks: Any, chosen: Any, first: int, post: int) -> Any:
+    """One option's share of ``a`` in the disaggregated (convex-hull) form of a fixed pipeline
+    order: ``blocks`` the option's block count (0 unless ``chosen``), ``first`` / ``post``
+    constants (whether the rank holds the end layers); the merge term is left to the caller."""
+    return _us(a.per_block) * blocks + (_us(a.first) * first + _us(a.post) * post
+                                        + _us(a.fixed)) * chosen
+
+
 def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str):
     """:func:`inflight_count` with a variable position ``pos`` and pipeline depth ``n_used``."""
     m, s = c.microbatches, c.schedule
@@ -221,9 +188,11 @@ def _hint(model, c: Candidate, used, first, last, nblk, pos, sel) -> None:
     inflight = (min(nm, c.microbatches) * v if not kind(c.schedule).split_backward
                 else inflight_count(c.schedule, 0, nm, c.microbatches, v))
 
-    def need(o: MeshOption, n: int) -> float:
-        return (v * n * (o.static_block + inflight * o.resid_block) + o.static_pre + o.static_post
-                + inflight * (o.resid_pre + o.resid_post) + o.working)
+    def need(o: StageCost, n: int) -> float:
+        # every mesh charged the end layers, and ``inflight`` residuals per virtual stage (a
+        # conservative share for the warm start only)
+        return o.memory_bytes(n, v, inflight * v, first=True, holds_post=True,
+                              first_instances=inflight, post_instances=inflight)
 
     for i in range(nm):
         opts = c.options[i]
@@ -237,6 +206,24 @@ def _hint(model, c: Candidate, used, first, last, nblk, pos, sel) -> None:
         model.AddHint(nblk[i], share[i])
         for k in range(len(sel[i])):
             model.AddHint(sel[i][k], int(k == best))
+
+
+def surrogate_s(c: Candidate, blocks: Sequence[int], picks: Sequence[StageCost],
+                merge: bool = False) -> float:
+    """The objective the CP-SAT model minimises, in seconds, for a pipeline that uses every mesh
+    of ``c`` in order (as a fixed-order candidate does) with ``blocks`` blocks per virtual stage
+    and the options ``picks`` per mesh: ``M x max_m T_m + (sum_m T_m - max_m T_m) / v +
+    transfers + max_m tail_m``, with ``T_m`` and ``tail_m`` the picks' :meth:`StageCost.rank_time`
+    and :meth:`StageCost.tail` (the same terms the model takes, before their rounding to whole
+    microseconds)."""
+    v, last = c.virtual_stages, len(picks) - 1
+    ranks = [(i == 0, i == 0 if c.v_shape else i == last) for i in range(len(picks))]
+    times = [o.rank_time(v).at(n, first=f, holds_post=h, merged=merge and c.mergeable and i == last)
+             for i, (o, n, (f, h)) in enumerate(zip(picks, blocks, ranks))]
+    tails = [o.tail(v).at(n, first=f, holds_post=h) for o, n, (f, h) in zip(picks, blocks, ranks)]
+    slowest = max(times)
+    transfers = sum(c.comm_s[i][i + 1] for i in range(last))
+    return c.microbatches * slowest + (sum(times) - slowest) / v + transfers + max(tails)
 
 
 def solve(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: int = 1,
@@ -289,7 +276,7 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
             model.Add(used[i] == 1)
         sel.append([model.NewBoolVar(f"sel_{name}_{k}") for k in range(len(c.options[i]))])
         model.Add(sum(sel[i]) == used[i])
-        worst = max(v * L * o.block_s + o.pre_s + o.post_s + o.overhead_s * v for o in c.options[i])
+        worst = max(o.rank_time(v).at(L, first=True, holds_post=True) for o in c.options[i])
         big_t = max(big_t, int(worst * US) + 1)
     model.Add(v * sum(nblk) == L)
     model.AddExactlyOne(first)
@@ -395,43 +382,36 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
                 model.Add(n_k[k] <= L * sel[i][k])
             model.Add(sum(n_k) == nblk[i])
             opts_i = c.options[i]
-            model.Add(tm[i] == sum(int(round(v * o.block_s * US)) * n_k[k]
-                                   + (int(round(o.pre_s * US)) * pre_on + int(round(o.post_s * US)) * po
-                                      + int(round(v * o.overhead_s * US))) * sel[i][k]
+            # (every option's merge saving is the same dispatch: the first's is taken once)
+            model.Add(tm[i] == sum(_hull(o.rank_time(v), n_k[k], sel[i][k], pre_on, po)
                                    for k, o in enumerate(opts_i))
-                      - int(round(opts_i[0].merge_saving_s * US)) * merged_c)
-            model.Add(tail[i] == sum(int(round(v * o.tail_block_s * US)) * n_k[k]
-                                     + (int(round(o.tail_pre_s * US)) * pre_on
-                                        + int(round(o.tail_post_s * US)) * po) * sel[i][k]
+                      - _us(opts_i[0].rank_time(v).merged) * merged_c)
+            model.Add(tail[i] == sum(_hull(o.tail(v), n_k[k], sel[i][k], pre_on, po)
                                      for k, o in enumerate(opts_i)))
             for k, o in enumerate(opts_i):
-                room = int(o.capacity // MB) - (_mb(o.static_pre) * pre_on + _mb(o.static_post) * po
-                                                + _mb(o.resid_pre) * infl_pre + _mb(o.resid_post) * infl_post
-                                                + _mb(o.working))
+                st, rs = o.static(v), o.residual()
+                room = int(o.capacity // MB) - (_mb(st.first) * pre_on + _mb(st.post) * po
+                                                + _mb(rs.first) * infl_pre + _mb(rs.post) * infl_post
+                                                + _mb(st.fixed))
                 if room < 0:
                     model.Add(sel[i][k] == 0)
                     continue
-                model.Add((_mb(v * o.static_block) + _mb(o.resid_block) * infl) * n_k[k]
+                model.Add((_mb(st.per_block) + _mb(rs.per_block) * infl) * n_k[k]
                           <= room * sel[i][k])
             opts_loop = ()
         else:
             opts_loop = tuple(enumerate(c.options[i]))
         for k, o in opts_loop:
-            model.Add(tm[i] == int(round(v * o.block_s * US)) * nblk[i]
-                      + int(round(o.pre_s * US)) * first[i] + int(round(o.post_s * US)) * post_on
-                      + int(round(v * o.overhead_s * US))
-                      - int(round(o.merge_saving_s * US)) * merged).OnlyEnforceIf(sel[i][k])
-            model.Add(tail[i] == int(round(v * o.tail_block_s * US)) * nblk[i]
-                      + int(round(o.tail_pre_s * US)) * first[i]
-                      + int(round(o.tail_post_s * US)) * post_on).OnlyEnforceIf(sel[i][k])
+            model.Add(tm[i] == _linear(o.rank_time(v), nblk[i], first[i], post_on, 1, merged)
+                      ).OnlyEnforceIf(sel[i][k])
+            model.Add(tail[i] == _linear(o.tail(v), nblk[i], first[i], post_on)
+                      ).OnlyEnforceIf(sel[i][k])
             # memory, in MB per device: static + residuals in flight + working set <= usable
-            model.Add(_mb(v * o.static_block) * nblk[i]
-                      + _mb(o.static_pre) * first[i] + _mb(o.static_post) * post_on
-                      + _mb(o.resid_block) * infl_blocks
-                      + _mb(o.resid_pre) * infl_pre + _mb(o.resid_post) * infl_post
-                      + _mb(o.working) <= int(o.capacity // MB)).OnlyEnforceIf(sel[i][k])
+            model.Add(_linear(o.static(v), nblk[i], first[i], post_on, unit=_mb)
+                      + _linear(o.residual(), infl_blocks, infl_pre, infl_post, 0, unit=_mb)
+                      <= int(o.capacity // MB)).OnlyEnforceIf(sel[i][k])
         # redundant but tightens the LP bound: no layout beats this mesh's fastest block time
-        model.Add(tm[i] >= int(v * min(o.block_s for o in c.options[i]) * US) * nblk[i])
+        model.Add(tm[i] >= int(min(o.rank_time(v).per_block for o in c.options[i]) * US) * nblk[i])
         model.Add(mx >= tm[i])
         model.Add(tail_mx >= tail[i])
     model.Add(nm * mx >= sum(tm))      # redundant: tightens the bound of the max

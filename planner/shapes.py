@@ -34,8 +34,7 @@ from planner.candidate import solve_schedule
 from planner.predict import Prediction
 from planner.inflight import inflight_count, inflight_end_counts, rank_order_counts
 from planner.options import _cached_mesh_options
-from planner.options import computed as options_computed
-from planner.search import MeshOption
+from simulator.stage_cost import StageCost
 import heapq
 from ir import Layout, Plan, Workload
 from simulator import cost_model as cm
@@ -134,12 +133,11 @@ class _Options:
         self.w, self.opts, self.budget = w, opts, budget
 
     def get(self, mesh: MeshSpec, samples: float, kinds: tuple[str, ...], split: bool,
-            hidden: bool = False) -> tuple[MeshOption, ...]:
-        before = options_computed[0]
-        got = _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
-                                   self.opts.max_tensor, self.opts.fsdp, hidden)
-        if self.budget is not None and options_computed[0] > before:
-            self.budget.charge(COSTS["option"] * (options_computed[0] - before))
+            hidden: bool = False) -> tuple[StageCost, ...]:
+        got, costed = _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
+                                           self.opts.max_tensor, self.opts.fsdp, hidden)
+        if self.budget is not None and costed:
+            self.budget.charge(COSTS["option"] * costed)
         return got
 
 

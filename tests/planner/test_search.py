@@ -7,12 +7,13 @@ import itertools
 import pytest
 
 from ir import Layout
-from planner.search import Candidate, MeshOption, solve
+from planner.search import Candidate, solve
+from simulator.stage_cost import StageCost
 
 
 def option(block_s: float, cap: float = 1e12, static: float = 0.0, resid: float = 0.0,
-           post_s: float = 0.0) -> MeshOption:
-    return MeshOption(layout=Layout(1, 1), recompute=False, block_s=block_s, pre_s=0.0,
+           post_s: float = 0.0) -> StageCost:
+    return StageCost(layout=Layout(1, 1), recompute=False, block_s=block_s, pre_s=0.0,
                       post_s=post_s, overhead_s=0.0, merge_saving_s=0.0, tail_block_s=0.0,
                       tail_pre_s=0.0, tail_post_s=0.0, static_block=static, static_pre=0.0,
                       static_post=0.0, resid_block=resid, resid_pre=0.0, resid_post=0.0,

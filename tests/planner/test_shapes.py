@@ -17,7 +17,8 @@ from ir import Layout
 from hardware_profiles import carve, load_cluster
 from planner import api
 from planner.predict import predict
-from planner.search import Assignment, MeshOption
+from planner.search import Assignment
+from simulator.stage_cost import StageCost
 from planner.bounds import candidate_bound, quick_bound
 from planner.budget import Budget
 from planner.shapes import _Enumeration, _Options, group_shapes, prove, search_pipeline
@@ -105,7 +106,7 @@ def test_brute_force_finds_nothing_better(tmp_path, groups, spec):
 
 
 def _opt(block, pre=0.0, tail=0.0, static=0.0, resid=0.0, cap=1e12, ovh=0.0):
-    return MeshOption(Layout(1, 1), False, block, pre, 0.0, ovh, 0.0, tail, 0.0, 0.0, static, 0.0, 0.0,
+    return StageCost(Layout(1, 1), False, block, pre, 0.0, ovh, 0.0, tail, 0.0, 0.0, static, 0.0, 0.0,
                       resid, 0.0, 0.0, 0.0, cap)
 
 
