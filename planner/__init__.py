@@ -2,7 +2,8 @@
 (:mod:`planner.shaping`), with a CP-SAT search over stage assignment, layouts, microbatches and
 schedules inside each pipeline (:mod:`planner.api`, :mod:`planner.search`)."""
 
-from planner.api import PlanOptions, PlanResult, build_plan, explain_infeasible
+from planner.api import PlanResult, explain_infeasible
+from planner.construct import PlanOptions, build_plan
 from planner.errors import InfeasibleError, PlannerError
 from planner.objective import Goal, plan
 from planner.predict import Prediction, predict

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from ir import Layout, Plan, Workload
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, ProfileError
-from planner import api
+from planner import construct
 from planner.errors import PlannerError
 from planner.predict import Prediction, predict
 from planner.search import Assignment
@@ -54,7 +54,7 @@ def _evaluate(w: Workload, lc: Cluster, shape: GroupShape, layout: Layout, block
     a = Assignment(order=meshes, blocks=blocks, layouts=(layout,) * len(meshes),
                    recompute=(recompute,) * len(meshes), merge=False, status="HAND", objective_s=0.0,
                    bound_s=0.0, wall_s=0.0)
-    plan = api.build_plan(w, lc, a, schedule, microbatches, virtual_stages)
+    plan = construct.build_plan(w, lc, a, schedule, microbatches, virtual_stages)
     pred = predict(plan, w, lc, headroom=headroom)
     return HandResult(replace(plan, carving=(shape.to_json(),), predicted=pred.to_json()), pred, label)
 
@@ -64,7 +64,7 @@ def megatron_plans(w: Workload, cluster: Cluster, group: str, headroom: float = 
     """Every hand configuration of ``group`` at the shortest pipeline depth where one fits memory
     (each predicted exactly); empty when none fits."""
     g = cluster.groups[group]
-    pre, nb, post = api._split_layers(w)
+    pre, nb, post = construct.split_layers(w)
     for p in [d for d in range(1, g.nodes + 1) if g.nodes % d == 0 and d <= nb]:
         r = g.nodes // p
         shape = GroupShape(group, g.nodes, r, 1)
@@ -76,7 +76,7 @@ def megatron_plans(w: Workload, cluster: Cluster, group: str, headroom: float = 
             m = w.global_batch // (r * b)
             for sched in SCHEDULES:
                 v = virtual_stages if sched == "interleaved-1f1b" else 1
-                if not api.schedule_allowed(sched, p, m, nb, v) or (v > 1 and p == 1):
+                if not construct.schedule_allowed(sched, p, m, nb, v) or (v > 1 and p == 1):
                     continue
                 blocks = _even(nb // v, p) if nb % v == 0 else None
                 if blocks is None or min(blocks) < 1:
@@ -246,8 +246,8 @@ def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | No
         raise PlannerError(f"hand layout {layout.label!r}: global batch {w.global_batch} is not a multiple "
                            f"of dp{d} x mb{b}; fix: pick a batch or micro-batch that divides")
     m = w.global_batch // (d * b)
-    _, nb, _ = api._split_layers(w)
-    if not api.schedule_allowed(layout.schedule, p, m, nb, v if v > 1 else 2) or (v > 1 and p == 1):
+    _, nb, _ = construct.split_layers(w)
+    if not construct.schedule_allowed(layout.schedule, p, m, nb, v if v > 1 else 2) or (v > 1 and p == 1):
         raise PlannerError(f"hand layout {layout.label!r}: schedule {layout.schedule} does not accept {p} "
                            f"ranks x {v} chunks over {nb} blocks with {m} microbatches; fix: make the "
                            f"blocks a multiple of p x v and (interleaved) the microbatches a multiple of p")
@@ -324,7 +324,7 @@ def hand_pipeline(w: Workload, cluster: Cluster, hp: HandPipeline, headroom: flo
             raise PlannerError(f"hand pipeline {hp.label!r}: tensor {t} does not divide mesh {m!r} of "
                                f"{spec.num_devices} devices; fix: use a divisor")
         layouts[m] = Layout(spec.num_devices // t, t)
-    _, nb, _ = api._split_layers(w)
+    _, nb, _ = construct.split_layers(w)
     best: HandResult | None = None
     for order in hp.orders:
         if len(set(order)) != len(order) or any(m not in lc.meshes for m in order):
@@ -354,7 +354,7 @@ def _balanced(w: Workload, lc: Cluster, hp: HandPipeline, order: tuple[str, ...]
     def run(b: tuple[int, ...]) -> HandResult:
         a = Assignment(order=order, blocks=b, layouts=layouts, recompute=(False,) * len(order),
                        merge=False, status="HAND", objective_s=0.0, bound_s=0.0, wall_s=0.0)
-        plan = api.build_plan(w, lc, a, hp.schedule, microbatches, 1)
+        plan = construct.build_plan(w, lc, a, hp.schedule, microbatches, 1)
         pred = predict(plan, w, lc, headroom=headroom)
         return HandResult(replace(plan, carving=tuple(s.to_json() for s in hp.shapes),
                                   predicted=pred.to_json()), pred, hp.label)

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ir import Plan, Workload
 from hardware_profiles.types import Cluster
-from planner import api
+from planner import construct
 from planner.budget import COSTS, Budget, _fragments, _work
 from planner.predict import Prediction, predict
 from planner.search import Candidate, solve_outcome
@@ -31,7 +31,7 @@ two meshes it touches."""
 
 
 def solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str, m: int,
-                   opts: api.PlanOptions, left: float, stop: threading.Event | None,
+                   opts: construct.PlanOptions, left: float, stop: threading.Event | None,
                    incumbent: float = math.inf, budget: Budget | None = None
                    ) -> tuple[Plan, Prediction, bool] | None:
     """One CP-SAT solve of the pipeline ``meshes`` (in order) of ``lc`` for schedule ``sched`` at
@@ -42,7 +42,7 @@ def solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str
     ``left``: wall seconds left; ``budget``: charged for the work done
     (:class:`planner.budget.Budget`)."""
     o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(m,))
-    cand = api.make_candidate(w, lc, meshes, sched, m, o)
+    cand = construct.make_candidate(w, lc, meshes, sched, m, o)
     if cand is None:
         return None
     budget = budget or Budget(math.inf, time.monotonic() + left)
@@ -131,7 +131,7 @@ def _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget):
 
 
 def _evaluate(w, lc, a, sched, m, v, opts):
-    p = api.build_plan(w, lc, a, sched, m, v)
+    p = construct.build_plan(w, lc, a, sched, m, v)
     return p, predict(p, w, lc, headroom=opts.headroom)
 
 

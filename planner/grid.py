@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ir import Workload
 from hardware_profiles.types import Cluster
-from planner import api
+from planner import construct
 from planner.baseline import HandLayout, HandResult, hand_plan
 from planner.budget import Budget, _work
 from planner.errors import PlannerError
@@ -55,7 +55,7 @@ class GridResult:
 
 
 def grid_layouts(w: Workload, cluster: Cluster, group: str,
-                 opts: api.PlanOptions | None = None) -> list[HandLayout]:
+                 opts: construct.PlanOptions | None = None) -> list[HandLayout]:
     """Every grid point of :mod:`planner.grid` for node group ``group`` (expert parallel only for
     a workload with experts; recomputation left
     ``"none"``; :func:`grid_sweep` adds full recomputation where a point does not fit). With
@@ -63,7 +63,7 @@ def grid_layouts(w: Workload, cluster: Cluster, group: str,
     tensor-parallel degree, FSDP; its ``virtual_stages`` joins the grid's)."""
     g = cluster.groups[group]
     devices, k = g.num_devices, g.devices_per_node
-    _, blocks, _ = api._split_layers(w)
+    _, blocks, _ = construct.split_layers(w)
     experts = max(c.experts for c in w.costs.values())
     virtual = VIRTUAL if opts is None else tuple(sorted({*VIRTUAL, opts.virtual_stages}))
     out = []
@@ -89,14 +89,14 @@ def grid_layouts(w: Workload, cluster: Cluster, group: str,
     return out
 
 
-def _allowed(h: HandLayout, w: Workload, opts: api.PlanOptions) -> bool:
+def _allowed(h: HandLayout, w: Workload, opts: construct.PlanOptions) -> bool:
     m = w.global_batch // (h.data * h.micro_batch)
     return ((opts.schedules is None or h.schedule in opts.schedules)
             and (opts.microbatches is None or m in opts.microbatches))
 
 
 def grid_sweep(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1,
-               budget: Budget | None = None, opts: api.PlanOptions | None = None,
+               budget: Budget | None = None, opts: construct.PlanOptions | None = None,
                stop: threading.Event | None = None) -> GridResult:
     """The fastest configuration of the practitioners' grid on node group ``group`` of ``cluster``
     that fits memory, each point predicted exactly (:func:`planner.baseline.hand_plan`).

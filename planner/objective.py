@@ -38,7 +38,7 @@ from typing import Callable
 from ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.carve import node_groups_of
 from hardware_profiles.types import Cluster, NodeGroup
-from planner import api
+from planner import api, construct
 from planner.errors import InfeasibleError, PlannerError
 from planner.shaping import achievable_flops, flop_bound, shape_and_plan
 from simulator import cost_model as cm
@@ -124,7 +124,7 @@ def sub_clusters(cluster: Cluster) -> list[Cluster]:
     return out
 
 
-def plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(),
+def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.PlanOptions(),
          progress: Callable[[int, int, float | None], None] | None = None, *, goal: Goal = Goal(),
          stop: threading.Event | None = None) -> api.PlanResult:
     """The planner's one entry point: the plan that best meets ``goal`` (default: the shortest

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import fields
-from typing import Any
 
 from ir import Layout, Workload
 from hardware_profiles.types import MeshSpec

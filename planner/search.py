@@ -284,7 +284,7 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
     n_used = model.NewIntVar(1, nm, "num_meshes")
     model.Add(n_used == sum(used))
     # pipeline depths the schedule's generator accepts (Candidate.rank_counts, from
-    # planner.api.schedule_allowed); the schedule's sizes also on their own, for hand-made
+    # planner.construct.schedule_allowed); the schedule's sizes also on their own, for hand-made
     # candidates (an interleaved schedule's always stated)
     sk = kind(c.schedule)
     ok = [p for p in range(1, nm + 1) if (not c.rank_counts or p in c.rank_counts)

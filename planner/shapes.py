@@ -25,7 +25,7 @@ from typing import Callable
 
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
-from planner import api
+from planner import construct
 from planner.errors import PlannerError
 from planner.bounds import _ranks, candidate_bound, chain_share, quick_bound, straggler_shares
 from planner.dag_bound import MAX_FRAGMENTS, kept_fragments, order_bound
@@ -116,7 +116,7 @@ class PipelineResult:
     searched candidate's schedule (``exact``: its optimum, which no bound can raise) and (bound,
     index, None, False) for every candidate left unsearched, all below the plan's step."""
     enumeration: object = field(default=None, compare=False, repr=False)
-    """The search's :class:`_Enumeration` (for :func:`prove`)."""
+    """The search's :class:`Enumeration` (for :func:`prove`)."""
 
     @property
     def gap(self) -> float | None:
@@ -126,10 +126,10 @@ class PipelineResult:
         return max(0.0, (s - self.bound_s) / s)
 
 
-class _Options:
+class OptionCache:
     """Per-mesh layout options, cached by what they depend on (identical meshes share them)."""
 
-    def __init__(self, w: Workload, opts: api.PlanOptions, budget: Budget | None = None):
+    def __init__(self, w: Workload, opts: construct.PlanOptions, budget: Budget | None = None):
         self.w, self.opts, self.budget = w, opts, budget
 
     def get(self, mesh: MeshSpec, samples: float, kinds: tuple[str, ...], split: bool,
@@ -141,33 +141,33 @@ class _Options:
         return got
 
 
-def _schedules(w: Workload, opts: api.PlanOptions) -> tuple[str, ...]:
-    return opts.schedules or (api.SEARCHED_SCHEDULES if w.training else ("gpipe",))
+def _schedules(w: Workload, opts: construct.PlanOptions) -> tuple[str, ...]:
+    return opts.schedules or (construct.SEARCHED_SCHEDULES if w.training else ("gpipe",))
 
 
 def _kinds(sched: str, training: bool) -> tuple[str, ...]:
-    return api.fragment_kinds(sched, training)
+    return construct.fragment_kinds(sched, training)
 
 
 def _split(sched: str) -> bool:
-    return "W" in api.fragment_kinds(sched, True)
+    return "W" in construct.fragment_kinds(sched, True)
 
 def _allowed(sched: str, ranks: int, m: int, num_blocks: int, virtual_stages: int) -> bool:
-    return api.schedule_allowed(sched, ranks, m, num_blocks, virtual_stages)
+    return construct.schedule_allowed(sched, ranks, m, num_blocks, virtual_stages)
 
 
 def _pipeline_meshes(cluster: Cluster, shapes: tuple[GroupShape, ...]) -> tuple[Cluster, tuple[str, ...]]:
     lc = carve(cluster, shapes)
     return lc, tuple(lc.meshes)
 
-class _Enumeration:
+class Enumeration:
     """The candidates of one pipeline search, each with a quick bound; full (memory- and
     schedule-aware) bounds computed on demand (:meth:`refine`)."""
 
-    def __init__(self, w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions,
-                 cache: _Options, nodes: dict[str, int] | None):
+    def __init__(self, w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: construct.PlanOptions,
+                 cache: OptionCache, nodes: dict[str, int] | None):
         self.w, self.cluster, self.opts, self.cache = w, cluster, opts, cache
-        pre, self.nb, post = api._split_layers(w)
+        pre, self.nb, post = construct.split_layers(w)
         per_group = []
         for gname in groups:
             g = cluster.groups[gname]
@@ -188,8 +188,8 @@ class _Enumeration:
             lc, meshes = _pipeline_meshes(cluster, shapes)
             self.lc[shapes] = (lc, meshes)
             specs = [lc.meshes[m] for m in meshes]
-            for m in api._microbatch_counts(w, opts, len(meshes)):
-                kinds = api.fragment_kinds(self.scheds[0], w.training) if len(self.scheds) == 1 else \
+            for m in construct.microbatch_counts(w, opts, len(meshes)):
+                kinds = construct.fragment_kinds(self.scheds[0], w.training) if len(self.scheds) == 1 else \
                     (("F", "B") if w.training else ("F",))
                 # a bound over every schedule: the all-to-alls hidden if any schedule hides them
                 work = [cache.get(x, w.global_batch / m, kinds, "W" in kinds, hides) for x in specs]
@@ -216,15 +216,15 @@ class _Enumeration:
 
     def transfer(self, shapes: tuple[GroupShape, ...], samples: float, a: int, b: int) -> float:
         """Seconds one microbatch's boundary activation (or its gradient) takes from pipeline
-        rank ``a`` to rank ``b`` of ``shapes`` (what :func:`planner.api.make_candidate` charges)."""
+        rank ``a`` to rank ``b`` of ``shapes`` (what :func:`planner.construct.make_candidate` charges)."""
         lc, meshes = self.lc[shapes]
-        pre = api._split_layers(self.w)[0]
+        pre = construct.split_layers(self.w)[0]
         act = self.w.layer(pre).activation_bytes_per_sample * samples
         return cm.transfer_time(act, lc.link_between(meshes[a], meshes[b]).link)
 
     def comm(self, shapes: tuple[GroupShape, ...], samples: float) -> tuple[float, ...]:
         """Per boundary of the pipeline: the forward's activation plus the backward's gradient
-        transfer of one microbatch, seconds (what :func:`planner.api.make_candidate` charges)."""
+        transfer of one microbatch, seconds (what :func:`planner.construct.make_candidate` charges)."""
         mult = 2 if self.w.training else 1
         return tuple(mult * self.transfer(shapes, samples, r, r + 1)
                      for r in range(len(self.lc[shapes][1]) - 1))
@@ -273,11 +273,11 @@ class _Enumeration:
             post_rank = 0 if sk.v_shaped else p - 1
             comm = self.comm(c.shapes, samples)
             orders = rank_order_counts(sched, p, m) if w.training and p > 1 else None
-            key = (tuple(id(x) for x in work), m, chain, infl, v, sched in api.MERGEABLE, comm, post_rank,
+            key = (tuple(id(x) for x in work), m, chain, infl, v, sched in construct.MERGEABLE, comm, post_rank,
                    ends, slow, sched in SYNC_EXPOSED, orders)
             if key not in self.memo:
                 self.memo[key] = candidate_bound(work, crit, m, nb, chain, infl, v,
-                                                 mergeable=sched in api.MERGEABLE and w.training,
+                                                 mergeable=sched in construct.MERGEABLE and w.training,
                                                  comm=comm, post_rank=post_rank, ends=ends,
                                                  straggler=slow, sync_exposed=sched in SYNC_EXPOSED,
                                                  v_shaped=sk.v_shaped, orders=orders,
@@ -335,7 +335,7 @@ class _Enumeration:
                     self.memo[key] = order_bound(sched, work, caps, m, self.nb, v,
                                                  0 if sk.v_shaped else p - 1, hop,
                                                  straggler_shares(specs),
-                                                 sched in api.MERGEABLE and w.training, infl,
+                                                 sched in construct.MERGEABLE and w.training, infl,
                                                  nodes=INTEGER_NODES if integer else 0, afford=afford)
                 sbound = max(sbound, self.memo[key])
             named.append((sched, sbound))
@@ -369,18 +369,18 @@ ADAPTIVE_MAX_FRAGMENTS = 512
 replays the schedule many times; above this the fixed ZB-H1/H2/V patterns stand in)."""
 
 
-def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions, *,
+def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: construct.PlanOptions, *,
                     deadline: float, stop: threading.Event | None = None,
                     nodes: dict[str, int] | None = None,
                     progress: Callable[[int, int, float | None], None] | None = None,
                     target_gap: float = TARGET_GAP, budget: Budget | None = None,
                     incumbent: tuple[Plan, Prediction] | None = None,
-                    graph_bounds: bool = True, enumeration: _Enumeration | None = None) -> PipelineResult:
+                    graph_bounds: bool = True, enumeration: Enumeration | None = None) -> PipelineResult:
     """The best plan of one pipeline over node ``groups`` (in order) for workload ``w``.
 
     Branch and bound: candidates come off a heap by bound (the practitioner's shapes first); a
     candidate's cheap bound is replaced by its full one, then (training, ``graph_bounds``) each
-    schedule's by its dependence graph's (:meth:`_Enumeration.refine_orders`), before it is
+    schedule's by its dependence graph's (:meth:`Enumeration.refine_orders`), before it is
     searched; the search stops
     when the least bound left is no better than the best plan (every candidate left is pruned),
     or at ``deadline``/``stop``. The result's bound is the least of the best plan's step and every
@@ -411,7 +411,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         e = enumeration
         e.cache.budget = budget
     else:
-        e = _Enumeration(w, cluster, groups, opts, _Options(w, opts, budget), nodes)
+        e = Enumeration(w, cluster, groups, opts, OptionCache(w, opts, budget), nodes)
         budget.charge(COSTS["candidate"] * len(e.items))
     heap = [(not c.hand, c.bound_s, i, int(i in e.full), c) for i, c in enumerate(e.items)]
     heapq.heapify(heap)
@@ -509,7 +509,7 @@ def prove(r: PipelineResult, budget: Budget, target_gap: float = TARGET_GAP) -> 
     """``r`` with its bound raised, after its search, by what the search had no budget for: from
     the least of what holds it below the plan (:attr:`PipelineResult.open`) up, each schedule's
     dependence-graph bound, then the same graph as a mixed-integer program (one layout and whole
-    blocks per rank: :meth:`_Enumeration.refine_orders`), until the gap is within
+    blocks per rank: :meth:`Enumeration.refine_orders`), until the gap is within
     ``target_gap``, the least can be raised no further, or ``budget`` is spent. The plan is
     unchanged."""
     e = r.enumeration

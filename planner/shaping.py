@@ -46,7 +46,7 @@ from ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.carve import node_groups_of
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Cluster, Link
-from planner import api
+from planner import api, construct
 from planner.errors import InfeasibleError
 from planner.predict import Prediction
 from planner.bounds import work_bound
@@ -217,7 +217,7 @@ def _shares(batch: int, rates: list[float], q: int) -> list[int]:
 class _Search:
     """Shared state of one cluster search: deadline, stop, progress and every option tried."""
 
-    def __init__(self, w: Workload, cluster: Cluster, opts: api.PlanOptions, progress, stop):
+    def __init__(self, w: Workload, cluster: Cluster, opts: construct.PlanOptions, progress, stop):
         self.w, self.cluster, self.opts, self.stop = w, cluster, opts, stop
         self.t0 = time.monotonic()
         self.deadline = self.t0 + opts.time_limit_s * WALL_FACTOR
@@ -293,7 +293,7 @@ class _Search:
         return r
 
 
-def shape_and_plan(w: Workload, cluster: Cluster, opts: api.PlanOptions = api.PlanOptions(),
+def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.PlanOptions(),
                    progress: Callable[[int, int, float | None], None] | None = None, *,
                    stop: threading.Event | None = None, prove: bool = True) -> api.PlanResult:
     """The fastest plan on the whole cluster (:func:`planner.plan`'s default goal): shape a node-group cluster (see the module docstring), or search

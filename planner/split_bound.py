@@ -9,7 +9,7 @@ its share plus the cross-part all-reduce, so a split's step is no shorter than
     min over shares (b_1, ..., b_k) of  max_p L_p(b_p) + sync,
 
 where ``L_p(b)`` is a lower bound on part ``p``'s step at batch ``b``: the least full bound
-(:meth:`planner.shapes._Enumeration.refine`) over every candidate of its pipeline search at that
+(:meth:`planner.shapes.Enumeration.refine`) over every candidate of its pipeline search at that
 batch, never below its work bound (:func:`planner.bounds.work_bound`, linear in the batch).
 
 :class:`PartBound` computes ``L_p`` lazily: a share's candidates are refined cheapest first, only
@@ -29,10 +29,10 @@ from dataclasses import replace
 
 from ir import Workload
 from hardware_profiles.types import Cluster
-from planner import api
+from planner import construct
 from planner.bounds import work_bound
 from planner.budget import COSTS, Budget
-from planner.shapes import _Enumeration, _Options
+from planner.shapes import Enumeration, OptionCache
 
 
 class PartBound:
@@ -45,22 +45,22 @@ class PartBound:
             may point it at another budget between calls).
     """
 
-    def __init__(self, w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: api.PlanOptions,
+    def __init__(self, w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: construct.PlanOptions,
                  budget: Budget):
         self.w, self.cluster, self.groups, self.opts, self.budget = w, cluster, groups, opts, budget
         self.per_sample = work_bound(replace(w, global_batch=1), cluster, groups)
-        self.enums: dict[int, _Enumeration] = {}
+        self.enums: dict[int, Enumeration] = {}
         self.known: dict[int, float] = {}
         self.exact: set[int] = set()
         self.graph = False
         """Refine bounds by the schedules' dependence graphs too (dearer; set after a search)."""
 
-    def enumeration(self, b: int) -> _Enumeration:
+    def enumeration(self, b: int) -> Enumeration:
         """The part's pipeline candidates at batch ``b`` (enumerated once, charged to the budget);
         a search of the same part and batch takes them with the bounds refined so far."""
         if b not in self.enums:
             wb = replace(self.w, global_batch=b)
-            e = _Enumeration(wb, self.cluster, self.groups, self.opts, _Options(wb, self.opts, self.budget),
+            e = Enumeration(wb, self.cluster, self.groups, self.opts, OptionCache(wb, self.opts, self.budget),
                              None)
             self.budget.charge(COSTS["candidate"] * len(e.items))
             self.enums[b] = e

@@ -11,7 +11,7 @@ import pytest
 
 from zoo.costing import workload
 from hardware_profiles import carve
-from planner import api
+from planner import construct
 from planner.bounds import straggler_shares
 from planner.dag_bound import KEEP, MAX_FRAGMENTS, order_bound
 from planner.inflight import inflight_count
@@ -69,17 +69,17 @@ def test_pinned_to_a_plan_it_is_at_most_and_close_to_its_replay(tmp_path, sched,
     lc = carve(cluster, (shape,))
     meshes = tuple(lc.meshes)
     p = len(meshes)
-    opts = api.PlanOptions(schedules=(sched,), microbatches=(m,), fixed_order=True)
-    cand = api.make_candidate(w, lc, meshes, sched, m, opts)
+    opts = construct.PlanOptions(schedules=(sched,), microbatches=(m,), fixed_order=True)
+    cand = construct.make_candidate(w, lc, meshes, sched, m, opts)
     v = cand.virtual_stages
     per = cand.num_blocks // v
     blocks = tuple(per // p + (1 if r < per % p else 0) for r in range(p))
     picks = [min(o, key=lambda x: x.block_s) for o in cand.options]
     a = Assignment(meshes, blocks, tuple(x.layout for x in picks), tuple(x.recompute for x in picks),
                    False, "PINNED", 0, 0, 0)
-    plan = api.build_plan(w, lc, a, sched, m, v)
+    plan = construct.build_plan(w, lc, a, sched, m, v)
     replay = predict(plan, w, lc).step_time_s
-    pre = api._split_layers(w)[0]
+    pre = construct.split_layers(w)[0]
     act = w.layer(pre).activation_bytes_per_sample * w.global_batch / m
 
     def hop(x: int, y: int) -> float:

@@ -17,8 +17,9 @@ from ortools.sat.python import cp_model
 from zoo.costing import workload
 from ir import FragmentRef
 from hardware_profiles import CLUSTERS_DIR, load_cluster
-from planner.api import (SEARCHED_SCHEDULES, TRAIN_SCHEDULES, PlanOptions, build_plan,
-                         fragment_kinds, make_candidate, plan_meshes, schedule_allowed)
+from planner.api import plan_meshes
+from planner.construct import (SEARCHED_SCHEDULES, TRAIN_SCHEDULES, PlanOptions, build_plan,
+                               fragment_kinds, make_candidate, schedule_allowed)
 from planner.predict import predict
 from planner.search import (V_SHAPED, Assignment, Candidate, _inflight_expr, _v_first_expr,
                             inflight_count, inflight_end_counts, solve)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.api import PlanOptions
+from planner.construct import PlanOptions
 from planner.baseline import HandLayout, hand_plan, megatron_plans
 from planner.budget import Budget
 from planner.errors import PlannerError

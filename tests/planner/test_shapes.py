@@ -15,13 +15,13 @@ from hypothesis import given, settings, strategies as st
 from zoo.costing import workload
 from ir import Layout
 from hardware_profiles import carve, load_cluster
-from planner import api
+from planner import construct
 from planner.predict import predict
 from planner.search import Assignment
 from simulator.stage_cost import StageCost
 from planner.bounds import candidate_bound, quick_bound
 from planner.budget import Budget
-from planner.shapes import _Enumeration, _Options, group_shapes, prove, search_pipeline
+from planner.shapes import Enumeration, OptionCache, group_shapes, prove, search_pipeline
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-v", "dualpipe-v")
 
@@ -48,20 +48,20 @@ def _brute_force(w, cluster, groups, opts) -> float:
     """The least exact step time over every shape, microbatch count, schedule, layer partition,
     per-mesh layout and recomputation the planner may choose (same option sets, same memory
     check)."""
-    pre, nb, post = api._split_layers(w)
+    pre, nb, post = construct.split_layers(w)
     best = math.inf
     per_group = [group_shapes(cluster.groups[g], 8) for g in groups]
     for shapes in itertools.product(*per_group):
         lc = carve(cluster, shapes)
         meshes = tuple(lc.meshes)
         p = len(meshes)
-        for m in api._microbatch_counts(w, opts, p):
+        for m in construct.microbatch_counts(w, opts, p):
             for sched in opts.schedules:
-                v = api._stages_per_rank(sched, opts.virtual_stages)
-                if not api.schedule_allowed(sched, p, m, nb, opts.virtual_stages):
+                v = construct.stages_per_rank(sched, opts.virtual_stages)
+                if not construct.schedule_allowed(sched, p, m, nb, opts.virtual_stages):
                     continue
                 o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(m,))
-                cand = api.make_candidate(w, lc, meshes, sched, m, o)
+                cand = construct.make_candidate(w, lc, meshes, sched, m, o)
                 if cand is None:
                     continue
                 for blocks in _compositions(nb // v, p):
@@ -69,7 +69,7 @@ def _brute_force(w, cluster, groups, opts) -> float:
                         for merge in ((False, True) if cand.mergeable else (False,)):
                             a = Assignment(meshes, blocks, tuple(x.layout for x in picks),
                                            tuple(x.recompute for x in picks), merge, "BRUTE", 0, 0, 0)
-                            plan = api.build_plan(w, lc, a, sched, m, v)
+                            plan = construct.build_plan(w, lc, a, sched, m, v)
                             pred = predict(plan, w, lc, headroom=opts.headroom)
                             if pred.fits:
                                 best = min(best, pred.step_time_s)
@@ -93,7 +93,7 @@ def test_brute_force_finds_nothing_better(tmp_path, groups, spec):
     or 4 nodes: the last two cases are slow)."""
     w = workload("llama-tiny", 8)
     cluster = _cluster(tmp_path, spec)
-    opts = api.PlanOptions(schedules=SCHEDULES, microbatches=(2, 4, 8))
+    opts = construct.PlanOptions(schedules=SCHEDULES, microbatches=(2, 4, 8))
     got = search_pipeline(w, cluster, groups, opts, deadline=time.monotonic() + 600, target_gap=0.0)
     brute = _brute_force(w, cluster, groups, opts)
     assert got.prediction is not None and math.isfinite(brute)
@@ -144,8 +144,8 @@ def test_memory_caps_force_a_slower_option():
 def test_quick_bound_never_above_full_bound(tmp_path):
     w = workload("llama-tiny", 8)
     cluster = _cluster(tmp_path, [("h100", "h100-sxm", 4, 2)])
-    opts = api.PlanOptions(schedules=SCHEDULES)
-    e = _Enumeration(w, cluster, ("h100",), opts, _Options(w, opts), None)
+    opts = construct.PlanOptions(schedules=SCHEDULES)
+    e = Enumeration(w, cluster, ("h100",), opts, OptionCache(w, opts), None)
     assert e.items
     for c in e.items:
         assert c.bound_s <= e.refine(c).bound_s + 1e-12
@@ -210,9 +210,9 @@ def test_bound_holds_for_random_plans(tmp_path, jitter, schedules, mixed, moe):
         cluster = _cluster(tmp_path, [("h100", _jittered(tmp_path, jitter), 4, 2)])
         assert cluster.groups["h100"].device.sync_jitter == jitter
         groups = ("h100",)
-    opts = api.PlanOptions(schedules=schedules)
-    e = _Enumeration(w, cluster, groups, opts, _Options(w, opts), None)
-    pre, nb, post = api._split_layers(w)
+    opts = construct.PlanOptions(schedules=schedules)
+    e = Enumeration(w, cluster, groups, opts, OptionCache(w, opts), None)
+    pre, nb, post = construct.split_layers(w)
     checked = 0
     for c in e.items:
         c = e.refine_orders(e.refine(c), math.inf, Budget(math.inf, math.inf))
@@ -222,9 +222,9 @@ def test_bound_holds_for_random_plans(tmp_path, jitter, schedules, mixed, moe):
         lc, meshes = e.lc[c.shapes]
         p = len(meshes)
         for sched, bound in c.schedule_bounds:
-            v = api._stages_per_rank(sched, opts.virtual_stages)
+            v = construct.stages_per_rank(sched, opts.virtual_stages)
             o = replace(opts, fixed_order=True, schedules=(sched,), microbatches=(c.microbatches,))
-            cand = api.make_candidate(w, lc, meshes, sched, c.microbatches, o)
+            cand = construct.make_candidate(w, lc, meshes, sched, c.microbatches, o)
             parts = list(_compositions(nb // v, p))
             for _ in range(3):
                 blocks = rng.choice(parts)
@@ -232,7 +232,7 @@ def test_bound_holds_for_random_plans(tmp_path, jitter, schedules, mixed, moe):
                 a = Assignment(meshes, blocks, tuple(x.layout for x in picks),
                                tuple(x.recompute for x in picks), cand.mergeable and rng.random() < 0.5,
                                "RANDOM", 0, 0, 0)
-                pred = predict(api.build_plan(w, lc, a, sched, c.microbatches, v), w, lc,
+                pred = predict(construct.build_plan(w, lc, a, sched, c.microbatches, v), w, lc,
                                headroom=opts.headroom)
                 if pred.fits:
                     assert bound <= pred.step_time_s * (1 + 1e-9), (c.shapes, c.microbatches, sched)

@@ -5,15 +5,13 @@ same plan on random workloads, meshes, layouts and schedules (hypothesis)."""
 from __future__ import annotations
 
 import itertools
-import math
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ir import Layout, Workload
-from planner import api
+from planner import construct
 from planner.bounds import candidate_bound, chain_share, quick_bound, straggler_shares
 from planner.candidate import rank_work
 from planner.inflight import inflight_count, inflight_end_counts, rank_order_counts
@@ -113,8 +111,8 @@ def test_surrogate_rank_work_and_bounds_against_the_replay(problem, rng):
     the replayed step; the surrogate CP-SAT minimises (:func:`planner.search.surrogate_s`) is
     within :data:`SURROGATE_TOLERANCE` of it."""
     w, cl, meshes, sched, m = problem
-    opts = api.PlanOptions(fixed_order=True, schedules=(sched,), microbatches=(m,))
-    cand = api.make_candidate(w, cl, meshes, sched, m, opts)
+    opts = construct.PlanOptions(fixed_order=True, schedules=(sched,), microbatches=(m,))
+    cand = construct.make_candidate(w, cl, meshes, sched, m, opts)
     if cand is None:
         return                                  # the schedule accepts no such pipeline
     v, p, nb = cand.virtual_stages, len(meshes), cand.num_blocks
@@ -123,7 +121,7 @@ def test_surrogate_rank_work_and_bounds_against_the_replay(problem, rng):
     merge = cand.mergeable and rng.random() < 0.5
     a = Assignment(meshes, blocks, tuple(x.layout for x in picks), tuple(x.recompute for x in picks),
                    merge, "RANDOM", 0.0, 0.0, 0.0)
-    pred = predict(api.build_plan(w, cl, a, sched, m, v), w, cl)
+    pred = predict(construct.build_plan(w, cl, a, sched, m, v), w, cl)
     if not pred.fits:
         return
     step = pred.step_time_s
@@ -156,8 +154,8 @@ def test_cpsat_objective_is_the_surrogate(fast_slow_cluster):
 
     w = workload(blocks=8, batch=16)
     for sched in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v"):
-        opts = api.PlanOptions(fixed_order=True, schedules=(sched,), microbatches=(8,))
-        cand = api.make_candidate(w, fast_slow_cluster, ("f0", "s0"), sched, 8, opts)
+        opts = construct.PlanOptions(fixed_order=True, schedules=(sched,), microbatches=(8,))
+        cand = construct.make_candidate(w, fast_slow_cluster, ("f0", "s0"), sched, 8, opts)
         assert isinstance(cand, Candidate)
         out = solve_outcome(cand, time_limit_s=5.0)
         got = out.assignment
