@@ -91,7 +91,7 @@ def rows(time_limit: float = 30.0) -> tuple[list[dict], dict]:
     wall = time.perf_counter() - t
     hand = hand_plan(w, c, MEGATRON_GPT3_175B)
     out = [evaluate("planner", r.plan, w, c), evaluate(MEGATRON_LABEL, hand.plan, w, c)]
-    out[0]["label"] = (r.plan.solver or {}).get("reason", "")
+    out[0]["label"] = r.plan.search.reason
     out[1]["label"] = hand.label
     return out, {"wall": wall, "gap": r.search_gap, "model_flops": w.step_flops,
                  "devices": c.num_devices}

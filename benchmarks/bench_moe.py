@@ -72,11 +72,12 @@ def rows(time_limit: float) -> list[dict]:
             p = plan(w, cluster, PlanOptions(time_limit_s=limit)).plan
             wall = time.perf_counter() - t0
             pred = p.predicted
-            gap = p.solver.get("search_gap")
+            assert pred is not None                     # the planner's plans carry their replay
+            gap = p.search.search_gap
             out.append({"model": cfg.name, "cluster": cluster.name, "devices": devices, "batch": batch,
                         "what": f"plan, --time-limit {limit:g}", "wall": wall,
-                        "step": pred["step_time_s"], "mfu": pred["mfu"],
-                        "tok_gpu": pred["tokens_per_s"] / devices, "fits": True,
+                        "step": pred.step_time_s, "mfu": pred.mfu,
+                        "tok_gpu": pred.tokens_per_s / devices, "fits": True,
                         "layout": _layout(p) + (f"; proven gap {100 * gap:.1f}%" if gap is not None else "")})
         if cfg.name == "DeepSeek-V3":
             for hl in DEEPSEEK_V3:

@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from mpmd.cli.main import _workload  # noqa: E402
+from mpmd.cli.plan import _workload  # noqa: E402
 from zoo import get_config  # noqa: E402
 from hardware_profiles import load_cluster  # noqa: E402
 from planner import InfeasibleError, PlanOptions, plan  # noqa: E402
@@ -42,7 +42,7 @@ def bench(model: str, cluster: str, time_limit: float) -> dict:
         r = plan(w, c, PlanOptions(time_limit_s=time_limit))
         found = (f"{r.plan.schedule.name} x {r.plan.microbatches}, {len(r.plan.stages)} stages, "
                  f"step {r.prediction.step_time_s:.2f} s, MFU {r.prediction.mfu * 100:.1f}%, "
-                 f"{r.plan.solver['status']} gap {r.plan.solver['gap'] * 100:.1f}%")
+                 f"{r.plan.search.status} gap {(r.plan.search.gap or 0.0) * 100:.1f}%")
     except InfeasibleError as e:
         found = f"infeasible: {e}"
     t2 = time.perf_counter()

@@ -80,7 +80,7 @@ def homogeneous(time_limit: float) -> list[dict]:
         grid = grid_sweep(w, c, "h100").best
         rows.append({"model": model, "devices": n, "batch": batch, "wall": wall, "step": r.prediction.step_time_s,
                      "mfu": r.prediction.mfu, "gap": r.search_gap, "twice": twice,
-                     "stopped": r.plan.solver.get("stopped", ""),
+                     "stopped": r.plan.search.stopped,
                      "roof": r.prediction.step_time_s / r.prediction.roofline_step_time_s,
                      "shape": shape_text(r.plan),
                      "hand": hand.prediction.step_time_s if hand else None,
@@ -109,9 +109,9 @@ def mixed(time_limit: float) -> list[dict]:
         total = sum(batch / s for s in alone.values())
         rows.append({"cluster": name, "devices": c.num_devices, "batch": batch, "wall": wall,
                      "step": r.prediction.step_time_s, "mfu": r.prediction.mfu, "gap": r.search_gap,
-                     "twice": twice, "stopped": r.plan.solver.get("stopped", ""), "alone": alone,
+                     "twice": twice, "stopped": r.plan.search.stopped, "alone": alone,
                      "share": rate / total, "best_alone": min(alone.values()),
-                     "shape": shape_text(r.plan), "reason": r.plan.solver.get("reason", "")})
+                     "shape": shape_text(r.plan), "reason": r.plan.search.reason})
     return rows
 
 

@@ -12,6 +12,8 @@ outside ``ir`` (the guarded plan-file read, which needs ``ir.files`` and the loa
 - :class:`Layout` / :class:`StagePlan` / :class:`Plan` / :class:`DataParallelPlan` (``plan.py``):
   stage partition + stage-to-mesh assignment + layouts + schedule + predictions.
 - :class:`TimelineEvent` / :class:`Timeline` (``timeline.py``): what ran where and when.
+- :class:`SearchReport` / :class:`Prediction` (``report.py``): how the search found a plan and
+  what its replay predicts, as a plan carries them.
 - ``plan_json.py``: plans as JSON documents and back.
 - :class:`InferenceModel` / :class:`RequestMix` / :class:`ServiceObjectives` / :class:`BatchStep`
   (``serving.py``): LLM serving: per-token costs, the request mix, SLOs, one continuous-batch step.
@@ -19,17 +21,18 @@ outside ``ir`` (the guarded plan-file read, which needs ``ir.files`` and the loa
 
 from ir.errors import IRError
 from ir.plan import DataParallelPlan, Layout, Plan, StagePlan, with_model_config
+from ir.report import STOP_REASONS, PlanFamily, Prediction, SearchReport
 from ir.plan_json import (PLAN_FORMAT, any_plan_to_json, data_parallel_from_json,
                           data_parallel_to_json, plan_from_json, plan_to_json,
                           schedule_to_json)
-from ir.schedule import KINDS, FragmentRef, ScheduleTable
+from ir.schedule import KINDS, FragmentKind, FragmentRef, ScheduleTable
 from ir.serving import (WEIGHT_FORMATS, BatchStep, InferenceModel, RequestMix,
                         ServiceObjectives, format_bytes)
 from ir.timeline import Timeline, TimelineEvent
 from ir.workload import LayerCost, Workload
 
-__all__ = ["with_model_config", "WEIGHT_FORMATS", "BatchStep", "InferenceModel", "RequestMix",
-           "ServiceObjectives", "format_bytes", "KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentRef", "IRError", "LayerCost",
+__all__ = ["STOP_REASONS", "PlanFamily", "Prediction", "SearchReport", "with_model_config", "WEIGHT_FORMATS", "BatchStep", "InferenceModel", "RequestMix",
+           "ServiceObjectives", "format_bytes", "KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentKind", "FragmentRef", "IRError", "LayerCost",
            "Layout", "Plan", "ScheduleTable", "StagePlan", "Timeline", "TimelineEvent", "Workload",
            "any_plan_to_json", "data_parallel_from_json", "data_parallel_to_json",
            "plan_from_json", "plan_to_json", "schedule_to_json"]

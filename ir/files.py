@@ -173,7 +173,8 @@ def _depth_error(where: str, what: str, at: str) -> InputError:
 
 
 # ----------------------------------------------------------------------------- YAML
-class _Limited(yaml.SafeLoader):
+# PyYAML ships no type stubs (types-PyYAML is not a dependency), so SafeLoader is Any here
+class _Limited(yaml.SafeLoader):  # type: ignore[misc]
     """SafeLoader that bounds nesting depth and alias count while composing the node graph,
     and refuses an alias to a node that is still open (a self-containing structure)."""
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ir.errors import IRError
+from ir.report import Prediction, SearchReport
 from ir.schedule import FragmentRef, ScheduleTable
 
 
@@ -86,8 +87,10 @@ class Plan:
         rank_mesh: mesh of each pipeline rank.
         merge_last_stage: whether the last stage's F and B of a microbatch form one fragment.
         global_batch / seq_len: the workload's shape.
-        predicted: metrics predicted by the planner (seconds, bytes, fractions).
-        solver: status, objective, bound, gap, wall_s of the CP-SAT search.
+        predicted: the replayed step's metrics (:class:`~ir.report.Prediction`); None for a
+            hand-written plan that states none.
+        search: how the search found it (:class:`~ir.report.SearchReport`: the chosen
+            candidate's solve, the proven bound and gap, why the search stopped).
     """
 
     model: str
@@ -99,8 +102,8 @@ class Plan:
     merge_last_stage: bool
     global_batch: int
     seq_len: int
-    predicted: Mapping[str, Any] = field(default_factory=dict)
-    solver: Mapping[str, Any] = field(default_factory=dict)
+    predicted: Prediction | None = None
+    search: SearchReport = SearchReport()
     cluster_path: str = ""
     devices: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     """mesh name -> (device profile id, number of devices), for readers without the cluster."""
@@ -111,7 +114,7 @@ class Plan:
     recompute: Mapping[str, bool] = field(default_factory=dict)
     """mesh name -> whether its stages recompute activations in the backward (full activation
     checkpointing: a forward keeps only each layer's input; the backward reruns the forward)."""
-    carving: tuple[Mapping[str, int], ...] = ()
+    carving: tuple[Mapping[str, Any], ...] = ()
     """For a cluster described as node groups: how the planner cut each group into the plan's
     meshes, one ``{"group", "nodes", "nodes_per_mesh", "meshes_per_node"}`` per group used
     (``hardware_profiles.carve.GroupShape``); empty when the cluster file lists its meshes."""
@@ -153,6 +156,8 @@ class DataParallelPlan:
         sync_link / sync_bytes / sync_s: the cross-part gradient all-reduce: the narrowest link
             between parts, the fp32 gradient bytes, and its seconds (ring over the parts).
         reason: why the planner chose this over one mixed pipeline or fewer kinds (one line).
+        predicted / search: as :attr:`Plan.predicted` and :attr:`Plan.search`, for the whole
+            step.
     """
 
     model: str
@@ -163,8 +168,8 @@ class DataParallelPlan:
     sync_link: str
     sync_bytes: float
     sync_s: float
-    predicted: Mapping[str, Any] = field(default_factory=dict)
-    solver: Mapping[str, Any] = field(default_factory=dict)
+    predicted: Prediction | None = None
+    search: SearchReport = SearchReport()
     cluster_path: str = ""
     reason: str = ""
     model_config: Mapping[str, Any] = field(default_factory=dict)
@@ -182,7 +187,7 @@ class DataParallelPlan:
             raise IRError("DataParallelPlan: two parts share a mesh; each part needs its own meshes")
 
     @property
-    def carving(self) -> tuple[Mapping[str, int], ...]:
+    def carving(self) -> tuple[Mapping[str, Any], ...]:
         return tuple(c for p in self.parts for c in p.carving)
 
 

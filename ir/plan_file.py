@@ -21,11 +21,14 @@ import copy
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ir import KINDS, DataParallelPlan, IRError, Plan, data_parallel_from_json, plan_from_json
 from ir.files import NAME_PATTERN, InputError, read_json
 import jsonschema
+
+Bad = Callable[[str, Any, str], IRError]
+"""How a check names a bad value: ``bad(path, value, fix)`` is the one-line error to raise."""
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "plan.schema.json"
 """The plan format's JSON Schema."""
@@ -49,7 +52,7 @@ must still have the schema's types."""
 def plan_schema() -> dict[str, Any]:
     """The plan JSON Schema (``ir/plan.schema.json``) as applied to a plan being read: the
     :data:`OPTIONAL` records and their keys are not required."""
-    schema = copy.deepcopy(read_json(SCHEMA_PATH, "plan schema"))
+    schema: dict[str, Any] = copy.deepcopy(read_json(SCHEMA_PATH, "plan schema"))
     defs = schema.get("$defs", {})
     if "plan_fields" in defs:
         # a pipeline plan is read as its fields alone (the strict 'plan' also requires OPTIONAL)
@@ -166,7 +169,7 @@ def check_sizes(doc: dict[str, Any], where: str, prefix: str = "") -> None:
     check_carving(doc, bad)
 
 
-def check_cluster_path(doc: dict[str, Any], bad) -> None:
+def check_cluster_path(doc: dict[str, Any], bad: Bad) -> None:
     """``cluster_path``: a path the file system can look up (at most 4096 bytes, each part at most
     255), so that a mangled path is a one-line plan error, not an OS error on reading it."""
     path = doc.get("cluster_path", "")
@@ -179,7 +182,7 @@ def check_cluster_path(doc: dict[str, Any], bad) -> None:
                   f"file or folder name, no NUL) ({FIX})")
 
 
-def check_carving(doc: dict[str, Any], bad) -> None:
+def check_carving(doc: dict[str, Any], bad: Bad) -> None:
     """The plan's ``carving`` (node groups cut into meshes) and ``schedules`` (candidate table):
     names, sizes, one shape per group, ``nodes`` a multiple of ``nodes_per_mesh``, every mesh of the
     plan one the carving makes (``{group}.{j}``, ``j`` below the group's mesh count)."""

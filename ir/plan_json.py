@@ -4,10 +4,11 @@ parsing :class:`~ir.plan.Plan` and :class:`~ir.plan.DataParallelPlan`."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ir.errors import IRError
 from ir.plan import DataParallelPlan, Layout, Plan, StagePlan
+from ir.report import Prediction, SearchReport
 from ir.schedule import FragmentRef, ScheduleTable
 
 
@@ -52,8 +53,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                    for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
         "schedule": schedule_to_json(plan.schedule, plan.rank_mesh),
-        "predicted": dict(plan.predicted),
-        "solver": dict(plan.solver),
+        "predicted": plan.predicted.to_json() if plan.predicted is not None else {},
+        "solver": plan.search.to_json(),
         "carving": [dict(c) for c in plan.carving],
         "schedules": [dict(c) for c in plan.schedules],
     }
@@ -66,8 +67,8 @@ def data_parallel_to_json(plan: DataParallelPlan) -> dict[str, Any]:
         "parts": [plan_to_json(p) for p in plan.parts],
         "sync": {"link": plan.sync_link, "bytes": plan.sync_bytes, "seconds": plan.sync_s},
         "reason": plan.reason,
-        "predicted": dict(plan.predicted),
-        "solver": dict(plan.solver),
+        "predicted": plan.predicted.to_json() if plan.predicted is not None else {},
+        "solver": plan.search.to_json(),
     }
 
 
@@ -77,7 +78,7 @@ def any_plan_to_json(plan: "Plan | DataParallelPlan") -> dict[str, Any]:
 
 
 @contextmanager
-def _parsing():
+def _parsing() -> Iterator[None]:
     """Turn a missing key or a malformed value met while parsing a plan into one-line IRError."""
     try:
         yield
@@ -87,6 +88,13 @@ def _parsing():
         if isinstance(e, IRError):
             raise
         raise IRError(f"plan has a malformed value ({e}); regenerate it with 'mpmd plan'") from None
+
+
+def _prediction(d: Mapping[str, Any]) -> Prediction | None:
+    """A plan dict's ``"predicted"`` object, or None when it has none (an empty object, as a
+    hand-written plan or a data-parallel plan's part may)."""
+    got = d.get("predicted")
+    return Prediction.from_json(got) if got else None
 
 
 def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
@@ -101,7 +109,7 @@ def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
             model=str(d["model"]), cluster=str(d["cluster"]), global_batch=int(d["global_batch"]),
             seq_len=int(d["seq_len"]), parts=tuple(plan_from_json(p) for p in d["parts"]),
             sync_link=str(sync["link"]), sync_bytes=float(sync["bytes"]), sync_s=float(sync["seconds"]),
-            predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
+            predicted=_prediction(d), search=SearchReport.from_json(d.get("solver", {})),
             cluster_path=str(d.get("cluster_path", "")), reason=str(d.get("reason", "")),
             model_config=dict(d.get("model_config", {})))
 
@@ -146,7 +154,7 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                     merge_last_stage=bool(d.get("merge_last_stage", False)),
                     grad_sync=str(d.get("grad_sync", "step")),
                     global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
-                    predicted=dict(d.get("predicted", {})), solver=dict(d.get("solver", {})),
+                    predicted=_prediction(d), search=SearchReport.from_json(d.get("solver", {})),
                     cluster_path=str(d.get("cluster_path", "")),
                     model_config=dict(d.get("model_config", {})),
                     devices={str(m): (str(v.get("device", "")), int(v.get("num_devices", 0)))

@@ -3,14 +3,34 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ir.errors import IRError
 
-KINDS = ("F", "B", "W")
-"""Fragment kinds in a schedule: forward, backward (input gradient only when the schedule splits the
-backward, else the whole backward), and weight gradient (only in split-backward schedules)."""
+
+class FragmentKind(enum.StrEnum):
+    """The kind of a fragment in a schedule; each member is its one-letter string (``FragmentKind.F
+    == "F"``), so plans, tables and timelines spell it as before.
+
+    - ``F``: the forward of a stage for one microbatch.
+    - ``B``: the backward: only the input gradient when the schedule splits the backward, else the
+      whole backward.
+    - ``W``: the weight gradient (only in split-backward schedules).
+    """
+
+    F = "F"
+    B = "B"
+    W = "W"
+
+    def __repr__(self) -> str:
+        """``'F'``, the plain string's repr: refs, tables and messages print as with strings."""
+        return str.__repr__(self)
+
+
+KINDS: tuple[str, ...] = tuple(k.value for k in FragmentKind)
+"""Fragment kinds in a schedule, as strings (``("F", "B", "W")``): see :class:`FragmentKind`."""
 
 
 @dataclass(frozen=True, slots=True, order=True)

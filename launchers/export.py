@@ -7,17 +7,19 @@ from pathlib import Path
 from typing import Callable
 
 from ir import DataParallelPlan, Plan
+from ir.vocab import EXPORT_TARGETS
 from launchers import maxtext, megatron, torchtitan
 from launchers.view import LauncherError, PartView, part_views
 
 Renderer = Callable[[PartView, str], tuple[str, list[str]]]
 
-TARGETS: dict[str, tuple[Renderer, str]] = {
+_RENDERERS: dict[str, tuple[Renderer, str]] = {
     "megatron": (megatron.render, ".args"),
     "torchtitan": (torchtitan.render, ".toml"),
     "maxtext": (maxtext.render, ".yaml"),
 }
-"""Target name -> (renderer, file suffix)."""
+TARGETS: dict[str, tuple[Renderer, str]] = {t: _RENDERERS[t] for t in EXPORT_TARGETS}
+"""Target name -> (renderer, file suffix), one per :data:`ir.vocab.EXPORT_TARGETS`."""
 
 
 @dataclass(frozen=True, slots=True)

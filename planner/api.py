@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ir import Layout, Plan, Workload
+from ir import DataParallelPlan, Layout, Plan, Prediction, SearchReport, Workload
 from hardware_profiles.types import Cluster
 from planner.errors import InfeasibleError, PlannerError
-from planner.construct import (SAME_MODEL, SEARCHED_SCHEDULES, TRAIN_SCHEDULES, PlanOptions,
+from planner.construct import TRAIN_SCHEDULES as TRAIN_SCHEDULES   # re-exported for the CLI
+from planner.construct import (SAME_MODEL, SEARCHED_SCHEDULES, PlanOptions,
                                build_plan, make_candidate, microbatch_counts, schedule_allowed,
                                split_layers)
-from planner.predict import Prediction, predict
+from planner.predict import predict
 from planner.search import Candidate, SolveOutcome, solve_outcome
 from simulator import cost_model as cm
 
@@ -53,7 +54,7 @@ class PlanResult:
             objective, or None with ``search_bound_s``.
     """
 
-    plan: Plan
+    plan: Plan | DataParallelPlan
     prediction: Prediction
     candidates: tuple[tuple[str, int, float | None], ...]   # (schedule, M, step time or None)
     interrupted: bool = False
@@ -144,10 +145,8 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
         tried.append((sched, mb, pred.step_time_s if pred.fits else None))
         if not pred.fits:
             continue
-        solver = {"status": a.status, "objective": a.objective_s, "bound": a.bound_s,
-                  "gap": (a.objective_s - a.bound_s) / a.objective_s if a.objective_s else 0.0,
-                  "wall_s": a.wall_s}
-        p = replace(p, predicted=pred.to_json(), solver=solver)
+        p = replace(p, predicted=pred,
+                    search=SearchReport.of_solve(a.status, a.objective_s, a.bound_s, a.wall_s))
         if best is None or pred.step_time_s < best[0] * (1 - 1e-9):
             best = (pred.step_time_s, p, pred)
     if progress:
@@ -161,11 +160,11 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
     _, p, pred = best
     # the bound over every candidate is known only when every candidate was searched
     bound = min(bounds) if len(tried) == len(combos) else None
-    obj = p.solver["objective"]
+    obj = p.search.objective_s or 0.0
     gap = None if bound is None else (max(0.0, (obj - bound) / obj) if obj else 0.0)
-    p = replace(p, solver={**p.solver, "search_wall_s": total_wall, "candidates": len(tried),
-                           "candidates_total": len(combos), "interrupted": interrupted,
-                           "search_bound": bound, "search_gap": gap})
+    p = replace(p, search=replace(p.search, search_wall_s=total_wall, candidates=len(tried),
+                                  candidates_total=len(combos), interrupted=interrupted,
+                                  search_bound_s=bound, search_gap=gap))
     return PlanResult(p, pred, tuple(tried), interrupted=interrupted,
                       candidates_total=len(combos), search_bound_s=bound, search_gap=gap)
 

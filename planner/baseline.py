@@ -20,12 +20,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from ir import Layout, Plan, Workload
+from ir import Layout, Plan, Prediction, Workload
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, ProfileError
 from planner import construct
 from planner.errors import PlannerError
-from planner.predict import Prediction, predict
+from planner.predict import predict
 from planner.search import Assignment
 
 MICROBATCH_SIZES = (1, 2)
@@ -56,7 +56,7 @@ def _evaluate(w: Workload, lc: Cluster, shape: GroupShape, layout: Layout, block
                    bound_s=0.0, wall_s=0.0)
     plan = construct.build_plan(w, lc, a, schedule, microbatches, virtual_stages)
     pred = predict(plan, w, lc, headroom=headroom)
-    return HandResult(replace(plan, carving=(shape.to_json(),), predicted=pred.to_json()), pred, label)
+    return HandResult(replace(plan, carving=(shape.to_json(),), predicted=pred), pred, label)
 
 
 def megatron_plans(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1,
@@ -318,6 +318,7 @@ def hand_pipeline(w: Workload, cluster: Cluster, hp: HandPipeline, headroom: flo
         raise PlannerError(f"hand pipeline {hp.label!r}: {e}") from None
     tensor = dict(hp.tensor)
     layouts = {}
+    m: str | int                       # a mesh name here, a microbatch count below
     for m, spec in lc.meshes.items():
         t = tensor.get(m.split(".")[0], 1)
         if spec.num_devices % t:
@@ -357,7 +358,7 @@ def _balanced(w: Workload, lc: Cluster, hp: HandPipeline, order: tuple[str, ...]
         plan = construct.build_plan(w, lc, a, hp.schedule, microbatches, 1)
         pred = predict(plan, w, lc, headroom=headroom)
         return HandResult(replace(plan, carving=tuple(s.to_json() for s in hp.shapes),
-                                  predicted=pred.to_json()), pred, hp.label)
+                                  predicted=pred), pred, hp.label)
 
     best = run(tuple(blocks))
     improved = True

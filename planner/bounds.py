@@ -12,7 +12,9 @@ import bisect
 import math
 from typing import Sequence
 
-from hardware_profiles.types import MeshSpec, straggler_factor, straggler_hosts
+from ir import LayerCost, Workload
+from hardware_profiles.types import (Cluster, DeviceProfile, MeshSpec, straggler_factor,
+                                     straggler_hosts)
 from simulator.schedules import kind
 from planner.level import Rank, block_capacity, least_feasible, water_level
 from simulator.stage_cost import StageCost
@@ -378,7 +380,7 @@ def quick_bound(work: Sequence[Sequence[StageCost]], microbatches: int, num_bloc
     return microbatches * max(0.0, tau)
 
 
-def layer_work_per_sample(cost, device, dtype: str, training: bool) -> float:
+def layer_work_per_sample(cost: LayerCost, device: DeviceProfile, dtype: str, training: bool) -> float:
     """A lower bound on the device-seconds one sample of one layer costs on ``device`` under any
     layout, microbatch and schedule (s): the cost model's own terms that grow with the samples,
     at their most favourable. Per device, :func:`simulator.cost_model.layer_time` charges
@@ -403,7 +405,7 @@ def layer_work_per_sample(cost, device, dtype: str, training: bool) -> float:
     return out
 
 
-def work_bound(w, cluster, groups: Sequence[str]) -> float:
+def work_bound(w: Workload, cluster: Cluster, groups: Sequence[str]) -> float:
     """A lower bound on the step time of any plan of workload ``w`` on node ``groups`` of
     ``cluster``, seconds: every sample of every layer is run on some device, costing it at least
     :func:`layer_work_per_sample`, and a group of ``N`` devices has ``N x step`` device-seconds.

@@ -8,13 +8,14 @@ import math
 import threading
 import time
 from dataclasses import replace
+from typing import Iterator
 
-from ir import Plan, Workload
+from ir import Plan, Prediction, SearchReport, Workload
 from hardware_profiles.types import Cluster
 from planner import construct
 from planner.budget import COSTS, Budget, _fragments, _work
-from planner.predict import Prediction, predict
-from planner.search import Candidate, solve_outcome
+from planner.predict import predict
+from planner.search import Assignment, Candidate, solve_outcome
 from simulator.stage_cost import StageCost
 import itertools
 
@@ -64,10 +65,8 @@ def solve_schedule(w: Workload, lc: Cluster, meshes: tuple[str, ...], sched: str
         exact = True
     elif len(meshes) * m <= POLISH_MAX_FRAGMENTS and _score(pred) <= POLISH_WITHIN * incumbent:
         a, p, pred = _polish(w, lc, cand, a, p, pred, sched, m, opts, time.monotonic() + left, budget)
-    solver = {"status": a.status, "objective": a.objective_s, "bound": a.bound_s,
-              "gap": (a.objective_s - a.bound_s) / a.objective_s if a.objective_s else 0.0,
-              "wall_s": a.wall_s}
-    return replace(p, predicted=pred.to_json(), solver=solver), pred, exact
+    search = SearchReport.of_solve(a.status, a.objective_s, a.bound_s, a.wall_s)
+    return replace(p, predicted=pred, search=search), pred, exact
 
 
 EXACT_MAX_PLANS = 2000
@@ -76,14 +75,14 @@ on the exact replay after CP-SAT (small pipelines: the brute-force test's instan
 EXACT_MAX_FRAGMENTS = 64
 
 
-def _compositions(n: int, k: int):
+def _compositions(n: int, k: int) -> Iterator[tuple[int, ...]]:
     """Every way to give ``k`` ranks at least one of ``n`` blocks each, in order."""
     for cut in itertools.combinations(range(1, n), k - 1):
         edges = (0,) + cut + (n,)
         yield tuple(b - a for a, b in zip(edges, edges[1:]))
 
 
-def _plans_in(cand) -> int:
+def _plans_in(cand: Candidate) -> int:
     p = len(cand.meshes)
     per = cand.num_blocks // cand.virtual_stages
     return (math.comb(per - 1, p - 1) * math.prod(len(o) for o in cand.options)
@@ -104,7 +103,9 @@ def rank_work(cand: Candidate, i: int, o: StageCost, n: int) -> float:
     return cand.microbatches * t
 
 
-def _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget):
+def _exhaustive(w: Workload, lc: Cluster, cand: Candidate, a: Assignment, p: Plan, pred: Prediction,
+                sched: str, m: int, opts: construct.PlanOptions, budget: Budget
+                ) -> tuple[Assignment, Plan, Prediction]:
     """The best of every plan of a small candidate on the exact replay (CP-SAT's answer first),
     visited by their busiest rank's work (:func:`rank_work`) and stopped once that lower bound
     cannot beat the best replay found: the answer is the same as replaying them all."""
@@ -130,7 +131,8 @@ def _exhaustive(w, lc, cand, a, p, pred, sched, m, opts, budget):
     return best[1], best[2], best[3]
 
 
-def _evaluate(w, lc, a, sched, m, v, opts):
+def _evaluate(w: Workload, lc: Cluster, a: Assignment, sched: str, m: int, v: int,
+              opts: construct.PlanOptions) -> tuple[Plan, Prediction]:
     p = construct.build_plan(w, lc, a, sched, m, v)
     return p, predict(p, w, lc, headroom=opts.headroom)
 
@@ -139,8 +141,9 @@ def _score(pred: Prediction) -> float:
     return pred.step_time_s if pred.fits else math.inf
 
 
-def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf,
-            budget: Budget | None = None):
+def _polish(w: Workload, lc: Cluster, cand: Candidate, a: Assignment, p: Plan, pred: Prediction,
+            sched: str, m: int, opts: construct.PlanOptions, deadline: float = math.inf,
+            budget: Budget | None = None) -> tuple[Assignment, Plan, Prediction]:
     """Steepest descent on the exact replay from CP-SAT's answer: move one block between
     neighbouring stages, switch one mesh to another of its layout options, or toggle the last
     stage's F+B merge, while the replayed
@@ -151,6 +154,7 @@ def _polish(w, lc, cand, a, p, pred, sched, m, opts, deadline: float = math.inf,
                   if o.layout == a.layouts[i] and o.recompute == a.recompute[i])
              for i in range(len(a.order))]
     best = (_score(pred), a, p, pred)
+    nb: list[int] | tuple[int, ...]     # a list while building the moves, then each move's blocks
     for _ in range(POLISH_ROUNDS):
         cur = best[1]
         moves = []

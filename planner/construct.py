@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir import FragmentRef, Plan, ScheduleTable, StagePlan, Workload
+from ir import FragmentKind, FragmentRef, Plan, ScheduleTable, StagePlan, Workload
 from hardware_profiles.types import Cluster
 from planner.errors import PlannerError
 from planner.inflight import V_SHAPED
 from planner.options import _cached_mesh_options
-from planner.options import _split_layers as split_layers
+from planner.options import _split_layers
 from planner.search import Assignment, Candidate
 from simulator import cost_model as cm
 from simulator.plan_costs import PlanCosts
 from simulator.schedules import KINDS, generate, kind, v_shape_stage_rank
+
+split_layers = _split_layers   # re-exported for the planner's modules (an explicit export for mypy)
 
 TRAIN_SCHEDULES = tuple(n for n, k in KINDS.items() if k.training)
 """Schedule families a training plan may name, in tie-break order: every schedule of
@@ -67,16 +69,15 @@ class PlanOptions:
     fixed_order: bool = False
 
 
-def fragment_kinds(schedule: str, training: bool) -> tuple[str, ...]:
-    """The fragment kinds one microbatch runs per stage under ``schedule``: ``("F",)`` for
-    inference, ``("F", "B", "W")`` when the backward is split into input and weight gradients
-    (the schedule's :attr:`~simulator.schedules.ScheduleKind.split_backward`), else
-    ``("F", "B")``."""
+def fragment_kinds(schedule: str, training: bool) -> tuple[FragmentKind, ...]:
+    """The fragment kinds one microbatch runs per stage under ``schedule``: F for inference,
+    F, B and W when the backward is split into input and weight gradients (the schedule's
+    :attr:`~simulator.schedules.ScheduleKind.split_backward`), else F and B."""
     if not training:
-        return ("F",)
+        return (FragmentKind.F,)
     if kind(schedule).split_backward:
-        return ("F", "B", "W")
-    return ("F", "B")
+        return (FragmentKind.F, FragmentKind.B, FragmentKind.W)
+    return (FragmentKind.F, FragmentKind.B)
 
 
 def stages_per_rank(schedule: str, virtual_stages: int) -> int:

@@ -5,11 +5,16 @@ interpreter exit (:func:`run_solver`)."""
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING, cast
 
 from ortools.sat.python import cp_model
 
+if TYPE_CHECKING:
+    from ortools.sat.python.cp_model_helper import CpSolverStatus
 
-def run_solver(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threading.Event | None):
+
+def run_solver(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threading.Event | None
+               ) -> tuple[CpSolverStatus, bool]:
     """(status, stopped): ``solver.Solve(model)`` in a helper thread, polled every 50 ms for
     ``stop``.
 
@@ -21,7 +26,7 @@ def run_solver(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threadi
     event, not ``Thread.join``/``is_alive``: on Python 3.11 a KeyboardInterrupt inside a timed
     ``join`` can mark a running thread as stopped (``Thread._wait_for_tstate_lock``).
     """
-    box: list = []
+    box: list[CpSolverStatus | BaseException | None] = []
     began, cancel, done = threading.Event(), threading.Event(), threading.Event()
 
     def target() -> None:
@@ -56,4 +61,5 @@ def run_solver(solver: cp_model.CpSolver, model: cp_model.CpModel, stop: threadi
                     pass
     if isinstance(box[0], BaseException):
         raise box[0]
-    return box[0], stopped
+    # not None: a solve cancelled before it began was interrupted, and that raised above
+    return cast("CpSolverStatus", box[0]), stopped

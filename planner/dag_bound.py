@@ -35,9 +35,18 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from simulator.stage_cost import StageCost
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from ir import FragmentRef, ScheduleTable
+
+Terms = list[tuple[int, float]]
+"""A constraint's left side: (variable index, coefficient) pairs."""
+Sparse = Any   # a scipy.sparse matrix (scipy ships no types)
 
 MAX_FRAGMENTS = 4000
 """Most fragments kept as variables (about 0.5 s of HiGHS on the reference machine)."""
@@ -52,7 +61,7 @@ def kept_fragments(ranks: int, stages_per_rank: int, microbatches: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _table(schedule: str, ranks: int, microbatches: int, virtual_stages: int):
+def _table(schedule: str, ranks: int, microbatches: int, virtual_stages: int) -> ScheduleTable:
     from simulator.schedules import generate
     return generate(schedule, ranks, microbatches, virtual_stages=virtual_stages)
 
@@ -132,7 +141,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
     rows, cols, vals, rhs = [], [], [], []
     row = 0
 
-    def add(terms, const: float) -> None:
+    def add(terms: Terms, const: float) -> None:
         """``sum(coef x var) <= const``."""
         nonlocal row
         for var, coef in terms:
@@ -143,7 +152,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
         rhs.append(const)
         row += 1
 
-    def fixed(u) -> float:
+    def fixed(u: FragmentRef) -> float:
         """The fragment's least seconds beyond its blocks: its dispatch, and the layers before
         (first stage) or after (last stage) the blocks, at their least over the rank's options."""
         r, i = rank_of[u.stage], slot[u.kind]
@@ -156,27 +165,28 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
             out += min(o.post_kinds_s[i] for o in work[r])
         return out
 
-    def span(r: int, counts: dict[str, int], extra=lambda o: 0.0) -> list:
+    def span(r: int, counts: dict[str, int],
+             extra: Callable[[StageCost], float] = lambda o: 0.0) -> Terms:
         """Terms of rank ``r`` running ``counts`` chunk fragments of each kind (plus ``extra``)
         per block variable."""
         return [(col[r][k], sum(c * o.block_kind_s(x) for x, c in counts.items()) + extra(o))
                 for k, o in enumerate(work[r])]
 
-    def wait(r: int) -> list:
+    def wait(r: int) -> Terms:
         """The straggler wait of rank ``r``: its share of the rank's work, per option variable."""
         share = straggler[r] if r < len(straggler) else 0.0
         return [(col[r][k], share * m * o.rank_time(v).per_block) for k, o in enumerate(work[r])] if share else []
 
-    def t(u) -> int:
+    def t(u: FragmentRef) -> int:
         return index[(u.kind, u.stage, u.microbatch)]
 
-    def after(u, x, data: bool = False) -> None:
+    def after(u: FragmentRef, x: FragmentRef, data: bool = False) -> None:
         """``t[x] >= t[u] + duration(u)`` (plus the transfer when ``data`` crosses ranks)."""
         r, q = rank_of[u.stage], rank_of[x.stage]
         move = hop(r, q) if data and hop is not None and q != r else 0.0
         add([(t(u), 1.0), (t(x), -1.0)] + span(r, {u.kind: 1}), -fixed(u) - move)
 
-    def tail(o) -> float:
+    def tail(o: StageCost) -> float:
         return v * o.tail_marginal_s
 
     for r, order in enumerate(table.order):
@@ -243,7 +253,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
     a_eq = coo_matrix(([float(v)] * nx, ([0] * nx, list(range(nx)))), shape=(1, nvar)).tocsr()
     cost = np.zeros(nvar)
     cost[tau] = 1.0
-    bounds = []
+    bounds: list[tuple[float, float | None]] = []
     for r, opts in enumerate(work):
         for k in range(len(opts)):
             c = caps[r][k]
@@ -259,7 +269,10 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
     return max(lp, _integer_bound(a_ub, rhs, a_eq, L, bounds, cost, work, col, nx, nodes))
 
 
-def _integer_bound(a_ub, rhs, a_eq, num_blocks, bounds, cost, work, col, nx, nodes) -> float:
+def _integer_bound(a_ub: Sparse, rhs: list[float], a_eq: Sparse, num_blocks: int,
+                   bounds: list[tuple[float, float | None]], cost: npt.NDArray[np.float64],
+                   work: Sequence[Sequence[StageCost]], col: list[list[int]], nx: int,
+                   nodes: int) -> float:
     """The dual bound of the graph as a mixed-integer program (see :func:`order_bound`): whole
     blocks per stage, and one option per rank (binaries ``z``, ``x[r, o] <= cap_o z[r, o]``,
     ``sum_o z[r, o] = 1``); 0.0 when HiGHS proves none."""
@@ -268,7 +281,7 @@ def _integer_bound(a_ub, rhs, a_eq, num_blocks, bounds, cost, work, col, nx, nod
     from scipy.sparse import coo_matrix, hstack, vstack
 
     nvar = a_ub.shape[1]
-    hi = [math.floor(b[1] + 1e-9) for b in bounds[:nx]]
+    hi = [math.floor(cast(float, b[1]) + 1e-9) for b in bounds[:nx]]   # the blocks' bounds: finite
     link = coo_matrix(([1.0] * nx + [-float(h) for h in hi],
                        (list(range(nx)) * 2, list(range(nx)) + [nvar + i for i in range(nx)])),
                       shape=(nx, nvar + nx))
@@ -292,7 +305,11 @@ def _integer_bound(a_ub, rhs, a_eq, num_blocks, bounds, cost, work, col, nx, nod
     return max(0.0, float(best) * (1 - 1e-6))
 
 
-def _free_order(r, order, keep, add, t, cols, opts, m, held, tau, tail, wait, fixed) -> None:
+def _free_order(r: int, order: Sequence[FragmentRef], keep: set[int],
+                add: Callable[[Terms, float], None], t: Callable[[FragmentRef], int], cols: list[int],
+                opts: Sequence[StageCost], m: int, held: int, tau: int,
+                tail: Callable[[StageCost], float], wait: Terms,
+                fixed: Callable[[FragmentRef], float]) -> None:
     """Rank ``r``'s constraints when its order is not fixed (the adaptive schedules, one stage
     per rank; see the module docstring), over its kept microbatches ``keep``: each kind's
     fragments run in microbatch order (between two kept ones, those between them); ``F(j)`` waits
@@ -306,7 +323,8 @@ def _free_order(r, order, keep, add, t, cols, opts, m, held, tau, tail, wait, fi
     from ir import FragmentRef
     one = {k: fixed(FragmentRef(k, r, 0)) for k in "FBW"}   # every microbatch's alike
 
-    def work_of(nf: int, nb: int, nw: int, extra=lambda o: 0.0) -> list:
+    def work_of(nf: int, nb: int, nw: int,
+                extra: Callable[[StageCost], float] = lambda o: 0.0) -> Terms:
         return [(cols[i], nf * o.block_kind_s("F") + nb * o.block_kind_s("B") + nw * o.block_kind_s("W") + extra(o))
                 for i, o in enumerate(opts)]
 

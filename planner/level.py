@@ -101,14 +101,15 @@ def block_capacity(ranks: Sequence[Rank], chain: float, per_rank: int = 1,
     if least * len(prepared) > num_blocks:
         return lambda tau: -1        # the ranks cannot all hold ``least``
 
-    def most(room: float, opts, free_cap: int) -> int:
+    def most(room: float, opts: tuple[tuple[float, float, float, tuple[float, float] | None], ...],
+             free_cap: float) -> int:
         """The most blocks (a multiple of ``per_rank``) a rank holds with ``room`` seconds."""
-        n = 0
+        n: float = 0               # the memory caps are floats (whole numbers or inf)
         if room > 0:
             for cost, cap, extra, second in opts:
                 if room <= extra:
                     continue
-                k = floor((room - extra) / cost * (1 + 1e-12))
+                k: float = floor((room - extra) / cost * (1 + 1e-12))
                 if second is not None:
                     if room <= second[1]:
                         continue

@@ -33,7 +33,7 @@ import math
 import threading
 from dataclasses import dataclass, replace
 from itertools import product
-from typing import Callable
+from typing import Any, Callable
 
 from ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.carve import node_groups_of
@@ -41,9 +41,9 @@ from hardware_profiles.types import Cluster, NodeGroup
 from planner import api, construct
 from planner.errors import InfeasibleError, PlannerError
 from planner.shaping import achievable_flops, flop_bound, shape_and_plan
+from ir.vocab import GOALS
 from simulator import cost_model as cm
 
-GOALS = ("time", "cost")
 WHOLE_SHARE = 0.4
 """Share of ``--time-limit`` for the whole cluster's plan, searched first as the incumbent that the
 plans on parts of the cluster must beat (on an equal share of the time a part could otherwise win
@@ -110,6 +110,7 @@ def sub_clusters(cluster: Cluster) -> list[Cluster]:
     one group used, distinct."""
     names = tuple(cluster.groups)
     choices = []
+    counts: list[int] | tuple[int, ...]     # a group's counts, then one count per group
     for g in cluster.groups.values():
         counts = sorted({max(1, math.ceil(g.nodes * f)) for f in FRACTIONS}, reverse=True)
         choices.append(counts + ([0] if len(names) > 1 else []))
@@ -138,7 +139,7 @@ def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.
             plan found.
 
     Returns:
-        The plan and its prediction (:class:`planner.api.PlanResult`). The plan's ``solver["goal"]`` records the goal, its cost and every sub-cluster
+        The plan and its prediction (:class:`planner.api.PlanResult`). The plan's ``search.goal`` records the goal, its cost and every sub-cluster
     tried.
 
     Raises:
@@ -176,11 +177,12 @@ def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.
             key = bound
         cands.append((key, sum(g.num_devices for g in sub.groups.values()), sub))
     cands.sort(key=lambda c: (c[0], c[1]))
-    tried: list[dict] = []
+    tried: list[dict[str, Any]] = []
     best = None                            # (value, result, usd/h)
     spent = 0.0
 
-    def consider(sub: Cluster, share: float):
+    def consider(sub: Cluster, share: float
+                 ) -> tuple[float | None, tuple[api.PlanResult, float] | None] | None:
         """Plan ``sub`` on ``share`` nominal seconds, record it, and return (its value when it
         meets the goal else None, the result); the result is None when it fits nowhere, and the
         whole is None when Ctrl-C ended the search."""
@@ -225,6 +227,7 @@ def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.
             break                          # Ctrl-C
         value, res = got
         if value is not None and (best is None or value < best[0]):
+            assert res is not None         # a value comes with its result
             best = (value, *res)
         if progress:
             progress(i + 1, len(order), best[1].prediction.step_time_s if best else None)
@@ -251,5 +254,5 @@ def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.
               "usd_per_step": usd_h * r.prediction.step_time_s / 3600,
               "devices": used_devices(r.plan, cluster), "sub_clusters": len(cands),
               "planned": n_planned, "tried": tried}
-    plan = replace(r.plan, solver={**(r.plan.solver or {}), "goal": record})
+    plan = replace(r.plan, search=replace(r.plan.search, goal=record))
     return replace(r, plan=plan)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import fields
+from typing import Any
 
 from ir import Layout, Workload
 from hardware_profiles.types import MeshSpec
@@ -79,7 +80,7 @@ def _undominated(opts: list[StageCost]) -> tuple[StageCost, ...]:
 
 
 _OPTIONS_LOCK = threading.Lock()
-_OPTIONS_CACHE: dict = {}
+_OPTIONS_CACHE: dict[str, Any] = {}
 """``_mesh_options`` results of the latest workload: ``{"w": workload, "entries": {key: [(the
 mesh's fields but its name, options), ...]}}``; the workload is held (its layers and costs
 compared by identity, :func:`_same_program`), so another model cannot take its place

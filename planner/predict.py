@@ -11,65 +11,17 @@ no notion of that contention, so their plans are timed by the simulator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Mapping
 
-from ir import FragmentRef, Plan, Workload
+from ir import FragmentKind, FragmentRef, Plan, Prediction, Workload
 from hardware_profiles.types import Cluster
 from simulator.plan_costs import PlanCosts
 from simulator.plan_sim import simulate_plan
 from simulator.schedules.check import replay
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    """Predicted metrics of one step (seconds, bytes per device, fractions).
-
-    Attributes:
-        step_time_s: step makespan, end-of-step gradient sync and optimizer included.
-        bubble: per mesh, idle fraction of the step.
-        peak_memory_bytes: per mesh, peak per-device bytes (static + residuals + working set).
-        capacity_bytes: per mesh, per-device capacity.
-        stage_time_s: per stage, compute seconds of one microbatch (all kinds).
-        mfu: model FLOP / (step time x the cluster's dense peak FLOP/s).
-        roofline_step_time_s: model FLOP / the cluster's dense peak FLOP/s.
-        tokens_per_s: global batch x sequence length / step time.
-    """
-
-    step_time_s: float
-    bubble: dict[str, float]
-    peak_memory_bytes: dict[str, float]
-    capacity_bytes: dict[str, float]
-    stage_time_s: tuple[float, ...]
-    mfu: float
-    roofline_step_time_s: float
-    tokens_per_s: float
-    samples_per_s: float
-    shortfall_bytes: dict[str, float] = field(default_factory=dict)
-    synced_s: dict[str, float] = field(default_factory=dict)
-    """Per mesh: when its pipeline work and its own gradient all-reduce end (before the optimizer)."""
-    optimizer_s: dict[str, float] = field(default_factory=dict)
-    """Per mesh: seconds of its end-of-step ops after its gradient sync: the optimizer step and
-    the parameter all-gather after it."""
-
-    @property
-    def fits(self) -> bool:
-        return not self.shortfall_bytes
-
-    def to_json(self) -> dict:
-        return {
-            "step_time_s": self.step_time_s,
-            "bubble_fraction": self.bubble,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "capacity_bytes": self.capacity_bytes,
-            "stage_time_s": list(self.stage_time_s),
-            "mfu": self.mfu,
-            "roofline_step_time_s": self.roofline_step_time_s,
-            "tokens_per_s": self.tokens_per_s,
-            "samples_per_s": self.samples_per_s,
-        }
-
-
-def _collective_ends(plan: Plan, costs: PlanCosts, end: dict) -> dict[str, float]:
+def _collective_ends(plan: Plan, costs: PlanCosts, end: Mapping[tuple[int, FragmentRef], float]
+                     ) -> dict[str, float]:
     """Per mesh, when its collective stream finishes the gradient buckets
     (:meth:`~simulator.plan_costs.PlanCosts.grad_buckets`), replayed as the engine does: in
     order of their releasing fragment's position in the mesh's order, then ready fraction; each
@@ -77,7 +29,7 @@ def _collective_ends(plan: Plan, costs: PlanCosts, end: dict) -> dict[str, float
     if not costs.workload.training or plan.schedule.forward_only:
         return {}
     table = plan.schedule
-    pending: dict[str, list] = {}
+    pending: dict[str, list[tuple[int, float, int, int, float, float]]] = {}
     for s in range(table.num_stages):
         buckets = costs.grad_buckets(s)
         if not buckets:
@@ -113,17 +65,17 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
     costs = PlanCosts(plan, workload, cluster)
     table = plan.schedule
 
-    def duration(rank: int, ref) -> float:
+    def duration(rank: int, ref: FragmentRef) -> float:
         return costs.fragment_time(ref)
 
-    def comm(src: int, dst: int, ref) -> float:
+    def comm(src: int, dst: int, ref: FragmentRef) -> float:
         b = costs.boundary(src, dst)
         return 0.0 if b is None else b[2]
 
-    def residual(rank: int, ref) -> float:
+    def residual(rank: int, ref: FragmentRef) -> float:
         return costs.residual_bytes(ref)
 
-    def receive(rank: int, ref) -> float:
+    def receive(rank: int, ref: FragmentRef) -> float:
         return costs.recv_time(ref)
 
     rp = replay(table, duration, comm, activation=residual if workload.training else None,
@@ -146,7 +98,8 @@ def predict(plan: Plan, workload: Workload, cluster: Cluster, *, headroom: float
         usable = cap[mesh] * (1.0 - headroom)
         if peak[mesh] > usable:
             short[mesh] = peak[mesh] - usable
-    kinds = ("F",) + ((("B", "W") if table.split_backward else ("B",)) if workload.training else ())
+    F, B, W = FragmentKind.F, FragmentKind.B, FragmentKind.W
+    kinds = (F,) + (((B, W) if table.split_backward else (B,)) if workload.training else ())
     stage_time = tuple(sum(costs.fragment_time(FragmentRef(k, s.index, 0)) for k in kinds)
                        for s in plan.stages)
     if any(cluster.meshes[m].host for m in plan.rank_mesh):

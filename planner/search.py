@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence, cast
 
 from ortools.sat.python import cp_model
 
@@ -54,6 +54,30 @@ US = 1e6
 """Objective unit: microseconds per second."""
 MB = 1e6
 """Memory unit: bytes per megabyte."""
+Term = Any   # an int (a fixed order's constant) or a CP-SAT variable or expression (a free order)
+
+
+class _Model(Protocol):
+    """The pre-PEP 8 names of :class:`cp_model.CpModel` this module calls: CP-SAT sets them on each
+    model when it is made (wrapping the snake-case methods), so its stubs do not declare them; the
+    signatures are the snake-case methods'."""
+
+    def NewIntVar(self, lb: int, ub: int, name: str) -> cp_model.IntVar: ...
+    def NewBoolVar(self, name: str) -> cp_model.IntVar: ...
+    def Add(self, ct: cp_model.BoundedLinearExpression | bool) -> cp_model.Constraint: ...
+    def AddMinEquality(self, target: cp_model.LinearExprT,
+                       expressions: Iterable[cp_model.LinearExprT]) -> cp_model.Constraint: ...
+    def AddImplication(self, a: cp_model.LiteralT, b: cp_model.LiteralT) -> cp_model.Constraint: ...
+    def AddExactlyOne(self, literals: Iterable[cp_model.LiteralT]) -> cp_model.Constraint: ...
+    def AddLinearExpressionInDomain(self, linear_expr: cp_model.LinearExprT,
+                                    domain: cp_model.Domain) -> cp_model.Constraint: ...
+    def AddCircuit(self, arcs: Sequence[cp_model.ArcT]) -> cp_model.Constraint: ...
+    def AddBoolAnd(self, literals: Iterable[cp_model.LiteralT]) -> cp_model.Constraint: ...
+    def AddBoolOr(self, literals: Iterable[cp_model.LiteralT]) -> cp_model.Constraint: ...
+    def AddMultiplicationEquality(self, target: cp_model.LinearExprT,
+                                  expressions: Iterable[cp_model.LinearExprT]) -> cp_model.Constraint: ...
+    def Minimize(self, obj: cp_model.ObjLinearExprT) -> None: ...
+    def AddHint(self, var: cp_model.IntVar, value: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +174,8 @@ def _hull(a: Affine, blocks: Any, chosen: Any, first: int, post: int) -> Any:
                                         + _us(a.fixed)) * chosen
 
 
-def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str):
+def _inflight_expr(model: _Model, c: Candidate, pos: cp_model.IntVar, n_used: cp_model.IntVar,
+                   name: str) -> cp_model.IntVar:
     """:func:`inflight_count` with a variable position ``pos`` and pipeline depth ``n_used``."""
     m, s = c.microbatches, c.schedule
     v = _chunks(s, c.virtual_stages)
@@ -164,14 +189,16 @@ def _inflight_expr(model: cp_model.CpModel, c: Candidate, pos, n_used, name: str
     return infl
 
 
-def _v_first_expr(model: cp_model.CpModel, c: Candidate, n_used, name: str):
+def _v_first_expr(model: _Model, c: Candidate, n_used: cp_model.IntVar, name: str) -> cp_model.IntVar:
     """The first count of :func:`inflight_end_counts` for a V, with a variable pipeline depth."""
     infl = model.NewIntVar(0, c.microbatches, name)
     model.AddMinEquality(infl, [2 * n_used, c.microbatches])
     return infl
 
 
-def _hint(model, c: Candidate, used, first, last, nblk, pos, sel) -> None:
+def _hint(model: _Model, c: Candidate, used: Sequence[cp_model.IntVar], first: Sequence[cp_model.IntVar],
+          last: Sequence[cp_model.IntVar], nblk: Sequence[cp_model.IntVar], pos: Sequence[cp_model.IntVar],
+          sel: Sequence[Sequence[cp_model.IntVar]]) -> None:
     """A warm start: every mesh in cluster order, blocks in proportion to the speed of its fastest
     layout, and per mesh the fastest option whose memory fits that share at the first pipeline
     position's in-flight count (the least memory-hungry option when none does)."""
@@ -258,7 +285,7 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
     runs out first, or ``stop`` is set (the search then ends within about 50 ms, keeping the best
     solution found so far; ``SolveOutcome.stopped`` says so).
     """
-    model = cp_model.CpModel()
+    model = cast(_Model, cp_model.CpModel())
     nm, v, L, M = len(c.meshes), c.virtual_stages, c.num_blocks, c.microbatches
     big_t = 0
     used, first, last, nblk, pos, sel, tm, tail = [], [], [], [], [], [], [], []
@@ -294,6 +321,8 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
             return SolveOutcome(None, "INFEASIBLE", math.inf, 0.0)
         model.AddLinearExpressionInDomain(n_used, cp_model.Domain.FromValues(ok))
 
+    comm_terms: list[int | cp_model.LinearExpr]
+    arcs: list[cp_model.ArcT]
     if c.fixed_order:
         for i in range(nm):
             model.Add(used[i] == 1)
@@ -340,6 +369,9 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
     merge = model.NewBoolVar("merge_last_stage")
     if not c.mergeable:
         model.Add(merge == 0)
+    infl: Term
+    infl_pre: Term
+    infl_post: Term
     mx = model.NewIntVar(0, big_t, "max_mesh_time")
     tail_mx = model.NewIntVar(0, big_t, "max_tail")
     for i, name in enumerate(c.meshes):
@@ -398,7 +430,7 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
                     continue
                 model.Add((_mb(st.per_block) + _mb(rs.per_block) * infl) * n_k[k]
                           <= room * sel[i][k])
-            opts_loop = ()
+            opts_loop: tuple[tuple[int, StageCost], ...] = ()
         else:
             opts_loop = tuple(enumerate(c.options[i]))
         for k, o in opts_loop:
@@ -427,7 +459,7 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
     solver.parameters.num_workers = workers
     solver.parameters.interleave_search = True
     solver.parameters.catch_sigint_signal = False   # see the module docstring
-    status, stopped = run_solver(solver, model, stop)
+    status, stopped = run_solver(solver, cast(cp_model.CpModel, model), stop)
     name = solver.StatusName(status)
     if status == cp_model.INFEASIBLE:
         return SolveOutcome(None, name, math.inf, solver.deterministic_time, stopped)

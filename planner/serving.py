@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Mapping, cast
 
-from hardware_profiles.types import Cluster, Link, NodeGroup
+from hardware_profiles.types import Cluster, Link, MeshSpec, NodeGroup
 from ir import BatchStep, InferenceModel, RequestMix, ServiceObjectives
 from planner.errors import PlannerError
 from simulator.program import SimError
@@ -119,7 +120,8 @@ def serving_groups(cluster: Cluster) -> dict[str, NodeGroup]:
     described = node_groups_of(cluster)
     if described is not None and described.groups:
         return dict(described.groups)
-    alike: dict[tuple, list] = {}
+    alike: dict[tuple[str, int, Link, Link | None, float | None, float | None],
+                list[tuple[str, MeshSpec]]] = {}
     for name, m in cluster.meshes.items():
         per = m.devices_per_node or m.num_devices
         key = (m.device.name, per, m.intra_link, m.scale_out_link, m.price_per_device_hour,
@@ -207,7 +209,7 @@ def _replica(model: InferenceModel, group: NodeGroup, tp: int) -> Replica | None
 
 
 def _cost(pools: list[tuple[NodeGroup, int]], tokens_per_s: float) -> tuple[float | None, float]:
-    usd = 0.0
+    usd: float | None = 0.0
     watts = 0.0
     for g, n in pools:
         price = g.price_per_device_hour
@@ -287,7 +289,7 @@ def plan_serving(model: InferenceModel | dict[str, InferenceModel], cluster: Clu
     if len(groups) > 1:
         ops = [(_best(colo[n], g.num_devices, slo), g) for n, g in groups.items()]
         if all(o for o, _ in ops):
-            plans.append(_colocated_plan("colocated, every kind", [o for o, _ in ops],
+            plans.append(_colocated_plan("colocated, every kind", [cast(_Option, o) for o, _ in ops],
                                          [g for _, g in ops], mix, models))
         for a, ga in groups.items():
             for b, gb in groups.items():
@@ -319,7 +321,7 @@ def plan_serving(model: InferenceModel | dict[str, InferenceModel], cluster: Clu
     return sorted(plans, key=_rank)
 
 
-def _rank(p: ServingPlan):
+def _rank(p: ServingPlan) -> tuple[bool, float, float]:
     ok = p.rate_per_s > 0
     cost = p.usd_per_m_tokens if p.usd_per_m_tokens is not None else math.inf
     return (not ok, cost, -p.output_tokens_per_s)
@@ -342,14 +344,15 @@ def _link(cluster: Cluster, a: NodeGroup, b: NodeGroup) -> Link:
     return Link(bw, lat)
 
 
-def _pools(ops: list[_Option], groups: list[NodeGroup], models) -> tuple[Pool, ...]:
+def _pools(ops: list[_Option], groups: list[NodeGroup], models: Mapping[str, InferenceModel]
+           ) -> tuple[Pool, ...]:
     return tuple(Pool(g.name, g.device.name, op.role, op.replica.tp,
                       g.num_devices // op.replica.tp, op.max_batch,
                       models[g.name].weight_format) for op, g in zip(ops, groups))
 
 
 def _colocated_plan(family: str, ops: list[_Option], groups: list[NodeGroup], mix: RequestMix,
-                    models) -> ServingPlan:
+                    models: Mapping[str, InferenceModel]) -> ServingPlan:
     pools = _pools(ops, groups, models)
     rate = sum(p.replicas * op.rate for p, op in zip(pools, ops))
     tokens = rate * mix.output_tokens
@@ -359,7 +362,8 @@ def _colocated_plan(family: str, ops: list[_Option], groups: list[NodeGroup], mi
 
 
 def _disaggregated_plan(p_op: _Option, d_op: _Option, ga: NodeGroup, gb: NodeGroup,
-                        mix: RequestMix, models, transfer: float, link: Link) -> ServingPlan:
+                        mix: RequestMix, models: Mapping[str, InferenceModel], transfer: float,
+                        link: Link) -> ServingPlan:
     n_p = ga.num_devices // p_op.replica.tp
     n_d = gb.num_devices // d_op.replica.tp
     rate = min(n_p * p_op.rate, n_d * d_op.rate)
@@ -378,7 +382,8 @@ def _disaggregated_plan(p_op: _Option, d_op: _Option, ga: NodeGroup, gb: NodeGro
                             f"{link.bandwidth * 8 / 1e9:.0f} Gb/s")
 
 
-def replica_specs(plan: ServingPlan, cluster: Cluster, models) -> list[ReplicaSpec]:
+def replica_specs(plan: ServingPlan, cluster: Cluster, models: Mapping[str, InferenceModel]
+                  ) -> list[ReplicaSpec]:
     """The plan's replicas as the discrete-event simulator's :class:`ReplicaSpec` s."""
     groups = serving_groups(cluster)
     specs = []
@@ -388,13 +393,15 @@ def replica_specs(plan: ServingPlan, cluster: Cluster, models) -> list[ReplicaSp
         for i in range(pool.replicas):
             specs.append(ReplicaSpec(
                 name=f"{pool.device}-tp{pool.tp}-{pool.role}#{i}",
-                step_cost=lambda s, rep=rep: step_time(rep, s),
+                # (the lambda's default binds this replica: mypy cannot infer it against the field)
+                step_cost=cast("Callable[[BatchStep], float]", lambda s, rep=rep: step_time(rep, s)),
                 kv_capacity_tokens=rep.kv_capacity_tokens, max_batch=pool.max_batch,
                 chunk_tokens=CHUNK_TOKENS, role=pool.role))
     return specs
 
 
-def _checked(plan: ServingPlan, mix: RequestMix, slo: ServiceObjectives, models,
+def _checked(plan: ServingPlan, mix: RequestMix, slo: ServiceObjectives,
+             models: Mapping[str, InferenceModel],
              cluster: Cluster, requests: int, seed: int) -> ServingPlan:
     """``plan`` replayed in the discrete-event simulator at its analytic rate, lowered through
     :data:`DERATE` until the simulated percentiles meet the objectives."""
@@ -425,6 +432,7 @@ def _checked(plan: ServingPlan, mix: RequestMix, slo: ServiceObjectives, models,
         last = (rate, res, ttft, tpot)
         if ttft <= slo.ttft_s and tpot <= slo.tpot_s:
             break
+    assert last is not None            # DERATE is not empty
     rate, res, ttft, tpot = last
     ok = ttft <= slo.ttft_s and tpot <= slo.tpot_s
     groups = serving_groups(cluster)

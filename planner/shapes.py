@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from hardware_profiles.carve import GroupShape, carve
 from hardware_profiles.types import Cluster, MeshSpec, NodeGroup
@@ -31,12 +31,11 @@ from planner.bounds import _ranks, candidate_bound, chain_share, quick_bound, st
 from planner.dag_bound import MAX_FRAGMENTS, kept_fragments, order_bound
 from planner.budget import COSTS, Budget
 from planner.candidate import solve_schedule
-from planner.predict import Prediction
 from planner.inflight import inflight_count, inflight_end_counts, rank_order_counts
 from planner.options import _cached_mesh_options
 from simulator.stage_cost import StageCost
 import heapq
-from ir import Layout, Plan, Workload
+from ir import Layout, Plan, Prediction, Workload
 from simulator import cost_model as cm
 from simulator.schedules import KINDS, kind
 
@@ -115,7 +114,7 @@ class PipelineResult:
     """What holds the bound below the plan: (bound, candidate index, schedule, exact) for every
     searched candidate's schedule (``exact``: its optimum, which no bound can raise) and (bound,
     index, None, False) for every candidate left unsearched, all below the plan's step."""
-    enumeration: object = field(default=None, compare=False, repr=False)
+    enumeration: Enumeration | None = field(default=None, compare=False, repr=False)
     """The search's :class:`Enumeration` (for :func:`prove`)."""
 
     @property
@@ -124,6 +123,30 @@ class PipelineResult:
             return None
         s = self.prediction.step_time_s
         return max(0.0, (s - self.bound_s) / s)
+
+
+class Pending(NamedTuple):
+    """A candidate waiting in the search's heap, ordered as the search takes them: the
+    Megatron-style hand shapes first, then the least bound, then enumeration order."""
+
+    unhanded: bool
+    bound_s: float
+    item: int
+    """Its index in the enumeration."""
+    refined: int
+    """0: its quick bound only; 1: its full closed-form bounds; 2: its dependence graphs' too."""
+    candidate: ShapeCandidate
+
+
+class Open(NamedTuple):
+    """What holds a searched pipeline's bound below its plan (:func:`prove`'s heap): a bound,
+    the candidate's index, the schedule (None: a candidate left unsearched, all its schedules)
+    and how far it is raised (2: as far as the proof goes)."""
+
+    bound_s: float
+    item: int
+    schedule: str | None
+    level: int
 
 
 class OptionCache:
@@ -176,6 +199,7 @@ class Enumeration:
         hand = set()
         if len(groups) == 1:
             hand = set(megatron_shape(w, cluster.groups[groups[0]], opts.headroom))
+        shapes: list[GroupShape] | tuple[GroupShape, ...]   # a group's shapes, then one combination's
         combos: list[tuple[GroupShape, ...]] = [()]
         for shapes in per_group:
             combos = [c + (s,) for c in combos for s in shapes]
@@ -197,7 +221,7 @@ class Enumeration:
                     continue
                 self.items.append(ShapeCandidate(shapes, m, quick_bound(work, m, self.nb),
                                                  hand=all(s in hand for s in shapes)))
-        self.memo: dict = {}
+        self.memo: dict[tuple[object, ...], float] = {}
         self.graphed: set[int] = set()
         """Indices of ``items`` whose schedules' bounds were raised by :meth:`refine_orders`."""
         self.full: set[int] = set()
@@ -229,7 +253,8 @@ class Enumeration:
         return tuple(mult * self.transfer(shapes, samples, r, r + 1)
                      for r in range(len(self.lc[shapes][1]) - 1))
 
-    def _schedule_inputs(self, c: ShapeCandidate, sched: str):
+    def _schedule_inputs(self, c: ShapeCandidate, sched: str
+                         ) -> tuple[list[tuple[StageCost, ...]], int, tuple[int, ...], tuple[int, int]]:
         """Per rank of ``c`` under ``sched``: its layout options (all fragment kinds), the
         stages per rank ``v``, the in-flight counts, and the first/last stage's residual
         instances (an interleaved schedule's end stages are one chunk of several, which the
@@ -413,7 +438,7 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
     else:
         e = Enumeration(w, cluster, groups, opts, OptionCache(w, opts, budget), nodes)
         budget.charge(COSTS["candidate"] * len(e.items))
-    heap = [(not c.hand, c.bound_s, i, int(i in e.full), c) for i, c in enumerate(e.items)]
+    heap = [Pending(not c.hand, c.bound_s, i, int(i in e.full), c) for i, c in enumerate(e.items)]
     heapq.heapify(heap)
     total = len(heap)
     best: tuple[float, Plan, Prediction] | None = None
@@ -439,10 +464,10 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             break
         top = 2 if w.training and graph_bounds else 1
         first = None
-        if best is None and budget.left() <= DIVE_SHARE * budget.work_s and any(h[3] >= top for h in heap):
+        if best is None and budget.left() <= DIVE_SHARE * budget.work_s and any(h.refined >= top for h in heap):
             # no plan yet and the budget nearly spent: search the best fully bounded candidate
             # now, out of the bound order (the search then ends with a plan; the proof is unchanged)
-            first = min((k for k, h in enumerate(heap) if h[3] >= top), key=lambda k: heap[k][1])
+            first = min((k for k, h in enumerate(heap) if h.refined >= top), key=lambda k: heap[k].bound_s)
         if first is not None:
             unhanded, bound, i, full, cand = heap[first]
             heap[first] = heap[-1]
@@ -453,13 +478,13 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
         if not full:
             cand = e.refine_item(i, budget)
             if cand.bound_s < math.inf:
-                heapq.heappush(heap, (unhanded, cand.bound_s, i, 1, cand))
+                heapq.heappush(heap, Pending(unhanded, cand.bound_s, i, 1, cand))
             continue
         if full == 1 and w.training and graph_bounds:
             # the schedules' own dependence graphs, for those that can still win
             cand = e.refine_orders(cand, best[0] if best is not None else math.inf, budget)
             if cand.bound_s < math.inf:
-                heapq.heappush(heap, (unhanded, cand.bound_s, i, 2, cand))
+                heapq.heappush(heap, Pending(unhanded, cand.bound_s, i, 2, cand))
             continue
         if progress:
             progress(searched, total, best[0] if best else None)
@@ -516,18 +541,18 @@ def prove(r: PipelineResult, budget: Budget, target_gap: float = TARGET_GAP) -> 
     if r.prediction is None or e is None or not r.open:
         return r
     best = r.prediction.step_time_s
-    heap = [(b, i, sched, 2 if exact else 0) for b, i, sched, exact in r.open]
+    heap = [Open(b, i, sched, 2 if exact else 0) for b, i, sched, exact in r.open]
     heapq.heapify(heap)
-    while heap and heap[0][0] < best * (1 - target_gap) and heap[0][3] < 2 and not budget.out():
+    while heap and heap[0].bound_s < best * (1 - target_gap) and heap[0].level < 2 and not budget.out():
         b, i, sched, _ = heapq.heappop(heap)
         if sched is None:                   # a candidate left unsearched: all its schedules
             c = e.refine_item(i, budget)
             c = e.refine_orders(e.refine_orders(c, best, budget), best, budget, integer=True)
             for name, sb in c.schedule_bounds:
-                heapq.heappush(heap, (sb, i, name, 2))
+                heapq.heappush(heap, Open(sb, i, name, 2))
             continue
         one = replace(e.items[i], schedule_bounds=((sched, b),))
         one = e.refine_orders(e.refine_orders(one, best, budget), best, budget, integer=True)
-        heapq.heappush(heap, (max(b, one.bound_s), i, sched, 2))
-    least = min([h[0] for h in heap] + [best])
+        heapq.heappush(heap, Open(max(b, one.bound_s), i, sched, 2))
+    least = min([h.bound_s for h in heap] + [best])
     return replace(r, bound_s=max(r.bound_s, least))

@@ -40,15 +40,14 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from itertools import combinations
-from typing import Callable
+from typing import Callable, Iterable, Iterator, NamedTuple, cast
 
-from ir import DataParallelPlan, Plan, Workload
+from ir import DataParallelPlan, Layout, Plan, PlanFamily, Prediction, SearchReport, Workload
 from hardware_profiles.carve import node_groups_of
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Cluster, Link
 from planner import api, construct
 from planner.errors import InfeasibleError
-from planner.predict import Prediction
 from planner.bounds import work_bound
 from planner.budget import Budget
 from planner.grid import GridResult, grid_sweep
@@ -97,6 +96,15 @@ the wall clock's cut at 1x and returned a 1.55x slower plan). Only beyond it doe
 on the machine."""
 
 
+class Found(NamedTuple):
+    """A configuration that found a plan: its replayed step, its label, and the pipeline
+    search's result or the data-parallel plan with its prediction."""
+
+    step_s: float
+    label: str
+    result: "PipelineResult | tuple[DataParallelPlan, Prediction]"
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     """One configuration tried: a label, its parts' (groups, batch share), its step time."""
@@ -106,7 +114,7 @@ class Option:
     step_time_s: float | None
 
 
-def achievable_flops(cluster: Cluster, groups, dtype: str) -> float:
+def achievable_flops(cluster: Cluster, groups: Iterable[str], dtype: str) -> float:
     """The summed achievable matmul FLOP/s (peak x matmul efficiency) of every device of
     ``groups``; a dtype a device lacks counts at a third of its 16-bit rate (emulated)."""
     out = 0.0
@@ -117,7 +125,7 @@ def achievable_flops(cluster: Cluster, groups, dtype: str) -> float:
     return out
 
 
-def flop_bound(w: Workload, cluster: Cluster, groups) -> float:
+def flop_bound(w: Workload, cluster: Cluster, groups: Iterable[str]) -> float:
     """A lower bound on any plan's step on ``groups``: the step's model FLOP over the sum of the
     devices' achievable FLOP/s (the cost model charges every FLOP at most that fast), seconds."""
     return w.step_flops / achievable_flops(cluster, groups, cm.compute_dtype(w))
@@ -137,7 +145,7 @@ def cross_sync(w: Workload, cluster: Cluster, parts: tuple[tuple[str, ...], ...]
     if k < 2 or not w.training:
         return "", nbytes, 0.0
 
-    def nic(part):
+    def nic(part: tuple[str, ...]) -> float:
         return sum(cluster.groups[g].num_devices * cluster.groups[g].scale_out_link.bandwidth for g in part)
 
     best: tuple[float, float, str] | None = None
@@ -153,6 +161,7 @@ def cross_sync(w: Workload, cluster: Cluster, parts: tuple[tuple[str, ...], ...]
                     lat = max(lat, cap.latency)
         if best is None or bw < best[0]:
             best = (bw, lat, name)
+    assert best is not None            # two parts or more: one pair at least
     bw, lat, name = best
     return name, nbytes, ring_all_reduce(nbytes, k, Link(bw, lat))
 
@@ -164,6 +173,10 @@ def data_parallel_prediction(w: Workload, cluster: Cluster, plans: tuple[Plan, .
     then every mesh's optimizer: ``step = max synced + sync_s + max optimizer``."""
     s0 = max(t for p in preds for t in p.synced_s.values())
     step = s0 + sync_s + max(t for p in preds for t in p.optimizer_s.values())
+    bubble: dict[str, float]
+    peak: dict[str, float]
+    cap: dict[str, float]
+    stage: tuple[float, ...]
     bubble, peak, cap, stage = {}, {}, {}, ()
     for p in preds:
         for m, b in p.bubble.items():
@@ -217,14 +230,16 @@ def _shares(batch: int, rates: list[float], q: int) -> list[int]:
 class _Search:
     """Shared state of one cluster search: deadline, stop, progress and every option tried."""
 
-    def __init__(self, w: Workload, cluster: Cluster, opts: construct.PlanOptions, progress, stop):
+    def __init__(self, w: Workload, cluster: Cluster, opts: construct.PlanOptions,
+                 progress: Callable[[int, int, float | None], None] | None,
+                 stop: threading.Event | None):
         self.w, self.cluster, self.opts, self.stop = w, cluster, opts, stop
         self.t0 = time.monotonic()
         self.deadline = self.t0 + opts.time_limit_s * WALL_FACTOR
         self.budget = Budget(opts.time_limit_s * WORK_SHARE, self.deadline)
         self.progress = progress
         self.tried: list[Option] = []
-        self.cache: dict[tuple[tuple[str, ...], int, float], PipelineResult] = {}
+        self.cache: dict[tuple[tuple[str, ...], int], PipelineResult] = {}
         self.grids: dict[tuple[str, int], GridResult] = {}
         self.interrupted = False
         self.done, self.total = 0, 1
@@ -271,10 +286,10 @@ class _Search:
             self.grids[(groups[0], batch)] = grid
             if grid.best is not None:
                 step = grid.best.prediction.step_time_s
-                gp = replace(grid.best.plan, solver={"status": "GRID", "objective": step, "bound": step,
-                                                     "gap": 0.0, "wall_s": 0.0})
+                gp = replace(grid.best.plan, search=SearchReport("GRID", step, step, 0.0, 0.0))
                 grid = replace(grid, best=replace(grid.best, plan=gp))
                 self.grids[(groups[0], batch)] = grid
+                assert grid.best is not None       # replaced just above
                 incumbent = (gp, grid.best.prediction)
         # the dependence-graph bounds tighten a one-group search's proven gap inside it; with
         # several groups the budget goes to searching, and the bound comes after (_space_bound).
@@ -331,10 +346,11 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
         r = alone[g]
         s.tried.append(Option(f"{g} alone", (((g,), w.global_batch),),
                               r.prediction.step_time_s if r.prediction else None))
-    candidates: list[tuple[float, str, object]] = []
+    candidates: list[Found] = []
     for g, r in alone.items():
         if r.plan is not None:
-            candidates.append((r.prediction.step_time_s, f"{g} alone", r))
+            assert r.prediction is not None    # found with its plan
+            candidates.append(Found(r.prediction.step_time_s, f"{g} alone", r))
     if k > 1:
         # data-parallel splits get 60% of the work left, the one pipeline through every kind the rest
         whole = s.budget
@@ -347,7 +363,7 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
             raise api.PlanInterrupted(f"interrupted after {time.monotonic() - s.t0:.0f} s before any "
                                       f"feasible plan")
         raise InfeasibleError(_infeasible(w, cluster))
-    candidates.sort(key=lambda c: c[0])
+    candidates.sort(key=lambda c: c.step_s)
     step, label, chosen = candidates[0]
     others = [f"{lab} {t:.2f} s" for t, lab, _ in candidates[1:4]]
     grid = s.grids.get((label.removesuffix(" alone"), w.global_batch))
@@ -357,7 +373,7 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
     reason = f"{label}: {step:.2f} s per step" + (f" (next: {'; '.join(others)})" if others else "")
     stopped, spent = _stopped(s), s.budget.out() and not s.interrupted
     if k == 1:
-        r: PipelineResult = chosen
+        r = cast(PipelineResult, chosen)      # one group: only its own search's result
         if prove and r.gap is not None and r.gap > ONE_GROUP_GAP:
             # the bound's own work, after the search (the plan does not depend on it)
             r = prove_bound(r, Budget(opts.time_limit_s * BOUND_SHARE, s.deadline), ONE_GROUP_GAP)
@@ -369,20 +385,25 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
                     _space_bound(s, alone, step))
     gap = max(0.0, (step - bound) / step)
     wall = time.monotonic() - s.t0
-    solver_extra = {"search_wall_s": wall, "search_bound": bound, "search_gap": gap,
-                    "interrupted": s.interrupted, "reason": reason,
-                    "budget_spent": spent,
-                    "stopped": stopped,
-                    "options": [{"label": o.label, "parts": [{"groups": list(g), "batch": b} for g, b in o.parts],
-                                 "step_time_s": o.step_time_s} for o in s.tried]}
+    options = tuple(PlanFamily(o.label, o.parts, o.step_time_s)
+                    for o in s.tried)
+
+    def finished(r: SearchReport) -> SearchReport:
+        return replace(r, search_wall_s=wall, search_bound_s=bound, search_gap=gap,
+                       interrupted=s.interrupted, reason=reason, budget_spent=spent,
+                       stopped=stopped, options=options)
+
+    p: Plan | DataParallelPlan
     if isinstance(chosen, PipelineResult):
-        p = replace(chosen.plan, solver={**chosen.plan.solver, **solver_extra,
-                                         "candidates": chosen.total, "candidates_total": chosen.total,
-                                         "candidates_searched": chosen.searched})
+        assert chosen.plan is not None and chosen.prediction is not None   # a candidate found it
+        p = replace(chosen.plan, search=replace(finished(chosen.plan.search),
+                                                candidates=chosen.total,
+                                                candidates_total=chosen.total,
+                                                candidates_searched=chosen.searched))
         pred = chosen.prediction
     else:
         dp, pred = chosen
-        p = replace(dp, solver={**dp.solver, **solver_extra}, reason=reason)
+        p = replace(dp, search=finished(dp.search), reason=reason)
     cands = tuple((o.label, 0, o.step_time_s) for o in s.tried)
     return api.PlanResult(p, pred, cands, interrupted=s.interrupted, candidates_total=len(cands),
                           search_bound_s=bound, search_gap=gap)
@@ -418,7 +439,7 @@ def _stopped(s: _Search) -> str:
     return "complete"
 
 
-def _partitions(items: list[str]):
+def _partitions(items: list[str]) -> Iterator[list[list[str]]]:
     """Every set partition of ``items`` (Bell-number many: 5 for 3 kinds, 15 for 4)."""
     if not items:
         yield []
@@ -430,20 +451,21 @@ def _partitions(items: list[str]):
             yield p[:i] + [[first] + p[i]] + p[i + 1:]
 
 
-def _by_memory(s: _Search, groups) -> tuple[str, ...]:
+def _by_memory(s: _Search, groups: Iterable[str]) -> tuple[str, ...]:
     """A mixed pipeline's group order: largest device memory first (the first stage holds the
     most activations in flight)."""
     return tuple(sorted(groups, key=lambda g: -s.cluster.groups[g].device.memory_bytes))
 
 
-def _heterogeneous(s: _Search, alone: dict[str, PipelineResult], candidates: list) -> None:
+def _heterogeneous(s: _Search, alone: dict[str, PipelineResult], candidates: list[Found]) -> None:
     """Heterogeneous data parallel: every split of the groups that run alone into two or more
     parts (a part of several groups is one mixed pipeline through them), subsets that leave
     groups out included; the most promising first (ideal step: the batch over the parts' summed
     rates plus the cross-part sync), skipping any that cannot beat the best group alone."""
     w = s.w
     rates = {g: w.global_batch / r.prediction.step_time_s for g, r in alone.items() if r.prediction}
-    ranked = sorted(rates, key=rates.get, reverse=True)
+    # (the key is looked up for the dict's own keys: never None)
+    ranked = sorted(rates, key=cast("Callable[[str], float]", rates.get), reverse=True)
     configs = []
     for n in range(len(ranked), 1, -1):
         for sub in combinations(ranked, n):
@@ -451,7 +473,7 @@ def _heterogeneous(s: _Search, alone: dict[str, PipelineResult], candidates: lis
                 if len(split) >= 2 and len(ranked) <= 4:
                     configs.append(tuple(_by_memory(s, part) for part in split))
 
-    def ideal(parts):
+    def ideal(parts: tuple[tuple[str, ...], ...]) -> float:
         return (w.global_batch / sum(rates[g] for part in parts for g in part)
                 + cross_sync(w, s.cluster, parts)[2])
     # fewer mixed parts first among equals: one kind per part is the cheaper search
@@ -469,7 +491,7 @@ def _heterogeneous(s: _Search, alone: dict[str, PipelineResult], candidates: lis
             candidates.append(got)
 
 
-def _balance(s: _Search, parts: tuple[tuple[str, ...], ...], rates: list[float]):
+def _balance(s: _Search, parts: tuple[tuple[str, ...], ...], rates: list[float]) -> Found | None:
     w = s.w
     q = _granule(w.global_batch, len(parts))
     shares = _shares(w.global_batch, rates, q)
@@ -485,8 +507,9 @@ def _balance(s: _Search, parts: tuple[tuple[str, ...], ...], rates: list[float])
         results = [s.pipeline(part, b, s.left() / (2 * len(parts)), 0.02) for part, b in zip(parts, shares)]
         if any(r.plan is None for r in results):
             break
-        preds = tuple(r.prediction for r in results)
-        plans = tuple(r.plan for r in results)
+        # (none is None: every part found a plan, with its prediction)
+        preds = cast("tuple[Prediction, ...]", tuple(r.prediction for r in results))
+        plans = cast("tuple[Plan, ...]", tuple(r.plan for r in results))
         wp = data_parallel_prediction(w, s.cluster, plans, preds, sync)
         s.tried.append(Option(label, tuple((part, b) for part, b in zip(parts, shares)), wp.step_time_s))
         if best is None or wp.step_time_s < best[0]:
@@ -504,12 +527,12 @@ def _balance(s: _Search, parts: tuple[tuple[str, ...], ...], rates: list[float])
     step, plans, wp = best
     dp = DataParallelPlan(model=w.model, cluster=s.cluster.name, global_batch=w.global_batch,
                           seq_len=w.seq_len, parts=plans, sync_link=link, sync_bytes=nbytes, sync_s=sync,
-                          predicted=wp.to_json(), solver={"status": "HEURISTIC"},
+                          predicted=wp, search=SearchReport("HEURISTIC"),
                           cluster_path=s.cluster.path)
-    return step, label, (dp, wp)
+    return Found(step, label, (dp, wp))
 
 
-def _mixed(s: _Search, groups: tuple[str, ...], candidates: list) -> None:
+def _mixed(s: _Search, groups: tuple[str, ...], candidates: list[Found]) -> None:
     """One pipeline through every group, the groups ordered by device memory (largest first)."""
     if s.out():
         return
@@ -518,12 +541,13 @@ def _mixed(s: _Search, groups: tuple[str, ...], candidates: list) -> None:
     label = "one pipeline " + " -> ".join(order)
     s.tried.append(Option(label, ((order, s.w.global_batch),), r.prediction.step_time_s if r.prediction else None))
     if r.plan is not None:
-        candidates.append((r.prediction.step_time_s, label, r))
+        assert r.prediction is not None        # found with its plan
+        candidates.append(Found(r.prediction.step_time_s, label, r))
 
 
 def _infeasible(w: Workload, cluster: Cluster) -> str:
     mem = sum(g.device.memory_bytes * g.num_devices for g in cluster.groups.values())
-    need = cm.stage_memory(w, 0, len(w.layers), api.Layout(1, 1), 1.0, w.training).static_bytes
+    need = cm.stage_memory(w, 0, len(w.layers), Layout(1, 1), 1.0, w.training).static_bytes
     if need > mem:
         return (f"model {w.model!r} does not fit cluster {cluster.name!r}: its weights, gradients and optimizer "
                 f"state need {need / 1e9:.0f} GB, the devices hold {mem / 1e9:.0f} GB; add nodes")

@@ -185,7 +185,8 @@ def _metrics(row: dict[str, Any], res, sim, outcomes, cfg, w, cluster, tokens: f
         "alternatives": "; ".join(o.describe() for o in outcomes if o.changes),
         "alternatives_fit": all(o.fits for o in outcomes),
         "alternatives_nofit": "; ".join(o.describe().split(" (")[0] for o in outcomes if not o.fits),
-        "solver_status": p.solver.get("status", ""), "solver_gap": p.solver.get("gap", math.nan),
+        "solver_status": p.search.status,
+        "solver_gap": p.search.gap if p.search.gap is not None else math.nan,
         "sim_errors": "; ".join(sim.errors),
     })
     hours = lambda seconds: seconds / 3600.0

@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass
 
 from ir import LayerCost, Layout, Workload
+from ir.schedule import FragmentKind
 from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
 from hardware_profiles.collectives import span_collective
 from hardware_profiles.types import DeviceProfile, Link, MeshSpec
@@ -110,7 +111,7 @@ def expert_alltoall(cost: LayerCost, kind: str, per_dev: float, mesh: MeshSpec,
     input gradient (Lepikhin et al. 2021, "GShard", Sec. 3.2). On the critical path: the experts
     wait for the dispatch and the next layer for the combine. 0 for ``W``, a dense layer or
     ``expert == 1``."""
-    if layout.expert <= 1 or cost.alltoall_bytes_per_sample <= 0 or kind == "W":
+    if layout.expert <= 1 or cost.alltoall_bytes_per_sample <= 0 or kind == FragmentKind.W:
         return 0.0
     return 2.0 * collective(mesh, "all_to_all", expert_alltoall_bytes(cost, per_dev, layout),
                             layout.expert, layout.tensor)
@@ -203,7 +204,7 @@ def expert_matmul_work(cost: LayerCost, kind: str, per_dev: float, layout: Layou
         return 0.0, 0.0
     weights = cost.param_bytes * expert_share(cost) / layout.expert
     flops = cost.expert_fwd_flops_per_sample * per_dev
-    if kind in ("F", "W") or split_backward:
+    if kind in (FragmentKind.F, FragmentKind.W) or split_backward:
         return flops, weights
     return 2.0 * flops, 2.0 * weights
 
@@ -254,34 +255,37 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     util = gemm_utilisation(cost, per_dev * seq_len, t, seq_len, 2 if dtype == "bf16" else 4,
                             mesh.device.gemm_tiling)
     dev = mesh.device
-    if kind == "F":
+    if kind == FragmentKind.F:
         flops = cost.fwd_flops_per_sample * per_dev
         attention = cost.attention_fwd_flops_per_sample * per_dev
         attention_rate = dev.attention_rate(seq_len)
         fixed, varying = cost.fwd_bytes_fixed, cost.fwd_bytes_per_sample * per_dev
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev
         other = cost.fwd_other_bytes_per_sample
-    elif kind == "B" or kind == "W":
+    elif kind == FragmentKind.B or kind == FragmentKind.W:
         bwd = cost.bwd_flops_per_sample
-        part = cost.bwd_input_flops_per_sample if kind == "B" else bwd - cost.bwd_input_flops_per_sample
-        share = (part / bwd if bwd > 0 else 0.0) if split_backward or kind == "W" else 1.0
+        part = (cost.bwd_input_flops_per_sample if kind == FragmentKind.B
+                else bwd - cost.bwd_input_flops_per_sample)
+        share = ((part / bwd if bwd > 0 else 0.0) if split_backward or kind == FragmentKind.W
+                 else 1.0)
         flops = bwd * share * per_dev
         # the attention core is all input gradient (B): none of it in a W
-        attention = cost.attention_bwd_flops_per_sample * per_dev if kind == "B" else 0.0
+        attention = cost.attention_bwd_flops_per_sample * per_dev if kind == FragmentKind.B else 0.0
         attention_rate = dev.attention_rate(seq_len, backward=True)
         fixed, varying = cost.bwd_bytes_fixed * share, cost.bwd_bytes_per_sample * per_dev * share
-        tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev if kind == "B" else 0.0
+        tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev if kind == FragmentKind.B else 0.0
         x, total = cost.bwd_input_other_bytes_per_sample, cost.bwd_other_bytes_per_sample
-        other = (x if kind == "B" else total - x) if split_backward or kind == "W" else total
+        other = ((x if kind == FragmentKind.B else total - x)
+                 if split_backward or kind == FragmentKind.W else total)
     else:
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
     if layout.expert > 1:       # a device reads only the experts it holds
         fixed *= held_fraction(cost, layout)
     gemm = _flops_rate(mesh, dtype)
-    rate = gemm * (1.0 if kind == "F" else dev.backward_efficiency)
+    rate = gemm * (1.0 if kind == FragmentKind.F else dev.backward_efficiency)
     # the attention core's FLOP run at the fused kernel's own rate (relative to the GEMMs')
     compute = ((flops - attention) / util / rate + attention / (gemm * attention_rate)) / t
-    tokens = per_dev * seq_len if kind == "F" else 0.0     # a backward is never matrix-vector
+    tokens = per_dev * seq_len if kind == FragmentKind.F else 0.0   # a backward is never matrix-vector
     memory = fragment_memory_time(fixed / t, varying / t, mesh.device, tokens)
     elementwise = (mesh.device.elementwise_traffic * other * per_dev / t
                    / mesh.device.achievable_bandwidth)
@@ -292,7 +296,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     shard = 0.0
     if layout.fsdp and layout.shard > 1:
         gather, scatter = fsdp_traffic(cost, mesh, layout)
-        shard = {"F": gather, "W": scatter}.get(kind, gather + (0.0 if split_backward else scatter))
+        by_kind: dict[str, float] = {FragmentKind.F: gather, FragmentKind.W: scatter}
+        shard = by_kind.get(kind, gather + (0.0 if split_backward else scatter))
     if cost.expert_fwd_flops_per_sample > 0 and mesh.device.roofline == "max":
         # the routed experts' matmuls are kernels of their own intensity: their own roofline
         e_flops, e_bytes = expert_matmul_work(cost, kind, per_dev, layout, split_backward)
@@ -312,21 +317,22 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         body = overlapped(body, a2a, mesh.device.comm_interference)
     else:
         body += a2a
-    if cost.routed_pairs_per_sample > 0 and kind != "W":
+    if cost.routed_pairs_per_sample > 0 and kind != FragmentKind.W:
         # the token permutations, row by row, where a gather costs more than its bytes (XLA:CPU)
         body += cost.routed_pairs_per_sample * per_dev / t * (
-            dev.forward_routing_pair if kind == "F" else dev.backward_routing_pair)
+            dev.forward_routing_pair if kind == FragmentKind.F else dev.backward_routing_pair)
     if 0 < tokens <= 1 and flops > 0:
         # a decode step's layer: its small ops dispatched one by one (serving_cost charges the same)
         body += mesh.device.decode_layer_overhead or 0.0
     elif flops > 0:
         # the layer's ops dispatched one after another, each at a fixed cost (measured: XLA:CPU)
         # (in proportion to the layer's ops: DeviceProfile.layer_fixed_time)
-        body += (mesh.device.layer_fixed_time("F", cost.fwd_ops) if kind == "F"
-                 else mesh.device.layer_fixed_time("B", cost.bwd_ops) * share)
-    if recompute and kind == "B":
-        return body + layer_time(cost, "F", samples, mesh, layout, dtype, seq_len=seq_len,
-                                 alltoall_hidden=alltoall_hidden)
+        body += (mesh.device.layer_fixed_time(FragmentKind.F, cost.fwd_ops)
+                 if kind == FragmentKind.F
+                 else mesh.device.layer_fixed_time(FragmentKind.B, cost.bwd_ops) * share)
+    if recompute and kind == FragmentKind.B:
+        return body + layer_time(cost, FragmentKind.F, samples, mesh, layout, dtype,
+                                 seq_len=seq_len, alltoall_hidden=alltoall_hidden)
     return body
 
 
@@ -377,12 +383,12 @@ def fsdp_exposed(workload: Workload, first: int, last: int, kind: str, mesh: Mes
     if not with_params:
         return 0.0
     head, tail = workload.layer(with_params[0]), workload.layer(with_params[-1])
-    if kind == "F":
+    if kind == FragmentKind.F:
         return fsdp_traffic(head, mesh, layout)[0]
-    if kind == "B":
+    if kind == FragmentKind.B:
         return fsdp_traffic(tail, mesh, layout)[0] + (0.0 if split_backward
                                                       else fsdp_traffic(head, mesh, layout)[1])
-    if kind == "W":
+    if kind == FragmentKind.W:
         return fsdp_traffic(head, mesh, layout)[1]
     raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
 

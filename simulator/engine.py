@@ -39,7 +39,7 @@ from heapq import heappop, heappush
 from typing import Any, Mapping
 
 import simpy
-from simpy.events import Event, Timeout
+from simpy.events import Event, EventPriority, Timeout
 
 from ir import Timeline, TimelineEvent
 from simulator.knobs import Knobs
@@ -47,7 +47,7 @@ from simulator.metrics import summarize
 from simulator.program import SimError, SimProgram
 import pandas as pd
 
-_LATE = 2
+_LATE = EventPriority(2)
 """simpy event priority for resource arbitration: after URGENT (0) and NORMAL (1) at one instant."""
 
 
@@ -170,7 +170,8 @@ class _Run:
         self.errors: list[str] = []
         self.over: set[str] = set()
         self.flops = 0.0
-        self.waiting: dict[str, tuple[str, Any]] = {}
+        # mesh -> (what it waits for, its op id, the op / collective / transfer id or host name)
+        self.waiting: dict[str, tuple[str, int, Any]] = {}
         self.running: dict[str, int] = {}
         self.meshes_left = len(meshes)
         self.tr_left = nt
@@ -195,8 +196,8 @@ class _Run:
             env.process(self._collective(m, ids))
         # a failure at t acts after everything else that happens at t (ends at t complete)
         for what, items in (("link", knobs.failed_links), ("mesh", knobs.failed_meshes)):
-            for name, t in sorted(items.items()):
-                _Late(env, self._fail, (what, name), delay=t)
+            for name, when in sorted(items.items()):
+                _Late(env, self._fail, (what, name), delay=when)
 
     # ------------------------------------------------------------------ memory
     def _check_capacity(self, m: str, why: str) -> None:
@@ -219,10 +220,10 @@ class _Run:
         env = self.env
         if self.dirty_h:
             for h in sorted(set(self.dirty_h)):
-                q = self.slot_q[h]
-                while q and self.slots_free[h] > 0:
+                sq = self.slot_q[h]
+                while sq and self.slots_free[h] > 0:
                     self.slots_free[h] -= 1
-                    heappop(q)[2].succeed()
+                    heappop(sq)[2].succeed()
             self.dirty_h = []
         if self.dirty_q:
             queues, holder, tq, tdur = self.queues, self.holder, self.tq, self.tdur
@@ -372,7 +373,9 @@ class _Run:
                 if ev is None:
                     ev = self.start_ev[c.after_op] = env.event()
                 yield ev
-            ready = self.op_start[c.after_op] + c.after_fraction * dur[c.after_op]
+            after_start = self.op_start[c.after_op]
+            assert after_start is not None  # set before its start event succeeds
+            ready = after_start + c.after_fraction * dur[c.after_op]
             if ready > env.now:
                 yield Timeout(env, ready - env.now)
             start = env.now
@@ -470,6 +473,7 @@ def simulate(program: SimProgram, *, knobs: Knobs | None = None,
     tl = Timeline(events=events, memory=memory)
     s = summarize(tl, meshes=program.meshes, flops=r.flops, peak_flops=program.peak_flops)
     step = s.step_time_s
+    bubble: Mapping[str, float]
     if r.failure is not None:  # the partial step, up to the failure
         step = r.failure_t
         busy = s.busy_s

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ir import FragmentRef, ScheduleTable
+from ir.schedule import FragmentKind
 from simulator.program import SimCollective, SimError, SimOp, SimProgram, SimTransfer
 
 
@@ -63,7 +64,10 @@ def _check_table(table: ScheduleTable, rank_mesh: tuple[str, ...]) -> None:
                        f"schedule {table.name!r}; give one mesh per rank")
     if len(set(rank_mesh)) != len(rank_mesh):
         raise SimError(f"rank_mesh {list(rank_mesh)} repeats a mesh; give each rank its own mesh")
-    kinds = ("F",) if table.forward_only else (("F", "B", "W") if table.split_backward else ("F", "B"))
+    kinds: tuple[FragmentKind, ...] = (
+        (FragmentKind.F,) if table.forward_only
+        else (FragmentKind.F, FragmentKind.B, FragmentKind.W) if table.split_backward
+        else (FragmentKind.F, FragmentKind.B))
     seen: set[tuple[str, int, int]] = set()
     for r, frags in enumerate(table.order):
         for f in frags:
@@ -137,11 +141,12 @@ def lower_schedule(
             ids[f.kind, f.stage, f.microbatch] = len(flat)
             flat.append((r, f))
     costs = [fragment(r, f) for r, f in flat]
-    free_kind = None if table.forward_only else ("W" if table.split_backward else "B")
+    free_kind = (None if table.forward_only
+                 else FragmentKind.W if table.split_backward else FragmentKind.B)
     ops: list[SimOp] = []
     transfers: list[SimTransfer] = []
 
-    def edge(src_stage: int, dst_stage: int, kind: str, m: int, deps: list[int],
+    def edge(src_stage: int, dst_stage: int, kind: FragmentKind, m: int, deps: list[int],
              inputs: list[int]) -> None:
         src = ids[kind, src_stage, m]
         rs, rd = table.stage_rank[src_stage], table.stage_rank[dst_stage]
@@ -151,7 +156,8 @@ def lower_schedule(
             return
         inputs.append(len(transfers))
         transfers.append(SimTransfer(
-            id=len(transfers), name=f"{'A' if kind == 'F' else 'G'}{src_stage}.{m}", src_op=src,
+            id=len(transfers), name=f"{'A' if kind == FragmentKind.F else 'G'}{src_stage}.{m}",
+            src_op=src,
             src_mesh=rank_mesh[rs], dst_mesh=rank_mesh[rd], link=cost.link, bytes=cost.bytes,
             duration_s=cost.duration_s))
 
@@ -160,20 +166,20 @@ def lower_schedule(
         deps: list[int] = []
         inputs: list[int] = []
         alloc = free = 0.0
-        if f.kind == "F":
+        if f.kind == FragmentKind.F:
             if s > 0:
-                edge(s - 1, s, "F", m, deps, inputs)
+                edge(s - 1, s, FragmentKind.F, m, deps, inputs)
             alloc = costs[i].residual_bytes
             if free_kind is None:
                 free = alloc
-        elif f.kind == "B":
+        elif f.kind == FragmentKind.B:
             if s < S - 1:
-                edge(s + 1, s, "B", m, deps, inputs)
-            deps.append(ids["F", s, m])
+                edge(s + 1, s, FragmentKind.B, m, deps, inputs)
+            deps.append(ids[FragmentKind.F, s, m])
         else:
-            deps.append(ids["B", s, m])
+            deps.append(ids[FragmentKind.B, s, m])
         if f.kind == free_kind:
-            free = costs[ids["F", s, m]].residual_bytes
+            free = costs[ids[FragmentKind.F, s, m]].residual_bytes
         ops.append(SimOp(id=i, name=str(f), kind=f.kind, mesh=rank_mesh[r], stage=s, microbatch=m,
                          duration_s=costs[i].duration_s, deps=tuple(deps), inputs=tuple(inputs),
                          alloc_bytes=alloc, free_bytes=free, flops=costs[i].flops,
@@ -184,7 +190,8 @@ def lower_schedule(
     by_mesh: dict[str, list[int]] = {m: [] for m in rank_mesh}
     if grad_buckets is not None and last_backward is not None and not table.forward_only:
         pos = {oid: k for m in rank_mesh for k, oid in enumerate(order[m])}
-        pending = []
+        # (position of the op in its mesh order, fraction, arrival, name, kind, bytes, s, op id)
+        pending: list[tuple[int, float, int, str, str, float, float, int]] = []
         for s in range(S):
             ref = last_backward(s)
             oid = ids[ref.kind, ref.stage, ref.microbatch]

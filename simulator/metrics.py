@@ -53,7 +53,8 @@ def split_track(track: str) -> tuple[str, str]:
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
     """Total length of the union of ``(start, end)`` intervals, s."""
-    total, cur_s, cur_e = 0.0, None, None
+    total, cur_s = 0.0, 0.0
+    cur_e: float | None = None  # end of the current merged interval; None before the first
     for s, e in sorted(intervals):
         if cur_e is None or s > cur_e:
             if cur_e is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ir import FragmentRef, Plan, Workload
+from ir.schedule import FragmentKind
 from hardware_profiles.types import Cluster, MeshSpec, straggler_factor, straggler_hosts
 from simulator import cost_model as cm
 from simulator.schedules import KINDS as SCHEDULE_KINDS
@@ -79,7 +80,7 @@ class PlanCosts:
             mesh = self.cluster.meshes[st.mesh]
             lay = self.plan.layouts[st.mesh]
             rc = self.recompute(st.mesh)
-            for kind in ("F", "B", "W"):
+            for kind in FragmentKind:
                 out[(st.index, kind)] = sum(
                     cm.layer_time(self.workload.layer(i), kind, self.samples, mesh, lay,
                                   self.dtype, split_backward=split, recompute=rc,
@@ -116,7 +117,8 @@ class PlanCosts:
                     continue
                 # dispatch + combine in F, their transposes in B, on every device of the mesh
                 nbytes += 4 * cm.expert_alltoall_bytes(c, per_dev, lay) * mesh.num_devices
-                seconds += sum(cm.expert_alltoall(c, k, per_dev, mesh, lay) for k in ("F", "B"))
+                seconds += sum(cm.expert_alltoall(c, k, per_dev, mesh, lay)
+                               for k in (FragmentKind.F, FragmentKind.B))
             b, t = out.get(st.mesh, (0.0, 0.0))
             out[st.mesh] = (b + nbytes * M, t + seconds * M)
         return {m: v for m, v in out.items() if v[0] > 0}
@@ -126,14 +128,14 @@ class PlanCosts:
         hide in one ``kind`` fragment (the first gather, the last reduce-scatter:
         :func:`simulator.cost_model.fsdp_exposed`); with full recomputation the backward's
         rerun forward exposes its own first gather too. 0 without fsdp."""
-        if not self.workload.training and kind != "F":
+        if not self.workload.training and kind != FragmentKind.F:
             return 0.0
         st = self.plan.stages[stage]
         mesh, lay = self.cluster.meshes[st.mesh], self.plan.layouts[st.mesh]
         split = self.plan.schedule.split_backward
         out = cm.fsdp_exposed(self.workload, st.first, st.last, kind, mesh, lay, split)
-        if kind == "B" and self.recompute(st.mesh):
-            out += cm.fsdp_exposed(self.workload, st.first, st.last, "F", mesh, lay)
+        if kind == FragmentKind.B and self.recompute(st.mesh):
+            out += cm.fsdp_exposed(self.workload, st.first, st.last, FragmentKind.F, mesh, lay)
         return out
 
     def _microbatch_grad_sync(self, ref: FragmentRef) -> float:
@@ -141,7 +143,7 @@ class PlanCosts:
         ``"microbatch"`` (on the fragment that computes weight gradients: W when split, else B)."""
         if self.plan.grad_sync != "microbatch" or not self.workload.training:
             return 0.0
-        if ref.kind != ("W" if self.plan.schedule.split_backward else "B"):
+        if ref.kind != (FragmentKind.W if self.plan.schedule.split_backward else FragmentKind.B):
             return 0.0
         st = self.plan.stages[ref.stage]
         lay = self.plan.layouts[st.mesh]
@@ -169,7 +171,8 @@ class PlanCosts:
         got = self._memo.get(key)
         if got is None:
             base = self._stage_kind_time[(ref.stage, ref.kind)] + self._microbatch_grad_sync(ref)
-            merged_b = self.plan.merge_last_stage and ref.kind == "B" and ref.stage == self.last_stage
+            merged_b = (self.plan.merge_last_stage and ref.kind == FragmentKind.B
+                        and ref.stage == self.last_stage)
             got = (base + (0.0 if merged_b else cm.fragment_overhead(self.stage_mesh(ref.stage)))
                    + self.send_time(ref))
             self._memo[key] = got
@@ -184,9 +187,9 @@ class PlanCosts:
         """Seconds fragment ``ref`` spends sending its result on its compute stream: the
         transfer to the next stage of its direction (F: stage + 1, B: stage - 1) when the cluster's
         ``p2p`` is ``"blocking"`` and that stage is on another mesh, else 0."""
-        if not self.blocking_p2p or ref.kind not in ("F", "B"):
+        if not self.blocking_p2p or ref.kind not in (FragmentKind.F, FragmentKind.B):
             return 0.0
-        dst = ref.stage + (1 if ref.kind == "F" else -1)
+        dst = ref.stage + (1 if ref.kind == FragmentKind.F else -1)
         if not 0 <= dst < len(self.plan.stages):
             return 0.0
         b = self._transfer(ref.stage, dst)
@@ -200,9 +203,9 @@ class PlanCosts:
         ``--no-overlap-p2p-communication`` waits on its batched ``isend``/``irecv`` before the next
         compute), so the fragment starts no earlier than its rank's previous fragment's end plus
         this. The sender's side is :meth:`send_time`."""
-        if not self.blocking_p2p or ref.kind not in ("F", "B"):
+        if not self.blocking_p2p or ref.kind not in (FragmentKind.F, FragmentKind.B):
             return 0.0
-        src = ref.stage + (-1 if ref.kind == "F" else 1)
+        src = ref.stage + (-1 if ref.kind == FragmentKind.F else 1)
         if not 0 <= src < len(self.plan.stages):
             return 0.0
         b = self._transfer(src, ref.stage)
@@ -214,9 +217,9 @@ class PlanCosts:
         total = 0.0
         for i in range(st.first, st.last):
             c = self.workload.layer(i)
-            if ref.kind == "F":
+            if ref.kind == FragmentKind.F:
                 total += c.fwd_flops_per_sample
-            elif ref.kind == "W":
+            elif ref.kind == FragmentKind.W:
                 total += c.bwd_flops_per_sample - c.bwd_input_flops_per_sample
             else:
                 total += (c.bwd_input_flops_per_sample if self.plan.schedule.split_backward
@@ -291,7 +294,7 @@ class PlanCosts:
     def last_backward(self, stage: int) -> FragmentRef:
         """The fragment that finishes stage ``stage``'s weight gradients: the W (split backward)
         or B of its last microbatch in its rank's order."""
-        kind = "W" if self.plan.schedule.split_backward else "B"
+        kind = FragmentKind.W if self.plan.schedule.split_backward else FragmentKind.B
         rank = self.plan.schedule.stage_rank[stage]
         return [f for f in self.plan.schedule.order[rank] if f.kind == kind and f.stage == stage][-1]
 

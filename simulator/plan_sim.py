@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from ir import DataParallelPlan, FragmentRef, Plan, Timeline, TimelineEvent, Workload
+from ir.schedule import FragmentKind
 from hardware_profiles.carve import carve, shapes_from_json
 from hardware_profiles.types import Cluster
 from simulator import cost_model as cm
@@ -49,7 +50,7 @@ def plan_program(plan: Plan, workload: Workload, cluster: Cluster) -> SimProgram
         baseline_bytes={m: costs.static_bytes(m) + costs.working_bytes(m) for m in meshes},
         capacity_bytes={m: costs.capacity(m) for m in meshes},
         peak_flops=costs.peak_flops,
-        host_of={m: cluster.meshes[m].host for m in meshes if cluster.meshes[m].host},
+        host_of={m: h for m in meshes if (h := cluster.meshes[m].host)},
         host_slots=dict(cluster.host_slots), grad_buckets=costs.grad_buckets,
         last_backward=costs.last_backward, param_gather=costs.param_gather)
 
@@ -85,7 +86,8 @@ def alltoall_events(plan: Plan, workload: Workload, cluster: Cluster,
     samples = plan.global_batch / plan.microbatches
     out: list[TimelineEvent] = []
     for e in events:
-        if e.kind not in ("F", "B") or not e.track.endswith("/compute") or e.stage < 0:
+        if (e.kind not in (FragmentKind.F, FragmentKind.B) or not e.track.endswith("/compute")
+                or e.stage < 0):
             continue
         lay = plan.layouts.get(e.mesh)
         if lay is None or lay.expert <= 1:
@@ -101,10 +103,11 @@ def alltoall_events(plan: Plan, workload: Workload, cluster: Cluster,
             if half <= 0:
                 continue
             half = min(half, width / 2)
-            pos = j if e.kind == "F" else n - 1 - j
+            pos = j if e.kind == FragmentKind.F else n - 1 - j
             w0 = e.start_s + pos * width
             nbytes = cm.expert_alltoall_bytes(c, per_dev, lay)
-            first, second = ("dispatch", "combine") if e.kind == "F" else ("combine^T", "dispatch^T")
+            first, second = (("dispatch", "combine") if e.kind == FragmentKind.F
+                             else ("combine^T", "dispatch^T"))
             for what, t0 in ((first, w0), (second, w0 + width - half)):
                 out.append(TimelineEvent(
                     name=f"{what} L{i} {e.name}", kind="all_to_all",

@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-OP_KINDS = ("F", "B", "W", "allreduce", "optimizer")
+from ir.schedule import FragmentKind
+
+OP_KINDS = (FragmentKind.F, FragmentKind.B, FragmentKind.W, "allreduce", "optimizer")
 """Kinds of compute op: forward, backward (input grad, or whole), weight grad, DP all-reduce, optimizer."""
 
 COLLECTIVE_KINDS = ("reduce_scatter", "all_reduce", "all_gather")
@@ -181,22 +183,23 @@ class SimProgram:
             for c in op.waits:
                 if not 0 <= c < len(self.collectives):
                     raise SimError(f"op {op.name!r} waits for collective {c}, which does not exist")
-        for i, c in enumerate(self.collectives):
-            if c.id != i:
-                raise SimError(f"collective {c.name!r} has id {c.id} at position {i}; "
+        for i, col in enumerate(self.collectives):
+            if col.id != i:
+                raise SimError(f"collective {col.name!r} has id {col.id} at position {i}; "
                                f"ids must equal positions")
-            if c.kind not in COLLECTIVE_KINDS:
-                raise SimError(f"collective {c.name!r} has kind {c.kind!r}; use one of "
+            if col.kind not in COLLECTIVE_KINDS:
+                raise SimError(f"collective {col.name!r} has kind {col.kind!r}; use one of "
                                f"{COLLECTIVE_KINDS}")
-            if c.mesh not in meshes:
-                raise SimError(f"collective {c.name!r} runs on unknown mesh {c.mesh!r}")
-            if not 0 <= c.after_op < n:
-                raise SimError(f"collective {c.name!r} follows op {c.after_op}, which is not an op id")
-            if not 0.0 <= c.after_fraction <= 1.0:
-                raise SimError(f"collective {c.name!r}: after_fraction {c.after_fraction!r} must be "
-                               f"in [0, 1]")
-            if not c.duration_s >= 0 or not c.bytes >= 0:
-                raise SimError(f"collective {c.name!r}: bytes and duration_s must be >= 0")
+            if col.mesh not in meshes:
+                raise SimError(f"collective {col.name!r} runs on unknown mesh {col.mesh!r}")
+            if not 0 <= col.after_op < n:
+                raise SimError(f"collective {col.name!r} follows op {col.after_op}, which is not an "
+                               f"op id")
+            if not 0.0 <= col.after_fraction <= 1.0:
+                raise SimError(f"collective {col.name!r}: after_fraction {col.after_fraction!r} "
+                               f"must be in [0, 1]")
+            if not col.duration_s >= 0 or not col.bytes >= 0:
+                raise SimError(f"collective {col.name!r}: bytes and duration_s must be >= 0")
         for i, tr in enumerate(self.transfers):
             if tr.id != i:
                 raise SimError(f"transfer {tr.name!r} has id {tr.id} at position {i}; "

@@ -321,6 +321,7 @@ class _Run:
             slot = min(self.free_slots)
             self.free_slots.remove(slot)
             start = float(env.now)
+            assert self.kv_transfer is not None   # a disaggregated run has one (checked on entry)
             seconds = float(self.kv_transfer(req.prompt))
             if not math.isfinite(seconds) or seconds < 0:
                 raise SimError(f"kv_transfer({req.prompt}) returned {seconds} s; fix: a finite "
@@ -328,6 +329,7 @@ class _Run:
             yield env.timeout(seconds)
             self.free_slots.add(slot)
         src = req.home
+        assert src is not None                  # set when its prefill ended, before the handoff
         self.events.append(TimelineEvent(f"KV{req.id}", "transfer", f"link:kv{slot}",
                                          src.spec.name, src.index, req.id, start, env.now,
                                          req.prompt * self.kv_bytes))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from hardware_profiles.types import MeshSpec
 from ir import Layout, Workload
+from ir.schedule import FragmentKind
 from simulator import cost_model as cm
 
 
@@ -125,11 +126,11 @@ class StageCost:
 
         Raises:
             ValueError: an unknown kind."""
-        if kind == "F":
+        if kind == FragmentKind.F:
             return self.block_f_s
-        if kind == "B":
+        if kind == FragmentKind.B:
             return self.block_b_s
-        if kind == "W":
+        if kind == FragmentKind.W:
             return self.block_w_s
         raise ValueError(f"unknown fragment kind {kind!r}; use F, B or W")
 
@@ -219,7 +220,7 @@ def stage_cost(w: Workload, mesh: MeshSpec, layout: Layout, recompute: bool, sam
 
     def by_kind(lo: int, hi: int) -> tuple[float, float, float]:
         f, b, wg = (sum(layer(i, k) for i in range(lo, hi)) if k in kinds else 0.0
-                    for k in ("F", "B", "W"))
+                    for k in FragmentKind)
         return f, b, wg
 
     def tail(lo: int, hi: int) -> float:
@@ -240,7 +241,7 @@ def stage_cost(w: Workload, mesh: MeshSpec, layout: Layout, recompute: bool, sam
         layout=layout, recompute=recompute, block_s=t(pre, pre + 1), pre_s=t(0, pre),
         post_s=t(pre + nb, n_layers),
         overhead_s=ovh * len(kinds) + _fsdp_exposed(w, mesh, layout, kinds, split),
-        merge_saving_s=ovh if "B" in kinds else 0.0,
+        merge_saving_s=ovh if FragmentKind.B in kinds else 0.0,
         tail_block_s=tail(pre, pre + 1), tail_pre_s=tail(0, pre), tail_post_s=tail(pre + nb, n_layers),
         static_block=blk.static_bytes, static_pre=pr.static_bytes, static_post=po.static_bytes,
         resid_block=blk.residual_bytes_per_microbatch, resid_pre=pr.residual_bytes_per_microbatch,
@@ -248,8 +249,8 @@ def stage_cost(w: Workload, mesh: MeshSpec, layout: Layout, recompute: bool, sam
         working=max(blk.working_bytes, pr.working_bytes, po.working_bytes),
         capacity=cm.usable_bytes(mesh, headroom),
         tail_marginal_s=(tail(pre, pre + 2) - tail(pre, pre + 1)) if nb >= 2 else tail(pre, pre + 1),
-        block_f_s=layer(pre, "F", False) if nb and "F" in kinds else 0.0,
-        block_w_s=layer(pre, "W", True) if "W" in kinds else 0.0,
+        block_f_s=layer(pre, FragmentKind.F, False) if nb and FragmentKind.F in kinds else 0.0,
+        block_w_s=layer(pre, FragmentKind.W, True) if FragmentKind.W in kinds else 0.0,
         pre_kinds_s=by_kind(0, pre), post_kinds_s=by_kind(pre + nb, n_layers),
         **_sync_excess(w, mesh, layout, samples, recompute, kinds, split_layers, hidden))
 
@@ -263,9 +264,9 @@ def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: b
     exposes ``max(0, sync - last) >= n x excess + offset``, where ``offset`` (<= 0) counts the
     layers outside the blocks at their least and subtracts that fragment's dispatch and FSDP
     exposure at their most."""
-    if not w.training or "B" not in kinds:
+    if not w.training or FragmentKind.B not in kinds:
         return {}
-    last = "W" if "W" in kinds else "B"
+    last = FragmentKind.W if FragmentKind.W in kinds else FragmentKind.B
     pre, nb, post = split_layers
     dtype = cm.compute_dtype(w)
 
@@ -275,7 +276,8 @@ def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: b
 
     def bwd(i: int) -> float:
         return cm.layer_time(w.layer(i), last, samples, mesh, lay, dtype, recompute=rc,
-                             seq_len=w.seq_len, alltoall_hidden=hidden, split_backward=last == "W")
+                             seq_len=w.seq_len, alltoall_hidden=hidden,
+                             split_backward=last == FragmentKind.W)
 
     excess = sync(pre) - bwd(pre)
     if excess <= 0:
@@ -284,7 +286,7 @@ def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: b
     offset = sum(min(0.0, sync(i) - bwd(i)) for i in outside) - cm.fragment_overhead(mesh)
     if lay.fsdp:
         traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in _distinct(w)]
-        gathers = 0 if last == "W" else (2 if rc else 1)     # a W only reduce-scatters
+        gathers = 0 if last == FragmentKind.W else (2 if rc else 1)     # a W only reduce-scatters
         offset -= max(g for g, _ in traffic) * gathers + max(s for _, s in traffic)
     return {"sync_excess_s": excess, "sync_offset_s": min(0.0, offset)}
 
@@ -303,7 +305,8 @@ def _fsdp_exposed(w: Workload, mesh: MeshSpec, lay: Layout, kinds: tuple[str, ..
     (+ W) >= ``2 g + s``. With a split backward it is ``3 min(g, s)``, so that the chain bound's
     F and B share (2/3 of it, :func:`planner.bounds._ranks`) stays at most ``2 g``. 0 without
     FSDP or on a ``"sum"`` roofline (whose layers already pay all of it)."""
-    if not lay.fsdp or lay.shard <= 1 or mesh.device.roofline == "sum" or "B" not in kinds:
+    if (not lay.fsdp or lay.shard <= 1 or mesh.device.roofline == "sum"
+            or FragmentKind.B not in kinds):
         return 0.0
     traffic = [cm.fsdp_traffic(w.layer(i), mesh, lay) for i in _distinct(w)
                if w.layer(i).param_count > 0]

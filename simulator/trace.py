@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from ir import Timeline
@@ -81,4 +82,4 @@ def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> None
     """Write :func:`to_chrome_trace` JSON to ``path`` atomically (:func:`ir.files.write_atomic`:
     a temporary file in the same folder, then a rename), so a reader never sees a half-written
     trace and a failure leaves none."""
-    write_atomic(path, json.dumps(to_chrome_trace(timeline), separators=(",", ":")))
+    write_atomic(Path(path), json.dumps(to_chrome_trace(timeline), separators=(",", ":")))

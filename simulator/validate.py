@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ir import FragmentRef, IRError, Plan, Workload
+from ir.schedule import FragmentKind
 from hardware_profiles.types import Cluster, DeviceProfile
 from simulator.plan_costs import CostError, PlanCosts
 from simulator.plan_sim import simulate_plan
@@ -69,7 +70,8 @@ def adapt_plan(plan: Plan, workload: Workload, cluster: Cluster) -> Plan:
         return plan
     costs = PlanCosts(plan, workload, cluster)
     P, M = plan.schedule.num_ranks, plan.microbatches
-    dur = {(s, k): costs.fragment_time(FragmentRef(k, s, 0)) for s in range(P) for k in "FBW"}
+    dur: dict[tuple[int, str], float] = {
+        (s, k): costs.fragment_time(FragmentRef(k, s, 0)) for s in range(P) for k in FragmentKind}
     comm = {}
     for a in range(P):
         for b in (a - 1, a + 1):
@@ -77,8 +79,9 @@ def adapt_plan(plan: Plan, workload: Workload, cluster: Cluster) -> Plan:
                 x = costs.boundary(a, b)
                 comm[(a, b)] = 0.0 if x is None else x[2]
     limit = P if name == "zb-1p" else 2 * P
-    act = [costs.residual_bytes(FragmentRef("F", s, 0)) for s in range(P)]
-    rcv = {(s, k): costs.recv_time(FragmentRef(k, s, 0)) for s in range(P) for k in "FBW"}
+    act = [costs.residual_bytes(FragmentRef(FragmentKind.F, s, 0)) for s in range(P)]
+    rcv: dict[tuple[int, str], float] = {
+        (s, k): costs.recv_time(FragmentRef(k, s, 0)) for s in range(P) for k in FragmentKind}
     table = zero_bubble_auto(P, M, lambda s, k: dur[(s, k)], lambda a, b: comm[(a, b)],
                              memory_limit=limit, name=name, objective="span", activation=act,
                              receive=(lambda s, k: rcv[(s, k)]) if costs.blocking_p2p else None)
@@ -164,7 +167,8 @@ def evaluate_rows(setups: Iterable[Setup], devices: Mapping[str, DeviceProfile],
                   ) -> tuple[tuple[RowResult, ...], tuple[SkippedRow, ...]]:
     """(:func:`evaluate` of each setup on its row's device ``devices[row.device]``, the rows whose
     simulation raised one of ``errors`` as :class:`SkippedRow`). ``advance()`` after each row."""
-    out, bad = [], []
+    out: list[RowResult] = []
+    bad: list[SkippedRow] = []
     for s in setups:
         try:
             out += evaluate([s], devices[s.row.device], step_fn)
@@ -201,8 +205,8 @@ def zb_rankings(results: Sequence[RowResult]) -> list[tuple[str, dict, dict, boo
     ranking agrees)."""
     groups: dict[str, dict[str, RowResult]] = {}
     for r in results:
-        if r.row.schedule in ZB_SCHEDULES:
-            row = r.row
+        row = r.row
+        if row.schedule in ZB_SCHEDULES:
             key = f"{row.model} b{row.global_batch}"
             groups.setdefault(key, {})[row.schedule] = r
     out = []

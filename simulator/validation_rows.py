@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, cast
 
 from ir.workload import ATTENTION_KERNELS
 from simulator import remat
@@ -191,6 +191,13 @@ def _int(d: Mapping[str, str], k: str, line: int) -> int | None:
     return x
 
 
+def _required_int(d: Mapping[str, str], k: str, line: int) -> int:
+    """:func:`_int` of a column not in :data:`OPTIONAL` (blank raises there, so never None)."""
+    x = _int(d, k, line)
+    assert x is not None, k
+    return x
+
+
 def _flag(d: Mapping[str, str], k: str, line: int) -> bool | None:
     v = (d.get(k) or "").strip()
     if not v:
@@ -327,8 +334,9 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             ``tp * pp * dp != gpus``, batches that disagree (global vs per-device, micro batches
             that do not divide the global batch), more fields than the header.
     """
-    if None in d:
-        raise ValidationError(f"row {line}: {len(d) - 1 + len(d[None])} fields, more than the "
+    if None in d:   # csv.DictReader's restkey: the fields past the header's columns
+        extra = cast("Mapping[str | None, list[str]]", d)[None]
+        raise ValidationError(f"row {line}: {len(d) - 1 + len(extra)} fields, more than the "
                               f"{len(d) - 1} columns of the header; fix the row")
     sched = (d.get("schedule") or "").strip().lower() or None
     if sched is not None and sched not in SCHEDULE_MAP:
@@ -358,7 +366,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
         raise ValidationError(f"row {line}: recompute {rc[:40]!r} unknown; fix: use one of "
                               f"{', '.join(RECOMPUTE)} or leave it blank")
     rc = rc.lower() if rc is not None else None
-    gpus = _int(d, "gpus", line)
+    gpus = _required_int(d, "gpus", line)
     global_batch, per_device, derived = _batch(d, line, gpus)
     scale_out = _real(d, "scale_out_gbit_per_device", line, 1e-3, 1e6,
                       "Gb/s per device, 0.001 to 1e6")
@@ -369,11 +377,11 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
         raise ValidationError(f"row {line}: attention {att[:40]!r} unknown; fix: use one of "
                               f"{', '.join(ATTENTION_KERNELS)} or leave it blank")
     r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
-            layers=_int(d, "layers", line), hidden=_int(d, "hidden", line),
-            heads=_int(d, "heads", line), seq_len=_int(d, "seq_len", line),
+            layers=_required_int(d, "layers", line), hidden=_required_int(d, "hidden", line),
+            heads=_required_int(d, "heads", line), seq_len=_required_int(d, "seq_len", line),
             vocab=_int(d, "vocab", line), device=device,
-            gpus=gpus, tp=_int(d, "tp", line), pp=_int(d, "pp", line),
-            dp=_int(d, "dp", line), global_batch=global_batch,
+            gpus=gpus, tp=_required_int(d, "tp", line), pp=_required_int(d, "pp", line),
+            dp=_required_int(d, "dp", line), global_batch=global_batch,
             micro_batch=_int(d, "micro_batch", line), microbatches=_int(d, "microbatches", line),
             schedule=sched, metric=metric, value=value, ffn=_int(d, "ffn", line),
             kv_heads=_int(d, "kv_heads", line), head_dim=_int(d, "head_dim", line),

@@ -4,40 +4,41 @@ from __future__ import annotations
 
 import click
 
+from ir.vocab import EXPORT_TARGETS
+from mpmd.cli.common import console, err_console, guard
 
-def register(main: click.Group, guard) -> None:
-    @main.command()
-    @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-    @click.option("--to", "target", required=True,
-                  type=click.Choice(["megatron", "torchtitan", "maxtext"]),
-                  help="Launcher: Megatron-LM arguments, a torchtitan job TOML or a MaxText YAML.")
-    @click.option("--out", type=click.Path(dir_okay=False), default=None,
-                  help="File to write (default: PLAN-TARGET.args/.toml/.yaml in the working "
-                       "directory); a data-parallel plan writes one file per part, "
-                       "STEM-part0.SUFFIX, ...")
-    @guard
-    def export(plan_path: str, target: str, out: str | None) -> None:
-        """Write PLAN.json as the input of the launcher people train with.
 
-        What the target cannot express (a layout that differs between stages, a schedule it
-        lacks, several device kinds) is printed as one line per item; the file holds the closest
-        setting, named in that line."""
-        from mpmd.cli.main import console, err_console
-        from ir.files import write_atomic
-        from ir.plan_file import load_plan
-        from launchers import export_plan
-        from launchers.export import default_out
+@click.command()
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("--to", "target", required=True,
+              type=click.Choice(EXPORT_TARGETS),
+              help="Launcher: Megatron-LM arguments, a torchtitan job TOML or a MaxText YAML.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="File to write (default: PLAN-TARGET.args/.toml/.yaml in the working "
+                   "directory); a data-parallel plan writes one file per part, "
+                   "STEM-part0.SUFFIX, ...")
+@guard
+def export(plan_path: str, target: str, out: str | None) -> None:
+    """Write PLAN.json as the input of the launcher people train with.
 
-        plan = load_plan(plan_path)
-        files = export_plan(plan, target, out or default_out(plan_path, target), source=plan_path)
-        for f in files:
-            write_atomic(f.path, f.text)
-        notes: dict[str, list[str]] = {}
-        for f in files:
-            console.print(f"wrote {f.path}", highlight=False, markup=False)
-            for n in f.notes:
-                notes.setdefault(n, []).append(f.path.name)
-        for n, names in notes.items():
-            where = f" ({', '.join(names)})" if len(files) > 1 and len(names) < len(files) else ""
-            err_console.print(f"{target} cannot express{where}: {n}", highlight=False,
-                              markup=False, soft_wrap=True)
+    What the target cannot express (a layout that differs between stages, a schedule it
+    lacks, several device kinds) is printed as one line per item; the file holds the closest
+    setting, named in that line."""
+    from ir.files import write_atomic
+    from ir.plan_file import load_plan
+    from launchers import export_plan
+    from launchers.export import default_out
+
+    plan = load_plan(plan_path)
+    files = export_plan(plan, target, out or default_out(plan_path, target), source=plan_path)
+    for f in files:
+        write_atomic(f.path, f.text)
+    notes: dict[str, list[str]] = {}
+    for f in files:
+        console.print(f"wrote {f.path}", highlight=False, markup=False)
+        for n in f.notes:
+            notes.setdefault(n, []).append(f.path.name)
+    for n, names in notes.items():
+        where = f" ({', '.join(names)})" if len(files) > 1 and len(names) < len(files) else ""
+        err_console.print(f"{target} cannot express{where}: {n}", highlight=False,
+                          markup=False, soft_wrap=True)

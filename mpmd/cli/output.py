@@ -4,6 +4,7 @@ meshes, schedule candidates), JSON Schema validation, atomic writes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from rich.text import Text
 
 from ir.files import write_atomic  # noqa: F401  (moved to ir.files; re-exported for old imports)
 
+from ir import SearchReport
 from ir.plan_file import SCHEMA_PATH
 
 if TYPE_CHECKING:   # the planner loads OR-Tools: the commands import it only when they run
@@ -41,15 +43,15 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.1f}"
 
 
-def search_gap_text(solver: dict[str, Any]) -> str:
-    """The search-wide gap of a plan's ``solver`` record, or why it is unknown: "gap 12.3%" or
-    "gap unknown: 7 of 12 candidates not searched" (their bound was never computed)."""
-    total, done = solver.get("candidates_total"), solver.get("candidates")
+def search_gap_text(search: SearchReport) -> str:
+    """The search-wide gap of a plan's :class:`~ir.SearchReport`, or why it is unknown: "gap
+    12.3%" or "gap unknown: 7 of 12 candidates not searched" (their bound was never computed)."""
+    total, done = search.candidates_total, search.candidates
     if total is not None and done is not None and done < total:
         return f"gap unknown: {total - done} of {total} candidates not searched"
-    if solver.get("search_gap") is None:
+    if search.search_gap is None:
         return "gap unknown"
-    return f"gap {solver['search_gap'] * 100:.1f}%"
+    return f"gap {search.search_gap * 100:.1f}%"
 
 
 def _num(x: Any, fmt: str, default: str = "-") -> str:
@@ -173,61 +175,60 @@ STOPPED = {
                    "depend on its load; raise --time-limit)"),
     "complete": "; complete: every option searched to its gap target or pruned by its bound",
 }
-"""How a node-group search's ``solver["stopped"]`` reads in the step table."""
+"""How a node-group search's ``SearchReport.stopped`` reads in the step table."""
 
 
-def _solver_rows(sv: Any) -> list[tuple[str, str]]:
-    """The solver and search rows of the step table (robust to a record that lacks keys: the
-    shaping search of a node-group cluster records no CP-SAT objective for a data-parallel plan)."""
-    sv = sv if isinstance(sv, dict) else {}
+def _solver_rows(sv: SearchReport) -> list[tuple[str, str]]:
+    """The solver and search rows of the step table (a report may lack parts: the shaping
+    search of a node-group cluster records no CP-SAT objective for a data-parallel plan)."""
     rows = []
-    if isinstance(sv.get("objective"), (int, float)):
-        gap = sv.get("gap")
-        rows.append(("solver", f"{sv.get('status')} objective {sv['objective']:.3f} s, bound "
-                               f"{_num(sv.get('bound'), '{:.3f}')} s, gap "
-                               f"{_num(gap * 100 if isinstance(gap, (int, float)) else None, '{:.2f}')}%"))
-    elif sv.get("status"):
-        rows.append(("solver", str(sv["status"])))
-    wall = _num(sv.get("search_wall_s"), "{:.1f}", "?")
-    total, done = sv.get("candidates_total"), sv.get("candidates")
-    if isinstance(sv.get("search_bound"), (int, float)) and "options" in sv:
+    if sv.objective_s is not None:
+        gap = sv.gap
+        rows.append(("solver", f"{sv.status} objective {sv.objective_s:.3f} s, bound "
+                               f"{_num(sv.bound_s, '{:.3f}')} s, gap "
+                               f"{_num(gap * 100 if gap is not None else None, '{:.2f}')}%"))
+    elif sv.status:
+        rows.append(("solver", sv.status))
+    wall = _num(sv.search_wall_s, "{:.1f}", "?")
+    total, done = sv.candidates_total, sv.candidates
+    if sv.search_bound_s is not None and sv.options is not None:
         # a node-group search: a complete one pruned every candidate it did not search by its
         # proven bound; one that ran out of budget or time left them unsearched
-        configs = len(sv["options"]) if isinstance(sv["options"], list) else 0
-        searched = sv.get("candidates_searched")
-        rest = ("the rest pruned by their bounds" if sv.get("stopped", "complete") == "complete"
+        configs = len(sv.options)
+        searched = sv.candidates_searched
+        rest = ("the rest pruned by their bounds" if (sv.stopped or "complete") == "complete"
                 else "the rest unsearched")
         what = (f"{searched} of {total} candidates searched, {rest}; "
-                if isinstance(searched, int) and isinstance(total, int) else "")
-        why = STOPPED.get(sv.get("stopped"), ", budget spent" if sv.get("budget_spent") else "")
+                if searched is not None and total is not None else "")
+        why = STOPPED.get(sv.stopped, ", budget spent" if sv.budget_spent else "")
         if rows and rows[0][0] == "solver":
             rows[0] = (rows[0][0], rows[0][1] + " (the chosen candidate's solve)")
         rows.append(("search", f"{what}{configs} configuration{'s' * (configs != 1)} in {wall} s{why}"))
-        gap = sv.get("search_gap")
-        rows.append(("search gap", f"{_num(gap * 100 if isinstance(gap, (int, float)) else None, '{:.1f}')}% "
-                                   f"against a proven lower bound of {sv['search_bound']:.3f} s"))
+        gap = sv.search_gap
+        rows.append(("search gap", f"{_num(gap * 100 if gap is not None else None, '{:.1f}')}% "
+                                   f"against a proven lower bound of {sv.search_bound_s:.3f} s"))
         return rows
-    if isinstance(done, int):
+    if done is not None:
         rows.append(("search", f"{done} candidates in {wall} s"))
-    elif isinstance(sv.get("options"), list):
-        rows.append(("search", f"{len(sv['options'])} configurations in {wall} s"))
-    elif "search_wall_s" in sv:
+    elif sv.options is not None:
+        rows.append(("search", f"{len(sv.options)} configurations in {wall} s"))
+    elif sv.search_wall_s is not None:
         rows.append(("search", f"{wall} s"))
     if rows and rows[-1][0] == "search" and (
-            sv.get("interrupted") or (isinstance(total, int) and isinstance(done, int) and done < total)):
+            sv.interrupted or (total is not None and done is not None and done < total)):
         if rows[0][0] == "solver":
             rows[0] = (rows[0][0], rows[0][1] + " (this candidate)")
-        why = ", interrupted (Ctrl-C)" if sv.get("interrupted") else ", time limit reached"
-        rows[-1] = ("search", (f"{done} of {total} candidates" if isinstance(done, int) else "search")
+        why = ", interrupted (Ctrl-C)" if sv.interrupted else ", time limit reached"
+        rows[-1] = ("search", (f"{done} of {total} candidates" if done is not None else "search")
                     + f" in {wall} s{why}")
-        gap = search_gap_text(sv)
-        if isinstance(sv.get("search_bound"), (int, float)):
-            gap += f" (bound {sv['search_bound']:.3f} s over all candidates)"
-        rows.append(("search gap", gap.removeprefix("gap ")))
+        gap_text = search_gap_text(sv)
+        if sv.search_bound_s is not None:
+            gap_text += f" (bound {sv.search_bound_s:.3f} s over all candidates)"
+        rows.append(("search gap", gap_text.removeprefix("gap ")))
     return rows
 
 
-def goal_text(goal: dict[str, Any]) -> str:
+def goal_text(goal: Mapping[str, Any]) -> str:
     """The plan's cost and goal, e.g. ``"USD 0.0123 per step (USD 96.0/h for 40 devices: a100 40);
     goal: lowest cost per step at >= 2,000,000 tokens/s; 15 sub-clusters, 6 planned"``."""
     devices = goal.get("devices") or {}
@@ -288,15 +289,15 @@ def plan_table(result: PlanResult, cluster: Cluster) -> Group:
     out: list[Any] = []
     if isinstance(p, DataParallelPlan):
         for i, part in enumerate(p.parts):
-            pp = part.predicted if isinstance(part.predicted, dict) else {}
+            pp = part.predicted
             share = part.global_batch / p.global_batch
             title = (f"{p.model} on {p.cluster}: part {i + 1} of {len(p.parts)}, {part.global_batch} of "
                      f"{p.global_batch} samples ({share * 100:.0f}%), {part.schedule.name} x "
                      f"{part.microbatches} microbatches of {part.global_batch // part.microbatches}"
                      + (" (last stage F+B merged)" if part.merge_last_stage else ""))
-            part_peak = {**(pp.get("peak_memory_bytes") or {}), **(peak or {})}
-            out.append(_stages_table(title, part, lc, pp.get("stage_time_s"), part_peak,
-                                     {**(pp.get("capacity_bytes") or {}), **(cap or {})}))
+            part_peak = {**(pp.peak_memory_bytes if pp else {}), **(peak or {})}
+            out.append(_stages_table(title, part, lc, pp.stage_time_s if pp else None, part_peak,
+                                     {**(pp.capacity_bytes if pp else {}), **(cap or {})}))
             for extra in (meshes_table(part, lc), schedules_table(part)):
                 if extra is not None:
                     out.append(extra)
@@ -320,8 +321,8 @@ def plan_table(result: PlanResult, cluster: Cluster) -> Group:
     else:
         rows += [("schedule", p.schedule.name + (" (last stage F+B merged)" if p.merge_last_stage else "")),
                  ("microbatches", f"{p.microbatches} x {p.global_batch // p.microbatches} samples")]
-    reason = p.reason if isinstance(p, DataParallelPlan) else (p.solver or {}).get("reason")
-    if isinstance(reason, str) and reason:
+    reason = p.reason if isinstance(p, DataParallelPlan) else p.search.reason
+    if reason:
         rows.append(("reason", reason))
     mfu = getattr(pred, "mfu", None)
     rows += [
@@ -332,10 +333,9 @@ def plan_table(result: PlanResult, cluster: Cluster) -> Group:
          _num(mean_bubble * 100 if mean_bubble is not None else None, "{:.1f}%")),
         ("roofline bound", f"{_num(getattr(pred, 'roofline_step_time_s', None), '{:.3f}')} s"),
     ]
-    goal = (p.solver or {}).get("goal")
-    if isinstance(goal, dict):
-        rows.append(("cost", goal_text(goal)))
-    rows += _solver_rows(p.solver)
+    if p.search.goal is not None:
+        rows.append(("cost", goal_text(p.search.goal)))
+    rows += _solver_rows(p.search)
     for k, v in rows:
         s.add_row(escape(k), escape(v))
     out += [s, Text(profiles_line(p, lc))]

@@ -1,14 +1,14 @@
-"""``mpmd run plan.json`` and ``mpmd calibrate``: compile and run a plan on this machine's JAX
-devices, and calibrate the CPU device profile those runs are simulated with."""
+"""``mpmd run plan.json``: compile a plan and run it on this machine's JAX devices."""
 
 from __future__ import annotations
 
 import click
 
+from mpmd.cli.common import console, guard
 from mpmd.cli.params import MAX_STEPS, FiniteFloat, int_range
 
 
-def _cpu_devices(n: int) -> None:
+def cpu_devices(n: int) -> None:
     """Give JAX ``n`` CPU devices (only before its backend starts; GPUs are used when present)."""
     import jax
 
@@ -38,95 +38,71 @@ def _check_process_flags(processes: int | None, process_id: int | None,
                                    f"10.0.0.1:1234 (the host of process 0 and a free port)")
 
 
-def register(main: click.Group, guard) -> None:
-    @main.command()
-    @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-    @click.option("--steps", type=int_range(1, MAX_STEPS), default=10, show_default=True,
-                  help="Training steps to run (the step time is the median of the later half).")
-    @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
-                  help="Cluster YAML (default: the plan's).")
-    @click.option("--check-every", type=int_range(1, MAX_STEPS), default=1, show_default=True,
-                  help="Compare loss and gradients with jax.jit every N steps.")
-    @click.option("--lr", type=FiniteFloat(min=0.0, min_open=True, max=1e3), default=1e-3,
-                  show_default=True, help="Adam learning rate.")
-    @click.option("--processes", type=int_range(1, 4096), default=None,
-                  help="Run as N processes (one per mesh, or per group of meshes) on "
-                       "jax.distributed; without --process-id, all N start on this host. Checks "
-                       "the order; the jax.jit comparison needs one process.")
-    @click.option("--process-id", type=int_range(0, 4095), default=None,
-                  help="Run only process I of --processes N (one per host); needs --coordinator.")
-    @click.option("--coordinator", default=None, metavar="HOST:PORT",
-                  help="Process 0's address for jax.distributed (with --process-id).")
-    @click.option("--timeout", "timeout_s", type=int_range(10, 86400), default=900,
-                  show_default=True, help="Bound on a local --processes run, in seconds.")
-    @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
-                  help="Write the last step's measured timeline (all processes merged) as a "
-                       "Perfetto/Chrome trace.")
-    @guard
-    def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, lr: float,
-            processes: int | None, process_id: int | None, coordinator: str | None,
-            timeout_s: int, trace_path: str | None) -> None:
-        """Compile PLAN.json into per-mesh programs and run real training steps on shipped text.
+@click.command()
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("--steps", type=int_range(1, MAX_STEPS), default=10, show_default=True,
+              help="Training steps to run (the step time is the median of the later half).")
+@click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
+              help="Cluster YAML (default: the plan's).")
+@click.option("--check-every", type=int_range(1, MAX_STEPS), default=1, show_default=True,
+              help="Compare loss and gradients with jax.jit every N steps.")
+@click.option("--lr", type=FiniteFloat(min=0.0, min_open=True, max=1e3), default=1e-3,
+              show_default=True, help="Adam learning rate.")
+@click.option("--processes", type=int_range(1, 4096), default=None,
+              help="Run as N processes (one per mesh, or per group of meshes) on "
+                   "jax.distributed; without --process-id, all N start on this host. Checks "
+                   "the order; the jax.jit comparison needs one process.")
+@click.option("--process-id", type=int_range(0, 4095), default=None,
+              help="Run only process I of --processes N (one per host); needs --coordinator.")
+@click.option("--coordinator", default=None, metavar="HOST:PORT",
+              help="Process 0's address for jax.distributed (with --process-id).")
+@click.option("--timeout", "timeout_s", type=int_range(10, 86400), default=900,
+              show_default=True, help="Bound on a local --processes run, in seconds.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the last step's measured timeline (all processes merged) as a "
+                   "Perfetto/Chrome trace.")
+@guard
+def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, lr: float,
+        processes: int | None, process_id: int | None, coordinator: str | None,
+        timeout_s: int, trace_path: str | None) -> None:
+    """Compile PLAN.json into per-mesh programs and run real training steps on shipped text.
 
-        A forward-only (inference) plan of a DiT generates from noise instead: the model's
-        sampling steps, each one run of the program, checked against jax.jit. A data-parallel plan
-        runs its pipelines on their batch shares and all-reduces their gradients."""
-        # the input first, before JAX loads: bad process flags, a missing or malformed plan file
-        # or a missing cluster file is refused in ~0.2 s
-        from hardware_profiles.paths import resolve_cluster_path
-        from ir.plan_file import load_plan
+    A forward-only (inference) plan of a DiT generates from noise instead: the model's
+    sampling steps, each one run of the program, checked against jax.jit. A data-parallel plan
+    runs its pipelines on their batch shares and all-reduces their gradients."""
+    # the input first, before JAX loads: bad process flags, a missing or malformed plan file
+    # or a missing cluster file is refused in ~0.2 s
+    from hardware_profiles.paths import resolve_cluster_path
+    from ir.plan_file import load_plan
 
-        multi = processes is not None or process_id is not None or coordinator is not None
-        if multi:
-            _check_process_flags(processes, process_id, coordinator)
-        plan = load_plan(plan_path)                               # InputError / IRError
-        if cluster_path or plan.cluster_path:
-            resolve_cluster_path(cluster_path or plan.cluster_path)   # ProfileError: no such file
-        from mpmd.cli.main import console
+    multi = processes is not None or process_id is not None or coordinator is not None
+    if multi:
+        _check_process_flags(processes, process_id, coordinator)
+    plan = load_plan(plan_path)                               # InputError / IRError
+    if cluster_path or plan.cluster_path:
+        resolve_cluster_path(cluster_path or plan.cluster_path)   # ProfileError: no such file
+    if multi:
+        from runtime.train.launch import run_processes
 
-        if multi:
-            from runtime.train.launch import run_processes
+        run_processes(plan_path, processes, process_id, coordinator, steps=steps,
+                      cluster_path=cluster_path, lr=lr, timeout_s=timeout_s,
+                      trace_path=trace_path, console=console)
+        return
+    cpu_devices(8)
+    from ir import DataParallelPlan
+    from runtime.train.serve_run import decode_plan, is_decoder_plan, print_decode_report
 
-            run_processes(plan_path, processes, process_id, coordinator, steps=steps,
-                          cluster_path=cluster_path, lr=lr, timeout_s=timeout_s,
-                          trace_path=trace_path, console=console)
-            return
-        _cpu_devices(8)
-        from runtime.train.serve_run import decode_plan, is_decoder_plan, print_decode_report
+    # forward-only decoder (never a data-parallel plan): greedy decoding with a KV cache
+    if not isinstance(plan, DataParallelPlan) and is_decoder_plan(plan):
+        return print_decode_report(decode_plan(plan, cluster_path=cluster_path), console)
+    from runtime.train.report import RunReport
+    from runtime.train.run import print_report, run_plan
 
-        if is_decoder_plan(plan):   # forward-only decoder: greedy decoding with a KV cache
-            return print_decode_report(decode_plan(plan, cluster_path=cluster_path), console)
-        from runtime.train.run import print_report, run_plan
+    report = run_plan(plan, steps=steps, cluster_path=cluster_path,
+                      check_every=check_every, lr=lr, console=console)
+    print_report(report, console=console)
+    # a generation run (a forward-only DiT plan: GenerateReport) records no step timeline
+    if trace_path is not None and isinstance(report, RunReport) and report.timelines:
+        from simulator.trace import write_chrome_trace
 
-        report = run_plan(plan, steps=steps, cluster_path=cluster_path,
-                          check_every=check_every, lr=lr, console=console)
-        print_report(report, console=console)
-        if trace_path is not None and report.timelines:
-            from simulator.trace import write_chrome_trace
-
-            write_chrome_trace(report.timelines[-1], trace_path)
-
-    @main.command()
-    @click.option("--out", default="calibrated", show_default=True,
-                  type=click.Path(file_okay=False),
-                  help="Folder for cpu-host.yaml and cpu4x2.yaml (the cluster names its device "
-                       "'cpu-host.yaml', beside it).")
-    @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
-                  help="Timed runs per measurement (the median is kept).")
-    @click.option("--device-out", type=click.Path(dir_okay=False), default=None,
-                  help="Write the device profile here instead of OUT/cpu-host.yaml.")
-    @click.option("--cluster-out", type=click.Path(dir_okay=False), default=None,
-                  help="Write the cluster here instead of OUT/cpu4x2.yaml (it names the device "
-                       "by its path relative to this file).")
-    @guard
-    def calibrate(out: str, repeats: int, device_out: str | None, cluster_out: str | None) -> None:
-        """Time fragments on this machine's CPU devices; write OUT/cpu-host.yaml and OUT/cpu4x2.yaml.
-
-        Then plan on the calibrated cluster: mpmd plan ... --cluster OUT/cpu4x2.yaml."""
-        from mpmd.cli.main import console
-
-        _cpu_devices(8)
-        from runtime.calibration.measure import calibrate_command
-
-        calibrate_command(out, device_out=device_out, cluster_out=cluster_out, repeats=repeats,
-                          console=console)
+        write_chrome_trace(report.timelines[-1], trace_path)

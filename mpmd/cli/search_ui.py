@@ -18,7 +18,10 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:   # rich's progress bar loads only on a terminal
+    from rich.progress import Progress, TaskID
 
 DELAY_S = 3.0
 """Plain progress lines start once the search has run this long (short runs print none)."""
@@ -33,11 +36,14 @@ class SearchProgress:
 
     def __init__(self, console: Any, label: str) -> None:
         self.console, self.label = console, label
-        self.done, self.total, self.best_s = 0, 0, None
+        self.done, self.total = 0, 0
+        self.best_s: float | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._last_line = -1e9
-        self._bar = self._task = self._beat = None
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        self._beat: threading.Thread | None = None
 
     def __enter__(self) -> "SearchProgress":
         self.t0 = time.monotonic()
@@ -65,7 +71,7 @@ class SearchProgress:
     def __call__(self, done: int, total: int, best_s: float | None) -> None:
         with self._lock:
             self.done, self.total, self.best_s = done, total, best_s
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=done, total=total,
                              count=f"{done}/{total} candidates",
                              best="-" if best_s is None else f"{best_s:.3f} s/step")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
+from mpmd.cli.common import console, guard
 from mpmd.cli.params import MAX_MICROBATCHES, FiniteFloat, int_range
 
 if TYPE_CHECKING:   # the command loads these only when it runs, after checking its input
@@ -270,8 +271,8 @@ def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed
                       highlight=False, soft_wrap=True)
         if plan.reason:
             console.print(f"reason: {escape(plan.reason)}", highlight=False, soft_wrap=True)
-    pred = plan.predicted.get("step_time_s")
-    pred = pred if isinstance(pred, (int, float)) and pred > 0 else None
+    pred = plan.predicted.step_time_s if plan.predicted is not None else None
+    pred = pred if pred is not None and pred > 0 else None
     console.print(f"step time {r.step_time_s:.4f} s   MFU {r.mfu * 100:.1f}%"
                   + (f"   planner predicted {pred:.4f} s ({(r.step_time_s / pred - 1) * 100:+.2f}%)"
                      if pred and compare else ""))
@@ -284,66 +285,64 @@ def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed
         console.print(f"[red]step failed:[/] {escape(r.failure)}")
 
 
-def register(main: click.Group, guard) -> None:
-    @main.command()
-    @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-    @click.option("--trace", type=click.Path(dir_okay=False), default=None,
-                  help="Write a Perfetto/Chrome trace (open in ui.perfetto.dev).")
-    @click.option("--schedule", default=None, help="Replay with another schedule.")
-    @click.option("--microbatches", type=int_range(1, MAX_MICROBATCHES), default=None,
-                  help="Replay with another microbatch count.")
-    @click.option("--jitter", type=FiniteFloat(min=0.0, max=10.0), default=0.0,
-                  help="Relative sigma of fragment-time noise (0 to 10).")
-    @click.option("--seed", type=int, default=0, help="Seed of the jitter.")
-    @click.option("--straggler", multiple=True,
-                  help="MESH=FACTOR: that mesh runs FACTOR x slower (FACTOR in (0, 1e6]).")
-    @click.option("--degrade-link", multiple=True,
-                  help="LINK=FACTOR: bandwidth multiplier in (0, 1]; LINK is A<->B (two meshes).")
-    @click.option("--fail-link", multiple=True, help="LINK@SECONDS: the link A<->B fails then.")
-    @click.option("--fail-mesh", multiple=True, help="MESH@SECONDS: the mesh fails then.")
-    @guard
-    def simulate(plan_path: str, trace: str | None, schedule: str | None,
-                 microbatches: int | None, jitter: float, seed: int, straggler: tuple[str, ...],
-                 degrade_link: tuple[str, ...], fail_link: tuple[str, ...],
-                 fail_mesh: tuple[str, ...]) -> None:
-        """Replay PLAN.json in the discrete-event simulator and print its metrics.
+@click.command()
+@click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Write a Perfetto/Chrome trace (open in ui.perfetto.dev).")
+@click.option("--schedule", default=None, help="Replay with another schedule.")
+@click.option("--microbatches", type=int_range(1, MAX_MICROBATCHES), default=None,
+              help="Replay with another microbatch count.")
+@click.option("--jitter", type=FiniteFloat(min=0.0, max=10.0), default=0.0,
+              help="Relative sigma of fragment-time noise (0 to 10).")
+@click.option("--seed", type=int, default=0, help="Seed of the jitter.")
+@click.option("--straggler", multiple=True,
+              help="MESH=FACTOR: that mesh runs FACTOR x slower (FACTOR in (0, 1e6]).")
+@click.option("--degrade-link", multiple=True,
+              help="LINK=FACTOR: bandwidth multiplier in (0, 1]; LINK is A<->B (two meshes).")
+@click.option("--fail-link", multiple=True, help="LINK@SECONDS: the link A<->B fails then.")
+@click.option("--fail-mesh", multiple=True, help="MESH@SECONDS: the mesh fails then.")
+@guard
+def simulate(plan_path: str, trace: str | None, schedule: str | None,
+             microbatches: int | None, jitter: float, seed: int, straggler: tuple[str, ...],
+             degrade_link: tuple[str, ...], fail_link: tuple[str, ...],
+             fail_mesh: tuple[str, ...]) -> None:
+    """Replay PLAN.json in the discrete-event simulator and print its metrics.
 
-        A data-parallel plan (several pipelines) is replayed as one step: every part's pipeline,
-        the gradient all-reduce across parts, then every mesh's optimizer. The exposed
-        communication is the step time minus that of the same replay with every link free."""
-        # the input first, before the simulator, pydantic and JAX load: a malformed knob, a
-        # missing or malformed plan file or a missing cluster file is refused in ~0.2 s
-        from hardware_profiles.paths import resolve_cluster_path
-        from ir.plan_file import load_plan
+    A data-parallel plan (several pipelines) is replayed as one step: every part's pipeline,
+    the gradient all-reduce across parts, then every mesh's optimizer. The exposed
+    communication is the step time minus that of the same replay with every link free."""
+    # the input first, before the simulator, pydantic and JAX load: a malformed knob, a
+    # missing or malformed plan file or a missing cluster file is refused in ~0.2 s
+    from hardware_profiles.paths import resolve_cluster_path
+    from ir.plan_file import load_plan
 
-        stragglers = _pairs(straggler, "=", "--straggler", "use MESH=2.0", 0.0, 1e6, lo_open=True)
-        degraded = _pairs(degrade_link, "=", "--degrade-link", "use A<->B=0.5", 0.0, 1.0, lo_open=True)
-        failed_l = _pairs(fail_link, "@", "--fail-link", "use A<->B@1.5", 0.0, 1e9)
-        failed_m = _pairs(fail_mesh, "@", "--fail-mesh", "use MESH@1.5", 0.0, 1e9)
-        plan = load_plan(plan_path)                              # InputError / IRError
-        resolve_cluster_path(plan.cluster_path or plan.cluster)  # ProfileError: no such file
-        from mpmd.cli.main import console
-        from simulator.exposure import exposure
-        from simulator.knobs import Knobs
-        from ir import DataParallelPlan
-        from simulator.plan_costs import PlanCosts
-        from simulator.plan_sim import plan_cluster, simulate_any
-        from simulator.trace import write_chrome_trace
+    stragglers = _pairs(straggler, "=", "--straggler", "use MESH=2.0", 0.0, 1e6, lo_open=True)
+    degraded = _pairs(degrade_link, "=", "--degrade-link", "use A<->B=0.5", 0.0, 1.0, lo_open=True)
+    failed_l = _pairs(fail_link, "@", "--fail-link", "use A<->B@1.5", 0.0, 1e9)
+    failed_m = _pairs(fail_mesh, "@", "--fail-mesh", "use MESH@1.5", 0.0, 1e9)
+    plan = load_plan(plan_path)                              # InputError / IRError
+    resolve_cluster_path(plan.cluster_path or plan.cluster)  # ProfileError: no such file
+    from simulator.exposure import exposure
+    from simulator.knobs import Knobs
+    from ir import DataParallelPlan
+    from simulator.plan_costs import PlanCosts
+    from simulator.plan_sim import plan_cluster, simulate_any
+    from simulator.trace import write_chrome_trace
 
-        plan, w, cluster = load_plan_inputs(plan_path, plan)
-        plan = reschedule(plan, schedule, microbatches)
-        degraded, failed_l = check_knob_names(plan, cluster, stragglers, degraded, failed_l, failed_m)
-        knobs = Knobs(seed=seed, jitter=jitter, stragglers=stragglers, degraded_links=degraded,
-                      failed_links=failed_l, failed_meshes=failed_m)
-        r = simulate_any(plan, w, cluster, knobs=knobs)
-        # the same replay with every link free; a step that failed has no step time to compare
-        exposed = (None if r.failure else
-                   exposure(plan, w, cluster, knobs=knobs, step_time_s=r.step_time_s))
-        a2a = ({} if isinstance(plan, DataParallelPlan)
-               else PlanCosts(plan, w, plan_cluster(plan, cluster)).expert_alltoall())
-        print_simulation(console, plan, cluster, r,
-                         compare=schedule is None and microbatches is None, exposed=exposed,
-                         alltoall=a2a)
-        if trace:
-            write_chrome_trace(r.timeline, trace)
-            console.print(f"wrote {trace} (open it in ui.perfetto.dev)")
+    plan, w, cluster = load_plan_inputs(plan_path, plan)
+    plan = reschedule(plan, schedule, microbatches)
+    degraded, failed_l = check_knob_names(plan, cluster, stragglers, degraded, failed_l, failed_m)
+    knobs = Knobs(seed=seed, jitter=jitter, stragglers=stragglers, degraded_links=degraded,
+                  failed_links=failed_l, failed_meshes=failed_m)
+    r = simulate_any(plan, w, cluster, knobs=knobs)
+    # the same replay with every link free; a step that failed has no step time to compare
+    exposed = (None if r.failure else
+               exposure(plan, w, cluster, knobs=knobs, step_time_s=r.step_time_s))
+    a2a = ({} if isinstance(plan, DataParallelPlan)
+           else PlanCosts(plan, w, plan_cluster(plan, cluster)).expert_alltoall())
+    print_simulation(console, plan, cluster, r,
+                     compare=schedule is None and microbatches is None, exposed=exposed,
+                     alltoall=a2a)
+    if trace:
+        write_chrome_trace(r.timeline, trace)
+        console.print(f"wrote {trace} (open it in ui.perfetto.dev)")

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import click
 
+from mpmd.cli.common import console, guard
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CSV = ROOT / "reports" / "validation" / "published_training.csv"
 FIT_COMMAND = "mpmd validate --fit"
@@ -132,7 +134,7 @@ def extra_efficiency(device, fitted_jitter: str | None) -> tuple[tuple[str, obje
     """The ``extra`` entries of :func:`write_profile_efficiency` for ``device``: every key of
     :data:`EXTRA_EFFICIENCY` its profile sets, with its origin, and ``sync_jitter`` with
     ``fitted_jitter`` as its origin when the scale fit set it."""
-    out = []
+    out: list[tuple[str, object, str]] = []
     for key, attr in EXTRA_EFFICIENCY:
         if attr == "sync_jitter" and fitted_jitter:
             out.append((key, float(round(device.sync_jitter, 4)), fitted_jitter))
@@ -246,196 +248,193 @@ def fit_section(device: str, f, loso, written: str | None) -> str:
     return "\n".join(lines)
 
 
-def register(main: click.Group, guard) -> None:
-    @main.command()
-    @click.option("--fit", is_flag=True,
-                  help="Fit each device kind's efficiency values over its rows (printed; the "
-                       "profiles are written only with --profiles-out).")
-    @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=str(DEFAULT_CSV),
-                  show_default=True, help="Published-training CSV.")
-    @click.option("--out", type=click.Path(dir_okay=False), default=None,
-                  help="Write the Markdown report here (default: print only; the bundled report is "
-                       "reports/validation/validation.md).")
-    @click.option("--profiles-out", type=click.Path(file_okay=False), default=None,
-                  help="With --fit: write each fitted device profile (DEVICE.yaml) into this folder; "
-                       "hardware_profiles/devices updates the bundled ones.")
-    @click.option("--strict", is_flag=True,
-                  help="A row that cannot be simulated is an error (exit 2) instead of being "
-                       "listed under 'Not simulated'.")
-    @click.option("--hold-elementwise", is_flag=True,
-                  help="With --fit: keep each profile's elementwise-traffic fraction instead of "
-                       "searching the grid (six times fewer evaluations).")
-    @click.option("--layers", "layers_csv", type=click.Path(dir_okay=False), default=None,
-                  help="Instead: layer timings measured on one accelerator "
-                       "(benchmarks/bench_device_layers.py) against the cost model.")
-    @click.option("--profile", default=None,
-                  help="With --layers: the device profile to predict on (default: the one of "
-                       "the rows' device kind).")
-    @click.option("--serving", is_flag=True,
-                  help="Instead: published serving measurements (default CSV "
-                       "reports/validation/published_serving.csv) against the serving cost "
-                       "model; with --fit, fit each chip's serving parameters.")
-    @guard
-    def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None,
-                 strict: bool, hold_elementwise: bool = False, layers_csv: str | None = None,
-                 profile: str | None = None, serving: bool = False) -> None:
-        """Check the simulator against published training runs (per-row table, MAPE, zb ranking).
+@click.command()
+@click.option("--fit", is_flag=True,
+              help="Fit each device kind's efficiency values over its rows (printed; the "
+                   "profiles are written only with --profiles-out).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=str(DEFAULT_CSV),
+              show_default=True, help="Published-training CSV.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the Markdown report here (default: print only; the bundled report is "
+                   "reports/validation/validation.md).")
+@click.option("--profiles-out", type=click.Path(file_okay=False), default=None,
+              help="With --fit: write each fitted device profile (DEVICE.yaml) into this folder; "
+                   "hardware_profiles/devices updates the bundled ones.")
+@click.option("--strict", is_flag=True,
+              help="A row that cannot be simulated is an error (exit 2) instead of being "
+                   "listed under 'Not simulated'.")
+@click.option("--hold-elementwise", is_flag=True,
+              help="With --fit: keep each profile's elementwise-traffic fraction instead of "
+                   "searching the grid (six times fewer evaluations).")
+@click.option("--layers", "layers_csv", type=click.Path(dir_okay=False), default=None,
+              help="Instead: layer timings measured on one accelerator "
+                   "(benchmarks/bench_device_layers.py) against the cost model.")
+@click.option("--profile", default=None,
+              help="With --layers: the device profile to predict on (default: the one of "
+                   "the rows' device kind).")
+@click.option("--serving", is_flag=True,
+              help="Instead: published serving measurements (default CSV "
+                   "reports/validation/published_serving.csv) against the serving cost "
+                   "model; with --fit, fit each chip's serving parameters.")
+@guard
+def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None,
+             strict: bool, hold_elementwise: bool = False, layers_csv: str | None = None,
+             profile: str | None = None, serving: bool = False) -> None:
+    """Check the simulator against published training runs (per-row table, MAPE, zb ranking).
 
-        Every row is simulated on its own device's profile (the CSV's ``device`` column). A row
-        that cannot be (an unknown policy, device or metric, an impossible layout, ...) is skipped
-        and listed with its reason; exit 0 when at least one row is scored (--strict: exit 2 on
-        the first skipped row).
-        """
-        if profile and not layers_csv:
-            raise click.BadParameter("--profile needs --layers; add --layers CSV or drop it")
-        if serving:
-            if profiles_out and not fit:
-                raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
-            from mpmd.cli import validate_serving
-            from mpmd.cli.main import console
-            validate_serving.run(None if csv_path == str(DEFAULT_CSV) else csv_path, fit,
-                                 profiles_out, out, console)
-            return
-        if layers_csv:
-            from mpmd.cli import validate_layers
-            from mpmd.cli.main import console
-            validate_layers.run(layers_csv, profile, out, console)
-            return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        from rich.table import Table
-
-        from hardware_profiles.loader import DEVICES_DIR, load_device
-        from mpmd.cli.main import console
-        from ir.files import write_atomic
-        import dataclasses
-
-        from simulator import validate as V
-        from simulator.scale_fit import fit_jitter, scale_section
-
+    Every row is simulated on its own device's profile (the CSV's ``device`` column). A row
+    that cannot be (an unknown policy, device or metric, an impossible layout, ...) is skipped
+    and listed with its reason; exit 0 when at least one row is scored (--strict: exit 2 on
+    the first skipped row).
+    """
+    if profile and not layers_csv:
+        raise click.BadParameter("--profile needs --layers; add --layers CSV or drop it")
+    if serving:
         if profiles_out and not fit:
             raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
-        t0 = time.time()
-        rows, skipped = V.load_rows_lenient(csv_path)
-        total = len(rows) + len(skipped)
-        _check(skipped, strict, csv_path, total, scored=len(rows))
-        errors = row_errors()
-        devices = {d: load_device(d) for d in dict.fromkeys(r.device for r in rows)}
-        columns = (TextColumn("{task.description}"), BarColumn(),
-                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task(f"costing {len(rows)} rows", total=len(rows))
-            setups, bad = V.row_setups(rows, workload_for, step_fn=predict_step, devices=devices,
-                                       errors=errors, advance=lambda: bar.advance(task))
-            skipped += bad
-            _check(skipped, strict, csv_path, total, scored=len(setups))
-            # every row is timed once on its profile before anything is fitted, so --fit skips
-            # the rows that plain `mpmd validate` skips
-            task = bar.add_task("predicting every row", total=len(setups))
-            preds, bad = V.evaluate_rows(setups, devices, predict_step, errors=errors,
-                                         advance=lambda: bar.advance(task))
-            skipped += bad
-            _check(skipped, strict, csv_path, total, scored=len(preds))
-        setups = [p.setup for p in preds]
-        fit_info = []
-        if fit:
-            for name, base in list(devices.items()):
-                grid = {"elementwise": (base.elementwise_traffic,)} if hold_elementwise else {}
-                mine = [s for s in setups if s.row.device == name]
-                if not mine:
-                    continue
-                with console.status(f"fitting {name} over its {len(mine)} rows ..."):
+        from mpmd.cli import validate_serving
+        validate_serving.run(None if csv_path == str(DEFAULT_CSV) else csv_path, fit,
+                             profiles_out, out, console)
+        return
+    if layers_csv:
+        from mpmd.cli import validate_layers
+        validate_layers.run(layers_csv, profile, out, console)
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from hardware_profiles.loader import DEVICES_DIR, load_device
+    from ir.files import write_atomic
+    import dataclasses
+
+    from simulator import validate as V
+    from simulator.scale_fit import fit_jitter, scale_section
+
+    if profiles_out and not fit:
+        raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
+    t0 = time.time()
+    rows, skipped = V.load_rows_lenient(csv_path)
+    total = len(rows) + len(skipped)
+    _check(skipped, strict, csv_path, total, scored=len(rows))
+    errors = row_errors()
+    devices = {d: load_device(d) for d in dict.fromkeys(r.device for r in rows)}
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(f"costing {len(rows)} rows", total=len(rows))
+        setups, bad = V.row_setups(rows, workload_for, step_fn=predict_step, devices=devices,
+                                   errors=errors, advance=lambda: bar.advance(task))
+        skipped += bad
+        _check(skipped, strict, csv_path, total, scored=len(setups))
+        # every row is timed once on its profile before anything is fitted, so --fit skips
+        # the rows that plain `mpmd validate` skips
+        task = bar.add_task("predicting every row", total=len(setups))
+        preds, bad = V.evaluate_rows(setups, devices, predict_step, errors=errors,
+                                     advance=lambda: bar.advance(task))
+        skipped += bad
+        _check(skipped, strict, csv_path, total, scored=len(preds))
+    setups = tuple(p.setup for p in preds)
+    fit_info = []
+    if fit:
+        for name, base in list(devices.items()):
+            grid = (base.elementwise_traffic,) if hold_elementwise else V.ELEMENTWISE_GRID
+            mine = [s for s in setups if s.row.device == name]
+            if not mine:
+                continue
+            with console.status(f"fitting {name} over its {len(mine)} rows ..."):
+                f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,),
+                          elementwise=grid)
+            with console.status(f"{name}: fitting sync jitter on one model's sizes ..."):
+                sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
+                                                        f.elementwise), predict_step)
+            jitter_origin = None
+            if sf is not None and sf.jitter > 0:
+                base = dataclasses.replace(base, sync_jitter=sf.jitter)
+                with console.status(f"refitting {name} with sync jitter {sf.jitter:g} ..."):
                     f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,),
-                              **grid)
-                with console.status(f"{name}: fitting sync jitter on one model's sizes ..."):
-                    sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
-                                                            f.elementwise), predict_step)
-                jitter_origin = None
-                if sf is not None and sf.jitter > 0:
-                    base = dataclasses.replace(base, sync_jitter=sf.jitter)
-                    with console.status(f"refitting {name} with sync jitter {sf.jitter:g} ..."):
-                        f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,),
-                                  elementwise=(f.elementwise,))
-                        sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory,
-                                                                f.overhead_s, f.elementwise),
-                                        predict_step)
-                    base = dataclasses.replace(base, sync_jitter=sf.jitter)
-                    jitter_origin = (f"fitted by `{FIT_COMMAND}` on the {name} runs of "
-                                     f"{sf.fit_group} at several sizes (the predicted drop in "
-                                     f"throughput per device closest to the measured one); "
-                                     f"checked on the kind's other such groups in "
-                                     f"reports/validation/validation.md")
-                loso = {}
-                if len({s.row.source for s in mine}) == 1:
-                    console.print(f"{name}: one source ({mine[0].row.source}); "
-                                  f"leave-one-source-out needs two")
-                if len({s.row.source for s in mine}) > 1:
-                    with console.status(f"{name}: leave-one-source-out fits ..."):
-                        loso = V.leave_one_source_out(mine, base, predict_step,
-                                                      overheads_s=(f.overhead_s,),
-                                                      elementwise=(f.elementwise,))
-                devices[name] = V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
-                                                  f.elementwise)
-                written = None
-                if profiles_out:
-                    written = str(Path(profiles_out) / f"{name}.yaml")
-                    write_profile_efficiency(DEVICES_DIR / f"{name}.yaml", f.matmul, f.memory,
-                                             f.overhead_s * 1e6,
-                                             _origin(name, [s.row for s in mine], f),
-                                             f.elementwise, out=Path(written),
-                                             extra=extra_efficiency(base, jitter_origin))
-                section = fit_section(name, f, loso, written) + "\n\n" + scale_section(name, sf)
-                console.print(section)
-                fit_info.append(section)
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task("simulating every row", total=(2 if fit else 1) * len(setups))
-            results, bad = V.evaluate_rows(setups, devices, V.sim_step, errors=errors,
-                                           advance=lambda: bar.advance(task))
+                              elementwise=(f.elementwise,))
+                    sf = fit_jitter(mine, V.with_efficiency(base, f.matmul, f.memory,
+                                                            f.overhead_s, f.elementwise),
+                                    predict_step)
+                assert sf is not None   # the same rows: the same scale groups as the first fit
+                base = dataclasses.replace(base, sync_jitter=sf.jitter)
+                jitter_origin = (f"fitted by `{FIT_COMMAND}` on the {name} runs of "
+                                 f"{sf.fit_group} at several sizes (the predicted drop in "
+                                 f"throughput per device closest to the measured one); "
+                                 f"checked on the kind's other such groups in "
+                                 f"reports/validation/validation.md")
+            loso = {}
+            if len({s.row.source for s in mine}) == 1:
+                console.print(f"{name}: one source ({mine[0].row.source}); "
+                              f"leave-one-source-out needs two")
+            if len({s.row.source for s in mine}) > 1:
+                with console.status(f"{name}: leave-one-source-out fits ..."):
+                    loso = V.leave_one_source_out(mine, base, predict_step,
+                                                  overheads_s=(f.overhead_s,),
+                                                  elementwise=(f.elementwise,))
+            devices[name] = V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
+                                              f.elementwise)
+            written = None
+            if profiles_out:
+                written = str(Path(profiles_out) / f"{name}.yaml")
+                write_profile_efficiency(DEVICES_DIR / f"{name}.yaml", f.matmul, f.memory,
+                                         f.overhead_s * 1e6,
+                                         _origin(name, [s.row for s in mine], f),
+                                         f.elementwise, out=Path(written),
+                                         extra=extra_efficiency(base, jitter_origin))
+            section = fit_section(name, f, loso, written) + "\n\n" + scale_section(name, sf)
+            console.print(section)
+            fit_info.append(section)
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("simulating every row", total=(2 if fit else 1) * len(setups))
+        results, bad = V.evaluate_rows(setups, devices, V.sim_step, errors=errors,
+                                       advance=lambda: bar.advance(task))
+        skipped += bad
+        if fit:
+            preds, bad = V.evaluate_rows([r.setup for r in results], devices, predict_step,
+                                         errors=errors, advance=lambda: bar.advance(task))
             skipped += bad
-            if fit:
-                preds, bad = V.evaluate_rows([r.setup for r in results], devices, predict_step,
-                                             errors=errors, advance=lambda: bar.advance(task))
-                skipped += bad
-        both = {p.row.line for p in preds}
-        results = tuple(r for r in results if r.row.line in both)
-        skipped = sorted(skipped, key=lambda k: k.line)
-        _check(skipped, strict, csv_path, total, scored=len(results))
-        pred = {p.row.line: p for p in preds}
-        agree = max(abs(r.step_s / pred[r.row.line].step_s - 1) for r in results)
-        rankings = V.zb_rankings(results)
-        kinds = ", ".join(f"{d.name} (matmul eff {d.matmul_efficiency:.3f})"
-                          for d in devices.values())
-        t = Table(title=f"validation: {len(results)} published runs on {kinds}",
-                  title_justify="left")
-        for c in ("source", "model", "device", "gpus", "tp/pp/dp", "mb x M", "schedule", "assumed",
-                  "predicted", "measured", "err %"):
-            t.add_column(c, justify="right" if c in ("gpus", "predicted", "measured", "err %") else "left")
-        for r in results:
-            s = r.setup
-            t.add_row(r.row.source, r.row.model, r.row.device, str(r.row.gpus),
-                      f"{r.row.tp}/{r.row.pp}/{r.row.dp}", f"{s.micro_batch}x{s.microbatches}",
-                      s.schedule, "; ".join(s.assumptions) or "-", _fmt(r.predicted),
-                      _fmt(r.row.value), f"{r.ape:.1f}")
-        console.print(t)
-        console.print(f"{scored_line(len(results), total)}   mean abs % error {V.mape(results):.1f}%"
-                      f"   max {max(r.ape for r in results):.1f}%"
-                      f"   predict vs simulate: max {agree * 100:.2f}% apart")
-        for dev in devices:
-            sub = [r for r in results if r.row.device == dev]
-            if sub:
-                console.print(f"  {dev}: mean abs % error {V.mape(sub):.1f}%   max "
-                              f"{max(r.ape for r in sub):.1f}%   ({len(sub)} rows)")
-        for g, m, p, ok in rankings:
-            console.print(f"zb ranking {g}: {'agrees' if ok else 'DISAGREES'}")
-        if skipped:
-            console.print(f"not simulated ({len(skipped)} rows):", highlight=False)
-            for k in skipped:
-                console.print(f"  line {k.line} {k.source or '-'}/{k.model or '-'}: {k.reason}",
-                              highlight=False, markup=False, soft_wrap=True)
-        if out:
-            md = render(results, rankings, agree, "\n\n".join(fit_info), csv_path,
-                        time.time() - t0, skipped=skipped, total=total)
-            write_atomic(Path(out), md)
-            console.print(f"wrote {out}")
+    both = {p.row.line for p in preds}
+    results = tuple(r for r in results if r.row.line in both)
+    skipped = tuple(sorted(skipped, key=lambda k: k.line))
+    _check(skipped, strict, csv_path, total, scored=len(results))
+    pred = {p.row.line: p for p in preds}
+    agree = max(abs(r.step_s / pred[r.row.line].step_s - 1) for r in results)
+    rankings = V.zb_rankings(results)
+    kinds = ", ".join(f"{d.name} (matmul eff {d.matmul_efficiency:.3f})"
+                      for d in devices.values())
+    t = Table(title=f"validation: {len(results)} published runs on {kinds}",
+              title_justify="left")
+    for c in ("source", "model", "device", "gpus", "tp/pp/dp", "mb x M", "schedule", "assumed",
+              "predicted", "measured", "err %"):
+        t.add_column(c, justify="right" if c in ("gpus", "predicted", "measured", "err %") else "left")
+    for r in results:
+        s = r.setup
+        t.add_row(r.row.source, r.row.model, r.row.device, str(r.row.gpus),
+                  f"{r.row.tp}/{r.row.pp}/{r.row.dp}", f"{s.micro_batch}x{s.microbatches}",
+                  s.schedule, "; ".join(s.assumptions) or "-", _fmt(r.predicted),
+                  _fmt(r.row.value), f"{r.ape:.1f}")
+    console.print(t)
+    console.print(f"{scored_line(len(results), total)}   mean abs % error {V.mape(results):.1f}%"
+                  f"   max {max(r.ape for r in results):.1f}%"
+                  f"   predict vs simulate: max {agree * 100:.2f}% apart")
+    for dev in devices:
+        sub = [r for r in results if r.row.device == dev]
+        if sub:
+            console.print(f"  {dev}: mean abs % error {V.mape(sub):.1f}%   max "
+                          f"{max(r.ape for r in sub):.1f}%   ({len(sub)} rows)")
+    for g, m, p, ok in rankings:
+        console.print(f"zb ranking {g}: {'agrees' if ok else 'DISAGREES'}")
+    if skipped:
+        console.print(f"not simulated ({len(skipped)} rows):", highlight=False)
+        for k in skipped:
+            console.print(f"  line {k.line} {k.source or '-'}/{k.model or '-'}: {k.reason}",
+                          highlight=False, markup=False, soft_wrap=True)
+    if out:
+        md = render(results, rankings, agree, "\n\n".join(fit_info), csv_path,
+                    time.time() - t0, skipped=skipped, total=total)
+        write_atomic(Path(out), md)
+        console.print(f"wrote {out}")
 
 
 def row_errors() -> tuple[type[BaseException], ...]:
@@ -468,11 +467,3 @@ def _check(skipped, strict: bool, csv_path: str, total: int, scored: int) -> Non
         first = min(skipped, key=lambda k: k.line) if skipped else None
         why = f"; the first: {first.message}" if first else ""
         raise ValidationError(f"{csv_path}: none of its {total} rows can be simulated{why}")
-
-
-if __name__ == "__main__":
-    from mpmd.cli.main import _guard, main
-
-    if "validate" not in main.commands:
-        register(main, _guard)
-    main()

@@ -6,128 +6,127 @@ import time
 
 import click
 
+from mpmd.cli.common import console, guard
 from mpmd.cli.params import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TIME_LIMIT_S, FiniteFloat, int_range
 
 
-def register(main: click.Group, guard) -> None:
-    @main.command()
-    @click.option("--model", default=None, help="Zoo model name, e.g. llama3-70b (an --example sets it).")
-    @click.option("--options", "options", multiple=True, type=click.Path(dir_okay=False),
-                  help="Cluster YAMLs or bundled cluster names to compare: several after one "
-                       "--options (--options a.yaml b.yaml), or --options repeated.")
-    @click.argument("more_options", nargs=-1, type=click.Path(dir_okay=False), metavar="[MORE...]")
-    @click.option("--sweep", "sweep_path", default=None, type=click.Path(dir_okay=False),
-                  help="Budget sweep spec YAML (see reports/sweep.py).")
-    @click.option("--example", default=None,
-                  help="Bundled example (reports/examples/NAME.yaml), e.g. llama70b-1t.")
-    @click.option("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), default=None,
-                  help="Samples per step.")
-    @click.option("--seq-len", type=int_range(1, MAX_SEQ_LEN), default=None, help="Tokens per sample.")
-    @click.option("--tokens", type=FiniteFloat(min=0, min_open=True, max=1e18), default=None,
-                  help="Training token budget, e.g. 1e12.")
-    @click.option("--videos-per-hour", type=FiniteFloat(min=0, min_open=True, max=1e9), default=None,
-                  help="Inference demand (Mochi): videos per hour.")
-    @click.option("--deadline-days", type=FiniteFloat(min=0, min_open=True, max=1e5), default=None,
-                  help="Training deadline the recommendation checks, days.")
-    @click.option("--price", "prices", multiple=True,
-                  help="DEVICE=LOW:HIGH USD per device-hour override (repeatable).")
-    @click.option("--time-limit", type=FiniteFloat(min=0.1, max=MAX_TIME_LIMIT_S), default=None,
-                  help="Planner wall-clock budget per option, s (default 10, or the example's).")
-    @click.option("--screenshot/--no-screenshot", default=True, show_default=True,
-                  help="Also write OUT.png, the report's first screen (needs chromium; skipped without).")
-    @click.option("--out", default=None, help="Output stem: writes OUT.html, OUT.csv, OUT.md "
-                  "(default whatif/<example or model> in the working directory).")
-    @guard
-    def whatif(model, options, more_options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
-               deadline_days, prices, time_limit, screenshot, out) -> None:
-        """Plan every hardware option, replay it, and write a what-if purchasing report."""
-        if model:   # a mistyped name is refused before the planner and JAX load (did you mean ...)
-            from zoo.model_files import resolve_model
-            resolve_model(model)
-        from rich.markup import escape
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        from mpmd.cli.main import console
-        from reports import ReportError, load_example
-        from reports import whatif as run_whatif
-        from reports.render import summary_table, write_report
-
-        if more_options and not options:
-            raise ReportError(f"unexpected argument {more_options[0]!r}; list the clusters to compare "
-                              f"after --options, e.g. --options {' '.join(more_options)}")
-        options = tuple(options) + tuple(more_options)
-        spec: dict = {}
-        base = None
-        if example:
-            spec, base = load_example(example)
-            if spec.get("serving"):
-                _serving(spec, base, model, options, out, screenshot, console)
-                return
-        if sum(bool(x) for x in (options, sweep_path)) > 1:
-            raise ReportError("give --options or --sweep, not both")
-        model = model or spec.get("model")
-        if not model:
-            raise ReportError("--model is required (or --example NAME)")
-        opts = list(options) if options else list(spec.get("options", []))
-        sweep = sweep_path or (spec.get("sweep") if not options else None)
-        if not opts and not sweep:
-            raise ReportError("nothing to compare; pass --options A.yaml B.yaml, --sweep SPEC.yaml "
-                              "or --example NAME")
-        pick = lambda flag, key: flag if flag is not None else spec.get(key)
-        price_map = dict(spec.get("prices") or {})
-        if prices:
-            from reports.pricing import parse_prices
-            price_map.update(parse_prices(prices))
+@click.command()
+@click.option("--model", default=None, help="Zoo model name, e.g. llama3-70b (an --example sets it).")
+@click.option("--options", "options", multiple=True, type=click.Path(dir_okay=False),
+              help="Cluster YAMLs or bundled cluster names to compare: several after one "
+                   "--options (--options a.yaml b.yaml), or --options repeated.")
+@click.argument("more_options", nargs=-1, type=click.Path(dir_okay=False), metavar="[MORE...]")
+@click.option("--sweep", "sweep_path", default=None, type=click.Path(dir_okay=False),
+              help="Budget sweep spec YAML (see reports/sweep.py).")
+@click.option("--example", default=None,
+              help="Bundled example (reports/examples/NAME.yaml), e.g. llama70b-1t.")
+@click.option("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), default=None,
+              help="Samples per step.")
+@click.option("--seq-len", type=int_range(1, MAX_SEQ_LEN), default=None, help="Tokens per sample.")
+@click.option("--tokens", type=FiniteFloat(min=0, min_open=True, max=1e18), default=None,
+              help="Training token budget, e.g. 1e12.")
+@click.option("--videos-per-hour", type=FiniteFloat(min=0, min_open=True, max=1e9), default=None,
+              help="Inference demand (Mochi): videos per hour.")
+@click.option("--deadline-days", type=FiniteFloat(min=0, min_open=True, max=1e5), default=None,
+              help="Training deadline the recommendation checks, days.")
+@click.option("--price", "prices", multiple=True,
+              help="DEVICE=LOW:HIGH USD per device-hour override (repeatable).")
+@click.option("--time-limit", type=FiniteFloat(min=0.1, max=MAX_TIME_LIMIT_S), default=None,
+              help="Planner wall-clock budget per option, s (default 10, or the example's).")
+@click.option("--screenshot/--no-screenshot", default=True, show_default=True,
+              help="Also write OUT.png, the report's first screen (needs chromium; skipped without).")
+@click.option("--out", default=None, help="Output stem: writes OUT.html, OUT.csv, OUT.md "
+              "(default whatif/<example or model> in the working directory).")
+@guard
+def whatif(model, options, more_options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
+           deadline_days, prices, time_limit, screenshot, out) -> None:
+    """Plan every hardware option, replay it, and write a what-if purchasing report."""
+    if model:   # a mistyped name is refused before the planner and JAX load (did you mean ...)
         from zoo.model_files import resolve_model
-        name = spec.get("name") or resolve_model(model).name
-        out = out or f"whatif/{name}"
-        # every input is read and checked before the progress bar starts, so a bad one is one line
-        from reports.pricing import parse_prices as check_prices
-        from reports.spec import read_yaml, to_option
-        from reports.sweep import parse_spec
+        resolve_model(model)
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        check_prices(price_map)
-        opts = [to_option(o, base) for o in opts]
-        if sweep is not None:
-            sweep = parse_spec(read_yaml(sweep, "sweep") if isinstance(sweep, str) else sweep)
-        t0 = time.monotonic()
-        with Progress(TextColumn("[bold]planning[/] {task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                      console=console, transient=False) as bar:
-            task = bar.add_task("", total=None)
+    from reports import ReportError, load_example
+    from reports import whatif as run_whatif
+    from reports.render import summary_table, write_report
 
-            def progress(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total, description=escape(label))
+    if more_options and not options:
+        raise ReportError(f"unexpected argument {more_options[0]!r}; list the clusters to compare "
+                          f"after --options, e.g. --options {' '.join(more_options)}")
+    options = tuple(options) + tuple(more_options)
+    spec: dict = {}
+    base = None
+    if example:
+        spec, base = load_example(example)
+        if spec.get("serving"):
+            _serving(spec, base, model, options, out, screenshot, console)
+            return
+    if sum(bool(x) for x in (options, sweep_path)) > 1:
+        raise ReportError("give --options or --sweep, not both")
+    model = model or spec.get("model")
+    if not model:
+        raise ReportError("--model is required (or --example NAME)")
+    opts = list(options) if options else list(spec.get("options", []))
+    sweep = sweep_path or (spec.get("sweep") if not options else None)
+    if not opts and not sweep:
+        raise ReportError("nothing to compare; pass --options A.yaml B.yaml, --sweep SPEC.yaml "
+                          "or --example NAME")
+    pick = lambda flag, key: flag if flag is not None else spec.get(key)
+    price_map = dict(spec.get("prices") or {})
+    if prices:
+        from reports.pricing import parse_prices
+        price_map.update(parse_prices(prices))
+    from zoo.model_files import resolve_model
+    name = spec.get("name") or resolve_model(model).name
+    out = out or f"whatif/{name}"
+    # every input is read and checked before the progress bar starts, so a bad one is one line
+    from reports.pricing import parse_prices as check_prices
+    from reports.spec import read_yaml, to_option
+    from reports.sweep import parse_spec
 
-            df = run_whatif(model, opts, sweep=sweep, global_batch=pick(global_batch, "global_batch"),
-                            seq_len=pick(seq_len, "seq_len"), tokens=pick(tokens, "tokens"),
-                            videos_per_hour=pick(videos_per_hour, "videos_per_hour"),
-                            deadline_days=pick(deadline_days, "deadline_days"), prices=price_map,
-                            time_limit_s=pick(time_limit, "time_limit_s"),
-                            title=spec.get("title"), progress=progress, base_dir=base)
-        paths = write_report(df, out)
-        if screenshot:
-            from reports.browser import find_chromium
-            from reports.browser import screenshot as shoot
+    check_prices(price_map)
+    opts = [to_option(o, base) for o in opts]
+    if sweep is not None:
+        sweep = parse_spec(read_yaml(sweep, "sweep") if isinstance(sweep, str) else sweep)
+    t0 = time.monotonic()
+    with Progress(TextColumn("[bold]planning[/] {task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        task = bar.add_task("", total=None)
 
-            if find_chromium():
-                paths["png"] = shoot(paths["html"], paths["html"].with_suffix(".png"))
-            else:
-                console.print("no chromium: skipped the screenshot (apt-get install -y chromium)")
-        from rich.table import Table
+        def progress(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=escape(label))
 
-        t = summary_table(df)
-        keep = [c for c in t.columns if c not in ("Plan", "Devices")]
-        table = Table(title=escape(str(df.attrs["title"])), title_justify="left")
-        for c in keep:
-            table.add_column(c, overflow="fold")
-        for _, r in t.iterrows():
-            table.add_row(*(escape(str(r[c])) for c in keep))   # labels and titles are user text
-        console.print(table)
-        console.print(f"[bold]Recommendation.[/] {escape(str(df.attrs['recommendation']))}",
-                      highlight=False)
-        console.print(f"wrote {escape(', '.join(str(p) for p in paths.values()))} "
-                      f"in {time.monotonic() - t0:.0f} s", highlight=False)
+        df = run_whatif(model, opts, sweep=sweep, global_batch=pick(global_batch, "global_batch"),
+                        seq_len=pick(seq_len, "seq_len"), tokens=pick(tokens, "tokens"),
+                        videos_per_hour=pick(videos_per_hour, "videos_per_hour"),
+                        deadline_days=pick(deadline_days, "deadline_days"), prices=price_map,
+                        time_limit_s=pick(time_limit, "time_limit_s"),
+                        title=spec.get("title"), progress=progress, base_dir=base)
+    paths = write_report(df, out)
+    if screenshot:
+        from reports.browser import find_chromium
+        from reports.browser import screenshot as shoot
+
+        if find_chromium():
+            paths["png"] = shoot(paths["html"], paths["html"].with_suffix(".png"))
+        else:
+            console.print("no chromium: skipped the screenshot (apt-get install -y chromium)")
+    from rich.table import Table
+
+    t = summary_table(df)
+    keep = [c for c in t.columns if c not in ("Plan", "Devices")]
+    table = Table(title=escape(str(df.attrs["title"])), title_justify="left")
+    for c in keep:
+        table.add_column(c, overflow="fold")
+    for _, r in t.iterrows():
+        table.add_row(*(escape(str(r[c])) for c in keep))   # labels and titles are user text
+    console.print(table)
+    console.print(f"[bold]Recommendation.[/] {escape(str(df.attrs['recommendation']))}",
+                  highlight=False)
+    console.print(f"wrote {escape(', '.join(str(p) for p in paths.values()))} "
+                  f"in {time.monotonic() - t0:.0f} s", highlight=False)
 
 
 def _serving(spec: dict, base, model, options, out, screenshot: bool, console) -> None:

@@ -45,6 +45,7 @@ from collections import deque
 from typing import Callable, Sequence, Union
 
 from ir import FragmentRef, ScheduleTable
+from ir.schedule import FragmentKind
 
 from .base import B, F, ScheduleError, W, check_sizes, make_table, no_forward_only
 from .check import replay
@@ -52,7 +53,8 @@ from .zero_bubble import zb_h1, zb_h2
 from .kind import ScheduleKind
 
 StageDuration = Callable[[int, str], float]
-"""``durations(stage, kind) -> seconds`` with kind in ``"F"``, ``"B"``, ``"W"``."""
+"""``durations(stage, kind) -> seconds`` with kind a :class:`~ir.schedule.FragmentKind`
+(``"F"``, ``"B"`` or ``"W"``)."""
 StageComm = Union[float, Callable[[int, int], float]]
 """Seconds from a producer's end to the consumer's earliest start across ranks: a constant or
 ``comm(src_stage, dst_stage) -> seconds``."""
@@ -81,21 +83,22 @@ def list_schedule(P: int, M: int, dur: StageDuration, comm: Callable[[int, int],
     ``limit`` is the most activations a rank may hold (one int for every rank, or one per rank);
     ``warmup`` caps the forwards a rank runs before its first B (None: its limit).
     """
-    d = {(s, k): dur(s, k) for s in range(P) for k in "FBW"}
+    d = {(s, k): dur(s, k) for s in range(P) for k in FragmentKind}
     for key, v in d.items():
         if not v >= 0:
             raise ScheduleError(f"duration of {key[1]} on stage {key[0]} is {v!r}; durations must "
                                 f"be >= 0 seconds")
     cm = {(a, b): comm(a, b) for a in range(P) for b in range(P) if abs(a - b) == 1}
-    for key, v in cm.items():
+    for pair, v in cm.items():
         if not v >= 0:
-            raise ScheduleError(f"comm from stage {key[0]} to {key[1]} is {v!r}; use >= 0 seconds")
+            raise ScheduleError(f"comm from stage {pair[0]} to {pair[1]} is {v!r}; use >= 0 "
+                                f"seconds")
     lim = [limit] * P if isinstance(limit, int) else [int(x) for x in limit]
     if len(lim) != P or min(lim) < 1:
         raise ScheduleError(f"limit={limit!r}: give one int >= 1, or one per rank ({P})")
     warm = [x if warmup is None else max(1, min(warmup, x)) for x in lim]
-    end_f = [[None] * M for _ in range(P)]          # end time of F(r, m) once placed
-    end_b = [[None] * M for _ in range(P)]
+    end_f: list[list[float | None]] = [[None] * M for _ in range(P)]  # end of F(r, m) once placed
+    end_b: list[list[float | None]] = [[None] * M for _ in range(P)]
     nf, nb, nw = [0] * P, [0] * P, [0] * P
     free = [0.0] * P
     order: list[list[FragmentRef]] = [[] for _ in range(P)]
@@ -116,28 +119,30 @@ def list_schedule(P: int, M: int, dur: StageDuration, comm: Callable[[int, int],
         if r == P - 1:
             return end_f[r][k]
         e = end_b[r + 1][k]
-        return None if e is None else max(e + cm[(r + 1, r)], end_f[r][k])
+        if e is None:
+            return None
+        f = end_f[r][k]
+        assert f is not None                        # k < nf[r]: F(r, k) is placed
+        return max(e + cm[(r + 1, r)], f)
 
-    def place(r: int, t: float, kind: str) -> None:
+    def place(r: int, t: float, kind: FragmentKind) -> None:
         nonlocal remaining
-        if kind == "F":
+        if kind == FragmentKind.F:
             m = nf[r]
-            end_f[r][m] = t + d[(r, "F")]
+            end_f[r][m] = free[r] = t + d[(r, FragmentKind.F)]
             nf[r] += 1
-            free[r] = end_f[r][m]
             order[r].append(F(r, m))
             wake = (r + 1,) if r + 1 < P else ()
-        elif kind == "B":
+        elif kind == FragmentKind.B:
             m = nb[r]
-            end_b[r][m] = t + d[(r, "B")]
+            end_b[r][m] = free[r] = t + d[(r, FragmentKind.B)]
             nb[r] += 1
-            free[r] = end_b[r][m]
             order[r].append(B(r, m))
             wake = (r - 1,) if r > 0 else ()
         else:
             order[r].append(W(r, nw[r]))
             nw[r] += 1
-            free[r] = t + d[(r, "W")]
+            free[r] = t + d[(r, FragmentKind.W)]
             wake = ()
         remaining -= 1
         heapq.heappush(heap, (free[r], r))
@@ -154,30 +159,32 @@ def list_schedule(P: int, M: int, dur: StageDuration, comm: Callable[[int, int],
             continue
         ab = arrival_b(r)
         if ab is not None and ab <= t:
-            place(r, t, "B")
+            place(r, t, FragmentKind.B)
             continue
         held = nf[r] - nw[r]
         f_ok = nf[r] < M and held < lim[r] and (nb[r] > 0 or nf[r] < warm[r])
         af = arrival_f(r) if f_ok else None
         if af is not None and af <= t:
-            place(r, t, "F")
+            place(r, t, FragmentKind.F)
             continue
         pending_w = nw[r] < nb[r]
         if pending_w and (fill == "greedy" or (nf[r] < M and held >= lim[r])):
-            place(r, t, "W")   # greedy fill, or memory blocks the next F
+            place(r, t, FragmentKind.W)   # greedy fill, or memory blocks the next F
             continue
         if pending_w:          # fill == "fit": a W only if it ends before the next input
             can_b = nb[r] < nf[r]
             if not can_b and not f_ok:
-                place(r, t, "W")   # nothing but W's can come next
+                place(r, t, FragmentKind.W)   # nothing but W's can come next
                 continue
             bounds = []
             if can_b:
-                bounds.append(ab if ab is not None else t + d[(r + 1, "B")] + cm[(r + 1, r)])
+                bounds.append(ab if ab is not None
+                              else t + d[(r + 1, FragmentKind.B)] + cm[(r + 1, r)])
             if f_ok:
-                bounds.append(af if af is not None else t + d[(r - 1, "F")] + cm[(r - 1, r)])
-            if t + d[(r, "W")] <= min(bounds):
-                place(r, t, "W")
+                bounds.append(af if af is not None
+                              else t + d[(r - 1, FragmentKind.F)] + cm[(r - 1, r)])
+            if t + d[(r, FragmentKind.W)] <= min(bounds):
+                place(r, t, FragmentKind.W)
                 continue
         nxt = min((a for a in (ab, af) if a is not None), default=None)
         if nxt is not None:

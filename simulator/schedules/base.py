@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ir import FragmentRef, ScheduleTable
+from ir.schedule import FragmentKind
 
 
 class ScheduleError(ValueError):
@@ -53,12 +54,12 @@ def make_table(name: str, num_ranks: int, microbatches: int, stage_rank: Sequenc
 
 
 def F(stage: int, mb: int) -> FragmentRef:
-    return FragmentRef("F", stage, mb)
+    return FragmentRef(FragmentKind.F, stage, mb)
 
 
 def B(stage: int, mb: int) -> FragmentRef:
-    return FragmentRef("B", stage, mb)
+    return FragmentRef(FragmentKind.B, stage, mb)
 
 
 def W(stage: int, mb: int) -> FragmentRef:
-    return FragmentRef("W", stage, mb)
+    return FragmentRef(FragmentKind.W, stage, mb)

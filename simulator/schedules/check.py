@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 from ir import FragmentRef, ScheduleTable
+from ir.schedule import FragmentKind
 
 from .base import ScheduleError
 
@@ -69,13 +70,13 @@ class Replay:
 def dependencies(table: ScheduleTable, ref: FragmentRef) -> tuple[FragmentRef, ...]:
     """The fragments whose outputs ``ref`` consumes (see module docstring)."""
     k, s, m = ref.kind, ref.stage, ref.microbatch
-    if k == "F":
-        return (FragmentRef("F", s - 1, m),) if s > 0 else ()
-    if k == "B":
+    if k == FragmentKind.F:
+        return (FragmentRef(FragmentKind.F, s - 1, m),) if s > 0 else ()
+    if k == FragmentKind.B:
         if s == table.num_stages - 1:
-            return (FragmentRef("F", s, m),)
-        return (FragmentRef("B", s + 1, m), FragmentRef("F", s, m))
-    return (FragmentRef("B", s, m),)
+            return (FragmentRef(FragmentKind.F, s, m),)
+        return (FragmentRef(FragmentKind.B, s + 1, m), FragmentRef(FragmentKind.F, s, m))
+    return (FragmentRef(FragmentKind.B, s, m),)
 
 
 def _check_complete(table: ScheduleTable) -> None:
@@ -89,8 +90,10 @@ def _check_complete(table: ScheduleTable) -> None:
     if table.forward_only and table.split_backward:
         raise ScheduleError(f"schedule {name!r}: forward_only and split_backward are exclusive; "
                             f"set split_backward=False")
-    kinds = ("F",) if table.forward_only else (("F", "B", "W") if table.split_backward
-                                               else ("F", "B"))
+    kinds: tuple[FragmentKind, ...] = (
+        (FragmentKind.F,) if table.forward_only
+        else (FragmentKind.F, FragmentKind.B, FragmentKind.W) if table.split_backward
+        else (FragmentKind.F, FragmentKind.B))
     seen: set[tuple[str, int, int]] = set()
     for r, frags in enumerate(table.order):
         for f in frags:
@@ -136,6 +139,7 @@ def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm],
     blocked_on: dict[int, tuple[str, int, int]] = {}
     stack = list(range(P - 1, -1, -1))
     get = end.get
+    F, B = FragmentKind.F, FragmentKind.B   # as locals: the loop below is the replay's hot path
     while stack:
         r = stack.pop()
         frags = order[r]
@@ -144,12 +148,13 @@ def _execute(table: ScheduleTable, duration: Duration, comm: Optional[Comm],
         while i < n:
             ref = frags[i]
             k, s, m = ref.kind, ref.stage, ref.microbatch
-            if k == "F":
-                deps = (("F", s - 1, m),) if s > 0 else ()
-            elif k == "B":
-                deps = (("F", s, m),) if s == last else (("B", s + 1, m), ("F", s, m))
+            deps: tuple[tuple[str, int, int], ...]
+            if k == F:
+                deps = ((F, s - 1, m),) if s > 0 else ()
+            elif k == B:
+                deps = ((F, s, m),) if s == last else ((B, s + 1, m), (F, s, m))
             else:
-                deps = (("B", s, m),)
+                deps = ((B, s, m),)
             ready = t
             missing = None
             for d in deps:
@@ -201,7 +206,7 @@ def validate(table: ScheduleTable) -> None:
 
 
 def _peaks(table: ScheduleTable, weight: Optional[Callable[[int, FragmentRef], float]]):
-    release = "W" if table.split_backward else "B"
+    release = FragmentKind.W if table.split_backward else FragmentKind.B
     counts, weights = [], []
     for r, frags in enumerate(table.order):
         if table.forward_only:
@@ -213,7 +218,7 @@ def _peaks(table: ScheduleTable, weight: Optional[Callable[[int, FragmentRef], f
         w = pw = 0.0
         held: dict[tuple[int, int], float] = {}
         for f in frags:
-            if f.kind == "F":
+            if f.kind == FragmentKind.F:
                 n += 1
                 x = weight(r, f) if weight else 1.0
                 held[(f.stage, f.microbatch)] = x

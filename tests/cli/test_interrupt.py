@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ir import plan_from_json, plan_to_json
+from ir import SearchReport, plan_from_json, plan_to_json
 from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
 from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
 
@@ -91,7 +91,7 @@ def test_first_ctrl_c_writes_best_plan_marked_interrupted(tmp_path):
     assert sv["interrupted"] is True
     assert 1 <= sv["candidates"] <= sv["candidates_total"]
     assert (sv["search_bound"] is None) == (sv["candidates"] < sv["candidates_total"])
-    assert search_gap_text(sv) in line
+    assert search_gap_text(SearchReport.from_json(sv)) in line
     assert os.listdir(tmp_path) == ["plan.json"]
 
 
@@ -217,6 +217,8 @@ def test_ctrl_c_before_any_feasible_plan_writes_nothing(tmp_path, monkeypatch):
                                     str(ROOT / "hardware_profiles" / "clusters" / "h100x64.yaml"),
                                     "--global-batch", "32", "--seq-len", "2048", "--out", str(out)])
     assert res.exit_code == 2, res.output
-    assert [ln for ln in res.output.splitlines() if ln.strip()] == [
-        "interrupted after 0 s before any feasible plan; nothing written"]
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    # the seconds are the machine's (tracing the model first): any whole number
+    assert len(lines) == 1 and re.fullmatch(
+        r"interrupted after \d+ s before any feasible plan; nothing written", lines[0]), lines
     assert os.listdir(tmp_path) == []

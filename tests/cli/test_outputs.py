@@ -65,12 +65,13 @@ def test_python_dash_m_mpmd_is_the_cli():
 
 
 def test_a_node_group_search_says_why_it_stopped_and_whose_solve_is_optimal():
+    from ir import SearchReport
     from mpmd.cli.output import STOPPED, _solver_rows
     base = {"status": "OPTIMAL", "objective": 1.9, "bound": 1.9, "gap": 0.0, "search_wall_s": 27.0,
             "search_bound": 1.5, "search_gap": 0.21, "options": [{}, {}], "candidates_total": 9,
             "candidates_searched": 4}
     for why in ("work budget", "time limit", "complete", "interrupted"):
-        rows = dict(_solver_rows({**base, "stopped": why}))
+        rows = dict(_solver_rows(SearchReport.from_json({**base, "stopped": why})))
         rest = "pruned by their bounds" if why == "complete" else "unsearched"
         assert rows["search"] == (f"4 of 9 candidates searched, the rest {rest}; "
                                   "2 configurations in 27.0 s" + STOPPED[why])

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from zoo.costing import workload
-from ir import DataParallelPlan, IRError, Layout, Plan, StagePlan, any_plan_to_json
+from ir import (DataParallelPlan, IRError, Layout, Plan, Prediction, SearchReport, StagePlan,
+                any_plan_to_json)
 from ir.plan_file import load_plan
 from hardware_profiles import load_cluster
 from mpmd.cli.main import main
@@ -112,9 +113,9 @@ def files(tmp_path_factory):
     w = workload("llama-tiny", 64)
     lc = plan_cluster(dp, load_cluster(c))
     step = simulate_data_parallel(dp, w, lc).step_time_s
-    dp = replace(dp, predicted={"step_time_s": step}, solver={"status": "OPTIMAL"})
+    dp = replace(dp, predicted=Prediction(step), search=SearchReport("OPTIMAL"))
     one_step = simulate_any(h100, replace(w, global_batch=48), lc).step_time_s
-    h100 = replace(h100, predicted={"step_time_s": one_step})
+    h100 = replace(h100, predicted=Prediction(one_step))
     paths = {"cluster": c, "dp": d / "dp.json", "carved": d / "carved.json"}
     paths["dp"].write_text(json.dumps(any_plan_to_json(dp)))
     paths["carved"].write_text(json.dumps(any_plan_to_json(h100)))
@@ -398,9 +399,8 @@ def test_plan_command_writes_a_data_parallel_plan(files, tmp_path, monkeypatch):
     import planner
 
     pred = _prediction(0.7, ["h100.0", "h100.1", "a100.0", "a100.1"])
-    dp = replace(files.dp_plan, predicted={"step_time_s": 0.7}, solver={"status": "OPTIMAL", "candidates": 3,
-                                                                    "candidates_total": 3,
-                                                                    "search_wall_s": 1.0})
+    dp = replace(files.dp_plan, predicted=Prediction(0.7),
+                 search=SearchReport("OPTIMAL", candidates=3, candidates_total=3, search_wall_s=1.0))
     monkeypatch.setattr(planner, "plan", lambda *a, **k: SimpleNamespace(plan=dp, prediction=pred,
                                                                           interrupted=False))
     out = tmp_path / "plan.json"

@@ -47,11 +47,12 @@ def test_plan_fits_memory_with_headroom(fast_slow_cluster):
 
 
 def test_solver_report_is_complete(fast_slow_cluster):
-    s = plan(workload(), fast_slow_cluster, OPTS).plan.solver
-    assert s["status"] in ("OPTIMAL", "FEASIBLE")
-    assert s["bound"] <= s["objective"] + 1e-9
-    assert 0.0 <= s["gap"] <= 1.0
-    assert s["wall_s"] >= 0.0
+    s = plan(workload(), fast_slow_cluster, OPTS).plan.search
+    assert s.status in ("OPTIMAL", "FEASIBLE")
+    assert s.bound_s is not None and s.objective_s is not None and s.gap is not None
+    assert s.bound_s <= s.objective_s + 1e-9
+    assert 0.0 <= s.gap <= 1.0
+    assert s.wall_s is not None and s.wall_s >= 0.0
 
 
 def test_free_plan_never_loses_to_even_split(fast_slow_cluster):

@@ -38,11 +38,12 @@ def _json_roundtrip(p):
 
 def test_uninterrupted_search_reports_its_bound(fast_slow_cluster):
     r = plan(workload(), fast_slow_cluster, OPTS)
-    s = r.plan.solver
-    assert not r.interrupted and s["interrupted"] is False
-    assert r.unsearched == 0 and s["candidates"] == s["candidates_total"] == len(r.candidates)
-    assert r.search_bound_s == s["search_bound"] <= s["objective"] + 1e-9
-    assert 0.0 <= r.search_gap == s["search_gap"] <= 1.0
+    s = r.plan.search
+    assert not r.interrupted and s.interrupted is False
+    assert r.unsearched == 0 and s.candidates == s.candidates_total == len(r.candidates)
+    assert s.objective_s is not None and r.search_bound_s is not None
+    assert r.search_bound_s == s.search_bound_s <= s.objective_s + 1e-9
+    assert r.search_gap is not None and 0.0 <= r.search_gap == s.search_gap <= 1.0
     assert _json_roundtrip(r.plan)["solver"]["interrupted"] is False
 
 
@@ -66,7 +67,7 @@ def test_stop_from_progress_after_first_candidate(fast_slow_cluster):
 
     r = plan(w, fast_slow_cluster, OPTS, progress, stop=stop)
     total = len(full.candidates)
-    assert r.interrupted and r.plan.solver["interrupted"] is True
+    assert r.interrupted and r.plan.search.interrupted is True
     assert r.candidates == full.candidates[:1]           # the same first solve, then nothing
     assert r.candidates_total == total and r.unsearched == total - 1
     assert r.search_bound_s is None and r.search_gap is None
@@ -107,7 +108,8 @@ def test_stop_during_a_solve_keeps_its_best_solution(hard, monkeypatch):
     assert outcomes[0].status == "OPTIMAL" and outcomes[1].status in ("FEASIBLE", "UNKNOWN")
     assert r.interrupted and r.unsearched == 0 and len(r.candidates) == 2
     assert r.search_bound_s == min(o.bound_s for o in outcomes)
-    obj = r.plan.solver["objective"]
+    obj = r.plan.search.objective_s
+    assert obj is not None
     assert r.search_gap == pytest.approx((obj - r.search_bound_s) / obj)
     assert 0.0 <= r.search_gap <= 1.0
     assert _json_roundtrip(r.plan)["solver"]["interrupted"] is True

@@ -74,7 +74,8 @@ def test_the_cost_goal_meets_the_floor_cheaper_than_the_fastest_plan(cluster, op
     fast_usd = usd_per_hour(fastest.plan, cluster) * fastest.prediction.step_time_s / 3600
     floor = 0.4 * tokens / fastest.prediction.step_time_s
     r = plan(opt, cluster, PlanOptions(time_limit_s=12), goal=Goal("cost", min_tokens_per_s=floor))
-    goal = r.plan.solver["goal"]
+    goal = r.plan.search.goal
+    assert goal is not None
     assert tokens / r.prediction.step_time_s >= floor
     assert goal["usd_per_step"] == pytest.approx(usd_per_hour(r.plan, cluster) * r.prediction.step_time_s / 3600)
     assert goal["usd_per_step"] < fast_usd

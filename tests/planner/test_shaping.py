@@ -91,14 +91,15 @@ def test_deterministic(llama8b):
 def test_two_kinds_choose_the_fastest_option_and_say_why(tmp_path, llama8b):
     c = load_cluster(_two_kinds(tmp_path))
     r = plan(llama8b, c, PlanOptions(time_limit_s=30))
-    options = r.plan.solver["options"]
-    labels = {o["label"] for o in options}
+    options = r.plan.search.options
+    assert options is not None
+    labels = {o.label for o in options}
     assert {"h100 alone", "a100 alone"} <= labels
     assert any(lab.startswith("data parallel") for lab in labels)
     assert any(lab.startswith("one pipeline") for lab in labels)
-    found = [o["step_time_s"] for o in options if o["step_time_s"] is not None]
+    found = [o.step_time_s for o in options if o.step_time_s is not None]
     assert r.prediction.step_time_s == pytest.approx(min(found))
-    assert r.plan.solver["reason"].split(":")[0] in labels
+    assert r.plan.search.reason.split(":")[0] in labels
     assert flop_bound(llama8b, c, ("h100", "a100")) <= r.prediction.step_time_s
     # the reported bound: no lower than the work bound (itself above the FLOP bound), no higher
     # than any option tried (each option's bound is checked in test_split_bound.py)

@@ -1,0 +1,151 @@
+"""``mpmd plan --model M --cluster C``: the planner's best plan of a model on a cluster, as a table
+and (``--out``) a plan JSON.
+
+The model name and the cluster path are checked before the planner, pydantic and JAX load, so a
+typo is refused in a fraction of a second; those load inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from hardware_profiles.paths import resolve_cluster_path
+from ir.files import write_atomic
+from ir.vocab import GOALS
+from mpmd.cli.common import console, err_console, guard
+from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MAX_TENSOR,
+                             MAX_TIME_LIMIT_S, FiniteFloat, int_range)
+from zoo.config import list_models
+from zoo.model_files import config_fields, resolve_model
+
+if TYPE_CHECKING:   # the command loads these only when it runs, after checking its input
+    from ir import Workload
+    from zoo.config import ModelConfig
+
+
+@click.command("plan")
+@click.option("--model", required=True,
+              help="Zoo model name (e.g. llama3-70b), or a model file: a Hugging Face config.json "
+                   "(Llama, Mistral, Qwen2/3, Gemma 1-3, GPT-2, GPT-NeoX, OPT) or a YAML model spec.")
+@click.option("--cluster", "cluster_path", required=True, type=click.Path(dir_okay=False),
+              help="Cluster spec YAML.")
+@click.option("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), default=None,
+              help="Samples per step (default: the model's).")
+@click.option("--seq-len", type=int_range(1, MAX_SEQ_LEN), default=None,
+              help="Tokens per sample (default: the model's).")
+@click.option("--time-limit", type=FiniteFloat(min=0.1, max=MAX_TIME_LIMIT_S), default=30.0, show_default=True,
+              help="Search budget in seconds of work on the reference 2-core machine (about its wall "
+                   "time there; node-group clusters): the same plan on any machine, a busy one takes "
+                   "longer; the wall clock cuts the search at 3x this.")
+@click.option("--schedule", "schedules", multiple=True,
+              help="Restrict to these schedules (repeatable).")
+@click.option("--microbatches", "microbatches", multiple=True, type=int_range(1, MAX_MICROBATCHES),
+              help="Restrict to these microbatch counts (repeatable).")
+@click.option("--max-tensor", type=int_range(1, MAX_TENSOR), default=8, show_default=True,
+              help="Largest tensor-parallel degree considered.")
+@click.option("--even-split", is_flag=True, help="Force the usual hand split (equal layers per stage).")
+@click.option("--no-fsdp", is_flag=True, help="Do not consider fully sharded data parallel layouts.")
+@click.option("--objective", type=click.Choice(GOALS), default="time", show_default=True,
+              help="time: the shortest step; cost: the lowest USD per step (with --min-throughput, "
+                   "among plans that reach it). Either may use part of the cluster.")
+@click.option("--min-throughput", type=FiniteFloat(min=1e-9, max=1e18), default=None,
+              help="Throughput floor, tokens per second.")
+@click.option("--max-usd-per-hour", type=FiniteFloat(min=1e-9, max=1e12), default=None,
+              help="Budget: the plan's devices cost at most this, USD per hour.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
+@guard
+def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
+                 time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
+                 max_tensor: int, even_split: bool, no_fsdp: bool, objective: str,
+                 min_throughput: float | None, max_usd_per_hour: float | None,
+                 out: str | None) -> None:
+    """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
+
+    On a cluster described as node groups the plan also says how the nodes are carved into meshes
+    (which nodes each mesh spans, the pipeline replicas it carries), and may split the batch over
+    several pipelines (data parallelism across device kinds): the table then has one section per
+    pipeline, its batch share, and the gradient sync across them. A cluster file that lists meshes
+    which are whole nodes of one kind per group, joined alike, is planned the same way, as the node
+    groups it describes; 'carve: fixed' in the file keeps its meshes as listed.
+
+    --objective cost, --min-throughput and --max-usd-per-hour plan on part of a node-group cluster
+    too (each group at all, half or a quarter of its nodes, or left out), pricing the devices a
+    plan uses at the cluster file's price_usd_per_device_hour (else the device profile's); the
+    table then has a "cost" row.
+
+    Searches that run over a few seconds show progress on stderr. Ctrl-C stops the search and
+    keeps the best plan found so far: the table is printed and, with --out, the plan is written,
+    marked "interrupted" in its solver record. That exits 0, as when --time-limit cuts the search
+    short: a usable plan was produced (scripts can tell from the JSON). Ctrl-C before any feasible
+    plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
+    """
+    # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
+    cfg = resolve_model(model)            # ZooError: unknown model ("did you mean"), bad file
+    resolve_cluster_path(cluster_path)    # ProfileError: no such file, with "did you mean"
+    from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
+    from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
+    from ir import any_plan_to_json, with_model_config
+    from hardware_profiles import load_cluster
+    from planner import Goal, PlanOptions, plan
+    from planner.api import PlanInterrupted
+    from planner.construct import TRAIN_SCHEDULES
+
+    for s in schedules:
+        if s not in TRAIN_SCHEDULES:
+            raise click.BadParameter(f"unknown schedule {s!r}; use one of {', '.join(TRAIN_SCHEDULES)}")
+    cluster = load_cluster(cluster_path)
+    workload = _workload(cfg, global_batch, seq_len)
+    # Ctrl-C handling spans the search and the output, so a second Ctrl-C never leaves a file
+    with CtrlC() as ctrl_c:
+        try:
+            with SearchProgress(err_console, f"{cfg.name} on {cluster.name}") as bar:
+                opts = PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
+                                   microbatches=microbatches or None, max_tensor=max_tensor,
+                                   even_split=even_split, fsdp=not no_fsdp)
+                result = plan(workload, cluster, opts, bar,
+                              goal=Goal(objective, min_throughput, max_usd_per_hour), stop=ctrl_c.stop)
+            ctrl_c.searching = False
+            ctrl_c.check()
+            if result.interrupted:
+                sv = result.plan.search
+                err_console.print(f"interrupted after {sv.search_wall_s or 0:.0f} s; "
+                                  f"best plan so far, {search_gap_text(sv)}",
+                                  highlight=False, soft_wrap=True)
+            console.print(plan_table(result, cluster))
+            ctrl_c.check()
+            if out:
+                chosen = (with_model_config(result.plan, config_fields(cfg))
+                          if cfg.name not in list_models() else result.plan)
+                doc = any_plan_to_json(chosen)   # a pipeline plan or a data-parallel plan
+                validate_plan_json(doc)
+                text = json.dumps(doc, indent=1)
+            with ctrl_c.committing():
+                if out:
+                    write_atomic(Path(out), text)
+        except (Aborted, PlanInterrupted) as e:
+            if isinstance(e, Aborted) or ctrl_c.aborted:
+                err_console.print("aborted by a second Ctrl-C; nothing written", highlight=False)
+                sys.exit(130)
+            err_console.print(f"{e}; nothing written", highlight=False, soft_wrap=True)
+            sys.exit(2)
+    if out:
+        console.print(f"wrote {out}")
+
+
+DEFAULT_GLOBAL_BATCH = 256
+"""Samples per training step when --global-batch is not given (2M tokens at sequence length 8192)."""
+
+
+def _workload(cfg: ModelConfig, global_batch: int | None, seq_len: int | None) -> Workload:
+    """The traced workload of ``cfg``; inference models default to one video or request."""
+    from zoo.costing import workload
+
+    if global_batch is None:
+        global_batch = (DEFAULT_GLOBAL_BATCH if cfg.training
+                        else getattr(cfg, "sampling_steps", 1) * getattr(cfg, "cfg_passes", 1))
+    return workload(cfg, global_batch=global_batch, seq_len=seq_len)

@@ -1,0 +1,16 @@
+"""``mpmd profiles``: the bundled device profiles, as a table."""
+
+from __future__ import annotations
+
+import click
+
+from mpmd.cli.common import console, guard
+
+
+@click.command()
+@guard
+def profiles() -> None:
+    """List the bundled device profiles."""
+    from hardware_profiles import profiles_table
+
+    console.print(profiles_table())
