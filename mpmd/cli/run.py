@@ -95,14 +95,18 @@ def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, 
     # forward-only decoder (never a data-parallel plan): greedy decoding with a KV cache
     if not isinstance(plan, DataParallelPlan) and is_decoder_plan(plan):
         return print_decode_report(decode_plan(plan, cluster_path=cluster_path), console)
-    from runtime.train.report import RunReport
+    from runtime.train.generate import GenerateReport
     from runtime.train.run import print_report, run_plan
 
     report = run_plan(plan, steps=steps, cluster_path=cluster_path,
                       check_every=check_every, lr=lr, console=console)
     print_report(report, console=console)
-    # a generation run (a forward-only DiT plan: GenerateReport) records no step timeline
-    if trace_path is not None and isinstance(report, RunReport) and report.timelines:
+    if trace_path is None:
+        return
+    if isinstance(report, GenerateReport):
+        # a generation run (a forward-only DiT plan) records no step timeline
+        console.print("no trace written: a generation run records no step timeline", highlight=False)
+    elif report.timelines:
         from simulator.trace import write_chrome_trace
 
         write_chrome_trace(report.timelines[-1], trace_path)
