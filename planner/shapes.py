@@ -152,15 +152,17 @@ class Open(NamedTuple):
 class OptionCache:
     """Per-mesh layout options, cached by what they depend on (identical meshes share them)."""
 
-    def __init__(self, w: Workload, opts: construct.PlanOptions, budget: Budget | None = None):
-        self.w, self.opts, self.budget = w, opts, budget
+    def __init__(self, w: Workload, opts: construct.PlanOptions):
+        self.w, self.opts = w, opts
 
     def get(self, mesh: MeshSpec, samples: float, kinds: tuple[str, ...], split: bool,
-            hidden: bool = False) -> tuple[StageCost, ...]:
+            hidden: bool = False, budget: Budget | None = None) -> tuple[StageCost, ...]:
+        """The options, with the layout choices costed to get them (none when cached) charged to
+        ``budget``."""
         got, costed = _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
                                            self.opts.max_tensor, self.opts.fsdp, hidden)
-        if self.budget is not None and costed:
-            self.budget.charge(COSTS["option"] * costed)
+        if budget is not None and costed:
+            budget.charge(COSTS["option"] * costed)
         return got
 
 
@@ -188,7 +190,7 @@ class Enumeration:
     schedule-aware) bounds computed on demand (:meth:`refine`)."""
 
     def __init__(self, w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: construct.PlanOptions,
-                 cache: OptionCache, nodes: dict[str, int] | None):
+                 cache: OptionCache, nodes: dict[str, int] | None, budget: Budget | None = None):
         self.w, self.cluster, self.opts, self.cache = w, cluster, opts, cache
         pre, self.nb, post = construct.split_layers(w)
         per_group = []
@@ -216,7 +218,8 @@ class Enumeration:
                 kinds = construct.fragment_kinds(self.scheds[0], w.training) if len(self.scheds) == 1 else \
                     (("F", "B") if w.training else ("F",))
                 # a bound over every schedule: the all-to-alls hidden if any schedule hides them
-                work = [cache.get(x, w.global_batch / m, kinds, "W" in kinds, hides) for x in specs]
+                work = [cache.get(x, w.global_batch / m, kinds, "W" in kinds, hides, budget)
+                        for x in specs]
                 if any(not o for o in work):
                     continue
                 self.items.append(ShapeCandidate(shapes, m, quick_bound(work, m, self.nb),
@@ -231,7 +234,7 @@ class Enumeration:
     def refine_item(self, i: int, budget: Budget | None) -> ShapeCandidate:
         """``items[i]`` refined (:meth:`refine`), stored back, and charged to ``budget``."""
         if i not in self.full:
-            c = self.refine(self.items[i])
+            c = self.refine(self.items[i], budget)
             if budget is not None:
                 budget.charge(COSTS["bound"] * len(self.lc[c.shapes][1]) * max(1, len(c.schedule_bounds)))
             self.items[i] = c
@@ -253,7 +256,7 @@ class Enumeration:
         return tuple(mult * self.transfer(shapes, samples, r, r + 1)
                      for r in range(len(self.lc[shapes][1]) - 1))
 
-    def _schedule_inputs(self, c: ShapeCandidate, sched: str
+    def _schedule_inputs(self, c: ShapeCandidate, sched: str, budget: Budget | None
                          ) -> tuple[list[tuple[StageCost, ...]], int, tuple[int, ...], tuple[int, int]]:
         """Per rank of ``c`` under ``sched``: its layout options (all fragment kinds), the
         stages per rank ``v``, the in-flight counts, and the first/last stage's residual
@@ -264,16 +267,17 @@ class Enumeration:
         m, p = c.microbatches, len(meshes)
         sk = kind(sched)
         work = [self.cache.get(lc.meshes[x], w.global_batch / m, _kinds(sched, w.training),
-                               _split(sched), sk.hides_alltoall) for x in meshes]
+                               _split(sched), sk.hides_alltoall, budget) for x in meshes]
         v = sk.stages_per_rank(self.opts.virtual_stages)
         infl = tuple(inflight_count(sched, r, p, m, v) for r in range(p))
         interleaved = v > 1 and not sk.v_shaped
         ends = (0, 0) if interleaved or not w.training else inflight_end_counts(sched, p, m, v)
         return work, v, infl, ends
 
-    def refine(self, c: ShapeCandidate) -> ShapeCandidate:
+    def refine(self, c: ShapeCandidate, budget: Budget | None = None) -> ShapeCandidate:
         """``c`` with its full bound: per allowed schedule, :func:`candidate_bound`; the candidate's
-        bound is the least of them (``inf`` when no schedule fits memory)."""
+        bound is the least of them (``inf`` when no schedule fits memory). The layout options it
+        costs are charged to ``budget``."""
         w, opts, nb = self.w, self.opts, self.nb
         lc, meshes = self.lc[c.shapes]
         specs = [lc.meshes[x] for x in meshes]
@@ -289,10 +293,11 @@ class Enumeration:
             if kind(sched).adaptive and p * m > ADAPTIVE_MAX_FRAGMENTS:
                 continue
             sk = kind(sched)
-            work, v, infl, ends = self._schedule_inputs(c, sched)
+            work, v, infl, ends = self._schedule_inputs(c, sched, budget)
             if any(not o for o in work):
                 continue
-            crit = ([self.cache.get(x, samples, ("F", "B"), True, sk.hides_alltoall) for x in specs]
+            crit = ([self.cache.get(x, samples, ("F", "B"), True, sk.hides_alltoall, budget)
+                     for x in specs]
                     if _split(sched) and w.training else work)
             chain = chain_share(sched, opts.virtual_stages)
             post_rank = 0 if sk.v_shaped else p - 1
@@ -344,7 +349,7 @@ class Enumeration:
             if sbound < best and p > 1 and fits:
                 key = ("integer" if integer else "order", c.shapes, m, sched)
                 if key not in self.memo:
-                    work, _, infl, ends = self._schedule_inputs(c, sched)
+                    work, _, infl, ends = self._schedule_inputs(c, sched, budget)
                     ranks = _ranks(work, infl, v, m, post_rank=0 if sk.v_shaped else p - 1,
                                    ends=ends)
                     caps = [[x[2] for x in rank[2]] for rank in ranks]
@@ -434,9 +439,8 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
     budget = budget or Budget(math.inf, deadline)
     if enumeration is not None:
         e = enumeration
-        e.cache.budget = budget
     else:
-        e = Enumeration(w, cluster, groups, opts, OptionCache(w, opts, budget), nodes)
+        e = Enumeration(w, cluster, groups, opts, OptionCache(w, opts), nodes, budget)
         budget.charge(COSTS["candidate"] * len(e.items))
     heap = [Pending(not c.hand, c.bound_s, i, int(i in e.full), c) for i, c in enumerate(e.items)]
     heapq.heapify(heap)

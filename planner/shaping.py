@@ -247,11 +247,10 @@ class _Search:
         self.splits: dict[tuple[tuple[str, ...], ...], float] = {}
 
     def part(self, groups: tuple[str, ...]) -> PartBound:
-        """The lower bounds of pipeline ``groups`` at every batch share (shared with its searches,
-        charged to the current budget)."""
+        """The lower bounds of pipeline ``groups`` at every batch share (shared with its searches;
+        their work is charged to the budget each call is given)."""
         if groups not in self.parts:
-            self.parts[groups] = PartBound(self.w, self.cluster, groups, self.opts, self.budget)
-        self.parts[groups].budget = self.budget
+            self.parts[groups] = PartBound(self.w, self.cluster, groups, self.opts)
         return self.parts[groups]
 
     def split_bound(self, parts: tuple[tuple[str, ...], ...], cap: float) -> float:
@@ -260,7 +259,7 @@ class _Search:
         (:func:`planner.split_bound.split_bound`)."""
         got = split_bound([self.part(p) for p in parts], self.w.global_batch,
                           _granule(self.w.global_batch, len(parts)), cross_sync(self.w, self.cluster, parts)[2],
-                          cap)
+                          self.budget, cap)
         self.splits[parts] = max(self.splits.get(parts, 0.0), got)
         return self.splits[parts]
 
@@ -298,7 +297,7 @@ class _Search:
         r = search_pipeline(w, self.cluster, groups, self.opts, deadline=self.deadline, stop=self.stop,
                             target_gap=target_gap, budget=sub, incumbent=incumbent,
                             graph_bounds=len(self.cluster.groups) == 1,
-                            enumeration=self.part(groups).enumeration(batch))
+                            enumeration=self.part(groups).enumeration(batch, self.budget))
         self.interrupted |= r.interrupted and (self.stop is not None and self.stop.is_set())
         self.cache[key] = r
         self.done += 1
@@ -419,7 +418,7 @@ def _space_bound(s: _Search, alone: dict[str, PipelineResult], best: float) -> f
     for part in s.parts.values():
         part.graph = True                # the dependence graphs' bounds too, now that time allows
     mixed = s.cache.get((order, s.w.global_batch))
-    whole = s.part(order).at_least(s.w.global_batch, best)
+    whole = s.part(order).at_least(s.w.global_batch, best, s.budget)
     got.append(max(mixed.bound_s, whole) if mixed is not None else whole)
     got += [s.split_bound(parts, best) for parts in list(s.splits)]
     return min(got)

@@ -41,13 +41,12 @@ class PartBound:
     Args:
         w: the workload at the full global batch (shares replace its batch).
         groups: the part's node groups, in pipeline order.
-        budget: nominal work budget the enumerations and refinements are charged to (the caller
-            may point it at another budget between calls).
+
+    Every method that works takes the nominal work budget it charges (:class:`Budget`).
     """
 
-    def __init__(self, w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: construct.PlanOptions,
-                 budget: Budget):
-        self.w, self.cluster, self.groups, self.opts, self.budget = w, cluster, groups, opts, budget
+    def __init__(self, w: Workload, cluster: Cluster, groups: tuple[str, ...], opts: construct.PlanOptions):
+        self.w, self.cluster, self.groups, self.opts = w, cluster, groups, opts
         self.per_sample = work_bound(replace(w, global_batch=1), cluster, groups)
         self.enums: dict[int, Enumeration] = {}
         self.known: dict[int, float] = {}
@@ -55,14 +54,14 @@ class PartBound:
         self.graph = False
         """Refine bounds by the schedules' dependence graphs too (dearer; set after a search)."""
 
-    def enumeration(self, b: int) -> Enumeration:
-        """The part's pipeline candidates at batch ``b`` (enumerated once, charged to the budget);
+    def enumeration(self, b: int, budget: Budget) -> Enumeration:
+        """The part's pipeline candidates at batch ``b`` (enumerated once, charged to ``budget``);
         a search of the same part and batch takes them with the bounds refined so far."""
         if b not in self.enums:
             wb = replace(self.w, global_batch=b)
-            e = Enumeration(wb, self.cluster, self.groups, self.opts, OptionCache(wb, self.opts, self.budget),
-                             None)
-            self.budget.charge(COSTS["candidate"] * len(e.items))
+            e = Enumeration(wb, self.cluster, self.groups, self.opts, OptionCache(wb, self.opts),
+                            None, budget)
+            budget.charge(COSTS["candidate"] * len(e.items))
             self.enums[b] = e
         return self.enums[b]
 
@@ -70,24 +69,23 @@ class PartBound:
         """The best lower bound known on the part's step at batch ``b`` (no work done)."""
         return max(self.known.get(b, 0.0), self.per_sample * b)
 
-    def at_least(self, b: int, level: float) -> float:
+    def at_least(self, b: int, level: float, budget: Budget) -> float:
         """A lower bound on the part's step at batch ``b``, refined (cheapest candidate first:
         its full bound, then, with :attr:`graph`, its schedules' dependence graphs') until it
         exceeds ``level`` or is exact (the least such bound of every candidate); stops early when
-        the budget is out."""
-        if b in self.exact or self.value(b) > level or (b not in self.enums and self.budget.out()):
+        ``budget`` is out."""
+        if b in self.exact or self.value(b) > level or (b not in self.enums and budget.out()):
             return self.value(b)
-        e = self.enumeration(b)
-        e.cache.budget = self.budget
+        e = self.enumeration(b, budget)
         top = 2 if self.graph and self.w.training else 1
         heap = [(c.bound_s, i, 2 if i in e.graphed else int(i in e.full)) for i, c in enumerate(e.items)]
         heapq.heapify(heap)
-        while heap and heap[0][0] <= level and heap[0][2] < top and not self.budget.out():
+        while heap and heap[0][0] <= level and heap[0][2] < top and not budget.out():
             _, i, got = heapq.heappop(heap)
             if got == 0:
-                c = e.refine_item(i, self.budget)
+                c = e.refine_item(i, budget)
             else:
-                c = e.refine_orders(e.items[i], level * (1 + 1e-9), self.budget)
+                c = e.refine_orders(e.items[i], level * (1 + 1e-9), budget)
                 e.items[i] = c
                 e.graphed.add(i)
             if c.bound_s < math.inf:
@@ -130,12 +128,12 @@ def _level(values: list[list[float]], units: int) -> tuple[float, list[int]]:
     return t, got
 
 
-def split_bound(parts: list[PartBound], batch: int, q: int, sync_s: float,
+def split_bound(parts: list[PartBound], batch: int, q: int, sync_s: float, budget: Budget,
                 cap: float = math.inf) -> float:
     """A lower bound on the step of the data-parallel split of ``batch`` over ``parts`` in shares of
     ``q`` samples (each part at least one granule), plus the cross-part all-reduce ``sync_s``
     (seconds); refined lazily (see the module docstring) until exact, at least ``cap``, or the
-    parts' budget is spent."""
+    ``budget`` is spent."""
     units = batch // q
     k = len(parts)
     if units < k:
@@ -147,7 +145,7 @@ def split_bound(parts: list[PartBound], batch: int, q: int, sync_s: float,
         if t + sync_s >= cap or t == math.inf:
             return t + sync_s
         todo = [(p, g) for p, g in zip(parts, got) if g * q not in p.exact]
-        if not todo or any(p.budget.out() for p, _ in todo):
+        if not todo or budget.out():
             return t + sync_s
         for p, g in todo:
-            p.at_least(g * q, t)
+            p.at_least(g * q, t, budget)

@@ -27,12 +27,11 @@ class _Table:
     def __init__(self, q: int, values: list[float]):
         self.vals = {q * (u + 1): v for u, v in enumerate(values)}
         self.exact = set(self.vals)
-        self.budget = Budget(math.inf, math.inf)
 
     def value(self, b: int) -> float:
         return self.vals[b]
 
-    def at_least(self, b: int, level: float) -> float:
+    def at_least(self, b: int, level: float, budget: Budget) -> float:
         return self.vals[b]
 
 
@@ -56,7 +55,7 @@ def test_split_bound_is_below_every_split_and_exact_when_bounds_grow_with_the_sh
     if grow:
         rows = [sorted(r) for r in rows]
     parts = [_Table(q, r) for r in rows]
-    got = split_bound(parts, units * q, q, sync)
+    got = split_bound(parts, units * q, q, sync, Budget(math.inf, math.inf))
     brute = min(max(rows[p][u - 1] for p, u in enumerate(combo)) + sync
                 for combo in product(range(1, 7), repeat=k) if sum(combo) == units)
     assert got <= brute + 1e-12
@@ -66,8 +65,9 @@ def test_split_bound_is_below_every_split_and_exact_when_bounds_grow_with_the_sh
 
 def test_split_bound_stops_at_its_cap():
     parts = [_Table(8, [1.0, 2.0, 3.0]), _Table(8, [2.0, 4.0, 6.0])]
-    assert split_bound(parts, 32, 8, 0.5, cap=1.0) == pytest.approx(3.5)
-    assert split_bound(parts, 32, 8, 0.5) == pytest.approx(3.5)
+    endless = Budget(math.inf, math.inf)
+    assert split_bound(parts, 32, 8, 0.5, endless, cap=1.0) == pytest.approx(3.5)
+    assert split_bound(parts, 32, 8, 0.5, endless) == pytest.approx(3.5)
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,15 +102,15 @@ group_links:
 def test_a_parts_bound_is_below_the_plan_its_search_finds_at_every_share(two_kinds, groups, graph):
     w = workload("llama3-8b", 64, 4096)
     opts = PlanOptions(time_limit_s=30)
-    part = PartBound(w, two_kinds, groups, opts, Budget(math.inf, math.inf))
+    part, endless = PartBound(w, two_kinds, groups, opts), Budget(math.inf, math.inf)
     part.graph = graph
     assert part.per_sample == pytest.approx(work_bound(replace(w, global_batch=1), two_kinds, groups))
     for b in (16, 32, 48):
-        exact = part.at_least(b, math.inf)
+        exact = part.at_least(b, math.inf, endless)
         assert b in part.exact
         # exact: the least full (or dependence-graph) bound of every candidate, never below the
         # work bound
-        e = part.enumeration(b)
+        e = part.enumeration(b, endless)
         assert exact == min(c.bound_s for c in e.items)
         assert bool(e.graphed) == graph
         assert exact >= part.per_sample * b
@@ -118,4 +118,4 @@ def test_a_parts_bound_is_below_the_plan_its_search_finds_at_every_share(two_kin
                             budget=Budget(3.0, math.inf), graph_bounds=False)
         assert r.prediction is not None and exact <= r.prediction.step_time_s
         # asked again below what is known, no work is done and the answer stands
-        assert part.at_least(b, 0.0) == exact
+        assert part.at_least(b, 0.0, endless) == exact
