@@ -23,12 +23,13 @@ random workloads, layouts and schedules and holds the surrogate and every bound 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hardware_profiles.types import MeshSpec
 from ir import Layout, Workload
 from ir.schedule import FragmentKind
 from simulator import cost_model as cm
+from simulator.exposure import FREE_LINK
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,16 @@ class StageCost:
     sync_offset_s: float = 0.0
     """At most 0: the same excess's constant part over the layers outside the blocks and the
     backward fragment's fixed costs (bounds only; see :func:`planner.bounds.candidate_bound`)."""
+    block_comm_s: float = 0.0
+    """The exposed communication in ``block_s``: what the block's tensor-parallel all-reduces,
+    expert all-to-alls and FSDP gathers and reduce-scatters add to it beyond the overlap they get
+    (``block_s`` less the same block with every link free, as :mod:`simulator.exposure` defines
+    exposure for a step), seconds per microbatch."""
+
+    @property
+    def block_compute_s(self) -> float:
+        """The rest of ``block_s``: compute, memory traffic and the layers' fixed times."""
+        return self.block_s - self.block_comm_s
 
     @property
     def block_b_s(self) -> float:
@@ -210,8 +221,8 @@ def stage_cost(w: Workload, mesh: MeshSpec, layout: Layout, recompute: bool, sam
     dtype = cm.compute_dtype(w)
     ovh = cm.fragment_overhead(mesh)
 
-    def layer(i: int, k: str, split_backward: bool = split) -> float:
-        return cm.layer_time(w.layer(i), k, samples, mesh, layout, dtype,
+    def layer(i: int, k: str, split_backward: bool = split, on: MeshSpec = mesh) -> float:
+        return cm.layer_time(w.layer(i), k, samples, on, layout, dtype,
                              split_backward=split_backward, recompute=recompute,
                              seq_len=w.seq_len, alltoall_hidden=hidden)
 
@@ -237,8 +248,11 @@ def stage_cost(w: Workload, mesh: MeshSpec, layout: Layout, recompute: bool, sam
         return cm.stage_memory(w, lo, hi, layout, samples, recompute)
 
     blk, pr, po = mem(pre, pre + 1), mem(0, pre), mem(pre + nb, n_layers)
+    free = replace(mesh, intra_link=FREE_LINK,
+                   scale_out_link=None if mesh.scale_out_link is None else FREE_LINK)
+    block_s = t(pre, pre + 1)
     return StageCost(
-        layout=layout, recompute=recompute, block_s=t(pre, pre + 1), pre_s=t(0, pre),
+        layout=layout, recompute=recompute, block_s=block_s, pre_s=t(0, pre),
         post_s=t(pre + nb, n_layers),
         overhead_s=ovh * len(kinds) + _fsdp_exposed(w, mesh, layout, kinds, split),
         merge_saving_s=ovh if FragmentKind.B in kinds else 0.0,
@@ -252,6 +266,7 @@ def stage_cost(w: Workload, mesh: MeshSpec, layout: Layout, recompute: bool, sam
         block_f_s=layer(pre, FragmentKind.F, False) if nb and FragmentKind.F in kinds else 0.0,
         block_w_s=layer(pre, FragmentKind.W, True) if FragmentKind.W in kinds else 0.0,
         pre_kinds_s=by_kind(0, pre), post_kinds_s=by_kind(pre + nb, n_layers),
+        block_comm_s=max(0.0, block_s - sum(layer(pre, k, on=free) for k in kinds)),
         **_sync_excess(w, mesh, layout, samples, recompute, kinds, split_layers, hidden))
 
 

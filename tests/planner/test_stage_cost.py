@@ -175,3 +175,20 @@ def test_cpsat_objective_is_the_surrogate(fast_slow_cluster):
                       and o.recompute == got.recompute[i]) for i in range(len(got.order))]
         want = surrogate_s(cand, got.blocks, picks, got.merge)
         assert got.objective_s == pytest.approx(want, abs=20e-6), sched
+
+
+def test_a_blocks_exposed_communication_is_what_free_links_save(fast_slow_cluster):
+    """``block_comm_s``: the block's seconds less the same block with every link free; a
+    tensor-parallel layout exposes its all-reduces, a data-parallel one none inside the block (its
+    gradient sync is the tail's and the buckets'), and the rest is ``block_compute_s``."""
+    from tests.planner.conftest import workload
+
+    w = workload(blocks=8, batch=16)
+    opts = construct.PlanOptions(fixed_order=True, schedules=("1f1b",), microbatches=(8,))
+    cand = construct.make_candidate(w, fast_slow_cluster, ("f0", "s0"), "1f1b", 8, opts)
+    assert cand is not None
+    by_layout = {(str(o.layout), o.recompute): o for o in cand.options[0]}
+    tp, dp = by_layout[("dp1xtp2", False)], by_layout[("dp2xtp1", False)]
+    assert dp.block_comm_s == 0.0 and dp.block_compute_s == dp.block_s
+    assert 0.0 < tp.block_comm_s < tp.block_s
+    assert tp.block_compute_s + tp.block_comm_s == pytest.approx(tp.block_s)
