@@ -103,3 +103,11 @@ def test_a_refit_profile_keeps_every_efficiency_entry_it_does_not_fit(tmp_path):
     dev = load_device(str(out))
     assert (dev.attention_efficiency, dev.decode_layer_overhead) == (
         load_device("h100-sxm").attention_efficiency, load_device("h100-sxm").decode_layer_overhead)
+
+
+def test_every_stop_reason_has_its_line_and_only_those():
+    """The stop reasons are spelled once (``ir.STOP_REASONS``, what ``planner.shaping`` writes);
+    the step table has a line for each and for nothing else."""
+    from ir import STOP_REASONS
+    from mpmd.cli.output import STOPPED
+    assert set(STOPPED) == set(STOP_REASONS)
