@@ -129,7 +129,7 @@ def make_candidate(w: Workload, cluster: Cluster, meshes: tuple[str, ...], sched
         return None
     samples = w.global_batch / microbatches
     kinds = fragment_kinds(schedule, w.training)
-    split = "W" in kinds
+    split = FragmentKind.W in kinds
     options = []
     for m in meshes:
         o, _ = _cached_mesh_options(w, cluster.meshes[m], samples, kinds, split, opts.headroom,

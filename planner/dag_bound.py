@@ -37,7 +37,10 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
+from ir.schedule import FragmentKind
 from simulator.stage_cost import StageCost
+
+F, B, W = FragmentKind.F, FragmentKind.B, FragmentKind.W
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,11 +118,11 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
         return 0.0
     if sk.adaptive:          # no fixed order: every fragment, each stage's in microbatch order
         table = ScheduleTable(schedule, p, p, m, tuple(range(p)), tuple(
-            tuple(FragmentRef(k, r, j) for k in "FBW" for j in range(m)) for r in range(p)),
+            tuple(FragmentRef(k, r, j) for k in FragmentKind for j in range(m)) for r in range(p)),
             split_backward=True)
     else:
         table = _table(schedule, p, m, v)
-    kinds = "FBW" if table.split_backward else "FB"
+    kinds = tuple(FragmentKind) if table.split_backward else (F, B)
     keep = set(kept_mbs)
     # variables: x[r, o] (blocks per chunk of rank r under option o), a start time per kept
     # fragment, the step
@@ -137,7 +140,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
     # kinds only, left out)
     dispatch = [min(o.merge_saving_s for o in opts) for opts in work]
     offset = [min(o.sync_offset_s for o in opts) for opts in work]
-    slot = {"F": 0, "B": 1, "W": 2}
+    slot: dict[str, int] = {F: 0, B: 1, W: 2}
     rows, cols, vals, rhs = [], [], [], []
     row = 0
 
@@ -157,7 +160,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
         (first stage) or after (last stage) the blocks, at their least over the rank's options."""
         r, i = rank_of[u.stage], slot[u.kind]
         out = dispatch[r]
-        if mergeable and u.kind == "B" and u.stage == last:     # may share F's dispatch
+        if mergeable and u.kind == B and u.stage == last:     # may share F's dispatch
             out = max(0.0, out - max(o.merge_saving_s for o in work[r]))
         if u.stage == 0:
             out += min(o.pre_kinds_s[i] for o in work[r])
@@ -175,7 +178,8 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
     def wait(r: int) -> Terms:
         """The straggler wait of rank ``r``: its share of the rank's work, per option variable."""
         share = straggler[r] if r < len(straggler) else 0.0
-        return [(col[r][k], share * m * o.rank_time(v).per_block) for k, o in enumerate(work[r])] if share else []
+        return ([(col[r][k], share * m * o.rank_time(v).per_block) for k, o in enumerate(work[r])]
+                if share else [])
 
     def t(u: FragmentRef) -> int:
         return index[(u.kind, u.stage, u.microbatch)]
@@ -196,7 +200,7 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
             continue
         # kept fragments in the rank's order: between two, every fragment between them runs;
         # after one, the rest of the order does, then the rank's optimizer
-        counts = {k: 0 for k in kinds}
+        counts: dict[str, int] = {k: 0 for k in kinds}
         fixed_sum = 0.0
         prefix = []
         for f in order:
@@ -215,16 +219,16 @@ def order_bound(schedule: str, work: Sequence[Sequence[StageCost]],
                 + span(r, {k: total[k] - ci[k] for k in kinds}, tail) + wait(r),
                 -(total_fixed - fi))
     for x in frags:
-        if x.kind == "F" and x.stage > 0:
-            after(FragmentRef("F", x.stage - 1, x.microbatch), x, True)
-        elif x.kind == "B":
-            after(FragmentRef("F", last, x.microbatch) if x.stage == last
-                  else FragmentRef("B", x.stage + 1, x.microbatch), x, True)
-        elif x.kind == "W":
-            after(FragmentRef("B", x.stage, x.microbatch), x)
+        if x.kind == F and x.stage > 0:
+            after(FragmentRef(F, x.stage - 1, x.microbatch), x, True)
+        elif x.kind == B:
+            after(FragmentRef(F, last, x.microbatch) if x.stage == last
+                  else FragmentRef(B, x.stage + 1, x.microbatch), x, True)
+        elif x.kind == W:
+            after(FragmentRef(B, x.stage, x.microbatch), x)
     # each stage's gradient sync outlasts its last backward by at least n x excess + offset
     # (planner.options._sync_excess), and the rank's optimizer follows its sync
-    lastk = "W" if table.split_backward else "B"
+    lastk = W if table.split_backward else B
     for stage in range(table.num_stages):
         r = rank_of[stage]
         u = FragmentRef(lastk, stage, m - 1)
@@ -321,37 +325,37 @@ def _free_order(r: int, order: Sequence[FragmentRef], keep: set[int],
     keeps from starting before it (``M - j - held``), after ``W(j)`` their W; then its optimizer
     step (``tail``) and straggler wait (``wait``)."""
     from ir import FragmentRef
-    one = {k: fixed(FragmentRef(k, r, 0)) for k in "FBW"}   # every microbatch's alike
+    one = {k: fixed(FragmentRef(k, r, 0)) for k in FragmentKind}   # every microbatch's alike
 
     def work_of(nf: int, nb: int, nw: int,
                 extra: Callable[[StageCost], float] = lambda o: 0.0) -> Terms:
-        return [(cols[i], nf * o.block_kind_s("F") + nb * o.block_kind_s("B") + nw * o.block_kind_s("W") + extra(o))
-                for i, o in enumerate(opts)]
+        return [(cols[i], nf * o.block_kind_s(F) + nb * o.block_kind_s(B) + nw * o.block_kind_s(W)
+                 + extra(o)) for i, o in enumerate(opts)]
 
     def const(nf: int, nb: int, nw: int) -> float:
-        return nf * one["F"] + nb * one["B"] + nw * one["W"]
+        return nf * one[F] + nb * one[B] + nw * one[W]
 
     kept = sorted(keep)
-    for k in "FBW":
+    for k in FragmentKind:
         for a, b in zip(kept, kept[1:]):
-            n = {x: (b - a if x == k else 0) for x in "FBW"}
+            n = {x: (b - a if x == k else 0) for x in FragmentKind}
             add([(t(FragmentRef(k, r, a)), 1.0), (t(FragmentRef(k, r, b)), -1.0)]
-                + work_of(n["F"], n["B"], n["W"]), -const(n["F"], n["B"], n["W"]))
+                + work_of(n[F], n[B], n[W]), -const(n[F], n[B], n[W]))
     for j in kept:
         if j - held in keep:
-            add([(t(FragmentRef("W", r, j - held)), 1.0), (t(FragmentRef("F", r, j)), -1.0)]
+            add([(t(FragmentRef(W, r, j - held)), 1.0), (t(FragmentRef(F, r, j)), -1.0)]
                 + work_of(0, 0, 1), -const(0, 0, 1))
-    first = t(FragmentRef("F", r, 0))
+    first = t(FragmentRef(F, r, 0))
     for j in kept:
-        for k in "FBW":
-            if j == 0 and k == "F":
+        for k in FragmentKind:
+            if j == 0 and k == F:
                 continue
             freed = max(0, j - held + 1)
-            done = {"F": (j, freed, freed), "B": (j + 1, j, 0), "W": (j + 1, j + 1, j)}[k]
+            done = {F: (j, freed, freed), B: (j + 1, j, 0), W: (j + 1, j + 1, j)}[k]
             add([(first, 1.0), (t(FragmentRef(k, r, j)), -1.0)] + work_of(*done), -const(*done))
             left = m - j
-            late = max(0, m - j - held) if k == "B" else 0
-            owed = {"F": (left, left, left), "B": (late, left, left), "W": (0, 0, left)}[k]
+            late = max(0, m - j - held) if k == B else 0
+            owed = {F: (left, left, left), B: (late, left, left), W: (0, 0, left)}[k]
             add([(t(FragmentRef(k, r, j)), 1.0), (tau, -1.0)] + work_of(*owed, tail) + wait,
                 -const(*owed))
     owed = (m, m, m)

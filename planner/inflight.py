@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+from ir.schedule import FragmentKind
 from simulator.schedules import KINDS, kind
 
 V_SHAPED = frozenset(n for n, k in KINDS.items() if k.v_shaped)
@@ -96,8 +97,9 @@ def rank_order_counts(schedule: str, ranks: int, microbatches: int) -> tuple[tup
     out = []
     for order in table.order:
         kinds = [f.kind for f in order]
-        first_b = kinds.index("B") if "B" in kinds else len(kinds)
-        last_b = len(kinds) - 1 - kinds[::-1].index("B") if "B" in kinds else -1
-        out.append((sum(1 for x in kinds[first_b:] if x == "F"),
-                    sum(1 for x in kinds[:last_b] if x == "W")))
+        B = FragmentKind.B
+        first_b = kinds.index(B) if B in kinds else len(kinds)
+        last_b = len(kinds) - 1 - kinds[::-1].index(B) if B in kinds else -1
+        out.append((sum(1 for x in kinds[first_b:] if x == FragmentKind.F),
+                    sum(1 for x in kinds[:last_b] if x == FragmentKind.W)))
     return tuple(out)

@@ -35,7 +35,7 @@ from planner.inflight import inflight_count, inflight_end_counts, rank_order_cou
 from planner.options import _cached_mesh_options
 from simulator.stage_cost import StageCost
 import heapq
-from ir import Layout, Plan, Prediction, Workload
+from ir import FragmentKind, Layout, Plan, Prediction, Workload
 from simulator import cost_model as cm
 from simulator.schedules import KINDS, kind
 
@@ -175,7 +175,7 @@ def _kinds(sched: str, training: bool) -> tuple[str, ...]:
 
 
 def _split(sched: str) -> bool:
-    return "W" in construct.fragment_kinds(sched, True)
+    return FragmentKind.W in construct.fragment_kinds(sched, True)
 
 def _allowed(sched: str, ranks: int, m: int, num_blocks: int, virtual_stages: int) -> bool:
     return construct.schedule_allowed(sched, ranks, m, num_blocks, virtual_stages)
@@ -216,9 +216,9 @@ class Enumeration:
             specs = [lc.meshes[m] for m in meshes]
             for m in construct.microbatch_counts(w, opts, len(meshes)):
                 kinds = construct.fragment_kinds(self.scheds[0], w.training) if len(self.scheds) == 1 else \
-                    (("F", "B") if w.training else ("F",))
+                    ((FragmentKind.F, FragmentKind.B) if w.training else (FragmentKind.F,))
                 # a bound over every schedule: the all-to-alls hidden if any schedule hides them
-                work = [cache.get(x, w.global_batch / m, kinds, "W" in kinds, hides, budget)
+                work = [cache.get(x, w.global_batch / m, kinds, FragmentKind.W in kinds, hides, budget)
                         for x in specs]
                 if any(not o for o in work):
                     continue
@@ -296,15 +296,16 @@ class Enumeration:
             work, v, infl, ends = self._schedule_inputs(c, sched, budget)
             if any(not o for o in work):
                 continue
-            crit = ([self.cache.get(x, samples, ("F", "B"), True, sk.hides_alltoall, budget)
+            crit = ([self.cache.get(x, samples, (FragmentKind.F, FragmentKind.B), True, sk.hides_alltoall,
+                                    budget)
                      for x in specs]
                     if _split(sched) and w.training else work)
             chain = chain_share(sched, opts.virtual_stages)
             post_rank = 0 if sk.v_shaped else p - 1
             comm = self.comm(c.shapes, samples)
             orders = rank_order_counts(sched, p, m) if w.training and p > 1 else None
-            key = (tuple(id(x) for x in work), m, chain, infl, v, sched in construct.MERGEABLE, comm, post_rank,
-                   ends, slow, sched in SYNC_EXPOSED, orders)
+            key = (tuple(id(x) for x in work), m, chain, infl, v, sched in construct.MERGEABLE, comm,
+                   post_rank, ends, slow, sched in SYNC_EXPOSED, orders)
             if key not in self.memo:
                 self.memo[key] = candidate_bound(work, crit, m, nb, chain, infl, v,
                                                  mergeable=sched in construct.MERGEABLE and w.training,
@@ -468,7 +469,8 @@ def search_pipeline(w: Workload, cluster: Cluster, groups: tuple[str, ...], opts
             break
         top = 2 if w.training and graph_bounds else 1
         first = None
-        if best is None and budget.left() <= DIVE_SHARE * budget.work_s and any(h.refined >= top for h in heap):
+        if (best is None and budget.left() <= DIVE_SHARE * budget.work_s
+                and any(h.refined >= top for h in heap)):
             # no plan yet and the budget nearly spent: search the best fully bounded candidate
             # now, out of the bound order (the search then ends with a plan; the proof is unchanged)
             first = min((k for k, h in enumerate(heap) if h.refined >= top), key=lambda k: heap[k].bound_s)
