@@ -81,11 +81,14 @@ class PartView:
 
 
 def _model(plan: Plan) -> ModelConfig:
-    try:
-        cfg = plan_model(plan.model, plan.model_config)
-    except ZooError as e:
-        raise LauncherError(f"plan model {plan.model!r} is not a zoo model ({e}); export a plan "
-                            f"made with mpmd plan --model NAME") from None
+    if plan.model_config:
+        cfg = plan_model(plan.model, plan.model_config)   # ZooError: the carried model is invalid
+    else:
+        try:
+            cfg = plan_model(plan.model)
+        except ZooError as e:
+            raise LauncherError(f"plan model {plan.model!r} is not a zoo model ({e}); export a "
+                                f"plan made with mpmd plan --model NAME") from None
     if cfg.family not in ("llama", "gpt") or not cfg.training:
         raise LauncherError(f"model {cfg.name!r} ({cfg.family}) is not a decoder language model "
                             f"trained by the launchers; export supports the zoo's gpt and llama "

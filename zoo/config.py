@@ -10,10 +10,8 @@ import dataclasses
 import difflib
 from dataclasses import dataclass
 
-
-
-class ZooError(ValueError):
-    """An unknown model name or a bad configuration override (the message names it and the fix)."""
+from zoo.errors import ZooError
+from zoo.schema import check_model
 
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -242,17 +240,15 @@ def gpt_config(layers: int, hidden: int, heads: int, vocab: int = 51200, *, seq_
     Language Model Training on GPU Clusters Using Megatron-LM', Table 1: vocab 51200).
 
     Raises:
-        ZooError: a non-positive size, or ``hidden`` not divisible by ``heads``.
+        ZooError: not a valid model (:func:`zoo.schema.check_model`), e.g. a non-positive size or
+            ``hidden`` not divisible by ``heads``.
     """
-    if min(layers, hidden, heads, vocab, seq_len) <= 0 or hidden % heads:
-        raise ZooError(f"gpt_config(layers={layers}, hidden={hidden}, heads={heads}, vocab={vocab}, "
-                       f"seq_len={seq_len}): sizes must be positive and hidden divisible by heads")
-    return ModelConfig(
+    return check_model(ModelConfig(
         name=name or f"gpt-{layers}l-{hidden}h", family="gpt", layers=layers, hidden=hidden,
         heads=heads, kv_heads=heads, ffn=ffn or 4 * hidden, vocab=vocab, seq_len=seq_len,
         training=training, dtype=dtype, norm="layer", mlp="gelu",
         pos_emb="learned" if learned_pos else "none", bias=True, tie_embeddings=tie_embeddings,
-        source=source or "GPT-style decoder as in Megatron-LM (Narayanan et al. 2021, Table 1)")
+        source=source or "GPT-style decoder as in Megatron-LM (Narayanan et al. 2021, Table 1)"))
 
 
 def list_models() -> list[str]:
@@ -264,7 +260,8 @@ def get_config(name: str, **overrides) -> ModelConfig:
     """The published configuration of ``name``, with ``overrides`` (ModelConfig fields) applied.
 
     Raises:
-        ZooError: unknown model name (the message lists the known ones) or unknown field.
+        ZooError: unknown model name (the message lists the known ones), unknown field, or
+            overrides that make an invalid model (:func:`zoo.schema.check_model`).
     """
     if isinstance(name, ModelConfig):
         cfg = name
@@ -281,7 +278,8 @@ def get_config(name: str, **overrides) -> ModelConfig:
     if bad:
         raise ZooError(f"unknown ModelConfig field(s) {bad} for {cfg.name!r}; "
                        f"valid fields: {', '.join(sorted(fields))}")
-    return dataclasses.replace(cfg, **overrides)
+    return check_model(dataclasses.replace(cfg, **overrides),
+                       f"model {cfg.name!r} with {', '.join(f'{k}={v!r}' for k, v in overrides.items())}")
 
 
 def tensor_shard(cfg: ModelConfig, tensor: int) -> ModelConfig:

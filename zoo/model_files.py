@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
 from hardware_profiles.paths import PACKAGE_ROOT
 from ir.files import read_json, read_yaml
 from zoo.config import ModelConfig, ZooError, get_config, list_models
+from zoo.schema import check_model
 
 MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 """A ``--model`` ending in one of these is a model file, anything else a zoo name."""
@@ -155,10 +157,48 @@ def _get(doc: Mapping[str, Any], key: str, where: str, *alts: str, default: Any 
 
 
 def _int(doc: Mapping[str, Any], key: str, where: str, *alts: str, default: int | None = None) -> int:
+    """A required (or defaulted) positive integer field; its upper limit is :func:`check_model`'s."""
     v = _get(doc, key, where, *alts, default=default)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ZooError(f"{where}: field {key!r} = {v!r} is not a positive integer; fix the config")
+        raise ZooError(f"{where}: field {key!r} = {_short(v)} is not a positive integer; fix the config")
     return v
+
+
+def _count(doc: Mapping[str, Any], key: str, where: str, default: int = 0) -> int:
+    """An optional integer field that may be 0 (``null`` reads as ``default``)."""
+    v = doc.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ZooError(f"{where}: field {key!r} = {_short(v)} is not a whole number >= 0; fix the config")
+    return v
+
+
+def _float(doc: Mapping[str, Any], where: str, *keys: str, default: float) -> float:
+    """The first of ``keys`` present (``null`` and 0 read as absent, as Hugging Face does), as a
+    finite number; its range is :func:`check_model`'s."""
+    for key in keys:
+        v = doc.get(key)
+        if v is None or v == 0:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ZooError(f"{where}: field {key!r} = {_short(v)} is not a finite number; fix the config")
+        return float(v)
+    return default
+
+
+def _bool(doc: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    v = doc.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ZooError(f"{where}: field {key!r} = {_short(v)} is not true or false; fix the config")
+    return v
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def model_type(doc: Mapping[str, Any]) -> str:
@@ -170,11 +210,42 @@ def model_type(doc: Mapping[str, Any]) -> str:
     return _ARCH_TYPES.get(str(first), str(first))
 
 
+HF_NAMES = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+            "kv_heads": "num_key_value_heads", "ffn": "intermediate_size", "vocab": "vocab_size",
+            "seq_len": "max_position_embeddings", "head_size": "head_dim",
+            "norm_eps": "rms_norm_eps", "experts_per_token": "num_experts_per_tok",
+            "tie_embeddings": "tie_word_embeddings"}
+"""The Hugging Face key of each :class:`ModelConfig` field a Llama-style config sets (what a
+message names); :data:`_KIND_NAMES` adds or replaces keys per ``model_type``."""
+
+_KIND_NAMES: dict[str, dict[str, str]] = {
+    "mixtral": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
+    "qwen3_moe": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
+                  "ffn": "moe_intermediate_size"},
+    "deepseek": {"kv_heads": "num_attention_heads", "head_size": "qk_nope_head_dim",
+                 "experts": "n_routed_experts", "expert_ffn": "moe_intermediate_size",
+                 "shared_experts": "n_shared_experts", "dense_layers": "first_k_dense_replace"},
+    "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head",
+             "ffn": "n_inner", "seq_len": "n_positions", "norm_eps": "layer_norm_epsilon"},
+    "gpt": {"kv_heads": "num_attention_heads", "norm_eps": "layer_norm_eps"},
+}
+
+
+def hf_names(kind: str) -> dict[str, str]:
+    """The Hugging Face key of each field for a config of ``model_type`` ``kind``."""
+    family = ("deepseek" if kind.startswith("deepseek") else
+              kind if kind in ("mixtral", "qwen3_moe", "gpt2") else
+              "gpt" if kind in GPT_TYPES else "")
+    return {**HF_NAMES, **_KIND_NAMES.get(family, {})}
+
+
 def from_hf(doc: Mapping[str, Any], name: str, source: str) -> ModelConfig:
-    """A Hugging Face config as a dense decoder :class:`ModelConfig` (module docstring).
+    """A Hugging Face config as a decoder :class:`ModelConfig` (module docstring), checked by
+    :func:`zoo.schema.check_model` with the config's own keys named in a message.
 
     Raises:
-        ZooError: a mixture-of-experts or unsupported ``model_type``, or a missing/bad field.
+        ZooError: an unsupported ``model_type``, a missing field or one of the wrong type, or
+            fields that do not make a valid model (one line naming the key, the value, the fix).
     """
     kind = model_type(doc)
     where = f"{source}: model_type {kind!r}"
@@ -186,17 +257,19 @@ def from_hf(doc: Mapping[str, Any], name: str, source: str) -> ModelConfig:
     if kind == "gemma3" and isinstance(doc.get("text_config"), Mapping):
         doc = {**doc["text_config"], "model_type": "gemma3_text"}
     if kind in LLAMA_TYPES:
-        return _llama_like(doc, kind, name, source, where)
-    if kind in MOE_TYPES:
-        return _moe(doc, kind, name, source, where)
-    return _gpt_like(doc, kind, name, source, where)
+        cfg = _llama_like(doc, kind, name, source, where)
+    elif kind in MOE_TYPES:
+        cfg = _moe(doc, kind, name, source, where)
+    else:
+        cfg = _gpt_like(doc, kind, name, source, where)
+    return check_model(cfg, source, hf_names(kind))
 
 
 def _llama_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str
                 ) -> ModelConfig:
     hidden = _int(doc, "hidden_size", where)
     heads = _int(doc, "num_attention_heads", where)
-    head_dim = _int(doc, "head_dim", where, default=hidden // heads)
+    head_dim = _int(doc, "head_dim", where) if doc.get("head_dim") is not None else 0
     gemma = kind.startswith("gemma")
     notes = []
     if gemma:
@@ -205,19 +278,20 @@ def _llama_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where
         notes.append("q/k/v biases left out")
     if kind == "qwen3":
         notes.append("q/k norms left out")
-    if doc.get("sliding_window") and (kind != "qwen2" or doc.get("use_sliding_window")):
-        notes.append(f"sliding-window layers ({doc['sliding_window']} tokens) costed as full attention")
+    window = doc.get("sliding_window")
+    if window and (kind != "qwen2" or doc.get("use_sliding_window")):
+        notes.append(f"sliding-window layers ({_short(window, 20)} tokens) costed as full attention")
     max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
     return ModelConfig(
         name=name, family="llama", layers=_int(doc, "num_hidden_layers", where),
         hidden=hidden, heads=heads, kv_heads=_int(doc, "num_key_value_heads", where, default=heads),
         ffn=_int(doc, "intermediate_size", where), vocab=_int(doc, "vocab_size", where),
         seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms", mlp="swiglu", pos_emb="rope",
-        bias=bool(doc.get("attention_bias", False)) and kind == "llama",
-        tie_embeddings=bool(doc.get("tie_word_embeddings", gemma)),
-        rope_theta=float(doc.get("rope_theta") or 10000.0),
-        norm_eps=float(doc.get("rms_norm_eps") or 1e-6),
-        head_size=head_dim if head_dim != hidden // heads else 0,
+        bias=_bool(doc, "attention_bias", where, False) and kind == "llama",
+        tie_embeddings=_bool(doc, "tie_word_embeddings", where, gemma),
+        rope_theta=_float(doc, where, "rope_theta", default=10000.0),
+        norm_eps=_float(doc, where, "rms_norm_eps", default=1e-6),
+        head_size=head_dim if head_dim * heads != hidden else 0,   # 0: hidden / heads
         source=f"{source}; {kind}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
@@ -228,15 +302,13 @@ def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) 
     if kind.startswith("deepseek"):
         return _deepseek(doc, kind, name, source, where)
     if kind == "qwen3_moe":
-        if doc.get("mlp_only_layers") or int(doc.get("decoder_sparse_step", 1)) != 1:
+        if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:
             raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
                            f"decoder_sparse_step) are not modelled; every layer must be sparse")
         experts, ffn = _int(doc, "num_experts", where), _int(doc, "moe_intermediate_size", where)
     else:
         experts, ffn = _int(doc, "num_local_experts", where), _int(doc, "intermediate_size", where)
     top_k = _int(doc, "num_experts_per_tok", where)
-    if top_k > experts:
-        raise ZooError(f"{where}: num_experts_per_tok {top_k} exceeds the {experts} experts; fix the config")
     base = _llama_like({**doc, "intermediate_size": ffn}, "qwen3" if kind == "qwen3_moe" else "mistral",
                        name, source, where)
     return dataclasses.replace(base, experts=experts, experts_per_token=top_k, expert_ffn=ffn,
@@ -253,11 +325,11 @@ def _deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: 
     costed as a softmax top-k (V3's sigmoid scores with group-limited selection move the same
     bytes); V3's multi-token-prediction module (``num_nextn_predict_layers``) is left out, as the
     published 671B total leaves it out."""
-    if int(doc.get("moe_layer_freq", 1)) != 1:
-        raise ZooError(f"{where}: moe_layer_freq {doc['moe_layer_freq']} (dense layers between the "
-                       f"sparse ones) is not modelled; every layer after the first dense ones must be sparse")
+    freq = _int(doc, "moe_layer_freq", where, default=1)
+    if freq != 1:
+        raise ZooError(f"{where}: moe_layer_freq {freq} (dense layers between the sparse ones) is "
+                       f"not modelled; every layer after the first dense ones must be sparse")
     hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
-    q_rank = doc.get("q_lora_rank") or 0
     notes = ["router costed as softmax top-k"]
     if doc.get("num_nextn_predict_layers"):
         notes.append("multi-token prediction module left out")
@@ -266,16 +338,16 @@ def _deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: 
         name=name, family="llama", layers=_int(doc, "num_hidden_layers", where), hidden=hidden,
         heads=heads, kv_heads=heads, ffn=_int(doc, "intermediate_size", where),
         vocab=_int(doc, "vocab_size", where), seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms",
-        mlp="swiglu", pos_emb="rope", tie_embeddings=bool(doc.get("tie_word_embeddings", False)),
-        rope_theta=float(doc.get("rope_theta") or 10000.0),
-        norm_eps=float(doc.get("rms_norm_eps") or 1e-6),
+        mlp="swiglu", pos_emb="rope", tie_embeddings=_bool(doc, "tie_word_embeddings", where, False),
+        rope_theta=_float(doc, where, "rope_theta", default=10000.0),
+        norm_eps=_float(doc, where, "rms_norm_eps", default=1e-6),
         head_size=_int(doc, "qk_nope_head_dim", where),
         experts=_int(doc, "n_routed_experts", where),
         experts_per_token=_int(doc, "num_experts_per_tok", where),
         expert_ffn=_int(doc, "moe_intermediate_size", where),
-        shared_experts=int(doc.get("n_shared_experts") or 0),
-        dense_layers=int(doc.get("first_k_dense_replace") or 0),
-        q_lora_rank=int(q_rank), kv_lora_rank=_int(doc, "kv_lora_rank", where),
+        shared_experts=_count(doc, "n_shared_experts", where),
+        dense_layers=_count(doc, "first_k_dense_replace", where),
+        q_lora_rank=_count(doc, "q_lora_rank", where), kv_lora_rank=_int(doc, "kv_lora_rank", where),
         qk_rope_head_dim=_int(doc, "qk_rope_head_dim", where),
         v_head_dim=_int(doc, "v_head_dim", where),
         source=f"{source}; {kind} ({'; '.join(notes)})")
@@ -295,69 +367,65 @@ def _gpt_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where: 
         max_pos = _int(doc, "max_position_embeddings", where, default=2048)
         act = "relu" if str(doc.get("activation_function", "")).startswith("relu") else "gelu"
         pos = "rope" if kind == "gpt_neox" else "learned"
-        tie = bool(doc.get("tie_word_embeddings", kind == "opt"))
+        tie = _bool(doc, "tie_word_embeddings", where, kind == "opt")
     notes = []
     if kind == "gpt_neox" and doc.get("rotary_pct", 1.0) != 1.0:
-        notes.append(f"rotary on {doc['rotary_pct']} of each head costed as full rotary")
+        notes.append(f"rotary on {_short(doc['rotary_pct'], 20)} of each head costed as full rotary")
     if kind == "opt" and doc.get("word_embed_proj_dim", hidden) != hidden:
-        notes.append(f"embedding projected to {doc['word_embed_proj_dim']} costed at width {hidden}")
-    if hidden % heads:
-        raise ZooError(f"{where}: hidden size {hidden} is not divisible by {heads} heads; fix the config")
+        notes.append(f"embedding projected to {_short(doc['word_embed_proj_dim'], 20)} costed at "
+                     f"width {hidden}")
     return ModelConfig(
         name=name, family="gpt", layers=layers, hidden=hidden, heads=heads, kv_heads=heads,
         ffn=ffn, vocab=_int(doc, "vocab_size", where), seq_len=min(max_pos, SEQ_LEN_CAP),
         norm="layer", mlp=act, pos_emb=pos, bias=True, tie_embeddings=tie,
-        rope_theta=float(doc.get("rotary_emb_base") or 10000.0),
-        norm_eps=float(doc.get("layer_norm_eps") or doc.get("layer_norm_epsilon") or 1e-5),
+        rope_theta=_float(doc, where, "rotary_emb_base", default=10000.0),
+        norm_eps=_float(doc, where, "layer_norm_eps", "layer_norm_epsilon", default=1e-5),
         source=f"{source}; {kind}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
-_CHOICES = {"family": ("llama", "gpt"), "norm": ("rms", "layer"),
-            "mlp": ("swiglu", "gelu", "relu"), "pos_emb": ("rope", "learned", "none"),
-            "dtype": ("bfloat16", "float32"), "attention_kernel": ("flash", "unfused"),
-            "attention": ("plain", "flash", "fused")}
-"""The fields of a model spec with a fixed vocabulary, and their values."""
+SPEC_FAMILIES = ("llama", "gpt")
+"""The families a YAML model spec may name (a Mochi DiT is the zoo's ``mochi-dit-*``)."""
+
+REQUIRED = ("family", "layers", "hidden", "heads", "ffn", "vocab")
+"""The fields a YAML model spec must give (``kv_heads`` defaults to ``heads``)."""
 
 
-def from_spec(doc: Mapping[str, Any], name: str, source: str) -> ModelConfig:
-    """A YAML model spec (a mapping of :class:`ModelConfig` fields) as a :class:`ModelConfig`;
-    also what :func:`plan_model` reads back from a plan.
+def from_spec(doc: Mapping[str, Any], name: str, source: str, where: str | None = None
+              ) -> ModelConfig:
+    """A YAML model spec (a mapping of :class:`ModelConfig` fields) as a :class:`ModelConfig`,
+    checked by :func:`zoo.schema.check_model`; also what :func:`plan_model` reads back from a
+    plan. A float field takes a number or a numeric string (YAML reads ``1e6`` as a string).
+
+    Args:
+        where: what messages name (default ``source``).
 
     Raises:
-        ZooError: an unknown field, a missing required one, or a value of the wrong type.
+        ZooError: an unknown field, a missing required one, or fields that do not make a valid
+            model (one line naming the field, its value and the fix).
     """
+    where = where or source
     fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
-    bad = sorted(set(doc) - set(fields))
+    bad = sorted(set(doc) - set(fields), key=str)
     if bad:
-        raise ZooError(f"{source}: unknown field {bad[0]!r}; valid fields: {', '.join(fields)}")
-    required = ("family", "layers", "hidden", "heads", "ffn", "vocab")
-    for k in required:
+        close = difflib.get_close_matches(str(bad[0]), list(fields), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ZooError(f"{where}: unknown field {_short(bad[0])}; {hint}valid fields: {', '.join(fields)}")
+    for k in REQUIRED:
         if k not in doc:
-            raise ZooError(f"{source}: field {k!r} is missing; a model spec needs "
-                           f"{', '.join(required)}")
-    defaults = {f.name: f.default for f in fields.values()}
+            raise ZooError(f"{where}: field {k!r} is missing; a model spec needs {', '.join(REQUIRED)}")
+    if doc["family"] not in SPEC_FAMILIES:
+        raise ZooError(f"{where}: family = {_short(doc['family'])} is not one of "
+                       f"{', '.join(SPEC_FAMILIES)}; fix: give one (a Mochi DiT is the zoo's "
+                       f"mochi-dit-10b)")
     out: dict[str, Any] = {"name": name, "source": source, "kv_heads": doc["heads"]}
     for k, v in doc.items():
-        want = defaults.get(k)
-        if k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
-            want = 1
-        ok = (isinstance(v, bool) if isinstance(want, bool) else
-              isinstance(v, (int, float)) and not isinstance(v, bool) if isinstance(want, float) else
-              isinstance(v, int) and not isinstance(v, bool) if isinstance(want, int) else
-              isinstance(v, str))
-        if not ok or (isinstance(v, int) and not isinstance(v, bool) and v < 0):
-            raise ZooError(f"{source}: field {k!r} = {v!r} has the wrong type or sign; give a "
-                           f"{type(want).__name__ if want is not None else 'str'}")
-        if k in _CHOICES and v not in _CHOICES[k]:
-            raise ZooError(f"{source}: {k} {v!r} is not one of {', '.join(_CHOICES[k])}")
-        out[k] = float(v) if isinstance(want, float) else v
-    for k in required[1:]:
-        if out[k] < 1:
-            raise ZooError(f"{source}: field {k!r} must be at least 1")
-    if out.get("head_size", 0) == 0 and out["hidden"] % out["heads"]:
-        raise ZooError(f"{source}: hidden {out['hidden']} is not divisible by {out['heads']} heads; "
-                       f"set head_size")
-    return ModelConfig(**out)
+        if str(fields[k].type) == "float" and isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                pass                     # check_model names it
+        out[k] = v
+    return check_model(ModelConfig(**out), where)
 
 
 def config_fields(cfg: ModelConfig) -> dict[str, Any]:
@@ -374,5 +442,6 @@ def plan_model(model: str, model_config: Mapping[str, Any] | None = None) -> Mod
     """
     if model_config:
         fields = dict(model_config)
-        return from_spec(fields, str(fields.pop("name", model)), str(fields.pop("source", "plan")))
+        return from_spec(fields, str(fields.pop("name", model)), str(fields.pop("source", "plan")),
+                         where="the plan's model_config")
     return get_config(model)

@@ -52,7 +52,7 @@ def test_gpt_config_matches_megatron_145b():
 
 
 def test_gpt_config_rejects_bad_sizes():
-    with pytest.raises(ZooError, match="hidden divisible by heads"):
+    with pytest.raises(ZooError, match="hidden = 100 is not divisible by heads = 3"):
         zoo.gpt_config(2, 100, 3)
 
 

@@ -1,0 +1,231 @@
+"""What a valid model description is: the one check every model source passes.
+
+A :class:`zoo.config.ModelConfig` reaches the cost model and JAX from five sources: a zoo entry
+with overrides (:func:`zoo.config.get_config`, which is also how ``--seq-len`` and a plan's
+sequence length are applied), :func:`zoo.config.gpt_config` (validation rows), a Hugging Face
+``config.json`` and a YAML model spec (:mod:`zoo.model_files`), and the fields a plan carries
+(:func:`zoo.model_files.plan_model`). Each ends in :func:`check_model`, which checks, in order:
+
+1. **types**: every field has its declared type (an ``int`` field takes an integer, never a
+   bool; a ``float`` field a finite number; a ``str`` field a string);
+2. **ranges**: counts are at least 0, sizes at least 1, and every one at most its
+   :data:`LIMITS` entry; ``rope_theta``, ``norm_eps`` and ``capacity_factor`` lie in
+   :data:`FLOAT_RANGES`; the name matches :data:`ir.files.NAME_PATTERN` (a plan file names its
+   model, and its reader refuses any other name);
+3. **vocabularies**: :data:`CHOICES`;
+4. **relations**: key/value heads divide the heads; the heads divide the width unless
+   ``head_size`` is set; rotary heads are even-width; a mixture of experts has 1 <= top-k <=
+   experts, an expert width, and fewer dense first layers than layers, and a dense model sets
+   none of those; multi-head latent attention sets its ranks and head widths together or not at
+   all; a Mochi DiT sets its video fields (patches tiling the latent), no other family sets them.
+
+A failure is one line naming the field (by the file's own key when the caller gives
+``names``), its value and the fix: :class:`zoo.errors.ZooError`.
+
+Why limits at all: the analytic cost model holds far larger numbers (a 65,536-layer Llama-style
+spec plans on ``h100x16384_nodes.yaml`` in 22 s using 0.3 GB on the project's 2-core machine,
+``python -m mpmd plan --model SPEC --cluster hardware_profiles/clusters/h100x16384_nodes.yaml
+--global-batch 4096 --time-limit 5``, 2026-11-28), but a layer count of 10**9 grew the process by
+about 300 MB/s until the kernel killed it, and a 10**12-entry vocabulary or a 0-token sequence
+crashed inside JAX. Each limit is a power of two 16x or more above the largest published value
+named beside it, so no real model is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ir.files import NAME_PATTERN
+from ir.workload import ATTENTION_KERNELS
+from zoo.errors import ZooError
+
+if TYPE_CHECKING:
+    from zoo.config import ModelConfig
+
+__all__ = ["CHOICES", "FLOAT_RANGES", "LIMITS", "MAX_NAME", "check_model"]
+
+LIMITS: dict[str, int] = {
+    "layers": 2**14,           # deepest published decoder 126 (Llama 3 405B); DeepNet trained 1,000
+    "hidden": 2**18,           # widest published 25,600 (Megatron-LM 1T, Narayanan et al. 2021)
+    "ffn": 2**20,              # 53,248 (Llama 3 405B); 4 x 25,600 for GPT-style
+    "heads": 2**12,            # 128 (Llama 3 405B, DeepSeek-V3)
+    "kv_heads": 2**12,
+    "head_size": 2**12,        # 256 (Gemma)
+    "vocab": 2**24,            # 262,144 (Gemma 3)
+    "seq_len": 2**22,          # 4 Mi tokens: what a plan file holds (ir.plan_file.LIMITS)
+    "experts": 2**14,          # 256 routed (DeepSeek-V3)
+    "experts_per_token": 2**14,
+    "expert_ffn": 2**20,       # 2,048 (DeepSeek-V3), 16,384 (Mixtral 8x22B)
+    "shared_experts": 2**10,   # 1 (DeepSeek-V3), 2 (DeepSeek-V2)
+    "dense_layers": 2**14,
+    "q_lora_rank": 2**16,      # 1,536 (DeepSeek-V3)
+    "kv_lora_rank": 2**16,     # 512 (DeepSeek-V3)
+    "qk_rope_head_dim": 2**12,  # 64 (DeepSeek-V3)
+    "v_head_dim": 2**12,       # 128 (DeepSeek-V3)
+    "hidden_y": 2**18, "ffn_y": 2**20,   # Mochi: 1,536 / 4,096
+    "text_tokens": 2**16, "text_dim": 2**16,   # 256 tokens of T5-XXL width 4,096
+    "latent_channels": 2**10, "latent_frames": 2**12,   # 12 channels, 28 frames
+    "latent_height": 2**14, "latent_width": 2**14,      # 60 x 106
+    "patch_size": 2**8, "sampling_steps": 2**16, "cfg_passes": 2**4,   # 2, 64, 2
+}
+"""Largest value of each integer field (counts; tokens; widths in elements)."""
+
+FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "rope_theta": (1.0, 1e12),         # 10,000 (RoPE) to 1,000,000 (Qwen3); open at neither end
+    "norm_eps": (1e-30, 0.1),          # 1e-5 / 1e-6 published
+    "capacity_factor": (1e-3, 64.0),   # 1.0-2.0 (GShard, Switch Transformer)
+}
+"""Closed range of each float field."""
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "family": ("llama", "gpt", "mochi"), "norm": ("rms", "layer"),
+    "mlp": ("swiglu", "gelu", "relu"), "pos_emb": ("rope", "learned", "none"),
+    "dtype": ("bfloat16", "float32"), "attention_kernel": tuple(ATTENTION_KERNELS),
+    "attention": ("plain", "flash", "fused")}
+"""The fields with a fixed vocabulary, and their values."""
+
+MAX_NAME = 200
+"""Longest model name (a plan file's limit)."""
+
+_AT_LEAST_ONE = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq_len")
+_MOCHI = ("hidden_y", "ffn_y", "text_tokens", "text_dim", "latent_channels", "latent_frames",
+          "latent_height", "latent_width", "patch_size", "sampling_steps", "cfg_passes")
+_MOE = ("experts_per_token", "expert_ffn", "shared_experts", "dense_layers")
+_MLA = ("q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+
+
+def check_model(cfg: ModelConfig, where: str = "", names: Mapping[str, str] | None = None
+                ) -> ModelConfig:
+    """``cfg`` itself when it is a valid model description (module docstring), else an error.
+
+    Args:
+        cfg: the model description.
+        where: what it was read from, prefixed to the message (``"Qwen3-8B.json (Hugging Face
+            config)"``); default: the model's name.
+        names: the source's own key for a field (``{"kv_heads": "num_key_value_heads"}``), so a
+            message names what the user wrote.
+
+    Raises:
+        ZooError: the first bad field: one line naming it, its value and the fix.
+    """
+    label = dict(names or {})
+
+    def key(field: str) -> str:
+        return label.get(field, field)
+
+    def bad(field: str, problem: str, fix: str) -> ZooError:
+        value = getattr(cfg, field)
+        at = where or f"model {cfg.name!r}"
+        return ZooError(" ".join(f"{at}: {key(field)} = {value!r} {problem}; fix: {fix}".split()))
+
+    _check_types(cfg, bad)
+    _check_ranges(cfg, bad)
+    _check_relations(cfg, bad, key)
+    return cfg
+
+
+def _check_types(cfg: ModelConfig, bad: Any) -> None:
+    for f in dataclasses.fields(cfg):
+        v, kind = getattr(cfg, f.name), str(f.type)
+        if kind == "int" and (isinstance(v, bool) or not isinstance(v, int)):
+            raise bad(f.name, "is not an integer", "give a whole number")
+        if kind == "bool" and not isinstance(v, bool):
+            raise bad(f.name, "is not true or false", "give true or false")
+        if kind == "str" and not isinstance(v, str):
+            raise bad(f.name, "is not a string", "give a string")
+        if kind == "float" and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                or not math.isfinite(v)):
+            raise bad(f.name, "is not a finite number", "give a number such as 1.5")
+
+
+def _check_ranges(cfg: ModelConfig, bad: Any) -> None:
+    if not re.match(NAME_PATTERN, cfg.name) or len(cfg.name) > MAX_NAME:
+        raise bad("name", f"is not a model name (letters, digits and _ . + - only, at most "
+                  f"{MAX_NAME} characters)", "rename the model or its file")
+    for field, choices in CHOICES.items():
+        if getattr(cfg, field) not in choices:
+            raise bad(field, f"is not one of {', '.join(choices)}", f"use one of {', '.join(choices)}")
+    for field, limit in LIMITS.items():
+        v = getattr(cfg, field)
+        least = 1 if field in _AT_LEAST_ONE or (field == "vocab" and cfg.family != "mochi") else 0
+        if v < least:
+            raise bad(field, f"is below {least}", f"give at least {least}")
+        if v > limit:
+            raise bad(field, f"is over the limit {limit:,} (far above any published model; the "
+                      f"cost model's tables and the traced program grow with it)",
+                      f"give at most {limit:,}")
+    for field, (lo, hi) in FLOAT_RANGES.items():
+        if not lo <= getattr(cfg, field) <= hi:
+            raise bad(field, f"is outside [{lo:g}, {hi:g}]", f"give a value in [{lo:g}, {hi:g}]")
+
+
+def _check_relations(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    if cfg.head_size == 0 and cfg.hidden % cfg.heads:
+        raise bad("hidden", f"is not divisible by {key('heads')} = {cfg.heads}",
+                  f"pick heads dividing the width, or set {key('head_size')}")
+    if cfg.kv_heads > cfg.heads or cfg.heads % cfg.kv_heads:
+        raise bad("kv_heads", f"does not divide {key('heads')} = {cfg.heads} (each key/value head "
+                  f"serves a whole group of query heads)", f"give a divisor of {cfg.heads}")
+    if cfg.pos_emb == "rope" and not cfg.mla and cfg.head_dim % 2:
+        field = "head_size" if cfg.head_size else "hidden"
+        raise bad(field, f"gives odd-width heads ({cfg.head_dim}), which rotary embeddings "
+                  "cannot rotate in pairs", "use an even head width")
+    _check_experts(cfg, bad, key)
+    _check_mla(cfg, bad, key)
+    _check_mochi(cfg, bad, key)
+
+
+def _check_experts(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    if not cfg.moe:
+        for field in _MOE:
+            if getattr(cfg, field):
+                raise bad(field, f"is set but {key('experts')} = 0 (a dense model)",
+                          f"set {key('experts')} or drop {key(field)}")
+        return
+    if not 1 <= cfg.experts_per_token <= cfg.experts:
+        raise bad("experts_per_token", f"is not between 1 and the {cfg.experts} experts",
+                  f"route each token to 1 to {cfg.experts} experts")
+    if cfg.expert_ffn < 1:
+        raise bad("expert_ffn", "is not set for a mixture of experts", "give each expert's width")
+    if cfg.dense_layers >= cfg.layers:
+        raise bad("dense_layers", f"leaves no mixture-of-experts layer of the {cfg.layers}",
+                  f"give fewer than {cfg.layers} dense first layers")
+
+
+def _check_mla(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    if not cfg.mla:
+        for field in _MLA:
+            if getattr(cfg, field):
+                raise bad(field, f"is set but {key('kv_lora_rank')} = 0 (no latent attention)",
+                          f"set {key('kv_lora_rank')} with it, or drop {key(field)}")
+        return
+    for field in ("qk_rope_head_dim", "v_head_dim", "head_size"):
+        if getattr(cfg, field) < 1:
+            raise bad(field, f"is not set but {key('kv_lora_rank')} = {cfg.kv_lora_rank} "
+                      "(latent attention needs its head widths)", f"give {key(field)}")
+    if cfg.pos_emb == "rope" and cfg.qk_rope_head_dim % 2:
+        raise bad("qk_rope_head_dim", "is odd; rotary embeddings rotate pairs",
+                  "use an even rotary width")
+
+
+def _check_mochi(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    if cfg.family != "mochi":
+        for field in _MOCHI:
+            if getattr(cfg, field):
+                raise bad(field, f"applies to family mochi only, not {cfg.family}",
+                          f"drop {key(field)}")
+        return
+    for field in _MOCHI:
+        if getattr(cfg, field) < 1:
+            raise bad(field, "is not set for a Mochi DiT", f"give {key(field)}")
+    for field in ("latent_height", "latent_width"):
+        if getattr(cfg, field) % cfg.patch_size:
+            raise bad(field, f"is not a multiple of {key('patch_size')} = {cfg.patch_size}",
+                      "give a latent the patches tile")
+    if cfg.training:
+        raise bad("training", "is true; the Mochi DiT is modelled for inference only",
+                  "set training false")
