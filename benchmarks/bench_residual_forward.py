@@ -46,7 +46,7 @@ def rows(samples: int = 2, repeats: int = 31) -> list[tuple[str, str, float, flo
         raise SystemExit("bench_residual_forward: needs 2 JAX devices; run it where "
                          "jax_num_cpu_devices >= 2 (this script sets it before JAX starts)")
     moe = load_model_file(MOE_MODEL)
-    dense = get_config(moe, experts=0)
+    dense = get_config(moe, experts=0, experts_per_token=0, expert_ffn=0)   # the same block, dense
     out = []
     for name, cfg, layouts in (("dense", dense, (Layout(2, 1),)),
                                ("moe", moe, (Layout(2, 1), Layout(2, 1, expert=2)))):

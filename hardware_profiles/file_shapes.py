@@ -31,6 +31,13 @@ MAX_NODES = 16384
 twice the 65,536 devices the planner is benchmarked on; no machine built is near. A node group
 is shaped by counting nodes, not listing them, so the search does not grow with this figure."""
 
+MAX_TOTAL_DEVICES = 2**20
+"""Most devices in one cluster, all meshes or node groups together: 1,048,576, 16x the 65,536 the
+planner is benchmarked on. The search's work grows with the device count (the divisors and
+carvings it tries): on the project's 2-core machine ``mpmd plan --model llama3-70b
+--global-batch 1024 --time-limit 2`` on one node group took 5.9 s at 2**20 devices, 88 s at
+2**26 and over 300 s at 2**34 (measured 2026-11-28 under a 3 GiB address-space cap)."""
+
 TFLOPS = 1e12
 GB = 1e9
 GIB = 2.0**30

@@ -44,7 +44,7 @@ from hardware_profiles.file_shapes import (  # noqa: F401  (limits re-exported: 
                                            MAX_GBIT,
                                            MAX_US,
                                            MAX_MESHES,
-                                           MAX_NODES,
+                                           MAX_NODES, MAX_TOTAL_DEVICES,
                                            NAME_PATTERN,
                                            TFLOPS,
                                            GB,
@@ -487,6 +487,12 @@ def load_cluster(path: str | Path) -> Cluster:
         f = _ClusterFile.model_validate(data)
     except ValidationError as err:
         raise _from_validation(p, err) from None
+    total = (sum(g.nodes * g.devices_per_node for g in f.node_groups) if f.node_groups
+             else sum(m.num_devices for m in f.meshes))
+    if total > MAX_TOTAL_DEVICES:
+        raise ProfileError(f"{p}: {total:,} devices in all, over the limit {MAX_TOTAL_DEVICES:,} (the "
+                           f"planner's search grows with the device count: minutes at 2**26); fix: "
+                           f"describe at most {MAX_TOTAL_DEVICES:,} devices")
     if f.node_groups:
         return _node_group_cluster(p, f)
     if not f.meshes:

@@ -311,3 +311,19 @@ def test_node_groups_reach_production_scale_and_stop_at_what_no_machine_has(tmp_
         f"{MAX_NODES // 2 + 1}, devices_per_node: 8, scale_out_link: {{latency_us: 5, source: t}}}}\n"))
     with pytest.raises(ProfileError, match=f"{MAX_NODES + 1} nodes in all; fix: use at most {MAX_NODES}"):
         load_cluster(p)
+
+
+@pytest.mark.parametrize("body,total", [
+    ("node_groups:\n- {name: g, device: h100-sxm, nodes: 16384, devices_per_node: 1048576,\n"
+     "   scale_out_link: {latency_us: 5, source: x}}\n", "17,179,869,184"),
+    ("meshes:\n" + "".join(f"- {{name: m{i}, device: h100-sxm, num_devices: 1048576}}\n"
+                           for i in range(2)), "2,097,152"),
+])
+def test_a_cluster_of_more_devices_than_the_search_can_hold_is_refused(tmp_path, body, total):
+    f = tmp_path / "c.yaml"
+    f.write_text("name: c\n" + body)
+    with pytest.raises(ProfileError) as e:
+        load_cluster(f)
+    assert str(e.value) == (f"{f}: {total} devices in all, over the limit 1,048,576 (the planner's "
+                            "search grows with the device count: minutes at 2**26); fix: describe at "
+                            "most 1,048,576 devices")
