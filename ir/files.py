@@ -1,12 +1,14 @@
 """The one place the tool reads a user's file and writes an output.
 
 Every file the tool reads (cluster and device YAML, what-if examples and sweep specs, plan JSON, the
-validation CSV) goes through :func:`read_text`, and then :func:`read_yaml`, :func:`read_json` or
-:func:`read_csv_rows`; every output goes through :func:`write_atomic`. Hostile input (a binary file,
-a file that is not UTF-8, a 100 000-level nesting, a YAML alias bomb, ``.inf``/``NaN``, a huge
-file, a directory, a device file) raises :class:`InputError`: one line naming the path, what was
-wrong and the fix, raised before any output is written and, for nesting and aliases, while the
-document is being composed (so it fails in milliseconds, never with ``RecursionError``).
+validation and measurement CSVs) goes through :func:`read_text`, and then :func:`read_yaml`,
+:func:`read_json` or :func:`read_csv_table` (:func:`read_csv_rows`); every output path is checked
+by :func:`check_output` before the command's work and written by :func:`write_atomic`. Hostile
+input (a binary file, a file that is not UTF-8, a 100 000-level nesting, a YAML alias bomb,
+``.inf``/``NaN``, a huge file, a directory, a device file) raises :class:`InputError`: one line
+naming the path, what was wrong and the fix, raised before any output is written and, for
+nesting and aliases, while the document is being composed (so it fails in milliseconds, never
+with ``RecursionError``); so does an output path that cannot be written.
 
 Limits (module constants): :data:`MAX_TEXT_BYTES` (32 MiB) for YAML and JSON, :data:`MAX_CSV_BYTES`
 (128 MiB) for CSV, :data:`MAX_DEPTH` (32) nesting levels, :data:`MAX_ALIASES` (100) YAML aliases
@@ -32,7 +34,8 @@ from typing import Any
 import yaml
 
 __all__ = ["InputError", "MAX_ALIASES", "MAX_CSV_BYTES", "MAX_DEPTH", "MAX_EXPANDED", "MAX_TEXT_BYTES",
-           "NAME_PATTERN", "check_finite", "read_csv_rows", "read_json", "read_text", "read_yaml", "write_atomic"]
+           "NAME_PATTERN", "check_finite", "check_output", "read_csv_rows", "read_csv_table", "read_json",
+           "read_text", "read_yaml", "write_atomic"]
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 """Cluster, mesh, device and host names: letters, digits and ``_ . + -`` (a name appears in link
@@ -320,27 +323,103 @@ def read_json(path: str | Path, what: str, *, fix: str = "correct the JSON",
 
 
 # ----------------------------------------------------------------------------- CSV
-def read_csv_rows(path: str | Path, what: str, *, max_bytes: int = MAX_CSV_BYTES) -> list[dict[str, Any]]:
-    """The rows of a CSV file with a header line, as dicts (``csv.DictReader``: missing trailing
-    fields are ``None``, extra fields go under the key ``None``). Values stay strings; the caller
-    converts them and checks numbers are finite.
+def read_csv_table(path: str | Path, what: str, *, max_bytes: int = MAX_CSV_BYTES
+                   ) -> tuple[tuple[str, ...], list[tuple[int, dict[str, Any]]]]:
+    """The header of a CSV file and its rows, each with the line it ends on (blank lines are
+    skipped, so that is the line a message should name) and as a dict (``csv.DictReader``: missing
+    trailing fields are ``None``, extra fields go under the key ``None``). Values stay strings; the
+    caller converts them and checks numbers are finite.
 
     Raises:
         InputError: any :func:`read_text` failure; no header line; a CSV syntax error (line named).
     """
     p = Path(path)
     text = read_text(p, what, max_bytes=max_bytes)
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        if not reader.fieldnames:
+        header = tuple(reader.fieldnames or ())
+        if not header:
             raise InputError(f"{p}: {what} file has no header line; fix: start it with the column names")
-        return list(reader)
+        return header, [(reader.line_num, row) for row in reader]
     except csv.Error as e:
         raise InputError(_one_line(f"{p}: malformed CSV at line {reader.line_num + 1} ({e}); "
                                    f"fix: correct that line")) from None
 
 
+def read_csv_rows(path: str | Path, what: str, *, max_bytes: int = MAX_CSV_BYTES) -> list[dict[str, Any]]:
+    """The rows of a CSV file with a header line, as dicts (:func:`read_csv_table` without the
+    header and line numbers).
+
+    Raises:
+        InputError: see :func:`read_csv_table`.
+    """
+    return [row for _, row in read_csv_table(path, what, max_bytes=max_bytes)[1]]
+
+
 # ----------------------------------------------------------------------------- output
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (``os.path.exists``: a path below a file or
+    below a folder that cannot be searched does not)."""
+    while not os.path.exists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _output_problem(path: Path, folder: bool) -> str | None:
+    """Why :func:`write_atomic` could not write ``path`` (a file, or with ``folder`` a folder to
+    write files into), or None; creates nothing."""
+    try:
+        st: os.stat_result | None = path.stat()
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        st = None       # the folders above say why (below a file, or not searchable)
+    except (OSError, ValueError) as e:
+        return getattr(e, "strerror", None) or str(e)
+    if st is not None and folder:
+        if not stat.S_ISDIR(st.st_mode):
+            return "it is a file, not a folder"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "the folder is not writable"
+        return None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            return "it is a directory"
+        if not stat.S_ISREG(st.st_mode):
+            return "it is not a regular file (a device, pipe or socket)"
+        if not os.access(path, os.W_OK):
+            return "the file is not writable"
+    # the folder the file goes in: write_atomic makes the missing ones below the nearest existing
+    home = _nearest_existing(Path(os.path.abspath(path if folder else path.parent)))
+    if not home.is_dir():
+        return f"{home} is a file, not a folder"
+    if not os.access(home, os.W_OK | os.X_OK):
+        return f"folder {home} is not writable"
+    return None
+
+
+def check_output(path: str | Path, what: str, *, folder: bool = False) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, once it is clear :func:`write_atomic` can write
+    there: called by every command before its work, so a bad output path fails in milliseconds,
+    not after the computation. Nothing is created.
+
+    Args:
+        path: the output file (with ``folder``: the folder the outputs go in).
+        what: what is written there, for messages (``"plan JSON"``, ``"trace"``).
+        folder: ``path`` is a folder to write files into (made if missing), not a file.
+
+    Raises:
+        InputError: one line, ``PATH: cannot write the WHAT there (REASON); fix: ...``, when the
+            path is an existing directory (a file output) or an existing file (a folder output),
+            is not a regular file or not writable, lies below a file, or its nearest existing
+            folder is not writable.
+    """
+    p = Path(path)
+    reason = _output_problem(p, folder)
+    if reason is not None:
+        raise InputError(_one_line(f"{p}: cannot write the {what} there ({reason}); "
+                                   f"fix: give a path in a folder you can write"))
+    return p
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder and a rename, so a
     reader never sees a half-written file and a failure leaves no file behind.

@@ -12,13 +12,13 @@ from __future__ import annotations
 import base64
 import html
 import math
-import os
 from pathlib import Path
 
 import pandas as pd
 
 from hardware_profiles.calibration import PRIOR_UNCERTAINTY
 from reports import plots
+from ir.files import write_atomic
 from reports.errors import ReportError
 
 OBJECT_COLUMNS = ("plan", "sim")
@@ -315,13 +315,6 @@ def to_html(df: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def report_paths(out: str | Path) -> dict[str, Path]:
     """``{"html", "csv", "md"}`` -> ``OUT.html``, ``OUT.csv``, ``OUT.md`` (``out`` is a path stem; a
     report suffix is dropped).
@@ -344,7 +337,7 @@ def write_report(df: pd.DataFrame, out: str | Path) -> dict[str, Path]:
         ReportError: ``out`` is an existing directory.
     """
     paths = report_paths(out)
-    _write(paths["html"], to_html(df))
-    _write(paths["csv"], csv_table(df).to_csv(index=False, float_format="%.6g"))
-    _write(paths["md"], to_markdown(df))
+    write_atomic(paths["html"], to_html(df))
+    write_atomic(paths["csv"], csv_table(df).to_csv(index=False, float_format="%.6g"))
+    write_atomic(paths["md"], to_markdown(df))
     return paths

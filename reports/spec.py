@@ -105,6 +105,10 @@ def to_option(x: OptionLike, base: Path | None = None) -> Option:
                           f"write e.g. 'cluster: h100x64'")
     c = x["cluster"] if isinstance(x["cluster"], Cluster) else _load(x["cluster"], base)
     where = f"option {c.name!r}"
+    for key in ("schedules", "microbatches"):
+        if x.get(key) is not None and not isinstance(x[key], (list, tuple)):
+            raise ReportError(f"{where}: {key} = {x[key]!r} is not a list; fix: write e.g. "
+                              f"'{key}: {'[1f1b]' if key == 'schedules' else '[4, 8]'}'")
     try:
         return Option(
             c, str(x.get("label") or c.name),
@@ -112,7 +116,7 @@ def to_option(x: OptionLike, base: Path | None = None) -> Option:
                           if x.get("time_limit_s") is not None else None),
             max_tensor=(_number(f"{where}: max_tensor", x["max_tensor"], int, 1, 2**20)
                         if x.get("max_tensor") is not None else None),
-            schedules=tuple(str(s) for s in x["schedules"]) if x.get("schedules") else None,
+            schedules=_schedules(where, x["schedules"]) if x.get("schedules") else None,
             microbatches=(tuple(_number(f"{where}: microbatches", m, int, 1, 2**16)
                                 for m in x["microbatches"]) if x.get("microbatches") else None),
             note=str(x.get("note", "")))
@@ -186,9 +190,26 @@ _EXAMPLE_NUMBERS = {"tokens": (float, 0.0, 1e18), "videos_per_hour": (float, 0.0
 """Example key -> (type, exclusive lower bound for floats / inclusive for ints, upper bound)."""
 
 
+def _schedules(where: str, names: list[Any] | tuple[Any, ...]) -> tuple[str, ...]:
+    """An option's ``schedules``: names of :data:`simulator.schedules.KINDS`.
+
+    Raises:
+        ReportError: a name that is not a schedule (the known ones listed).
+    """
+    from simulator.schedules import KINDS
+
+    for s in names:
+        if not isinstance(s, str) or s not in KINDS:
+            raise ReportError(f"{where}: schedules holds {s!r}, not a schedule; fix: use "
+                              f"{', '.join(KINDS)}")
+    return tuple(names)
+
+
 def _number(where: str, value: Any, kind: type, lo: float, hi: float) -> Any:
-    """``value`` as ``kind`` within the bounds, or a one-line :class:`ReportError`."""
+    """``value`` as ``kind`` within the bounds (never a bool), or a one-line :class:`ReportError`."""
     try:
+        if isinstance(value, bool):
+            raise TypeError("a bool")
         x = float(value)
     except (TypeError, ValueError, OverflowError):
         raise ReportError(f"{where} = {value!r} is not a number; fix: write a number") from None

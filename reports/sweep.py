@@ -95,6 +95,21 @@ class SweepResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _whole(x: Any) -> int:
+    """``x`` as an int: an int, or a float or numeric string without a fractional part.
+
+    Raises:
+        ValueError: a bool, a fraction, a non-finite number or a string that is no number.
+        TypeError: neither a number nor a string (a list, a mapping, None).
+    """
+    if isinstance(x, bool):
+        raise ValueError(f"{x!r} is not an integer")
+    f = float(x)
+    if not (math.isfinite(f) and f == int(f)):
+        raise ValueError(f"{x!r} is not an integer")
+    return int(f)
+
+
 def parse_spec(data: Any, name: str = "sweep") -> SweepSpec:
     """A :class:`SweepSpec` from a YAML mapping (optionally under a ``sweep:`` key).
 
@@ -110,6 +125,8 @@ def parse_spec(data: Any, name: str = "sweep") -> SweepSpec:
         raise ReportError(f"sweep spec has unknown keys {sorted(unknown)}; use budget_usd_per_hour, "
                           f"devices, max_device_types, max_options, name")
     try:
+        if isinstance(data.get("budget_usd_per_hour"), bool):
+            raise TypeError("a bool")
         budget = float(data["budget_usd_per_hour"])
     except (KeyError, TypeError, ValueError, OverflowError):
         raise ReportError("sweep spec needs a numeric 'budget_usd_per_hour'; e.g. 100") from None
@@ -128,15 +145,20 @@ def parse_spec(data: Any, name: str = "sweep") -> SweepSpec:
         if not isinstance(d, Mapping):
             raise ReportError(f"sweep device {dev!r}: give a mapping {{unit: 8, units: [0, 1, 2]}}")
         try:
-            unit = int(d.get("unit", 8))
-            units = tuple(int(u) for u in d["units"])
+            unit = _whole(d.get("unit", 8))
+            if not isinstance(d["units"], (list, tuple)):
+                raise TypeError("units is not a list")
+            units = tuple(_whole(u) for u in d["units"])
         except (KeyError, TypeError, ValueError, OverflowError):
-            raise ReportError(f"sweep device {dev!r}: 'unit' must be an integer and 'units' a list "
-                              f"of integers; e.g. units: [0, 2, 4]") from None
+            raise ReportError(f"sweep device {dev!r}: unit = {_brief(d.get('unit', 8))}, units = "
+                              f"{_brief(d.get('units'))}; 'unit' must be an integer and 'units' a "
+                              f"list of integers; e.g. units: [0, 2, 4]") from None
         mesh = str(d.get("mesh", "per_unit"))
-        if mesh not in ("per_unit", "slice", "nodes") or unit < 1 or any(u < 0 for u in units):
-            raise ReportError(f"sweep device {dev!r}: need unit >= 1, units >= 0 and mesh per_unit, "
-                              f"slice or nodes (got unit={unit}, units={units}, mesh={mesh!r})")
+        if (mesh not in ("per_unit", "slice", "nodes") or unit < 1 or not units
+                or any(u < 0 for u in units)):
+            raise ReportError(f"sweep device {dev!r}: need unit >= 1, units a non-empty list of "
+                              f"counts >= 0 and mesh per_unit, slice or nodes (got unit={unit}, "
+                              f"units={_shown(units)}, mesh={mesh!r})")
         most = MAX_UNITS_PER_UNIT_MESH if mesh in ("per_unit", "nodes") else MAX_SLICE_DEVICES // max(1, unit)
         if unit > MAX_SLICE_DEVICES or len(units) > MAX_UNIT_CHOICES or any(u > most for u in units):
             raise ReportError(f"sweep device {dev!r}: unit={unit}, units={_shown(units)} too large; "
@@ -146,25 +168,34 @@ def parse_spec(data: Any, name: str = "sweep") -> SweepSpec:
         if axes is not None and not isinstance(axes, Mapping):
             raise ReportError(f"sweep device {dev!r}: axes {axes!r} is not a mapping; e.g. axes: {{data: 8}}")
         try:
-            axes_product = math.prod(int(v) for v in axes.values()) if axes is not None else unit
+            axes = {str(k): _whole(v) for k, v in axes.items()} if axes is not None else None
+            axes_product = math.prod(axes.values()) if axes is not None else unit
         except (TypeError, ValueError, OverflowError):
             raise ReportError(f"sweep device {dev!r}: axes {dict(axes)} are not integers; "
                               f"e.g. axes: {{data: 8}}") from None
         if axes_product != unit:
             raise ReportError(f"sweep device {dev!r}: axes {dict(axes)} do not multiply to unit {unit}")
-        out.append(DeviceUnits(str(dev), unit, units, mesh, dict(axes) if axes else None))
+        out.append(DeviceUnits(str(dev), unit, units, mesh, axes or None))
     combos = math.prod(len(du.units) for du in out)
     if combos > MAX_COMBINATIONS:
         raise ReportError(f"sweep spec tries {combos} combinations of unit counts; fix: list fewer "
                           f"unit counts (at most {MAX_COMBINATIONS} combinations)")
     try:
-        types, options = int(data.get("max_device_types", 3)), int(data.get("max_options", 16))
+        types, options = _whole(data.get("max_device_types", 3)), _whole(data.get("max_options", 16))
     except (TypeError, ValueError, OverflowError):
-        raise ReportError("sweep max_device_types and max_options must be integers; e.g. 2 and 14") from None
+        raise ReportError(f"sweep max_device_types = {_brief(data.get('max_device_types', 3))}, "
+                          f"max_options = {_brief(data.get('max_options', 16))}; both must be "
+                          f"integers; e.g. 2 and 14") from None
     if not (1 <= types <= 64 and 1 <= options <= 1000):
         raise ReportError(f"sweep max_device_types = {types}, max_options = {options}; fix: use "
                           f"1 to 64 device types and 1 to 1000 options")
     return SweepSpec(budget, tuple(out), types, options, str(data.get("name", name)))
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)``, cut to 40 characters (a value quoted from the user's spec)."""
+    s = repr(value)
+    return s if len(s) <= 40 else s[:37] + "..."
 
 
 def _shown(units: tuple[int, ...]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import Any
 from dataclasses import dataclass
 
 from zoo.errors import ZooError
@@ -256,7 +257,7 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_config(name: str, **overrides) -> ModelConfig:
+def get_config(name: str | ModelConfig, **overrides: Any) -> ModelConfig:
     """The published configuration of ``name``, with ``overrides`` (ModelConfig fields) applied.
 
     Raises:

@@ -37,14 +37,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ir.files import NAME_PATTERN
 from ir.workload import ATTENTION_KERNELS
 from zoo.errors import ZooError
 
-if TYPE_CHECKING:
-    from zoo.config import ModelConfig
+ModelConfig = Any
+"""A :class:`zoo.config.ModelConfig` (not imported: :mod:`zoo.config` imports this module)."""
 
 __all__ = ["CHOICES", "FLOAT_RANGES", "LIMITS", "MAX_NAME", "check_model"]
 

@@ -13,7 +13,7 @@ from mpmd.cli.common import console, err_console, guard
 @click.option("--to", "target", required=True,
               type=click.Choice(EXPORT_TARGETS),
               help="Launcher: Megatron-LM arguments, a torchtitan job TOML or a MaxText YAML.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", type=click.Path(), default=None,
               help="File to write (default: PLAN-TARGET.args/.toml/.yaml in the working "
                    "directory); a data-parallel plan writes one file per part, "
                    "STEM-part0.SUFFIX, ...")
@@ -24,13 +24,19 @@ def export(plan_path: str, target: str, out: str | None) -> None:
     What the target cannot express (a layout that differs between stages, a schedule it
     lacks, several device kinds) is printed as one line per item; the file holds the closest
     setting, named in that line."""
-    from ir.files import write_atomic
+    from ir.files import check_output, write_atomic
     from ir.plan_file import load_plan
     from launchers import export_plan
     from launchers.export import default_out
 
+    # the output path before the plan is read; a data-parallel plan's parts, named after it,
+    # are checked once known, before the first is written
+    dest = check_output(out or default_out(plan_path, target), f"{target} file")
+
     plan = load_plan(plan_path)
-    files = export_plan(plan, target, out or default_out(plan_path, target), source=plan_path)
+    files = export_plan(plan, target, dest, source=plan_path)
+    for f in files:             # every part's file, before the first is written
+        check_output(f.path, f"{target} file")
     for f in files:
         write_atomic(f.path, f.text)
     notes: dict[str, list[str]] = {}

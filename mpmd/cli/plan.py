@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hardware_profiles.paths import resolve_cluster_path
-from ir.files import write_atomic
+from ir.files import check_output, write_atomic
 from ir.vocab import GOALS
 from mpmd.cli.common import console, err_console, guard
 from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MAX_TENSOR,
@@ -57,7 +57,7 @@ if TYPE_CHECKING:   # the command loads these only when it runs, after checking 
               help="Throughput floor, tokens per second.")
 @click.option("--max-usd-per-hour", type=FiniteFloat(min=1e-9, max=1e12), default=None,
               help="Budget: the plan's devices cost at most this, USD per hour.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the plan JSON here.")
+@click.option("--out", type=click.Path(), default=None, help="Write the plan JSON here.")
 @guard
 def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
                  time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
@@ -85,6 +85,8 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
     plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
     """
     # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
+    if out:
+        check_output(out, "plan JSON")
     cfg = resolve_model(model)            # ZooError: unknown model ("did you mean"), bad file
     resolve_cluster_path(cluster_path)    # ProfileError: no such file, with "did you mean"
     from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json

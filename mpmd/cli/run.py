@@ -58,7 +58,7 @@ def _check_process_flags(processes: int | None, process_id: int | None,
               help="Process 0's address for jax.distributed (with --process-id).")
 @click.option("--timeout", "timeout_s", type=int_range(10, 86400), default=900,
               show_default=True, help="Bound on a local --processes run, in seconds.")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--trace", "trace_path", type=click.Path(), default=None,
               help="Write the last step's measured timeline (all processes merged) as a "
                    "Perfetto/Chrome trace.")
 @guard
@@ -70,17 +70,28 @@ def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, 
     A forward-only (inference) plan of a DiT generates from noise instead: the model's
     sampling steps, each one run of the program, checked against jax.jit. A data-parallel plan
     runs its pipelines on their batch shares and all-reduces their gradients."""
-    # the input first, before JAX loads: bad process flags, a missing or malformed plan file
-    # or a missing cluster file is refused in ~0.2 s
+    # the input first, before JAX loads: a trace path that cannot be written, bad process
+    # flags, a missing or malformed plan file or a missing cluster file is refused in ~0.2 s
     from hardware_profiles.paths import resolve_cluster_path
+    from ir.files import check_output
     from ir.plan_file import load_plan
 
+    if trace_path and not process_id:      # process 0 (or every local process) writes it
+        check_output(trace_path, "trace")
     multi = processes is not None or process_id is not None or coordinator is not None
     if multi:
         _check_process_flags(processes, process_id, coordinator)
     plan = load_plan(plan_path)                               # InputError / IRError
     if cluster_path or plan.cluster_path:
         resolve_cluster_path(cluster_path or plan.cluster_path)   # ProfileError: no such file
+    from zoo.config import get_config
+    from zoo.model_files import plan_model
+
+    cfg = get_config(plan_model(plan.model, plan.model_config), seq_len=plan.seq_len)  # ZooError
+    if process_id is None:               # every process of the run on this host
+        from runtime.train.host_memory import check_host_memory
+
+        check_host_memory(cfg, plan.global_batch)                  # RunError: it cannot hold it
     if multi:
         from runtime.train.launch import run_processes
 

@@ -11,18 +11,56 @@ import math
 import click
 
 from mpmd.cli.common import console, guard
+from mpmd.cli.params import FiniteFloat
+
+PRECISION_FORM = "FORMAT[,PART=FORMAT...], e.g. 'bfp8,gate_up=bfp4'"
+"""How a ``--precision`` value is written (after an optional ``KIND:``)."""
+
+
+def check_precision(item: str, precision: str) -> None:
+    """Check one precision, ``FORMAT[,PART=FORMAT...]`` (what :func:`zoo.inference.parse_precision`
+    reads), naming the malformed piece of the ``--precision`` value ``item`` and the expected form.
+
+    Raises:
+        click.BadParameter: an empty piece, a first piece that is not a format, or a later one
+            that is not ``PART=FORMAT`` with a known part and format.
+    """
+    from ir.serving import WEIGHT_FORMATS
+    from zoo.inference import PARTS
+
+    formats, parts = ", ".join(WEIGHT_FORMATS), ", ".join(PARTS)
+    for i, piece in enumerate(s.strip() for s in precision.split(",")):
+        part, sep, fmt = piece.partition("=") if i else ("", "", piece)
+        if i == 0 and fmt not in WEIGHT_FORMATS:
+            why = f"starts with {fmt!r}, not a format (one of {formats})"
+        elif i and not (sep and part in PARTS and fmt in WEIGHT_FORMATS):
+            why = (f"item {piece!r} is not PART=FORMAT (PART one of {parts}; FORMAT one of "
+                   f"{formats})")
+        else:
+            continue
+        raise click.BadParameter(f"{item!r}: {why}; write [KIND:]{PRECISION_FORM}",
+                                 param_hint="--precision")
 
 
 def parse_precisions(items: tuple[str, ...]) -> tuple[str, dict[str, str]]:
     """``("bf16", "blackhole-p150b:bfp8,gate_up=bfp4")`` -> ``("bf16", {"blackhole-p150b": ...})``:
     the default precision (the last item without a ``KIND:`` prefix, else bf16) and per-kind ones.
+
+    Raises:
+        click.BadParameter: a malformed item (:func:`check_precision`), or ``:`` with no kind.
     """
     default, per = "bf16", {}
     for item in items:
         head, sep, rest = item.partition(":")
         if sep and "=" not in head and "," not in head:
+            if not head.strip():
+                raise click.BadParameter(f"{item!r} has no device kind before ':'; write "
+                                         f"KIND:{PRECISION_FORM}, or drop the ':'",
+                                         param_hint="--precision")
+            check_precision(item, rest)
             per[head] = rest
         else:
+            check_precision(item, item)
             default = item
     return default, per
 
@@ -52,25 +90,25 @@ def _fmt(x: float | None, spec: str, none: str = "-") -> str:
               help="Mean prompt length, tokens.")
 @click.option("--output", type=click.IntRange(1, 1 << 20), required=True,
               help="Mean output length, tokens.")
-@click.option("--ttft", type=click.FloatRange(min=1e-6, max=1e6), default=None,
+@click.option("--ttft", type=FiniteFloat(min=1e-6, max=1e6), default=None,
               help="Time-to-first-token objective at the percentile, seconds (default: none).")
-@click.option("--tpot", type=click.FloatRange(min=1e-6, max=1e6), default=None,
+@click.option("--tpot", type=FiniteFloat(min=1e-6, max=1e6), default=None,
               help="Time-per-output-token objective at the percentile, seconds (default: "
                    "none).")
-@click.option("--percentile", type=click.FloatRange(min=1, max=100), default=99.0,
+@click.option("--percentile", type=FiniteFloat(min=1, max=100), default=99.0,
               show_default=True, help="Percentile of requests the objectives hold at.")
 @click.option("--precision", "precisions", multiple=True,
               help="Weight precision: a format (bf16, fp8, bfp8, ...) with optional part "
                    "overrides ('bfp8,gate_up=bfp4'); KIND:PRECISION sets one device kind's "
                    "(repeatable). Default bf16.")
 @click.option("--kv-format", default="bf16", show_default=True, help="KV-cache format.")
-@click.option("--spread", type=click.FloatRange(0, 0.99), default=0.0, show_default=True,
+@click.option("--spread", type=FiniteFloat(0, 0.99), default=0.0, show_default=True,
               help="Request lengths drawn uniformly within +/- this fraction of the means.")
 @click.option("--requests", type=click.IntRange(20, 100000), default=300, show_default=True,
               help="Requests each simulated check serves.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", type=click.Path(), default=None,
               help="Write the plans as JSON here.")
-@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+@click.option("--trace", type=click.Path(), default=None,
               help="Write the best plan's simulated timeline as a Perfetto trace here.")
 @guard
 def serve_plan(model: str, cluster_path: str, prompt: int, output: int, ttft: float | None,
@@ -85,21 +123,29 @@ def serve_plan(model: str, cluster_path: str, prompt: int, output: int, ttft: fl
     import json
 
     from hardware_profiles.paths import resolve_cluster_path
-
-    ttft = math.inf if ttft is None else ttft
-    tpot = math.inf if tpot is None else tpot
+    from ir.files import check_output, write_atomic
+    from ir.serving import WEIGHT_FORMATS
     from zoo.model_files import resolve_model
 
+    # the input first, before the planner loads: outputs, flags, the model, the cluster path
+    if out:
+        check_output(out, "serving plans JSON")
+    if trace:
+        check_output(trace, "trace")
+    default, per_kind = parse_precisions(precisions)
+    if kv_format not in WEIGHT_FORMATS:
+        raise click.BadParameter(f"{kv_format!r} is not a format; use one of "
+                                 f"{', '.join(WEIGHT_FORMATS)}", param_hint="--kv-format")
+    ttft = math.inf if ttft is None else ttft
+    tpot = math.inf if tpot is None else tpot
     cfg = resolve_model(model)
     path = resolve_cluster_path(cluster_path)
     from hardware_profiles.loader import load_cluster
     from ir import RequestMix, ServiceObjectives
-    from ir.files import write_atomic
     from planner.serving import plan_serving, serving_groups
     from zoo.inference import inference_model
 
     cluster = load_cluster(path)
-    default, per_kind = parse_precisions(precisions)
     groups = serving_groups(cluster)
     unknown = sorted(set(per_kind) - {g.device.name for g in groups.values()})
     if unknown:

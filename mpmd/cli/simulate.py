@@ -287,7 +287,7 @@ def print_simulation(console, plan, cluster, r, *, compare: bool = True, exposed
 
 @click.command()
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
-@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+@click.option("--trace", type=click.Path(), default=None,
               help="Write a Perfetto/Chrome trace (open in ui.perfetto.dev).")
 @click.option("--schedule", default=None, help="Replay with another schedule.")
 @click.option("--microbatches", type=int_range(1, MAX_MICROBATCHES), default=None,
@@ -311,11 +311,15 @@ def simulate(plan_path: str, trace: str | None, schedule: str | None,
     A data-parallel plan (several pipelines) is replayed as one step: every part's pipeline,
     the gradient all-reduce across parts, then every mesh's optimizer. The exposed
     communication is the step time minus that of the same replay with every link free."""
-    # the input first, before the simulator, pydantic and JAX load: a malformed knob, a
-    # missing or malformed plan file or a missing cluster file is refused in ~0.2 s
+    # the input first, before the simulator, pydantic and JAX load: an output path that cannot
+    # be written, a malformed knob, a missing or malformed plan file or a missing cluster file
+    # is refused in ~0.2 s
     from hardware_profiles.paths import resolve_cluster_path
+    from ir.files import check_output
     from ir.plan_file import load_plan
 
+    if trace:
+        check_output(trace, "trace")
     stragglers = _pairs(straggler, "=", "--straggler", "use MESH=2.0", 0.0, 1e6, lo_open=True)
     degraded = _pairs(degrade_link, "=", "--degrade-link", "use A<->B=0.5", 0.0, 1.0, lo_open=True)
     failed_l = _pairs(fail_link, "@", "--fail-link", "use A<->B@1.5", 0.0, 1e9)

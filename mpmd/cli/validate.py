@@ -41,27 +41,36 @@ def row_config(row):
     otherwise a GPT-style block (LayerNorm, GeLU, biases, learned positions, tied embeddings);
     grouped-query attention with ``kv_heads``; ``head_dim`` independent of the width; the
     attention kernel of :func:`simulator.validation_setup.attention_kernel`. Blank fields
-    follow :data:`simulator.validation_setup.RULES`."""
-    import dataclasses
+    follow :data:`simulator.validation_setup.RULES`.
 
-    from zoo import ModelConfig, gpt_config
+    Raises:
+        ZooError: the row's sizes make no valid model (:func:`zoo.schema.check_model`).
+    """
+    from zoo import ModelConfig
+    from zoo.schema import check_model
     from simulator.validation_rows import DEFAULT_VOCAB
 
     from simulator.validation_setup import attention_kernel
 
     vocab = row.vocab or DEFAULT_VOCAB
     kernel = attention_kernel(row)[0]
-    name = f"{row.source}-{row.model}"
+    name = "".join(c if c.isalnum() or c in "_.+-" else "-" for c in f"{row.source}-{row.model}")
+    where = f"validation row {row.source} {row.model}"
     if not row.glu:
-        cfg = gpt_config(row.layers, row.hidden, row.heads, vocab, seq_len=row.seq_len,
-                         ffn=row.ffn, name=name)
-        return dataclasses.replace(cfg, kv_heads=row.kv_heads or row.heads,
-                                   head_size=row.head_dim or 0, attention_kernel=kernel)
-    return ModelConfig(name=name, family="llama", layers=row.layers, hidden=row.hidden,
-                       heads=row.heads, kv_heads=row.kv_heads or row.heads,
-                       ffn=row.ffn or 4 * row.hidden, vocab=vocab, seq_len=row.seq_len,
-                       head_size=row.head_dim or 0, attention_kernel=kernel,
-                       source=f"published run {row.source} {row.model} (validation CSV)")
+        cfg = ModelConfig(name=name, family="gpt", layers=row.layers, hidden=row.hidden,
+                          heads=row.heads, kv_heads=row.kv_heads or row.heads,
+                          ffn=row.ffn or 4 * row.hidden, vocab=vocab, seq_len=row.seq_len,
+                          norm="layer", mlp="gelu", pos_emb="learned", bias=True,
+                          tie_embeddings=True, head_size=row.head_dim or 0,
+                          attention_kernel=kernel,
+                          source=f"published run {row.source} {row.model} (validation CSV)")
+    else:
+        cfg = ModelConfig(name=name, family="llama", layers=row.layers, hidden=row.hidden,
+                          heads=row.heads, kv_heads=row.kv_heads or row.heads,
+                          ffn=row.ffn or 4 * row.hidden, vocab=vocab, seq_len=row.seq_len,
+                          head_size=row.head_dim or 0, attention_kernel=kernel,
+                          source=f"published run {row.source} {row.model} (validation CSV)")
+    return check_model(cfg, where)           # ZooError: the row's sizes make no model
 
 
 @functools.lru_cache(maxsize=None)
@@ -254,10 +263,10 @@ def fit_section(device: str, f, loso, written: str | None) -> str:
                    "profiles are written only with --profiles-out).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=str(DEFAULT_CSV),
               show_default=True, help="Published-training CSV.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
+@click.option("--out", type=click.Path(), default=None,
               help="Write the Markdown report here (default: print only; the bundled report is "
                    "reports/validation/validation.md).")
-@click.option("--profiles-out", type=click.Path(file_okay=False), default=None,
+@click.option("--profiles-out", type=click.Path(), default=None,
               help="With --fit: write each fitted device profile (DEVICE.yaml) into this folder; "
                    "hardware_profiles/devices updates the bundled ones.")
 @click.option("--strict", is_flag=True,
@@ -287,11 +296,17 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
     and listed with its reason; exit 0 when at least one row is scored (--strict: exit 2 on
     the first skipped row).
     """
+    from ir.files import check_output
+
     if profile and not layers_csv:
         raise click.BadParameter("--profile needs --layers; add --layers CSV or drop it")
+    if profiles_out and not fit:
+        raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
+    if out:                 # the outputs before any work: a bad path fails at once
+        check_output(out, "validation report")
+    if profiles_out:
+        check_output(profiles_out, "fitted profiles", folder=True)
     if serving:
-        if profiles_out and not fit:
-            raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
         from mpmd.cli import validate_serving
         validate_serving.run(None if csv_path == str(DEFAULT_CSV) else csv_path, fit,
                              profiles_out, out, console)
@@ -310,8 +325,6 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
     from simulator import validate as V
     from simulator.scale_fit import fit_jitter, scale_section
 
-    if profiles_out and not fit:
-        raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
     t0 = time.time()
     rows, skipped = V.load_rows_lenient(csv_path)
     total = len(rows) + len(skipped)

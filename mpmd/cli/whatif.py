@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 
+from ir.files import InputError, check_output
 from mpmd.cli.common import console, guard
 from mpmd.cli.params import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TIME_LIMIT_S, FiniteFloat, int_range
+
+REPORT_SUFFIXES = (".html", ".csv", ".md")
+"""The report's files, ``OUT.html``, ``OUT.csv``, ``OUT.md`` (``reports.render.report_paths``)."""
+
+
+def check_report_stem(out: str, screenshot: bool) -> None:
+    """Check, before any planning, that the report can be written at stem ``out`` (a report
+    suffix on it is dropped, as ``reports.render.report_paths`` does): ``OUT`` is no folder and
+    each of its files, ``OUT.png`` too with ``screenshot``, passes :func:`ir.files.check_output`.
+
+    Raises:
+        InputError: one line naming the path that cannot be written.
+    """
+    stem = Path(out)
+    if stem.suffix in REPORT_SUFFIXES:
+        stem = stem.with_suffix("")
+    if stem.is_dir():
+        raise InputError(f"{out}: cannot write the what-if report there (it is a directory); "
+                         f"fix: give a file stem such as {stem / 'report'} (writes .html, .csv, .md)")
+    for suffix in REPORT_SUFFIXES + ((".png",) if screenshot else ()):
+        check_output(stem.with_name(stem.name + suffix), "what-if report")
 
 
 @click.command()
@@ -35,12 +58,15 @@ from mpmd.cli.params import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TIME_LIMIT_S, Fin
               help="Planner wall-clock budget per option, s (default 10, or the example's).")
 @click.option("--screenshot/--no-screenshot", default=True, show_default=True,
               help="Also write OUT.png, the report's first screen (needs chromium; skipped without).")
-@click.option("--out", default=None, help="Output stem: writes OUT.html, OUT.csv, OUT.md "
-              "(default whatif/<example or model> in the working directory).")
+@click.option("--out", type=click.Path(), default=None,
+              help="Output stem: writes OUT.html, OUT.csv, OUT.md (default whatif/<example or "
+                   "model> in the working directory).")
 @guard
 def whatif(model, options, more_options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
            deadline_days, prices, time_limit, screenshot, out) -> None:
     """Plan every hardware option, replay it, and write a what-if purchasing report."""
+    if out:     # the output first; a default one is checked once its name is known
+        check_report_stem(out, screenshot)
     if model:   # a mistyped name is refused before the planner and JAX load (did you mean ...)
         from zoo.model_files import resolve_model
         resolve_model(model)
@@ -80,6 +106,7 @@ def whatif(model, options, more_options, sweep_path, example, global_batch, seq_
     from zoo.model_files import resolve_model
     name = spec.get("name") or resolve_model(model).name
     out = out or f"whatif/{name}"
+    check_report_stem(out, screenshot)
     # every input is read and checked before the progress bar starts, so a bad one is one line
     from reports.pricing import parse_prices as check_prices
     from reports.spec import read_yaml, to_option
@@ -138,11 +165,13 @@ def _serving(spec: dict, base, model, options, out, screenshot: bool, console) -
 
     from reports.serving import COLUMNS, _cell, serving_whatif, write_serving_report
 
+    out = out or f"whatif/{spec.get('name', 'serving')}"
+    check_report_stem(out, screenshot)
     t0 = time.monotonic()
     df = serving_whatif(model or spec["model"], spec["serving"],
                         list(options) or list(spec.get("options", [])), base_dir=base,
                         title=spec.get("title"))
-    paths = write_serving_report(df, out or f"whatif/{spec.get('name', 'serving')}")
+    paths = write_serving_report(df, out)
     if screenshot:
         from reports.browser import find_chromium
         from reports.browser import screenshot as shoot

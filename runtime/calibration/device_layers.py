@@ -29,7 +29,6 @@ records the shipped measurements).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import statistics
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from hardware_profiles.paths import PACKAGE_ROOT
 from hardware_profiles.types import Link, MeshSpec
 from ir import LayerCost, Layout
 from ir.workload import causal_fraction
+from runtime.calibration.csv_fields import Row, choice, count, number, read_records, text
 from runtime.calibration.fit import CalibrationError
 from simulator.cost_model import layer_time, wave_utilisation
 from zoo import body_cost, body_of, tensor_shard
@@ -123,10 +123,6 @@ class Comparison:
         return None if self.predicted is None else self.predicted / self.timing.seconds - 1.0
 
 
-def _int(v: str) -> int:
-    return int(v) if v not in ("", None) else 0
-
-
 def shipped_csv(path: str | Path) -> Path:
     """``path``, or, when it is relative and not found below the working directory, the same path
     from the repository root (the shipped ``reports/validation/device/*.csv``, named as in the
@@ -137,39 +133,74 @@ def shipped_csv(path: str | Path) -> Path:
     return p
 
 
+COUNT_COLUMNS = ("tensor", "samples", "seq_len", "m", "k", "n") + ATTENTION_COLUMNS + EXPERT_COLUMNS
+"""The integer columns (empty where a row's item has no such size)."""
+REQUIRED = {"block": ("tensor", "samples", "seq_len"), "gemm": ("m", "k", "n"),
+            "attention": ("samples", "seq_len", "heads", "head_dim"),
+            "experts": ("experts", "m", "k", "n")}
+"""The integer columns an item's prediction needs (``copy`` needs ``nbytes``)."""
+MAX_SIZE = 2**31
+"""Largest size in a row (matrix rows and widths, heads, experts)."""
+SIZE_LIMITS = {"samples": 2**12, "seq_len": 2**20}
+"""Tighter limits: a block's traced shapes (samples x heads x tokens^2 for its attention scores)
+must stay countable in 64 bits; the shipped rows reach 16 samples and 16,384 tokens."""
+WRITE_IT = "time it with `python benchmarks/bench_device_layers.py --out FILE`"
+
+
 def read_timings(path: str | Path) -> tuple[LayerTiming, ...]:
     """The rows of a ``bench_device_layers`` CSV, with each block's ``B = FB - F`` added; a
     relative path not found below the working directory is tried from the repository root (the
-    shipped ``reports/validation/device/*.csv``).
+    shipped ``reports/validation/device/*.csv``). Read through the tool's guarded reader, every
+    field checked (:mod:`runtime.calibration.csv_fields`).
 
     Raises:
-        CalibrationError: the file is missing, lacks a column of :data:`COLUMNS`, or names an
-            unknown item.
+        CalibrationError: the file is missing or has no rows; its header lacks a column of
+            :data:`COLUMNS`; a row (line named) names an unknown item, pass or attention kernel,
+            has seconds that are not a positive finite number, a size that is not an integer
+            from 1 to :data:`MAX_SIZE` (or :data:`SIZE_LIMITS`), lacks a size its item needs
+            (:data:`REQUIRED`), or has an ``FB`` time not above its ``F`` time.
+        ir.files.InputError: an unreadable file (binary, not UTF-8, too large, malformed CSV).
     """
     p = shipped_csv(path)
-    if not p.is_file():
-        raise CalibrationError(f"no layer-timing CSV at {str(p)!r}; write one with "
-                               "`python benchmarks/bench_device_layers.py --out FILE`")
-    with p.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise CalibrationError(f"{p} lacks column(s) {missing}; expected {list(COLUMNS)}")
-        rows = list(reader)
-    out: list[LayerTiming] = []
-    for i, r in enumerate(rows, start=2):
-        if r["item"] not in ITEMS:
-            raise CalibrationError(f"{p}:{i}: unknown item {r['item']!r}; one of {list(ITEMS)}")
-        out.append(LayerTiming(
-            device_kind=r["device_kind"], item=r["item"], seconds=float(r["seconds"]),
-            model=r["model"], tensor=_int(r["tensor"]), samples=_int(r["samples"]),
-            seq_len=_int(r["seq_len"]), m=_int(r["m"]), k=_int(r["k"]), n=_int(r["n"]),
-            pass_=r["pass"], nbytes=float(r["nbytes"] or 0), attention=r["attention"],
-            **{c: _int(r.get(c, "")) for c in ATTENTION_COLUMNS + EXPERT_COLUMNS}))
-    forwards = {_block_key(t): t for t in out if t.item in _PAIRED and t.pass_ == "F"}
-    backs = [dataclasses.replace(t, pass_="B", seconds=t.seconds - forwards[_block_key(t)].seconds)
-             for t in out if t.item in _PAIRED and t.pass_ == "FB" and _block_key(t) in forwards]
-    return tuple(out) + tuple(backs)
+    if not p.exists():
+        raise CalibrationError(f"no layer-timing CSV at {str(p)!r}; fix: {WRITE_IT}")
+    records = read_records(p, "layer-timing CSV", COLUMNS, WRITE_IT)
+    if not records:
+        raise CalibrationError(f"{p}: layer-timing CSV has no rows; fix: {WRITE_IT}")
+    out = [(line, _timing(f"{p}: line {line}", r)) for line, r in records]
+    forwards = {_block_key(t): (line, t) for line, t in out if t.item in _PAIRED and t.pass_ == "F"}
+    backs = []
+    for line, t in out:
+        f_line, f = forwards.get(_block_key(t), (0, None))
+        if t.pass_ != "FB" or f is None:
+            continue
+        if t.seconds <= f.seconds:
+            raise CalibrationError(f"{p}: line {line}: FB time {t.seconds:g} s is not above the "
+                                   f"F time {f.seconds:g} s of line {f_line}, so the backward "
+                                   f"has no time; fix: {WRITE_IT}")
+        backs.append(dataclasses.replace(t, pass_="B", seconds=t.seconds - f.seconds))
+    return tuple(t for _, t in out) + tuple(backs)
+
+
+def _timing(where: str, r: Row) -> LayerTiming:
+    """One row as a :class:`LayerTiming` (``where``: ``FILE: line N``).
+
+    Raises:
+        CalibrationError: see :func:`read_timings`.
+    """
+    item = choice(where, r, "item", ITEMS)
+    sizes = {c: count(where, r, c, SIZE_LIMITS.get(c, MAX_SIZE), WRITE_IT,
+                      required=c in REQUIRED.get(item, ()))
+             for c in COUNT_COLUMNS}
+    paired = item in _PAIRED
+    return LayerTiming(
+        device_kind=text(r, "device_kind"), item=item,
+        seconds=number(where, r, "seconds", f"give the measured seconds, above 0, or {WRITE_IT}"),
+        model=text(r, "model"), pass_=choice(where, r, "pass", ("F", "FB")) if paired else "",
+        nbytes=number(where, r, "nbytes", WRITE_IT, required=item == "copy"),
+        attention=(choice(where, r, "attention", tuple(_KERNELS))
+                   if item in ("block", "attention") else text(r, "attention")),
+        **sizes)
 
 
 def _block_key(t: LayerTiming) -> tuple:

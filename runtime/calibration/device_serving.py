@@ -8,12 +8,13 @@ run). ``mpmd validate --layers CSV`` reads such a file when its header has a ``c
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 
 from hardware_profiles.types import DeviceProfile, Link, Span
 from ir import BatchStep
+from ir.files import read_csv_table
+from runtime.calibration.csv_fields import choice, count, number, read_records, text
 from runtime.calibration.device_layers import shipped_csv
 from runtime.calibration.fit import CalibrationError
 from simulator.serving_cost import Replica, step_cost
@@ -54,41 +55,54 @@ class StepComparison:
         return self.predicted / self.timing.seconds - 1.0
 
 
+ITEMS = ("decode", "prefill")
+MAX_TENSOR = 2**20
+"""Most devices of a replica (the cluster loader's devices-per-mesh limit)."""
+MAX_BATCH = 2**16
+"""Most requests of a decode step."""
+MAX_TOKENS = 2**22
+"""Longest context or prompt, tokens (4 M)."""
+WRITE_IT = "time it with `python benchmarks/bench_device_serving.py --out FILE`"
+
+
 def is_serving_csv(path: str | Path) -> bool:
     """Whether ``path``'s header (found as :func:`~runtime.calibration.device_layers.shipped_csv`
-    finds it) is a serving-step timing file's (has a ``context`` column); False for a missing
-    file (the layer-timing reader then says so)."""
+    finds it, read through :func:`ir.files.read_csv_table`) is a serving-step timing file's (has a
+    ``context`` column); False for a missing file (the layer-timing reader then says so).
+
+    Raises:
+        ir.files.InputError: an unreadable file (a directory, binary, not UTF-8, malformed CSV).
+    """
     p = shipped_csv(path)
-    if not p.is_file():
+    if not p.exists():
         return False
-    with open(p, newline="") as fh:
-        return "context" in (next(csv.reader(fh), []) or [])
+    return "context" in read_csv_table(p, "timing CSV")[0]
 
 
 def read_steps(path: str | Path) -> list[StepTiming]:
-    """The rows of a ``bench_device_serving.py`` CSV.
+    """The rows of a ``bench_device_serving.py`` CSV, read through the tool's guarded reader,
+    every field checked (:mod:`runtime.calibration.csv_fields`).
 
     Raises:
-        CalibrationError: a missing file or column, or a malformed number (one line).
+        CalibrationError: a missing file or column; a row (line named) whose item is not decode
+            or prefill, whose seconds are not a positive finite number, or whose tensor, batch,
+            context (decode) or prompt (prefill) is not a positive integer in range.
+        ir.files.InputError: an unreadable file (binary, not UTF-8, too large, malformed CSV).
     """
     p = shipped_csv(path)
-    if not p.is_file():
+    if not p.exists():
         raise CalibrationError(f"timing CSV {str(path)!r} not found; fix: check the path")
     out = []
-    with open(p, newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise CalibrationError(f"{path}: missing columns {', '.join(missing)}; fix: write it "
-                                   "with benchmarks/bench_device_serving.py")
-        for i, r in enumerate(reader, start=2):
-            try:
-                out.append(StepTiming(r["device_kind"], r["item"], r["model"], int(r["tensor"]),
-                                      int(r["batch"] or 1), int(r["context"] or 0),
-                                      int(r["prompt"] or 0), float(r["seconds"])))
-            except ValueError:
-                raise CalibrationError(f"{path}: line {i} has a malformed number; fix: rewrite "
-                                       "it with benchmarks/bench_device_serving.py") from None
+    for line, r in read_records(p, "serving-step timing CSV", COLUMNS, WRITE_IT):
+        where = f"{p}: line {line}"
+        item = choice(where, r, "item", ITEMS)
+        out.append(StepTiming(
+            text(r, "device_kind"), item, text(r, "model"),
+            count(where, r, "tensor", MAX_TENSOR, WRITE_IT),
+            count(where, r, "batch", MAX_BATCH, WRITE_IT, required=False) or 1,
+            count(where, r, "context", MAX_TOKENS, WRITE_IT, required=item == "decode"),
+            count(where, r, "prompt", MAX_TOKENS, WRITE_IT, required=item == "prefill"),
+            number(where, r, "seconds", f"give the measured seconds, above 0, or {WRITE_IT}")))
     return out
 
 

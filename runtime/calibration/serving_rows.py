@@ -29,15 +29,14 @@ vendor's general serving stack); other engines' rows are scored, not fitted.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from hardware_profiles.loader import load_device
 from hardware_profiles.types import DeviceProfile, Link, NodeGroup
 from ir import BatchStep
+from runtime.calibration.csv_fields import choice, count, number, read_records, text
 from runtime.calibration.fit import CalibrationError
 from simulator.serving_cost import Replica, saturation_throughput, step_time, tp_span
 from zoo.inference import inference_model
@@ -97,65 +96,49 @@ class Skipped:
     reason: str
 
 
-def _int(text: str, line: int, col: str, *, optional: bool = False) -> int | None:
-    text = text.strip()
-    if not text:
-        if optional:
-            return None
-        raise CalibrationError(f"line {line}: column {col!r} is empty; fix: give an integer")
-    try:
-        return int(float(text))
-    except ValueError:
-        raise CalibrationError(f"line {line}: column {col!r} = {text!r} is not a number; fix: "
-                               "an integer") from None
+MAX_DEVICES = 2**20
+"""Most devices of a row (the cluster loader's devices-per-mesh limit), and most replicas."""
+MAX_BATCH = OFFLINE_MAX_BATCH
+"""Largest batch a row may state."""
+MAX_TOKENS = 2**20
+"""Longest prompt or output a row may state, tokens (``mpmd serve-plan``'s limit)."""
+FIX = "give the published figure (columns as in reports/validation/published_serving.csv)"
 
 
 def read_rows(path: str | Path) -> list[ServingRow]:
-    """The rows of a serving CSV with :data:`COLUMNS`.
+    """The rows of a serving CSV with :data:`COLUMNS`, read through the tool's guarded reader,
+    every field checked (:mod:`runtime.calibration.csv_fields`).
 
     Raises:
-        CalibrationError: a missing file or column, a short row, or a malformed or non-positive
-            value (one line, naming it).
-        ir.files.InputError: an unreadable file (not UTF-8, too large, malformed CSV).
+        CalibrationError: a missing file or column, no rows, a row with more fields than the
+            header, or a bad field (line, column and value named): a metric not in
+            :data:`METRICS`, a value that is not a positive finite number, or a device, replica,
+            batch or token count that is not an integer in range (empty where required).
+        ir.files.InputError: an unreadable file (binary, not UTF-8, too large, malformed CSV).
     """
-    from ir.files import read_csv_rows, read_text
-
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise CalibrationError(f"serving CSV {str(path)!r} not found; fix: check the path")
-    records = read_csv_rows(p, "serving CSV")
-    header = next(csv.reader([read_text(p, "serving CSV").split("\n", 1)[0]]), [])
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-        raise CalibrationError(f"{path}: missing columns {', '.join(missing)}; fix: use the "
-                               f"columns {', '.join(COLUMNS)}")
+    records = read_records(p, "serving CSV", COLUMNS, "use the columns of "
+                           "reports/validation/published_serving.csv")
     if not records:
         raise CalibrationError(f"{path}: no rows; fix: add published serving rows")
     rows = []
-    for i, r in enumerate(records, start=2):
-        if any(r.get(c) is None for c in COLUMNS):
-            raise CalibrationError(f"line {i}: the row has fewer fields than the header; fix: "
-                                   f"give every column ({', '.join(COLUMNS)})")
-        if r["metric"] not in METRICS:
-            raise CalibrationError(f"line {i}: unknown metric {r['metric']!r}; fix: one of "
-                                   f"{', '.join(METRICS)}")
-        try:
-            value = float(r["value"])
-        except ValueError:
-            raise CalibrationError(f"line {i}: value {r['value']!r} is not a number; fix: the "
-                                   "measured figure in SI units") from None
-        if not (math.isfinite(value) and value > 0):
-            raise CalibrationError(f"line {i}: value {r['value']!r} is not a positive finite "
-                                   "number; fix: the measured figure in SI units")
+    for line, r in records:
+        where = f"{path}: line {line}"
+        metric = choice(where, r, "metric", METRICS)
         rows.append(ServingRow(
-            line=i, source=r["source"], model=r["model"], device=r["device"],
-            devices=_int(r["devices"], i, "devices"), tp=_int(r["tp"], i, "tp"),
-            dp=_int(r["dp"], i, "dp", optional=True) or 1,
-            batch=_int(r["batch"], i, "batch", optional=True),
-            prompt_tokens=_int(r["prompt_tokens"], i, "prompt_tokens"),
-            output_tokens=_int(r["output_tokens"], i, "output_tokens", optional=True),
-            weight_format=r["weight_format"] or "bf16", kv_format=r["kv_format"] or "bf16",
-            metric=r["metric"], value=value, engine=r["engine"]))
+            line=line, source=text(r, "source"), model=text(r, "model"),
+            device=text(r, "device"), devices=count(where, r, "devices", MAX_DEVICES, FIX),
+            tp=count(where, r, "tp", MAX_DEVICES, FIX),
+            dp=count(where, r, "dp", MAX_DEVICES, FIX, required=False) or 1,
+            batch=count(where, r, "batch", MAX_BATCH, FIX, required=False) or None,
+            prompt_tokens=count(where, r, "prompt_tokens", MAX_TOKENS, FIX),
+            output_tokens=count(where, r, "output_tokens", MAX_TOKENS, FIX, required=False) or None,
+            weight_format=text(r, "weight_format") or "bf16",
+            kv_format=text(r, "kv_format") or "bf16", metric=metric,
+            value=number(where, r, "value", "the measured figure in SI units, above 0"),
+            engine=text(r, "engine")))
     return rows
 
 

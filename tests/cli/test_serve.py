@@ -74,7 +74,7 @@ def test_validate_serving_refuses_a_bad_csv_in_one_line(tmp_path):
     bad.write_text(SERVING_CSV.read_text().splitlines()[0].replace(",engine", "") + "\n")
     r = CliRunner().invoke(main, ["validate", "--serving", "--csv", str(bad)])
     assert r.exit_code == 2
-    assert "missing columns engine" in r.output and len(r.output.strip().splitlines()) == 1
+    assert "lacks column(s) engine" in r.output and len(r.output.strip().splitlines()) == 1
 
 
 def test_profiles_out_needs_fit_with_serving():

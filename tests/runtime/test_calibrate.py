@@ -305,8 +305,8 @@ def test_unwritable_outputs_fail_before_measuring(tmp_path, monkeypatch):
     (tmp_path / "d").mkdir()
     cases = {("--out", str(tmp_path / "f" / "sub")): f"{tmp_path / 'f'} is a file, not a folder",
              ("--cluster-out", str(tmp_path / "f" / "c.yaml")): "is a file, not a folder",
-             ("--out", str(tmp_path / "f")): "is a file",                 # click's own check
-             ("--device-out", str(tmp_path / "d")): "is a directory"}     # click's own check
+             ("--out", str(tmp_path / "f")): "is a file, not a folder",
+             ("--device-out", str(tmp_path / "d")): "is a directory"}
     for args, needle in cases.items():
         res = CliRunner().invoke(main, ["calibrate", *args])
         assert res.exit_code == 2 and needle in res.output, (args, res.output)

@@ -67,27 +67,27 @@ def test_missing_file(tmp_path):
 def test_missing_column(tmp_path):
     header = HEADER.replace(",engine", "")
     msg = _one_line_error(write(tmp_path, [], header=header))
-    assert "missing columns engine" in msg and "fix" in msg
+    assert "serving CSV lacks column(s) engine" in msg and "fix" in msg
 
 
 def test_bad_metric(tmp_path):
     msg = _one_line_error(write(tmp_path, [GOOD[0], GOOD[1].replace("tokens_per_s_per_user",
                                                                     "tok_per_s")]))
-    assert msg.startswith("line 3: unknown metric 'tok_per_s'") and "fix" in msg
+    assert "rows.csv: line 3: column 'metric' = 'tok_per_s' is not one of" in msg and "fix" in msg
     for m in METRICS:
         assert m in msg
 
 
 def test_non_numeric_value(tmp_path):
     msg = _one_line_error(write(tmp_path, [GOOD[0].replace("1234.5", "fast")]))
-    assert msg.startswith("line 2: value 'fast' is not a number")
+    assert "rows.csv: line 2: column 'value' = 'fast' is not a positive finite number" in msg
 
 
 @pytest.mark.parametrize("col, old, new", [("tp", "h100-sxm,1,1,", "h100-sxm,1,four,"),
                                            ("prompt_tokens", ",128,128,", ",,128,")])
 def test_bad_integer_column(tmp_path, col, old, new):
     msg = _one_line_error(write(tmp_path, [GOOD[0].replace(old, new)]))
-    assert msg.startswith(f"line 2: column {col!r}") and "fix" in msg
+    assert f"rows.csv: line 2: column {col!r} = " in msg and "fix" in msg
 
 
 def test_truncated_row(tmp_path):
