@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.errors import IRError
+from ir.shards import ShardDims
 
 WEIGHT_FORMATS: dict[str, float] = {
     "fp32": 4.0,
@@ -89,6 +90,8 @@ class InferenceModel:
             per token, two all-reduces per block (Megatron-LM, Shoeybi et al. 2019), bytes.
         embedding_bytes: the input embedding's bytes (looked up, not streamed; 0 when tied to the
             head), bytes.
+        shards: what a tensor-parallel replica splits (:class:`ir.shards.ShardDims`), which
+            decides the degrees that can serve it (:func:`ir.shards.layout_problem`); None: any.
     """
 
     name: str
@@ -108,6 +111,7 @@ class InferenceModel:
     kv_bytes_per_token: float
     tp_allreduce_bytes_per_token: float
     embedding_bytes: float
+    shards: ShardDims | None = None
 
     @property
     def matmul_flops_per_token(self) -> float:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ir.errors import IRError
+from ir.shards import ShardDims
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,8 @@ class Workload:
         training: True for a training step (forward, backward, optimizer), False for forward only.
         dtype_bytes: bytes per element of the compute dtype (2 for bfloat16).
         source: citation of the model's published config.
+        shards: the dimensions tensor and expert parallelism split (:class:`ir.shards.ShardDims`),
+            which decide the layouts that can run it (:func:`ir.shards.layout_problem`); None: any.
     """
 
     model: str
@@ -177,6 +180,7 @@ class Workload:
     training: bool = True
     dtype_bytes: int = 2
     source: str = ""
+    shards: ShardDims | None = None
 
     def __post_init__(self) -> None:
         if not self.layers:

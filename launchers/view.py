@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ir import DataParallelPlan, Layout, Plan
-from zoo.config import ModelConfig, ZooError
+from ir import DataParallelPlan, Layout, Plan, layout_problem
+from zoo.config import ModelConfig, ZooError, shard_dims
 from zoo.model_files import plan_model
 from zoo.models import layer_names
 
@@ -100,8 +100,9 @@ def part_view(plan: Plan, name: str = "") -> PartView:
     """The launcher view of one pipeline plan (see the module docstring).
 
     Raises:
-        LauncherError: the plan's model is not a zoo decoder language model, or its stages do not
-            cover the model's layers.
+        LauncherError: the plan's model is not a zoo decoder language model, its stages do not
+            cover the model's layers, or a mesh's layout cannot run it
+            (:func:`ir.shards.layout_problem`).
     """
     cfg = _model(plan)
     names = layer_names(cfg)
@@ -112,6 +113,12 @@ def part_view(plan: Plan, name: str = "") -> PartView:
     meshes = list(plan.rank_mesh)
     notes: list[str] = []
     layouts = [plan.layouts[m] for m in meshes]
+    dims = shard_dims(cfg)
+    for m, lay in zip(meshes, layouts):
+        why = layout_problem(dims, lay.tensor, lay.expert)
+        if why:
+            raise LauncherError(f"mesh {m}'s layout cannot run: {why}; fix: re-plan (mpmd plan "
+                                f"only picks layouts that run) or edit its tensor degree")
     layout = Counter(layouts).most_common(1)[0][0]
     for lay in dict.fromkeys(layouts):
         if lay != layout:

@@ -6,7 +6,8 @@ of Megatron-style layouts on one node group and keep the fastest. :func:`grid_sw
 grid in the planner's own replay (:func:`planner.baseline.hand_plan`, so both sides are costed
 alike):
 
-- tensor parallel ``t`` in {1, 2, 4, 8} (dividing the node: Megatron keeps TP inside NVLink);
+- tensor parallel ``t`` in {1, 2, 4, 8} (dividing the node: Megatron keeps TP inside NVLink) that
+  can run the model (:func:`ir.shards.layout_problem`: it divides the heads and MLP widths);
 - pipeline parallel ``p``: every divisor of the layer blocks that the nodes allow;
 - virtual stages ``v`` in {1, 2, 4} (the interleaved 1F1B schedule when ``v > 1``);
 - micro-batch size in {1, 2, 4, 8};
@@ -29,7 +30,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from ir import Workload
+from ir import Workload, layout_problem
 from hardware_profiles.types import Cluster
 from planner import construct
 from planner.baseline import HandLayout, HandResult, hand_plan
@@ -67,7 +68,8 @@ def grid_layouts(w: Workload, cluster: Cluster, group: str,
     experts = max(c.experts for c in w.costs.values())
     virtual = VIRTUAL if opts is None else tuple(sorted({*VIRTUAL, opts.virtual_stages}))
     out = []
-    for t in (x for x in TENSOR if k % x == 0 and (opts is None or x <= opts.max_tensor)):
+    for t in (x for x in TENSOR if k % x == 0 and (opts is None or x <= opts.max_tensor)
+              and layout_problem(w.shards, x) is None):
         for p in (x for x in range(1, blocks + 1) if blocks % x == 0):
             if devices % (t * p):
                 continue

@@ -9,7 +9,7 @@ import threading
 from dataclasses import fields
 from typing import Any
 
-from ir import Layout, Workload
+from ir import Layout, ShardDims, Workload, layout_problem
 from hardware_profiles.types import MeshSpec
 from planner.errors import PlannerError
 from simulator.stage_cost import StageCost, stage_cost
@@ -26,15 +26,17 @@ def _split_layers(w: Workload) -> tuple[int, int, int]:
     return first, n, len(w.layers) - first - n
 
 
-def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, experts: int = 0
-             ) -> list[Layout]:
-    """Data x tensor factorizations of the mesh (data dividing the microbatch), each also with
-    fully sharded data parallel when training with more than one replica, and, for a model with
-    ``experts`` experts per layer, with every expert-parallel degree that divides both the data
-    degree and the experts (the all-to-all is costed over the fabric levels its group spans)."""
+def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, experts: int = 0,
+             shards: ShardDims | None = None) -> list[Layout]:
+    """Data x tensor factorizations of the mesh (data dividing the microbatch) whose tensor degree
+    can run the model (:func:`ir.shards.layout_problem` on ``shards``: it divides the heads and
+    the MLP widths), each also with fully sharded data parallel when training with more than one
+    replica, and, for a model with ``experts`` experts per layer, with every expert-parallel
+    degree that divides both the data degree and the experts (the all-to-all is costed over the
+    fabric levels its group spans)."""
     out = []
     for t in range(1, mesh.num_devices + 1):
-        if mesh.num_devices % t or t > max_tensor:
+        if mesh.num_devices % t or t > max_tensor or layout_problem(shards, t) is not None:
             continue
         d = mesh.num_devices // t
         if samples >= d and float(samples / d).is_integer():
@@ -57,7 +59,8 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     split_layers = _split_layers(w)
     experts = max(c.experts for c in w.costs.values())
     costed = [stage_cost(w, mesh, lay, rc, samples, kinds, split, headroom, split_layers, hidden)
-              for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training, experts)
+              for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training, experts,
+                                  w.shards)
               for rc in ((False, True) if w.training else (False,))]
     return _undominated(costed), len(costed)
 
@@ -88,13 +91,14 @@ unnoticed."""
 
 
 def _same_program(a: Workload | None, b: Workload) -> bool:
-    """Whether workloads ``a`` and ``b`` have the same layers, costs and step kind: a mesh's
+    """Whether workloads ``a`` and ``b`` have the same layers, costs, step kind and dimensions
+    (which decide the layouts offered): a mesh's
     options depend on the samples per microbatch, never on the global batch, so the batch shares
     of one model (``dataclasses.replace(w, global_batch=...)`` keeps the layers and costs
     objects) share them. Compared by identity, so another model cannot take their place."""
     return a is b or (a is not None and a.costs is b.costs and a.layers is b.layers
                       and a.seq_len == b.seq_len and a.training == b.training
-                      and a.dtype_bytes == b.dtype_bytes)
+                      and a.dtype_bytes == b.dtype_bytes and a.shards == b.shards)
 
 
 def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],

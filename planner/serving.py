@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, cast
 
 from hardware_profiles.types import Cluster, Link, MeshSpec, NodeGroup
-from ir import BatchStep, InferenceModel, RequestMix, ServiceObjectives
+from ir import BatchStep, InferenceModel, RequestMix, ServiceObjectives, layout_problem
 from planner.errors import PlannerError
 from simulator.program import SimError
 from simulator.serving import ReplicaSpec, ServingResult, simulate_serving
@@ -138,16 +138,17 @@ def serving_groups(cluster: Cluster) -> dict[str, NodeGroup]:
     return out
 
 
-def tp_degrees(group: NodeGroup) -> list[int]:
+def tp_degrees(group: NodeGroup, model: InferenceModel | None = None) -> list[int]:
     """Tensor-parallel degrees tried on ``group``: divisors of a node's devices, then whole nodes
-    (1, 2, 4, ... nodes) up to the group."""
+    (1, 2, 4, ... nodes) up to the group; with ``model``, only those that can serve it
+    (:func:`ir.shards.layout_problem`: dividing its heads and MLP widths)."""
     n = group.devices_per_node
     out = [d for d in range(1, n + 1) if n % d == 0]
     k = 2
     while k * n <= group.num_devices and k <= 8:
         out.append(k * n)
         k *= 2
-    return out
+    return [t for t in out if model is None or layout_problem(model.shards, t) is None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +275,7 @@ def plan_serving(model: InferenceModel | dict[str, InferenceModel], cluster: Clu
     dec: dict[str, list[tuple[_Option, str]]] = {}
     for name, g in groups.items():
         colo[name], pre[name] = [], []
-        for tp in tp_degrees(g):
+        for tp in tp_degrees(g, models[name]):
             rep = _replica(models[name], g, tp)
             if rep is None:
                 continue
@@ -299,7 +300,7 @@ def plan_serving(model: InferenceModel | dict[str, InferenceModel], cluster: Clu
                 link = _link(cluster, ga, gb)
                 transfer = kv_transfer_time(models[b], mix.prompt_tokens, link)
                 decs = []
-                for tp in tp_degrees(gb):
+                for tp in tp_degrees(gb, models[b]):
                     rep = _replica(models[b], gb, tp)
                     if rep is not None:
                         decs += _decode(rep, mix, gb, transfer)

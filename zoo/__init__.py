@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 
 from zoo.config import (DTYPE_BYTES, ModelConfig, ZooError, get_config, gpt_config, list_models,
-                        tensor_shard)
+                        shard_dims, tensor_shard)
 
 _MODELS = ("init_params", "param_shapes", "param_count", "active_param_count",
            "expert_param_count", "layer_names", "layer_fns", "body_of",
@@ -30,7 +30,7 @@ _MODELS = ("init_params", "param_shapes", "param_count", "active_param_count",
 _COSTING = ("analytic_training_flops", "body_cost", "workload")
 
 __all__ = ["DTYPE_BYTES", "ModelConfig", "ZooError", "get_config", "gpt_config", "list_models",
-           "tensor_shard",
+           "shard_dims", "tensor_shard",
            *_MODELS, *_COSTING]
 
 

@@ -11,6 +11,7 @@ import difflib
 from typing import Any
 from dataclasses import dataclass
 
+from ir.shards import ShardDims
 from zoo.errors import ZooError
 from zoo.schema import check_model
 
@@ -298,3 +299,15 @@ def tensor_shard(cfg: ModelConfig, tensor: int) -> ModelConfig:
     return dataclasses.replace(cfg, heads=cfg.heads // tensor,
                                kv_heads=max(cfg.kv_heads // tensor, 1), ffn=cfg.ffn // tensor,
                                head_size=cfg.head_dim)
+
+
+def shard_dims(cfg: ModelConfig) -> ShardDims:
+    """What tensor and expert parallelism split in ``cfg`` (:class:`ir.shards.ShardDims`): its
+    query and key/value heads (latent attention: every head has its own key and value), the
+    dense MLP's inner width (when some block has one), each expert's and the Mochi text
+    stream's."""
+    dense = not cfg.moe or cfg.dense_layers > 0
+    widths = tuple(w for w, used in ((cfg.ffn, dense), (cfg.expert_ffn, cfg.moe),
+                                     (cfg.ffn_y, cfg.family == "mochi")) if used)
+    return ShardDims(heads=cfg.heads, kv_heads=cfg.heads if cfg.mla else cfg.kv_heads,
+                     widths=widths, experts=cfg.experts, model=cfg.name)

@@ -55,7 +55,7 @@ from jax.extend.core import jaxprs_in_params
 from ir import LayerCost, Workload
 from ir.workload import ATTENTION_KERNELS, causal_fraction
 from zoo import models
-from zoo.config import ModelConfig, ZooError, get_config
+from zoo.config import ModelConfig, ZooError, get_config, shard_dims
 from zoo.layers import attention, expert_capacity
 
 __all__ = ["workload", "body_cost", "analytic_training_flops"]
@@ -326,7 +326,7 @@ def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | N
     costs = {b: body_cost(cfg, b) for b in dict.fromkeys(bodies)}
     return Workload(model=cfg.name, layers=bodies, costs=costs, seq_len=cfg.seq_len,
                     global_batch=global_batch, training=cfg.training,
-                    dtype_bytes=cfg.dtype_bytes, source=cfg.source)
+                    dtype_bytes=cfg.dtype_bytes, source=cfg.source, shards=shard_dims(cfg))
 
 
 def analytic_training_flops(cfg: ModelConfig | str, tokens: float) -> float:

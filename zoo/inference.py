@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ir import InferenceModel
 from ir.serving import MATMUL_DTYPE, format_bytes
-from zoo.config import ModelConfig, ZooError, get_config
+from zoo.config import ModelConfig, ZooError, get_config, shard_dims
 
 PARTS = ("attention", "gate_up", "down", "head")
 """The weight groups a precision can set one by one."""
@@ -144,4 +144,4 @@ def inference_model(cfg: ModelConfig | str, precision: str = "bf16",
         attention_flops_per_pair=float(2 * L * cfg.heads * (qk + v)),
         kv_bytes_per_token=float(L * kv_elems * kv_b),
         tp_allreduce_bytes_per_token=float(2 * L * h * SMALL_BYTES),
-        embedding_bytes=float(embedding))
+        embedding_bytes=float(embedding), shards=shard_dims(cfg))

@@ -82,8 +82,20 @@ def _workload(cfg, batch: int):
 
 def workload_for(row):
     """The row's workload: :func:`row_config` traced by ``zoo.costing.workload`` (cached per
-    shape)."""
-    return _workload(row_config(row), row.global_batch)
+    shape).
+
+    Raises:
+        ZooError: the row's sizes make no valid model, or its tensor degree cannot run it
+            (:func:`ir.shards.layout_problem`: a published run's layout always can).
+    """
+    from ir import layout_problem
+    from zoo import ZooError
+
+    w = _workload(row_config(row), row.global_batch)
+    why = layout_problem(w.shards, row.tp)
+    if why:
+        raise ZooError(f"validation row {row.source} {row.model}: {why}; fix the row's tp")
+    return w
 
 
 def predict_step(plan, workload, cluster) -> float:

@@ -39,7 +39,7 @@ from hardware_profiles.types import Cluster
 from ir import DataParallelPlan
 from runtime.train import check
 from runtime.train.report import RunReport
-from runtime.train.step import (RunError, adam_init, adam_update, batches, compile_step,
+from runtime.train.step import (RunError, check_layouts, adam_init, adam_update, batches, compile_step,
                                 executed_plan, load_text, measured_step_time, place_inputs,
                                 plan_topology, run_cluster, split_microbatches, step_outputs,
                                 train_step_fn, with_plan_specs)
@@ -98,6 +98,7 @@ def run_data_parallel(plan: DataParallelPlan, steps: int, *, cluster_path: str, 
     cluster = run_cluster(plan, cluster_path)
     cfg = zoo.get_config(plan_model(plan.model, plan.model_config), seq_len=plan.seq_len,
                          **dict(model_overrides or {}))
+    check_layouts(plan, cfg)
     names = zoo.layer_names(cfg)
     data = batches(load_text(), 1, plan.global_batch, plan.seq_len, seed=seed)
     batch = next(data)

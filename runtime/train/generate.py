@@ -44,7 +44,7 @@ from compiler.runtime import run_program
 from ir import DataParallelPlan, Plan
 from ir.plan_file import load_plan
 from runtime.train import check
-from runtime.train.step import (RunError, compile_step, measured_step_time, place_inputs,
+from runtime.train.step import (RunError, check_layouts, compile_step, measured_step_time, place_inputs,
                                 plan_topology, run_cluster, simulated_step_time, with_plan_specs)
 
 CFG_SCALE = 4.5
@@ -200,6 +200,7 @@ def generate_plan(plan_path: str | Path | Plan, *, cluster_path: str | Path | No
     cfg = zoo.get_config(plan_model(plan.model, plan.model_config),
                          **dict(model_overrides or {}))
     check_forward_only(plan, cfg)
+    check_layouts(plan, cfg)
     cpath = cluster_path or plan.cluster_path
     if not cpath:
         raise RunError("the plan names no cluster file; pass cluster_path (--cluster)")

@@ -29,7 +29,7 @@ from compiler.exported import ExportedProgram
 from compiler.plan_config import config_from_plan
 from hardware_profiles.loader import load_cluster
 from hardware_profiles.types import Cluster
-from ir import DataParallelPlan, Plan
+from ir import DataParallelPlan, Plan, layout_problem
 from ir.plan_file import load_plan
 from runtime.train.layouts import batch_spec, param_specs, too_few_devices, topology_for_plan
 from simulator.plan_sim import plan_cluster, simulate_plan
@@ -40,6 +40,25 @@ TEXT = DATA_DIR / "kjv_pentateuch.txt"
 
 class RunError(CompilerError):
     """``mpmd run`` cannot proceed (bad plan path, too few devices, missing cluster)."""
+
+
+def check_layouts(plan: Plan | DataParallelPlan, cfg: ModelConfig) -> None:
+    """Refuse a plan with a mesh whose layout cannot run ``cfg`` (:func:`ir.shards.layout_problem`:
+    a tensor degree not dividing the heads or MLP widths, an expert degree not dividing the
+    experts), before anything is built: the compiler would otherwise replicate what it cannot
+    split and run another program than the plan.
+
+    Raises:
+        RunError: one line naming the mesh, why, and the fix.
+    """
+    dims = zoo.shard_dims(cfg)
+    parts = plan.parts if isinstance(plan, DataParallelPlan) else (plan,)
+    for part in parts:
+        for mesh, lay in part.layouts.items():
+            why = layout_problem(dims, lay.tensor, lay.expert)
+            if why:
+                raise RunError(f"mesh {mesh}'s layout cannot run: {why}; fix: re-plan (mpmd plan "
+                               f"only picks layouts that run) or edit its tensor degree")
 
 
 # --------------------------------------------------------------------------- data
@@ -283,10 +302,12 @@ def compile_plan(plan: Plan, topology: Mapping[str, Mesh], *, seed: int = 0,
     ``topology`` (mesh name -> ``Mesh``) into per-mesh programs.
 
     Raises:
-        RunError: the global batch does not divide into the plan's microbatches, or no compiler.
+        RunError: the global batch does not divide into the plan's microbatches, a layout that
+            cannot run the model (:func:`check_layouts`), or no compiler.
     """
     cfg = zoo.get_config(plan_model(plan.model, plan.model_config), seq_len=plan.seq_len,
                          **dict(model_overrides or {}))
+    check_layouts(plan, cfg)
     M = plan.microbatches
     if plan.global_batch % M:
         raise RunError(f"global batch {plan.global_batch} is not divisible by {M} microbatches")

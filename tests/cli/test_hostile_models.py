@@ -172,3 +172,23 @@ def test_a_plan_carrying_a_billion_layers_is_refused_within_3_gib(plan_json, tmp
                                                  "any published model; the cost model's tables and "
                                                  "the traced program grow with it); fix: give at "
                                                  "most 16,384"]
+
+
+def test_a_layout_that_cannot_run_the_model_is_refused_by_export_and_run(tmp_path):
+    spec = tmp_path / "m3.yaml"
+    spec.write_text(SPEC.replace("heads: 8", "heads: 3").replace("hidden: 512", "hidden: 384"))
+    out = tmp_path / "plan.json"
+    res = run(["plan", "--model", spec, "--cluster", CPU, "--global-batch", "8", "--time-limit",
+               "2", "--out", out])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert all(m["layout"]["tensor"] == 1 for m in doc["meshes"].values())   # 2 cannot split 3 heads
+    mesh = next(iter(doc["meshes"]))
+    doc["meshes"][mesh]["layout"].update(data=1, tensor=2)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    why = (f"mesh {mesh}'s layout cannot run: tensor parallel 2 does not divide m3's 3 attention "
+           "heads; fix: re-plan (mpmd plan only picks layouts that run) or edit its tensor degree")
+    assert one_line(run(["export", bad, "--to", "megatron", "--out", tmp_path / "e.sh"]),
+                    tmp_path / "e.sh") == f"error: {why}"
+    assert one_line(run(["run", bad, "--steps", "1"])) == f"error: {why}"

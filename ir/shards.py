@@ -1,0 +1,80 @@
+"""Whether a layout can run a model: the one rule the search, ``validate``, ``export`` and the
+compiler share.
+
+Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM", Sec. 3) gives each of ``t`` devices
+whole attention heads and a ``1/t`` slice of every MLP's inner width, so ``t`` must divide the
+query heads and every inner width (the dense MLP's, each expert's, the Mochi text stream's).
+Key/value heads are split the same way while ``t`` does not exceed them; past that each device
+keeps one and a group of ``t / kv`` devices shares it (replicated, as Megatron-Core and vLLM do
+for grouped-query attention), so then the key/value heads must divide ``t``. Expert parallelism
+gives each of ``e`` devices ``experts / e`` whole experts, so ``e`` divides the experts. The
+vocabulary is not a constraint: launchers pad it to a multiple of ``128 t`` (Megatron-LM's
+``make_vocab_size_divisible_by``), and the cost model charges the padded rows as noise.
+
+A :class:`ShardDims` is what a model tells the planner (which never sees the model itself: a
+:class:`ir.Workload` carries it); :func:`layout_problem` is the rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.errors import IRError
+
+__all__ = ["ShardDims", "layout_problem"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardDims:
+    """The dimensions tensor and expert parallelism split, of one model.
+
+    Attributes:
+        heads: query heads of an attention layer (> 0).
+        kv_heads: key/value heads (> 0, dividing ``heads``).
+        widths: every MLP inner width tensor parallelism slices (the dense MLP's, each expert's,
+            a second stream's), elements.
+        experts: routed experts per mixture-of-experts layer (0: dense).
+        model: the model's name, for messages.
+    """
+
+    heads: int
+    kv_heads: int
+    widths: tuple[int, ...]
+    experts: int = 0
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        if self.heads < 1 or self.kv_heads < 1 or self.heads % self.kv_heads:
+            raise IRError(f"ShardDims({self.model!r}): heads {self.heads} and kv_heads "
+                          f"{self.kv_heads} must be positive, the second dividing the first")
+        if any(w < 1 for w in self.widths) or self.experts < 0:
+            raise IRError(f"ShardDims({self.model!r}): widths {self.widths} must be positive and "
+                          f"experts {self.experts} at least 0")
+
+
+def layout_problem(dims: ShardDims | None, tensor: int, expert: int = 1) -> str | None:
+    """Why a layout of ``tensor``-way tensor and ``expert``-way expert parallelism cannot run the
+    model of ``dims`` (module docstring), as a phrase for a message; None when it can (and
+    always for ``dims`` None: a workload built without its model's dimensions).
+
+    Raises:
+        IRError: ``tensor`` or ``expert`` below 1.
+    """
+    if tensor < 1 or expert < 1:
+        raise IRError(f"layout_problem: tensor {tensor} and expert {expert} must be at least 1")
+    if dims is None:
+        return None
+    name = f"{dims.model}'s " if dims.model else ""
+    if dims.heads % tensor:
+        return f"tensor parallel {tensor} does not divide {name}{dims.heads} attention heads"
+    if tensor <= dims.kv_heads and dims.kv_heads % tensor:
+        return (f"tensor parallel {tensor} does not divide {name}{dims.kv_heads} key/value heads")
+    if tensor > dims.kv_heads and tensor % dims.kv_heads:
+        return (f"tensor parallel {tensor} is not a multiple of {name}{dims.kv_heads} key/value "
+                f"heads (each is replicated over tensor / kv_heads devices)")
+    for w in dims.widths:
+        if w % tensor:
+            return f"tensor parallel {tensor} does not divide {name}MLP width {w}"
+    if expert > 1 and (dims.experts == 0 or dims.experts % expert):
+        return f"expert parallel {expert} does not divide {name}{dims.experts} experts"
+    return None

@@ -1,0 +1,37 @@
+"""A mesh's layout options are the layouts that can run the model (ir.shards.layout_problem):
+a tensor degree that does not divide the heads or an MLP width is never offered, so no plan
+the search returns holds one; the same rule bounds the practitioners' grid and serving."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ir import ShardDims, layout_problem
+from planner import api
+from planner.construct import PlanOptions
+from planner.options import _layouts
+from tests.planner.conftest import cluster, device, workload
+
+OPT = ShardDims(heads=16, kv_heads=16, widths=(4096,), model="opt-350m")
+
+
+def test_a_tensor_degree_that_cannot_split_the_heads_is_never_offered():
+    c = cluster([("m", device("d", 100.0, 80.0), 12)])
+    mesh = c.meshes["m"]
+    tensors = {lay.tensor for lay in _layouts(mesh, 24.0, 64, False)}
+    assert tensors == {1, 2, 3, 4, 6, 12}                     # no model dimensions: any divisor
+    tensors = {lay.tensor for lay in _layouts(mesh, 24.0, 64, False, shards=OPT)}
+    assert tensors == {1, 2, 4}
+
+
+def test_no_plan_holds_a_layout_that_cannot_run():
+    # 3 GB devices: the stage needs tensor parallel 3 or more; without the model's dimensions
+    # the search takes 3 (the least traffic), with OPT-350M's 16 heads it must take 4
+    w = workload(blocks=6, batch=24)
+    c = cluster([("a", device("a", 400.0, 3.0), 12)])
+    opts = PlanOptions(time_limit_s=5, fsdp=False)
+    assert api.plan_meshes(w, c, opts).plan.layouts["a"].tensor == 3
+    plan = api.plan_meshes(dataclasses.replace(w, shards=OPT), c, opts).plan
+    assert plan.layouts["a"].tensor == 4
+    for lay in plan.layouts.values():
+        assert layout_problem(OPT, lay.tensor, lay.expert) is None
