@@ -47,6 +47,7 @@ from hardware_profiles.carve import node_groups_of
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Cluster, Link
 from planner import api, construct
+from planner.replayed import rank_by_replay
 from planner.errors import InfeasibleError
 from planner.bounds import work_bound
 from planner.budget import Budget
@@ -324,6 +325,10 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
     several: :func:`_space_bound`); without it the bound uses what the search refined (a cost
     objective's many sub-cluster searches, which compare costs, not gaps).
 
+    The final alternatives (each kind alone, the data-parallel splits, the one mixed pipeline)
+    are ranked by their discrete-event replays (:func:`planner.replayed.rank_by_replay`), and the
+    plan carries its replay's step: what ``mpmd simulate`` prints for the written plan.
+
     Raises:
         InfeasibleError: no configuration fits memory.
         PlanInterrupted: ``stop`` was set before any plan was found.
@@ -362,9 +367,10 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
             raise api.PlanInterrupted(f"interrupted after {time.monotonic() - s.t0:.0f} s before any "
                                       f"feasible plan")
         raise InfeasibleError(_infeasible(w, cluster))
-    candidates.sort(key=lambda c: c.step_s)
-    step, label, chosen = candidates[0]
-    others = [f"{lab} {t:.2f} s" for t, lab, _ in candidates[1:4]]
+    ranked = rank_by_replay(candidates, _plan_of, w, cluster)
+    pred, (_, label, chosen) = ranked[0]
+    step = pred.step_time_s
+    others = [f"{c.label} {p.step_time_s:.2f} s" for p, c in ranked[1:4]]
     grid = s.grids.get((label.removesuffix(" alone"), w.global_batch))
     if grid is not None and grid.best is not None and isinstance(chosen, PipelineResult) \
             and chosen.plan is grid.best.plan:
@@ -395,17 +401,24 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
     p: Plan | DataParallelPlan
     if isinstance(chosen, PipelineResult):
         assert chosen.plan is not None and chosen.prediction is not None   # a candidate found it
-        p = replace(chosen.plan, search=replace(finished(chosen.plan.search),
-                                                candidates=chosen.total,
-                                                candidates_total=chosen.total,
-                                                candidates_searched=chosen.searched))
-        pred = chosen.prediction
+        p = replace(chosen.plan, predicted=pred,
+                    search=replace(finished(chosen.plan.search), candidates=chosen.total,
+                                   candidates_total=chosen.total,
+                                   candidates_searched=chosen.searched))
     else:
-        dp, pred = chosen
-        p = replace(dp, search=finished(dp.search), reason=reason)
+        dp, _ = chosen
+        p = replace(dp, search=finished(dp.search), reason=reason, predicted=pred)
     cands = tuple((o.label, 0, o.step_time_s) for o in s.tried)
     return api.PlanResult(p, pred, cands, interrupted=s.interrupted, candidates_total=len(cands),
                           search_bound_s=bound, search_gap=gap)
+
+
+def _plan_of(c: Found) -> tuple[Plan | DataParallelPlan, Prediction]:
+    """A final alternative's plan and analytic prediction."""
+    if isinstance(c.result, PipelineResult):
+        assert c.result.plan is not None and c.result.prediction is not None   # found with it
+        return c.result.plan, c.result.prediction
+    return c.result
 
 
 def _space_bound(s: _Search, alone: dict[str, PipelineResult], best: float) -> float:
