@@ -158,7 +158,8 @@ def read_timings(path: str | Path) -> tuple[LayerTiming, ...]:
             :data:`COLUMNS`; a row (line named) names an unknown item, pass or attention kernel,
             has seconds that are not a positive finite number, a size that is not an integer
             from 1 to :data:`MAX_SIZE` (or :data:`SIZE_LIMITS`), lacks a size its item needs
-            (:data:`REQUIRED`), or has an ``FB`` time not above its ``F`` time.
+            (:data:`REQUIRED`). A block whose ``FB`` time is not above its ``F`` time (timer
+            noise on a busy host) gets no ``B`` row.
         ir.files.InputError: an unreadable file (binary, not UTF-8, too large, malformed CSV).
     """
     p = shipped_csv(path)
@@ -175,9 +176,7 @@ def read_timings(path: str | Path) -> tuple[LayerTiming, ...]:
         if t.pass_ != "FB" or f is None:
             continue
         if t.seconds <= f.seconds:
-            raise CalibrationError(f"{p}: line {line}: FB time {t.seconds:g} s is not above the "
-                                   f"F time {f.seconds:g} s of line {f_line}, so the backward "
-                                   f"has no time; fix: {WRITE_IT}")
+            continue      # timer noise on a busy host (tiny blocks): no backward time to compare
         backs.append(dataclasses.replace(t, pass_="B", seconds=t.seconds - f.seconds))
     return tuple(t for _, t in out) + tuple(backs)
 

@@ -36,6 +36,23 @@ def test_shipped_measurements_read_with_each_backward_derived():
     assert b.seconds == fb.seconds - f.seconds
 
 
+
+def test_a_backward_below_timer_noise_gets_no_row(tmp_path):
+    rows = list(csv.DictReader(H200.open()))
+    f = next(r for r in rows if r["item"] == "block" and r["pass"] == "F")
+    fb = next(r for r in rows if r["item"] == "block" and r["pass"] == "FB"
+              and all(r[c] == f[c] for c in COLUMNS if c not in ("pass", "seconds")))
+    fb["seconds"] = str(float(f["seconds"]) / 2)          # a busy host's noise: FB under F
+    out = tmp_path / "t.csv"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    got = read_timings(out)
+    assert len(got) == len(read_timings(H200)) - 1          # that block's B row only
+    label = next(t.label for t in got if t.pass_ == "F" and t.seconds == float(f["seconds"]))
+    assert label.removesuffix(" F") + " B" not in {t.label for t in got}
+
 def test_h200_profile_is_the_h100_fit_times_the_measured_gemm_ratio():
     ratio, shapes = gemm_time_ratio(read_timings(H100), read_timings(H200))
     assert shapes == 37
