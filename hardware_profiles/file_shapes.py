@@ -176,11 +176,20 @@ class _AltFile(_Strict):
     note: str = ""
 
 
+class _PrecisionRule(_Strict):
+    value: str = Field(min_length=1, max_length=64)
+    """The ``peak_tflops`` entry the model dtype's matmuls run at."""
+    source: str = Field(min_length=1)
+
+
 class _DeviceFile(_Strict):
     name: str = Field(pattern=NAME_PATTERN, max_length=200)
     vendor: str
     description: str = ""
     peak_tflops: dict[str, _Figure] = Field(min_length=1)
+    precision_rules: dict[Literal["bf16", "fp16", "fp32"], _PrecisionRule] = {}
+    """A model compute dtype -> the ``peak_tflops`` entry its matmuls run at, where that is not
+    the default (:data:`hardware_profiles.types.DEFAULT_PRECISION`), with its source."""
     memory_gb: _Figure | None = None
     memory_gib: _Figure | None = None
     memory_bandwidth_gb_per_s: _Figure

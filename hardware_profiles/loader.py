@@ -162,11 +162,16 @@ def _device_from_file(path: Path) -> DeviceProfile:
     if "bf16" not in f.peak_tflops and "fp16" not in f.peak_tflops:
         raise ProfileError(f"{path}: peak_tflops has no 'bf16' or 'fp16' entry (has {sorted(f.peak_tflops)}); "
                            f"fix: add the device's 16-bit matmul rate")
+    for dtype, rule in f.precision_rules.items():
+        if rule.value not in f.peak_tflops:
+            raise ProfileError(f"{path}: precision_rules.{dtype} names {rule.value!r}, which peak_tflops lacks "
+                               f"(has {sorted(f.peak_tflops)}); fix: name one of them or add its rate")
     if f.price_usd_per_device_hour and f.price_usd_per_device_hour.low > f.price_usd_per_device_hour.high:
         p = f.price_usd_per_device_hour
         raise ProfileError(f"{path}: price_usd_per_device_hour low {p.low} > high {p.high}; fix: swap them")
     mem, mem_key, mem_factor = (f.memory_gb, "memory_gb", GB) if f.memory_gb else (f.memory_gib, "memory_gib", GIB)
     sources = {f"peak_flops.{k}": v.source for k, v in f.peak_tflops.items()}
+    sources.update({f"precision_rules.{k}": v.source for k, v in f.precision_rules.items()})
     sources.update({
         "memory_bytes": f"{mem.source} [{mem_key}]",
         "memory_bandwidth": f.memory_bandwidth_gb_per_s.source,
@@ -281,6 +286,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
                                            "backward_layer_overhead_us")),
         logit_overhead=(f.efficiency.logit_overhead_ns.value * 1e-9
                         if f.efficiency.logit_overhead_ns else 0.0),
+        precision_rules={k: v.value for k, v in f.precision_rules.items()},
         sources=sources,
         alternatives=tuple(_alternative(path, a) for a in f.alternatives),
     )

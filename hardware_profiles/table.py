@@ -1,9 +1,13 @@
-"""A printable table of every bundled device profile (for ``mpmd profiles``).
+"""Printable tables of every bundled device profile (for ``mpmd profiles``).
 
 Figures are shown in human units (TFLOP/s, GB, GB/s, W, USD per hour) converted back from the SI values
 of the loaded profiles; the sources are in the YAML files and in ``DeviceProfile.sources``. The
 "efficiency" column says whether the efficiencies were fitted to measured runs ("calibrated") or
 are a "prior" (:func:`hardware_profiles.calibration.calibration_status`).
+
+:func:`precision_table` lists each device's matmul rates by the precisions it really has (a V100:
+fp16 125 and fp32 15.7, no bf16), "-" where it has none (a model of that dtype is refused there),
+and the entry a float32 model runs at (:meth:`DeviceProfile.matmul_precision`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,26 @@ COLUMNS = ("id", "vendor", "bf16 TFLOP/s", "memory GB", "mem BW GB/s", "scale-up
            "TDP W", "price $/device-h", "matmul eff", "efficiency")
 
 
+PRECISION_COLUMNS = ("id", "bf16 TFLOP/s", "fp16 TFLOP/s", "tf32 TFLOP/s", "fp32 TFLOP/s",
+                     "fp8 TFLOP/s", "other TFLOP/s", "float32 model at")
+"""The columns of :func:`precision_rows`: the dense rates of the common precisions, the device's
+other entries (``int8``, Tenstorrent's ``bfp8`` and ``bf16_hifi4``, ``fp4``), and the entry a
+float32 model's matmuls run at."""
+
+_NAMED = ("bf16", "fp16", "tf32", "fp32", "fp8")
+
+
 def _fmt(x: float, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
+
+
+def _tflops(flops: float | None) -> str:
+    """A rate in TFLOP/s as published: at most one decimal from 1 up (494.5, 2,250), three
+    significant digits below (0.147); "-" for a precision the device has no rate for."""
+    if flops is None:
+        return "-"
+    t = flops / 1e12
+    return _fmt(t, 1).removesuffix(".0") if t >= 1 else f"{t:.3g}"
 
 
 def _row(d: DeviceProfile) -> tuple[str, ...]:
@@ -31,7 +53,7 @@ def _row(d: DeviceProfile) -> tuple[str, ...]:
     return (
         d.name,
         d.vendor,
-        _fmt(d.peak("bf16") / 1e12),
+        _tflops(d.peak_flops.get("bf16")),
         _fmt(d.memory_bytes / 1e9, 1),
         _fmt(d.memory_bandwidth / 1e9),
         _fmt(d.scale_up_bandwidth / 1e9),
@@ -50,7 +72,7 @@ def profiles_rows(devices: list[DeviceProfile] | None = None) -> list[tuple[str,
 def profiles_table(devices: list[DeviceProfile] | None = None) -> Table:
     """A ``rich.table.Table`` listing every bundled device (or ``devices``).
 
-    Columns: id, vendor, dense bf16 TFLOP/s, memory GB (1e9 B), memory bandwidth GB/s, scale-up GB/s per
+    Columns: id, vendor, dense bf16 TFLOP/s ("-" for a device without bf16: the V100), memory GB (1e9 B), memory bandwidth GB/s, scale-up GB/s per
     direction, TDP W, price range USD per device-hour, matmul efficiency, and whether the
     efficiencies are "calibrated" (fitted to measured runs) or a "prior".
 
@@ -63,5 +85,39 @@ def profiles_table(devices: list[DeviceProfile] | None = None) -> Table:
         table.add_column("\n".join(col.rsplit(" ", 1)), no_wrap=True,
                          justify="left" if i < 2 or col == "efficiency" else "right")
     for row in profiles_rows(devices):
+        table.add_row(*row)
+    return table
+
+
+def _precision_row(d: DeviceProfile) -> tuple[str, ...]:
+    other = ", ".join(f"{k} {_tflops(v)}" for k, v in sorted(d.peak_flops.items()) if k not in _NAMED)
+    fp32 = d.matmul_precision("fp32") if "fp32" in d.model_dtypes else "-"
+    return (d.name, *(_tflops(d.peak_flops.get(k)) for k in _NAMED), other or "-", fp32)
+
+
+def precision_rows(devices: list[DeviceProfile] | None = None) -> list[tuple[str, ...]]:
+    """Each device's matmul rates by precision (one row per device, sorted by id), in
+    :data:`PRECISION_COLUMNS` order: dense TFLOP/s of the precisions it has, "-" where it has none,
+    and the ``peak_flops`` entry a float32 model runs at ("-": refused)."""
+    return [_precision_row(d)
+            for d in (list_devices() if devices is None else sorted(devices, key=lambda d: d.name))]
+
+
+def precision_table(devices: list[DeviceProfile] | None = None) -> Table:
+    """:func:`precision_rows` as a ``rich.table.Table`` (fits 120 columns).
+
+    Raises:
+        ProfileError: a bundled profile is invalid.
+    """
+    table = Table(title="Matmul rates by precision (dense TFLOP/s; '-': none, a model of that dtype "
+                        "is refused)",
+                  caption="A bfloat16 or float16 model runs at its own rate only; a float32 model at "
+                          "the last column's (JAX's default: TF32 on NVIDIA Ampere and later, one "
+                          "bfloat16 pass on TPU; hardware_profiles.types.DEFAULT_PRECISION and each "
+                          "profile's precision_rules)")
+    for i, col in enumerate(PRECISION_COLUMNS):
+        table.add_column("\n".join(col.rsplit(" ", 1)), no_wrap=i != len(PRECISION_COLUMNS) - 2,
+                         justify="left" if i == 0 or i >= len(PRECISION_COLUMNS) - 2 else "right")
+    for row in precision_rows(devices):
         table.add_row(*row)
     return table

@@ -28,8 +28,34 @@ class Alternative:
     note: str = ""
 
 
-_HALF = {"bf16": "fp16", "fp16": "bf16"}
-"""The two 16-bit matmul dtypes: one stands in for the other on a device that has only one."""
+MODEL_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+"""A model's compute dtype (its JAX name: ``zoo.config.ModelConfig.dtype``, a YAML model spec's
+``dtype``) -> the precision key a plan asks a device for (``ir.Workload.dtype``)."""
+
+DEFAULT_PRECISION: dict[str, tuple[str, ...]] = {
+    "bf16": ("bf16",), "fp16": ("fp16",), "fp32": ("tf32", "fp32")}
+"""The ``peak_flops`` entries a model dtype's matmuls run at, the first the profile lists, where
+its ``precision_rules`` name none (:meth:`DeviceProfile.matmul_precision`):
+
+- ``bf16`` and ``fp16``: their own entry only. Neither stands in for the other: a V100's tensor
+  cores take fp16 and no bf16 (NVIDIA Tesla V100 GPU Architecture whitepaper, "Tensor Cores": FP16
+  inputs), so a bfloat16 model on it is refused rather than costed at the fp16 rate.
+- ``fp32``: the device's TF32 rate where it lists one, else its FP32 rate. This is JAX's default,
+  the runtime ``mpmd run`` compiles to: "By default, JAX leans toward speed: float32 dot products
+  may be computed with reduced-precision arithmetic internally (bfloat16 on TPU, TF32 on recent
+  GPUs)" (JAX documentation, "Matmul precision", docs.jax.dev/en/latest/201/precision.html): on
+  CUDA, XLA asks cuBLAS to compute a float32 GEMM of default (or high) precision as TF32
+  (``kTF32AsF32``) while TensorFloat-32 execution is enabled, its default
+  (``xla/stream_executor/gpu/gpu_blas_lt.cc``, ``GetBlasComputationType``), and TF32 tensor cores
+  exist from Ampere on (A100, L40S, H100/H200/H800, B200), so a V100, which lists no tf32, runs
+  them at FP32. PyTorch differs
+  (``torch.get_float32_matmul_precision()`` is ``"highest"``, true FP32, by default): a profile
+  copy with ``precision_rules: {fp32: {value: fp32, ...}}`` plans that. Devices whose float32
+  matmuls run some other way say so in ``precision_rules`` (TPU: one bfloat16 pass;
+  Tenstorrent: TF32 operands at math fidelity HiFi4; AMD MI300X: FP32, XLA's TF32 path being
+  CUDA-only)."""
+
+_DTYPE_NAME = {key: name for name, key in MODEL_DTYPES.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +64,13 @@ class DeviceProfile:
 
     Attributes:
         name: profile id, the YAML file's stem (e.g. ``"h100-sxm"``).
-        peak_flops: dense peak per dtype (``"bf16"``, ``"fp8"``, ...), FLOP/s.
+        peak_flops: dense peak per precision the device publishes (``"bf16"``, ``"fp16"``,
+            ``"tf32"``, ``"fp32"``, ``"fp8"``, Tenstorrent's ``"bfp8"``, ...), FLOP/s. Only the
+            precisions it really has: a V100 lists fp16 (its tensor cores) and fp32, no bf16.
+        precision_rules: a model compute dtype (``"bf16"``, ``"fp16"``, ``"fp32"``) -> the
+            ``peak_flops`` entry its matmuls run at, where that is not the default of
+            :data:`DEFAULT_PRECISION` (a TPU runs float32 matmuls as one bfloat16 pass); the
+            source of each is ``sources["precision_rules.<dtype>"]``.
         memory_bytes: device memory capacity, bytes.
         memory_bandwidth: device memory bandwidth, B/s.
         scale_up_bandwidth: per-device, per-direction bandwidth of the scale-up fabric, B/s.
@@ -191,6 +223,7 @@ class DeviceProfile:
     layer_overhead_ops: tuple[int, int] = (0, 0)
     forward_routing_pair: float = 0.0
     backward_routing_pair: float = 0.0
+    precision_rules: Mapping[str, str] = field(default_factory=dict)
 
     def layer_fixed_time(self, kind: str, ops: int) -> float:
         """The fixed time, s, a layer of ``ops`` primitive operations pays in a forward (``kind``
@@ -212,27 +245,67 @@ class DeviceProfile:
                      if backward else (self.attention_efficiency, self.attention_half_tokens))
         return eff * seq_len / (seq_len + half) if seq_len > 0 and half > 0 else eff
 
-    def peak(self, dtype: str = "bf16") -> float:
-        """Dense peak FLOP/s for ``dtype``, 0 when the device has no rate for it. A 16-bit dtype
-        the device lacks runs at its other 16-bit rate: pre-Ampere GPUs (V100) have no bf16, and
-        16-bit training there is fp16 with loss scaling (Micikevicius et al., "Mixed Precision
-        Training", ICLR 2018), at the same bytes per element."""
-        if dtype in self.peak_flops:
-            return self.peak_flops[dtype]
-        other = _HALF.get(dtype)
-        return self.peak_flops.get(other, 0.0) if other else 0.0
+    def _precision(self, dtype: str) -> str | None:
+        """:meth:`matmul_precision`, or None where the device has no rate for ``dtype``."""
+        rule = self.precision_rules.get(dtype)
+        if rule is not None:
+            return rule
+        for entry in DEFAULT_PRECISION.get(dtype, (dtype,)):
+            if entry in self.peak_flops:
+                return entry
+        return None
 
-    def achievable_flops(self, dtype: str = "bf16") -> float:
-        """Achievable matmul FLOP/s for ``dtype`` (:meth:`peak` x matmul_efficiency).
+    def matmul_precision(self, dtype: str = "bf16") -> str:
+        """The ``peak_flops`` entry the device runs matmuls of ``dtype`` at: for a model's compute
+        dtype (``"bf16"``, ``"fp16"``, ``"fp32"``) the profile's ``precision_rules`` entry, else
+        the first of :data:`DEFAULT_PRECISION` it lists (an fp32 model runs at TF32 where the
+        device has it: JAX's default); any other name (``"fp8"``, ``"bfp8"``) is its own entry.
 
         Raises:
-            ProfileError: the profile publishes no rate for ``dtype``.
+            ProfileError: the device has no rate for ``dtype`` (one line: the device, the dtype,
+                its rates and the fix). Nothing stands in silently.
         """
-        peak = self.peak(dtype)
-        if peak <= 0:
-            raise ProfileError(f"device {self.name!r} has no {dtype} rate; "
-                               f"use one of {sorted(self.peak_flops)}")
-        return peak * self.matmul_efficiency
+        got = self._precision(dtype)
+        if got is not None:
+            return got
+        rates = ", ".join(sorted(self.peak_flops))
+        if dtype in DEFAULT_PRECISION:
+            runs = " or ".join(_DTYPE_NAME[k] for k in DEFAULT_PRECISION if self._precision(k))
+            fix = (f"set the model's dtype to {runs} (a YAML model spec's 'dtype') or plan on "
+                   f"devices that run {dtype}")
+        else:
+            fix = "use one of its matmul rates"
+        raise ProfileError(f"device {self.name!r} has no {dtype} rate (its matmul rates: {rates}); "
+                           f"fix: {fix}")
+
+    @property
+    def model_dtypes(self) -> tuple[str, ...]:
+        """The model compute dtypes (keys of :data:`DEFAULT_PRECISION`) the device has a rate for."""
+        return tuple(k for k in DEFAULT_PRECISION if self._precision(k) is not None)
+
+    def peak(self, dtype: str = "bf16") -> float:
+        """Dense peak FLOP/s the device runs ``dtype``'s matmuls at (the ``peak_flops`` entry
+        :meth:`matmul_precision` names: an fp32 model's is the TF32 rate on an A100), 0 when it
+        has none (see :meth:`matmul_peak` for the refusal)."""
+        got = self._precision(dtype)
+        return self.peak_flops[got] if got is not None else 0.0
+
+    def matmul_peak(self, dtype: str = "bf16") -> float:
+        """:meth:`peak` of ``dtype``, the denominator of MFU and of the roofline bound of a plan
+        computing in it, FLOP/s.
+
+        Raises:
+            ProfileError: the device has no rate for ``dtype`` (:meth:`matmul_precision`).
+        """
+        return self.peak_flops[self.matmul_precision(dtype)]
+
+    def achievable_flops(self, dtype: str = "bf16") -> float:
+        """Achievable matmul FLOP/s for ``dtype`` (:meth:`matmul_peak` x matmul_efficiency).
+
+        Raises:
+            ProfileError: the device has no rate for ``dtype`` (:meth:`matmul_precision`).
+        """
+        return self.matmul_peak(dtype) * self.matmul_efficiency
 
     @property
     def achievable_bandwidth(self) -> float:
@@ -566,5 +639,11 @@ class Cluster:
         return sum(m.num_devices for m in self.meshes.values())
 
     def peak_flops(self, dtype: str = "bf16") -> float:
-        """Sum of the meshes' dense peak FLOP/s for ``dtype`` (devices lacking it count 0)."""
-        return sum(m.device.peak(dtype) * m.num_devices for m in self.meshes.values())
+        """Sum of the meshes' dense peak FLOP/s at which each runs ``dtype``'s matmuls
+        (:meth:`DeviceProfile.matmul_peak`: an fp32 model's TF32 rate on an A100, its FP32 rate
+        on a V100), FLOP/s.
+
+        Raises:
+            ProfileError: a mesh's device has no rate for ``dtype``.
+        """
+        return sum(m.device.matmul_peak(dtype) * m.num_devices for m in self.meshes.values())

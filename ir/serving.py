@@ -46,7 +46,10 @@ MATMUL_DTYPE: dict[str, str] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", 
 int8 on the 8-bit tensor cores; on Tenstorrent, bfp8 weights at math fidelity HiFi2 (the profiles'
 ``bf16`` entry) and bfp4 at LoFi (their ``bfp8`` entry), as tt-transformers pairs them
 (``models/tt_transformers/tt/model_config.py``: bfp4 MLP matmuls at LoFi, bfp8 at HiFi2); int4
-weight-only kernels dequantize to bf16. A device without the entry runs at its bf16 rate."""
+weight-only kernels dequantize to bf16. A compute format (fp32, bf16, fp16) runs at the precision
+the device runs it at (``DeviceProfile.matmul_precision``: fp32 at TF32 on an A100, one bfloat16
+pass on a TPU) and is refused on a device without one (bf16 on a V100); a weight-only format the
+device has no matmul for (fp8 on an A100) runs at its bf16 rate, dequantized."""
 
 
 def format_bytes(fmt: str) -> float:

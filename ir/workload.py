@@ -155,6 +155,10 @@ def causal_fraction(seq: int, block: int = FLASH_BLOCK) -> float:
     n = math.ceil(seq / block)
     return (n + 1) / (2 * n)
 
+PRECISIONS = ("bf16", "fp16", "fp32")
+"""The compute dtypes a :class:`Workload` may name (``Workload.dtype``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     """A model's step, as a sequence of layers (each an instance of a unique :class:`LayerCost`).
@@ -167,6 +171,10 @@ class Workload:
         global_batch: samples per step.
         training: True for a training step (forward, backward, optimizer), False for forward only.
         dtype_bytes: bytes per element of the compute dtype (2 for bfloat16).
+        dtype: the compute dtype as the precision key a device's rate is looked up by
+            (:data:`PRECISIONS`: ``"bf16"``, ``"fp16"``, ``"fp32"``;
+            ``hardware_profiles.types.DeviceProfile.matmul_precision``); ``""`` derives it from
+            ``dtype_bytes`` (2: bf16, 4: fp32).
         source: citation of the model's published config.
         shards: the dimensions tensor and expert parallelism split (:class:`ir.shards.ShardDims`),
             which decide the layouts that can run it (:func:`ir.shards.layout_problem`); None: any.
@@ -181,6 +189,7 @@ class Workload:
     dtype_bytes: int = 2
     source: str = ""
     shards: ShardDims | None = None
+    dtype: str = ""
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -190,6 +199,8 @@ class Workload:
             raise IRError(f"Workload {self.model!r}: layers {missing} have no LayerCost")
         if self.seq_len <= 0 or self.global_batch <= 0:
             raise IRError(f"Workload {self.model!r}: seq_len and global_batch must be positive")
+        if self.dtype and self.dtype not in PRECISIONS:
+            raise IRError(f"Workload {self.model!r}: dtype {self.dtype!r} is not one of {PRECISIONS}")
 
     def layer(self, i: int) -> LayerCost:
         return self.costs[self.layers[i]]

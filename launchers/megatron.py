@@ -43,7 +43,10 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
                 ("--disable-bias-linear", None)]
     if not c.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
-    out.append(("--bf16", None))
+    # the model's own precision: Megatron-LM trains in fp32 without a flag
+    flag = {"bfloat16": "--bf16", "float16": "--fp16"}.get(c.dtype)
+    if flag:
+        out.append((flag, None))
     return out
 
 

@@ -73,7 +73,7 @@ def job(v: PartView, source: str) -> tuple[dict, list[str]]:
         "model": {"name": name, "flavor": flavor},
         "training": {"local_batch_size": v.global_batch // max(1, v.data),
                      "global_batch_size": v.global_batch, "seq_len": v.seq_len,
-                     "mixed_precision_param": "bfloat16"},
+                     "mixed_precision_param": v.model.dtype},   # a torchtitan TORCH_DTYPE_MAP name
         "parallelism": par,
         "activation_checkpoint": {"mode": "full" if v.recompute else "none"},
     }

@@ -27,6 +27,7 @@ from planner import construct
 from planner.errors import PlannerError
 from planner.predict import predict
 from planner.search import Assignment
+from simulator.cost_model import compute_dtype
 
 MICROBATCH_SIZES = (1, 2)
 """Samples per microbatch per pipeline replica (Narayanan et al. use 1 and 2, Table 1 and sec. 5.5)."""
@@ -346,7 +347,8 @@ def hand_pipeline(w: Workload, cluster: Cluster, hp: HandPipeline, headroom: flo
 
 def _balanced(w: Workload, lc: Cluster, hp: HandPipeline, order: tuple[str, ...],
               layouts: tuple[Layout, ...], microbatches: int, nb: int, headroom: float) -> HandResult | None:
-    rate = [lc.meshes[m].device.achievable_flops("bf16") * lc.meshes[m].num_devices for m in order]
+    rate = [lc.meshes[m].device.achievable_flops(compute_dtype(w)) * lc.meshes[m].num_devices
+            for m in order]
     blocks = [max(1, round(nb * r / sum(rate))) for r in rate]
     while sum(blocks) != nb:             # fix rounding on the stage with the most (or fewest) blocks
         i = blocks.index(max(blocks)) if sum(blocks) > nb else blocks.index(min(blocks))

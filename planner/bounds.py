@@ -391,7 +391,7 @@ def layer_work_per_sample(cost: LayerCost, device: DeviceProfile, dtype: str, tr
     fixed times per layer, recomputation) is at least 0 and left out. Forward plus (when
     ``training``) the whole backward at ``backward_efficiency`` x the rate."""
     from simulator.cost_model import combine_work
-    rate = device.achievable_flops(dtype) if device.peak(dtype) > 0 else device.achievable_flops("bf16") / 3.0
+    rate = device.achievable_flops(dtype)
     bw = device.achievable_bandwidth
 
     def part(flops: float, nbytes: float, other: float, r: float) -> float:

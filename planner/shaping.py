@@ -117,12 +117,12 @@ class Option:
 
 def achievable_flops(cluster: Cluster, groups: Iterable[str], dtype: str) -> float:
     """The summed achievable matmul FLOP/s (peak x matmul efficiency) of every device of
-    ``groups``; a dtype a device lacks counts at a third of its 16-bit rate (emulated)."""
+    ``groups``, each at its own rate for ``dtype`` (``DeviceProfile.achievable_flops``; a device
+    without one raises ``ProfileError``)."""
     out = 0.0
     for g in groups:
         dev = cluster.groups[g].device
-        rate = (dev.peak(dtype) or dev.peak("bf16") / 3.0) * dev.matmul_efficiency
-        out += rate * cluster.groups[g].num_devices
+        out += dev.achievable_flops(dtype) * cluster.groups[g].num_devices
     return out
 
 
@@ -191,7 +191,7 @@ def data_parallel_prediction(w: Workload, cluster: Cluster, plans: tuple[Plan, .
         for shape in plan.carving:
             dev = cluster.groups[shape["group"]].device
             devices = shape["nodes"] * cluster.groups[shape["group"]].devices_per_node
-            peak_flops += (dev.peak(dtype) or dev.peak("bf16")) * devices
+            peak_flops += dev.matmul_peak(dtype) * devices
     tokens = w.global_batch * w.seq_len
     return Prediction(step_time_s=step, bubble=bubble, peak_memory_bytes=peak, capacity_bytes=cap,
                       stage_time_s=stage, mfu=w.step_flops / (step * peak_flops),
@@ -333,7 +333,12 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
         InfeasibleError: no configuration fits memory.
         PlanInterrupted: ``stop`` was set before any plan was found.
         PlannerError: bad options.
+        ProfileError: a device of the cluster has no rate for the model's compute dtype
+            (``DeviceProfile.matmul_precision``), before any search.
     """
+    devices = [g.device for g in cluster.groups.values()] + [m.device for m in cluster.meshes.values()]
+    for dev in {d.name: d for d in devices}.values():
+        dev.matmul_precision(cm.compute_dtype(w))     # a dtype a device has no rate for: refused now
     if not cluster.groups and not opts.meshes:
         cluster = node_groups_of(cluster) or cluster     # a listing of whole nodes: shape them
     if not cluster.groups or opts.meshes:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hardware_profiles.types import Cluster, DeviceProfile
+from reports.citations import cite
 from reports.errors import ReportError
 from hardware_profiles.loader import DEVICES_DIR
 from ir.files import InputError, read_yaml
@@ -148,7 +149,8 @@ def figure_rows(clusters: Iterable[Cluster], overrides: Mapping[str, tuple[float
         key = (device, figure, value)
         if key not in seen:
             seen.add(key)
-            rows.append({"device": device, "figure": figure, "value": value, "source": source})
+            rows.append({"device": device, "figure": figure, "value": value,
+                         "source": cite(source)})
 
     for c in clusters:
         for e, m in zip(mesh_prices(c, overrides), c.meshes.values()):

@@ -23,6 +23,7 @@ from ir import DataParallelPlan, Plan, Workload
 from hardware_profiles.calibration import PRIOR_UNCERTAINTY, is_calibrated
 from hardware_profiles.types import Alternative, Cluster, DeviceProfile, Link, MeshSpec
 from planner.predict import predict
+from reports.citations import cite
 from simulator import cost_model as cm
 from simulator.plan_sim import part_workloads, plan_meshes, simulate_data_parallel
 
@@ -153,5 +154,5 @@ def alternatives_outcomes(plan: "Plan | DataParallelPlan", workload: Workload, c
         tried += [(PRIOR_FIELD, a) for a in prior_alternatives(dev)]
         for field, alt in tried:
             step, fits = _step_and_fit(plan, workload, _swap_cluster(cluster, name, alt), headroom)
-            out.append(AltOutcome(name, field, alt.value, alt.source, step, base, fits))
+            out.append(AltOutcome(name, field, alt.value, cite(alt.source), step, base, fits))
     return out

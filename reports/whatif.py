@@ -38,6 +38,7 @@ from hardware_profiles.calibration import calibration_origin, calibration_status
 from planner import PlanOptions
 from planner import plan as run_plan
 from planner.errors import PlannerError
+from reports.citations import cite
 from reports.errors import ReportError
 from reports.pricing import (
     cluster_power_watts,
@@ -143,7 +144,7 @@ def profile_rows(clusters: Iterable[Any]) -> list[dict[str, str]]:
         for m in c.meshes.values():
             d = m.device
             seen.setdefault(d.name, {"device": d.name, "status": calibration_status(d),
-                                     "origin": calibration_origin(d)})
+                                     "origin": cite(calibration_origin(d))})
     return list(seen.values())
 
 

@@ -128,17 +128,23 @@ def overlapped(work: float, comm: float, interference: float) -> float:
 
 
 def compute_dtype(workload: Workload) -> str:
-    """The peak-rate key of the workload's compute dtype in device profiles."""
-    return "bf16" if workload.dtype_bytes == 2 else "fp32"
+    """The precision key of the workload's compute dtype (``"bf16"``, ``"fp16"``, ``"fp32"``):
+    ``Workload.dtype``, or from its bytes per element (2: bf16, 4: fp32) where it names none. A
+    device runs it at the ``peak_flops`` entry :meth:`DeviceProfile.matmul_precision` names (an
+    fp32 model at TF32 on an A100, as JAX does by default; one bfloat16 pass on a TPU)."""
+    return workload.dtype or ("bf16" if workload.dtype_bytes == 2 else "fp32")
+
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+"""Bytes per element of each compute dtype (:func:`compute_dtype`)."""
 
 
 def _flops_rate(mesh: MeshSpec, dtype: str) -> float:
-    dev = mesh.device
-    if dev.peak(dtype) > 0:
-        return dev.achievable_flops(dtype)
-    # fp32 on accelerators without a published fp32 matmul rate: emulate through bf16 passes
-    # (TPU: three bf16 passes, per Google's "bfloat16" Cloud TPU docs); keep it explicit.
-    return dev.achievable_flops("bf16") / 3.0
+    """The achievable matmul FLOP/s of one device of ``mesh`` for ``dtype``: its own rate for the
+    precision ``dtype`` runs at (:meth:`DeviceProfile.achievable_flops`); a dtype the device has
+    no rate for raises ``ProfileError`` (one line: the device, the dtype and the fix), never a
+    stand-in."""
+    return mesh.device.achievable_flops(dtype)
 
 
 def combine_work(compute: float, memory: float, roofline: str = "max") -> float:
@@ -252,7 +258,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     """
     d, t = layout.data, layout.tensor
     per_dev = samples / d
-    util = gemm_utilisation(cost, per_dev * seq_len, t, seq_len, 2 if dtype == "bf16" else 4,
+    util = gemm_utilisation(cost, per_dev * seq_len, t, seq_len, DTYPE_BYTES.get(dtype, 2),
                             mesh.device.gemm_tiling)
     dev = mesh.device
     if kind == FragmentKind.F:

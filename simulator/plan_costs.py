@@ -373,10 +373,18 @@ class PlanCosts:
     # ------------------------------------------------------------------ bounds
     @cached_property
     def peak_flops(self) -> float:
-        """The cluster's summed dense peak FLOP/s in the workload's compute dtype (bf16 when no
-        device publishes that dtype), the denominator of MFU and of the roofline bound."""
-        return self.cluster.peak_flops(self.dtype) or self.cluster.peak_flops("bf16")
+        """The cluster's summed dense peak FLOP/s at the precision the plan computes in: each
+        device's own rate for the workload's compute dtype (:meth:`Cluster.peak_flops`: an fp32
+        model's TF32 rate on an A100, its FP32 rate on a V100), the denominator of MFU and of the
+        roofline bound. Every FLOP the cost model charges runs at most that device's peak, so MFU
+        is at most 1 and the roofline bound at most the step.
+
+        Raises:
+            ProfileError: a device of the cluster has no rate for the compute dtype.
+        """
+        return self.cluster.peak_flops(self.dtype)
 
     def roofline_step_time(self) -> float:
-        """Lower bound: the step's model FLOP over the cluster's summed dense peak FLOP/s."""
+        """Lower bound: the step's model FLOP over the cluster's summed dense peak FLOP/s
+        (:attr:`peak_flops`)."""
         return self.workload.step_flops / self.peak_flops

@@ -260,8 +260,8 @@ def data_parallel_program(dp: DataParallelPlan, workload: "Workload | Sequence[W
             ops[oid] = replace(ops[oid], inputs=ops[oid].inputs + (tid,))
     dtype = cm.compute_dtype(ws[0])
     used = [cluster.meshes[m] for m in meshes]
-    peak = (sum(s.device.peak(dtype) * s.num_devices for s in used)
-            or sum(s.device.peak("bf16") * s.num_devices for s in used))
+    # the used devices' own rates at the precision the workload computes in (MFU's denominator)
+    peak = sum(s.device.matmul_peak(dtype) * s.num_devices for s in used)
     host_of: dict[str, str] = {}
     for prog in progs:
         host_of.update(prog.host_of)

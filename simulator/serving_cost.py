@@ -31,7 +31,8 @@ import math
 from dataclasses import dataclass
 
 from hardware_profiles.collectives import one_hop_all_reduce, span_all_reduce
-from hardware_profiles.types import DeviceProfile, Link, NodeGroup, Span
+from hardware_profiles.types import (DEFAULT_PRECISION, DeviceProfile, Link, NodeGroup,
+                                     ProfileError, Span)
 from ir import BatchStep, InferenceModel
 from simulator.program import SimError
 
@@ -173,11 +174,21 @@ def tp_all_reduce(nbytes: float, replica: Replica) -> float:
 
 
 def _rate(device: DeviceProfile, dtype: str) -> float:
-    peak = device.peak(dtype) or device.peak("bf16")
-    if peak <= 0:
-        raise SimError(f"device {device.name!r} has no {dtype} or bf16 rate; fix: add one to its "
-                       "profile")
-    return peak * device.matmul_efficiency
+    """Achievable FLOP/s of ``device``'s matmuls for the ``peak_flops`` entry ``dtype``
+    (``ir.serving.MATMUL_DTYPE`` of a weight format): a compute dtype (bf16, fp16, fp32) at the
+    precision it runs at (:meth:`DeviceProfile.matmul_precision`: fp32 at TF32 on an A100); a
+    weight-only format the device has no matmul for (fp8 weights on an A100) dequantized to bf16,
+    as ``ir.serving.MATMUL_DTYPE`` says.
+
+    Raises:
+        SimError: the device has no rate for ``dtype`` (nor bf16 for a weight-only format).
+    """
+    if device.peak(dtype) <= 0 and dtype not in DEFAULT_PRECISION:
+        dtype = "bf16"
+    try:
+        return device.achievable_flops(dtype)
+    except ProfileError as e:
+        raise SimError(str(e)) from None
 
 
 def step_cost(replica: Replica, step: BatchStep) -> StepCost:

@@ -38,7 +38,9 @@ class ModelConfig:
         vocab: vocabulary size (0 for Mochi, which has no token embedding).
         seq_len: tokens per sample (Mochi: visual + text tokens of the joint attention).
         training: True for a training model (``forward_loss``), False for inference (``forward``).
-        dtype: compute and parameter dtype name (``"bfloat16"`` or ``"float32"``).
+        dtype: compute and parameter dtype name (``"bfloat16"``, ``"float16"`` or
+            ``"float32"``); a device runs its matmuls at its own rate for that precision
+            (``hardware_profiles.types.DeviceProfile.matmul_precision``: no bfloat16 on a V100).
         source: citation of the published configuration.
     Family fields:
         norm ("rms" | "layer"), mlp ("swiglu" | "gelu" | "relu"), pos_emb ("rope" | "learned" | "none"),
@@ -196,12 +198,14 @@ _REGISTRY: dict[str, ModelConfig] = {
     "opt-350m": ModelConfig(
         name="opt-350m", family="gpt", layers=24, hidden=1024, heads=16, kv_heads=16, ffn=4096,
         vocab=50272, seq_len=2048, norm="layer", mlp="relu", pos_emb="learned", bias=True,
-        tie_embeddings=True,
+        tie_embeddings=True, dtype="float16",
         source=("OPT: Zhang et al. 2022, 'OPT: Open Pre-trained Transformer Language Models' "
-                "(arXiv:2205.01068) Table 1 (350M: 24 layers, 16 heads, d_model 1024); "
+                "(arXiv:2205.01068) Table 1 (350M: 24 layers, 16 heads, d_model 1024) and "
+                "sec. 2.4 (trained with FP16 weights, dynamic loss scaling, Adam state in FP32); "
                 "facebook/opt-350m config.json (hidden_size 1024, ffn_dim 4096, "
                 "num_hidden_layers 24, num_attention_heads 16, vocab_size 50272, "
-                "max_position_embeddings 2048, activation relu, tied embeddings). Costed as a "
+                "max_position_embeddings 2048, activation relu, tied embeddings, "
+                "torch_dtype float16). Costed as a "
                 "pre-LayerNorm block with the embedding at width 1024: the published model "
                 "normalises after each block and projects a 512-wide embedding in and out "
                 "(word_embed_proj_dim 512), which changes its 331M parameters by under 8%")),

@@ -54,6 +54,7 @@ from jax.extend.core import jaxprs_in_params
 
 from ir import LayerCost, Workload
 from ir.workload import ATTENTION_KERNELS, causal_fraction
+from hardware_profiles.types import MODEL_DTYPES
 from zoo import models
 from zoo.config import ModelConfig, ZooError, get_config, shard_dims
 from zoo.layers import attention, expert_capacity
@@ -326,7 +327,8 @@ def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | N
     costs = {b: body_cost(cfg, b) for b in dict.fromkeys(bodies)}
     return Workload(model=cfg.name, layers=bodies, costs=costs, seq_len=cfg.seq_len,
                     global_batch=global_batch, training=cfg.training,
-                    dtype_bytes=cfg.dtype_bytes, source=cfg.source, shards=shard_dims(cfg))
+                    dtype_bytes=cfg.dtype_bytes, source=cfg.source, shards=shard_dims(cfg),
+                    dtype=MODEL_DTYPES.get(cfg.dtype, ""))
 
 
 def analytic_training_flops(cfg: ModelConfig | str, tokens: float) -> float:

@@ -84,7 +84,7 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "family": ("llama", "gpt", "mochi"), "norm": ("rms", "layer"),
     "mlp": ("swiglu", "gelu", "relu"), "pos_emb": ("rope", "learned", "none"),
-    "dtype": ("bfloat16", "float32"), "attention_kernel": tuple(ATTENTION_KERNELS),
+    "dtype": ("bfloat16", "float16", "float32"), "attention_kernel": tuple(ATTENTION_KERNELS),
     "attention": ("plain", "flash", "fused")}
 """The fields with a fixed vocabulary, and their values."""
 

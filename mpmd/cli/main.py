@@ -18,8 +18,8 @@ from typing import Any, Literal, NoReturn, overload
 
 import click
 
-from mpmd.cli import (calibrate, export, plan, profiles, run, serve, simulate, validate,
-                      whatif)
+from mpmd.cli import (calibrate, export, models, plan, profiles, run, serve, simulate,
+                      validate, whatif)
 from rich.markup import escape   # error text quotes user input: '[/]' there is not markup
 
 from mpmd.cli.common import err_console
@@ -27,7 +27,18 @@ from mpmd.cli.common import err_console
 
 class _OneLineGroup(click.Group):
     """The ``mpmd`` group: a usage error (unknown flag, bad flag value, missing argument) is one
-    line on stderr naming the value and where the help is, exit status 2, as every other error."""
+    line on stderr naming the value and where the help is, exit status 2, as every other error.
+    ``mpmd`` alone prints the short usage (:meth:`short_usage`) on stderr, exit status 2 as click
+    gives a group called with no command."""
+
+    def short_usage(self, ctx: click.Context) -> str:
+        """The usage line and the command list, then where the rest is."""
+        f = ctx.make_formatter()
+        self.format_usage(ctx, f)
+        self.format_commands(ctx, f)
+        f.write_paragraph()
+        f.write_text(f"Run '{ctx.command_path} COMMAND --help' for a command's options.")
+        return f.getvalue().rstrip("\n")
 
     @overload
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
@@ -44,6 +55,11 @@ class _OneLineGroup(click.Group):
              **extra: Any) -> Any:
         try:
             rv = super().main(args, prog_name or "mpmd", complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            if not standalone_mode:
+                raise
+            click.echo(self.short_usage(e.ctx), err=True)
+            sys.exit(e.exit_code)
         except click.ClickException as e:
             if not standalone_mode:
                 raise
@@ -69,8 +85,8 @@ def main() -> None:
 
 
 COMMANDS: tuple[click.Command, ...] = (
-    profiles.profiles, plan.plan_command, simulate.simulate, run.run, calibrate.calibrate,
-    validate.validate, whatif.whatif, export.export, serve.serve_plan)
+    profiles.profiles, models.models, plan.plan_command, simulate.simulate, run.run,
+    calibrate.calibrate, validate.validate, whatif.whatif, export.export, serve.serve_plan)
 """Every ``mpmd`` command, from its own module."""
 
 for _command in COMMANDS:

@@ -21,8 +21,9 @@ from ir.plan_file import SCHEMA_PATH
 
 if TYPE_CHECKING:   # the planner loads OR-Tools: the commands import it only when they run
     from hardware_profiles.types import Cluster
-    from ir import DataParallelPlan, Plan
+    from ir import DataParallelPlan, Plan, Workload
     from planner import PlanResult
+    from zoo.config import ModelConfig
 
 
 @lru_cache(maxsize=1)
@@ -37,6 +38,93 @@ def validate_plan_json(doc: dict[str, Any]) -> None:
     import jsonschema
 
     jsonschema.validate(doc, plan_schema())
+
+
+def params_text(n: int) -> str:
+    """A parameter count in billions or millions: ``"70.6B"``, ``"27.5M"``, ``"0.3M"``."""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def model_origin(model: str) -> str:
+    """Where a ``--model`` value's model comes from: ``"the zoo"``, a shipped config
+    (``"zoo/configs/DeepSeek-V3.json"``) or the model file as given."""
+    from zoo.config import list_models
+    from zoo.model_files import is_model_file, shipped_models
+
+    if is_model_file(model):
+        return model
+    shipped = shipped_models().get(model.lower())
+    if model not in list_models() and shipped is not None:
+        return f"zoo/configs/{shipped.name}"
+    return "the zoo"
+
+
+def devices_text(cluster: Cluster) -> str:
+    """A cluster's devices by kind, e.g. ``"48 devices: 16 h100-sxm (2 meshes of 8), 32
+    blackhole-p150b (4 meshes of 8)"``; a cluster of node groups counts nodes."""
+    units: dict[str, list[tuple[int, int]]] = {}    # device -> (nodes or meshes, devices each)
+    if cluster.groups:
+        unit = "node"
+        for g in cluster.groups.values():
+            units.setdefault(g.device.name, []).append((g.nodes, g.devices_per_node))
+    else:
+        unit = "mesh"
+        for m in cluster.meshes.values():
+            units.setdefault(m.device.name, []).append((1, m.num_devices))
+    parts, total = [], 0
+    for device, us in units.items():
+        n, count, sizes = sum(a * b for a, b in us), sum(a for a, _ in us), {b for _, b in us}
+        total += n
+        plural = unit + ("es" if unit == "mesh" else "s") if count != 1 else unit
+        each = f" of {sizes.pop()}" if len(sizes) == 1 else ""
+        parts.append(f"{n:,} {device} ({count:,} {plural}{each})")
+    return f"{total:,} device{'s' * (total != 1)}: " + ", ".join(parts)
+
+
+def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Cluster, *,
+                batch_given: bool, seq_given: bool) -> Group:
+    """What ``mpmd plan`` plans, printed before the plan: the model (its parameters, total and
+    active per token, and dtype), the global batch and sequence length (each said to be a default,
+    and whose, when the flag was not given) and the cluster's devices by kind. ``model`` is the
+    ``--model`` value, ``cfg`` the model it names and ``workload`` its traced step."""
+    from zoo import active_param_count, param_count
+    from zoo.model_files import SEQ_LEN_CAP
+
+    where = model_origin(model)
+    total, active = param_count(cfg), active_param_count(cfg)
+    params = f"{params_text(total)} parameters" + (
+        f" ({params_text(active)} active per token)" if active != total else "")
+    b, s = workload.global_batch, workload.seq_len
+    samples = f"{b:,} sample{'s' * (b != 1)}"
+    if batch_given:
+        batch = f"{samples} (--global-batch)"
+    elif cfg.training:
+        batch = f"{samples} (mpmd plan's default; --global-batch sets it)"
+    elif cfg.family == "mochi":
+        batch = (f"{samples}: one video, {cfg.sampling_steps} sampling steps x "
+                 f"{cfg.cfg_passes} guidance passes (the default; --global-batch sets it)")
+    else:
+        batch = f"{samples}: one request (the default; --global-batch sets it)"
+    if seq_given:
+        seq = "--seq-len"
+    elif cfg.family == "mochi":
+        seq = "the model's: latent video and text tokens"
+    elif where == "the zoo":
+        seq = "default: the zoo model's"
+    elif where.lower().endswith(".json"):
+        seq = f"default: the config's context length, at most {SEQ_LEN_CAP:,}"
+    else:
+        seq = "default: the model spec's"
+    t = Table.grid(padding=(0, 2))
+    t.add_column()
+    t.add_column()
+    for k, v in (("model", f"{cfg.name} from {where}: {params} in {cfg.dtype}"),
+                 ("global batch", batch),
+                 ("sequence length", f"{s:,} tokens per sample ({seq})"),
+                 ("tokens per step", f"{b * s:,}"),
+                 ("cluster", f"{cluster.name}, {devices_text(cluster)}")):
+        t.add_row(k, escape(v))
+    return _titled("inputs", t)
 
 
 def _gb(x: float) -> str:

@@ -18,6 +18,7 @@ from hardware_profiles.paths import resolve_cluster_path
 from ir.files import check_output, write_atomic
 from ir.vocab import GOALS
 from mpmd.cli.common import console, err_console, guard
+from mpmd.cli.models import types_text
 from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MAX_TENSOR,
                              MAX_TIME_LIMIT_S, FiniteFloat, int_range)
 from zoo.config import list_models
@@ -30,8 +31,9 @@ if TYPE_CHECKING:   # the command loads these only when it runs, after checking 
 
 @click.command("plan")
 @click.option("--model", required=True,
-              help="Zoo model name (e.g. llama3-70b), or a model file: a Hugging Face config.json "
-                   "(Llama, Mistral, Qwen2/3, Gemma 1-3, GPT-2, GPT-NeoX, OPT) or a YAML model spec.")
+              help=f"A zoo model ({', '.join(list_models())}), a shipped config's name (e.g. "
+                   f"deepseek-v3) or a model file: {types_text()}. 'mpmd models' lists them all, "
+                   f"with their families, sizes and experts.")
 @click.option("--cluster", "cluster_path", required=True, type=click.Path(dir_okay=False),
               help="Cluster spec YAML.")
 @click.option("--global-batch", type=int_range(1, MAX_GLOBAL_BATCH), default=None,
@@ -66,6 +68,10 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                  out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
 
+    The inputs come first: the model (parameters, total and active per token, and dtype), the
+    global batch and sequence length (a default says so, and whose) and the cluster's devices by
+    kind; then the plan.
+
     On a cluster described as node groups the plan also says how the nodes are carved into meshes
     (which nodes each mesh spans, the pipeline replicas it carries), and may split the batch over
     several pipelines (data parallelism across device kinds): the table then has one section per
@@ -89,7 +95,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
         check_output(out, "plan JSON")
     cfg = resolve_model(model)            # ZooError: unknown model ("did you mean"), bad file
     resolve_cluster_path(cluster_path)    # ProfileError: no such file, with "did you mean"
-    from mpmd.cli.output import plan_table, search_gap_text, validate_plan_json
+    from mpmd.cli.output import plan_inputs, plan_table, search_gap_text, validate_plan_json
     from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
     from ir import any_plan_to_json, with_model_config
     from hardware_profiles import load_cluster
@@ -118,6 +124,9 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                 err_console.print(f"interrupted after {sv.search_wall_s or 0:.0f} s; "
                                   f"best plan so far, {search_gap_text(sv)}",
                                   highlight=False, soft_wrap=True)
+            console.print(plan_inputs(model, cfg, workload, cluster,
+                                      batch_given=global_batch is not None,
+                                      seq_given=seq_len is not None))
             console.print(plan_table(result, cluster))
             ctrl_c.check()
             if out:
@@ -144,10 +153,11 @@ DEFAULT_GLOBAL_BATCH = 256
 
 
 def _workload(cfg: ModelConfig, global_batch: int | None, seq_len: int | None) -> Workload:
-    """The traced workload of ``cfg``; inference models default to one video or request."""
+    """The traced workload of ``cfg``; inference models default to one video or request (a
+    decoder has no sampling steps: one sample)."""
     from zoo.costing import workload
 
-    if global_batch is None:
+    if global_batch is None:    # an inference model: one video (Mochi), else one request
         global_batch = (DEFAULT_GLOBAL_BATCH if cfg.training
-                        else getattr(cfg, "sampling_steps", 1) * getattr(cfg, "cfg_passes", 1))
+                        else max(1, cfg.sampling_steps * cfg.cfg_passes))
     return workload(cfg, global_batch=global_batch, seq_len=seq_len)

@@ -10,7 +10,8 @@ from mpmd.cli.common import console, guard
 @click.command()
 @guard
 def profiles() -> None:
-    """List the bundled device profiles."""
-    from hardware_profiles import profiles_table
+    """List the bundled device profiles and their matmul rates by precision."""
+    from hardware_profiles import precision_table, profiles_table
 
     console.print(profiles_table())
+    console.print(precision_table())

@@ -1,15 +1,22 @@
-"""``mpmd whatif``: plan several hardware options and write a purchasing report (HTML, CSV, MD)."""
+"""``mpmd whatif``: plan several hardware options and write a purchasing report (HTML, CSV, MD);
+the terminal gets the few columns a buyer compares first (:func:`buyer_table`)."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ir.files import InputError, check_output
 from mpmd.cli.common import console, guard
 from mpmd.cli.params import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TIME_LIMIT_S, FiniteFloat, int_range
+
+if TYPE_CHECKING:   # pandas and rich tables load when the command runs
+    import pandas as pd
+    from rich.table import Table
 
 REPORT_SUFFIXES = (".html", ".csv", ".md")
 """The report's files, ``OUT.html``, ``OUT.csv``, ``OUT.md`` (``reports.render.report_paths``)."""
@@ -34,7 +41,9 @@ def check_report_stem(out: str, screenshot: bool) -> None:
 
 
 @click.command()
-@click.option("--model", default=None, help="Zoo model name, e.g. llama3-70b (an --example sets it).")
+@click.option("--model", default=None,
+              help="As for mpmd plan: a zoo model (e.g. llama3-70b), a shipped config's name or a "
+                   "model file; 'mpmd models' lists them. An --example sets it.")
 @click.option("--options", "options", multiple=True, type=click.Path(dir_okay=False),
               help="Cluster YAMLs or bundled cluster names to compare: several after one "
                    "--options (--options a.yaml b.yaml), or --options repeated.")
@@ -64,7 +73,11 @@ def check_report_stem(out: str, screenshot: bool) -> None:
 @guard
 def whatif(model, options, more_options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
            deadline_days, prices, time_limit, screenshot, out) -> None:
-    """Plan every hardware option, replay it, and write a what-if purchasing report."""
+    """Plan every hardware option, replay it, and write a what-if purchasing report.
+
+    The terminal shows what a buyer compares first (devices, step time, throughput, MFU, USD per
+    hour and per million tokens or per video); the written HTML, CSV and Markdown hold every
+    column, the best-worst ranges and the source of every figure."""
     if out:     # the output first; a default one is checked once its name is known
         check_report_stem(out, screenshot)
     if model:   # a mistyped name is refused before the planner and JAX load (did you mean ...)
@@ -75,7 +88,7 @@ def whatif(model, options, more_options, sweep_path, example, global_batch, seq_
 
     from reports import ReportError, load_example
     from reports import whatif as run_whatif
-    from reports.render import summary_table, write_report
+    from reports.render import write_report
 
     if more_options and not options:
         raise ReportError(f"unexpected argument {more_options[0]!r}; list the clusters to compare "
@@ -140,20 +153,79 @@ def whatif(model, options, more_options, sweep_path, example, global_batch, seq_
             paths["png"] = shoot(paths["html"], paths["html"].with_suffix(".png"))
         else:
             console.print("no chromium: skipped the screenshot (apt-get install -y chromium)")
-    from rich.table import Table
-
-    t = summary_table(df)
-    keep = [c for c in t.columns if c not in ("Plan", "Devices")]
-    table = Table(title=escape(str(df.attrs["title"])), title_justify="left")
-    for c in keep:
-        table.add_column(c, overflow="fold")
-    for _, r in t.iterrows():
-        table.add_row(*(escape(str(r[c])) for c in keep))   # labels and titles are user text
-    console.print(table)
+    console.print(buyer_table(df))
+    for r in df.to_dict("records"):
+        if not r["feasible"]:
+            console.print(f"infeasible: {escape(str(r['option']))}: {escape(str(r['reason']))}",
+                          highlight=False, soft_wrap=True)
     console.print(f"[bold]Recommendation.[/] {escape(str(df.attrs['recommendation']))}",
                   highlight=False)
     console.print(f"wrote {escape(', '.join(str(p) for p in paths.values()))} "
-                  f"in {time.monotonic() - t0:.0f} s", highlight=False)
+                  f"in {time.monotonic() - t0:.0f} s; {escape(rest_text(df))}", highlight=False)
+
+
+SHOWN = ("Option", "Devices", "Step (s)", "Tokens/s (best-worst)", "Videos/h (best-worst)", "MFU",
+         "$/h (low-high)", "$/Mtok (low-high) [best-worst]", "$/video (low-high) [best-worst]")
+"""The columns of the report's table (``reports.render.summary_table``) that :func:`buyer_table`
+shows (without their best-worst ranges)."""
+
+
+def rest_text(df: pd.DataFrame) -> str:
+    """What the written report holds beyond :func:`buyer_table`: its other columns by name, the
+    best-worst ranges and the sources."""
+    from reports.render import summary_table
+
+    rest = [c for c in summary_table(df).columns if c not in SHOWN]
+    return (f"they also hold {', '.join(rest)}, " if rest else "they also hold ") + (
+        "the best-worst ranges and the source of every figure")
+
+
+def _num(x: object, fmt: str) -> str:
+    """``fmt`` of a finite number, else "-" (a price the option lacks, an infeasible option)."""
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return fmt.format(x) if ok else "-"
+
+
+def _money(low: object, high: object, fmt: str) -> str:
+    """A price range, ``"92.72-171.4"``, or one figure when the two agree."""
+    lo, hi = _num(low, fmt), _num(high, fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def buyer_table(df: pd.DataFrame) -> Table:
+    """The what-if result as a buyer compares it first, one row per option: its devices, step
+    time, throughput (tokens/s, or videos/h for an inference model), MFU, USD per hour and per
+    million tokens (or per video), each price as its low-high range; narrow enough for a
+    120-column terminal. The devices column is left out when every option is named by its devices
+    (a budget sweep's). The written report has the rest (:func:`rest_text`)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    training = df.attrs.get("kind", "training") == "training"
+    records = df.to_dict("records")
+    devices = any(str(r["option"]) != str(r["devices"]) for r in records)
+    cols = ["option", *(["devices"] if devices else []), "step (s)",
+            "tokens/s" if training else "videos/h", "MFU", "$/hour",
+            "$/M tokens" if training else "$/video"]
+    t = Table(title=escape(str(df.attrs.get("title", "What-if"))), title_justify="left")
+    for c in cols:
+        wrap = c in ("option", "devices")
+        t.add_column(c, justify="left" if wrap else "right", no_wrap=not wrap)
+    for r in records:
+        row = [escape(str(r["option"])), *([escape(str(r["devices"]))] if devices else [])]
+        if not r["feasible"]:
+            t.add_row(*row, "infeasible", *["-"] * (len(cols) - len(row) - 1))
+            continue
+        g = lambda k: r.get(k, math.nan)
+        row += [_num(g("step_time_s"), "{:.3f}"),
+                _num(g("tokens_per_s"), "{:,.0f}") if training
+                else _num(g("videos_per_hour"), "{:,.2f}"),
+                _num(100 * g("mfu"), "{:.1f}%"),
+                _money(g("usd_per_hour_low"), g("usd_per_hour_high"), "{:,.4g}"),
+                _money(g("usd_per_mtok_low"), g("usd_per_mtok_high"), "{:,.3g}") if training
+                else _money(g("usd_per_video_low"), g("usd_per_video_high"), "{:,.3g}")]
+        t.add_row(*row)
+    return t
 
 
 def _serving(spec: dict, base, model, options, out, screenshot: bool, console) -> None:

@@ -20,8 +20,8 @@ from mpmd.cli.main import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
-COMMAND_MODULES = {"calibrate": "calibrate", "export": "export", "plan": "plan",
-                   "profiles": "profiles", "run": "run", "serve": "serve-plan",
+COMMAND_MODULES = {"calibrate": "calibrate", "export": "export", "models": "models",
+                   "plan": "plan", "profiles": "profiles", "run": "run", "serve": "serve-plan",
                    "simulate": "simulate", "validate": "validate", "whatif": "whatif"}
 """Every command module of ``mpmd.cli`` -> the command it defines."""
 

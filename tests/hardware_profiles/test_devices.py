@@ -32,7 +32,9 @@ def test_every_figure_has_a_source(name):
         assert d.sources["price_per_hour"].strip()
         assert 0 < d.price_per_hour[0] <= d.price_per_hour[1]
     assert 0 < d.matmul_efficiency <= 1 and 0 < d.memory_efficiency <= 1
-    assert d.peak("bf16") > 0      # bf16, or fp16 standing in for it (V100)
+    assert max(d.peak("bf16"), d.peak("fp16")) > 0      # a 16-bit rate of its own
+    for dtype in d.precision_rules:
+        assert d.sources[f"precision_rules.{dtype}"].strip()
     for a in d.alternatives:
         assert a.source and a.field
 
@@ -94,7 +96,7 @@ def test_tenstorrent_profiles():
 
 def test_alternative_units_converted():
     alts = {a.field: a.value for a in load_device("b200").alternatives}
-    assert alts == {"memory_bytes": 192e9}
+    assert alts == {"memory_bytes": 192e9, "peak_flops.fp32": 80e12}
     bf = {a.field: a.value for a in load_device("blackhole-p150a").alternatives}
     assert bf["peak_flops.bfp8"] == 774e12
 
@@ -132,8 +134,10 @@ def test_profiles_table_lists_every_device():
 def test_v100_has_no_bf16_and_runs_16_bit_at_its_fp16_rate():
     d = load_device("v100-sxm2-16gb")
     assert "bf16" not in d.peak_flops
-    assert d.peak("bf16") == d.peak("fp16") == 125e12
-    assert d.achievable_flops("bf16") == 125e12 * d.matmul_efficiency
+    assert d.peak("fp16") == 125e12 and d.peak("bf16") == 0.0
+    assert d.achievable_flops("fp16") == 125e12 * d.matmul_efficiency
+    with pytest.raises(ProfileError, match="has no bf16 rate"):
+        d.achievable_flops("bf16")
     assert d.peak("fp8") == 0.0
     with pytest.raises(ProfileError, match="has no fp8 rate"):
         d.achievable_flops("fp8")

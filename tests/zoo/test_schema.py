@@ -129,7 +129,7 @@ def test_the_seq_len_limit_is_the_plan_files():
     ("family", "mamba", "m.yaml: family = 'mamba' is not one of llama, gpt"),
     ("mlp", "geglu", "m.yaml: mlp = 'geglu' is not one of swiglu, gelu, relu; fix: use one of "
                      "swiglu, gelu, relu"),
-    ("dtype", "int8", "m.yaml: dtype = 'int8' is not one of bfloat16, float32"),
+    ("dtype", "int8", "m.yaml: dtype = 'int8' is not one of bfloat16, float16, float32"),
     ("name", "my model", "m.yaml: name = 'my model' is not a model name (letters, digits and "
                          "_ . + - only, at most 200 characters); fix: rename the model or its file"),
     ("name", "a" * 201, "m.yaml: name = '" + "a" * 201 + "' is not a model name"),
