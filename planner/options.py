@@ -98,7 +98,8 @@ def _same_program(a: Workload | None, b: Workload) -> bool:
     objects) share them. Compared by identity, so another model cannot take their place."""
     return a is b or (a is not None and a.costs is b.costs and a.layers is b.layers
                       and a.seq_len == b.seq_len and a.training == b.training
-                      and a.dtype_bytes == b.dtype_bytes and a.shards == b.shards)
+                      and a.dtype_bytes == b.dtype_bytes and a.dtype == b.dtype
+                      and a.shards == b.shards)
 
 
 def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
