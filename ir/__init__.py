@@ -29,12 +29,12 @@ from ir.schedule import KINDS, FragmentKind, FragmentRef, ScheduleTable
 from ir.serving import (WEIGHT_FORMATS, BatchStep, InferenceModel, RequestMix,
                         ServiceObjectives, format_bytes)
 from ir.timeline import Timeline, TimelineEvent
-from ir.shards import ShardDims, layout_problem
+from ir.shards import ShardDims, layout_problem, layouts_problem
 from ir.workload import LayerCost, Workload
 
 __all__ = ["STOP_REASONS", "PlanFamily", "Prediction", "SearchReport", "with_model_config", "WEIGHT_FORMATS", "BatchStep", "InferenceModel", "RequestMix",
            "ServiceObjectives", "format_bytes", "KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentKind", "FragmentRef", "IRError", "LayerCost",
            "Layout", "Plan", "ScheduleTable", "ShardDims", "StagePlan", "Timeline", "TimelineEvent", "Workload",
-           "layout_problem",
+           "layout_problem", "layouts_problem",
            "any_plan_to_json", "data_parallel_from_json", "data_parallel_to_json",
            "plan_from_json", "plan_to_json", "schedule_to_json"]

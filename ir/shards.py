@@ -17,11 +17,13 @@ A :class:`ShardDims` is what a model tells the planner (which never sees the mod
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ir.errors import IRError
 
-__all__ = ["ShardDims", "layout_problem"]
+__all__ = ["ShardDims", "layout_problem", "layouts_problem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,4 +79,16 @@ def layout_problem(dims: ShardDims | None, tensor: int, expert: int = 1) -> str 
             return f"tensor parallel {tensor} does not divide {name}MLP width {w}"
     if expert > 1 and (dims.experts == 0 or dims.experts % expert):
         return f"expert parallel {expert} does not divide {name}{dims.experts} experts"
+    return None
+
+
+def layouts_problem(dims: ShardDims | None, layouts: Mapping[str, Any]) -> str | None:
+    """The first mesh of ``layouts`` (mesh name -> :class:`ir.Layout`, in order) whose layout
+    cannot run the model of ``dims`` (:func:`layout_problem`), as one line with the fix; None
+    when every one can. What ``export`` and ``mpmd run`` say of a hand-edited plan."""
+    for mesh, lay in layouts.items():
+        why = layout_problem(dims, lay.tensor, lay.expert)
+        if why:
+            return (f"mesh {mesh}'s layout cannot run: {why}; fix: re-plan (mpmd plan only picks "
+                    f"layouts that run) or edit its tensor degree")
     return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ir import DataParallelPlan, Layout, Plan, layout_problem
+from ir import DataParallelPlan, Layout, Plan, layouts_problem
 from zoo.config import ModelConfig, ZooError, shard_dims
 from zoo.model_files import plan_model
 from zoo.models import layer_names
@@ -113,12 +113,9 @@ def part_view(plan: Plan, name: str = "") -> PartView:
     meshes = list(plan.rank_mesh)
     notes: list[str] = []
     layouts = [plan.layouts[m] for m in meshes]
-    dims = shard_dims(cfg)
-    for m, lay in zip(meshes, layouts):
-        why = layout_problem(dims, lay.tensor, lay.expert)
-        if why:
-            raise LauncherError(f"mesh {m}'s layout cannot run: {why}; fix: re-plan (mpmd plan "
-                                f"only picks layouts that run) or edit its tensor degree")
+    bad = layouts_problem(shard_dims(cfg), dict(zip(meshes, layouts)))
+    if bad:
+        raise LauncherError(bad)
     layout = Counter(layouts).most_common(1)[0][0]
     for lay in dict.fromkeys(layouts):
         if lay != layout:

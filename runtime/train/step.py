@@ -29,7 +29,7 @@ from compiler.exported import ExportedProgram
 from compiler.plan_config import config_from_plan
 from hardware_profiles.loader import load_cluster
 from hardware_profiles.types import Cluster
-from ir import DataParallelPlan, Plan, layout_problem
+from ir import DataParallelPlan, Plan, layouts_problem
 from ir.plan_file import load_plan
 from runtime.train.layouts import batch_spec, param_specs, too_few_devices, topology_for_plan
 from simulator.plan_sim import plan_cluster, simulate_plan
@@ -52,13 +52,10 @@ def check_layouts(plan: Plan | DataParallelPlan, cfg: ModelConfig) -> None:
         RunError: one line naming the mesh, why, and the fix.
     """
     dims = zoo.shard_dims(cfg)
-    parts = plan.parts if isinstance(plan, DataParallelPlan) else (plan,)
-    for part in parts:
-        for mesh, lay in part.layouts.items():
-            why = layout_problem(dims, lay.tensor, lay.expert)
-            if why:
-                raise RunError(f"mesh {mesh}'s layout cannot run: {why}; fix: re-plan (mpmd plan "
-                               f"only picks layouts that run) or edit its tensor degree")
+    for part in plan.parts if isinstance(plan, DataParallelPlan) else (plan,):
+        bad = layouts_problem(dims, part.layouts)
+        if bad:
+            raise RunError(bad)
 
 
 # --------------------------------------------------------------------------- data
