@@ -182,6 +182,13 @@ class _PrecisionRule(_Strict):
     source: str = Field(min_length=1)
 
 
+class _TrainingFormat(_Strict):
+    efficiency: float = Field(gt=0, le=1.5)
+    """The format's GEMM efficiency relative to the compute dtype's (its fraction of its own peak
+    over the BF16 GEMMs' fraction of theirs)."""
+    origin: str = Field(min_length=1)
+
+
 class _DeviceFile(_Strict):
     name: str = Field(pattern=NAME_PATTERN, max_length=200)
     vendor: str
@@ -190,6 +197,9 @@ class _DeviceFile(_Strict):
     precision_rules: dict[Literal["bf16", "fp16", "fp32"], _PrecisionRule] = {}
     """A model compute dtype -> the ``peak_tflops`` entry its matmuls run at, where that is not
     the default (:data:`hardware_profiles.types.DEFAULT_PRECISION`), with its source."""
+    training_formats: dict[str, _TrainingFormat] = {}
+    """Low-precision training recipes (``ir.precision.RECIPES``) the device's tensor cores run,
+    with each one's GEMM efficiency relative to BF16 and its origin."""
     memory_gb: _Figure | None = None
     memory_gib: _Figure | None = None
     memory_bandwidth_gb_per_s: _Figure
@@ -228,6 +238,9 @@ class _MeshFile(_Strict):
     host: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
     devices_per_node: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
     scale_out_link: _DefaultLinkFile | None = None
+    scale_up_domain: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
+    """Devices of the mesh on one scale-up fabric (a multiple of ``devices_per_node``, which it
+    needs); default: one node."""
 
 
 class _LinkFile(_Strict):
@@ -256,6 +269,10 @@ class _GroupFile(_Strict):
     power_w_per_device: float | None = Field(default=None, ge=MIN_FIGURE, le=MAX_FIGURE)
     host: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=200)
     description: str = ""
+    scale_up_domain: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
+    """Devices that share the scale-up fabric (``intra_link``), a multiple of ``devices_per_node``:
+    72 for a GB200 NVL72 rack of 18 nodes of 4 GPUs on one NVLink Switch fabric. Default: one node
+    (``devices_per_node``), as in a DGX box."""
 
 
 class _ClusterFile(_Strict):

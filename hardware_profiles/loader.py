@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ir.files import InputError, read_yaml
+from ir.precision import RECIPES
 
 from hardware_profiles.paths import (CLUSTERS_DIR, DEVICES_DIR, PACKAGE_ROOT,  # noqa: F401
                                      looks_like_path, resolve_cluster_path)
@@ -166,12 +167,23 @@ def _device_from_file(path: Path) -> DeviceProfile:
         if rule.value not in f.peak_tflops:
             raise ProfileError(f"{path}: precision_rules.{dtype} names {rule.value!r}, which peak_tflops lacks "
                                f"(has {sorted(f.peak_tflops)}); fix: name one of them or add its rate")
+    for name in f.training_formats:
+        got = RECIPES.get(name)
+        if got is None or not got.low_precision:
+            raise ProfileError(f"{path}: training_formats names {name!r}, not a low-precision "
+                               f"recipe; fix: use one of "
+                               f"{', '.join(r for r in RECIPES if RECIPES[r].low_precision)}")
+        if got.peak not in f.peak_tflops:
+            raise ProfileError(f"{path}: training_formats.{name} runs at the {got.peak} rate, "
+                               f"which peak_tflops lacks (has {sorted(f.peak_tflops)}); fix: add "
+                               f"peak_tflops.{got.peak} with its source or drop {name}")
     if f.price_usd_per_device_hour and f.price_usd_per_device_hour.low > f.price_usd_per_device_hour.high:
         p = f.price_usd_per_device_hour
         raise ProfileError(f"{path}: price_usd_per_device_hour low {p.low} > high {p.high}; fix: swap them")
     mem, mem_key, mem_factor = (f.memory_gb, "memory_gb", GB) if f.memory_gb else (f.memory_gib, "memory_gib", GIB)
     sources = {f"peak_flops.{k}": v.source for k, v in f.peak_tflops.items()}
     sources.update({f"precision_rules.{k}": v.source for k, v in f.precision_rules.items()})
+    sources.update({f"training_formats.{k}": v.origin for k, v in f.training_formats.items()})
     sources.update({
         "memory_bytes": f"{mem.source} [{mem_key}]",
         "memory_bandwidth": f.memory_bandwidth_gb_per_s.source,
@@ -287,6 +299,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
         logit_overhead=(f.efficiency.logit_overhead_ns.value * 1e-9
                         if f.efficiency.logit_overhead_ns else 0.0),
         precision_rules={k: v.value for k, v in f.precision_rules.items()},
+        format_efficiency={k: v.efficiency for k, v in f.training_formats.items()},
         sources=sources,
         alternatives=tuple(_alternative(path, a) for a in f.alternatives),
     )
@@ -354,8 +367,23 @@ def _intra(path: Path, given: "_IntraLink | None", device: DeviceProfile, what: 
                 f"device {device.name} scale_up: {device.sources.get('scale_up_bandwidth', '')}")
 
 
+def _scale_up_domain(path: Path, what: str, domain: int | None, per_node: int | None) -> None:
+    """Refuse a ``scale_up_domain`` that is not a whole number of nodes, in one line."""
+    if domain is None:
+        return
+    if per_node is None:
+        raise ProfileError(f"{path}: {what} scale_up_domain {domain} needs devices_per_node (the devices of one "
+                           f"node); fix: set devices_per_node or remove scale_up_domain")
+    if domain % per_node:
+        lower, upper = domain // per_node * per_node, -(-domain // per_node) * per_node
+        near = f"{upper}" if lower == 0 else f"{lower} or {upper}"
+        raise ProfileError(f"{path}: {what} scale_up_domain {domain} is not a multiple of devices_per_node "
+                           f"{per_node}; fix: use whole nodes (e.g. {near}) or remove it for one node's devices")
+
+
 def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
     device = load_device(m.device, base_dir=path.parent)
+    _scale_up_domain(path, f"mesh {m.name!r}", m.scale_up_domain, m.devices_per_node)
     axes = dict(m.axes) if m.axes else {"data": m.num_devices}
     bad = {k: v for k, v in axes.items() if v < 1}
     if bad:
@@ -379,10 +407,13 @@ def _mesh(path: Path, m: _MeshFile) -> MeshSpec:
     return MeshSpec(name=m.name, device=device, num_devices=m.num_devices, axes=axes, intra_link=intra,
                     price_per_device_hour=m.price_usd_per_device_hour,
                     power_watts_per_device=m.power_w_per_device, host=m.host,
-                    devices_per_node=m.devices_per_node, scale_out_link=scale_out)
+                    devices_per_node=m.devices_per_node, scale_out_link=scale_out,
+                    scale_up_domain=(m.scale_up_domain if m.scale_up_domain != m.devices_per_node
+                                     else None))
 
 
 def _group(path: Path, g: _GroupFile) -> NodeGroup:
+    _scale_up_domain(path, f"node group {g.name!r}", g.scale_up_domain, g.devices_per_node)
     device = load_device(g.device, base_dir=path.parent)
     intra = _intra(path, g.intra_link, device, f"node group {g.name}")
     so = g.scale_out_link
@@ -396,7 +427,9 @@ def _group(path: Path, g: _GroupFile) -> NodeGroup:
     return NodeGroup(name=g.name, device=device, nodes=g.nodes, devices_per_node=g.devices_per_node,
                      intra_link=intra, scale_out_link=Link(bw, so.latency_us * US, src),
                      price_per_device_hour=g.price_usd_per_device_hour,
-                     power_watts_per_device=g.power_w_per_device, host=g.host)
+                     power_watts_per_device=g.power_w_per_device, host=g.host,
+                     scale_up_domain=(g.scale_up_domain if g.scale_up_domain != g.devices_per_node
+                                      else None))
 
 
 def _named(p: Path, entries, kind: str, build) -> dict:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 import math
 
+from ir.precision import RECIPES
+
 
 class ProfileError(ValueError):
     """Base error of ``hardware_profiles``: a bad device profile or cluster spec.
@@ -67,6 +69,10 @@ class DeviceProfile:
         peak_flops: dense peak per precision the device publishes (``"bf16"``, ``"fp16"``,
             ``"tf32"``, ``"fp32"``, ``"fp8"``, Tenstorrent's ``"bfp8"``, ...), FLOP/s. Only the
             precisions it really has: a V100 lists fp16 (its tensor cores) and fp32, no bf16.
+        format_efficiency: low-precision training recipe (``ir.precision.RECIPES``: ``"fp8"``,
+            ``"fp8-blockwise"``, ``"mxfp8"``, ``"nvfp4"``) -> its GEMMs' efficiency relative to
+            the compute dtype's (:meth:`format_rate`); the recipes the device runs. Empty: BF16
+            only.
         precision_rules: a model compute dtype (``"bf16"``, ``"fp16"``, ``"fp32"``) -> the
             ``peak_flops`` entry its matmuls run at, where that is not the default of
             :data:`DEFAULT_PRECISION` (a TPU runs float32 matmuls as one bfloat16 pass); the
@@ -224,6 +230,7 @@ class DeviceProfile:
     forward_routing_pair: float = 0.0
     backward_routing_pair: float = 0.0
     precision_rules: Mapping[str, str] = field(default_factory=dict)
+    format_efficiency: Mapping[str, float] = field(default_factory=dict)
 
     def layer_fixed_time(self, kind: str, ops: int) -> float:
         """The fixed time, s, a layer of ``ops`` primitive operations pays in a forward (``kind``
@@ -277,6 +284,31 @@ class DeviceProfile:
             fix = "use one of its matmul rates"
         raise ProfileError(f"device {self.name!r} has no {dtype} rate (its matmul rates: {rates}); "
                            f"fix: {fix}")
+
+    @property
+    def training_formats(self) -> tuple[str, ...]:
+        """The training precision recipes the device runs (``ir.precision.PRECISIONS`` order):
+        ``"bf16"`` and each low-precision recipe its profile lists."""
+        return tuple(r for r in RECIPES if r == "bf16" or r in self.format_efficiency)
+
+    def format_rate(self, name: str, dtype: str = "bf16") -> float:
+        """Achievable GEMM FLOP/s of a low-precision recipe's matmuls: the peak of its format
+        (``peak_flops[recipe.peak]``) x matmul_efficiency x the recipe's efficiency relative to
+        the compute dtype's GEMMs (``format_efficiency``); ``"bf16"`` (or ``""``) is
+        :meth:`achievable_flops` of ``dtype``.
+
+        Raises:
+            ProfileError: the device does not run the recipe (one line: the device, the
+                recipes it runs and the fix), or has no rate for ``dtype``.
+        """
+        got = RECIPES.get(name or "bf16")
+        if got is None or not got.low_precision:
+            return self.achievable_flops(dtype)
+        if name not in self.format_efficiency:
+            raise ProfileError(f"device {self.name!r} does not run {name} GEMMs (it runs: "
+                               f"{', '.join(self.training_formats)}); fix: choose one of those "
+                               f"with --precision, or plan on devices that run {name}")
+        return self.peak_flops[got.peak] * self.matmul_efficiency * self.format_efficiency[name]
 
     @property
     def model_dtypes(self) -> tuple[str, ...]:
@@ -437,7 +469,14 @@ class MeshSpec:
             devices). Meshes on one host run at most ``Cluster.host_slots[host]`` fragments at a
             time (e.g. 8 CPU "devices" that share one machine's cores).
         devices_per_node / scale_out_link: for a mesh spanning several nodes, the devices of one
-            node (joined by ``intra_link``) and the per-device link between nodes.
+            node (a host: what straggler counting, :func:`straggler_hosts`, counts) and the
+            per-device link between scale-up domains.
+        scale_up_domain: the mesh's devices that share one scale-up fabric, in aligned blocks of
+            consecutive devices (a multiple of ``devices_per_node``): a GB200 NVL72 rack joins
+            18 hosts of 4 GPUs on one NVLink fabric, so a mesh of 4 of its hosts has a domain of
+            16. None: one node (``devices_per_node``), as on DGX boxes and TPU slices. Which
+            link a collective takes (:meth:`collective_link`, :meth:`collective_span`) is
+            decided by the domain, not the host (:attr:`domain_devices`).
     """
 
     name: str
@@ -450,21 +489,29 @@ class MeshSpec:
     host: str | None = None
     devices_per_node: int | None = None
     scale_out_link: Link | None = None
+    scale_up_domain: int | None = None
 
     def __hash__(self) -> int:
         # equal meshes hash equal (a subset of the fields ``__eq__`` compares): the cost model
         # memoises per-mesh costs (``axes`` is a mapping, so the generated hash cannot be used)
         return hash((self.name, self.device.name, self.num_devices, self.devices_per_node,
-                     self.intra_link, self.scale_out_link, self.host))
+                     self.intra_link, self.scale_out_link, self.host, self.scale_up_domain))
+
+    @property
+    def domain_devices(self) -> int | None:
+        """Devices of the mesh on one scale-up fabric (aligned blocks of consecutive devices):
+        ``scale_up_domain``, else ``devices_per_node``; None for a mesh inside one node."""
+        return self.scale_up_domain or self.devices_per_node
 
     def collective_link(self, group: int, stride: int = 1) -> Link:
         """The effective link of a collective over ``group`` devices spaced ``stride`` apart.
 
         Tensor parallel takes the innermost devices (stride 1), data parallel the outer ones
-        (stride = tensor degree). A group within one node (``devices_per_node``) uses
-        ``intra_link``. A group spanning nodes crosses the scale-out network; with ``k`` of its
-        members on each node, NCCL runs ``k`` rings side by side, one per network card, so the
-        collective sees ``k`` x the per-device scale-out bandwidth, capped by the intra-node link
+        (stride = tensor degree). A group within one scale-up domain (:attr:`domain_devices`:
+        one node, or several hosts on one fabric such as a GB200 NVL72 rack's NVLink) uses
+        ``intra_link``. A group spanning domains crosses the scale-out network; with ``k`` of its
+        members in each domain, NCCL runs ``k`` rings side by side, one per network card, so the
+        collective sees ``k`` x the per-device scale-out bandwidth, capped by the intra-domain link
         (NCCL's multi-ring all-reduce; NVIDIA, "NCCL: Optimized primitives for collective
         multi-GPU communication", 2017 talk; Narayanan et al. 2021, sec. 4).
 
@@ -474,9 +521,9 @@ class MeshSpec:
         (:func:`torus_axes_spanned`; jax-ml/scaling-book, "How to think about TPUs": collectives
         over ``k`` axes of a torus use ``2k`` of the chip's links).
         """
-        node = self.devices_per_node or self.num_devices
-        if (self.devices_per_node is None or self.scale_out_link is None
-                or group * stride <= self.devices_per_node):
+        domain = self.domain_devices
+        node = domain or self.num_devices
+        if domain is None or self.scale_out_link is None or group * stride <= domain:
             dims = self.device.torus_dims
             if dims and group > 1:
                 used = torus_axes_spanned(node, dims, group, stride)
@@ -484,17 +531,18 @@ class MeshSpec:
                     ln = self.intra_link
                     return Link(ln.bandwidth * used / dims, ln.latency, ln.source)
             return self.intra_link
-        per_node = max(1, min(group, self.devices_per_node // max(1, stride)))
+        per_node = max(1, min(group, domain // max(1, stride)))
         so = self.scale_out_link
         return Link(min(self.intra_link.bandwidth, so.bandwidth * per_node), so.latency, so.source)
 
     def collective_span(self, group: int, stride: int = 1) -> Span:
         """The levels a collective over ``group`` devices spaced ``stride`` apart crosses
-        (:class:`Span`): inside a node only the scale-up fabric (a TPU slice's ICI at the share
-        of the chip's ports its torus axes give it, see :meth:`collective_link`); across nodes
-        also the scale-out network, per device at ``device.scale_out_efficiency`` of its line
-        rate, with ``devices_per_node // stride`` members (rails) per node."""
-        node = self.devices_per_node
+        (:class:`Span`): inside a scale-up domain (:attr:`domain_devices`: a node, or a GB200
+        NVL72 rack's hosts) only the scale-up fabric (a TPU slice's ICI at the share of the
+        chip's ports its torus axes give it, see :meth:`collective_link`); across domains also
+        the scale-out network, per device at ``device.scale_out_efficiency`` of its line rate,
+        with ``domain // stride`` members (rails) per domain."""
+        node = self.domain_devices
         if node is None or self.scale_out_link is None or group * stride <= node:
             return Span(group, 1, self.collective_link(group, stride))
         rails = max(1, min(group, node // max(1, stride)))
@@ -550,6 +598,10 @@ class NodeGroup:
         scale_out_link: per device, per direction, between nodes (the node's NICs divided by its
             devices: a DGX H100 has one 400 Gb/s NIC per GPU).
         price_per_device_hour / power_watts_per_device: overrides of the device profile's figures.
+        scale_up_domain: devices that share the scale-up fabric (``intra_link``), a multiple of
+            ``devices_per_node``: consecutive nodes, ``scale_up_domain / devices_per_node`` at a
+            time from the group's first, form one domain (18 compute trays of 4 GPUs on a GB200
+            NVL72 rack's NVLink Switch fabric: 72). None: one node, as in a DGX box.
     """
 
     name: str
@@ -563,10 +615,27 @@ class NodeGroup:
     host: str | None = None
     """The host whose compute every node of the group shares (``MeshSpec.host``: the CPU devices
     of one machine), or None."""
+    scale_up_domain: int | None = None
 
     @property
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def domain_devices(self) -> int:
+        """Devices on one scale-up fabric: ``scale_up_domain``, else one node's."""
+        return self.scale_up_domain or self.devices_per_node
+
+    @property
+    def nodes_per_domain(self) -> int:
+        """Nodes on one scale-up fabric (1 unless ``scale_up_domain`` joins several)."""
+        return max(1, self.domain_devices // self.devices_per_node)
+
+    def same_domain(self, first: int, count: int) -> bool:
+        """Whether nodes ``first`` .. ``first + count - 1`` of the group all share one scale-up
+        domain (domains are ``nodes_per_domain`` consecutive nodes from node 0)."""
+        per = self.nodes_per_domain
+        return first // per == (first + max(1, count) - 1) // per
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ outside ``ir`` (the guarded plan-file read, which needs ``ir.files`` and the loa
 
 - :class:`LayerCost` / :class:`Workload` (``workload.py``): what a model costs, traced from JAX
   (``zoo.costing``).
+- :class:`Recipe` (``precision.py``): a training precision recipe (BF16, FP8, blockwise FP8,
+  MXFP8, NVFP4): the format a step's GEMMs run in and what it adds around them.
 - :class:`FragmentRef` / :class:`ScheduleTable` (``schedule.py``): a pipeline schedule as data,
   per pipeline rank.
 - :class:`Layout` / :class:`StagePlan` / :class:`Plan` / :class:`DataParallelPlan` (``plan.py``):
@@ -29,12 +31,13 @@ from ir.schedule import KINDS, FragmentKind, FragmentRef, ScheduleTable
 from ir.serving import (WEIGHT_FORMATS, BatchStep, InferenceModel, RequestMix,
                         ServiceObjectives, format_bytes)
 from ir.timeline import Timeline, TimelineEvent
+from ir.precision import PRECISIONS, RECIPES, Recipe, recipe
 from ir.shards import ShardDims, layout_problem, layouts_problem
 from ir.workload import LayerCost, Workload
 
 __all__ = ["STOP_REASONS", "PlanFamily", "Prediction", "SearchReport", "with_model_config", "WEIGHT_FORMATS", "BatchStep", "InferenceModel", "RequestMix",
            "ServiceObjectives", "format_bytes", "KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentKind", "FragmentRef", "IRError", "LayerCost",
            "Layout", "Plan", "ScheduleTable", "ShardDims", "StagePlan", "Timeline", "TimelineEvent", "Workload",
-           "layout_problem", "layouts_problem",
+           "layout_problem", "layouts_problem", "PRECISIONS", "RECIPES", "Recipe", "recipe",
            "any_plan_to_json", "data_parallel_from_json", "data_parallel_to_json",
            "plan_from_json", "plan_to_json", "schedule_to_json"]

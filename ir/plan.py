@@ -125,6 +125,9 @@ class Plan:
     """The model's fields (``zoo.ModelConfig``) when it was read from a model file (a Hugging Face
     config.json or a YAML model spec), so readers need not find the file; empty for a zoo model,
     which ``model`` names."""
+    precision: str = "bf16"
+    """The training precision recipe the blocks' GEMMs run in (:data:`ir.precision.PRECISIONS`;
+    ``Workload.precision``)."""
 
     @property
     def replicas(self) -> Mapping[str, int]:
@@ -174,6 +177,8 @@ class DataParallelPlan:
     reason: str = ""
     model_config: Mapping[str, Any] = field(default_factory=dict)
     """As :attr:`Plan.model_config` (every part carries the same)."""
+    precision: str = "bf16"
+    """As :attr:`Plan.precision` (every part carries the same)."""
 
     def __post_init__(self) -> None:
         if not self.parts:

@@ -8,6 +8,7 @@ from typing import Any, Iterator, Mapping
 
 from ir.errors import IRError
 from ir.plan import DataParallelPlan, Layout, Plan, StagePlan
+from ir.precision import RECIPES
 from ir.report import Prediction, SearchReport
 from ir.schedule import FragmentRef, ScheduleTable
 
@@ -32,6 +33,7 @@ def _header(plan: "Plan | DataParallelPlan") -> dict[str, Any]:
     return {"format": PLAN_FORMAT, "model": plan.model, "cluster": plan.cluster,
             "cluster_path": plan.cluster_path, "global_batch": plan.global_batch,
             "seq_len": plan.seq_len,
+            **({"precision": plan.precision} if plan.precision not in ("", "bf16") else {}),
             **({"model_config": dict(plan.model_config)} if plan.model_config else {})}
 
 
@@ -97,6 +99,19 @@ def _prediction(d: Mapping[str, Any]) -> Prediction | None:
     return Prediction.from_json(got) if got else None
 
 
+def _precision(d: Mapping[str, Any]) -> str:
+    """A plan document's training precision recipe (absent: ``"bf16"``).
+
+    Raises:
+        IRError: an unknown recipe, named with the known ones.
+    """
+    got = str(d.get("precision", "bf16"))
+    if got not in RECIPES:
+        raise IRError(f"plan precision {got!r} is not a known recipe; fix: use one of "
+                      f"{', '.join(RECIPES)}")
+    return got
+
+
 def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
     """Parse a dict written by :func:`data_parallel_to_json`.
 
@@ -111,7 +126,7 @@ def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
             sync_link=str(sync["link"]), sync_bytes=float(sync["bytes"]), sync_s=float(sync["seconds"]),
             predicted=_prediction(d), search=SearchReport.from_json(d.get("solver", {})),
             cluster_path=str(d.get("cluster_path", "")), reason=str(d.get("reason", "")),
-            model_config=dict(d.get("model_config", {})))
+            model_config=dict(d.get("model_config", {})), precision=_precision(d))
 
 
 def plan_from_json(d: Mapping[str, Any]) -> Plan:
@@ -156,7 +171,7 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                     global_batch=int(d["global_batch"]), seq_len=int(d["seq_len"]),
                     predicted=_prediction(d), search=SearchReport.from_json(d.get("solver", {})),
                     cluster_path=str(d.get("cluster_path", "")),
-                    model_config=dict(d.get("model_config", {})),
+                    model_config=dict(d.get("model_config", {})), precision=_precision(d),
                     devices={str(m): (str(v.get("device", "")), int(v.get("num_devices", 0)))
                              for m, v in d["meshes"].items()},
                     recompute={str(m): bool(v.get("recompute", False))

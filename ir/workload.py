@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ir.errors import IRError
+from ir.precision import RECIPES
 from ir.shards import ShardDims
 
 
@@ -83,6 +84,10 @@ class LayerCost:
     what its token permutations (dispatch into the experts' slots, combine back) move, row by row.
     A device whose gathers cost more than their bytes (XLA:CPU) pays its measured time per pair
     (``DeviceProfile.forward_routing_pair`` / ``backward_routing_pair``). 0 for a dense layer."""
+    low_precision: bool = False
+    """Whether a low-precision recipe (``Workload.precision``, :mod:`ir.precision`) runs this
+    layer's GEMMs in its format: True for a decoder block's linear layers, False for the
+    embedding and the LM head, which recipes keep in the compute dtype."""
     fwd_ops: int = 0
     bwd_ops: int = 0
     """Primitive operations of the forward and of the whole backward (the pullback on the kept
@@ -178,6 +183,9 @@ class Workload:
         source: citation of the model's published config.
         shards: the dimensions tensor and expert parallelism split (:class:`ir.shards.ShardDims`),
             which decide the layouts that can run it (:func:`ir.shards.layout_problem`); None: any.
+        precision: the training precision recipe its blocks' GEMMs run in
+            (:data:`ir.precision.PRECISIONS`: ``"bf16"``, ``"fp8"``, ``"fp8-blockwise"``,
+            ``"mxfp8"``, ``"nvfp4"``); ``""`` is ``"bf16"``: every GEMM in the compute dtype.
     """
 
     model: str
@@ -190,6 +198,7 @@ class Workload:
     source: str = ""
     shards: ShardDims | None = None
     dtype: str = ""
+    precision: str = ""
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -201,6 +210,9 @@ class Workload:
             raise IRError(f"Workload {self.model!r}: seq_len and global_batch must be positive")
         if self.dtype and self.dtype not in PRECISIONS:
             raise IRError(f"Workload {self.model!r}: dtype {self.dtype!r} is not one of {PRECISIONS}")
+        if self.precision and self.precision not in RECIPES:
+            raise IRError(f"Workload {self.model!r}: precision {self.precision!r} is not one of "
+                          f"{tuple(RECIPES)}")
 
     def layer(self, i: int) -> LayerCost:
         return self.costs[self.layers[i]]

@@ -27,7 +27,7 @@ from planner import construct
 from planner.errors import PlannerError
 from planner.predict import predict
 from planner.search import Assignment
-from simulator.cost_model import compute_dtype
+from simulator.cost_model import fastest_rate
 
 MICROBATCH_SIZES = (1, 2)
 """Samples per microbatch per pipeline replica (Narayanan et al. use 1 and 2, Table 1 and sec. 5.5)."""
@@ -347,7 +347,7 @@ def hand_pipeline(w: Workload, cluster: Cluster, hp: HandPipeline, headroom: flo
 
 def _balanced(w: Workload, lc: Cluster, hp: HandPipeline, order: tuple[str, ...],
               layouts: tuple[Layout, ...], microbatches: int, nb: int, headroom: float) -> HandResult | None:
-    rate = [lc.meshes[m].device.achievable_flops(compute_dtype(w)) * lc.meshes[m].num_devices
+    rate = [fastest_rate(lc.meshes[m].device, w) * lc.meshes[m].num_devices
             for m in order]
     blocks = [max(1, round(nb * r / sum(rate))) for r in rate]
     while sum(blocks) != nb:             # fix rounding on the stage with the most (or fewest) blocks

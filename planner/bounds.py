@@ -380,7 +380,8 @@ def quick_bound(work: Sequence[Sequence[StageCost]], microbatches: int, num_bloc
     return microbatches * max(0.0, tau)
 
 
-def layer_work_per_sample(cost: LayerCost, device: DeviceProfile, dtype: str, training: bool) -> float:
+def layer_work_per_sample(cost: LayerCost, device: DeviceProfile, dtype: str, training: bool,
+                          precision: str = "") -> float:
     """A lower bound on the device-seconds one sample of one layer costs on ``device`` under any
     layout, microbatch and schedule (s): the cost model's own terms that grow with the samples,
     at their most favourable. Per device, :func:`simulator.cost_model.layer_time` charges
@@ -389,9 +390,14 @@ def layer_work_per_sample(cost: LayerCost, device: DeviceProfile, dtype: str, tr
     bytes; its ``d x t`` devices therefore spend at least ``FLOP / rate`` and the rest per sample
     in all. Everything else it charges (weights streamed, collectives, FSDP gathers, dispatch and
     fixed times per layer, recomputation) is at least 0 and left out. Forward plus (when
-    ``training``) the whole backward at ``backward_efficiency`` x the rate."""
-    from simulator.cost_model import combine_work
+    ``training``) the whole backward at ``backward_efficiency`` x the rate. Under a low-precision
+    ``precision`` recipe the rate is the faster of its GEMM rate and the compute dtype's (the
+    attention core stays at the latter)."""
+    from simulator.cost_model import combine_work, layer_recipe
     rate = device.achievable_flops(dtype)
+    low = layer_recipe(cost, precision)
+    if low is not None:
+        rate = max(rate, device.format_rate(low.name, dtype))
     bw = device.achievable_bandwidth
 
     def part(flops: float, nbytes: float, other: float, r: float) -> float:
@@ -425,7 +431,8 @@ def work_bound(w: Workload, cluster: Cluster, groups: Sequence[str]) -> float:
     layers, gs = list(counts), list(groups)
     if not layers or not gs:
         return 0.0
-    e = np.array([[layer_work_per_sample(w.costs[n], cluster.groups[g].device, dtype, w.training)
+    e = np.array([[layer_work_per_sample(w.costs[n], cluster.groups[g].device, dtype, w.training,
+                                         w.precision)
                    for g in gs] for n in layers])
     nl, ng = len(layers), len(gs)
     # variables: x[l, g] (the share of layer l's samples on group g), then the step

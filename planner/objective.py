@@ -161,7 +161,6 @@ def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.
                            f"a plan for {goal.kind} or within a budget picks how many nodes to use; fix: "
                            f"describe the hardware under 'node_groups'")
     tokens = w.global_batch * w.seq_len
-    dtype = cm.compute_dtype(w)
     cands = []
     for sub in sub_clusters(cluster):
         bound = flop_bound(w, sub, tuple(sub.groups))
@@ -171,7 +170,7 @@ def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.
                 group_price(g) * g.devices_per_node for g in sub.groups.values()) > goal.max_usd_per_hour:
             continue                       # not even one node of it fits the budget
         if goal.kind == "cost":            # the best price per FLOP/s among its kinds, on all the FLOP
-            key = w.step_flops * min(group_price(g) / 3600 / (achievable_flops(sub, (g.name,), dtype) / g.num_devices)
+            key = w.step_flops * min(group_price(g) / 3600 / (achievable_flops(sub, (g.name,), w) / g.num_devices)
                                      for g in sub.groups.values())
         else:
             key = bound

@@ -115,21 +115,22 @@ class Option:
     step_time_s: float | None
 
 
-def achievable_flops(cluster: Cluster, groups: Iterable[str], dtype: str) -> float:
-    """The summed achievable matmul FLOP/s (peak x matmul efficiency) of every device of
-    ``groups``, each at its own rate for ``dtype`` (``DeviceProfile.achievable_flops``; a device
-    without one raises ``ProfileError``)."""
+def achievable_flops(cluster: Cluster, groups: Iterable[str], w: Workload) -> float:
+    """The summed achievable matmul FLOP/s of every device of ``groups``, each at the fastest
+    rate ``w``'s FLOP run at there (:func:`simulator.cost_model.fastest_rate`: the compute dtype's
+    peak x matmul efficiency, or the low-precision recipe's GEMM rate; a device without one raises
+    ``ProfileError``)."""
     out = 0.0
     for g in groups:
         dev = cluster.groups[g].device
-        out += dev.achievable_flops(dtype) * cluster.groups[g].num_devices
+        out += cm.fastest_rate(dev, w) * cluster.groups[g].num_devices
     return out
 
 
 def flop_bound(w: Workload, cluster: Cluster, groups: Iterable[str]) -> float:
     """A lower bound on any plan's step on ``groups``: the step's model FLOP over the sum of the
     devices' achievable FLOP/s (the cost model charges every FLOP at most that fast), seconds."""
-    return w.step_flops / achievable_flops(cluster, groups, cm.compute_dtype(w))
+    return w.step_flops / achievable_flops(cluster, groups, w)
 
 
 def cross_sync(w: Workload, cluster: Cluster, parts: tuple[tuple[str, ...], ...]) -> tuple[str, float, float]:
@@ -185,13 +186,12 @@ def data_parallel_prediction(w: Workload, cluster: Cluster, plans: tuple[Plan, .
         peak.update(p.peak_memory_bytes)
         cap.update(p.capacity_bytes)
         stage += p.stage_time_s
-    dtype = cm.compute_dtype(w)
     peak_flops = 0.0                        # the devices the parts' meshes use
     for plan in plans:
         for shape in plan.carving:
             dev = cluster.groups[shape["group"]].device
             devices = shape["nodes"] * cluster.groups[shape["group"]].devices_per_node
-            peak_flops += dev.matmul_peak(dtype) * devices
+            peak_flops += cm.peak_rate(dev, w) * devices
     tokens = w.global_batch * w.seq_len
     return Prediction(step_time_s=step, bubble=bubble, peak_memory_bytes=peak, capacity_bytes=cap,
                       stage_time_s=stage, mfu=w.step_flops / (step * peak_flops),
@@ -545,7 +545,7 @@ def _balance(s: _Search, parts: tuple[tuple[str, ...], ...], rates: list[float])
     dp = DataParallelPlan(model=w.model, cluster=s.cluster.name, global_batch=w.global_batch,
                           seq_len=w.seq_len, parts=plans, sync_link=link, sync_bytes=nbytes, sync_s=sync,
                           predicted=wp, search=SearchReport("HEURISTIC"),
-                          cluster_path=s.cluster.path)
+                          cluster_path=s.cluster.path, precision=w.precision or "bf16")
     return Found(step, label, (dp, wp))
 
 

@@ -35,6 +35,12 @@ parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weigh
   same buckets (PyTorch HSDP; MaxText's data parallelism across slices over the data-center
   network).
 - optimizer step = memory-bound Adam update over the device's shard of optimizer state
+- a low-precision recipe (``Workload.precision``, :mod:`ir.precision`) runs a block's GEMMs at
+  its format's rate (``DeviceProfile.format_rate``), leaves the attention core and the elementwise
+  work at the compute dtype's, reads the weights in the format, and adds the casts of every GEMM
+  input (:func:`quantized_elements` x ``Recipe.cast_bytes``) as memory-bound time beside the
+  elementwise time; its memory adds the weights' low-precision copies and saves the GEMM inputs
+  a forward keeps in the format (:func:`stage_memory`)
 
 Memory per device (mixed-precision Adam with a distributed optimizer, ZeRO stage 1: Rajbhandari et al.
 2020, Megatron-LM's ``--use-distributed-optimizer``): weights in the compute dtype and fp32 gradients
@@ -51,6 +57,7 @@ import math
 from dataclasses import dataclass
 
 from ir import LayerCost, Layout, Workload
+from ir.precision import RECIPES, Recipe
 from ir.schedule import FragmentKind
 from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
 from hardware_profiles.collectives import span_collective
@@ -147,6 +154,38 @@ def _flops_rate(mesh: MeshSpec, dtype: str) -> float:
     return mesh.device.achievable_flops(dtype)
 
 
+def fastest_rate(device: DeviceProfile, workload: Workload) -> float:
+    """The fastest FLOP/s any of ``workload``'s FLOP runs at on ``device``: its low-precision
+    recipe's GEMM rate where it has one (:meth:`DeviceProfile.format_rate`), else the compute
+    dtype's achievable rate. Lower bounds divide FLOP by it (the cost model charges no FLOP
+    faster).
+
+    Raises:
+        ProfileError: the device does not run the workload's dtype or recipe.
+    """
+    dtype = compute_dtype(workload)
+    rate = device.achievable_flops(dtype)
+    low = RECIPES.get(workload.precision or "bf16")
+    if low is not None and low.low_precision:
+        rate = max(rate, device.format_rate(low.name, dtype))
+    return rate
+
+
+def peak_rate(device: DeviceProfile, workload: Workload) -> float:
+    """The dense peak FLOP/s MFU and the roofline bound are measured against: the peak of the
+    format ``workload``'s blocks' GEMMs run in (FP8's for an FP8 recipe, FP4's for NVFP4), else the
+    compute dtype's (:meth:`DeviceProfile.matmul_peak`), so a plan's MFU never exceeds 1.
+
+    Raises:
+        ProfileError: the device has no rate for the workload's dtype.
+    """
+    peak = device.matmul_peak(compute_dtype(workload))
+    low = RECIPES.get(workload.precision or "bf16")
+    if low is not None and low.low_precision and low.peak in device.peak_flops:
+        peak = max(peak, device.peak_flops[low.peak])
+    return peak
+
+
 def combine_work(compute: float, memory: float, roofline: str = "max") -> float:
     """A fragment's compute and memory seconds combined per its device's ``roofline``:
     ``"max"`` (they overlap: the roofline, Williams et al. 2009) or ``"sum"`` (they do not)."""
@@ -215,10 +254,33 @@ def expert_matmul_work(cost: LayerCost, kind: str, per_dev: float, layout: Layou
     return 2.0 * flops, 2.0 * weights
 
 
+def layer_recipe(cost: LayerCost, precision: str) -> Recipe | None:
+    """The low-precision recipe ``precision`` names where it applies to ``cost``'s GEMMs (a
+    block's, not the embedding's or the LM head's), else None (the compute dtype's GEMMs)."""
+    got = RECIPES.get(precision or "bf16")
+    return got if got is not None and got.low_precision and cost.low_precision else None
+
+
+def quantized_elements(cost: LayerCost, seq_len: int, dtype_bytes: int) -> float:
+    """Elements one sample's forward casts to a low-precision format before its GEMMs read them
+    (the backward casts as many output-gradient elements): the GEMM inputs, ``sum(K)`` per token
+    over the layer's linear layers, estimated from its traced GEMM FLOP as ``FLOP / (4 h)`` per
+    token (``h`` = the layer's width). For a Llama block (fused QKV, output projection, fused
+    gate/up, down: ``sum(K) = 3h + ffn``; FLOP per token ``2 (2.5 h^2 + 3 h ffn)`` with 8 KV
+    heads of 32) it gives ``1.25 h + 1.5 ffn``: exact at ``ffn = 3.5 h`` (Llama 3 8B: 26,624
+    both); routed experts are counted as computed (their capacity rows). 0 without a width."""
+    if seq_len <= 0 or cost.activation_bytes_per_sample <= 0:
+        return 0.0
+    h = cost.activation_bytes_per_sample / (seq_len * dtype_bytes)
+    if h < 1:
+        return 0.0
+    return (cost.fwd_flops_per_sample - cost.attention_fwd_flops_per_sample) / (4.0 * h)
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layout: Layout,
                dtype: str = "bf16", *, split_backward: bool = False, recompute: bool = False,
-               seq_len: int = 0, alltoall_hidden: bool = False) -> float:
+               seq_len: int = 0, alltoall_hidden: bool = False, precision: str = "") -> float:
     """Seconds one device of ``mesh`` spends on ``kind`` of one layer for a ``samples`` microbatch.
 
     Args:
@@ -241,6 +303,11 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
             A mixture-of-experts layer pays the profile's ``forward_routing_pair`` (or
             ``backward_routing_pair``, all in the input gradient) for each (token, expert) pair
             of the device's tokens (``LayerCost.routed_pairs_per_sample``).
+        precision: the workload's training precision recipe (:mod:`ir.precision`): a block's
+            GEMMs (not its attention core) run at ``DeviceProfile.format_rate``, read their
+            weights in the format, and its forward (backward) pays the casts of its GEMM inputs
+            (output gradients): :func:`quantized_elements` x ``cast_bytes`` at the achievable
+            bandwidth. ``""`` or ``"bf16"``: the compute dtype's GEMMs.
         alltoall_hidden: a schedule that runs a mixture of experts' all-to-alls under another
             microbatch's compute (``ScheduleKind.hides_alltoall``: DualPipe): the expert-parallel
             all-to-all (:func:`expert_alltoall`) is overlapped with the layer's work, slowed by the
@@ -288,7 +355,16 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     if layout.expert > 1:       # a device reads only the experts it holds
         fixed *= held_fraction(cost, layout)
     gemm = _flops_rate(mesh, dtype)
-    rate = gemm * (1.0 if kind == FragmentKind.F else dev.backward_efficiency)
+    low = layer_recipe(cost, precision)
+    weight_scale, cast = 1.0, 0.0
+    if low is not None:
+        weight_scale = low.saved_bytes_per_element / DTYPE_BYTES.get(dtype, 2)
+        fixed *= weight_scale     # the weights read in the format
+        if kind != FragmentKind.W:
+            cast = (quantized_elements(cost, seq_len, DTYPE_BYTES.get(dtype, 2)) * per_dev / t
+                    * low.cast_bytes / dev.achievable_bandwidth)
+    rate = ((dev.format_rate(low.name, dtype) if low is not None else gemm)
+            * (1.0 if kind == FragmentKind.F else dev.backward_efficiency))
     # the attention core's FLOP run at the fused kernel's own rate (relative to the GEMMs')
     compute = ((flops - attention) / util / rate + attention / (gemm * attention_rate)) / t
     tokens = per_dev * seq_len if kind == FragmentKind.F else 0.0   # a backward is never matrix-vector
@@ -308,7 +384,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         # the routed experts' matmuls are kernels of their own intensity: their own roofline
         e_flops, e_bytes = expert_matmul_work(cost, kind, per_dev, layout, split_backward)
         e_compute = e_flops / util / rate / t
-        e_memory = fragment_memory_time(e_bytes, 0.0, dev, tokens)
+        e_memory = fragment_memory_time(e_bytes * weight_scale, 0.0, dev, tokens)
         work = (max(compute - e_compute, max(memory - e_memory, 0.0))
                 + max(e_compute, e_memory))
     else:
@@ -318,7 +394,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     # fragment's ops one after another) adds them
     a2a = expert_alltoall(cost, kind, per_dev, mesh, layout)
     body = ((work + shard if mesh.device.roofline == "sum"
-             else overlapped(work, shard, mesh.device.comm_interference)) + elementwise + comm)
+             else overlapped(work, shard, mesh.device.comm_interference))
+            + elementwise + cast + comm)
     if alltoall_hidden and a2a > 0 and mesh.device.roofline != "sum":
         body = overlapped(body, a2a, mesh.device.comm_interference)
     else:
@@ -338,7 +415,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
                  else mesh.device.layer_fixed_time(FragmentKind.B, cost.bwd_ops) * share)
     if recompute and kind == FragmentKind.B:
         return body + layer_time(cost, FragmentKind.F, samples, mesh, layout, dtype,
-                                 seq_len=seq_len, alltoall_hidden=alltoall_hidden)
+                                 seq_len=seq_len, alltoall_hidden=alltoall_hidden,
+                                 precision=precision)
     return body
 
 
@@ -452,6 +530,10 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
         per_layer = [(workload.layer(i - 1).activation_bytes_per_sample if i > 0 else 0.0)
                      if recompute else workload.layer(i).residual_bytes_per_sample
                      for i in range(first, last)]
+        static += low_precision_weight_bytes(workload, first, last, layout)
+        if not recompute:
+            per_layer = [r - low_precision_saving(workload, i) for r, i in
+                         zip(per_layer, range(first, last))]
         resid = sum(per_layer) * samples / d / t
     else:
         static = weight_bytes / t
@@ -460,6 +542,38 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     gathered = (max(workload.layer(i).param_bytes for i in range(first, last)) / t
                 if layout.fsdp and workload.training else 0.0)
     return StageMemory(static, resid, act, gathered)
+
+
+def low_precision_weight_bytes(workload: Workload, first: int, last: int,
+                               layout: Layout) -> float:
+    """Per-device bytes the low-precision weight copies of layers ``[first, last)`` add to (or,
+    negative, save on) the compute-dtype weights: a recipe keeps ``Recipe.weight_copies`` copies
+    in its format (scales included; Transformer Engine's FP8 weight and its transpose) in place
+    of the compute-dtype copy, as Megatron-Core's ``--fp8-param-gather`` (set by NeMo's FP8
+    mixed-precision recipes) does; the fp32 master weights stay with the optimizer. Split like the
+    weights (tensor, expert and, with ``fsdp``, data parallel). 0 without a recipe."""
+    total = 0.0
+    for i in range(first, last):
+        c = workload.layer(i)
+        low = layer_recipe(c, workload.precision)
+        if low is not None:
+            total += c.param_count * held_fraction(c, layout) * (
+                low.weight_copies * low.saved_bytes_per_element - workload.dtype_bytes)
+    return total / layout.tensor / (layout.shard if layout.fsdp else 1)
+
+
+def low_precision_saving(workload: Workload, i: int) -> float:
+    """Residual bytes per sample layer ``i`` saves when a recipe keeps its GEMM inputs for the
+    weight gradient in the format (:func:`quantized_elements` x (compute-dtype bytes - the
+    format's bytes per element)), at most half the layer's residuals (the rest, attention and
+    norm inputs, stay in the compute dtype). 0 without a low-precision recipe."""
+    c = workload.layer(i)
+    low = layer_recipe(c, workload.precision)
+    if low is None:
+        return 0.0
+    saved = quantized_elements(c, workload.seq_len, workload.dtype_bytes) * (
+        workload.dtype_bytes - low.saved_bytes_per_element)
+    return min(max(saved, 0.0), c.residual_bytes_per_sample / 2)
 
 
 def _sync_op(layout: Layout) -> str | None:

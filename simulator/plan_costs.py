@@ -84,7 +84,8 @@ class PlanCosts:
                 out[(st.index, kind)] = sum(
                     cm.layer_time(self.workload.layer(i), kind, self.samples, mesh, lay,
                                   self.dtype, split_backward=split, recompute=rc,
-                                  seq_len=self.workload.seq_len, alltoall_hidden=self.alltoall_hidden)
+                                  seq_len=self.workload.seq_len, alltoall_hidden=self.alltoall_hidden,
+                                  precision=self.workload.precision)
                     for i in range(st.first, st.last)) + self.fsdp_exposed(st.index, kind)
         return out
 
@@ -323,7 +324,8 @@ class PlanCosts:
                 done += cm.layer_time(c, ref.kind, self.samples, mesh, lay, self.dtype,
                                       split_backward=split, recompute=self.recompute(st.mesh),
                                       seq_len=self.workload.seq_len,
-                                      alltoall_hidden=self.alltoall_hidden)
+                                      alltoall_hidden=self.alltoall_hidden,
+                                      precision=self.workload.precision)
                 x = cm.layer_grad_sync(c, mesh, lay)
                 if x is not None and x[2] > 0:
                     frac = 1.0 if after or total <= 0 else min(1.0, done / total)
@@ -377,12 +379,14 @@ class PlanCosts:
         device's own rate for the workload's compute dtype (:meth:`Cluster.peak_flops`: an fp32
         model's TF32 rate on an A100, its FP32 rate on a V100), the denominator of MFU and of the
         roofline bound. Every FLOP the cost model charges runs at most that device's peak, so MFU
-        is at most 1 and the roofline bound at most the step.
+        is at most 1 and the roofline bound at most the step. Under a low-precision recipe each
+        device's peak for the recipe's format (:func:`simulator.cost_model.peak_rate`).
 
         Raises:
             ProfileError: a device of the cluster has no rate for the compute dtype.
         """
-        return self.cluster.peak_flops(self.dtype)
+        return sum(cm.peak_rate(s.device, self.workload) * s.num_devices
+                   for s in self.cluster.meshes.values())
 
     def roofline_step_time(self) -> float:
         """Lower bound: the step's model FLOP over the cluster's summed dense peak FLOP/s

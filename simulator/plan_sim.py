@@ -258,10 +258,9 @@ def data_parallel_program(dp: DataParallelPlan, workload: "Workload | Sequence[W
                                duration_s=float(dp.sync_s)))
         for m, oid in opt_ops.items():
             ops[oid] = replace(ops[oid], inputs=ops[oid].inputs + (tid,))
-    dtype = cm.compute_dtype(ws[0])
     used = [cluster.meshes[m] for m in meshes]
-    # the used devices' own rates at the precision the workload computes in (MFU's denominator)
-    peak = sum(s.device.matmul_peak(dtype) * s.num_devices for s in used)
+    # the used devices' own peaks at the precision the workload's GEMMs run in (MFU's denominator)
+    peak = sum(cm.peak_rate(s.device, ws[0]) * s.num_devices for s in used)
     host_of: dict[str, str] = {}
     for prog in progs:
         host_of.update(prog.host_of)

@@ -224,7 +224,7 @@ def stage_cost(w: Workload, mesh: MeshSpec, layout: Layout, recompute: bool, sam
     def layer(i: int, k: str, split_backward: bool = split, on: MeshSpec = mesh) -> float:
         return cm.layer_time(w.layer(i), k, samples, on, layout, dtype,
                              split_backward=split_backward, recompute=recompute,
-                             seq_len=w.seq_len, alltoall_hidden=hidden)
+                             seq_len=w.seq_len, alltoall_hidden=hidden, precision=w.precision)
 
     def t(lo: int, hi: int) -> float:
         return sum(layer(i, k) for i in range(lo, hi) for k in kinds)
@@ -292,7 +292,7 @@ def _sync_excess(w: Workload, mesh: MeshSpec, lay: Layout, samples: float, rc: b
     def bwd(i: int) -> float:
         return cm.layer_time(w.layer(i), last, samples, mesh, lay, dtype, recompute=rc,
                              seq_len=w.seq_len, alltoall_hidden=hidden,
-                             split_backward=last == FragmentKind.W)
+                             split_backward=last == FragmentKind.W, precision=w.precision)
 
     excess = sync(pre) - bwd(pre)
     if excess <= 0:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, cast
 
+from ir.precision import RECIPES
 from ir.workload import ATTENTION_KERNELS
 from simulator import remat
 from simulator.plan_costs import CostError
@@ -78,6 +79,13 @@ recomputed); MaxText's ``remat_policy`` names (minimal, save_dot_except_mlp, ...
 REQUIRED = ("source", "model", "layers", "hidden", "heads", "seq_len", "device", "gpus", "tp", "pp",
             "dp", "metric", "value")
 """Columns the header must name (and ``global_batch`` or ``per_device_batch``)."""
+
+COLUMNS_OPTIONAL = ("vocab", "global_batch", "per_device_batch", "micro_batch", "microbatches", "schedule",
+            "ffn", "kv_heads", "head_dim", "glu", "fsdp", "recompute", "slices",
+            "devices_per_node", "scale_out_gbit_per_device", "power_limit_w",
+            "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note")
+"""Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
+column the reader would ignore would score a run as something it was not)."""
 
 
 class ValidationError(CostError):
@@ -145,6 +153,7 @@ class Row:
     eager: bool | None = None
     tp_overlap: bool | None = None
     attention: str | None = None
+    precision: str = "bf16"
     note: str = ""
     line: int = 0
     per_device_batch: float | None = None
@@ -269,6 +278,12 @@ def load_rows_lenient(path: str | Path) -> tuple[tuple[Row, ...], tuple[SkippedR
     missing = [k for k in REQUIRED if k not in header]
     if "global_batch" not in header and "per_device_batch" not in header:
         missing.append("global_batch")
+    unknown = [k for k in header if k not in REQUIRED and k not in COLUMNS_OPTIONAL]
+    if unknown:
+        raise ValidationError(f"{path}: the validation CSV header has unknown column(s) "
+                              f"{', '.join(repr(k[:40]) for k in unknown[:5])}; fix: rename or "
+                              f"drop them (columns as in reports/validation/README.md: "
+                              f"{', '.join(REQUIRED + COLUMNS_OPTIONAL)})")
     if missing:
         raise ValidationError(f"{path}: the validation CSV header lacks column(s) "
                               f"{', '.join(m[:40] for m in missing)}; fix the header (columns as in "
@@ -376,6 +391,10 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if att is not None and att not in ATTENTION_KERNELS:
         raise ValidationError(f"row {line}: attention {att[:40]!r} unknown; fix: use one of "
                               f"{', '.join(ATTENTION_KERNELS)} or leave it blank")
+    prec = (d.get("precision") or "").strip().lower() or "bf16"
+    if prec not in RECIPES:
+        raise ValidationError(f"row {line}: precision {prec[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(RECIPES)} or leave it blank (bf16)")
     r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
             layers=_required_int(d, "layers", line), hidden=_required_int(d, "hidden", line),
             heads=_required_int(d, "heads", line), seq_len=_required_int(d, "seq_len", line),
@@ -390,7 +409,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             scale_out_gbit_per_device=scale_out, power_limit_w=power,
             memory_bandwidth_gb_per_s=mem_bw,
             eager=_flag(d, "eager", line), tp_overlap=_flag(d, "tp_overlap", line),
-            attention=att,
+            attention=att, precision=prec,
             note=(d.get("note") or "").strip(), line=line, per_device_batch=per_device,
             global_batch_derived=derived)
     if r.kv_heads is not None and r.heads % r.kv_heads:

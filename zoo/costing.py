@@ -278,7 +278,8 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         attention_fwd_flops_per_sample=min(per["attn_fwd_flops"], per["fwd_flops"]),
         attention_bwd_flops_per_sample=min(per["attn_bwd_flops"], per["bwdx_flops"],
                                            per["bwd_flops"]),
-        fwd_ops=ops["fwd_ops"], bwd_ops=ops["bwd_ops"], **_expert_fields(cfg, body))
+        fwd_ops=ops["fwd_ops"], bwd_ops=ops["bwd_ops"],
+        low_precision=body not in ("embed", "head"), **_expert_fields(cfg, body))
 
 
 def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:

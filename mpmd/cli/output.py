@@ -23,6 +23,8 @@ if TYPE_CHECKING:   # the planner loads OR-Tools: the commands import it only wh
     from hardware_profiles.types import Cluster
     from ir import DataParallelPlan, Plan, Workload
     from planner import PlanResult
+    from collections.abc import Sequence
+
     from zoo.config import ModelConfig
 
 
@@ -122,9 +124,37 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
                  ("global batch", batch),
                  ("sequence length", f"{s:,} tokens per sample ({seq})"),
                  ("tokens per step", f"{b * s:,}"),
+                 ("precision", precision_text(workload.precision)),
                  ("cluster", f"{cluster.name}, {devices_text(cluster)}")):
         t.add_row(k, escape(v))
     return _titled("inputs", t)
+
+
+def precision_text(name: str) -> str:
+    """A recipe as the plan's inputs print it: ``"fp8: FP8 E4M3/E5M2 with one scale per tensor
+    ...; attention, norms, embedding and LM head in bf16"``."""
+    from ir.precision import recipe
+
+    r = recipe(name)
+    return (f"{r.name}: {r.describe}" + ("; attention, norms, embedding and LM head in bf16"
+                                          if r.low_precision else ""))
+
+
+def precision_table(results: "Sequence[PlanResult]", chosen: "PlanResult") -> Group:
+    """``mpmd plan --precision auto``'s comparison: one row per recipe searched, its replayed
+    step, tokens per second, MFU (against that recipe's peak) and its speed-up over the first
+    (BF16), the chosen one marked."""
+    t = Table(show_edge=False, pad_edge=False)
+    for h in ("precision", "step (s)", "tokens/s", "MFU", "vs " + results[0].plan.precision):
+        t.add_column(h, justify="left" if h == "precision" else "right")
+    base = results[0].prediction.step_time_s
+    for r in results:
+        p = r.prediction
+        mark = " (chosen)" if r is chosen else ""
+        t.add_row(escape(r.plan.precision + mark), f"{p.step_time_s:.3f}",
+                  f"{p.tokens_per_s:,.0f}", f"{p.mfu * 100:.1f}%",
+                  f"{base / p.step_time_s:.2f}x" if p.step_time_s > 0 else "-")
+    return _titled("precisions searched", t)
 
 
 def _gb(x: float) -> str:

@@ -16,6 +16,7 @@ import click
 
 from hardware_profiles.paths import resolve_cluster_path
 from ir.files import check_output, write_atomic
+from ir.precision import PRECISIONS
 from ir.vocab import GOALS
 from mpmd.cli.common import console, err_console, guard
 from mpmd.cli.models import types_text
@@ -59,13 +60,20 @@ if TYPE_CHECKING:   # the command loads these only when it runs, after checking 
               help="Throughput floor, tokens per second.")
 @click.option("--max-usd-per-hour", type=FiniteFloat(min=1e-9, max=1e12), default=None,
               help="Budget: the plan's devices cost at most this, USD per hour.")
+@click.option("--precision", type=click.Choice((*PRECISIONS, "auto")), default="bf16",
+              show_default=True,
+              help="Training precision recipe of the blocks' GEMMs: bf16; fp8 (one scale per "
+                   "tensor, Transformer Engine); fp8-blockwise (DeepSeek-V3's 1x128/128x128 "
+                   "scales); mxfp8 and nvfp4 (Blackwell microscaling); auto: one search per "
+                   "recipe every device of the cluster runs, the best plan kept and the others' "
+                   "steps printed beside it. Attention, norms, embedding and LM head stay bf16.")
 @click.option("--out", type=click.Path(), default=None, help="Write the plan JSON here.")
 @guard
 def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
                  time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
                  max_tensor: int, even_split: bool, no_fsdp: bool, objective: str,
                  min_throughput: float | None, max_usd_per_hour: float | None,
-                 out: str | None) -> None:
+                 precision: str, out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
 
     The inputs come first: the model (parameters, total and active per token, and dtype), the
@@ -95,7 +103,11 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
         check_output(out, "plan JSON")
     cfg = resolve_model(model)            # ZooError: unknown model ("did you mean"), bad file
     resolve_cluster_path(cluster_path)    # ProfileError: no such file, with "did you mean"
-    from mpmd.cli.output import plan_inputs, plan_table, search_gap_text, validate_plan_json
+    from dataclasses import replace
+
+    from mpmd.cli.output import (plan_inputs, plan_table, precision_table, search_gap_text,
+                                 validate_plan_json)
+    from mpmd.cli.precision import best_precision, precisions
     from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
     from ir import any_plan_to_json, with_model_config
     from hardware_profiles import load_cluster
@@ -108,15 +120,24 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
             raise click.BadParameter(f"unknown schedule {s!r}; use one of {', '.join(TRAIN_SCHEDULES)}")
     cluster = load_cluster(cluster_path)
     workload = _workload(cfg, global_batch, seq_len)
+    recipes = precisions(precision, cluster, workload.training)   # PlannerError: not run here
+    goal = Goal(objective, min_throughput, max_usd_per_hour)
     # Ctrl-C handling spans the search and the output, so a second Ctrl-C never leaves a file
     with CtrlC() as ctrl_c:
         try:
-            with SearchProgress(err_console, f"{cfg.name} on {cluster.name}") as bar:
-                opts = PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
-                                   microbatches=microbatches or None, max_tensor=max_tensor,
-                                   even_split=even_split, fsdp=not no_fsdp)
-                result = plan(workload, cluster, opts, bar,
-                              goal=Goal(objective, min_throughput, max_usd_per_hour), stop=ctrl_c.stop)
+            tried = []
+            for recipe in recipes:
+                label = f"{cfg.name} on {cluster.name}" + (f", {recipe}" if len(recipes) > 1 else "")
+                with SearchProgress(err_console, label) as bar:
+                    opts = PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
+                                       microbatches=microbatches or None, max_tensor=max_tensor,
+                                       even_split=even_split, fsdp=not no_fsdp)
+                    tried.append(plan(replace(workload, precision=recipe), cluster, opts, bar,
+                                      goal=goal, stop=ctrl_c.stop))
+                if tried[-1].interrupted:
+                    break
+            result = best_precision(tried, goal)
+            workload = replace(workload, precision=result.plan.precision)
             ctrl_c.searching = False
             ctrl_c.check()
             if result.interrupted:
@@ -128,6 +149,8 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                                       batch_given=global_batch is not None,
                                       seq_given=seq_len is not None))
             console.print(plan_table(result, cluster))
+            if len(tried) > 1:
+                console.print(precision_table(tried, result))
             ctrl_c.check()
             if out:
                 chosen = (with_model_config(result.plan, config_fields(cfg))

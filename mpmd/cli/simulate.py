@@ -153,6 +153,9 @@ def load_plan_inputs(plan_path: str, plan: Plan | DataParallelPlan | None = None
                               f"{spec.num_devices} x {spec.device.name}; fix: re-plan on this cluster")
     w = workload(plan_model(plan.model, plan.model_config), global_batch=plan.global_batch,
                  seq_len=plan.seq_len)
+    w = replace(w, precision=plan.precision)
+    for spec in cluster.meshes.values():      # a recipe the plan's devices do not run: one line
+        spec.device.format_rate(plan.precision)
     for part in parts:
         if part.stages[-1].last != len(w.layers):
             raise IRError(f"{plan_path}: plan stages cover layers [0, {part.stages[-1].last}) but "

@@ -82,11 +82,12 @@ def _workload(cfg, batch: int):
 
 def workload_for(row):
     """The row's workload: :func:`row_config` traced by ``zoo.costing.workload`` (cached per
-    shape).
+    shape), in the row's training precision recipe (``precision`` column).
 
     Raises:
         ZooError: the row's sizes make no valid model, or its tensor degree cannot run it
             (:func:`ir.shards.layout_problem`: a published run's layout always can).
+        ProfileError: the row's device does not run its precision recipe.
     """
     from ir import layout_problem
     from zoo import ZooError
@@ -95,6 +96,13 @@ def workload_for(row):
     why = layout_problem(w.shards, row.tp)
     if why:
         raise ZooError(f"validation row {row.source} {row.model}: {why}; fix the row's tp")
+    if row.precision != "bf16":
+        from dataclasses import replace
+
+        from hardware_profiles import load_device
+
+        load_device(row.device).format_rate(row.precision)   # ProfileError: not run there
+        w = replace(w, precision=row.precision)
     return w
 
 
@@ -463,12 +471,14 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
 
 
 def row_errors() -> tuple[type[BaseException], ...]:
-    """What skips a row rather than the run: :data:`simulator.validate.ROW_ERRORS` and the model
-    zoo's ``ZooError`` (a row's decoder the zoo cannot build)."""
+    """What skips a row rather than the run: :data:`simulator.validate.ROW_ERRORS`, the model
+    zoo's ``ZooError`` (a row's decoder the zoo cannot build) and ``ProfileError`` (a precision
+    recipe the row's device does not run)."""
+    from hardware_profiles.types import ProfileError
     from zoo import ZooError
     from simulator.validate import ROW_ERRORS
 
-    return ROW_ERRORS + (ZooError,)
+    return ROW_ERRORS + (ZooError, ProfileError)
 
 
 def scored_line(scored: int, total: int) -> str:

@@ -5,6 +5,7 @@ same plan on random workloads, meshes, layouts and schedules (hypothesis)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -85,8 +86,9 @@ def _compositions(n: int, k: int):
 @st.composite
 def _problem(draw):
     """A random training workload (a run of identical blocks between an embedding and a head),
-    2 to 4 meshes of 1, 2 or 4 devices of random speed and memory, a schedule and a microbatch
-    count the schedule accepts."""
+    in BF16 or (half the draws) an FP8 recipe on devices with an FP8 rate, 2 to 4 meshes of 1, 2
+    or 4 devices of random speed and memory, a schedule and a microbatch count the schedule
+    accepts."""
     blocks = draw(st.sampled_from([4, 6, 8, 12]))
     batch = draw(st.sampled_from([8, 16, 32]))
     costs = {"embed": layer("embed", draw(st.floats(0.5, 20.0)), draw(st.floats(10.0, 200.0)),
@@ -94,12 +96,18 @@ def _problem(draw):
              "block": layer("block", draw(st.floats(20.0, 400.0)), draw(st.floats(20.0, 400.0)),
                             act_mb=draw(st.floats(1.0, 32.0)), resid_mb=draw(st.floats(8.0, 256.0))),
              "head": layer("head", draw(st.floats(10.0, 300.0)), draw(st.floats(10.0, 200.0)))}
+    low = draw(st.sampled_from(["bf16", "fp8", "fp8-blockwise"]))
+    costs["block"] = replace(costs["block"], low_precision=True)
     w = Workload("random", ("embed",) + ("block",) * blocks + ("head",), costs, seq_len=1024,
-                 global_batch=batch, training=True)
+                 global_batch=batch, training=True, precision=low)
     n = draw(st.integers(2, 4))
     specs = [(f"m{i}", device(f"d{i}", draw(st.sampled_from([100.0, 300.0, 800.0])),
                               draw(st.sampled_from([16.0, 40.0, 80.0]))),
               draw(st.sampled_from([1, 2, 4]))) for i in range(n)]
+    if low != "bf16":       # an FP8 peak twice the BF16 one, run at a drawn relative efficiency
+        specs = [(name, replace(d, peak_flops={**d.peak_flops, "fp8": 2 * d.peak_flops["bf16"]},
+                                format_efficiency={low: draw(st.floats(0.6, 1.0))}), k)
+                 for name, d, k in specs]
     cl = cluster(specs, bw_gbs=draw(st.sampled_from([5.0, 50.0, 400.0])))
     sched = draw(st.sampled_from(SCHEDULES))
     m = draw(st.sampled_from([d for d in (1, 2, 4, 8, 16, 32) if batch % d == 0]))

@@ -1,0 +1,52 @@
+"""Training precision recipes (``ir.precision``) and their round trip through a plan file."""
+
+from __future__ import annotations
+
+import pytest
+
+from ir import IRError, PRECISIONS, RECIPES, plan_from_json, plan_to_json, recipe
+
+
+def test_recipes_in_order_of_width():
+    assert PRECISIONS == ("bf16", "fp8", "fp8-blockwise", "mxfp8", "nvfp4")
+    assert [RECIPES[p].element_bytes for p in PRECISIONS] == [2.0, 1.0, 1.0, 1.0, 0.5]
+
+
+def test_saved_bytes_count_the_scales():
+    assert recipe("fp8").saved_bytes_per_element == 1.0            # one scale per tensor
+    assert recipe("fp8-blockwise").saved_bytes_per_element == 1.0 + 4 / 128
+    assert recipe("mxfp8").saved_bytes_per_element == 1.0 + 1 / 32
+    assert recipe("nvfp4").saved_bytes_per_element == 0.5 + 1 / 16
+
+
+def test_bf16_is_no_recipe_and_blank_is_bf16():
+    assert recipe("") is RECIPES["bf16"]
+    assert not recipe("bf16").low_precision
+    assert all(recipe(p).low_precision for p in PRECISIONS[1:])
+
+
+def test_unknown_recipe_is_one_line():
+    with pytest.raises(IRError, match=r"^unknown precision 'fp6'; fix: use one of bf16, fp8, "
+                                      r"fp8-blockwise, mxfp8, nvfp4$"):
+        recipe("fp6")
+
+
+def _plan_doc():
+    from tests.planner.conftest import cluster, device, workload
+    from planner import PlanOptions, plan
+
+    w = workload(blocks=4, batch=8)
+    cl = cluster([("a", device("a", 100.0, 80.0), 2), ("b", device("b", 100.0, 80.0), 2)])
+    return plan_to_json(plan(w, cl, PlanOptions(time_limit_s=5)).plan)
+
+
+def test_plan_file_carries_the_precision():
+    doc = _plan_doc()
+    assert "precision" not in doc                     # a BF16 plan's file is as before
+    assert plan_from_json(doc).precision == "bf16"
+    doc["precision"] = "fp8"
+    assert plan_from_json(doc).precision == "fp8"
+    assert plan_to_json(plan_from_json(doc))["precision"] == "fp8"
+    doc["precision"] = "int3"
+    with pytest.raises(IRError, match="plan precision 'int3' is not a known recipe"):
+        plan_from_json(doc)
