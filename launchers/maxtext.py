@@ -39,6 +39,18 @@ def _model(v: PartView, notes: list[str]) -> dict:
     return out
 
 
+def _quantization(v: PartView, notes: list[str]) -> dict:
+    """MaxText's ``quantization`` for the plan's precision recipe: ``fp8`` (its FP8 training
+    through Flax's scaled dot products, one scale per tensor); none for BF16. MaxText has no
+    blockwise or microscaling training recipe: those are written as ``fp8`` with a note."""
+    if v.precision == "bf16":
+        return {}
+    if v.precision != "fp8":
+        notes.append(f"MaxText has no {v.precision} training recipe: written as quantization "
+                     f"fp8 (one scale per tensor; the plan's step assumes {v.precision})")
+    return {"quantization": "fp8"}
+
+
 def config(v: PartView, source: str) -> tuple[dict, list[str]]:
     """(the config as a dict, what MaxText cannot express)."""
     notes = list(v.notes)
@@ -70,7 +82,8 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
     doc = {"run_name": f"{v.model.name}{'-' + v.name if v.name else ''}-mpmd",
            **_model(v, notes), "max_target_length": v.seq_len,
            "per_device_batch_size": v.global_batch / v.devices, **axes,
-           "remat_policy": "full" if v.recompute else "minimal"}
+           "remat_policy": "full" if v.recompute else "minimal",
+           **_quantization(v, notes)}
     if v.pipeline > 1:
         blocks = {v.decoder_layers(s) for s in range(len(v.stage_layers))}
         if len(blocks) > 1:

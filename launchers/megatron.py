@@ -50,13 +50,29 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
     return out
 
 
+PRECISION_ARGS: dict[str, tuple[tuple[str, object], ...]] = {
+    "bf16": (),
+    "fp8": (("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise"), ("--fp8-param-gather", None)),
+    "fp8-blockwise": (("--fp8-format", "e4m3"), ("--fp8-recipe", "blockwise"),
+                      ("--fp8-param-gather", None)),
+    "mxfp8": (("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8"), ("--fp8-param-gather", None)),
+    "nvfp4": (("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")),
+}
+"""Megatron-LM's Transformer Engine arguments for each training precision recipe (``megatron/
+training/arguments.py``, ``_add_transformer_engine_args``: ``--fp8-format {e4m3,hybrid}``,
+``--fp8-recipe {tensorwise,delayed,mxfp8,blockwise}``, ``--fp8-param-gather``, ``--fp4-format
+e2m1``, ``--fp4-recipe nvfp4``). FP8 per tensor is written as current scaling (``tensorwise``)
+with the hybrid format (E4M3 forward, E5M2 gradients); the parameter gather in the format is what
+the cost model's memory assumes (``simulator.cost_model.low_precision_weight_bytes``)."""
+
+
 def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
     """(the arguments as ``(flag, value or None)`` pairs, what Megatron-LM cannot express)."""
     notes = list(v.notes)
     lay = v.layout
     args: list[tuple[str, object]] = [
         ("--tensor-model-parallel-size", lay.tensor),
-        ("--pipeline-model-parallel-size", v.pipeline)]
+        ("--pipeline-model-parallel-size", v.pipeline), *PRECISION_ARGS[v.precision]]
     if v.schedule not in SCHEDULES:
         notes.append(f"schedule {v.schedule} has no Megatron-LM setting (it runs "
                      f"{' or '.join(SCHEDULES)}): written for {'interleaved-1f1b' if v.virtual > 1 else '1f1b'}")

@@ -67,17 +67,41 @@ def job(v: PartView, source: str) -> tuple[dict, list[str]]:
         par |= {"pipeline_parallel_schedule": sched,
                 "pipeline_parallel_microbatch_size": v.micro_batch,
                 "module_fqns_per_model_part": [_fqns(s) for s in v.stage_layers]}
+    converters, quantize = _precision(v, notes)
     doc = {
         "job": {"description": f"{v.model.name}{' ' + v.name if v.name else ''} on {v.devices} x "
                                f"{v.device}, exported by mpmd from {source}"},
-        "model": {"name": name, "flavor": flavor},
+        "model": {"name": name, "flavor": flavor,
+                  **({"converters": converters} if converters else {})},
         "training": {"local_batch_size": v.global_batch // max(1, v.data),
                      "global_batch_size": v.global_batch, "seq_len": v.seq_len,
                      "mixed_precision_param": v.model.dtype},   # a torchtitan TORCH_DTYPE_MAP name
         "parallelism": par,
         "activation_checkpoint": {"mode": "full" if v.recompute else "none"},
+        **quantize,
     }
     return doc, notes
+
+
+def _precision(v: PartView, notes: list[str]) -> tuple[list[str], dict]:
+    """(``[model] converters``, the converter's own table) for the plan's precision recipe:
+    torchtitan's ``float8`` converter (torchao float8 training, ``recipe_name`` ``tensorwise``
+    or ``rowwise``; FP8 all-gathers under FSDP) and its ``mx`` converter (``mxfp8``); a recipe
+    torchtitan has no converter for is written as the nearest with a note."""
+    if v.precision == "bf16":
+        return [], {}
+    if v.precision in ("mxfp8", "nvfp4"):
+        if v.precision == "nvfp4":
+            notes.append("torchtitan has no nvfp4 training converter: written as its mx "
+                         "converter's mxfp8 (the plan's step assumes NVFP4 GEMMs)")
+        return ["mx"], {"mx": {"recipe_name": "mxfp8"}}
+    if v.precision == "fp8-blockwise":
+        notes.append("torchtitan's float8 converter has no fp8-blockwise (1x128/128x128) "
+                     "recipe: written as rowwise scaling (the plan's step assumes blockwise "
+                     "scales)")
+    recipe = "rowwise" if v.precision == "fp8-blockwise" else "tensorwise"
+    return ["float8"], {"float8": {"recipe_name": recipe,
+                                   "enable_fsdp_float8_all_gather": bool(v.layout.fsdp)}}
 
 
 def render(v: PartView, source: str) -> tuple[str, list[str]]:

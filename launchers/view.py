@@ -49,6 +49,7 @@ class PartView:
         nodes_per_mesh: scale-up domains (nodes, slices) one stage mesh's data axis spans.
         meshes_per_node: stage meshes that share one node.
         notes: what the plan has that this one set of degrees cannot say, one line each.
+        precision: the plan's training precision recipe (``ir.precision.PRECISIONS``).
     """
 
     name: str
@@ -69,6 +70,7 @@ class PartView:
     nodes_per_mesh: int
     meshes_per_node: int
     notes: tuple[str, ...]
+    precision: str = "bf16"
 
     @property
     def data(self) -> int:
@@ -153,7 +155,8 @@ def part_view(plan: Plan, name: str = "") -> PartView:
                     microbatches=m_count, micro_batch=max(1, int(per_micro)),
                     global_batch=plan.global_batch, seq_len=plan.seq_len, recompute=any(rc),
                     stage_layers=stage_layers, stage_rank=tuple(t.stage_rank),
-                    nodes_per_mesh=max(nodes), meshes_per_node=max(per_node), notes=tuple(notes))
+                    nodes_per_mesh=max(nodes), meshes_per_node=max(per_node), notes=tuple(notes),
+                    precision=plan.precision)
 
 
 def part_views(plan: Plan | DataParallelPlan) -> tuple[PartView, ...]:

@@ -32,7 +32,7 @@ __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_ro
            "metric_from_step", "evaluate", "ranking_agrees", "zb_rankings", "mape", "fit",
            "leave_one_source_out", "with_efficiency", "adapt_plan", "post_validation_step",
            "SCHEDULE_MAP", "ZB_SCHEDULES", "ADAPTIVE", "tune_virtual_stages",
-           "virtual_stage_candidates"]
+           "virtual_stage_candidates", "FormatFit", "fit_format"]
 
 # --------------------------------------------------------------------------- evaluation
 def sim_step(plan: Plan, workload: Workload, cluster: Cluster) -> float:
@@ -313,6 +313,41 @@ def fit(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn = sim_st
                 best, best_key = here, here_key
     assert best is not None
     return replace(best, evaluations=n, trials=tuple(trials))
+
+
+@dataclass(frozen=True, slots=True)
+class FormatFit:
+    """A low-precision recipe's GEMM efficiency relative to BF16, fitted on one kind's rows of it
+    (:func:`fit_format`): ``efficiency``, the rows' MAPE at it, and its evaluations."""
+
+    recipe: str
+    efficiency: float
+    mape: float
+    rows: int
+    evaluations: int
+
+
+def fit_format(setups: Sequence[Setup], device: DeviceProfile, recipe: str,
+               step_fn: StepFn = sim_step, *, bounds: tuple[float, float] = (0.3, 1.2),
+               xatol: float = 2e-3) -> FormatFit:
+    """Fit ``device``'s relative efficiency of ``recipe`` (``DeviceProfile.format_efficiency``)
+    on ``setups`` (rows in that recipe), with everything else of the profile held (its BF16 fit
+    first): a bounded scalar search (scipy ``minimize_scalar``) of the rows' mean absolute
+    percentage error. One value for all rows, no per-row tuning."""
+    from scipy.optimize import minimize_scalar
+
+    cache: dict[float, float] = {}
+
+    def err(e: float) -> float:
+        e = round(float(e), 3)
+        if e not in cache:
+            dev = replace(device, format_efficiency={**device.format_efficiency, recipe: e})
+            cache[e] = mape(evaluate(setups, dev, step_fn))
+        return cache[e]
+
+    res = minimize_scalar(err, bounds=bounds, method="bounded", options={"xatol": xatol})
+    e0 = round(float(res.x), 3)
+    return FormatFit(recipe, e0, err(e0), len(setups), len(cache))
 
 
 def leave_one_source_out(setups: Sequence[Setup], device: DeviceProfile,

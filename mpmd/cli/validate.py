@@ -152,6 +152,37 @@ def write_profile_efficiency(path: Path, matmul: float, memory: float, overhead_
     write_atomic(out or path, text[:start] + block + text[end:])
 
 
+def write_training_formats(path: Path, formats: "dict[str, tuple[float, str]]", *,
+                           out: Path | None = None) -> None:
+    """Write device YAML ``path`` with its ``training_formats:`` block replaced to ``out``
+    (default: ``path``), atomically: ``formats`` maps each recipe the device runs to its
+    (relative efficiency, origin), in the order given."""
+    from ir.files import write_atomic
+
+    text = path.read_text()
+
+    def q(s: str) -> str:
+        return "'" + s.replace("'", "''") + "'"
+
+    block = "training_formats:\n" + "".join(
+        f"  {k}:\n    efficiency: {e:.3f}\n    origin: {q(o)}\n" for k, (e, o) in formats.items())
+    if "\ntraining_formats:\n" in text:
+        start = text.index("\ntraining_formats:\n") + 1
+        m = re.search(r"\n(?=\S)", text[start + len("training_formats:\n"):])
+        end = start + len("training_formats:\n") + (m.start() + 1 if m else len(text))
+    else:                                   # a new block before the memory figures
+        start = end = text.index("\nmemory_g") + 1
+    write_atomic(out or path, text[:start] + block + text[end:])
+
+
+def format_origin(device: str, rows, f) -> str:
+    """The origin of a fitted recipe efficiency: the rows, their sources and the fit's error."""
+    sources = ", ".join(dict.fromkeys(r.source for r in rows))
+    return (f"fitted by `{FIT_COMMAND}` over the {len(rows)} {device} rows of the published-"
+            f"training CSV in {f.recipe} (sources: {sources}), the BF16 fit held: MAPE "
+            f"{f.mape:.1f}% (scipy bounded search over the efficiency relative to BF16 GEMMs)")
+
+
 EXTRA_EFFICIENCY = (("backward", "backward_efficiency"),
                     ("scale_out", "scale_out_efficiency"), ("comm_interference", "comm_interference"),
                     ("grad_sync_overlap", "grad_sync_overlap"), ("sync_jitter", "sync_jitter"))
@@ -371,7 +402,11 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
     if fit:
         for name, base in list(devices.items()):
             grid = (base.elementwise_traffic,) if hold_elementwise else V.ELEMENTWISE_GRID
-            mine = [s for s in setups if s.row.device == name]
+            mine = [s for s in setups if s.row.device == name and s.row.precision == "bf16"]
+            low: dict[str, list] = {}
+            for s in setups:
+                if s.row.device == name and s.row.precision != "bf16":
+                    low.setdefault(s.row.precision, []).append(s)
             if not mine:
                 continue
             with console.status(f"fitting {name} over its {len(mine)} rows ..."):
@@ -407,6 +442,19 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                                                   elementwise=(f.elementwise,))
             devices[name] = V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
                                               f.elementwise)
+            formats = {r: (base.format_efficiency[r], base.sources.get(f"training_formats.{r}", ""))
+                       for r in base.format_efficiency}
+            for recipe, these in low.items():
+                with console.status(f"{name}: fitting {recipe} over its {len(these)} rows ..."):
+                    ff = V.fit_format(these, devices[name], recipe, predict_step)
+                formats[recipe] = (ff.efficiency, format_origin(name, [s.row for s in these], ff))
+                devices[name] = dataclasses.replace(
+                    devices[name], format_efficiency={**devices[name].format_efficiency,
+                                                      recipe: ff.efficiency})
+                line = (f"{name} {recipe}: efficiency relative to bf16 GEMMs **{ff.efficiency:.3f}** "
+                        f"over {ff.rows} rows, MAPE {ff.mape:.2f}% ({ff.evaluations} evaluations)")
+                console.print(line)
+                fit_info.append(f"## Calibration: {name}, {recipe}\n\n{line}")
             written = None
             if profiles_out:
                 written = str(Path(profiles_out) / f"{name}.yaml")
@@ -415,6 +463,8 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                                          _origin(name, [s.row for s in mine], f),
                                          f.elementwise, out=Path(written),
                                          extra=extra_efficiency(base, jitter_origin))
+                if low:
+                    write_training_formats(Path(written), formats)
             section = fit_section(name, f, loso, written) + "\n\n" + scale_section(name, sf)
             console.print(section)
             fit_info.append(section)

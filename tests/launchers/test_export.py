@@ -165,3 +165,38 @@ def _regenerate() -> None:
 
 if __name__ == "__main__":
     sys.exit(_regenerate())
+
+
+@pytest.mark.parametrize("precision,megatron,torchtitan,maxtext", [
+    ("bf16", {}, None, None),
+    ("fp8", {"--fp8-format": "hybrid", "--fp8-recipe": "tensorwise", "--fp8-param-gather": None},
+     ("float8", "tensorwise"), "fp8"),
+    ("fp8-blockwise", {"--fp8-format": "e4m3", "--fp8-recipe": "blockwise"},
+     ("float8", "rowwise"), "fp8"),
+    ("mxfp8", {"--fp8-format": "e4m3", "--fp8-recipe": "mxfp8"}, ("mx", "mxfp8"), "fp8"),
+    ("nvfp4", {"--fp4-format": "e2m1", "--fp4-recipe": "nvfp4"}, ("mx", "mxfp8"), "fp8"),
+])
+def test_precision_reaches_every_target(precision, megatron, torchtitan, maxtext):
+    """The plan's training precision recipe is written as each launcher's own setting; a recipe
+    the launcher lacks is written as the nearest with a note naming both."""
+    from dataclasses import replace
+
+    from launchers import maxtext as mx, megatron as mg, torchtitan as tt
+
+    (v,) = part_views(replace(load_plan(DATA / "llama3-70b-h100x128.json"), precision=precision))
+    args, _ = mg.megatron_args(v)
+    flags = dict(args)
+    for k, want in megatron.items():
+        assert flags[k] == want
+    assert ("--fp8-format" in flags or "--fp4-format" in flags) == (precision != "bf16")
+    doc, notes = tt.job(v, "x")
+    if torchtitan is None:
+        assert "converters" not in doc["model"]
+    else:
+        conv, recipe = torchtitan
+        assert doc["model"]["converters"] == [conv] and doc[conv]["recipe_name"] == recipe
+    assert any(precision in n for n in notes) == (precision in ("fp8-blockwise", "nvfp4"))
+    cfg, notes = mx.config(v, "x")
+    assert cfg.get("quantization") == maxtext
+    assert any(f"no {precision} training recipe" in n for n in notes) == (
+        precision in ("fp8-blockwise", "mxfp8", "nvfp4"))
