@@ -22,6 +22,14 @@ smaller end's NIC total, capped by the cluster's ``group_links`` (the fabric bet
 A collective inside a mesh spanning nodes uses :meth:`MeshSpec.collective_link` (intra-node for a
 group inside one node, else ``k/s`` NIC rings in parallel).
 
+A group whose ``scale_up_domain`` joins several nodes on one fabric (a GB200 NVL72 rack: 18 hosts
+of 4 GPUs on one NVLink Switch fabric) counts its domains in blocks of
+``scale_up_domain / devices_per_node`` consecutive nodes from node 0. Two meshes of the group whose
+nodes all lie in one domain talk over the scale-up link like two slices of one node, and each mesh
+carries its own ``MeshSpec.scale_up_domain`` (its devices in aligned blocks that never straddle a
+domain: all of them when it lies inside one), so its collectives stay on the scale-up link up to
+that size. Hosts are still ``devices_per_node`` devices (straggler counting).
+
 A cluster file that lists meshes which are whole nodes (one mesh per DGX box, say) describes node
 groups too: :func:`node_groups_of` reads it as them, with the listing's links as the groups' NICs
 and fabric caps, so the planner shapes it and :func:`carve` carves it like a node-group file.
@@ -29,6 +37,7 @@ and fabric caps, so the planner shapes it and :func:`carve` carves it like a nod
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Iterable, Mapping
@@ -106,13 +115,30 @@ def check_shape(cluster: Cluster, shape: GroupShape) -> NodeGroup:
     return g
 
 
+def _domain_nodes(g: NodeGroup, first: int, count: int) -> int:
+    """The largest block of nodes, in aligned steps from ``first``, that never straddles a
+    scale-up domain of ``g`` within nodes ``first`` .. ``first + count - 1``: ``count`` when they
+    share one domain, else the gcd of ``count`` and the offsets of the domain boundaries inside
+    them (1 when every node is its own domain)."""
+    per = g.nodes_per_domain
+    block = count
+    boundary = (first // per + 1) * per
+    while boundary < first + count and block > 1:
+        block = math.gcd(block, boundary - first)
+        boundary += per
+    return block
+
+
 def _mesh(g: NodeGroup, shape: GroupShape, j: int) -> MeshSpec:
     per_node = g.devices_per_node // shape.meshes_per_node
     n = shape.nodes_per_mesh * per_node
+    first, count, _ = shape.mesh_nodes(j)
+    domain = _domain_nodes(g, first, count) * per_node
     return MeshSpec(name=f"{g.name}.{j}", device=g.device, num_devices=n, axes={"data": n},
                     intra_link=g.intra_link, price_per_device_hour=g.price_per_device_hour,
                     power_watts_per_device=g.power_watts_per_device, devices_per_node=per_node,
-                    scale_out_link=g.scale_out_link, host=g.host)
+                    scale_out_link=g.scale_out_link, host=g.host,
+                    scale_up_domain=domain if domain != per_node else None)
 
 
 def _group_link(cluster: Cluster, a: str, b: str) -> Link | None:
@@ -128,11 +154,14 @@ def mesh_link(cluster: Cluster, ga: NodeGroup, sa: GroupShape, ja: int,
     (see the module docstring)."""
     na, nb = sa.mesh_devices(ga.devices_per_node), sb.mesh_devices(gb.devices_per_node)
     if ga.name == gb.name:
-        same_nodes = sa.mesh_nodes(ja)[0] == sb.mesh_nodes(jb)[0]
-        ln = ga.intra_link if same_nodes else ga.scale_out_link
+        (fa, ca, _), (fb, cb, _) = sa.mesh_nodes(ja), sb.mesh_nodes(jb)
+        same_nodes = fa == fb
+        # meshes on one scale-up fabric (a GB200 NVL72 rack's NVLink) talk over it too
+        scale_up = same_nodes or ga.same_domain(min(fa, fb), max(fa + ca, fb + cb) - min(fa, fb))
+        ln = ga.intra_link if scale_up else ga.scale_out_link
+        what = "intra-node" if same_nodes else "scale-up domain" if scale_up else "scale-out"
         return Link(min(na, nb) * ln.bandwidth, ln.latency,
-                    f"{min(na, nb)} devices x per-device {'intra-node' if same_nodes else 'scale-out'} "
-                    f"link of {ga.name}: {ln.source}")
+                    f"{min(na, nb)} devices x per-device {what} link of {ga.name}: {ln.source}")
     bw = min(na * ga.scale_out_link.bandwidth, nb * gb.scale_out_link.bandwidth)
     lat = max(ga.scale_out_link.latency, gb.scale_out_link.latency)
     src = f"the smaller end's NICs ({ga.name} {na}, {gb.name} {nb} devices)"

@@ -518,7 +518,8 @@ def load_cluster(path: str | Path) -> Cluster:
     Raises:
         ProfileError: missing file, malformed YAML, unknown device, non-positive bandwidth, mesh axes
             whose product differs from ``num_devices``, duplicate mesh names, a link naming an unknown
-            mesh or joining a mesh to itself, duplicate links.
+            mesh or joining a mesh to itself, duplicate links, a ``scale_up_domain`` that is not a
+            whole number of nodes (a multiple of ``devices_per_node``).
     """
     p = resolve_cluster_path(path)   # hardware_profiles.paths: also what the CLI checks first
     data = _read_yaml(p, "cluster")

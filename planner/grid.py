@@ -63,7 +63,7 @@ def grid_layouts(w: Workload, cluster: Cluster, group: str,
     ``opts``, only the points the planner's options allow (schedules, microbatch counts, largest
     tensor-parallel degree, FSDP; its ``virtual_stages`` joins the grid's)."""
     g = cluster.groups[group]
-    devices, k = g.num_devices, g.devices_per_node
+    devices, k = g.num_devices, g.domain_devices     # tensor parallel inside one scale-up fabric
     _, blocks, _ = construct.split_layers(w)
     experts = max(c.experts for c in w.costs.values())
     virtual = VIRTUAL if opts is None else tuple(sorted({*VIRTUAL, opts.virtual_stages}))

@@ -114,9 +114,9 @@ class Replica:
 
 
 def tp_span(group: NodeGroup, tp: int) -> Span:
-    """The span of a tensor-parallel group of ``tp`` devices of ``group``: one node's scale-up
-    fabric when it fits in a node, else also the scale-out network (``tp / devices_per_node``
-    nodes).
+    """The span of a tensor-parallel group of ``tp`` devices of ``group``: one scale-up fabric
+    when it fits in one (``NodeGroup.domain_devices``: a node, or a GB200 NVL72 rack's NVLink
+    domain), else also the scale-out network (``tp / domain_devices`` domains).
 
     Raises:
         SimError: ``tp`` < 1 or more than the group's devices.
@@ -124,9 +124,9 @@ def tp_span(group: NodeGroup, tp: int) -> Span:
     if not 1 <= tp <= group.num_devices:
         raise SimError(f"tp={tp} does not fit node group {group.name!r} of {group.num_devices} "
                        "devices; fix: a degree between 1 and its devices")
-    if tp <= group.devices_per_node:
+    if tp <= group.domain_devices:
         return Span(tp, 1, group.intra_link)
-    nodes = math.ceil(tp / group.devices_per_node)
+    nodes = math.ceil(tp / group.domain_devices)
     eff = group.device.scale_out_efficiency
     so = group.scale_out_link
     return Span(tp, nodes, group.intra_link, Link(so.bandwidth * eff, so.latency, so.source))
