@@ -25,6 +25,11 @@ Metrics (each with its source's own FLOP count):
 A row may give ``per_device_batch`` (MaxText's ``per_device_batch_size``, every chip counted)
 instead of ``global_batch``: global batch = per_device_batch x gpus.
 
+A row may name its model (``model_config``: a zoo name or a model file, resolved by the caller's
+``fill`` hook, which fills the blank :data:`SHAPE_COLUMNS`; the simulator imports no zoo) and its
+context, virtual-pipeline and expert degrees (``cp``: gpus = tp x pp x dp x cp, dp excluding cp;
+``vp``; ``ep`` and ``etp``); how each is simulated is :mod:`simulator.validation_setup`.
+
 Loading (:func:`load_rows_lenient`) separates the rows that parse from those that do not: a row
 with a bad value is a :class:`SkippedRow` (its line and the one-line reason); a problem with the
 file itself (unreadable, no rows, a header missing a column) raises. :func:`load_rows` is the
@@ -39,13 +44,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping, cast
+from typing import Callable, Mapping, cast
 
 from ir.precision import RECIPES
 from ir.workload import ATTENTION_KERNELS
 from simulator import remat
 from simulator.plan_costs import CostError
-from simulator.schedules import KINDS
+from simulator.schedules import KINDS, stages_per_rank
 from hardware_profiles.loader import known_device_ids
 from ir.files import InputError, read_csv_rows
 
@@ -83,9 +88,16 @@ REQUIRED = ("source", "model", "layers", "hidden", "heads", "seq_len", "device",
 COLUMNS_OPTIONAL = ("vocab", "global_batch", "per_device_batch", "micro_batch", "microbatches", "schedule",
             "ffn", "kv_heads", "head_dim", "glu", "fsdp", "recompute", "slices",
             "devices_per_node", "scale_out_gbit_per_device", "power_limit_w",
-            "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note")
+            "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
+            "model_config", "cp", "vp", "ep", "etp")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
+
+SHAPE_COLUMNS = ("layers", "hidden", "heads", "vocab", "ffn", "kv_heads", "head_dim", "glu")
+"""The model-shape columns a ``model_config`` may fill: blank ones are filled from the model (a
+``fill`` hook of :func:`load_rows_lenient`, e.g. the CLI's, which reads the model zoo), given ones
+must agree with it; with a ``model_config`` column the header may leave the required ones
+(``layers``, ``hidden``, ``heads``) out."""
 
 
 class ValidationError(CostError):
@@ -158,6 +170,17 @@ class Row:
     line: int = 0
     per_device_batch: float | None = None
     global_batch_derived: bool = False
+    model_config: str | None = None
+    cp: int = 1
+    vp: int | None = None
+    ep: int = 1
+    etp: int | None = None
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas the row is simulated with: ``dp x cp`` (the cost model has no
+        context parallelism, so ``cp`` is folded into data parallelism, the global batch kept)."""
+        return self.dp * self.cp
 
     @property
     def key(self) -> str:
@@ -174,13 +197,14 @@ class Row:
 INT_LIMITS = {"layers": 1024, "hidden": 2**18, "heads": 2**12, "seq_len": 2**22, "vocab": 2**24,
               "gpus": 2**20, "tp": 1024, "pp": 1024, "dp": 2**20, "global_batch": 2**24,
               "micro_batch": 2**24, "microbatches": 2**16, "ffn": 2**20, "kv_heads": 2**12,
-              "head_dim": 2**12, "slices": 2**12, "devices_per_node": 2**16}
+              "head_dim": 2**12, "slices": 2**12, "devices_per_node": 2**16, "cp": 1024,
+              "vp": 1024, "ep": 2**16, "etp": 1024}
 """Largest value accepted per integer column (every integer column is at least 1); far above any
 published run (at most 128 layers, 8-way tensor and 64-way pipeline parallelism in the sources)."""
 
 
 OPTIONAL = ("vocab", "micro_batch", "microbatches", "ffn", "kv_heads", "head_dim", "slices",
-            "devices_per_node", "global_batch")
+            "devices_per_node", "global_batch", "cp", "vp", "ep", "etp")
 """Integer columns that may be blank (:data:`RULES` fills them)."""
 
 
@@ -188,7 +212,9 @@ def _int(d: Mapping[str, str], k: str, line: int) -> int | None:
     v = (d.get(k) or "").strip()
     if not v:
         if k not in OPTIONAL:
-            raise ValidationError(f"row {line}: field {k!r} is blank; fill it in")
+            hint = (" (or have the model_config filled in: mpmd validate does)"
+                    if k in SHAPE_COLUMNS and (d.get("model_config") or "").strip() else "")
+            raise ValidationError(f"row {line}: field {k!r} is blank; fill it in{hint}")
         return None
     try:
         x = int(v)
@@ -244,7 +270,13 @@ def _field(d: Mapping[str, str | None], k: str, line: int) -> str:
     return v.strip()
 
 
-def load_rows(path: str | Path) -> tuple[Row, ...]:
+Fill = Callable[[dict[str, str]], dict[str, str]]
+"""A hook of :func:`load_rows_lenient`: a CSV record -> the record to parse (e.g. its blank shape
+columns filled from its ``model_config``). It raises :class:`ValidationError` for a bad record (the
+row is then skipped with that reason)."""
+
+
+def load_rows(path: str | Path, fill: Fill | None = None) -> tuple[Row, ...]:
     """Parse the published-training CSV (header as in ``published_training.csv``), read through
     the tool's guarded reader (:func:`ir.files.read_csv_rows`: size, UTF-8, no binary files);
     strict: the first row that does not parse raises (:func:`load_rows_lenient` skips it).
@@ -253,15 +285,18 @@ def load_rows(path: str | Path) -> tuple[Row, ...]:
         ValidationError: a file-level problem (:func:`load_rows_lenient`), or the first bad row's
             (:func:`parse_row`), as ``row N: reason``.
     """
-    rows, bad = load_rows_lenient(path)
+    rows, bad = load_rows_lenient(path, fill)
     if bad:
         raise ValidationError(bad[0].message)
     return rows
 
 
-def load_rows_lenient(path: str | Path) -> tuple[tuple[Row, ...], tuple[SkippedRow, ...]]:
+def load_rows_lenient(path: str | Path, fill: Fill | None = None
+                      ) -> tuple[tuple[Row, ...], tuple[SkippedRow, ...]]:
     """(the rows that parse, the rows that do not, each a :class:`SkippedRow` with its reason):
-    the CSV read as :func:`load_rows` reads it.
+    the CSV read as :func:`load_rows` reads it. ``fill(record)``, when given, is applied to each
+    record before it is parsed (:data:`Fill`: the CLI fills a ``model_config`` row's blank shape
+    columns from the model zoo, which the simulator may not import).
 
     Raises:
         ValidationError: a problem with the file, not a row: unreadable (missing, not UTF-8,
@@ -275,25 +310,28 @@ def load_rows_lenient(path: str | Path) -> tuple[tuple[Row, ...], tuple[SkippedR
     if not records:
         raise ValidationError(f"{path}: validation CSV has no rows; fix: add published runs below the header")
     header = [k for k in records[0] if k is not None]
-    missing = [k for k in REQUIRED if k not in header]
+    missing = [k for k in REQUIRED if k not in header
+               and not (k in SHAPE_COLUMNS and "model_config" in header)]
     if "global_batch" not in header and "per_device_batch" not in header:
         missing.append("global_batch")
     unknown = [k for k in header if k not in REQUIRED and k not in COLUMNS_OPTIONAL]
+    if missing:     # a misspelt column is both: the missing one is named first
+        also = (f" and has unknown column(s) {', '.join(repr(k[:40]) for k in unknown[:5])}"
+                if unknown else "")
+        raise ValidationError(f"{path}: the validation CSV header lacks column(s) "
+                              f"{', '.join(m[:40] for m in missing)}{also}; fix the header "
+                              f"(columns as in reports/validation/README.md)")
     if unknown:
         raise ValidationError(f"{path}: the validation CSV header has unknown column(s) "
                               f"{', '.join(repr(k[:40]) for k in unknown[:5])}; fix: rename or "
                               f"drop them (columns as in reports/validation/README.md: "
                               f"{', '.join(REQUIRED + COLUMNS_OPTIONAL)})")
-    if missing:
-        raise ValidationError(f"{path}: the validation CSV header lacks column(s) "
-                              f"{', '.join(m[:40] for m in missing)}; fix the header (columns as in "
-                              f"reports/validation/README.md)")
     known = known_device_ids()
     rows: list[Row] = []
     bad: list[SkippedRow] = []
     for line, d in enumerate(records, start=2):
         try:
-            rows.append(parse_row(d, line, known))
+            rows.append(parse_row(fill(d) if fill else d, line, known))
         except ValidationError as e:
             bad.append(skipped(line, _raw(d, "source"), _raw(d, "model"), e))
     return tuple(rows), tuple(bad)
@@ -346,8 +384,10 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             (:data:`INT_LIMITS`), a device that is not a bundled profile id
             (:func:`hardware_profiles.loader.known_device_ids`), an unknown metric, schedule or
             recompute policy, a value that is not a finite positive number (an ``mfu`` above 1),
-            ``tp * pp * dp != gpus``, batches that disagree (global vs per-device, micro batches
-            that do not divide the global batch), more fields than the header.
+            ``tp * pp * dp * cp != gpus``, batches that disagree (global vs per-device, micro
+            batches that do not divide the global batch), a ``vp`` the schedule or the layers
+            cannot take, ``ep`` > 1 on a row without a ``model_config`` (its shape columns
+            describe a dense model), more fields than the header.
     """
     if None in d:   # csv.DictReader's restkey: the fields past the header's columns
         extra = cast("Mapping[str | None, list[str]]", d)[None]
@@ -395,6 +435,8 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if prec not in RECIPES:
         raise ValidationError(f"row {line}: precision {prec[:40]!r} unknown; fix: use one of "
                               f"{', '.join(RECIPES)} or leave it blank (bf16)")
+    vp = _int(d, "vp", line)
+    model_config = (d.get("model_config") or "").strip() or None
     r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
             layers=_required_int(d, "layers", line), hidden=_required_int(d, "hidden", line),
             heads=_required_int(d, "heads", line), seq_len=_required_int(d, "seq_len", line),
@@ -411,19 +453,37 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             eager=_flag(d, "eager", line), tp_overlap=_flag(d, "tp_overlap", line),
             attention=att, precision=prec,
             note=(d.get("note") or "").strip(), line=line, per_device_batch=per_device,
-            global_batch_derived=derived)
+            global_batch_derived=derived, model_config=model_config,
+            cp=_int(d, "cp", line) or 1, vp=vp, ep=_int(d, "ep", line) or 1,
+            etp=_int(d, "etp", line))
     if r.kv_heads is not None and r.heads % r.kv_heads:
         raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
                               f"{r.kv_heads}; fix the row")
     if r.head_dim is None and r.hidden % r.heads:
         raise ValidationError(f"row {line}: hidden={r.hidden} is not a multiple of heads="
                               f"{r.heads}; fix the row or give head_dim")
-    if r.slices and (r.gpus % r.slices or (r.dp * r.pp) % r.slices):
+    if r.slices and (r.gpus % r.slices or (r.replicas * r.pp) % r.slices):
         raise ValidationError(f"row {line}: slices={r.slices} does not divide the data-parallel "
-                              f"devices (gpus={r.gpus}, dp={r.dp}); fix the row")
-    if r.tp * r.pp * r.dp != r.gpus:
+                              f"devices (gpus={r.gpus}, dp={r.dp}"
+                              f"{f', cp={r.cp}' if r.cp > 1 else ''}); fix the row")
+    if r.cp > 1 and r.tp * r.pp * r.dp * r.cp != r.gpus:
+        raise ValidationError(f"row {line}: tp*pp*dp*cp = {r.tp * r.pp * r.dp * r.cp} != "
+                              f"gpus={r.gpus}; fix the layout (dp excludes cp: gpus = tp x pp x "
+                              f"dp x cp)")
+    if r.tp * r.pp * r.dp * r.cp != r.gpus:
         raise ValidationError(f"row {line}: tp*pp*dp = {r.tp * r.pp * r.dp} != gpus={r.gpus}; "
                               f"fix the layout")
+    if r.vp is not None:
+        _check_virtual(r)
+    if r.vp is not None and r.vp > 1 and r.layers // r.pp < r.vp:
+        raise ValidationError(f"row {line}: vp={r.vp} chunks per rank cannot be held: {r.layers} "
+                              f"layers over pp={r.pp} ranks leave {r.layers // r.pp} on the "
+                              f"smallest; fix vp (at most {max(r.layers // r.pp, 1)}) or leave it "
+                              f"blank")
+    if r.ep > 1 and r.model_config is None:
+        raise ValidationError(f"row {line}: ep={r.ep} but the row's model is not a mixture of "
+                              f"experts (its shape columns describe a dense model); fix: ep 1 "
+                              f"(or blank), or name a mixture of experts in model_config")
     per = r.dp * (r.micro_batch or 1) * (r.microbatches or 1)
     if (r.micro_batch and r.microbatches and r.tp > 1 and per != r.global_batch
             and per * r.tp == r.global_batch):
@@ -439,6 +499,31 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             f"row {line}: global_batch {r.global_batch} makes over {INT_LIMITS['microbatches']} "
             f"microbatches per pipeline; fix the row (set micro_batch)")
     return r
+
+
+def _check_virtual(r: Row) -> None:
+    """Check the row's ``vp`` (virtual pipeline stages per rank) against its pipeline and schedule:
+    vp > 1 needs a pipeline; a given schedule must run ``vp`` stages per rank (an interleaved one
+    at least 2). A blank schedule is chosen from vp (:func:`simulator.validation_setup`'s
+    ``_choices``: vp > 1 interleaved, vp 1 plain 1F1B).
+
+    Raises:
+        ValidationError: vp > 1 without a pipeline, or a schedule that runs another number of
+            stages per rank.
+    """
+    assert r.vp is not None
+    if r.vp > 1 and r.pp == 1:
+        raise ValidationError(f"row {r.line}: vp={r.vp} needs a pipeline (pp > 1); fix: vp 1 (or "
+                              f"blank)")
+    if r.schedule is None:
+        return
+    name = SCHEDULE_MAP[r.schedule]
+    per_rank = stages_per_rank(name, r.vp)
+    if per_rank != r.vp or (name == "interleaved-1f1b" and r.vp < 2):
+        need = "at least 2" if name == "interleaved-1f1b" else str(per_rank)
+        raise ValidationError(f"row {r.line}: vp={r.vp} but schedule {r.schedule} runs {need} "
+                              f"stage{'' if need == '1' else 's'} per rank; fix vp or the "
+                              f"schedule (vp > 1: 1f1b-interleaved)")
 
 
 # --------------------------------------------------------------------------- metrics

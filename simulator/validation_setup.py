@@ -27,6 +27,14 @@ every unfused non-matmul op's traffic (elementwise traffic 1) whatever the profi
 fraction, which describes a compiled / fused-kernel stack. Layout: ``Layout(dp, tp)``, with ``fsdp`` when the row says so and, across
 ``slices`` > 1, hybrid sharding (each slice shards, slices all-reduce: MaxText's
 ``dcn_data_parallelism``).
+
+Context parallelism (``cp``) is not in the cost model: a row's ``cp`` is folded into data
+parallelism (``dp x cp`` replicas, :attr:`Row.replicas`; the global batch unchanged, so each
+pipeline runs ``1 / cp`` of the published microbatches), and the assumptions say so. A published
+``vp`` fixes the interleaved chunk count (never tuned). Expert parallelism (``ep``) is the layout's
+``expert`` degree, drawn from the data axis; a layout it cannot express (``ep`` not dividing
+``dp x cp``, ``etp`` other than ``tp``, ``ep`` with ``fsdp``) skips the row
+(:func:`expert_problem`, :data:`MOE_FOLDING`).
 """
 
 from __future__ import annotations
@@ -85,7 +93,15 @@ RULES = {
                  "runs) unless the note says \"unfused\" or \"fused softmax\"",
     "tp_overlap": "0 (tensor-parallel collectives on the critical path: Megatron-LM's default)",
     "micro_batch": "1",
-    "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation",
+    "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation; with "
+                "vp given: 1f1b-interleaved for vp > 1, 1f1b for vp 1",
+    "model_config": "the model of the shape columns (a GPT-style block, or a Llama-style one with "
+                    "glu 1)",
+    "cp": "1 (no context parallelism)",
+    "vp": "the fastest interleaved chunk count (tune_virtual_stages), or the "
+          "LAYERS_PER_CHUNK_MAX rule without a step function",
+    "ep": "1 (every replica holds every expert)",
+    "etp": "tp (the experts tensor-split as the attention)",
 }
 """The practitioner's rule applied to each blank optional field (printed with the row)."""
 
@@ -226,20 +242,28 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
     if row.global_batch_derived:
         notes.append(f"global batch {row.global_batch} = per_device_batch {row.per_device_batch:g} "
                      f"x {row.gpus} devices")
+    if row.cp > 1:
+        notes.append(f"context parallel {row.cp} folded into data parallel ({row.replicas} "
+                     f"replicas, global batch unchanged)")
     mb = row.micro_batch
     if mb is None and row.per_device_batch is not None and row.pp == 1 and not row.microbatches:
-        mb = row.global_batch // row.dp
+        mb = row.global_batch // row.replicas
         notes.append(f"micro batch {mb} = per_device_batch x tp (one microbatch)")
     if mb is None:
         mb = 1
         notes.append("micro batch 1 (not published)")
     sched = row.schedule
+    if sched is None and row.vp is not None and row.pp > 1:
+        sched = "1f1b-interleaved" if row.vp > 1 else "1f1b"
+        notes.append(f"{sched} (vp {row.vp}; schedule not published)")
     if sched is None:
         sched = "1f1b-interleaved" if row.pp > 1 else "1f1b"
         notes.append(f"{sched} (not published)" if row.pp > 1 else "no pipeline: grad accumulation")
     name = SCHEDULE_MAP[sched]
     v = 1
-    if name == "interleaved-1f1b":
+    if name == "interleaved-1f1b" and row.vp is not None:
+        v = row.vp                                   # published: used as is, never tuned
+    elif name == "interleaved-1f1b":
         per_rank = -(-row.layers // row.pp)
         v = max(2, per_rank) if per_rank <= LAYERS_PER_CHUNK_MAX else 2
         notes.append(f"{v} virtual stages")          # replaced when tuned (row_setup)
@@ -277,7 +301,7 @@ def row_offload_s(row: Row) -> float:
     """Seconds per step the row's policy moves activations to host and back
     (:func:`simulator.remat.offload_seconds`): a device's share of the tokens (the batch over
     ``dp``, the activations over ``tp``) through the layers of its busiest pipeline rank."""
-    tokens = row.global_batch * row.seq_len / (row.dp * row.tp)
+    tokens = row.global_batch * row.seq_len / (row.replicas * row.tp)
     return remat.offload_seconds(row_remat(row), tokens, max(split_layers(row.layers, row.pp)),
                                  row.device)
 
@@ -314,7 +338,7 @@ def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
     """The row's synthetic cluster of ``device`` (see the module docstring), as the row's hosts
     ran it (:func:`row_device`: power cap, eager mode)."""
     device = row_device(row, device)
-    n, node = row.tp * row.dp, row.node_size
+    n, node = row.tp * row.replicas, row.node_size
     fabric = "ICI torus (profile)" if device.torus_dims else "NVLink / NVSwitch (profile)"
     intra = Link(device.scale_up_bandwidth, device.scale_up_latency, fabric)
     if row.scale_out_gbit_per_device is not None:
@@ -327,7 +351,8 @@ def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
     for k in range(row.pp):
         big = n > node
         meshes[f"stage{k}"] = MeshSpec(
-            name=f"stage{k}", device=device, num_devices=n, axes={"data": row.dp, "tensor": row.tp},
+            name=f"stage{k}", device=device, num_devices=n,
+            axes={"data": row.replicas, "tensor": row.tp},
             intra_link=intra, devices_per_node=node if big else None,
             scale_out_link=out if big else None)
     links = []
@@ -341,13 +366,44 @@ def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
 
 
 def row_layout(row: Row) -> Layout:
-    """``Layout(dp, tp)`` (tensor-parallel collectives overlapped when the row says
-    ``tp_overlap``); with ``fsdp``, sharded over each slice's devices and replicated across
-    slices (hybrid sharding) when ``slices`` > 1."""
-    fsdp = bool(row.fsdp) and row.dp > 1
+    """``Layout(dp x cp, tp)`` (context parallelism folded into data parallelism; tensor-parallel
+    collectives overlapped when the row says ``tp_overlap``); with ``fsdp``, sharded over each
+    slice's devices and replicated across slices (hybrid sharding) when ``slices`` > 1; with
+    ``ep`` > 1, the experts split ``ep`` ways over the data axis (:func:`expert_problem` says
+    when that cannot express the row)."""
+    data = row.replicas
+    fsdp = bool(row.fsdp) and data > 1
     hsdp = (row.slices or 1) if fsdp else 1
-    return Layout(row.dp, row.tp, fsdp=fsdp, hsdp=hsdp if row.dp % hsdp == 0 else 1,
-                  tp_overlap=bool(row.tp_overlap) and row.tp > 1)
+    return Layout(data, row.tp, fsdp=fsdp, hsdp=hsdp if data % hsdp == 0 else 1,
+                  tp_overlap=bool(row.tp_overlap) and row.tp > 1,
+                  expert=row.ep if expert_problem(row) is None else 1)
+
+
+MOE_FOLDING = "MoE parallel folding (EP over DP x CP x TP) is not modelled yet"
+"""Why a row whose expert layout is not the data axis split ``ep`` ways (expert tensor parallel
+``etp`` = ``tp``) is skipped: Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel
+Folding", arXiv:2504.14960) lays the experts' EP x ETP over the attention's DP x CP x TP devices
+anew, which :class:`ir.Layout`'s ``expert`` (a split of the data axis) cannot say."""
+
+
+def expert_problem(row: Row) -> str | None:
+    """Why :class:`ir.Layout` cannot express the row's expert layout (``ep``, ``etp``), as one
+    line with the fix; None when it can (always for ``ep`` 1 and ``etp`` blank or ``tp``).
+    Expert parallelism is drawn from the data axis (``dp x cp`` replicas, :func:`row_layout`):
+    ``ep`` must divide it; the experts are tensor-split as the attention is (``etp`` = ``tp``);
+    and it is not combined with ``fsdp``."""
+    if row.etp is not None and row.etp != row.tp:
+        return (f"etp={row.etp} differs from tp={row.tp}: {MOE_FOLDING}; fix: etp = tp (or blank) "
+                f"to simulate it with the experts tensor-split as the attention")
+    if row.ep <= 1:
+        return None
+    if row.replicas % row.ep:
+        return (f"ep={row.ep} does not divide dp x cp = {row.replicas}: {MOE_FOLDING}; fix: an ep "
+                f"that divides dp x cp")
+    if row.fsdp and row.replicas > 1:
+        return (f"ep={row.ep} with fsdp: expert parallelism over a fully sharded data axis is not "
+                f"modelled yet (ir.Layout); fix: fsdp 0, or ep 1")
+    return None
 
 
 Rerun = Callable[[LayerCost], tuple[float, float, float, float]]
@@ -358,10 +414,11 @@ bytes per sample, unfused bytes per sample)`` of what it reruns before the backw
 def rerun_before_backward(workload: Workload, rerun: Rerun) -> Workload:
     """``workload`` with each decoder block's backward also doing ``rerun(block)``: its FLOPs and
     unfused traffic go to the whole backward and to its input-gradient part B (the rerun precedes
-    it), its bytes to the whole backward. Other layers are unchanged."""
+    it), its bytes to the whole backward (a mixture of experts' dense first blocks,
+    ``dense_block``, likewise). Other layers are unchanged."""
     costs = {}
     for name, c in workload.costs.items():
-        if name == "decoder_block":
+        if name in ("decoder_block", "dense_block"):
             flops, fixed, per_sample, other = rerun(c)
             c = replace(c, bwd_flops_per_sample=c.bwd_flops_per_sample + flops,
                         bwd_input_flops_per_sample=c.bwd_input_flops_per_sample + flops,
@@ -437,11 +494,15 @@ def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
         ValidationError: the batch does not divide into microbatches.
         simulator.schedules.ScheduleError: the schedule does not support the sizes.
     """
-    per_pipe, rem = divmod(row.global_batch, micro_batch * row.dp)
+    per_pipe, rem = divmod(row.global_batch, micro_batch * row.replicas)
     if rem or per_pipe < 1:
+        dp = "dp" if row.cp == 1 else "dp*cp"
         raise ValidationError(f"{row.key}: global batch {row.global_batch} is not a multiple of "
-                              f"micro_batch*dp = {micro_batch * row.dp}; fix micro_batch")
-    if row.microbatches is not None and row.microbatches != per_pipe:
+                              f"micro_batch*{dp} = {micro_batch * row.replicas}; fix micro_batch")
+    if row.cp > 1 and row.microbatches is not None and row.microbatches != per_pipe * row.cp:
+        raise ValidationError(f"{row.key}: microbatches={row.microbatches} but global_batch/"
+                              f"(micro_batch*dp) = {per_pipe * row.cp}; fix the row")
+    if row.cp == 1 and row.microbatches is not None and row.microbatches != per_pipe:
         raise ValidationError(f"{row.key}: microbatches={row.microbatches} but global_batch/"
                               f"(micro_batch*dp) = {per_pipe}; fix the row")
     table = generate(schedule, row.pp, per_pipe, virtual_stages=max(virtual_stages, 2))
@@ -469,7 +530,7 @@ def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
                 stages=tuple(stages), layouts={m: row_layout(row) for m in meshes},
                 schedule=table, rank_mesh=meshes, merge_last_stage=False,
                 global_batch=row.global_batch, seq_len=row.seq_len,
-                devices={m: (row.device, row.tp * row.dp) for m in meshes},
+                devices={m: (row.device, row.tp * row.replicas) for m in meshes},
                 recompute={m: recompute for m in meshes})
 
 
@@ -502,11 +563,20 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
               step_fn: StepFn | None = None, device: DeviceProfile | None = None) -> Setup:
     """Build the :class:`Setup` of ``row``; ``workload_fn(row)`` costs its model (see module doc).
 
-    With ``step_fn`` and ``device``, an interleaved row that does not publish its chunk count gets
-    the fastest one (:func:`tune_virtual_stages`, listed in the assumptions); without them, the
-    :data:`LAYERS_PER_CHUNK_MAX` rule."""
+    With ``step_fn`` and ``device``, an interleaved row that does not publish its chunk count
+    (``vp``) gets the fastest one (:func:`tune_virtual_stages`, listed in the assumptions); without
+    them, the :data:`LAYERS_PER_CHUNK_MAX` rule; a published ``vp`` is used as is.
+
+    Raises:
+        ValidationError: besides :func:`build_plan`'s: ``ep`` > 1 or ``etp`` != ``tp`` on a model
+            that is not a mixture of experts, ``ep`` that does not divide its experts, an expert
+            layout :class:`ir.Layout` cannot express (:func:`expert_problem`), or a metric counted
+            from a dense model's shape (``tflops_per_gpu``, ``tflops_per_device``, ``mfu``) on a
+            mixture of experts.
+    """
     mb, name, v, rc, notes = _choices(row)
     w = workload_fn(row)
+    _check_experts(row, w)
     if rc == "selective":
         kernel = attention_kernel(row)[0]
         w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads),
@@ -515,7 +585,7 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         w = op_recompute(w, row)
     elif rc == "layer":
         w = layer_recompute(w)
-    if name == "interleaved-1f1b" and step_fn is not None and device is not None:
+    if name == "interleaved-1f1b" and step_fn is not None and device is not None and row.vp is None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
         why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1
                else "the only even split of a rank's layers")
@@ -528,6 +598,36 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         notes.append(f"host offload {off * 1e3:.3g} ms per step over "
                      f"{remat.host_link(row.device) / 1e9:g} GB/s each way (exposed)")
     return Setup(row, mb, plan.microbatches, name, v, rc, tuple(notes), w, plan, off)
+
+
+FLOP_METRICS = ("tflops_per_gpu", "tflops_per_device", "mfu")
+"""Metrics converted with a FLOP count of the row's shape columns (a dense decoder's:
+:mod:`simulator.validation_rows`), which a mixture of experts' does not follow."""
+
+
+def _check_experts(row: Row, workload: Workload) -> None:
+    """The row's expert columns against its costed model (``workload``: its layers' experts).
+
+    Raises:
+        ValidationError: see :func:`row_setup`.
+    """
+    experts = max((c.experts for c in workload.costs.values()), default=0)
+    dense_etp = row.etp is not None and row.etp != row.tp
+    if not experts and (row.ep > 1 or dense_etp):
+        col = f"ep={row.ep}" if row.ep > 1 else f"etp={row.etp}"
+        raise ValidationError(f"row {row.line}: {col} but model {workload.model} is not a mixture "
+                              f"of experts; fix: leave {col.split('=')[0]} blank")
+    if experts and row.ep > 1 and experts % row.ep:
+        raise ValidationError(f"row {row.line}: ep={row.ep} does not divide model "
+                              f"{workload.model}'s {experts} experts; fix ep")
+    why = expert_problem(row)
+    if why:
+        raise ValidationError(f"row {row.line}: {why}")
+    if experts and row.metric in FLOP_METRICS:
+        raise ValidationError(f"row {row.line}: metric {row.metric} is counted from a dense "
+                              f"model's shape columns, not a mixture of experts' ({workload.model}); "
+                              f"fix: give the run's step time or throughput (iteration_s, "
+                              f"tokens_per_gpu_s, samples_per_gpu_s)")
 
 
 def with_efficiency(device: DeviceProfile, matmul: float | None = None,

@@ -74,6 +74,83 @@ def row_config(row):
 
 
 @functools.lru_cache(maxsize=None)
+def resolved_model(value: str):
+    """The zoo model a row's ``model_config`` names (:func:`zoo.model_files.resolve_model`: a zoo
+    name, a shipped config's name or a model file), cached per value.
+
+    Raises:
+        simulator.validation_rows.ValidationError: the value does not resolve (the resolver's
+            one-line reason), or names a model that is not a decoder language model.
+    """
+    from ir.files import InputError
+    from simulator.validation_rows import ValidationError
+    from zoo import ZooError
+    from zoo.model_files import resolve_model
+
+    try:
+        cfg = resolve_model(value)
+    except (ZooError, InputError) as e:
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ValidationError(f"model_config: {why}") from None
+    if cfg.family not in ("llama", "gpt"):
+        raise ValidationError(f"model_config {value[:80]!r} is a {cfg.family} model; fix: name a "
+                              f"decoder language model (the llama or gpt family)")
+    return cfg
+
+
+def model_shape(cfg) -> dict[str, str]:
+    """A zoo model's shape columns (:data:`simulator.validation_rows.SHAPE_COLUMNS`) as a
+    validation CSV writes them (``glu`` 1 for a gated MLP)."""
+    return {"layers": str(cfg.layers), "hidden": str(cfg.hidden), "heads": str(cfg.heads),
+            "vocab": str(cfg.vocab), "ffn": str(cfg.ffn), "kv_heads": str(cfg.kv_heads),
+            "head_dim": str(cfg.head_dim), "glu": "1" if cfg.mlp == "swiglu" else "0"}
+
+
+def model_fill(csv_path: str | Path):
+    """The ``fill`` hook of :func:`simulator.validation_rows.load_rows_lenient` for the CSV at
+    ``csv_path``: a record with a ``model_config`` gets its blank shape columns from that model
+    (a relative model file path is read relative to the CSV's folder, written back absolute so
+    :func:`workload_for` reads the same file); a given shape column must agree with it. Records
+    without one are returned as they are.
+
+    The hook raises :class:`~simulator.validation_rows.ValidationError` (the row is skipped): a
+    ``model_config`` that does not resolve (:func:`resolved_model`), or a shape column that
+    disagrees with the model's (naming both values).
+    """
+    folder = Path(csv_path).resolve().parent
+
+    def fill(d: dict) -> dict:
+        value = (d.get("model_config") or "").strip()
+        if not value:
+            return d
+        from simulator.validation_rows import ValidationError
+        from zoo.model_files import is_model_file
+
+        local = folder / value
+        if is_model_file(value) and not Path(value).is_absolute() and local.is_file():
+            value = str(local)
+        cfg = resolved_model(value)
+        out = dict(d)
+        for k, v in model_shape(cfg).items():
+            given = (d.get(k) or "").strip()
+            if not given:
+                out[k] = v
+                continue
+            try:
+                same = int(given) == int(v)
+            except ValueError:
+                continue                    # not an integer: parse_row says so
+            if not same:
+                raise ValidationError(f"{k}={given[:40]} but model_config "
+                                      f"{(d.get('model_config') or '').strip()[:80]} has {k} {v}; "
+                                      f"fix: leave {k} blank or make it agree")
+        out["model_config"] = value
+        return out
+
+    return fill
+
+
+@functools.lru_cache(maxsize=None)
 def _workload(cfg, batch: int):
     from zoo.costing import workload
 
@@ -81,8 +158,11 @@ def _workload(cfg, batch: int):
 
 
 def workload_for(row):
-    """The row's workload: :func:`row_config` traced by ``zoo.costing.workload`` (cached per
-    shape), in the row's training precision recipe (``precision`` column).
+    """The row's workload: its ``model_config`` model (:func:`resolved_model`: a mixture of
+    experts, latent attention and the rest as the zoo knows them) at the row's sequence length,
+    attention kernel and global batch, else :func:`row_config` (the synthetic GPT / Llama block of
+    its shape columns), traced by ``zoo.costing.workload`` (cached per shape), in the row's
+    training precision recipe (``precision`` column).
 
     Raises:
         ZooError: the row's sizes make no valid model, or its tensor degree cannot run it
@@ -92,7 +172,15 @@ def workload_for(row):
     from ir import layout_problem
     from zoo import ZooError
 
-    w = _workload(row_config(row), row.global_batch)
+    if row.model_config:
+        from zoo import get_config
+        from simulator.validation_setup import attention_kernel
+
+        cfg = get_config(resolved_model(row.model_config), seq_len=row.seq_len,
+                         attention_kernel=attention_kernel(row)[0], dtype="bfloat16")
+        w = _workload(cfg, row.global_batch)
+    else:
+        w = _workload(row_config(row), row.global_batch)
     why = layout_problem(w.shards, row.tp)
     if why:
         raise ZooError(f"validation row {row.source} {row.model}: {why}; fix the row's tp")
@@ -377,7 +465,7 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
     from simulator.scale_fit import fit_jitter, scale_section
 
     t0 = time.time()
-    rows, skipped = V.load_rows_lenient(csv_path)
+    rows, skipped = V.load_rows_lenient(csv_path, fill=model_fill(csv_path))
     total = len(rows) + len(skipped)
     _check(skipped, strict, csv_path, total, scored=len(rows))
     errors = row_errors()

@@ -13,7 +13,8 @@ CSV = Path(__file__).resolve().parents[2] / "reports" / "validation" / "publishe
 
 
 def test_an_iteration_time_becomes_samples_per_device_per_second():
-    rows = [r for r in V.load_rows(CSV) if r.source == "dgxc-h100" and r.model == "gpt3-175B"]
+    rows = [r for r in V.load_rows(CSV) if r.source == "dgxc-h100" and r.model == "gpt3-175B"
+            and r.precision == "bf16"]
     small, big = sorted(rows, key=lambda r: r.gpus)[:2]
     assert (small.gpus, small.global_batch, big.gpus, big.global_batch) == (128, 256, 512, 1024)
     assert per_device(small, small.value) == pytest.approx(256 / (8.91 * 128), rel=1e-12)

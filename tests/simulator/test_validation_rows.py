@@ -62,9 +62,15 @@ def test_file_level_problems_stay_fatal(tmp_path):
     with pytest.raises(VR.ValidationError, match="validation CSV has no rows"):
         VR.load_rows_lenient(head_only)
     no_metric = tmp_path / "m.csv"
-    no_metric.write_text(LINES[0].replace(",metric,", ",metrik,") + "\n" + LINES[1] + "\n")
+    no_metric.write_text(LINES[0].replace(",metric,", ",") + "\n" + LINES[1] + "\n")
     with pytest.raises(VR.ValidationError, match=r"header lacks column\(s\) metric; fix the header"):
         VR.load_rows_lenient(no_metric)
+    # a renamed column: the one it lacks and the unknown one, both named (the typo is found)
+    renamed = tmp_path / "r.csv"
+    renamed.write_text(LINES[0].replace(",metric,", ",metrik,") + "\n" + LINES[1] + "\n")
+    with pytest.raises(VR.ValidationError, match=r"header lacks column\(s\) metric and has "
+                                                 r"unknown column\(s\) 'metrik'; fix the header"):
+        VR.load_rows_lenient(renamed)
 
 
 def test_maxtext_policy_names_are_read_case_insensitively(tmp_path):
@@ -118,3 +124,64 @@ def test_mfu_is_a_fraction(tmp_path):
     r = rows[0]
     assert VR.palm_flops(r) == VR.maxtext_flops(r)
     assert VR.metric_from_step(r, 2.0, 1.97e14) == VR.maxtext_flops(r) / 2.0 / (256 * 1.97e14)
+
+
+PARALLEL = ("per_device_batch", "model_config", "cp", "vp", "ep", "etp")
+
+
+def test_context_virtual_and_expert_columns_are_parsed_and_checked(tmp_path):
+    zb = 2                     # zb 1.5B: 22 layers, 8 GPUs, tp 1 / pp 8 / dp 1, 1F1B
+    p = _csv(tmp_path,
+             bundled(zb, gpus="16", cp="2"),
+             bundled(zb, cp="2"),
+             bundled(zb, schedule="1f1b-interleaved", vp="2"),
+             bundled(zb, schedule="1f1b-interleaved", vp="3"),
+             bundled(zb, schedule="zb-1p", vp="2"),
+             bundled(zb, schedule="1f1b-interleaved", vp="1"),
+             bundled(zb, ep="2"),
+             bundled(zb, etp="0"),
+             bundled(zb, pp="1", dp="8", vp="2"),
+             bundled(zb, schedule="", vp="2", ep="", etp="1"),
+             extra=PARALLEL)
+    rows, bad = VR.load_rows_lenient(p)
+    assert [(r.line, r.cp, r.replicas, r.vp, r.ep, r.etp) for r in rows] == [
+        (2, 2, 2, None, 1, None), (4, 1, 1, 2, 1, None), (11, 1, 1, 2, 1, 1)]
+    assert rows[2].schedule is None          # a blank schedule stays blank: vp decides it later
+    assert {b.line: b.reason for b in bad} == {
+        3: "tp*pp*dp*cp = 16 != gpus=8; fix the layout (dp excludes cp: gpus = tp x pp x dp x cp)",
+        5: "vp=3 chunks per rank cannot be held: 22 layers over pp=8 ranks leave 2 on the "
+           "smallest; fix vp (at most 2) or leave it blank",
+        6: "vp=2 but schedule zb-1p runs 1 stage per rank; fix vp or the schedule (vp > 1: "
+           "1f1b-interleaved)",
+        7: "vp=1 but schedule 1f1b-interleaved runs at least 2 stages per rank; fix vp or the "
+           "schedule (vp > 1: 1f1b-interleaved)",
+        8: "ep=2 but the row's model is not a mixture of experts (its shape columns describe a "
+           "dense model); fix: ep 1 (or blank), or name a mixture of experts in model_config",
+        9: "etp=0 is out of range; fix the CSV (an integer from 1 to 1024)",
+        10: "vp=2 needs a pipeline (pp > 1); fix: vp 1 (or blank)"}
+
+
+def test_a_model_config_header_may_leave_the_shapes_to_the_fill_hook(tmp_path):
+    head = [k for k in HEAD if k not in ("layers", "hidden", "heads")] + ["model_config"]
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=head, lineterminator="\n", extrasaction="ignore")
+    w.writeheader()
+    w.writerow(bundled(2, model_config="zb-1.5b"))
+    w.writerow(bundled(3, model_config="nope"))
+    p = tmp_path / "m.csv"
+    p.write_text(out.getvalue())
+    rows, bad = VR.load_rows_lenient(p)       # no hook: the shapes stay blank
+    assert not rows and bad[0].reason == ("field 'layers' is blank; fill it in (or have the "
+                                          "model_config filled in: mpmd validate does)")
+
+    def fill(d: dict) -> dict:
+        if d["model_config"] != "zb-1.5b":
+            raise VR.ValidationError(f"model_config: unknown model {d['model_config']!r}")
+        return {**d, "layers": "22", "hidden": "2304", "heads": "24"}
+
+    rows, bad = VR.load_rows_lenient(p, fill)
+    assert [(r.line, r.layers, r.hidden, r.heads, r.model_config) for r in rows] == [
+        (2, 22, 2304, 24, "zb-1.5b")]
+    assert [(b.line, b.reason) for b in bad] == [(3, "model_config: unknown model 'nope'")]
+    with pytest.raises(VR.ValidationError, match=r"^row 3: model_config: unknown model 'nope'$"):
+        VR.load_rows(p, fill)
