@@ -21,6 +21,7 @@ import bench_fixtures  # noqa: E402
 import bench_moe  # noqa: E402
 import bench_peer  # noqa: E402
 import bench_planner  # noqa: E402
+import bench_precision  # noqa: E402
 import bench_residual_forward  # noqa: E402
 import bench_run_check  # noqa: E402
 import bench_shapes  # noqa: E402
@@ -39,6 +40,8 @@ SECTIONS = {
                  bench_fixtures.markdown),
     "moe": ("## Mixtures of experts: Mixtral, Qwen3-MoE and DeepSeek-V3, and DeepSeek's own layout\n",
             bench_moe.markdown),
+    "precision": ("## NVIDIA's published tables in their recipes (BF16, FP8, MXFP8): published, "
+                  "replayed and planned\n", bench_precision.markdown),
     "peer": ("## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
              bench_peer.markdown),
     "run": ("## CPU runs against the simulation, after `mpmd calibrate`\n",

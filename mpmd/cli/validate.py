@@ -271,6 +271,39 @@ def format_origin(device: str, rows, f) -> str:
             f"{f.mape:.1f}% (scipy bounded search over the efficiency relative to BF16 GEMMs)")
 
 
+def _same_chip(device, devices, fitted: list[str]):
+    """The first kind of ``fitted`` on ``device``'s chip (``DeviceProfile.chip``), or None."""
+    if not device.chip:
+        return None
+    return next((devices[n] for n in fitted if devices[n].chip == device.chip), None)
+
+
+def fit_formats(name: str, low, devices, fit_info: list[str]) -> "dict[str, tuple[float, str]]":
+    """Fit each low-precision recipe of ``low`` (recipe -> the kind's setups in it) on
+    ``devices[name]`` with its BF16 efficiencies held (:func:`simulator.validate.fit_format`);
+    update ``devices[name]``, append a report line per recipe to ``fit_info`` and return every
+    recipe the kind runs as (efficiency, origin) for :func:`write_training_formats`."""
+    import dataclasses
+
+    from simulator import validate as V
+
+    base = devices[name]
+    formats = {r: (base.format_efficiency[r], base.sources.get(f"training_formats.{r}", ""))
+               for r in base.format_efficiency}
+    for recipe, these in low.items():
+        with console.status(f"{name}: fitting {recipe} over its {len(these)} rows ..."):
+            ff = V.fit_format(these, devices[name], recipe, predict_step)
+        formats[recipe] = (ff.efficiency, format_origin(name, [s.row for s in these], ff))
+        devices[name] = dataclasses.replace(
+            devices[name], format_efficiency={**devices[name].format_efficiency,
+                                              recipe: ff.efficiency})
+        line = (f"{name} {recipe}: efficiency relative to bf16 GEMMs **{ff.efficiency:.3f}** "
+                f"over {ff.rows} rows, MAPE {ff.mape:.2f}% ({ff.evaluations} evaluations)")
+        console.print(line)
+        fit_info.append(f"## Calibration: {name}, {recipe}\n\n{line}")
+    return formats
+
+
 EXTRA_EFFICIENCY = (("backward", "backward_efficiency"),
                     ("scale_out", "scale_out_efficiency"), ("comm_interference", "comm_interference"),
                     ("grad_sync_overlap", "grad_sync_overlap"), ("sync_jitter", "sync_jitter"))
@@ -486,9 +519,14 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
         skipped += bad
         _check(skipped, strict, csv_path, total, scored=len(preds))
     setups = tuple(p.setup for p in preds)
-    fit_info = []
+    fit_info: list[str] = []
     if fit:
-        for name, base in list(devices.items()):
+        done: list[str] = []          # the kinds fitted on their own BF16 rows, in order
+        # kinds with BF16 rows first: a kind with none takes its chip's fitted efficiencies
+        order = sorted(devices, key=lambda n: not any(
+            s.row.device == n and s.row.precision == "bf16" for s in setups))
+        for name in order:
+            base = devices[name]
             grid = (base.elementwise_traffic,) if hold_elementwise else V.ELEMENTWISE_GRID
             mine = [s for s in setups if s.row.device == name and s.row.precision == "bf16"]
             low: dict[str, list] = {}
@@ -496,7 +534,25 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                 if s.row.device == name and s.row.precision != "bf16":
                     low.setdefault(s.row.precision, []).append(s)
             if not mine:
+                twin = _same_chip(base, devices, done)
+                if low and twin is not None:    # its BF16 efficiencies are its chip's, fitted
+                    devices[name] = V.with_efficiency(
+                        base, twin.matmul_efficiency, twin.memory_efficiency,
+                        twin.fragment_overhead, twin.elementwise_traffic)
+                    formats = fit_formats(name, low, devices, fit_info)
+                    origin = (f"as {twin.name} (the same chip, {base.chip}), whose BF16 runs "
+                              f"`{FIT_COMMAND}` fitted: {name} has no BF16 row in the CSV")
+                    fit_info.append(f"## Calibration: {name}\n\nBF16 efficiencies {origin}.")
+                    if profiles_out:
+                        twin_out = Path(profiles_out) / f"{name}.yaml"
+                        write_profile_efficiency(
+                            DEVICES_DIR / f"{name}.yaml", twin.matmul_efficiency,
+                            twin.memory_efficiency, twin.fragment_overhead * 1e6, origin,
+                            twin.elementwise_traffic, out=twin_out,
+                            extra=extra_efficiency(base, None))
+                        write_training_formats(twin_out, formats)
                 continue
+            done.append(name)
             with console.status(f"fitting {name} over its {len(mine)} rows ..."):
                 f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,),
                           elementwise=grid)
@@ -530,19 +586,7 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                                                   elementwise=(f.elementwise,))
             devices[name] = V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
                                               f.elementwise)
-            formats = {r: (base.format_efficiency[r], base.sources.get(f"training_formats.{r}", ""))
-                       for r in base.format_efficiency}
-            for recipe, these in low.items():
-                with console.status(f"{name}: fitting {recipe} over its {len(these)} rows ..."):
-                    ff = V.fit_format(these, devices[name], recipe, predict_step)
-                formats[recipe] = (ff.efficiency, format_origin(name, [s.row for s in these], ff))
-                devices[name] = dataclasses.replace(
-                    devices[name], format_efficiency={**devices[name].format_efficiency,
-                                                      recipe: ff.efficiency})
-                line = (f"{name} {recipe}: efficiency relative to bf16 GEMMs **{ff.efficiency:.3f}** "
-                        f"over {ff.rows} rows, MAPE {ff.mape:.2f}% ({ff.evaluations} evaluations)")
-                console.print(line)
-                fit_info.append(f"## Calibration: {name}, {recipe}\n\n{line}")
+            formats = fit_formats(name, low, devices, fit_info)
             written = None
             if profiles_out:
                 written = str(Path(profiles_out) / f"{name}.yaml")
