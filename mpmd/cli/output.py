@@ -140,20 +140,37 @@ def precision_text(name: str) -> str:
                                           if r.low_precision else ""))
 
 
-def precision_table(results: "Sequence[PlanResult]", chosen: "PlanResult") -> Group:
+def recipe_origin(cluster: "Cluster", recipe: str) -> str:
+    """Where the cluster's devices' efficiency for ``recipe`` comes from: ``"prior"`` if any
+    device's is a prior, ``"fitted"`` if every one was fitted on published runs, else
+    ``"measured"``; ``"-"`` for BF16 (the profiles' own calibration)."""
+    if recipe == "bf16":
+        return "-"
+    specs = cluster.groups.values() if cluster.groups else cluster.meshes.values()
+    origins = [s.device.sources.get(f"training_formats.{recipe}", "prior") for s in specs]
+    if any(o.startswith("prior") for o in origins):
+        return "prior"
+    return "fitted" if all("fitted" in o for o in origins) else "measured"
+
+
+def precision_table(results: "Sequence[PlanResult]", chosen: "PlanResult",
+                    cluster: "Cluster") -> Group:
     """``mpmd plan --precision auto``'s comparison: one row per recipe searched, its replayed
-    step, tokens per second, MFU (against that recipe's peak) and its speed-up over the first
-    (BF16), the chosen one marked."""
+    step, tokens per second, MFU (against that recipe's peak), its speed-up over the first
+    (BF16) and where the devices' efficiency for it comes from (:func:`recipe_origin`: a prior
+    is a guess until published runs in that recipe fit it), the chosen one marked."""
     t = Table(show_edge=False, pad_edge=False)
-    for h in ("precision", "step (s)", "tokens/s", "MFU", "vs " + results[0].plan.precision):
-        t.add_column(h, justify="left" if h == "precision" else "right")
+    for h in ("precision", "step (s)", "tokens/s", "MFU", "vs " + results[0].plan.precision,
+              "efficiency"):
+        t.add_column(h, justify="left" if h in ("precision", "efficiency") else "right")
     base = results[0].prediction.step_time_s
     for r in results:
         p = r.prediction
         mark = " (chosen)" if r is chosen else ""
         t.add_row(escape(r.plan.precision + mark), f"{p.step_time_s:.3f}",
                   f"{p.tokens_per_s:,.0f}", f"{p.mfu * 100:.1f}%",
-                  f"{base / p.step_time_s:.2f}x" if p.step_time_s > 0 else "-")
+                  f"{base / p.step_time_s:.2f}x" if p.step_time_s > 0 else "-",
+                  recipe_origin(cluster, r.plan.precision))
     return _titled("precisions searched", t)
 
 

@@ -105,8 +105,8 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
     resolve_cluster_path(cluster_path)    # ProfileError: no such file, with "did you mean"
     from dataclasses import replace
 
-    from mpmd.cli.output import (plan_inputs, plan_table, precision_table, search_gap_text,
-                                 validate_plan_json)
+    from mpmd.cli.output import (plan_inputs, plan_table, precision_table, recipe_origin,
+                                 search_gap_text, validate_plan_json)
     from mpmd.cli.precision import best_precision, precisions
     from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
     from ir import any_plan_to_json, with_model_config
@@ -150,7 +150,11 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                                       seq_given=seq_len is not None))
             console.print(plan_table(result, cluster))
             if len(tried) > 1:
-                console.print(precision_table(tried, result))
+                console.print(precision_table(tried, result, cluster))
+                if recipe_origin(cluster, result.plan.precision) == "prior":
+                    console.print(f"note: {result.plan.precision}'s efficiency on these devices is "
+                                  f"a prior, not fitted on a published run in it: its gain is a "
+                                  f"guess (--precision names another)", highlight=False)
             ctrl_c.check()
             if out:
                 chosen = (with_model_config(result.plan, config_fields(cfg))

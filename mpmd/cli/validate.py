@@ -340,8 +340,24 @@ def _relative(path: str) -> str:
         return str(path)
 
 
+def memory_fit(setup, device) -> str:
+    """The row's predicted peak memory per device against the device's, ``"92 / 80 GB, no"``
+    (the published layout as the model holds it: a ``no`` names a mechanism the model still
+    lacks, since the run ran); ``"-"`` where the replay cannot say."""
+    from planner.predict import predict
+    from simulator.validation_setup import build_cluster
+
+    try:
+        pr = predict(setup.plan, setup.workload, build_cluster(setup.row, device))
+    except Exception:  # noqa: BLE001  (an adaptive schedule's template, a refused plan: no figure)
+        return "-"
+    peak = max(pr.peak_memory_bytes.values())
+    return (f"{peak / 1e9:.0f} / {device.memory_bytes / 1e9:.0f} GB, "
+            f"{'yes' if peak <= device.memory_bytes else 'no'}")
+
+
 def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wall: float, *,
-           skipped=(), total: int | None = None) -> str:
+           skipped=(), total: int | None = None, memory=None) -> str:
     """The Markdown report: the rows scored (``N of M rows scored``), their table and errors, the
     zero-bubble rankings, the fit sections, and the rows not simulated with their reasons."""
     from simulator.validate import mape
@@ -356,14 +372,16 @@ def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wa
              f"{agree_max * 100:.2f}% on every row.", "",
              f"**{scored_line(len(results), total)}**"
              + (f" ({len(skipped)} not simulated: see below)." if skipped else "."), "",
-             "| source | model | gpus | tp/pp/dp | mb x M | schedule (simulated) | assumed | metric | "
-             "predicted | measured | abs % err |", "|" + "---|" * 11]
+             "| source | model | device | precision | gpus | tp/pp/dp | mb x M | schedule (simulated) "
+             "| assumed | metric | predicted | measured | abs % err | peak memory, fits |",
+             "|" + "---|" * 14]
     for r in results:
         s, row = r.setup, r.row
-        lines.append(f"| {row.source} | {row.model} | {row.gpus} | {row.tp}/{row.pp}/{row.dp} | "
+        lines.append(f"| {row.source} | {row.model} | {row.device} | {row.precision} | {row.gpus} | "
+                     f"{row.tp}/{row.pp}/{row.dp} | "
                      f"{s.micro_batch} x {s.microbatches} | {row.schedule or '-'} ({s.schedule}) | "
                      f"{'; '.join(s.assumptions) or '-'} | {row.metric} | {_fmt(r.predicted)} | "
-                     f"{_fmt(row.value)} | {r.ape:.1f} |")
+                     f"{_fmt(row.value)} | {r.ape:.1f} | {(memory or {}).get(row.line, '-')} |")
     lines += ["", f"**Mean absolute percentage error: {mape(results):.1f}%; max: "
               f"{max(r.ape for r in results):.1f}%** (targets per device kind: mean <= 8%, "
               "max <= 20%).", ""]
@@ -620,15 +638,17 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                       for d in devices.values())
     t = Table(title=f"validation: {len(results)} published runs on {kinds}",
               title_justify="left")
+    memory = {r.row.line: memory_fit(r.setup, devices[r.row.device]) for r in results}
     for c in ("source", "model", "device", "gpus", "tp/pp/dp", "mb x M", "schedule", "assumed",
-              "predicted", "measured", "err %"):
+              "predicted", "measured", "err %", "memory"):
         t.add_column(c, justify="right" if c in ("gpus", "predicted", "measured", "err %") else "left")
     for r in results:
         s = r.setup
-        t.add_row(r.row.source, r.row.model, r.row.device, str(r.row.gpus),
+        dev = r.row.device + ("" if r.row.precision == "bf16" else f" {r.row.precision}")
+        t.add_row(r.row.source, r.row.model, dev, str(r.row.gpus),
                   f"{r.row.tp}/{r.row.pp}/{r.row.dp}", f"{s.micro_batch}x{s.microbatches}",
                   s.schedule, "; ".join(s.assumptions) or "-", _fmt(r.predicted),
-                  _fmt(r.row.value), f"{r.ape:.1f}")
+                  _fmt(r.row.value), f"{r.ape:.1f}", memory[r.row.line])
     console.print(t)
     console.print(f"{scored_line(len(results), total)}   mean abs % error {V.mape(results):.1f}%"
                   f"   max {max(r.ape for r in results):.1f}%"
@@ -638,6 +658,9 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
         if sub:
             console.print(f"  {dev}: mean abs % error {V.mape(sub):.1f}%   max "
                           f"{max(r.ape for r in sub):.1f}%   ({len(sub)} rows)")
+    known = [m for m in memory.values() if m != "-"]
+    console.print(f"published layouts that fit in the model's memory: "
+                  f"{sum(m.endswith('yes') for m in known)} of {len(known)} rows")
     for g, m, p, ok in rankings:
         console.print(f"zb ranking {g}: {'agrees' if ok else 'DISAGREES'}")
     if skipped:
@@ -647,7 +670,7 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                           highlight=False, markup=False, soft_wrap=True)
     if out:
         md = render(results, rankings, agree, "\n\n".join(fit_info), csv_path,
-                    time.time() - t0, skipped=skipped, total=total)
+                    time.time() - t0, skipped=skipped, total=total, memory=memory)
         write_atomic(Path(out), md)
         console.print(f"wrote {out}")
 

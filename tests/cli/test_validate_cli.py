@@ -65,8 +65,10 @@ def test_unsimulable_row_is_skipped_and_the_per_device_row_scored(small, tmp_pat
     assert len(table) == 2
     given, derived = table
     # the per-device row is the same run: the same prediction, and the assumption says why
-    assert derived[8:] == given[8:]
-    assert "global batch 1536 = per_device_batch 6 x 256 devices" in derived[6]
+    assert derived[10:] == given[10:]
+    assert "global batch 1536 = per_device_batch 6 x 256 devices" in derived[8]
+    # the published layout's memory in the model, and whether it fits (v5e: 16 GB)
+    assert given[-1].endswith(" / 16 GB, yes |")
 
 
 def test_strict_turns_the_skipped_row_into_one_error_line(small, tmp_path):

@@ -75,14 +75,14 @@ def test_the_cli_scores_model_config_rows_and_lists_the_refused(small, tmp_path)
     table = {ln.split(" | ")[1]: ln.split(" | ") for ln in md.splitlines() if ln.startswith("| t |")}
     assert sorted(table) == ["8b", "8b-32", "8b-cp", "8b-vp"]
     # the given shape columns that agree change nothing
-    assert table["8b"][4:] == table["8b-32"][4:]
-    assert table["8b"][3:6] == ["1/1/8", "1 x 8", "- (1f1b)"]
+    assert table["8b"][6:] == table["8b-32"][6:]
+    assert table["8b"][5:8] == ["1/1/8", "1 x 8", "- (1f1b)"]
     assert ("context parallel 2 folded into data parallel (16 replicas, global batch unchanged)"
-            in table["8b-cp"][6])
-    assert table["8b-cp"][3:5] == ["1/1/8", "1 x 4"]
-    assert table["8b-vp"][5] == "- (interleaved-1f1b)"
-    assert "1f1b-interleaved (vp 4; schedule not published)" in table["8b-vp"][6]
-    assert "virtual stages" not in table["8b-vp"][6]          # published: not tuned
+            in table["8b-cp"][8])
+    assert table["8b-cp"][5:7] == ["1/1/8", "1 x 4"]
+    assert table["8b-vp"][7] == "- (interleaved-1f1b)"
+    assert "1f1b-interleaved (vp 4; schedule not published)" in table["8b-vp"][8]
+    assert "virtual stages" not in table["8b-vp"][8]          # published: not tuned
     reasons = {int(ln.split(" | ")[0][2:]): ln.split(" | ")[3][:-2] for ln in md.splitlines()
                if ln.startswith("| ") and ln.split(" | ")[0][2:].isdigit()}
     assert reasons[5] == "ep=2 but model llama3-8b is not a mixture of experts; fix: leave ep blank"
