@@ -150,7 +150,7 @@ def recipe_origin(cluster: "Cluster", recipe: str) -> str:
     origins = [s.device.sources.get(f"training_formats.{recipe}", "prior") for s in specs]
     if any(o.startswith("prior") for o in origins):
         return "prior"
-    return "fitted" if all("fitted" in o for o in origins) else "measured"
+    return "fitted" if all(o.startswith("fitted") for o in origins) else "measured"
 
 
 def precision_table(results: "Sequence[PlanResult]", chosen: "PlanResult",

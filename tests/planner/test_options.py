@@ -35,3 +35,22 @@ def test_no_plan_holds_a_layout_that_cannot_run():
     assert plan.layouts["a"].tensor == 4
     for lay in plan.layouts.values():
         assert layout_problem(OPT, lay.tensor, lay.expert) is None
+
+
+def test_the_option_cache_tells_precisions_apart():
+    """``--precision auto`` searches one workload in several recipes in one process: the same
+    layers and costs (``dataclasses.replace``), other rates, so other options."""
+    from planner.options import _cached_mesh_options
+
+    fp8 = dataclasses.replace(device("d", 100.0, 80.0),
+                              peak_flops={"bf16": 100e12, "fp8": 200e12},
+                              format_efficiency={"fp8": 1.0})
+    mesh = cluster([("m", fp8, 4)]).meshes["m"]
+    w = workload(blocks=4, batch=8)
+    w = dataclasses.replace(w, costs={**w.costs, "block": dataclasses.replace(
+        w.costs["block"], low_precision=True)})
+    args = (mesh, 2.0, ("F", "B"), False, 0.1, 4, False)
+    bf16, _ = _cached_mesh_options(w, *args)
+    low, costed = _cached_mesh_options(dataclasses.replace(w, precision="fp8"), *args)
+    assert costed > 0                                  # not served from the BF16 entry
+    assert min(o.block_s for o in low) < min(o.block_s for o in bf16)
