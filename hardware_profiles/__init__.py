@@ -30,7 +30,8 @@ _FACE = {
     "hardware_profiles.paths": (
         "CLUSTERS_DIR", "DEVICES_DIR"),
     "hardware_profiles.table": (
-        "PRECISION_COLUMNS", "precision_rows", "precision_table", "profiles_rows", "profiles_table"),
+        "PRECISION_COLUMNS", "precision_rows", "precision_table", "profiles_rows", "profiles_table",
+        "recipe_origin", "recipe_rows", "recipe_table"),
     "hardware_profiles.types": (
         "Alternative", "Cluster", "DeviceProfile", "InterMeshLink", "Link", "MeshSpec", "NodeGroup",
         "ProfileError", "Span", "straggler_factor", "straggler_hosts"),

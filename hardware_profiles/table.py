@@ -121,3 +121,47 @@ def precision_table(devices: list[DeviceProfile] | None = None) -> Table:
     for row in precision_rows(devices):
         table.add_row(*row)
     return table
+
+
+def recipe_origin(device: DeviceProfile, recipe: str) -> str:
+    """Where ``device``'s efficiency for a low-precision ``recipe`` comes from, read off its
+    origin in the profile: ``"fitted"`` (on published runs, by ``mpmd validate --fit``, its own or
+    its die's), ``"derived"`` (a fitted recipe scaled by a measured GEMM ratio), ``"prior"``, else
+    ``"measured"`` (GEMMs timed on the device)."""
+    origin = device.sources.get(f"training_formats.{recipe}", "prior")
+    if origin.startswith("prior"):
+        return "prior"
+    if "fitted per-tensor FP8 efficiency" in origin[:100]:
+        return "derived"
+    return "fitted" if "fitted by" in origin[:100] else "measured"
+
+
+def recipe_rows(devices: list[DeviceProfile] | None = None) -> list[tuple[str, str]]:
+    """Each device that runs low-precision training recipes (``DeviceProfile.training_formats``),
+    sorted by id: its id and, per recipe, the recipe's GEMM efficiency relative to BF16 and where it
+    comes from (``fitted`` on published runs, ``measured`` GEMMs, ``prior``), e.g.
+    ``"fp8 0.875 fitted, fp8-blockwise 0.773 measured"``."""
+    out = []
+    for d in (list_devices() if devices is None else sorted(devices, key=lambda d: d.name)):
+        parts = [f"{r} {d.format_efficiency[r]:.3f} {recipe_origin(d, r)}"
+                 for r in d.training_formats[1:]]
+        if parts:
+            out.append((d.name, ", ".join(parts)))
+    return out
+
+
+def recipe_table(devices: list[DeviceProfile] | None = None) -> Table:
+    """:func:`recipe_rows` as a ``rich.table.Table``.
+
+    Raises:
+        ProfileError: a bundled profile is invalid.
+    """
+    table = Table(title="Training precision recipes (mpmd plan --precision): GEMM efficiency "
+                        "relative to BF16, and its origin",
+                  caption="A recipe a device does not list is refused on it; every device runs "
+                          "bf16")
+    table.add_column("id")
+    table.add_column("recipes")
+    for row in recipe_rows(devices):
+        table.add_row(*row)
+    return table

@@ -144,13 +144,16 @@ def recipe_origin(cluster: "Cluster", recipe: str) -> str:
     """Where the cluster's devices' efficiency for ``recipe`` comes from: ``"prior"`` if any
     device's is a prior, ``"fitted"`` if every one was fitted on published runs, else
     ``"measured"``; ``"-"`` for BF16 (the profiles' own calibration)."""
+    from hardware_profiles import recipe_origin as device_origin
+
     if recipe == "bf16":
         return "-"
     specs = cluster.groups.values() if cluster.groups else cluster.meshes.values()
-    origins = [s.device.sources.get(f"training_formats.{recipe}", "prior") for s in specs]
-    if any(o.startswith("prior") for o in origins):
-        return "prior"
-    return "fitted" if all(o.startswith("fitted") for o in origins) else "measured"
+    kinds = {device_origin(s.device, recipe) for s in specs}
+    for kind in ("prior", "derived", "measured"):     # the weakest origin among the devices
+        if kind in kinds:
+            return kind
+    return "fitted"
 
 
 def precision_table(results: "Sequence[PlanResult]", chosen: "PlanResult",

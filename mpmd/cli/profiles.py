@@ -11,7 +11,8 @@ from mpmd.cli.common import console, guard
 @guard
 def profiles() -> None:
     """List the bundled device profiles and their matmul rates by precision."""
-    from hardware_profiles import precision_table, profiles_table
+    from hardware_profiles import precision_table, profiles_table, recipe_table
 
     console.print(profiles_table())
     console.print(precision_table())
+    console.print(recipe_table())

@@ -283,3 +283,19 @@ def test_mpmd_plan_refuses_a_dtype_a_device_lacks_in_one_line():
     assert lines[-1] == ("error: device 'tpu-v5e' has no fp16 rate (its matmul rates: bf16, int8); "
                          "fix: set the model's dtype to bfloat16 or float32 (a YAML model spec's "
                          "'dtype') or plan on devices that run fp16")
+
+
+def test_training_recipes_table_lists_who_runs_what():
+    """``mpmd profiles``' recipe table: only the devices with low-precision tensor cores, each
+    recipe with its relative efficiency and origin; Hopper has no microscaling."""
+    import re
+
+    from hardware_profiles import recipe_rows
+
+    rows = dict(recipe_rows())
+    assert sorted(rows) == ["b200", "gb200", "h100-sxm", "h200-sxm", "h800-sxm"]
+    recipes = {n: re.findall(r"([a-z0-9-]+) (\d\.\d{3}) (fitted|derived|measured|prior)", t)
+               for n, t in rows.items()}
+    assert [r[0] for r in recipes["h100-sxm"]] == ["fp8", "fp8-blockwise"]
+    assert [r[0] for r in recipes["gb200"]] == ["fp8", "fp8-blockwise", "mxfp8", "nvfp4"]
+    assert recipes["h100-sxm"][0][2] == "fitted"      # on the published FP8 runs
