@@ -124,7 +124,7 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
                  ("global batch", batch),
                  ("sequence length", f"{s:,} tokens per sample ({seq})"),
                  ("tokens per step", f"{b * s:,}"),
-                 ("precision", precision_text(workload.precision)),
+                 *((("precision", precision_text(workload.precision)),) if cfg.training else ()),
                  ("cluster", f"{cluster.name}, {devices_text(cluster)}")):
         t.add_row(k, escape(v))
     return _titled("inputs", t)
@@ -132,12 +132,14 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
 
 def precision_text(name: str) -> str:
     """A recipe as the plan's inputs print it: ``"fp8: FP8 E4M3/E5M2 with one scale per tensor
-    ...; attention, norms, embedding and LM head in bf16"``."""
+    ...; attention, norms, embedding and LM head in bf16 (--precision)"``, or for BF16 that it is
+    the default."""
     from ir.precision import recipe
 
     r = recipe(name)
-    return (f"{r.name}: {r.describe}" + ("; attention, norms, embedding and LM head in bf16"
-                                          if r.low_precision else ""))
+    if not r.low_precision:
+        return "bf16: every GEMM in the model's dtype (the default; --precision sets it)"
+    return f"{r.name}: {r.describe}; attention, norms, embedding and LM head in bf16 (--precision)"
 
 
 def recipe_origin(cluster: "Cluster", recipe: str) -> str:

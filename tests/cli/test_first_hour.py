@@ -131,12 +131,12 @@ def test_plan_help_names_the_zoo_models_and_mpmd_models():
 
 # ------------------------------------------------------------------------------ plan inputs
 def _inputs(model: str, cluster: str, batch: int, seq: int, batch_given: bool = False,
-            seq_given: bool = False) -> list[str]:
+            seq_given: bool = False, precision: str = "bf16") -> list[str]:
     from hardware_profiles import load_cluster
     from mpmd.cli.output import plan_inputs
     from zoo.model_files import resolve_model
 
-    w = SimpleNamespace(global_batch=batch, seq_len=seq)
+    w = SimpleNamespace(global_batch=batch, seq_len=seq, precision=precision)
     return rendered(plan_inputs(model, resolve_model(model), w, load_cluster(cluster),
                                 batch_given=batch_given, seq_given=seq_given))
 
@@ -148,19 +148,24 @@ def test_plan_inputs_of_a_zoo_model_with_default_batch_and_length():
         "global batch     256 samples (mpmd plan's default; --global-batch sets it)",
         "sequence length  8,192 tokens per sample (default: the zoo model's)",
         "tokens per step  2,097,152",
+        "precision        bf16: every GEMM in the model's dtype (the default; --precision sets "
+        "it)",
         "cluster          h100x16_p150bx32, 48 devices: 16 h100-sxm (2 meshes of 8), 32 "
         "blackhole-p150b (4 meshes of 8)"]
 
 
 def test_plan_inputs_of_a_shipped_mixture_of_experts_on_node_groups():
     assert _inputs("deepseek-v3", "h100x2048_nodes", 15360, 4096, batch_given=True,
-                   seq_given=True) == [
+                   seq_given=True, precision="mxfp8") == [
         "inputs",
         "model            DeepSeek-V3 from zoo/configs/DeepSeek-V3.json: 671.0B parameters (37.6B "
         "active per token) in bfloat16",
         "global batch     15,360 samples (--global-batch)",
         "sequence length  4,096 tokens per sample (--seq-len)",
         "tokens per step  62,914,560",
+        "precision        mxfp8: MXFP8: 32 E4M3 elements share a power-of-two scale (Blackwell "
+        "tensor cores); attention, norms,",
+        "                 embedding and LM head in bf16 (--precision)",
         "cluster          h100x2048_nodes, 2,048 devices: 2,048 h100-sxm (256 nodes of 8)"]
 
 
@@ -171,6 +176,8 @@ def test_plan_inputs_of_a_config_file_and_of_mochi():
         "sequence length  8,192 tokens per sample (default: the config's context length, at most "
         "8,192)",
         "tokens per step  2,097,152",
+        "precision        bf16: every GEMM in the model's dtype (the default; --precision sets "
+        "it)",
         "cluster          mixed512_nodes, 512 devices: 128 h100-sxm (16 nodes of 8), 256 tpu-v5e (4 "
         "nodes of 64), 128",
         "                 blackhole-p150b (16 nodes of 8)"]
