@@ -283,7 +283,7 @@ def test_device_gemm_tiling(tmp_path):
 
 
 def test_device_elementwise_traffic(tmp_path):
-    assert load_device(DEVICES_DIR / "b200.yaml").elementwise_traffic == 0.0
+    assert load_device(DEVICES_DIR / "mi300x.yaml").elementwise_traffic == 0.0
     field = "  elementwise_traffic:\n    value: {}\n    origin: test\n"
     old = "  elementwise_traffic:\n    value: 0.4\n"
     src = (DEVICES_DIR / "h100-sxm.yaml").read_text()

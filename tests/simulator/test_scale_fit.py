@@ -8,12 +8,13 @@ import pytest
 
 from simulator import validate as V
 from simulator.scale_fit import per_device
+from mpmd.cli.validate import model_fill
 
 CSV = Path(__file__).resolve().parents[2] / "reports" / "validation" / "published_training.csv"
 
 
 def test_an_iteration_time_becomes_samples_per_device_per_second():
-    rows = [r for r in V.load_rows(CSV) if r.source == "dgxc-h100" and r.model == "gpt3-175B"
+    rows = [r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.source == "dgxc-h100" and r.model == "gpt3-175B"
             and r.precision == "bf16"]
     small, big = sorted(rows, key=lambda r: r.gpus)[:2]
     assert (small.gpus, small.global_batch, big.gpus, big.global_batch) == (128, 256, 512, 1024)
@@ -21,7 +22,7 @@ def test_an_iteration_time_becomes_samples_per_device_per_second():
     # weak scaling: 4x the devices and the batch, 8.91 s -> 9.09 s per step is a 2.0% drop
     drop = 1 - per_device(big, big.value) / per_device(small, small.value)
     assert drop == pytest.approx(1 - 8.91 / 9.09, rel=1e-12)
-    tok = next(r for r in V.load_rows(CSV) if r.metric == "tokens_per_gpu_s")
+    tok = next(r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.metric == "tokens_per_gpu_s")
     assert per_device(tok, 123.0) == 123.0
 
 
@@ -31,7 +32,7 @@ def test_a_scale_group_never_mixes_eager_and_compiled_runs():
     from simulator.scale_fit import scale_groups
     from simulator.validation_setup import eager
 
-    rows = [r for r in V.load_rows(CSV) if r.source == "torchtitan-h100"]
+    rows = [r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.source == "torchtitan-h100"]
     assert len(rows) == 4
     setups = [V.row_setup(r, lambda r: _workload()) for r in rows]
     groups = scale_groups(setups)
