@@ -2,7 +2,7 @@
 and the planner's own plan in the same precision.
 
 Usage:
-    python benchmarks/bench_precision.py [--time-limit 30]
+    python benchmarks/bench_precision.py [--time-limit 20]
 
 Rows of ``reports/validation/published_training.csv`` from NVIDIA's tables (DGX Cloud benchmarking
 recipes and NeMo performance summaries, sources in ``reports/validation/README.md``), in BF16 and
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench_fixtures import CSV  # noqa: E402
 from bench_fixtures import node_groups as dgx_node_groups  # noqa: E402
 from hardware_profiles.loader import load_device  # noqa: E402
-from mpmd.cli.validate import predict_step, workload_for  # noqa: E402
+from mpmd.cli.validate import model_fill, predict_step, workload_for  # noqa: E402
 from planner import PlanOptions, plan  # noqa: E402
 from planner.predict import predict  # noqa: E402
 from simulator import validate as V  # noqa: E402
@@ -68,15 +68,16 @@ def tokens_per_gpu(r, step: float) -> float:
     return r.global_batch * r.seq_len / step / r.gpus
 
 
-def markdown(time_limit: float = 30.0) -> str:
-    rows = [r for r in V.load_rows_lenient(CSV)[0] if (r.source, r.model, r.gpus) in RUNS]
+def markdown(time_limit: float = 20.0) -> str:
+    rows = [r for r in V.load_rows_lenient(CSV, fill=model_fill(CSV))[0]
+            if (r.source, r.model, r.gpus) in RUNS]
     lines = [f"NVIDIA's published runs in their recipes: the published throughput, the published "
              f"layout in the project's model (as `mpmd validate` replays it) and `mpmd plan` on the "
              f"same hardware, model, batch and recipe, `--time-limit {time_limit:g}`; tokens per "
              f"second per GPU", "",
-             "| run | model | devices | precision | published layout | published | layout in "
+             "| run | model | devices | batch | precision | published layout | published | layout in "
              "model | error | layout peak memory (GB) | plan | plan / published | wall (s) | plan |",
-             "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in sorted(rows, key=lambda r: (RUNS.index((r.source, r.model, r.gpus)), r.device,
                                            r.precision, r.global_batch)):
         dev = load_device(row.device)
@@ -84,7 +85,8 @@ def markdown(time_limit: float = 30.0) -> str:
                                    devices={row.device: dev})
         res, bad2 = V.evaluate_rows(setups, {row.device: dev}, predict_step)
         if not res:
-            lines.append(f"| {row.source} | {row.model} | {row.gpus} | {row.precision} | "
+            lines.append(f"| {row.source} | {row.model} | {row.gpus} {row.device} | "
+                         f"{row.global_batch} | {row.precision} | "
                          f"{layout_text(row)} | - | not simulated ({(bad + bad2)[0].reason}) | "
                          f"- | - | - | - | - | - |")
             continue
@@ -100,7 +102,8 @@ def markdown(time_limit: float = 30.0) -> str:
         lays = "/".join(sorted({str(x) for x in p.layouts.values()}))
         pub, lay = tokens_per_gpu(row, step_m), tokens_per_gpu(row, res[0].step_s)
         mine = tokens_per_gpu(row, r.prediction.step_time_s)
-        lines.append(f"| {row.source} | {row.model} | {row.gpus} {row.device} | {row.precision} | "
+        lines.append(f"| {row.source} | {row.model} | {row.gpus} {row.device} | "
+                     f"{row.global_batch} | {row.precision} | "
                      f"{layout_text(row)} | {pub:,.0f} | {lay:,.0f} | {(lay / pub - 1) * 100:+.1f}% | "
                      f"{mem} | {mine:,.0f} | {mine / pub:.2f}x | {wall:.1f} | "
                      f"{len(p.stages)} stage(s) {lays}, {p.schedule.name} x {p.microbatches} |")
@@ -109,7 +112,7 @@ def markdown(time_limit: float = 30.0) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--time-limit", type=float, default=20.0)
     a = ap.parse_args()
     print(markdown(a.time_limit))
 
