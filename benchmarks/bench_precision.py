@@ -75,7 +75,7 @@ def markdown(time_limit: float = 20.0) -> str:
              f"layout in the project's model (as `mpmd validate` replays it) and `mpmd plan` on the "
              f"same hardware, model, batch and recipe, `--time-limit {time_limit:g}`; tokens per "
              f"second per GPU", "",
-             "| run | model | devices | batch | precision | published layout | published | layout in "
+             "| source | model | devices | batch | precision | published layout | published | layout in "
              "model | error | layout peak memory (GB) | plan | plan / published | wall (s) | plan |",
              "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in sorted(rows, key=lambda r: (RUNS.index((r.source, r.model, r.gpus)), r.device,
