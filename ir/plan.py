@@ -24,10 +24,21 @@ class Layout:
     and the replicas all-reduce their gradient shards (typically across TPU slices or nodes).
 
     ``expert``: expert parallelism (Lepikhin et al. 2021, "GShard"; Megatron-LM's
-    ``--expert-model-parallel-size``): the data axis also splits a mixture of experts' experts
-    ``expert`` ways, each device holding ``experts / expert`` of them; a layer's tokens reach their
-    experts by an all-to-all over those ``expert`` devices and come back by another (dispatch and
-    combine). 1: every replica holds every expert. Not combined with ``fsdp``.
+    ``--expert-model-parallel-size``): a mixture of experts' experts are split ``expert`` ways,
+    each device holding ``experts / expert`` of them; a layer's tokens reach their experts by an
+    all-to-all over those ``expert`` devices and come back by another (dispatch and combine).
+    1: every replica holds every expert. Not combined with ``fsdp``.
+
+    ``expert_tensor``: expert tensor parallelism (Megatron-Core's ``--expert-tensor-parallel-size``,
+    ETP): each expert's inner width is split this many ways. 0 (the default) means ``tensor``:
+    the experts are tensor-split as the attention is and ``expert`` must divide ``data`` (the
+    data axis is what the experts are split over). Any other value is Megatron-Core's MoE
+    parallel folding (Liu et al. 2025, "MoE Parallel Folding", arXiv:2504.14960): the experts lay
+    their own ``expert_tensor x expert x expert-data`` grid over the attention's ``data x tensor``
+    devices (``expert x expert_tensor`` must divide ``data x tensor``), so an ``expert`` larger
+    than ``data`` is allowed (EP 8 with TP 8 x DP 1 on one node, experts not tensor-split:
+    ``expert_tensor`` 1); expert ranks are laid out ETP innermost, then EP (Megatron-Core's
+    ``tp-ep-dp`` expert rank order), so the all-to-all group has stride ``expert_tensor``.
 
     ``tp_overlap``: the tensor-parallel collectives run beside the GEMMs that produce and consume
     them instead of between them (Megatron-LM / Transformer Engine ``--tp-comm-overlap`` with
@@ -43,15 +54,41 @@ class Layout:
     hsdp: int = 1
     tp_overlap: bool = False
     expert: int = 1
+    expert_tensor: int = 0
 
     def __post_init__(self) -> None:
         if self.hsdp < 1 or self.data % self.hsdp or (self.hsdp > 1 and not self.fsdp):
             raise ValueError(f"Layout(data={self.data}, hsdp={self.hsdp}, fsdp={self.fsdp}): hsdp "
                              f"must divide data and needs fsdp; use hsdp=1 or fsdp=True")
-        if self.expert < 1 or self.data % self.expert or (self.expert > 1 and self.fsdp):
-            raise ValueError(f"Layout(data={self.data}, expert={self.expert}, fsdp={self.fsdp}): "
-                             f"expert must divide data and is not combined with fsdp; use expert=1 "
-                             f"or fsdp=False")
+        if self.expert_tensor < 0:
+            raise ValueError(f"Layout(expert_tensor={self.expert_tensor}): must be >= 0 (0: the "
+                             f"tensor degree); fix expert_tensor")
+        if self.expert_tensor == self.tensor or self.expert == 1:
+            # one spelling per layout: equal layouts compare and hash equal
+            object.__setattr__(self, "expert_tensor", 0)
+        devices = self.data * self.tensor
+        if self.expert < 1 or devices % (self.expert * self.etp) or (self.expert > 1 and self.fsdp):
+            raise ValueError(f"Layout(data={self.data}, tensor={self.tensor}, expert={self.expert}, "
+                             f"expert_tensor={self.etp}, fsdp={self.fsdp}): expert x expert_tensor "
+                             f"must divide data x tensor = {devices} and expert parallel is not "
+                             f"combined with fsdp; use expert=1, a divisor, or fsdp=False")
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor-parallel degree: ``expert_tensor``, or ``tensor`` when it is 0."""
+        return self.expert_tensor or self.tensor
+
+    @property
+    def folded(self) -> bool:
+        """Whether the experts' grid differs from the attention's (``etp != tensor``: MoE
+        parallel folding)."""
+        return self.etp != self.tensor
+
+    @property
+    def expert_data(self) -> int:
+        """Replicas of each expert shard (expert data parallel): ``data x tensor / (expert x
+        etp)``; what an expert's gradients are reduced over."""
+        return self.data * self.tensor // (self.expert * self.etp)
 
     @property
     def shard(self) -> int:
@@ -62,6 +99,7 @@ class Layout:
         return (f"dp{self.data}xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
                 + (f"x{self.hsdp}" if self.hsdp > 1 else "")
                 + (f"-ep{self.expert}" if self.expert > 1 else "")
+                + (f"-etp{self.etp}" if self.folded and self.expert > 1 else "")
                 + ("-tpo" if self.tp_overlap and self.tensor > 1 else ""))
 
 

@@ -37,6 +37,8 @@ class ShardDims:
             a second stream's), elements.
         experts: routed experts per mixture-of-experts layer (0: dense).
         model: the model's name, for messages.
+        expert_width: each routed expert's inner width (0: dense, or not known), what expert
+            tensor parallelism slices when it differs from tensor parallelism.
     """
 
     heads: int
@@ -44,6 +46,7 @@ class ShardDims:
     widths: tuple[int, ...]
     experts: int = 0
     model: str = ""
+    expert_width: int = 0
 
     def __post_init__(self) -> None:
         if self.heads < 1 or self.kv_heads < 1 or self.heads % self.kv_heads:
@@ -54,10 +57,14 @@ class ShardDims:
                           f"experts {self.experts} at least 0")
 
 
-def layout_problem(dims: ShardDims | None, tensor: int, expert: int = 1) -> str | None:
+def layout_problem(dims: ShardDims | None, tensor: int, expert: int = 1,
+                   expert_tensor: int = 0) -> str | None:
     """Why a layout of ``tensor``-way tensor and ``expert``-way expert parallelism cannot run the
     model of ``dims`` (module docstring), as a phrase for a message; None when it can (and
     always for ``dims`` None: a workload built without its model's dimensions).
+
+    ``expert_tensor`` (0: ``tensor``): the experts' own tensor degree under MoE parallel folding
+    (:class:`ir.Layout`), which must divide the expert width instead of ``tensor``.
 
     Raises:
         IRError: ``tensor`` or ``expert`` below 1.
@@ -74,9 +81,13 @@ def layout_problem(dims: ShardDims | None, tensor: int, expert: int = 1) -> str 
     if tensor > dims.kv_heads and tensor % dims.kv_heads:
         return (f"tensor parallel {tensor} is not a multiple of {name}{dims.kv_heads} key/value "
                 f"heads (each is replicated over tensor / kv_heads devices)")
+    folded = expert_tensor not in (0, tensor) and expert > 1
     for w in dims.widths:
-        if w % tensor:
+        if w % tensor and not (folded and w == dims.expert_width):
             return f"tensor parallel {tensor} does not divide {name}MLP width {w}"
+    if folded and dims.expert_width and dims.expert_width % expert_tensor:
+        return (f"expert tensor parallel {expert_tensor} does not divide {name}expert width "
+                f"{dims.expert_width}")
     if expert > 1 and (dims.experts == 0 or dims.experts % expert):
         return f"expert parallel {expert} does not divide {name}{dims.experts} experts"
     return None
@@ -87,7 +98,7 @@ def layouts_problem(dims: ShardDims | None, layouts: Mapping[str, Any]) -> str |
     cannot run the model of ``dims`` (:func:`layout_problem`), as one line with the fix; None
     when every one can. What ``export`` and ``mpmd run`` say of a hand-edited plan."""
     for mesh, lay in layouts.items():
-        why = layout_problem(dims, lay.tensor, lay.expert)
+        why = layout_problem(dims, lay.tensor, lay.expert, lay.expert_tensor)
         if why:
             return (f"mesh {mesh}'s layout cannot run: {why}; fix: re-plan (mpmd plan only picks "
                     f"layouts that run) or edit its tensor degree")

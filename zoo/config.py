@@ -314,4 +314,5 @@ def shard_dims(cfg: ModelConfig) -> ShardDims:
     widths = tuple(w for w, used in ((cfg.ffn, dense), (cfg.expert_ffn, cfg.moe),
                                      (cfg.ffn_y, cfg.family == "mochi")) if used)
     return ShardDims(heads=cfg.heads, kv_heads=cfg.heads if cfg.mla else cfg.kv_heads,
-                     widths=widths, experts=cfg.experts, model=cfg.name)
+                     widths=widths, experts=cfg.experts, model=cfg.name,
+                     expert_width=cfg.expert_ffn if cfg.moe else 0)
