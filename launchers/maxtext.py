@@ -74,11 +74,18 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
     elif lay.expert > 1 and (lay.data // nodes) % lay.expert == 0:
         axes |= {"ici_data_parallelism": lay.data // nodes // lay.expert,
                  "ici_expert_parallelism": lay.expert, "dcn_data_parallelism": nodes}
+        if lay.folded:
+            notes.append(f"expert tensor parallel {lay.etp} (MoE parallel folding) has no MaxText "
+                         f"axis: the experts are written tensor-split {lay.tensor} ways, as the "
+                         f"attention")
     else:
         axes |= {"ici_data_parallelism": lay.data // nodes, "dcn_data_parallelism": nodes}
         if lay.expert > 1:
-            notes.append(f"expert parallel {lay.expert} spans nodes: written as data parallel "
-                         f"(MaxText's ici_expert_parallelism stays inside one)")
+            notes.append(f"expert parallel {lay.expert}"
+                         + (f" over data x tensor (MoE parallel folding, expert tensor parallel "
+                            f"{lay.etp})" if lay.expert > lay.data else " spans nodes")
+                         + ": written as data parallel (MaxText's ici_expert_parallelism is a "
+                           "split of the data devices inside one node)")
     doc = {"run_name": f"{v.model.name}{'-' + v.name if v.name else ''}-mpmd",
            **_model(v, notes), "max_target_length": v.seq_len,
            "per_device_batch_size": v.global_batch / v.devices, **axes,

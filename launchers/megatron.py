@@ -104,6 +104,7 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
                  ("--moe-expert-capacity-factor", v.model.capacity_factor)]
         if lay.expert > 1:
             args.append(("--expert-model-parallel-size", lay.expert))
+            args.append(("--expert-tensor-parallel-size", lay.etp))
     args += [("--micro-batch-size", v.micro_batch), ("--global-batch-size", v.global_batch)]
     if v.recompute:
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),

@@ -58,7 +58,8 @@ def job(v: PartView, source: str) -> tuple[dict, list[str]]:
                  "tensor_parallel_degree": lay.tensor,
                  "enable_async_tensor_parallel": bool(lay.tp_overlap and lay.tensor > 1),
                  "pipeline_parallel_degree": v.pipeline, "context_parallel_degree": 1,
-                 **({"expert_parallel_degree": lay.expert} if lay.expert > 1 else {})}
+                 **({"expert_parallel_degree": lay.expert,
+                     "expert_tensor_parallel_degree": lay.etp} if lay.expert > 1 else {})}
     if v.pipeline > 1:
         sched = SCHEDULES.get(v.schedule)
         if sched is None:

@@ -130,7 +130,9 @@ class HandLayout:
         fsdp: the data axis shards parameters too (ZeRO-3: torchtitan's FSDP x TP, PyTorch FSDP2),
             gathering each layer's parameters before use (``Layout.fsdp``).
         expert: expert-parallel degree (``Layout.expert``: a mixture of experts' experts split over
-            that many devices of the data axis; Megatron-LM's ``--expert-model-parallel-size``).
+            that many devices; Megatron-LM's ``--expert-model-parallel-size``).
+        expert_tensor: the experts' own tensor degree (``Layout.expert_tensor``; 0: ``tensor``;
+            Megatron-Core's ``--expert-tensor-parallel-size``, MoE parallel folding).
         pipeline_schedule: a named schedule instead of 1F1B / interleaved 1F1B (e.g.
             ``"dualpipe-v"`` with ``virtual_stages=2``, the V of DeepSeek-V3's DualPipe); "" (the
             default) derives it from ``virtual_stages``.
@@ -146,6 +148,7 @@ class HandLayout:
     fsdp: bool = False
     expert: int = 1
     pipeline_schedule: str = ""
+    expert_tensor: int = 0
 
     @property
     def devices(self) -> int:
@@ -164,6 +167,8 @@ class HandLayout:
                 + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
                 + (" fsdp" if self.fsdp else "")
                 + (f" ep{self.expert}" if self.expert > 1 else "")
+                + (f" etp{self.expert_tensor}" if self.expert > 1 and self.expert_tensor
+                   not in (0, self.tensor) else "")
                 + (f" {self.recompute} recompute" if self.recompute != "none" else ""))
 
 
@@ -254,7 +259,8 @@ def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | No
                            f"blocks a multiple of p x v and (interleaved) the microbatches a multiple of p")
     shape = GroupShape(group, nodes, shape_r, shape_s)
     return _evaluate(w, carve(cluster, [shape]), shape,
-                     Layout(d, t, fsdp=layout.fsdp and d > 1, expert=layout.expert),
+                     Layout(d, t, fsdp=layout.fsdp and d > 1, expert=layout.expert,
+                            expert_tensor=layout.expert_tensor),
                      _even(nb // v, p),
                      layout.recompute == "full", layout.schedule, m, v, headroom, layout.label)
 

@@ -17,7 +17,10 @@ alike):
   FSDP x TP), data parallel = the devices left;
 - for a mixture of experts, expert parallel ``e`` in {1, 2, 4, ..., 64} dividing the data degree
   and the experts (Megatron-LM's ``--expert-model-parallel-size`` over the data-parallel ranks;
-  with the distributed optimizer only, as ``Layout.expert`` is).
+  with the distributed optimizer only, as ``Layout.expert`` is), and with tensor parallel also
+  ``e`` dividing data x tensor with the experts not tensor-split (expert tensor parallel 1:
+  Megatron-Core's MoE parallel folding, Liu et al. 2025, arXiv:2504.14960, what NVIDIA's MoE
+  recipes run).
 
 Configurations that do not fit memory (at ``headroom``) are dropped. Each is one exact replay, so a
 sweep costs one prediction per grid point (hundreds to a few thousand: 518 points, 2 s of CPU
@@ -80,12 +83,16 @@ def grid_layouts(w: Workload, cluster: Cluster, group: str,
                 for b in MICRO_BATCH:
                     if w.global_batch % (d * b):
                         continue
-                    ep = (1, *(e for e in EXPERT if experts and d % e == 0 and experts % e == 0))
+                    ep = [(1, 0), *((e, 0) for e in EXPERT
+                                    if experts and d % e == 0 and experts % e == 0)]
+                    if t > 1:       # MoE parallel folding: EP over DP x TP, experts unsplit
+                        ep += [(e, 1) for e in EXPERT if experts and (d * t) % e == 0
+                               and experts % e == 0 and layout_problem(w.shards, t, e, 1) is None]
                     fsdps = (False, True) if d > 1 and (opts is None or opts.fsdp) else (False,)
                     for fsdp in fsdps:
-                        for e in ((1,) if fsdp else ep):      # Layout.expert: not with FSDP
+                        for e, et in (((1, 0),) if fsdp else ep):   # Layout.expert: not with FSDP
                             h = HandLayout(tensor=t, pipeline=p, data=d, virtual_stages=v,
-                                           micro_batch=b, fsdp=fsdp, expert=e)
+                                           micro_batch=b, fsdp=fsdp, expert=e, expert_tensor=et)
                             if opts is None or _allowed(h, w, opts):
                                 out.append(h)
     return out
@@ -136,4 +143,5 @@ def grid_sweep(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1,
 def _with(layout: HandLayout, recompute: str) -> HandLayout:
     return HandLayout(tensor=layout.tensor, pipeline=layout.pipeline, data=layout.data,
                       virtual_stages=layout.virtual_stages, micro_batch=layout.micro_batch,
-                      recompute=recompute, fsdp=layout.fsdp, expert=layout.expert)
+                      recompute=recompute, fsdp=layout.fsdp, expert=layout.expert,
+                      expert_tensor=layout.expert_tensor)

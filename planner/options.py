@@ -33,7 +33,9 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, expert
     the MLP widths), each also with fully sharded data parallel when training with more than one
     replica, and, for a model with ``experts`` experts per layer, with every expert-parallel
     degree that divides both the data degree and the experts (the all-to-all is costed over the
-    fabric levels its group spans)."""
+    fabric levels its group spans) and, with tensor parallel, every degree that divides the
+    data x tensor devices and the experts with the experts not tensor-split (``expert_tensor``
+    1: Megatron-Core's MoE parallel folding, what NVIDIA's MoE recipes run)."""
     out = []
     for t in range(1, mesh.num_devices + 1):
         if mesh.num_devices % t or t > max_tensor or layout_problem(shards, t) is not None:
@@ -45,6 +47,11 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, expert
                 out.append(Layout(d, t, fsdp=True))
             out += [Layout(d, t, expert=e) for e in range(2, min(d, experts) + 1)
                     if d % e == 0 and experts % e == 0]
+            if t > 1:
+                out += [Layout(d, t, expert=e, expert_tensor=1)
+                        for e in range(2, min(d * t, experts) + 1)
+                        if (d * t) % e == 0 and experts % e == 0
+                        and layout_problem(shards, t, e, 1) is None]
     return out
 
 

@@ -95,12 +95,13 @@ def expert_share(cost: LayerCost) -> float:
 
 
 def held_fraction(cost: LayerCost, layout: Layout) -> float:
-    """The fraction of a layer's parameters one device of a tensor shard holds under
-    ``layout``'s expert parallelism: all the dense ones and ``1 / expert`` of the experts'
-    (1 for a dense layer or ``expert == 1``)."""
+    """A device's parameters of a layer under ``layout``, as a fraction of ``1 / tensor`` of
+    them (what the dense parameters' tensor split leaves each device): all its dense ones and
+    ``tensor / (expert x etp)`` of the experts' (each device holds ``1 / expert`` of the experts,
+    split ``etp`` ways: :class:`ir.Layout`); 1 for a dense layer or ``expert == 1``."""
     if layout.expert <= 1:
         return 1.0
-    return 1.0 - expert_share(cost) * (1.0 - 1.0 / layout.expert)
+    return 1.0 - expert_share(cost) * (1.0 - layout.tensor / (layout.expert * layout.etp))
 
 
 def expert_alltoall_bytes(cost: LayerCost, per_dev: float, layout: Layout) -> float:
@@ -116,12 +117,37 @@ def expert_alltoall(cost: LayerCost, kind: str, per_dev: float, mesh: MeshSpec,
     devices (stride ``tensor``; each device's ``per_dev`` samples' tokens, split over tensor
     parallel as sequence parallelism splits them), and their two transposes in the backward's
     input gradient (Lepikhin et al. 2021, "GShard", Sec. 3.2). On the critical path: the experts
-    wait for the dispatch and the next layer for the combine. 0 for ``W``, a dense layer or
-    ``expert == 1``."""
+    wait for the dispatch and the next layer for the combine. The group's stride is the expert
+    tensor degree (``layout.etp``: Megatron-Core's expert ranks run ETP innermost, then EP), so
+    under MoE parallel folding with ``etp`` 1 an EP group of 8 fills one 8-GPU node. 0 for ``W``,
+    a dense layer or ``expert == 1``."""
     if layout.expert <= 1 or cost.alltoall_bytes_per_sample <= 0 or kind == FragmentKind.W:
         return 0.0
     return 2.0 * collective(mesh, "all_to_all", expert_alltoall_bytes(cost, per_dev, layout),
-                            layout.expert, layout.tensor)
+                            layout.expert, layout.etp)
+
+
+MOE_TP_SHARE = 0.5
+"""The share of a mixture-of-experts block's tensor-parallel traffic that belongs to its MLP:
+a Megatron block has two tensor-parallel all-reduces (or all-gather + reduce-scatter pairs with
+sequence parallelism) per forward, one after attention and one after the MLP, of the same bytes
+(Shoeybi et al. 2019, "Megatron-LM", Sec. 3; Korthikanti et al. 2022, Sec. 4.2.2). Under MoE
+parallel folding the MLP's runs over the expert tensor group instead (none with ``etp`` 1: the
+tokens stay split as sequence parallelism left them and reach the experts by the all-to-all)."""
+
+
+def tensor_parallel_comm(cost: LayerCost, mesh: MeshSpec, layout: Layout, nbytes: float) -> float:
+    """Seconds of a layer's tensor-parallel all-reduces of ``nbytes`` per device: over the
+    ``tensor`` devices, except a folded mixture of experts' MLP share (:data:`MOE_TP_SHARE`),
+    which runs over its ``etp`` devices. A shared expert's own all-reduce (Megatron overlaps it
+    with the all-to-all, ``--moe-shared-expert-overlap``) is not charged apart."""
+    t = layout.tensor
+    if t <= 1 and layout.etp <= 1:
+        return 0.0
+    if not (layout.folded and layout.expert > 1 and cost.experts > 0):
+        return collective(mesh, "all_reduce", nbytes, t)
+    return (collective(mesh, "all_reduce", nbytes * (1.0 - MOE_TP_SHARE), t)
+            + collective(mesh, "all_reduce", nbytes * MOE_TP_SHARE, layout.etp))
 
 
 def overlapped(work: float, comm: float, interference: float) -> float:
@@ -238,16 +264,17 @@ def _layer_utilisation(h: float, n: float, tokens: float, tiling: tuple[int, int
 def expert_matmul_work(cost: LayerCost, kind: str, per_dev: float, layout: Layout,
                        split_backward: bool = False) -> tuple[float, float]:
     """(FLOP, weight bytes) of a mixture-of-experts layer's routed expert matmuls in one fragment
-    of ``kind`` on one device, before tensor parallelism divides both: ``per_dev`` samples' routed
-    rows (:attr:`LayerCost.expert_fwd_flops_per_sample`; the backward twice it, half input and
-    half weight gradient) against the experts the device holds (``1 / layout.expert`` of them),
+    of ``kind`` on one device: ``per_dev`` samples' routed rows (FLOP before tensor parallelism
+    divides them; :attr:`LayerCost.expert_fwd_flops_per_sample`; the backward twice it, half input
+    and half weight gradient) against the expert weights the device holds (``1 / (expert x etp)``
+    of them: :class:`ir.Layout`),
     whose weights the forward reads once and the backward reads (input gradient) and writes (weight
     gradient) once each. Their intensity is the tokens each expert gets: at a few hundred tokens
     per expert the weight stream, not the FLOP, sets the time (measured on an H100:
     ``reports/validation/device/README.md``, "Mixture of experts"). (0, 0) for a dense layer."""
     if cost.expert_fwd_flops_per_sample <= 0 or cost.param_count <= 0:
         return 0.0, 0.0
-    weights = cost.param_bytes * expert_share(cost) / layout.expert
+    weights = cost.param_bytes * expert_share(cost) / (layout.expert * layout.etp)
     flops = cost.expert_fwd_flops_per_sample * per_dev
     if kind in (FragmentKind.F, FragmentKind.W) or split_backward:
         return flops, weights
@@ -371,7 +398,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     memory = fragment_memory_time(fixed / t, varying / t, mesh.device, tokens)
     elementwise = (mesh.device.elementwise_traffic * other * per_dev / t
                    / mesh.device.achievable_bandwidth)
-    comm = collective(mesh, "all_reduce", tp_bytes, t) if t > 1 else 0.0
+    comm = tensor_parallel_comm(cost, mesh, layout, tp_bytes)
     if layout.tp_overlap and mesh.device.roofline != "sum":
         # the tensor-parallel traffic runs beside the GEMMs (decomposed collective matmuls)
         compute, comm = overlapped(compute, comm, mesh.device.comm_interference), 0.0
@@ -581,7 +608,9 @@ def _sync_op(layout: Layout) -> str | None:
     optimizer over ``data``), ``"all_reduce"`` (HSDP replicas) or None (nothing to sync)."""
     if layout.fsdp:
         return "all_reduce" if layout.hsdp > 1 else None
-    return "reduce_scatter" if layout.data > 1 else None
+    # under MoE parallel folding an expert shard can have replicas with no data parallel
+    return ("reduce_scatter" if layout.data > 1 or (layout.expert > 1 and layout.expert_data > 1)
+            else None)
 
 
 def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[str, float, float] | None:
@@ -598,9 +627,9 @@ def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[st
         experts = cost.expert_param_count if e > 1 else 0
         nbytes = (cost.param_count - experts) * GRAD_BYTES_PER_PARAM / t
         seconds = collective(mesh, op, nbytes, layout.data, t)
-        if experts:   # each expert shard over the replicas that hold it (stride expert x tensor)
-            local = experts * GRAD_BYTES_PER_PARAM / t / e
-            seconds += collective(mesh, op, local, layout.data // e, e * t)
+        if experts:   # each expert shard over the replicas that hold it (stride expert x etp)
+            local = experts * GRAD_BYTES_PER_PARAM / (e * layout.etp)
+            seconds += collective(mesh, op, local, layout.expert_data, e * layout.etp)
             nbytes += local
         return op, nbytes, seconds
     g = layout.shard
@@ -628,7 +657,7 @@ def param_gather_time(workload: Workload, first: int, last: int, mesh: MeshSpec,
     after the optimizer step, seconds (ring; 0 with fsdp, whose forward gathers them, and for a
     data degree of 1). Megatron-LM's ``overlap_param_gather`` hides it behind the next step's
     forward, which one step's replay does not show; it is charged in full."""
-    if not workload.training or layout.fsdp or layout.data <= 1:
+    if not workload.training or layout.fsdp or (layout.data <= 1 and layout.expert_data <= 1):
         return 0.0
     e, t = layout.expert, layout.tensor
     layers = [workload.layer(i) for i in range(first, last)]
@@ -636,7 +665,8 @@ def param_gather_time(workload: Workload, first: int, last: int, mesh: MeshSpec,
     dense = sum(c.param_bytes for c in layers) - expert
     out = collective(mesh, "all_gather", dense / t, layout.data, t)
     if expert > 0:
-        out += collective(mesh, "all_gather", expert / t / e, layout.data // e, e * t)
+        out += collective(mesh, "all_gather", expert / (e * layout.etp), layout.expert_data,
+                          e * layout.etp)
     return out
 
 

@@ -71,7 +71,16 @@ def too_few_devices(cluster: str, need: int, have: int) -> str:
 def layout_axes(layout: Layout) -> dict[str, int]:
     """The mesh axes (name -> size, in device order) of ``layout``: ``{"data": d, "model": t}``,
     ``{"replica": hsdp, "data": d / hsdp, "model": t}`` with hybrid sharding, or
-    ``{"data": d / e, "expert": e, "model": t}`` with expert parallelism."""
+    ``{"data": d / e, "expert": e, "model": t}`` with expert parallelism.
+
+    Raises:
+        ValueError: a layout with MoE parallel folding (``layout.folded``): the runtime splits
+            the experts over the data axis only."""
+    if layout.expert > 1 and layout.folded:
+        raise ValueError(f"layout {layout}: MoE parallel folding (expert tensor parallel "
+                         f"{layout.etp} != tensor {layout.tensor}) is planned and exported, not run "
+                         f"by mpmd run, whose experts split the data axis; fix: run a plan whose "
+                         f"expert degree divides its data degree with expert_tensor left out")
     if layout.hsdp > 1:
         return {REPLICA: layout.hsdp, DATA: layout.data // layout.hsdp, MODEL: layout.tensor}
     if layout.expert > 1:

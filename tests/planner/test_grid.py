@@ -78,11 +78,17 @@ def test_a_mixture_of_experts_adds_expert_parallel_points():
     moe = workload(resolve_model("zoo/configs/tiny-moe.yaml"), 32, seq_len=64)
     experts = max(c.experts for c in moe.costs.values())
     pts = grid_layouts(moe, nodes(), "g")
-    ep = [p for p in pts if p.expert > 1]
+    ep = [p for p in pts if p.expert > 1 and p.expert_tensor == 0]
     assert ep and all(not p.fsdp and p.data % p.expert == 0 and experts % p.expert == 0
                       for p in ep)
     assert {p.expert for p in ep} == {e for e in (2, 4, 8, 16, 32, 64) if experts % e == 0
                                       and any(q.data % e == 0 for q in pts)}
+    # MoE parallel folding: with tensor parallel, EP over data x tensor, experts unsplit (ETP 1)
+    folded = [p for p in pts if p.expert_tensor == 1]
+    assert folded and all(p.tensor > 1 and p.expert > 1 and (p.data * p.tensor) % p.expert == 0
+                          and experts % p.expert == 0 for p in folded)
+    assert any(p.expert > p.data for p in folded)
+    ep += folded
     # each expert-parallel point is a distributed-optimizer point of the grid with the experts split
     plain = {(p.tensor, p.pipeline, p.data, p.virtual_stages, p.micro_batch)
              for p in pts if p.expert == 1 and not p.fsdp}
