@@ -21,7 +21,7 @@ from simulator.validation_rows import (  # noqa: F401  (re-exported)
                                        ValidationError, load_rows, load_rows_lenient, maxtext_flops, metric_from_step,
                                        narayanan_flops, palm_flops, skipped)
 from simulator.validation_setup import (  # noqa: F401  (re-exported)
-                                        ADAPTIVE, MOE_FOLDING, RULES, SCALE_OUT_LATENCY_S, Setup, StepFn, build_cluster, build_plan, expert_problem, row_layout,
+                                        ADAPTIVE, RULES, SCALE_OUT_LATENCY_S, Setup, StepFn, build_cluster, build_plan, expert_problem, row_etp, row_layout,
                                         attention_kernel, layer_recompute, op_recompute, row_device, row_setup, selective_recompute, split_layers, tune_virtual_stages, virtual_stage_candidates,
                                         with_efficiency)
 
@@ -32,7 +32,7 @@ __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_ro
            "metric_from_step", "evaluate", "ranking_agrees", "zb_rankings", "mape", "fit",
            "leave_one_source_out", "with_efficiency", "adapt_plan", "post_validation_step",
            "SCHEDULE_MAP", "ZB_SCHEDULES", "ADAPTIVE", "tune_virtual_stages",
-           "virtual_stage_candidates", "FormatFit", "fit_format", "expert_problem", "MOE_FOLDING"]
+           "virtual_stage_candidates", "FormatFit", "fit_format", "expert_problem", "row_etp"]
 
 # --------------------------------------------------------------------------- evaluation
 def sim_step(plan: Plan, workload: Workload, cluster: Cluster) -> float:

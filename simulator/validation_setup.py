@@ -31,10 +31,11 @@ fraction, which describes a compiled / fused-kernel stack. Layout: ``Layout(dp, 
 Context parallelism (``cp``) is not in the cost model: a row's ``cp`` is folded into data
 parallelism (``dp x cp`` replicas, :attr:`Row.replicas`; the global batch unchanged, so each
 pipeline runs ``1 / cp`` of the published microbatches), and the assumptions say so. A published
-``vp`` fixes the interleaved chunk count (never tuned). Expert parallelism (``ep``) is the layout's
-``expert`` degree, drawn from the data axis; a layout it cannot express (``ep`` not dividing
-``dp x cp``, ``etp`` other than ``tp``, ``ep`` with ``fsdp``) skips the row
-(:func:`expert_problem`, :data:`MOE_FOLDING`).
+``vp`` fixes the interleaved chunk count (never tuned). Expert parallelism (``ep``, ``etp``) is the
+layout's ``expert`` and ``expert_tensor`` degrees (Megatron-Core's MoE parallel folding: EP x ETP
+over the dp x cp x tp devices, :class:`ir.Layout`); a layout the devices cannot hold (``ep x
+etp`` not dividing ``dp x cp x tp``) or ``ep`` with ``fsdp`` skips the row
+(:func:`expert_problem`).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ RULES = {
     "vp": "the fastest interleaved chunk count (tune_virtual_stages), or the "
           "LAYERS_PER_CHUNK_MAX rule without a step function",
     "ep": "1 (every replica holds every expert)",
-    "etp": "tp (the experts tensor-split as the attention)",
+    "etp": "1 (the experts not tensor-split: Megatron-Bridge's MoE recipes' "
+           "expert_tensor_parallel_size default, recipes/qwen/qwen3_moe.py)",
 }
 """The practitioner's rule applied to each blank optional field (printed with the row)."""
 
@@ -369,37 +371,35 @@ def row_layout(row: Row) -> Layout:
     """``Layout(dp x cp, tp)`` (context parallelism folded into data parallelism; tensor-parallel
     collectives overlapped when the row says ``tp_overlap``); with ``fsdp``, sharded over each
     slice's devices and replicated across slices (hybrid sharding) when ``slices`` > 1; with
-    ``ep`` > 1, the experts split ``ep`` ways over the data axis (:func:`expert_problem` says
-    when that cannot express the row)."""
+    ``ep`` > 1, the experts split ``ep`` ways and each ``etp`` ways (blank: 1, :data:`DEFAULTS`)
+    over the ``dp x cp x tp`` devices (:func:`expert_problem` says when that cannot express the
+    row)."""
     data = row.replicas
     fsdp = bool(row.fsdp) and data > 1
     hsdp = (row.slices or 1) if fsdp else 1
     return Layout(data, row.tp, fsdp=fsdp, hsdp=hsdp if data % hsdp == 0 else 1,
                   tp_overlap=bool(row.tp_overlap) and row.tp > 1,
-                  expert=row.ep if expert_problem(row) is None else 1)
+                  **({"expert": row.ep, "expert_tensor": row_etp(row)}
+                     if row.ep > 1 and expert_problem(row) is None else {}))
 
 
-MOE_FOLDING = "MoE parallel folding (EP over DP x CP x TP) is not modelled yet"
-"""Why a row whose expert layout is not the data axis split ``ep`` ways (expert tensor parallel
-``etp`` = ``tp``) is skipped: Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel
-Folding", arXiv:2504.14960) lays the experts' EP x ETP over the attention's DP x CP x TP devices
-anew, which :class:`ir.Layout`'s ``expert`` (a split of the data axis) cannot say."""
+def row_etp(row: Row) -> int:
+    """The row's expert tensor-parallel degree: ``etp``, or 1 when blank (:data:`DEFAULTS`)."""
+    return row.etp if row.etp is not None else 1
 
 
 def expert_problem(row: Row) -> str | None:
     """Why :class:`ir.Layout` cannot express the row's expert layout (``ep``, ``etp``), as one
-    line with the fix; None when it can (always for ``ep`` 1 and ``etp`` blank or ``tp``).
-    Expert parallelism is drawn from the data axis (``dp x cp`` replicas, :func:`row_layout`):
-    ``ep`` must divide it; the experts are tensor-split as the attention is (``etp`` = ``tp``);
-    and it is not combined with ``fsdp``."""
-    if row.etp is not None and row.etp != row.tp:
-        return (f"etp={row.etp} differs from tp={row.tp}: {MOE_FOLDING}; fix: etp = tp (or blank) "
-                f"to simulate it with the experts tensor-split as the attention")
+    line with the fix; None when it can (always for ``ep`` 1). Megatron-Core's MoE parallel
+    folding (Liu et al. 2025, arXiv:2504.14960) lays the experts' ``ep x etp`` grid over the
+    ``dp x cp x tp`` devices of a pipeline stage, so ``ep x etp`` must divide them; expert
+    parallelism is not combined with ``fsdp``."""
     if row.ep <= 1:
         return None
-    if row.replicas % row.ep:
-        return (f"ep={row.ep} does not divide dp x cp = {row.replicas}: {MOE_FOLDING}; fix: an ep "
-                f"that divides dp x cp")
+    devices, etp = row.replicas * row.tp, row_etp(row)
+    if devices % (row.ep * etp):
+        return (f"ep x etp = {row.ep} x {etp} does not divide dp x cp x tp = {devices}; fix ep or "
+                f"etp (their product divides a stage's devices)")
     if row.fsdp and row.replicas > 1:
         return (f"ep={row.ep} with fsdp: expert parallelism over a fully sharded data axis is not "
                 f"modelled yet (ir.Layout); fix: fsdp 0, or ep 1")
@@ -623,6 +623,10 @@ def _check_experts(row: Row, workload: Workload) -> None:
     why = expert_problem(row)
     if why:
         raise ValidationError(f"row {row.line}: {why}")
+    width = workload.shards.expert_width if workload.shards is not None else 0
+    if experts and row.ep > 1 and width and width % row_etp(row):
+        raise ValidationError(f"row {row.line}: etp={row_etp(row)} does not divide model "
+                              f"{workload.model}'s expert width {width}; fix etp")
     if experts and row.metric in FLOP_METRICS:
         raise ValidationError(f"row {row.line}: metric {row.metric} is counted from a dense "
                               f"model's shape columns, not a mixture of experts' ({workload.model}); "

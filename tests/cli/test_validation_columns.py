@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from ir import Layout
 from mpmd.cli import validate as CLI
 from mpmd.cli.main import main
 from simulator import validate as V
@@ -155,31 +156,31 @@ def test_expert_parallel_on_a_mixture_of_experts(tmp_path):
         row(model="ep2", ep="2", **base),
         row(model="ep8", ep="8", **base),                                   # 8 does not divide 4
         row(model="ep16", gpus="16", dp="16", ep="16", **{**base, "microbatches": "1"}),
-        row(model="etp", gpus="16", tp="2", etp="1", **base),
+        row(model="etp", gpus="16", tp="2", ep="4", etp="1", **base),      # folded over dp x tp
         row(model="fsdp", ep="2", fsdp="1", **base),
         row(model="mfu", ep="2", **{**base, "metric": "mfu", "value": "0.4"})])
     rows, bad = load(p)
     assert not bad
     setups, skipped = V.row_setups(rows, CLI.workload_for, errors=CLI.row_errors())
-    assert [s.row.model for s in setups] == ["ep2"]
+    assert [s.row.model for s in setups] == ["ep2", "etp"]
     assert {l.expert for l in setups[0].plan.layouts.values()} == {2}
+    # MoE parallel folding: EP 4 over the dp 8 x tp 2 devices, the experts not tensor-split
+    assert set(setups[1].plan.layouts.values()) == {Layout(8, 2, expert=4, expert_tensor=1)}
     from hardware_profiles import load_device
 
     scored, none = V.evaluate_rows(setups, {"h100-sxm": load_device("h100-sxm")})
     assert not none and scored[0].step_s > 0
     assert scored[0].predicted == pytest.approx(scored[0].step_s)      # iteration_s
-    folding = "MoE parallel folding (EP over DP x CP x TP) is not modelled yet"
     reasons = {k.model: k.reason for k in skipped}
     assert reasons["ep8"] == "ep=8 does not divide model tiny-moe's 4 experts; fix ep"
     assert reasons["ep16"] == "ep=16 does not divide model tiny-moe's 4 experts; fix ep"
-    assert reasons["etp"] == (f"etp=1 differs from tp=2: {folding}; fix: etp = tp (or blank) to "
-                              f"simulate it with the experts tensor-split as the attention")
     assert reasons["fsdp"].startswith("ep=2 with fsdp: expert parallelism over a fully sharded "
                                       "data axis is not modelled yet")
     assert reasons["mfu"].startswith("metric mfu is counted from a dense model's shape columns")
-    # ep beyond the data axis: the folding reason
+    # ep x etp beyond a stage's devices
     assert V.expert_problem(dataclasses.replace(rows[0], ep=16)) == (
-        f"ep=16 does not divide dp x cp = 8: {folding}; fix: an ep that divides dp x cp")
+        "ep x etp = 16 x 1 does not divide dp x cp x tp = 8; fix ep or etp (their product divides "
+        "a stage's devices)")
 
 
 def test_workload_for_traces_the_zoo_model_not_the_shape_columns(small):

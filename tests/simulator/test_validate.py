@@ -636,16 +636,19 @@ def test_a_published_vp_is_used_as_is():
     assert one.schedule == "1f1b" and "1f1b (vp 1; schedule not published)" in one.assumptions
 
 
-def test_expert_parallel_maps_onto_the_data_axis_or_is_refused():
+def test_expert_parallel_folds_over_the_stage_devices_or_is_refused():
     r = _row(gpus=16, dp=2, microbatches=12, ep=2)
     s = V.row_setup(r, moe_workload)
     assert set(s.plan.layouts.values()) == {Layout(2, 1, expert=2)}
-    folding = V.MOE_FOLDING
-    assert folding == "MoE parallel folding (EP over DP x CP x TP) is not modelled yet"
-    with pytest.raises(V.ValidationError, match=r"^row 0: ep=4 does not divide dp x cp = 2: MoE "
-                                                r"parallel folding \(EP over DP x CP x TP\) is not "
-                                                r"modelled yet; fix: an ep that divides dp x cp$"):
+    with pytest.raises(V.ValidationError, match=r"^row 0: ep x etp = 4 x 1 does not divide dp x cp "
+                                                r"x tp = 2; fix ep or etp \(their product divides "
+                                                r"a stage's devices\)$"):
         V.row_setup(dataclasses.replace(r, ep=4), moe_workload)
+    # MoE parallel folding: ep over dp x tp, etp blank = 1 (Megatron-Bridge's MoE recipes)
+    tp = V.row_setup(dataclasses.replace(r, gpus=32, tp=2, ep=4), moe_workload)
+    assert set(tp.plan.layouts.values()) == {Layout(2, 2, expert=4, expert_tensor=1)}
+    etp = V.row_setup(dataclasses.replace(r, gpus=32, tp=2, ep=2, etp=2), moe_workload)
+    assert set(etp.plan.layouts.values()) == {Layout(2, 2, expert=2)}
     # cp widens the data axis expert parallelism is drawn from
     cp = V.row_setup(dataclasses.replace(r, gpus=32, cp=2, ep=4), moe_workload)
     assert set(cp.plan.layouts.values()) == {Layout(4, 1, expert=4)}
@@ -653,7 +656,8 @@ def test_expert_parallel_maps_onto_the_data_axis_or_is_refused():
                                                 r"experts; fix ep"):
         V.row_setup(dataclasses.replace(r, gpus=128, dp=16, microbatches=None, ep=16),
                     moe_workload)
-    with pytest.raises(V.ValidationError, match=r"etp=2 differs from tp=1: MoE parallel folding"):
+    with pytest.raises(V.ValidationError, match=r"ep x etp = 2 x 2 does not divide dp x cp x tp "
+                                                r"= 2"):
         V.row_setup(dataclasses.replace(r, etp=2), moe_workload)
     with pytest.raises(V.ValidationError, match=r"^row 0: ep=2 but model fake-1.5B is not a "
                                                 r"mixture of experts; fix: leave ep blank$"):
