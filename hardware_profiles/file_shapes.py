@@ -156,6 +156,9 @@ class _ScaleUp(_Strict):
     topology: str = ""
     torus_dimensions: _TorusDims | None = None
     one_hop: _OneHop | None = None
+    domain: _LockstepDevices | None = None
+    """Devices one scale-up fabric joins as the part is sold (72 for a GB200 NVL72 rack), when
+    that is more than one host; None: one host's devices."""
 
 
 class _ScaleOut(_Strict):

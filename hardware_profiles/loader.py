@@ -223,6 +223,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
         sources["scale_up_topology"] = f.scale_up.topology
     if f.scale_up.one_hop is not None:
         sources["scale_up_one_hop"] = f.scale_up.one_hop.source
+    if f.scale_up.domain is not None:
+        sources["scale_up_domain"] = f.scale_up.domain.source
     for key, unit in (("decode_layer_overhead", "_us"), ("prefill_layer_overhead", "_us"),
                       ("forward_layer_overhead", "_us"), ("backward_layer_overhead", "_us"),
                       ("logit_overhead", "_ns"), ("forward_routing_pair", "_ns"),
@@ -280,6 +282,7 @@ def _device_from_file(path: Path) -> DeviceProfile:
         lockstep_devices=f.lockstep_devices.value if f.lockstep_devices else 8,
         chip=f.chip.value if f.chip else f.name,
         scale_up_one_hop=bool(f.scale_up.one_hop and f.scale_up.one_hop.value),
+        scale_up_domain=f.scale_up.domain.value if f.scale_up.domain is not None else None,
         decode_layer_overhead=(f.efficiency.decode_layer_overhead_us.value * US
                                if f.efficiency.decode_layer_overhead_us else None),
         prefill_layer_overhead=(f.efficiency.prefill_layer_overhead_us.value * US

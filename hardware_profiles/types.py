@@ -154,6 +154,10 @@ class DeviceProfile:
             NVSwitch, or a full mesh), so a small all-reduce can run in one step: each device
             reads its peers' buffers directly (TensorRT-LLM's one-shot custom all-reduce, NCCL's
             NVLS); False for rings of cards and tori (Tenstorrent Ethernet, TPU ICI).
+        scale_up_domain: devices one scale-up fabric joins as the part is sold, when more than
+            one host's (72: a GB200 NVL72 rack's NVLink Switch fabric); None: one host's. A
+            cluster file's node group says the same for its own hardware
+            (``NodeGroup.scale_up_domain``); the validation rows default to it.
         decode_layer_overhead / prefill_layer_overhead: a serving step's fixed time per decoder
             layer, s, on top of its roofline and its collectives: kernel launches, host dispatch
             and synchronisation of a decode step (captured once and replayed: CUDA graphs,
@@ -219,6 +223,7 @@ class DeviceProfile:
     sync_jitter: float = 0.0
     lockstep_devices: int = 8
     scale_up_one_hop: bool = False
+    scale_up_domain: int | None = None
     chip: str = ""
     decode_layer_overhead: float | None = None
     prefill_layer_overhead: float | None = None

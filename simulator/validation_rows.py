@@ -89,7 +89,7 @@ COLUMNS_OPTIONAL = ("vocab", "global_batch", "per_device_batch", "micro_batch", 
             "ffn", "kv_heads", "head_dim", "glu", "fsdp", "recompute", "slices",
             "devices_per_node", "scale_out_gbit_per_device", "power_limit_w",
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
-            "model_config", "cp", "vp", "ep", "etp")
+            "model_config", "cp", "vp", "ep", "etp", "scale_up_domain")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -175,6 +175,7 @@ class Row:
     vp: int | None = None
     ep: int = 1
     etp: int | None = None
+    scale_up_domain: int | None = None
 
     @property
     def replicas(self) -> int:
@@ -188,7 +189,11 @@ class Row:
 
     @property
     def node_size(self) -> int:
-        """Devices per node (one scale-up domain): the row's, else the :data:`RULES` rule."""
+        """Devices per node (one scale-up domain): the row's ``scale_up_domain`` (a fabric over
+        several hosts: a GB200 NVL72 rack), its ``devices_per_node``, else the :data:`RULES`
+        rule (``simulator.validation_setup.node_devices`` also asks the device profile)."""
+        if self.scale_up_domain:
+            return self.scale_up_domain
         if self.devices_per_node:
             return self.devices_per_node
         return self.gpus // self.slices if self.slices else DEVICES_PER_NODE
@@ -198,13 +203,13 @@ INT_LIMITS = {"layers": 1024, "hidden": 2**18, "heads": 2**12, "seq_len": 2**22,
               "gpus": 2**20, "tp": 1024, "pp": 1024, "dp": 2**20, "global_batch": 2**24,
               "micro_batch": 2**24, "microbatches": 2**16, "ffn": 2**20, "kv_heads": 2**12,
               "head_dim": 2**12, "slices": 2**12, "devices_per_node": 2**16, "cp": 1024,
-              "vp": 1024, "ep": 2**16, "etp": 1024}
+              "vp": 1024, "ep": 2**16, "etp": 1024, "scale_up_domain": 2**16}
 """Largest value accepted per integer column (every integer column is at least 1); far above any
 published run (at most 128 layers, 8-way tensor and 64-way pipeline parallelism in the sources)."""
 
 
 OPTIONAL = ("vocab", "micro_batch", "microbatches", "ffn", "kv_heads", "head_dim", "slices",
-            "devices_per_node", "global_batch", "cp", "vp", "ep", "etp")
+            "devices_per_node", "global_batch", "cp", "vp", "ep", "etp", "scale_up_domain")
 """Integer columns that may be blank (:data:`RULES` fills them)."""
 
 
@@ -455,7 +460,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             note=(d.get("note") or "").strip(), line=line, per_device_batch=per_device,
             global_batch_derived=derived, model_config=model_config,
             cp=_int(d, "cp", line) or 1, vp=vp, ep=_int(d, "ep", line) or 1,
-            etp=_int(d, "etp", line))
+            etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line))
     if r.kv_heads is not None and r.heads % r.kv_heads:
         raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
                               f"{r.kv_heads}; fix the row")

@@ -83,7 +83,9 @@ RULES = {
     "fsdp": "0 (replicated weights; ZeRO-1 distributed optimizer)",
     "recompute": "none",
     "slices": "1",
-    "devices_per_node": f"gpus / slices when slices are given, else {DEVICES_PER_NODE}",
+    "devices_per_node": f"gpus / slices when slices are given, else the device profile's "
+                        f"scale-up domain (72 on a GB200 NVL72 rack), else {DEVICES_PER_NODE}",
+    "scale_up_domain": "devices_per_node (one host's NVLink / ICI fabric)",
     "scale_out_gbit_per_device": "the device profile's scale-out figure",
     "memory_bandwidth_gb_per_s": "the device profile's (the row's part is the profile's part)",
     "power_limit_w": "the note's \"N W power limit\" when it states one, else none (the "
@@ -232,6 +234,8 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
         if getattr(row, k) is None:
             if k == "kv_heads" and row.glu is None:
                 continue                      # a GPT-style row: multi-head attention is implied
+            if k == "devices_per_node" and row.scale_up_domain:
+                continue                      # the row's scale-up domain decides the fabric
             if k == "devices_per_node" and row.slices:
                 notes.append(f"{row.node_size} devices per slice")
                 continue
@@ -336,11 +340,21 @@ def cluster_name(row: Row) -> str:
     return f"{row.source}-{row.model}-{row.device}x{row.gpus}"
 
 
+def node_devices(row: Row, device: DeviceProfile) -> int:
+    """Devices of one scale-up domain in the row's cluster: :attr:`Row.node_size` when the row
+    says (``scale_up_domain``, ``devices_per_node`` or ``slices``), else the device profile's
+    ``scale_up_domain`` (a fabric over several hosts, as the part is sold: 72 for a GB200
+    NVL72 rack), else :data:`DEVICES_PER_NODE`."""
+    if row.scale_up_domain or row.devices_per_node or row.slices:
+        return row.node_size
+    return device.scale_up_domain or DEVICES_PER_NODE
+
+
 def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
     """The row's synthetic cluster of ``device`` (see the module docstring), as the row's hosts
     ran it (:func:`row_device`: power cap, eager mode)."""
     device = row_device(row, device)
-    n, node = row.tp * row.replicas, row.node_size
+    n, node = row.tp * row.replicas, node_devices(row, device)
     fabric = "ICI torus (profile)" if device.torus_dims else "NVLink / NVSwitch (profile)"
     intra = Link(device.scale_up_bandwidth, device.scale_up_latency, fabric)
     if row.scale_out_gbit_per_device is not None:

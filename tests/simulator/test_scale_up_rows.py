@@ -1,0 +1,37 @@
+"""A validation row's scale-up domain: the ``scale_up_domain`` column, else the device profile's
+(72 GPUs on one NVLink fabric in a GB200 NVL72 rack), else one host of 8."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hardware_profiles import load_device
+from simulator import validate as V
+from simulator.validation_setup import node_devices
+
+
+def _row(**kw) -> V.Row:
+    base = dict(source="t", model="m", layers=8, hidden=1024, heads=8, seq_len=1024, vocab=None,
+                device="gb200", gpus=128, tp=1, pp=2, dp=64, global_batch=128, micro_batch=1,
+                microbatches=2, schedule="1f1b", metric="iteration_s", value=1.0)
+    base.update(kw)
+    return V.Row(**base)
+
+
+def test_the_domain_comes_from_the_row_else_the_profile():
+    gb200, h100 = load_device("gb200"), load_device("h100-sxm")
+    assert gb200.scale_up_domain == 72 and h100.scale_up_domain is None
+    assert node_devices(_row(), gb200) == 72
+    assert node_devices(_row(device="h100-sxm"), h100) == 8
+    assert node_devices(_row(scale_up_domain=36), gb200) == 36
+    assert node_devices(_row(devices_per_node=4), gb200) == 4      # the row's own hosts
+    assert _row(scale_up_domain=36, devices_per_node=4).node_size == 36
+
+
+def test_a_stage_inside_the_rack_never_crosses_the_network():
+    gb200 = load_device("gb200")
+    rack = V.build_cluster(_row(), gb200)
+    assert all(m.scale_out_link is None for m in rack.meshes.values())     # 64 GPUs: one fabric
+    hosts = V.build_cluster(dataclasses.replace(_row(), devices_per_node=8), gb200)
+    assert all(m.devices_per_node == 8 and m.scale_out_link is not None
+               for m in hosts.meshes.values())
