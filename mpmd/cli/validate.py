@@ -7,8 +7,9 @@ Builds every row's setup (:mod:`simulator.validate`), simulates it on its own de
 CSV's ``device`` column) with :func:`simulator.plan_sim.simulate_plan`, checks
 :func:`planner.predict.predict` agrees, and prints the per-row table, the mean / max absolute
 percentage error and the zero-bubble schedule rankings; ``--out`` also writes them as Markdown
-(atomically). ``--fit`` first fits each device kind's efficiency values over that kind's rows and
-reports leave-one-source-out errors; ``--profiles-out DIR`` writes the fitted profiles there. No
+(atomically). ``--fit`` first fits each device kind's efficiency values over that kind's dense
+rows (a mixture of experts' rows are scored, never fitted: :func:`held_out`) and reports
+leave-one-source-out errors; ``--profiles-out DIR`` writes the fitted profiles there. No
 file is written without ``--out`` or ``--profiles-out``.
 
 A row that cannot be simulated (it does not parse: :func:`simulator.validation_rows.
@@ -278,6 +279,14 @@ def _same_chip(device, devices, fitted: list[str]):
     return next((devices[n] for n in fitted if devices[n].chip == device.chip), None)
 
 
+def held_out(setup) -> bool:
+    """Whether ``--fit`` leaves a row out of its fit (it is still scored): a mixture of experts'.
+    The efficiencies fitted are the chip's on dense GEMMs and collectives; a mixture-of-experts
+    row adds the model's own MoE terms (routed-expert rooflines, all-to-alls, folding), so it is
+    held out and its error measures those terms instead of absorbing them into the fit."""
+    return any(c.experts > 0 for c in setup.workload.costs.values())
+
+
 def fit_formats(name: str, low, devices, fit_info: list[str]) -> "dict[str, tuple[float, str]]":
     """Fit each low-precision recipe of ``low`` (recipe -> the kind's setups in it) on
     ``devices[name]`` with its BF16 efficiencies held (:func:`simulator.validate.fit_format`);
@@ -542,14 +551,15 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
         done: list[str] = []          # the kinds fitted on their own BF16 rows, in order
         # kinds with BF16 rows first: a kind with none takes its chip's fitted efficiencies
         order = sorted(devices, key=lambda n: not any(
-            s.row.device == n and s.row.precision == "bf16" for s in setups))
+            s.row.device == n and s.row.precision == "bf16" and not held_out(s) for s in setups))
         for name in order:
             base = devices[name]
             grid = (base.elementwise_traffic,) if hold_elementwise else V.ELEMENTWISE_GRID
-            mine = [s for s in setups if s.row.device == name and s.row.precision == "bf16"]
+            mine = [s for s in setups if s.row.device == name and s.row.precision == "bf16"
+                    and not held_out(s)]
             low: dict[str, list] = {}
             for s in setups:
-                if s.row.device == name and s.row.precision != "bf16":
+                if s.row.device == name and s.row.precision != "bf16" and not held_out(s):
                     low.setdefault(s.row.precision, []).append(s)
             if not mine:
                 twin = _same_chip(base, devices, done)
