@@ -24,7 +24,7 @@ _FACE = {
         "ALGORITHMS", "all_gather", "all_reduce", "all_to_all", "collective_time", "one_hop_all_reduce",
         "reduce_scatter",
         "ring_all_reduce", "send_recv", "span_all_gather", "span_all_reduce", "span_all_to_all",
-        "span_collective", "span_reduce_scatter", "tree_all_reduce"),
+        "span_collective", "span_reduce_scatter", "span_two_hop_all_to_all", "tree_all_reduce"),
     "hardware_profiles.loader": (
         "bundled_clusters", "known_device_ids", "list_devices", "load_cluster", "load_device"),
     "hardware_profiles.paths": (

@@ -249,6 +249,35 @@ def span_all_to_all(nbytes: float, span: Span) -> float:
     return max(local, remote) + _ring_latency(span, 1)
 
 
+def span_two_hop_all_to_all(nbytes: float, span: Span, fanout: float) -> float:
+    """A mixture of experts' token dispatch (or combine) of an ``nbytes`` send buffer per device
+    (``fanout`` copies of each token, one per routed expert) over ``span`` in two hops, as
+    DeepEP's internode kernels (DeepSeek-AI 2025, github.com/deepseek-ai/DeepEP, "normal kernels":
+    RDMA between nodes, NVLink inside them; Megatron-Core's ``flex`` dispatcher) and HybridEP
+    run it, seconds. A token crosses the network once per remote domain that holds one of its
+    experts, not once per expert: with ``fanout`` experts drawn uniformly (the benchmarks'
+    balanced routing) over ``N`` domains it reaches ``(N - 1) (1 - (1 - 1/N)^fanout)`` remote
+    ones on average, each over the device's own NIC (its rail); there (and for the tokens that
+    stay home) the copies fan out to the experts' devices over the scale-up link, ``(k - 1) / k``
+    of the buffer for ``k`` members per domain. The two hops are pipelined (the slower bounds
+    the time) plus two hop latencies. Inside one domain: :func:`span_all_to_all`.
+
+    Raises:
+        ProfileError: bad sizes or links, or ``fanout`` below 1.
+    """
+    _span_check("all_to_all", nbytes, span)
+    if fanout < 1:
+        raise ProfileError(f"two-hop all-to-all: fanout {fanout!r} below 1; fix: the experts per "
+                           f"token (top-k)")
+    if span.nodes <= 1 or span.inter is None:
+        return span_all_to_all(nbytes, span)
+    n, k = span.nodes, span.rails
+    remote_domains = (n - 1) * (1.0 - (1.0 - 1.0 / n) ** fanout)
+    remote = nbytes / fanout * remote_domains / span.inter.bandwidth
+    local = (k - 1) / k * nbytes / span.intra.bandwidth
+    return max(local, remote) + span.intra.latency + span.inter.latency
+
+
 def span_collective(op: str, nbytes: float, span: Span) -> float:
     """Dispatch by name over a :class:`Span`: ``op`` in ``"all_reduce"``, ``"all_gather"``,
     ``"reduce_scatter"``, ``"all_to_all"``; seconds.

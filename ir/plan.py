@@ -11,6 +11,10 @@ from ir.report import Prediction, SearchReport
 from ir.schedule import FragmentRef, ScheduleTable
 
 
+EXPERT_DISPATCH = ("alltoall", "deepep")
+"""How a mixture of experts' tokens reach their experts (:attr:`Layout.expert_dispatch`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """A mesh's SPMD layout: data-parallel x tensor-parallel degrees (product = devices).
@@ -40,6 +44,12 @@ class Layout:
     ``expert_tensor`` 1); expert ranks are laid out ETP innermost, then EP (Megatron-Core's
     ``tp-ep-dp`` expert rank order), so the all-to-all group has stride ``expert_tensor``.
 
+    ``expert_dispatch``: how a mixture of experts' tokens reach their experts
+    (:data:`EXPERT_DISPATCH`): ``"alltoall"`` (one NCCL all-to-all of a copy per routed expert:
+    Megatron-Core's ``--moe-token-dispatcher-type alltoall``) or ``"deepep"`` (two hops, each token
+    once per remote node over RDMA then to its experts over NVLink: DeepEP / HybridEP, Megatron-
+    Core's ``flex`` dispatcher; :func:`hardware_profiles.collectives.span_two_hop_all_to_all`).
+
     ``tp_overlap``: the tensor-parallel collectives run beside the GEMMs that produce and consume
     them instead of between them (Megatron-LM / Transformer Engine ``--tp-comm-overlap`` with
     userbuffers, Wang et al., "Overlap Communication with Dependent Computation via Decomposition
@@ -55,8 +65,14 @@ class Layout:
     tp_overlap: bool = False
     expert: int = 1
     expert_tensor: int = 0
+    expert_dispatch: str = "alltoall"
 
     def __post_init__(self) -> None:
+        if self.expert_dispatch not in EXPERT_DISPATCH:
+            raise ValueError(f"Layout(expert_dispatch={self.expert_dispatch!r}): unknown; fix: one "
+                             f"of {', '.join(EXPERT_DISPATCH)}")
+        if self.expert == 1:
+            object.__setattr__(self, "expert_dispatch", "alltoall")
         if self.hsdp < 1 or self.data % self.hsdp or (self.hsdp > 1 and not self.fsdp):
             raise ValueError(f"Layout(data={self.data}, hsdp={self.hsdp}, fsdp={self.fsdp}): hsdp "
                              f"must divide data and needs fsdp; use hsdp=1 or fsdp=True")
@@ -100,6 +116,7 @@ class Layout:
                 + (f"x{self.hsdp}" if self.hsdp > 1 else "")
                 + (f"-ep{self.expert}" if self.expert > 1 else "")
                 + (f"-etp{self.etp}" if self.folded and self.expert > 1 else "")
+                + (f"-{self.expert_dispatch}" if self.expert_dispatch != "alltoall" else "")
                 + ("-tpo" if self.tp_overlap and self.tensor > 1 else ""))
 
 

@@ -52,7 +52,9 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                                   **({"tp_overlap": True} if l.tp_overlap else {}),
                                   **({"expert": l.expert} if l.expert > 1 else {}),
                                   **({"expert_tensor": l.etp} if l.folded and l.expert > 1
-                                     else {})},
+                                     else {}),
+                                  **({"expert_dispatch": l.expert_dispatch}
+                                     if l.expert_dispatch != "alltoall" else {})},
                        "recompute": bool(plan.recompute.get(m, False))}
                    for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
@@ -159,7 +161,8 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                                       int(v["layout"].get("hsdp", 1)),
                                       bool(v["layout"].get("tp_overlap", False)),
                                       int(v["layout"].get("expert", 1)),
-                                      int(v["layout"].get("expert_tensor", 0)))
+                                      int(v["layout"].get("expert_tensor", 0)),
+                                      str(v["layout"].get("expert_dispatch", "alltoall")))
                        for m, v in d["meshes"].items()}
         except ValueError as e:
             raise IRError(f"plan layout: {e}") from None

@@ -88,6 +88,10 @@ class LayerCost:
     """Whether a low-precision recipe (``Workload.precision``, :mod:`ir.precision`) runs this
     layer's GEMMs in its format: True for a decoder block's linear layers, False for the
     embedding and the LM head, which recipes keep in the compute dtype."""
+    experts_per_token: float = 0.0
+    """Experts each token is routed to (top-k; 0 for a dense layer or not known): the copies of
+    a token a dispatch makes, which a two-hop dispatch (``Layout.expert_dispatch`` ``"deepep"``)
+    sends once per remote node instead of once per expert."""
     fwd_ops: int = 0
     bwd_ops: int = 0
     """Primitive operations of the forward and of the whole backward (the pullback on the kept

@@ -64,6 +64,9 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
             "ici_tensor_parallelism": lay.tensor, "ici_pipeline_parallelism": per_node,
             "dcn_data_parallelism": 1, "dcn_fsdp_parallelism": 1,
             "dcn_pipeline_parallelism": v.pipeline // per_node}
+    if lay.expert > 1 and lay.expert_dispatch == "deepep":
+        notes.append("the plan dispatches tokens in two hops (DeepEP), which MaxText does not: "
+                     "its expert all-to-all runs as one")
     if lay.fsdp:
         replicas = lay.hsdp if nodes % lay.hsdp == 0 else 1
         axes |= {"ici_fsdp_parallelism": lay.data // nodes, "dcn_fsdp_parallelism": nodes // replicas,

@@ -100,11 +100,15 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
     if v.model.moe:
         args += [("--num-experts", v.model.experts), ("--moe-router-topk", v.model.experts_per_token),
                  ("--moe-ffn-hidden-size", v.model.expert_ffn),
-                 ("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", None),
+                 ("--moe-token-dispatcher-type",
+                  "flex" if lay.expert_dispatch == "deepep" else "alltoall"),
+                 ("--moe-grouped-gemm", None),
                  ("--moe-expert-capacity-factor", v.model.capacity_factor)]
         if lay.expert > 1:
             args.append(("--expert-model-parallel-size", lay.expert))
             args.append(("--expert-tensor-parallel-size", lay.etp))
+            if lay.expert_dispatch == "deepep":
+                args.append(("--moe-enable-deepep", None))
     args += [("--micro-batch-size", v.micro_batch), ("--global-batch-size", v.global_batch)]
     if v.recompute:
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),

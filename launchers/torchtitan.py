@@ -54,6 +54,9 @@ def job(v: PartView, source: str) -> tuple[dict, list[str]]:
             notes.append(f"torchtitan's DDP keeps the optimizer state on every replica; the plan "
                          f"sharded it over data {lay.data} (distributed optimizer): check memory "
                          f"or plan with FSDP")
+    if lay.expert > 1 and lay.expert_dispatch == "deepep":
+        notes.append("the plan dispatches tokens in two hops (DeepEP); torchtitan's expert "
+                     "parallel runs one all-to-all: expect the all-to-all the plan did not cost")
     par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                  "tensor_parallel_degree": lay.tensor,
                  "enable_async_tensor_parallel": bool(lay.tp_overlap and lay.tensor > 1),

@@ -6,7 +6,7 @@ with the options another beats on every term dropped, and a cache so identical m
 from __future__ import annotations
 
 import threading
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from ir import Layout, ShardDims, Workload, layout_problem
@@ -35,7 +35,8 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, expert
     degree that divides both the data degree and the experts (the all-to-all is costed over the
     fabric levels its group spans) and, with tensor parallel, every degree that divides the
     data x tensor devices and the experts with the experts not tensor-split (``expert_tensor``
-    1: Megatron-Core's MoE parallel folding, what NVIDIA's MoE recipes run)."""
+    1: Megatron-Core's MoE parallel folding, what NVIDIA's MoE recipes run); an expert group
+    that spans scale-up domains is offered with each dispatch (``Layout.expert_dispatch``)."""
     out = []
     for t in range(1, mesh.num_devices + 1):
         if mesh.num_devices % t or t > max_tensor or layout_problem(shards, t) is not None:
@@ -45,13 +46,16 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, expert
             out.append(Layout(d, t))
             if fsdp and d > 1:
                 out.append(Layout(d, t, fsdp=True))
-            out += [Layout(d, t, expert=e) for e in range(2, min(d, experts) + 1)
-                    if d % e == 0 and experts % e == 0]
+            ep = [Layout(d, t, expert=e) for e in range(2, min(d, experts) + 1)
+                  if d % e == 0 and experts % e == 0]
             if t > 1:
-                out += [Layout(d, t, expert=e, expert_tensor=1)
-                        for e in range(2, min(d * t, experts) + 1)
-                        if (d * t) % e == 0 and experts % e == 0
-                        and layout_problem(shards, t, e, 1) is None]
+                ep += [Layout(d, t, expert=e, expert_tensor=1)
+                       for e in range(2, min(d * t, experts) + 1)
+                       if (d * t) % e == 0 and experts % e == 0
+                       and layout_problem(shards, t, e, 1) is None]
+            # an expert group across scale-up domains may also dispatch in two hops (DeepEP)
+            out += ep + [replace(lay, expert_dispatch="deepep") for lay in ep
+                         if mesh.collective_span(lay.expert, lay.etp).nodes > 1]
     return out
 
 

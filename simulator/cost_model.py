@@ -60,7 +60,7 @@ from ir import LayerCost, Layout, Workload
 from ir.precision import RECIPES, Recipe
 from ir.schedule import FragmentKind
 from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
-from hardware_profiles.collectives import span_collective
+from hardware_profiles.collectives import span_collective, span_two_hop_all_to_all
 from hardware_profiles.types import DeviceProfile, Link, MeshSpec
 
 GRAD_BYTES_PER_PARAM = 4.0
@@ -119,12 +119,18 @@ def expert_alltoall(cost: LayerCost, kind: str, per_dev: float, mesh: MeshSpec,
     input gradient (Lepikhin et al. 2021, "GShard", Sec. 3.2). On the critical path: the experts
     wait for the dispatch and the next layer for the combine. The group's stride is the expert
     tensor degree (``layout.etp``: Megatron-Core's expert ranks run ETP innermost, then EP), so
-    under MoE parallel folding with ``etp`` 1 an EP group of 8 fills one 8-GPU node. 0 for ``W``,
-    a dense layer or ``expert == 1``."""
+    under MoE parallel folding with ``etp`` 1 an EP group of 8 fills one 8-GPU node. With
+    ``layout.expert_dispatch`` ``"deepep"`` each all-to-all runs in two hops
+    (:func:`hardware_profiles.collectives.span_two_hop_all_to_all`). 0 for ``W``, a dense layer
+    or ``expert == 1``."""
     if layout.expert <= 1 or cost.alltoall_bytes_per_sample <= 0 or kind == FragmentKind.W:
         return 0.0
-    return 2.0 * collective(mesh, "all_to_all", expert_alltoall_bytes(cost, per_dev, layout),
-                            layout.expert, layout.etp)
+    nbytes = expert_alltoall_bytes(cost, per_dev, layout)
+    if layout.expert_dispatch == "deepep" and cost.experts_per_token >= 1:
+        # two hops: once per remote node over RDMA, then NVLink to the experts
+        span = mesh.collective_span(layout.expert, layout.etp)
+        return 2.0 * span_two_hop_all_to_all(nbytes, span, cost.experts_per_token)
+    return 2.0 * collective(mesh, "all_to_all", nbytes, layout.expert, layout.etp)
 
 
 MOE_TP_SHARE = 0.5

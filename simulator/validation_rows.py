@@ -89,7 +89,7 @@ COLUMNS_OPTIONAL = ("vocab", "global_batch", "per_device_batch", "micro_batch", 
             "ffn", "kv_heads", "head_dim", "glu", "fsdp", "recompute", "slices",
             "devices_per_node", "scale_out_gbit_per_device", "power_limit_w",
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
-            "model_config", "cp", "vp", "ep", "etp", "scale_up_domain")
+            "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -176,6 +176,7 @@ class Row:
     ep: int = 1
     etp: int | None = None
     scale_up_domain: int | None = None
+    dispatcher: str | None = None
 
     @property
     def replicas(self) -> int:
@@ -198,6 +199,12 @@ class Row:
             return self.devices_per_node
         return self.gpus // self.slices if self.slices else DEVICES_PER_NODE
 
+
+DISPATCHERS = {"alltoall": "alltoall", "deepep": "deepep", "hybridep": "deepep",
+               "flex": "deepep"}
+"""The ``dispatcher`` column's values (Megatron-Core's token dispatcher as a run names it) ->
+:attr:`ir.Layout.expert_dispatch`: ``alltoall`` one NCCL all-to-all; DeepEP and HybridEP (the
+``flex`` dispatcher's backends) two hops, RDMA once per remote node then NVLink."""
 
 INT_LIMITS = {"layers": 1024, "hidden": 2**18, "heads": 2**12, "seq_len": 2**22, "vocab": 2**24,
               "gpus": 2**20, "tp": 1024, "pp": 1024, "dp": 2**20, "global_batch": 2**24,
@@ -441,6 +448,10 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
         raise ValidationError(f"row {line}: precision {prec[:40]!r} unknown; fix: use one of "
                               f"{', '.join(RECIPES)} or leave it blank (bf16)")
     vp = _int(d, "vp", line)
+    disp = (d.get("dispatcher") or "").strip().lower() or None
+    if disp is not None and disp not in DISPATCHERS:
+        raise ValidationError(f"row {line}: dispatcher {disp[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(DISPATCHERS)} or leave it blank (alltoall)")
     model_config = (d.get("model_config") or "").strip() or None
     r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
             layers=_required_int(d, "layers", line), hidden=_required_int(d, "hidden", line),
@@ -460,7 +471,8 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             note=(d.get("note") or "").strip(), line=line, per_device_batch=per_device,
             global_batch_derived=derived, model_config=model_config,
             cp=_int(d, "cp", line) or 1, vp=vp, ep=_int(d, "ep", line) or 1,
-            etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line))
+            etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line),
+            dispatcher=DISPATCHERS[disp] if disp is not None else None)
     if r.kv_heads is not None and r.heads % r.kv_heads:
         raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
                               f"{r.kv_heads}; fix the row")

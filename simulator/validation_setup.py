@@ -104,6 +104,7 @@ RULES = {
     "vp": "the fastest interleaved chunk count (tune_virtual_stages), or the "
           "LAYERS_PER_CHUNK_MAX rule without a step function",
     "ep": "1 (every replica holds every expert)",
+    "dispatcher": "alltoall (Megatron-Core's default token dispatcher)",
     "etp": "1 (the experts not tensor-split: Megatron-Bridge's MoE recipes' "
            "expert_tensor_parallel_size default, recipes/qwen/qwen3_moe.py)",
 }
@@ -393,7 +394,8 @@ def row_layout(row: Row) -> Layout:
     hsdp = (row.slices or 1) if fsdp else 1
     return Layout(data, row.tp, fsdp=fsdp, hsdp=hsdp if data % hsdp == 0 else 1,
                   tp_overlap=bool(row.tp_overlap) and row.tp > 1,
-                  **({"expert": row.ep, "expert_tensor": row_etp(row)}
+                  **({"expert": row.ep, "expert_tensor": row_etp(row),
+                      "expert_dispatch": row.dispatcher or "alltoall"}
                      if row.ep > 1 and expert_problem(row) is None else {}))
 
 

@@ -296,7 +296,8 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
             "expert_fwd_flops_per_sample": 6.0 * routed * cfg.hidden * cfg.expert_ffn,
             "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.hidden
                                           * cfg.dtype_bytes * cfg.capacity_factor),
-            "routed_pairs_per_sample": float(cfg.seq_len * cfg.experts_per_token)}
+            "routed_pairs_per_sample": float(cfg.seq_len * cfg.experts_per_token),
+            "experts_per_token": float(cfg.experts_per_token)}
 
 
 def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | None = None,

@@ -82,3 +82,20 @@ def test_straggler_factor():
     assert straggler_factor(1, 0.05) == 1.0
     assert straggler_factor(1024, 0.0) == 1.0
     assert straggler_factor(16, 0.02) == pytest.approx(1 + 0.02 * math.sqrt(2 * math.log(16)))
+
+
+def test_two_hop_all_to_all_crosses_the_network_once_per_remote_node():
+    from hardware_profiles.collectives import span_two_hop_all_to_all
+
+    s = Span(64, 8, NVL, IB)                          # 8 nodes of 8 rails
+    remote_nodes = 7 * (1 - (7 / 8) ** 8)             # top-8 of experts spread over 8 nodes
+    want = max(7 / 8 * 1e9 / 400e9, 1e9 / 8 * remote_nodes / 50e9) + 1e-6 + 5e-6
+    assert span_two_hop_all_to_all(1e9, s, 8) == pytest.approx(want, rel=1e-12)
+    # the network carries fewer bytes than one copy per expert: faster than the plain all-to-all
+    assert span_two_hop_all_to_all(1e9, s, 8) < span_all_to_all(1e9, s)
+    # one copy per token (top-1) is a plain exchange's bytes at most
+    assert span_two_hop_all_to_all(1e9, s, 1) <= span_all_to_all(1e9, s) + 6e-6
+    # inside one node it is the all-to-all
+    assert span_two_hop_all_to_all(1e9, Span(8, 1, NVL), 8) == span_all_to_all(1e9, Span(8, 1, NVL))
+    with pytest.raises(ProfileError, match="fanout 0.5 below 1"):
+        span_two_hop_all_to_all(1e9, s, 0.5)

@@ -88,3 +88,51 @@ def test_expert_gradients_reduce_over_their_replicas_even_without_data_parallel(
                                                               + local)
     assert seconds == pytest.approx(cm.collective(mesh, "reduce_scatter", local, 2, 8))
     assert cm.layer_grad_sync(MOE, mesh, Layout(1, 16, expert=16, expert_tensor=1)) is None
+
+
+def test_a_two_hop_dispatch_is_carried_and_costed():
+    lay = Layout(16, 1, expert=16, expert_dispatch="deepep")
+    assert str(lay) == "dp16xtp1-ep16-deepep"
+    assert Layout(16, 1, expert_dispatch="deepep").expert_dispatch == "alltoall"   # no experts
+    with pytest.raises(ValueError, match="expert_dispatch='nccl'"):
+        Layout(16, 1, expert=16, expert_dispatch="nccl")
+    cost = dataclasses.replace(MOE, experts_per_token=8.0)
+    mesh = _mesh(16, 8)
+    plain = cm.expert_alltoall(cost, "F", 1.0, mesh, Layout(16, 1, expert=16))
+    two = cm.expert_alltoall(cost, "F", 1.0, mesh, lay)
+    nb = cm.expert_alltoall_bytes(cost, 1.0, lay)
+    from hardware_profiles.collectives import span_two_hop_all_to_all
+    assert two == pytest.approx(2 * span_two_hop_all_to_all(nb, mesh.collective_span(16, 1), 8))
+    assert two < plain
+    # a layer that does not say its top-k is dispatched as one all-to-all
+    assert cm.expert_alltoall(MOE, "F", 1.0, mesh, lay) == pytest.approx(
+        cm.expert_alltoall(MOE, "F", 1.0, mesh, Layout(16, 1, expert=16)))
+
+
+def test_the_planner_offers_two_hops_only_where_the_group_leaves_the_node():
+    from planner.options import _layouts
+
+    many = [lay for lay in _layouts(_mesh(16, 8), 16, 8, False, experts=64)
+            if lay.expert_dispatch == "deepep"]
+    assert many and all(_mesh(16, 8).collective_span(lay.expert, lay.etp).nodes > 1
+                        for lay in many)
+    assert not [lay for lay in _layouts(_mesh(8, 8), 8, 8, False, experts=64)
+                if lay.expert_dispatch == "deepep"]
+
+
+def test_the_plan_file_carries_folding_and_dispatch():
+    from ir import plan_from_json, plan_to_json
+    from tests.planner.conftest import cluster, device, workload
+    from planner import PlanOptions, plan
+
+    w = workload(blocks=4, batch=8)
+    cl = cluster([("a", device("a", 100.0, 80.0), 4)])
+    doc = plan_to_json(plan(w, cl, PlanOptions(time_limit_s=5)).plan)
+    lay = next(iter(doc["meshes"].values()))["layout"]
+    assert "expert_tensor" not in lay and "expert_dispatch" not in lay     # as before
+    lay.update(data=2, tensor=2, fsdp=False, expert=4, expert_tensor=1, expert_dispatch="deepep")
+    back = plan_from_json(doc)
+    assert set(back.layouts.values()) == {Layout(2, 2, expert=4, expert_tensor=1,
+                                                 expert_dispatch="deepep")}
+    again = next(iter(plan_to_json(back)["meshes"].values()))["layout"]
+    assert (again["expert_tensor"], again["expert_dispatch"]) == (1, "deepep")

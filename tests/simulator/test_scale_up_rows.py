@@ -35,3 +35,25 @@ def test_a_stage_inside_the_rack_never_crosses_the_network():
     hosts = V.build_cluster(dataclasses.replace(_row(), devices_per_node=8), gb200)
     assert all(m.devices_per_node == 8 and m.scale_out_link is not None
                for m in hosts.meshes.values())
+
+
+def test_the_dispatcher_column_names_megatrons_dispatchers():
+    import pytest
+
+    from ir import Layout
+    from simulator.validation_rows import ValidationError, parse_row
+
+    d = dict(source="t", model="m", layers="8", hidden="1024", heads="8", seq_len="1024",
+             device="gb200", gpus="16", tp="1", pp="1", dp="16", global_batch="16",
+             metric="iteration_s", value="1.0", ep="16", dispatcher="HybridEP",
+             model_config="deepseek-v3")
+    from hardware_profiles import known_device_ids
+
+    known = list(known_device_ids())
+    r = parse_row(d, 2, known)
+    assert r.dispatcher == "deepep"
+    assert V.row_layout(r) == Layout(16, 1, expert=16, expert_tensor=1, expert_dispatch="deepep")
+    assert V.row_layout(dataclasses.replace(r, dispatcher=None)).expert_dispatch == "alltoall"
+    with pytest.raises(ValidationError, match=r"^row 2: dispatcher 'nccl' unknown; fix: use one "
+                                              r"of alltoall, deepep, hybridep, flex"):
+        parse_row({**d, "dispatcher": "nccl"}, 2, known)
