@@ -31,7 +31,7 @@ from mpmd.cli.validate import model_fill, predict_step, workload_for  # noqa: E4
 from planner import PlanOptions, plan  # noqa: E402
 from planner.predict import predict  # noqa: E402
 from simulator import validate as V  # noqa: E402
-from simulator.validation_setup import build_cluster  # noqa: E402
+from simulator.validation_setup import build_cluster, node_devices  # noqa: E402
 
 RUNS = (("dgxc-h100", "llama3.1-8B", 128), ("dgxc-h100", "llama3.1-70B", 64),
         ("dgxc-h100", "llama3.1-405B", 512), ("dgxc-h100", "gpt3-175B", 128),
@@ -53,8 +53,10 @@ def layout_text(row) -> str:
 
 def node_groups(row, device):
     """The row's hardware as node groups: DGX nodes of the row's size, or, where the row's NVLink
-    domain holds several hosts (a GB200 NVL72 rack: ``devices_per_node`` 72, hosts of 4), hosts
+    domain holds several hosts (a GB200 NVL72 rack: ``scale_up_domain`` or ``devices_per_node`` 72,
+    else the profile's, :func:`simulator.validation_setup.node_devices`; hosts of 4), hosts
     of the device's ``lockstep_devices`` joined by a ``scale_up_domain`` of the row's size."""
+    row = replace(row, scale_up_domain=node_devices(row, device))   # the profile's when blank
     c = dgx_node_groups(row, device)
     host = device.lockstep_devices
     if row.node_size <= host or row.node_size % host or row.gpus % host:
