@@ -32,6 +32,7 @@ PUBLISHED = {  # file -> published total (zoo/configs/README.md cites each)
     "gpt2.json": 124e6,
     "gpt-neox-20b.json": 20_554_567_680,
     "opt-1.3b.json": 1.32e9,
+    "Qwen3-30B-A3B.json": 30.5e9,
 }
 
 
@@ -45,6 +46,17 @@ def test_every_shipped_config_is_covered():
     shipped = {p.name for p in CONFIGS.glob("*.json")}
     moe = {"Mixtral-8x22B-v0.1.json", "Qwen3-235B-A22B.json", "DeepSeek-V3.json"}  # test_moe.py
     assert shipped == set(PUBLISHED) | moe
+
+
+def test_qwen3_30b_a3b_total_and_active_parameters():
+    """Qwen/Qwen3-30B-A3B model card: 30.5B in total, 3.3B activated (48 layers, 128 experts,
+    8 per token); the count is 30,532,110,336 and 3,353,020,416 active (the card's 3.3B
+    truncates it; q/k norms left out, 12,288 parameters)."""
+    cfg = resolve_model("qwen3-30b-a3b")
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim) == (48, 2048, 32, 4, 128)
+    assert (cfg.experts, cfg.experts_per_token, cfg.expert_ffn, cfg.vocab) == (128, 8, 768, 151936)
+    assert zoo.param_count(cfg) == 30_532_110_336
+    assert zoo.active_param_count(cfg) == 3_353_020_416
 
 
 def test_exact_counts_where_the_architecture_is_modelled_exactly():
