@@ -64,6 +64,23 @@ class ModelConfig:
         a rank-``q_lora_rank`` bottleneck (0: a full projection), keys and values through a
         rank-``kv_lora_rank`` latent; each head's query and key are ``head_size`` wide plus a
         shared ``qk_rope_head_dim`` rotary part, its value ``v_head_dim`` wide.
+        Sliding-window attention (``sliding_window`` > 0; Mistral 7B, Jiang et al. 2023; gpt-oss):
+        a sliding layer's query ``i`` attends the ``sliding_window`` keys ``i - window < j <= i``;
+        ``full_attention_every`` = n makes every n-th block (``i % n == n - 1``) full causal
+        attention and the others sliding (gpt-oss: 2, its ``layer_types`` alternating sliding and
+        full, from the first block sliding), 0 makes every block sliding (:meth:`layer_window`).
+        ``attention_sinks``: one learned logit per head joins each query's softmax denominator
+        (gpt-oss; Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks").
+        ``swiglu_limit`` > 0: gpt-oss's clamped SwiGLU, ``(clip(u, -l, l) + 1) * g' *
+        sigmoid(1.702 g')`` with ``g' = min(g, l)`` (openai/gpt-oss ``torch/model.py``,
+        ``swiglu``); the same three matrices. ``bias`` on a mixture of experts also gives the
+        router and every expert's three projections their biases (gpt-oss).
+        ``mtp_layers`` (0 or 1): DeepSeek-V3's multi-token-prediction module (Technical Report
+        Sec. 2.2, ``num_nextn_predict_layers``) in the head: the last block's output and the
+        embedding of the next token, each RMS-normed, concatenated and projected ``2h -> h``, one
+        more mixture-of-experts block, an RMSNorm and a second pass of the shared output head on
+        the token after next; the loss is the main loss plus the MTP loss (the report weighs it by
+        lambda; 1 here). The head holds its own copy of the embedding table, counted once.
         Mochi: hidden_y / ffn_y (text stream width and SwiGLU inner width), text_tokens, text_dim
         (T5-XXL feature width), latent_channels / latent_frames / latent_height / latent_width (VAE
         latent video), patch_size (spatial patch), sampling_steps and cfg_passes (DiT forwards per
@@ -114,6 +131,19 @@ class ModelConfig:
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    sliding_window: int = 0
+    full_attention_every: int = 0
+    attention_sinks: bool = False
+    swiglu_limit: float = 0.0
+    mtp_layers: int = 0
+
+    def layer_window(self, i: int) -> int:
+        """Keys block ``i``'s queries attend under its sliding window, 0 for full causal
+        attention (see the class docs)."""
+        if not self.sliding_window:
+            return 0
+        n = self.full_attention_every
+        return 0 if n and i % n == n - 1 else self.sliding_window
 
     @property
     def mla(self) -> bool:

@@ -42,6 +42,7 @@ Method (all abstract: ``jax.ShapeDtypeStruct`` inputs, no weights in memory):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Callable
@@ -53,13 +54,13 @@ from jax.experimental import roofline
 from jax.extend.core import jaxprs_in_params
 
 from ir import LayerCost, Workload
-from ir.workload import ATTENTION_KERNELS, causal_fraction
+from ir.workload import ATTENTION_KERNELS, FLASH_BLOCK, causal_fraction
 from hardware_profiles.types import MODEL_DTYPES
 from zoo import models
 from zoo.config import ModelConfig, ZooError, get_config, shard_dims
 from zoo.layers import attention, expert_capacity
 
-__all__ = ["workload", "body_cost", "analytic_training_flops"]
+__all__ = ["workload", "body_cost", "analytic_training_flops", "window_fraction", "mean_cost"]
 
 
 def _nbytes(tree: Any) -> int:
@@ -88,7 +89,8 @@ def _costs(fn: Callable, *args, floor: float = 0.0) -> tuple[float, float, float
     the floor). Other bytes: the unfused HBM traffic of every op that is not a matmul
     (``roofline``'s ``unfused_hbm_bytes`` minus the ``dot_general`` operands and results; ops
     without a roofline rule, e.g. ``tanh``, count 0)."""
-    flops = float(jax.jit(fn).lower(*args).cost_analysis()["flops"])
+    analysis: Any = jax.jit(fn).lower(*args).cost_analysis()
+    flops = float(analysis["flops"])
     _, rl = roofline.roofline(fn)(*args)
     jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
     other = float(rl.unfused_hbm_bytes) - _dot_bytes(jaxpr)
@@ -130,22 +132,50 @@ def _vjp_parts(fn: Callable, p: Any, diff: tuple, other: tuple, wrt_params: bool
     return (lambda l, c: jax.tree_util.tree_unflatten(treedef, l)(c)), leaves, ct
 
 
+ATTENTION_BODIES = ("decoder_block", "dense_block", "sliding_block")
+"""The decoder bodies with an attention core (the head too with a multi-token-prediction
+module, whose block attends)."""
+
+
 def _attention_core(cfg: ModelConfig, body: str, b: int):
-    """Shapes of the body's attention core (q, k, v) or None, and whether it is causal."""
-    if body in ("decoder_block", "dense_block") and cfg.mla:
-        S, H = cfg.seq_len, cfg.heads
-        qk = jax.ShapeDtypeStruct((b, S, H, cfg.head_dim + cfg.qk_rope_head_dim), cfg.jnp_dtype)
-        return (qk, qk, jax.ShapeDtypeStruct((b, S, H, cfg.v_head_dim), cfg.jnp_dtype)), True
-    if body in ("decoder_block", "dense_block"):
-        S, d = cfg.seq_len, cfg.head_dim
+    """Shapes of the body's attention core (q, k, v) or None, whether it is causal, and its
+    sliding window (0: none)."""
+    window = cfg.sliding_window if body == "sliding_block" else 0
+    if body in ATTENTION_BODIES or (body == "head" and cfg.mtp_layers):
+        S = cfg.seq_len
+        if cfg.mla:
+            H = cfg.heads
+            qk = jax.ShapeDtypeStruct((b, S, H, cfg.head_dim + cfg.qk_rope_head_dim), cfg.jnp_dtype)
+            return (qk, qk, jax.ShapeDtypeStruct((b, S, H, cfg.v_head_dim), cfg.jnp_dtype)), True, 0
+        d = cfg.head_dim
         q = jax.ShapeDtypeStruct((b, S, cfg.heads, d), cfg.jnp_dtype)
         kv = jax.ShapeDtypeStruct((b, S, cfg.kv_heads, d), cfg.jnp_dtype)
-        return (q, kv, kv), True
+        return (q, kv, kv), True, window
     if body.startswith("asymm_dit_block"):
         q = jax.ShapeDtypeStruct((b, cfg.visual_tokens + cfg.text_tokens, cfg.heads, cfg.head_dim),
                                  cfg.jnp_dtype)
-        return (q, q, q), False
-    return None, False
+        return (q, q, q), False, 0
+    return None, False, 0
+
+
+def window_fraction(seq: int, window: int, block: int = FLASH_BLOCK) -> float:
+    """Fraction of a ``seq x seq`` score matrix's FLOPs a blocked kernel computes under a causal
+    sliding window of ``window`` keys (query ``i`` sees ``i - window < j <= i``): the
+    ``block x block`` tiles any of whose scores is in the band, of ``n^2``, ``n = ceil(seq /
+    block)`` (FlashAttention-2 skips the others, as it skips those above the diagonal: Dao 2023,
+    Sec. 3.1). ``window >= seq`` gives :func:`ir.workload.causal_fraction`; gpt-oss's window 128
+    at 4,096 tokens gives ``(2n - 1) / n^2`` (the diagonal tile and the one before it), about
+    ``2 x 128 / seq``.
+
+    Raises:
+        ZooError: ``seq``, ``window`` or ``block`` not positive.
+    """
+    if seq <= 0 or window <= 0 or block <= 0:
+        raise ZooError(f"window_fraction(seq={seq}, window={window}, block={block}): all must be "
+                       f"positive")
+    n = math.ceil(seq / block)
+    tiles = sum(i - max(0, i * block - window + 1) // block + 1 for i in range(n))
+    return tiles / (n * n)
 
 
 def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: bool
@@ -161,23 +191,24 @@ def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: 
       log-sum-exp; the backward reads q, k, v, o, do, lse and writes dq, dk, dv) instead of the
       materialized scores', and the softmax's own elementwise traffic is fused away;
     * FLOPs: a causal mask skips the blocks above the diagonal (:func:`causal_fraction` of the
-      trace's), and the backward recomputes the scores ``Q K^T`` before its four matmuls, so it
+      trace's; a sliding window also those left of its band, :func:`window_fraction`), and the backward recomputes the scores ``Q K^T`` before its four matmuls, so it
       is 2.5x the forward's matmul FLOPs instead of 2x (FlashAttention-2, Sec. 3.1-3.2). The
       core has no weights, so its backward FLOPs are all input-gradient (B) FLOPs.
     """
     zero = dict.fromkeys(("fwd_bytes", "fwd_other", "fwd_flops", "bwd_bytes", "bwd_other",
                           "bwd_flops", "bwdx_other", "bwdx_flops", "attn_fwd_flops",
                           "attn_bwd_flops"), 0.0)
-    qkv, causal = _attention_core(cfg, body, b)
+    qkv, causal, window = _attention_core(cfg, body, b)
     if qkv is None or cfg.attention_kernel == "unfused":
         return zero
     if cfg.attention_kernel != "flash":
         raise ZooError(f"attention_kernel {cfg.attention_kernel!r} is not one of "
                        f"{sorted(ATTENTION_KERNELS)}")
     q = qkv[0]
-    frac = causal_fraction(q.shape[1]) if causal else 1.0
+    frac = (window_fraction(q.shape[1], window) if window else
+            causal_fraction(q.shape[1]) if causal else 1.0)
     scores_flops = 2.0 * math.prod(q.shape) * qkv[1].shape[1]   # Q K^T: 2 b S T H D
-    core = functools.partial(attention, causal=causal, impl="plain")
+    core = functools.partial(attention, causal=causal, impl="plain", window=window)
     flops_fwd, plain_fwd, other_fwd, _ = _costs(core, *qkv)
     io = _nbytes(qkv) + _nbytes(q)                          # q, k, v in; o out
     lse = math.prod(q.shape[:3]) * 4                        # float32 per (b, s, head)
@@ -218,10 +249,10 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
             bwdx, leaves_x, ct = _vjp_parts(fn, p, diff, other, wrt_params=False)
             r["bwdx_flops"], _, r["bwdx_other"], _ = _costs(bwdx, leaves_x, ct)
         flash_fn = models.layer_fns(get_config(cfg, attention="flash"))[layer]
-        r["resid_bytes"] = float(sum(
-            math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
-            for a, why in saved_residuals(flash_fn, p, *diff, *other)
-            if not why.startswith("from the argument p")))
+        kept: list[Any] = [a for a, why in saved_residuals(flash_fn, p, *diff, *other)
+                           if not why.startswith("from the argument p")]
+        r["resid_bytes"] = float(sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
+                                     for a in kept))
     fix = _attention_kernel_correction(cfg, body, b, cfg.training)
     for k, v in fix.items():
         if cfg.training or not k.startswith("bwd"):
@@ -238,8 +269,13 @@ def _tp_allreduce_bytes(cfg: ModelConfig, body: str) -> float:
         if body == "asymm_dit_block_final":
             return 2.0 * cfg.visual_tokens * cfg.hidden * db
         return 0.0
-    return {"embed": cfg.seq_len * cfg.hidden * db, "decoder_block": 2.0 * cfg.seq_len * cfg.hidden * db,
-            "dense_block": 2.0 * cfg.seq_len * cfg.hidden * db, "head": 3.0 * cfg.seq_len * 4}[body]
+    block = 2.0 * cfg.seq_len * cfg.hidden * db
+    # a multi-token-prediction head: a second vocab-parallel cross-entropy, the vocab-parallel
+    # lookup of the next tokens' embeddings and its block's two all-reduces
+    mtp = 3.0 * cfg.seq_len * 4 + cfg.seq_len * cfg.hidden * db + block if cfg.mtp_layers else 0.0
+    return {"embed": cfg.seq_len * cfg.hidden * db, "decoder_block": block,
+            "sliding_block": block, "dense_block": block,
+            "head": 3.0 * cfg.seq_len * 4 + mtp}[body]
 
 
 @functools.lru_cache(maxsize=None)
@@ -282,12 +318,15 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         low_precision=body not in ("embed", "head"), **_expert_fields(cfg, body))
 
 
-def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
+def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, Any]:
     """A mixture-of-experts block's :class:`LayerCost` expert fields: its experts, their
     parameters, the FLOP of their matmuls for one sample (every capacity row of every expert:
     ``zoo.layers.moe_swiglu`` computes the empty rows too), the bytes one sample's tokens send
-    to them in one dispatch and the (token, expert) pairs it routes."""
-    if not cfg.moe or body != "decoder_block":
+    to them in one dispatch and the (token, expert) pairs it routes; a multi-token-prediction
+    head carries its one block's."""
+    if not cfg.moe or body not in ("decoder_block", "sliding_block", "head"):
+        return {}
+    if body == "head" and not cfg.mtp_layers:
         return {}
     routed = cfg.experts * expert_capacity(cfg.seq_len, cfg.experts_per_token, cfg.experts,
                                            cfg.capacity_factor)     # token rows per sample
@@ -300,8 +339,54 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
             "experts_per_token": float(cfg.experts_per_token)}
 
 
+def mean_cost(costs: list[tuple[LayerCost, int]], name: str) -> LayerCost:
+    """One :class:`LayerCost` named ``name`` whose every figure is the ``count``-weighted mean
+    of ``costs`` (``(cost, count)`` pairs of bodies with the same parameters and experts, e.g.
+    a sliding-window and a full-attention block): ``n`` layers of it cost what the ``n`` layers
+    cost together when they hold the mix in these proportions. Operation counts round.
+
+    Raises:
+        ZooError: bodies whose parameters or experts differ (a mean would misplace weights).
+    """
+    first = costs[0][0]
+    if any((c.param_count, c.experts, c.expert_param_count) !=
+           (first.param_count, first.experts, first.expert_param_count) for c, _ in costs):
+        raise ZooError(f"bodies {[c.name for c, _ in costs]} hold different parameters; only "
+                       f"layers that differ in their attention span are costed as one mean body")
+    total = sum(n for _, n in costs)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(LayerCost):
+        v = getattr(first, f.name)
+        if f.name == "name":
+            out[f.name] = name
+        elif isinstance(v, bool) or f.name in ("param_count", "experts", "expert_param_count"):
+            out[f.name] = v
+        else:
+            m = sum(getattr(c, f.name) * n for c, n in costs) / total
+            out[f.name] = round(m) if isinstance(v, int) else m
+    return LayerCost(**out)
+
+
+def _uniform_blocks(bodies: tuple[str, ...], costs: dict[str, LayerCost]
+                    ) -> tuple[tuple[str, ...], dict[str, LayerCost]]:
+    """A run of blocks that differ only in their attention span (gpt-oss's sliding and full
+    layers) as one body, ``"decoder_block"``, costed as their mean (:func:`mean_cost`); other
+    sequences unchanged. Why: the planner partitions one contiguous run of identical blocks
+    (``planner.options._split_layers``). Exact for the model's step and for every stage holding
+    whole periods of the pattern; a stage with one extra sliding (full) layer is charged half a
+    layer's difference in attention core more (less) than it computes."""
+    run = [b for b in bodies if b in ("decoder_block", "sliding_block")]
+    kinds = sorted(set(run))
+    if len(kinds) < 2:
+        return bodies, costs
+    mean = mean_cost([(costs[k], run.count(k)) for k in kinds], "decoder_block")
+    out = {k: v for k, v in costs.items() if k not in kinds}
+    out["decoder_block"] = mean
+    return tuple("decoder_block" if b in kinds else b for b in bodies), out
+
+
 def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | None = None,
-             **overrides) -> Workload:
+             *, per_layer: bool = False, **overrides) -> Workload:
     """The :class:`~ir.Workload` of one step of ``global_batch`` samples.
 
     Args:
@@ -310,6 +395,9 @@ def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | N
             denoising step; a video costs ``cfg.sampling_steps * cfg.cfg_passes`` samples).
         seq_len: tokens per sample; default the model's ``seq_len``. Mochi's token count follows
             its latent video size (override ``latent_frames`` etc.), so ``seq_len`` must match it.
+        per_layer: each layer's own body (gpt-oss: ``"sliding_block"`` and ``"decoder_block"``
+            alternating); by default blocks that differ only in their attention span are costed
+            as one mean body the planner can partition (:func:`_uniform_blocks`).
         overrides: :class:`ModelConfig` fields.
     Raises:
         ZooError: unknown model or field, ``global_batch < 1``, or a Mochi ``seq_len`` mismatch.
@@ -327,6 +415,8 @@ def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | N
     names = models.layer_names(cfg)
     bodies = tuple(models.body_of(cfg, n) for n in names)
     costs = {b: body_cost(cfg, b) for b in dict.fromkeys(bodies)}
+    if not per_layer:
+        bodies, costs = _uniform_blocks(bodies, costs)
     return Workload(model=cfg.name, layers=bodies, costs=costs, seq_len=cfg.seq_len,
                     global_batch=global_batch, training=cfg.training,
                     dtype_bytes=cfg.dtype_bytes, source=cfg.source, shards=shard_dims(cfg),
@@ -347,6 +437,6 @@ def analytic_training_flops(cfg: ModelConfig | str, tokens: float) -> float:
     n = 0
     for layer in models.layer_names(cfg):
         for name, s in models.layer_param_shapes(cfg, layer).items():
-            if len(s.shape) == 2 and not (layer == "embed" and name in ("tok", "pos")):
+            if len(s.shape) == 2 and name not in ("tok", "pos"):
                 n += math.prod(s.shape)
     return 6.0 * n * tokens + 12.0 * cfg.layers * cfg.heads * cfg.head_dim * cfg.seq_len * tokens

@@ -21,9 +21,16 @@ from zoo.config import ModelConfig
 from zoo.layers import (attention, cross_entropy, gelu_mlp, layer_norm, moe_swiglu, relu_mlp,
                         rms_norm, rope, swiglu)
 
+MTP = "mtp_"
+"""Prefix of the multi-token-prediction module's block parameters in the head
+(``zoo.ModelConfig.mtp_layers``)."""
+
+EXPERT_BIASES = ("w_router_b", "w_gate_b", "w_up_b", "w_down_b")
+"""A mixture of experts' router and expert biases (``bias`` on a MoE block: gpt-oss)."""
+
 
 def embed_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    s = {"tok": (cfg.vocab, cfg.hidden)}
+    s: dict[str, tuple[int, ...]] = {"tok": (cfg.vocab, cfg.hidden)}
     if cfg.pos_emb == "learned":
         s["pos"] = (cfg.seq_len, cfg.hidden)
     return s
@@ -32,7 +39,7 @@ def embed_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def _mla_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Multi-head latent attention's weights (DeepSeek-V2, Sec. 2.1; ``zoo.ModelConfig``)."""
     h, H, dn, dr, dv = cfg.hidden, cfg.heads, cfg.head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-    s = {"attn_norm": (h,)}
+    s: dict[str, tuple[int, ...]] = {"attn_norm": (h,)}
     if cfg.q_lora_rank:
         s.update(wq_a=(h, cfg.q_lora_rank), q_a_norm=(cfg.q_lora_rank,),
                  wq_b=(cfg.q_lora_rank, H * (dn + dr)))
@@ -46,14 +53,19 @@ def _mla_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def block_shapes(cfg: ModelConfig, dense: bool = False) -> dict[str, tuple[int, ...]]:
     """One block's parameter shapes; ``dense``: a mixture of experts' dense first blocks."""
     h, d, H, KV, f = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.ffn
+    s: dict[str, tuple[int, ...]]
     if cfg.mla:
         s = _mla_shapes(cfg)
     else:
         s = {"attn_norm": (h,), "wq": (h, H * d), "wk": (h, KV * d), "wv": (h, KV * d),
              "wo": (H * d, h), "mlp_norm": (h,)}
+    if cfg.attention_sinks:
+        s["sinks"] = (H,)
     if cfg.moe and not dense:
         E, fe = cfg.experts, cfg.expert_ffn
         s.update(w_router=(h, E), w_gate=(E, h, fe), w_up=(E, h, fe), w_down=(E, fe, h))
+        if cfg.bias:
+            s.update(w_router_b=(E,), w_gate_b=(E, fe), w_up_b=(E, fe), w_down_b=(E, h))
         if cfg.shared_experts:
             fs = cfg.shared_experts * fe
             s.update(ws_gate=(h, fs), ws_up=(h, fs), ws_down=(fs, h))
@@ -71,9 +83,18 @@ def block_shapes(cfg: ModelConfig, dense: bool = False) -> dict[str, tuple[int, 
 
 
 def head_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    s = {"norm": (cfg.hidden,), "out": (cfg.hidden, cfg.vocab)}
+    """The final norm and output head; with ``mtp_layers``, also the multi-token-prediction
+    module (``zoo.ModelConfig``): its two input norms, the ``2h x h`` projection, one
+    mixture-of-experts block (:data:`MTP`-prefixed), its output norm and the head's copy of
+    the embedding table (shared with the input embedding)."""
+    h = cfg.hidden
+    s: dict[str, tuple[int, ...]] = {"norm": (h,), "out": (h, cfg.vocab)}
     if cfg.norm == "layer":
-        s["norm_b"] = (cfg.hidden,)
+        s["norm_b"] = (h,)
+    if cfg.mtp_layers:
+        s.update(tok=(cfg.vocab, h), mtp_hnorm=(h,), mtp_enorm=(h,), mtp_proj=(2 * h, h),
+                 mtp_head_norm=(h,))
+        s.update({MTP + k: v for k, v in block_shapes(cfg).items()})
     return s
 
 
@@ -115,9 +136,10 @@ def _mla(cfg: ModelConfig, p: dict, a: jax.Array) -> jax.Array:
     return o.reshape(B, S, H * dv)
 
 
-def block_fn(cfg: ModelConfig, dense: bool = False):
+def block_fn(cfg: ModelConfig, dense: bool = False, window: int = 0):
     """One block as a function ``(p, x [B, S, h]) -> [B, S, h]``; ``dense``: a mixture of
-    experts' dense first blocks (a SwiGLU MLP of width ``ffn``)."""
+    experts' dense first blocks (a SwiGLU MLP of width ``ffn``); ``window``: its attention's
+    sliding window (0: full causal attention)."""
     H, KV, d = cfg.heads, cfg.kv_heads, cfg.head_dim
 
     def lin(p, name, x):
@@ -136,25 +158,45 @@ def block_fn(cfg: ModelConfig, dense: bool = False):
             if cfg.pos_emb == "rope":
                 pos = jnp.arange(S)
                 q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
-            o = attention(q, k, v, causal=True, impl=cfg.attention).reshape(B, S, H * d)
+            o = attention(q, k, v, causal=True, impl=cfg.attention, window=window,
+                          sinks=p.get("sinks")).reshape(B, S, H * d)
         x = x + lin(p, "wo", o)
         m = _norm(cfg, p, "mlp_norm", x)
+        limit = cfg.swiglu_limit
         if cfg.moe and not dense:
             y = moe_swiglu(m, p["w_router"], p["w_gate"], p["w_up"], p["w_down"],
-                           top_k=cfg.experts_per_token, capacity_factor=cfg.capacity_factor)
+                           top_k=cfg.experts_per_token, capacity_factor=cfg.capacity_factor,
+                           biases={k: p[k] for k in EXPERT_BIASES if k in p}, limit=limit)
             if cfg.shared_experts:
-                y = y + swiglu(m, p["ws_gate"], p["ws_up"], p["ws_down"])
+                y = y + swiglu(m, p["ws_gate"], p["ws_up"], p["ws_down"], limit)
             return x + y
         if cfg.mlp == "swiglu":
-            return x + swiglu(m, p["w_gate"], p["w_up"], p["w_down"])
+            return x + swiglu(m, p["w_gate"], p["w_up"], p["w_down"], limit)
         mlp = relu_mlp if cfg.mlp == "relu" else gelu_mlp
         return x + mlp(m, p["w_in"], p["w_in_b"], p["w_out"], p["w_out_b"])
     return block
 
 
 def head_fn(cfg: ModelConfig):
+    """``(p, x [B, S, h], targets int32 [B, S]) -> loss``: the mean cross-entropy of the next
+    token; with ``mtp_layers``, plus that of the multi-token-prediction module (DeepSeek-V3
+    Technical Report, Sec. 2.2): at position ``i`` it combines the last block's output with
+    the embedding of token ``i + 1`` (``targets[i]``) and predicts token ``i + 2``
+    (``targets[i + 1]``), through the same output head."""
+    block = block_fn(cfg)
+
+    def logits(p: dict, norm: str, x: jax.Array) -> jax.Array:
+        return jnp.einsum("bsh,hv->bsv", _norm(cfg, p, norm, x), p["out"],
+                          preferred_element_type=jnp.float32)
+
     def head(p: dict, x: jax.Array, targets: jax.Array) -> jax.Array:
-        logits = jnp.einsum("bsh,hv->bsv", _norm(cfg, p, "norm", x), p["out"],
-                            preferred_element_type=jnp.float32)
-        return cross_entropy(logits, targets)
+        loss = cross_entropy(logits(p, "norm", x), targets)
+        if not cfg.mtp_layers:
+            return loss
+        e = jnp.take(p["tok"], targets, axis=0)
+        both = jnp.concatenate([rms_norm(x, p["mtp_hnorm"], cfg.norm_eps),
+                                rms_norm(e, p["mtp_enorm"], cfg.norm_eps)], axis=-1)
+        y = block({k[len(MTP):]: v for k, v in p.items() if k.startswith(MTP)},
+                  both @ p["mtp_proj"])
+        return loss + cross_entropy(logits(p, "mtp_head_norm", y)[:, :-1], targets[:, 1:])
     return head

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Callable, Mapping
+from typing import Callable, Literal, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -89,51 +89,74 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 # --------------------------------------------------------------------------- attention
-def _scores(q, k, causal):
-    """``q: [B,S,KV,G,D]``, ``k: [B,T,KV,D]`` -> float32 scores ``[B,KV,G,S,T]``."""
+def _scores(q, k, causal, window=0):
+    """``q: [B,S,KV,G,D]``, ``k: [B,T,KV,D]`` -> float32 scores ``[B,KV,G,S,T]``; ``window`` > 0
+    masks every key but the ``window`` last up to the query (a sliding window)."""
     s = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
     s = s / math.sqrt(q.shape[-1])
     if causal:
         S, T = q.shape[1], k.shape[1]
-        mask = jnp.arange(S)[:, None] >= jnp.arange(T)[None, :]
+        i, j = jnp.arange(S)[:, None], jnp.arange(T)[None, :]
+        mask = i >= j
+        if window:
+            mask = mask & (i - j < window)
         s = jnp.where(mask, s, -1e30)
     return s
 
 
-def _plain(q, k, v, causal):
-    p = jax.nn.softmax(_scores(q, k, causal), axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgst,btkd->bskgd", p, v)
+def _sink(sinks, s):
+    """The sinks ``[KV, G]`` as float32 logits broadcast against scores ``[B,KV,G,S,T]``."""
+    return sinks.astype(jnp.float32).reshape(1, *sinks.shape, 1, 1) * jnp.ones_like(s[..., :1])
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _flash(q, k, v, causal):
-    return _plain(q, k, v, causal)
+def _lse(s, sinks):
+    """Log-sum-exp over the keys, each row's sink logit included when given: ``[B,KV,G,S]``."""
+    lse = jax.nn.logsumexp(s, axis=-1)
+    return lse if sinks is None else jnp.logaddexp(lse, _sink(sinks, s)[..., 0])
 
 
-def _flash_fwd(q, k, v, causal):
-    s = _scores(q, k, causal)
-    lse = jax.nn.logsumexp(s, axis=-1)                                   # [B,KV,G,S]
+def _plain(q, k, v, causal, window=0, sinks=None):
+    s = _scores(q, k, causal, window)
+    if sinks is None:
+        p = jax.nn.softmax(s, axis=-1)
+    else:   # the sink joins the denominator and takes no value row
+        p = jax.nn.softmax(jnp.concatenate([s, _sink(sinks, s)], axis=-1), axis=-1)[..., :-1]
+    return jnp.einsum("bkgst,btkd->bskgd", p.astype(v.dtype), v)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash(q, k, v, sinks, causal, window):
+    return _plain(q, k, v, causal, window, sinks)
+
+
+def _flash_fwd(q, k, v, sinks, causal, window):
+    s = _scores(q, k, causal, window)
+    lse = _lse(s, sinks)                                                 # [B,KV,G,S]
     o = jnp.einsum("bkgst,btkd->bskgd", jnp.exp(s - lse[..., None]).astype(v.dtype), v)
-    return o, (q, k, v, o, lse)
+    return o, (q, k, v, sinks, o, lse)
 
 
-def _flash_bwd(causal, res, do):
-    q, k, v, o, lse = res
-    p = jnp.exp(_scores(q, k, causal) - lse[..., None])                 # recomputed, float32
+def _flash_bwd(causal, window, res, do):
+    q, k, v, sinks, o, lse = res
+    p = jnp.exp(_scores(q, k, causal, window) - lse[..., None])         # recomputed, float32
     dv = jnp.einsum("bkgst,bskgd->btkd", p.astype(do.dtype), do)
     dp = jnp.einsum("bskgd,btkd->bkgst", do, v, preferred_element_type=jnp.float32)
     delta = jnp.einsum("bskgd,bskgd->bkgs", do.astype(jnp.float32), o.astype(jnp.float32))
     ds = (p * (dp - delta[..., None]) / math.sqrt(q.shape[-1])).astype(q.dtype)
     dq = jnp.einsum("bkgst,btkd->bskgd", ds, k)
     dk = jnp.einsum("bkgst,bskgd->btkd", ds, q)
-    return dq, dk, dv
+    dsinks = None
+    if sinks is not None:   # d sink = -sum over queries of p_sink x delta
+        p_sink = jnp.exp(sinks.astype(jnp.float32)[None, :, :, None] - lse)
+        dsinks = (-jnp.sum(p_sink * delta, axis=(0, 3))).astype(sinks.dtype)
+    return dq, dk, dv, dsinks
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
-              impl: str = "plain") -> jax.Array:
+              impl: str = "plain", window: int = 0, sinks: jax.Array | None = None) -> jax.Array:
     """Multi-head / grouped-query attention.
 
     Args:
@@ -144,33 +167,62 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
             (custom VJP keeping q, k, v, o and the log-sum-exp, recomputing the softmax in the
             backward, as FlashAttention does: Dao et al. 2022) or ``"fused"``
             (``jax.nn.dot_product_attention``: cuDNN's fused flash attention on an NVIDIA GPU,
-            XLA's own lowering, scores materialized, elsewhere; ``D`` must equal ``Dv``).
+            XLA's own lowering, scores materialized, elsewhere; ``D`` must equal ``Dv``; no
+            sinks).
+        window: with ``causal``, the keys a query attends: ``i - window < j <= i`` (a sliding
+            window, ``zoo.ModelConfig.sliding_window``); 0 for every earlier key.
+        sinks: ``[H]`` learned logits, one per head, added to each query's softmax denominator
+            with no value (gpt-oss's attention sinks); None for none.
     Returns: ``[B, S, H, Dv]``.
+
+    Raises:
+        ValueError: an unknown ``impl``, or sinks with ``"fused"``.
     """
     B, S, H, D = q.shape
     KV = k.shape[2]
     qg = q.reshape(B, S, KV, H // KV, D)
+    sg = None if sinks is None else sinks.reshape(KV, H // KV)
     if impl == "plain":
-        o = _plain(qg, k, v, causal)
+        o = _plain(qg, k, v, causal, window, sg)
     elif impl == "flash":
-        o = _flash(qg, k, v, causal)
+        o = _flash(qg, k, v, sg, causal, window)
     elif impl == "fused":
-        kernel = "cudnn" if jax.default_backend() == "gpu" else None
-        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=kernel)
+        if sinks is not None:
+            raise ValueError("attention impl 'fused' has no sinks; use 'plain' or 'flash'")
+        kernel: Literal["cudnn"] | None = "cudnn" if jax.default_backend() == "gpu" else None
+        span = (window - 1, 0) if causal and window else None
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=kernel,
+                                            local_window_size=span)
     else:
         raise ValueError(f"attention impl {impl!r} is not 'plain', 'flash' or 'fused'")
     return o.reshape(B, S, H, v.shape[-1])
 
 
 # --------------------------------------------------------------------------- mlp
-def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    """SwiGLU MLP (Shazeer 2020): ``(silu(x Wg) * (x Wu)) Wd``."""
-    return _silu_mul(x @ w_gate, x @ w_up) @ w_down
+def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
+           limit: float = 0.0) -> jax.Array:
+    """SwiGLU MLP (Shazeer 2020): ``(silu(x Wg) * (x Wu)) Wd`` (``limit``: :func:`glu`)."""
+    return glu(x @ w_gate, x @ w_up, limit) @ w_down
 
 
 @jax.checkpoint
 def _silu_mul(g: jax.Array, u: jax.Array) -> jax.Array:
     return jax.nn.silu(g) * u
+
+
+@partial(jax.checkpoint, static_argnums=(2,))
+def _clamped_silu_mul(g: jax.Array, u: jax.Array, limit: float) -> jax.Array:
+    """gpt-oss's SwiGLU (openai/gpt-oss ``gpt_oss/torch/model.py``, ``swiglu``, alpha 1.702):
+    ``(clip(u, -limit, limit) + 1) * g' * sigmoid(1.702 g')``, ``g' = min(g, limit)``."""
+    g = jnp.minimum(g, limit)
+    u = jnp.clip(u, -limit, limit)
+    return g * jax.nn.sigmoid(1.702 * g) * (u + 1)
+
+
+def glu(g: jax.Array, u: jax.Array, limit: float = 0.0) -> jax.Array:
+    """The gated product of a SwiGLU: ``silu(g) * u``, or gpt-oss's clamped form when
+    ``limit`` > 0 (:func:`_clamped_silu_mul`)."""
+    return _clamped_silu_mul(g, u, limit) if limit else _silu_mul(g, u)
 
 
 def expert_capacity(tokens: int, top_k: int, experts: int, capacity_factor: float) -> int:
@@ -187,7 +239,8 @@ mesh with them): the batch is split over ``(DATA_AXIS, EXPERT_AXIS)`` and the ex
 
 
 def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.Array,
-               w_down: jax.Array, *, top_k: int, capacity_factor: float) -> jax.Array:
+               w_down: jax.Array, *, top_k: int, capacity_factor: float,
+               biases: Mapping[str, jax.Array] | None = None, limit: float = 0.0) -> jax.Array:
     """Mixture-of-experts SwiGLU with top-k token-choice routing (``zoo.ModelConfig`` docs).
 
     Tokens are routed within their sample: each sample's sequence is one routing group (GShard's
@@ -211,14 +264,22 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.A
     Args:
         x: ``[B, S, h]``; w_router: ``[h, E]``; w_gate, w_up: ``[E, h, f]``; w_down: ``[E, f, h]``.
         top_k: experts per token; capacity_factor: expert capacity over the balanced share.
+        biases: the router's and the experts' biases (gpt-oss), ``{"w_router_b": [E],
+            "w_gate_b", "w_up_b": [E, f], "w_down_b": [E, h]}``; None for none.
+        limit: gpt-oss's SwiGLU clamp (:func:`glu`); 0 for the plain SwiGLU.
     Returns: ``[B, S, h]``.
     """
     B, T, h = x.shape
     E = w_router.shape[1]
     C = expert_capacity(T, top_k, E, capacity_factor)
 
+    bias = dict(biases or {})
+
     def route(xt: jax.Array):
-        probs = jax.nn.softmax((xt @ w_router).astype(jnp.float32), axis=-1)
+        logits = xt @ w_router
+        if "w_router_b" in bias:
+            logits = logits + bias["w_router_b"]
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
         gates, chosen = jax.lax.top_k(probs, top_k)
         gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
         slot_of_pair, pair_of_slot = _slots(chosen.reshape(-1), E, C)
@@ -232,7 +293,12 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.A
     buf = _exchange(buf.reshape(B, E, C, h), to_experts=True)
     g = jnp.einsum("bech,ehf->becf", buf, w_gate)
     u = jnp.einsum("bech,ehf->becf", buf, w_up)
-    y = jnp.einsum("becf,efh->bech", _silu_mul(g, u), w_down)
+    if "w_gate_b" in bias:     # an empty slot's row gets them too; no token reads it back
+        g = g + bias["w_gate_b"][None, :, None, :]
+        u = u + bias["w_up_b"][None, :, None, :]
+    y = jnp.einsum("becf,efh->bech", glu(g, u, limit), w_down)
+    if "w_down_b" in bias:
+        y = y + bias["w_down_b"][None, :, None, :]
     y = _exchange(y, to_experts=False).reshape(B, E * C, h)
     # combine: each (token, choice) pair reads its slot (E*C: dropped, a zero row), gated
     return jax.vmap(_combine)(y, to_token, pair_of_slot, gates)          # [B, T, h]

@@ -17,8 +17,10 @@ biases and Qwen3's q/k norms are left out (under 0.01% of the parameters), slidi
 full rotary (no parameters either way), and Gemma 3's vision encoder is not modelled. The tokens
 per sample default to ``min(max_position_embeddings, 8192)`` (``--seq-len`` overrides it).
 A mixture of experts (``mixtral``, ``qwen3_moe``; ``deepseek_v2`` / ``deepseek_v3`` with
-multi-head latent attention, shared experts and dense first layers) sets the config's expert
-fields (``ModelConfig.experts`` ...); Qwen2-MoE (a gated shared expert) and other MoE designs,
+multi-head latent attention, shared experts and dense first layers; ``gpt_oss`` with biases,
+attention sinks, a clamped SwiGLU and sliding-window attention on alternate layers, which is
+modelled, not costed as full attention) sets the config's expert fields
+(``ModelConfig.experts`` ...); Qwen2-MoE (a gated shared expert) and other MoE designs,
 and any other type, are refused in one line naming the type, what is missing and the supported
 list.
 
@@ -52,7 +54,7 @@ pretraining step a plan is usually for)."""
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES + MOE_TYPES
 """Hugging Face ``model_type`` values read into a decoder (dense, or a mixture of experts in
 every block)."""
@@ -69,7 +71,8 @@ _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3",
                "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
                "OPTForCausalLM": "opt", "MixtralForCausalLM": "mixtral",
-               "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3"}
+               "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3",
+               "GptOssForCausalLM": "gpt_oss"}
 
 
 def is_model_file(name: str) -> bool:
@@ -222,6 +225,8 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
     "mixtral": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
     "qwen3_moe": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
                   "ffn": "moe_intermediate_size"},
+    "gpt_oss": {"experts": "num_local_experts", "expert_ffn": "intermediate_size",
+                "full_attention_every": "layer_types", "bias": "attention_bias"},
     "deepseek": {"kv_heads": "num_attention_heads", "head_size": "qk_nope_head_dim",
                  "experts": "n_routed_experts", "expert_ffn": "moe_intermediate_size",
                  "shared_experts": "n_shared_experts", "dense_layers": "first_k_dense_replace"},
@@ -234,7 +239,7 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
 def hf_names(kind: str) -> dict[str, str]:
     """The Hugging Face key of each field for a config of ``model_type`` ``kind``."""
     family = ("deepseek" if kind.startswith("deepseek") else
-              kind if kind in ("mixtral", "qwen3_moe", "gpt2") else
+              kind if kind in ("mixtral", "qwen3_moe", "gpt2", "gpt_oss") else
               "gpt" if kind in GPT_TYPES else "")
     return {**HF_NAMES, **_KIND_NAMES.get(family, {})}
 
@@ -301,6 +306,8 @@ def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) 
     whose every block's MLP is a mixture of experts."""
     if kind.startswith("deepseek"):
         return _deepseek(doc, kind, name, source, where)
+    if kind == "gpt_oss":
+        return _gpt_oss(doc, name, source, where)
     if kind == "qwen3_moe":
         if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:
             raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
@@ -315,6 +322,42 @@ def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) 
                                source=base.source.replace("; qwen3", "; qwen3_moe", 1)
                                .replace("; mistral", "; mixtral", 1)
                                + f" ({experts} experts, top {top_k}, capacity factor 1)")
+
+
+def _gpt_oss(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
+    """OpenAI gpt-oss (``gpt_oss``; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card"): a
+    llama-family decoder whose every block routes to ``num_experts_per_tok`` of
+    ``num_local_experts`` SwiGLU experts of width ``intermediate_size`` (router and experts
+    with biases, the SwiGLU clamped at ``swiglu_limit``), attention with q/k/v/o biases and one
+    sink logit per head, its ``layer_types`` alternating ``sliding_attention`` (a window of
+    ``sliding_window`` keys) and ``full_attention`` (Hugging Face's default when absent: every
+    second block full). YaRN rope scaling is costed as plain RoPE (no parameters, the same
+    FLOP); the published MXFP4 expert weights are costed in the compute dtype."""
+    layers = _int(doc, "num_hidden_layers", where)
+    types = doc.get("layer_types")
+    if types is None:
+        types = ["full_attention" if (i + 1) % 2 == 0 else "sliding_attention"
+                 for i in range(layers)]
+    if not isinstance(types, list) or "full_attention" not in types:
+        raise ZooError(f"{where}: field 'layer_types' = {_short(types)} is not a list with "
+                       f"'full_attention' layers; give the published per-layer list")
+    every = types.index("full_attention") + 1
+    want = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    if types != want:
+        raise ZooError(f"{where}: field 'layer_types' = {_short(types)} is not one full-attention "
+                       f"layer every {every} ({layers} entries); the zoo models a periodic pattern")
+    window = _int(doc, "sliding_window", where)
+    limit = _float(doc, where, "swiglu_limit", default=0.0)
+    base = _moe({**doc, "model_type": "mixtral"}, "mixtral", name, source, where)
+    return dataclasses.replace(
+        base, bias=_bool(doc, "attention_bias", where, True), attention_sinks=True,
+        sliding_window=window, full_attention_every=every if every > 1 else 0, swiglu_limit=limit,
+        rope_theta=_float(doc, where, "rope_theta", default=150000.0),
+        source=f"{source}; gpt_oss ({base.experts} experts, top {base.experts_per_token}, "
+               f"capacity factor 1; router and expert biases; attention sinks; sliding window {window} on "
+          f"{sum(t == 'sliding_attention' for t in types)} of {layers} layers; SwiGLU clamped at "
+          f"{limit:g}; YaRN rope scaling costed as plain RoPE; MXFP4 experts costed in the "
+          f"compute dtype)")
 
 
 def _deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str

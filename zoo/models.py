@@ -59,7 +59,9 @@ def body_of(cfg: ModelConfig | str, layer_name: str) -> str:
     i = _block_index(cfg, layer_name)
     if cfg.family == "mochi":
         return "asymm_dit_block_final" if i == cfg.layers - 1 else "asymm_dit_block"
-    return "dense_block" if cfg.moe and i < cfg.dense_layers else "decoder_block"
+    if cfg.moe and i < cfg.dense_layers:
+        return "dense_block"
+    return "sliding_block" if cfg.layer_window(i) else "decoder_block"
 
 
 def _body_shapes(cfg: ModelConfig, body: str) -> dict[str, tuple[int, ...]]:
@@ -70,7 +72,7 @@ def _body_shapes(cfg: ModelConfig, body: str) -> dict[str, tuple[int, ...]]:
         return mod.head_shapes(cfg)
     if cfg.family == "mochi":
         return mochi.block_shapes(cfg, final=body == "asymm_dit_block_final")
-    return decoder.block_shapes(cfg, dense=body == "dense_block")
+    return decoder.block_shapes(cfg, dense=body == "dense_block")   # sliding: the same weights
 
 
 def layer_param_shapes(cfg: ModelConfig | str, layer_name: str) -> dict[str, jax.ShapeDtypeStruct]:
@@ -110,14 +112,20 @@ def param_count(cfg: ModelConfig | str, *, unique: bool = True) -> int:
         n += size
     if unique and cfg.tie_embeddings:
         n -= cfg.vocab * cfg.hidden
+    if unique and cfg.mtp_layers:    # the head's copy of the shared embedding table
+        n -= cfg.vocab * cfg.hidden
     return n
 
 
 def expert_param_count(cfg: ModelConfig | str) -> int:
     """Parameters of one mixture-of-experts block's routed experts (0 for a dense model):
-    ``experts x 3 x h x expert_ffn`` (shared experts are dense parameters)."""
+    ``experts x 3 x h x expert_ffn``, plus each expert's biases (``2 expert_ffn + h``) when the
+    model has biases (gpt-oss); shared experts and the router are dense parameters."""
     cfg = _cfg(cfg)
-    return cfg.experts * 3 * cfg.hidden * cfg.expert_ffn if cfg.moe else 0
+    if not cfg.moe:
+        return 0
+    per = 3 * cfg.hidden * cfg.expert_ffn + (2 * cfg.expert_ffn + cfg.hidden if cfg.bias else 0)
+    return cfg.experts * per
 
 
 def active_param_count(cfg: ModelConfig | str, *, embedding: bool = True) -> int:
@@ -128,7 +136,7 @@ def active_param_count(cfg: ModelConfig | str, *, embedding: bool = True) -> int
     by: DeepSeek's convention (its V2's 21B and V3's 37B activated match only without it)."""
     cfg = _cfg(cfg)
     unused = cfg.experts - cfg.experts_per_token if cfg.moe else 0
-    moe_layers = cfg.layers - cfg.dense_layers
+    moe_layers = cfg.layers - cfg.dense_layers + cfg.mtp_layers
     n = param_count(cfg) - moe_layers * unused * expert_param_count(cfg) // max(1, cfg.experts)
     return n if embedding else n - cfg.vocab * cfg.hidden
 
@@ -145,7 +153,8 @@ def layer_fns(cfg: ModelConfig | str) -> dict[str, Callable[..., Any]]:
                   "asymm_dit_block_final": mochi.block_fn(cfg, final=True)}
     else:
         bodies = {"embed": decoder.embed_fn(cfg), "decoder_block": decoder.block_fn(cfg),
-                  "dense_block": decoder.block_fn(cfg, dense=True), "head": decoder.head_fn(cfg)}
+                  "dense_block": decoder.block_fn(cfg, dense=True), "head": decoder.head_fn(cfg),
+                  "sliding_block": decoder.block_fn(cfg, window=cfg.sliding_window)}
     return {n: bodies[body_of(cfg, n)] for n in layer_names(cfg)}
 
 

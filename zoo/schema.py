@@ -71,6 +71,9 @@ LIMITS: dict[str, int] = {
     "latent_channels": 2**10, "latent_frames": 2**12,   # 12 channels, 28 frames
     "latent_height": 2**14, "latent_width": 2**14,      # 60 x 106
     "patch_size": 2**8, "sampling_steps": 2**16, "cfg_passes": 2**4,   # 2, 64, 2
+    "sliding_window": 2**22,   # 4,096 (Mistral 7B v0.1), 128 (gpt-oss); at most the sequence
+    "full_attention_every": 2**14,   # 2 (gpt-oss, Gemma 2), 6 (Gemma 3)
+    "mtp_layers": 2**4,        # 1 (DeepSeek-V3); the zoo models 0 or 1
 }
 """Largest value of each integer field (counts; tokens; widths in elements)."""
 
@@ -78,6 +81,7 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "rope_theta": (1.0, 1e12),         # 10,000 (RoPE) to 1,000,000 (Qwen3); open at neither end
     "norm_eps": (1e-30, 0.1),          # 1e-5 / 1e-6 published
     "capacity_factor": (1e-3, 64.0),   # 1.0-2.0 (GShard, Switch Transformer)
+    "swiglu_limit": (0.0, 1e6),        # 7.0 (gpt-oss); 0: no clamp
 }
 """Closed range of each float field."""
 
@@ -175,6 +179,7 @@ def _check_relations(cfg: ModelConfig, bad: Any, key: Any) -> None:
         raise bad(field, f"gives odd-width heads ({cfg.head_dim}), which rotary embeddings "
                   "cannot rotate in pairs", "use an even head width")
     _check_experts(cfg, bad, key)
+    _check_window(cfg, bad, key)
     _check_mla(cfg, bad, key)
     _check_mochi(cfg, bad, key)
 
@@ -194,6 +199,25 @@ def _check_experts(cfg: ModelConfig, bad: Any, key: Any) -> None:
     if cfg.dense_layers >= cfg.layers:
         raise bad("dense_layers", f"leaves no mixture-of-experts layer of the {cfg.layers}",
                   f"give fewer than {cfg.layers} dense first layers")
+
+
+def _check_window(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    if cfg.full_attention_every and not cfg.sliding_window:
+        raise bad("full_attention_every", f"is set but {key('sliding_window')} = 0 (no sliding "
+                  "layers)", f"set {key('sliding_window')} or drop {key('full_attention_every')}")
+    if cfg.sliding_window and (cfg.family == "mochi" or cfg.mla or cfg.dense_layers):
+        raise bad("sliding_window", "is set on a model whose attention the zoo runs full (a Mochi "
+                  "DiT, latent attention or dense first blocks)", f"drop {key('sliding_window')}")
+    if cfg.attention_sinks and (cfg.family == "mochi" or cfg.mla):
+        raise bad("attention_sinks", "is set on a Mochi DiT or latent attention, which the zoo "
+                  "runs without sinks", f"drop {key('attention_sinks')}")
+    if cfg.swiglu_limit and cfg.mlp != "swiglu":
+        raise bad("swiglu_limit", f"clamps a SwiGLU but {key('mlp')} = {cfg.mlp!r}",
+                  f"drop {key('swiglu_limit')}")
+    if cfg.mtp_layers and (cfg.mtp_layers > 1 or not cfg.moe or cfg.family != "llama"):
+        raise bad("mtp_layers", "is not 0 or 1 on a llama-family mixture of experts (the zoo "
+                  "models DeepSeek-V3's one multi-token-prediction module)",
+                  f"give {key('mtp_layers')} 0 or 1 on a mixture of experts")
 
 
 def _check_mla(cfg: ModelConfig, bad: Any, key: Any) -> None:
