@@ -239,6 +239,19 @@ _REGISTRY: dict[str, ModelConfig] = {
                 "pre-LayerNorm block with the embedding at width 1024: the published model "
                 "normalises after each block and projects a 512-wide embedding in and out "
                 "(word_embed_proj_dim 512), which changes its 331M parameters by under 8%")),
+    "grok-1-314b": ModelConfig(
+        name="grok-1-314b", family="llama", layers=64, hidden=6144, heads=48, kv_heads=8,
+        ffn=32768, vocab=131072, seq_len=8192, tie_embeddings=True, experts=8,
+        experts_per_token=2, expert_ffn=32768,
+        source=("Grok-1: xai-org/grok-1 README (314B parameters, a mixture of 8 experts with 2 "
+                "used per token, 64 layers, 48 query heads and 8 key/value heads, embedding "
+                "size 6,144, SentencePiece vocabulary of 131,072 tokens, rotary embeddings, "
+                "context 8,192) and run.py (widening_factor 8: each expert's width "
+                "int(8 x 6144) x 2 / 3 = 32,768; model.py's InOutEmbed ties the output head to "
+                "the embedding); NVIDIA dgxc-benchmarking's Grok-1 314B training recipe. Its "
+                "GeGLU experts are costed as SwiGLU (the same three matrices); its extra "
+                "post-attention/post-MLP RMSNorms and logit soft-capping are left out "
+                "(negligible parameters and FLOP); 315,684,034,560 parameters by this config")),
     "llama-tiny": ModelConfig(
         name="llama-tiny", family="llama", layers=8, hidden=512, heads=8, kv_heads=8, ffn=1536,
         vocab=256, seq_len=128, dtype="float32",

@@ -103,6 +103,17 @@ def test_deepseek_v3_total_and_activated_parameters():
     assert w.costs["decoder_block"].expert_param_count == 256 * 3 * 7168 * 2048
 
 
+def test_grok_1_total_parameters():
+    """xai-org/grok-1 README: 314B parameters, 8 experts, 2 per token (the config counts
+    315.68B with its tied embedding once: within 0.6%)."""
+    cfg = zoo.get_config("grok-1-314b")
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim) == (64, 6144, 48, 8, 128)
+    assert (cfg.experts, cfg.experts_per_token, cfg.expert_ffn, cfg.vocab) == (8, 2, 32768, 131072)
+    assert zoo.param_count(cfg) == 315_684_034_560
+    assert abs(zoo.param_count(cfg) - 314e9) / 314e9 < 0.01
+    assert zoo.expert_param_count(cfg) == 8 * 3 * 6144 * 32768
+
+
 def test_dense_model_is_all_active():
     cfg = zoo.get_config("llama3-8b")
     assert zoo.active_param_count(cfg) == zoo.param_count(cfg) and zoo.expert_param_count(cfg) == 0

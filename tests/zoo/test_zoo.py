@@ -74,7 +74,7 @@ def test_published_fields():
 
 
 def test_list_and_unknown_model():
-    assert zoo.list_models() == sorted(["gpt3-175b", "llama-tiny", "llama3-405b", "llama3-70b", "llama3-8b",
+    assert zoo.list_models() == sorted(["gpt3-175b", "grok-1-314b", "llama-tiny", "llama3-405b", "llama3-70b", "llama3-8b",
                                         "mochi-dit-10b", "mochi-dit-tiny", "opt-350m"])
     with pytest.raises(ZooError, match="unknown model 'llama5'.*llama3-8b"):
         zoo.get_config("llama5")
