@@ -229,7 +229,8 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
                 "full_attention_every": "layer_types", "bias": "attention_bias"},
     "deepseek": {"kv_heads": "num_attention_heads", "head_size": "qk_nope_head_dim",
                  "experts": "n_routed_experts", "expert_ffn": "moe_intermediate_size",
-                 "shared_experts": "n_shared_experts", "dense_layers": "first_k_dense_replace"},
+                 "shared_experts": "n_shared_experts", "dense_layers": "first_k_dense_replace",
+                 "mtp_layers": "num_nextn_predict_layers"},
     "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "kv_heads": "n_head",
              "ffn": "n_inner", "seq_len": "n_positions", "norm_eps": "layer_norm_epsilon"},
     "gpt": {"kv_heads": "num_attention_heads", "norm_eps": "layer_norm_eps"},
@@ -366,16 +367,19 @@ def _deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: 
     ``n_shared_experts`` shared experts of width ``moe_intermediate_size`` in every block after
     the first ``first_k_dense_replace`` (dense, width ``intermediate_size``). The router is
     costed as a softmax top-k (V3's sigmoid scores with group-limited selection move the same
-    bytes); V3's multi-token-prediction module (``num_nextn_predict_layers``) is left out, as the
-    published 671B total leaves it out."""
+    bytes); V3's multi-token-prediction module (``num_nextn_predict_layers``, 0 or 1) is read
+    into ``mtp_layers`` (``zoo.ModelConfig``: costed in the head). The shipped ``DeepSeek-V3.json``
+    sets it to 0, as the published 671B total leaves it out; ``DeepSeek-V3-MTP.json`` keeps the
+    published 1."""
     freq = _int(doc, "moe_layer_freq", where, default=1)
     if freq != 1:
         raise ZooError(f"{where}: moe_layer_freq {freq} (dense layers between the sparse ones) is "
                        f"not modelled; every layer after the first dense ones must be sparse")
     hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
     notes = ["router costed as softmax top-k"]
-    if doc.get("num_nextn_predict_layers"):
-        notes.append("multi-token prediction module left out")
+    mtp = _count(doc, "num_nextn_predict_layers", where)
+    if mtp:
+        notes.append(f"{mtp} multi-token-prediction module in the head")
     max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
     return ModelConfig(
         name=name, family="llama", layers=_int(doc, "num_hidden_layers", where), hidden=hidden,
@@ -392,7 +396,7 @@ def _deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: 
         dense_layers=_count(doc, "first_k_dense_replace", where),
         q_lora_rank=_count(doc, "q_lora_rank", where), kv_lora_rank=_int(doc, "kv_lora_rank", where),
         qk_rope_head_dim=_int(doc, "qk_rope_head_dim", where),
-        v_head_dim=_int(doc, "v_head_dim", where),
+        v_head_dim=_int(doc, "v_head_dim", where), mtp_layers=mtp,
         source=f"{source}; {kind} ({'; '.join(notes)})")
 
 

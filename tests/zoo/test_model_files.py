@@ -45,7 +45,8 @@ def test_param_count_within_1pct_of_published(name):
 
 def test_every_shipped_config_is_covered():
     shipped = {p.name for p in CONFIGS.glob("*.json")}
-    moe = {"Mixtral-8x22B-v0.1.json", "Qwen3-235B-A22B.json", "DeepSeek-V3.json"}  # test_moe.py
+    moe = {"Mixtral-8x22B-v0.1.json", "Qwen3-235B-A22B.json", "DeepSeek-V3.json",  # test_moe.py
+           "DeepSeek-V3-MTP.json"}                                                 # test_mtp.py
     assert shipped == set(PUBLISHED) | moe
 
 
