@@ -279,6 +279,17 @@ def _same_chip(device, devices, fitted: list[str]):
     return next((devices[n] for n in fitted if devices[n].chip == device.chip), None)
 
 
+def recipe_groups(results) -> list[tuple[str, list]]:
+    """The scored rows by (device, precision recipe, dense or mixture of experts), in order of
+    first appearance, each as (label, rows): what the per-recipe targets are stated for, with
+    the mixtures of experts (never fitted, :func:`held_out`) apart from the dense rows."""
+    out: dict[str, list] = {}
+    for r in results:
+        kind = "MoE" if held_out(r.setup) else "dense"
+        out.setdefault(f"{r.row.device} {r.row.precision} {kind}", []).append(r)
+    return list(out.items())
+
+
 def held_out(setup) -> bool:
     """Whether ``--fit`` leaves a row out of its fit (it is still scored): a mixture of experts'.
     The efficiencies fitted are the chip's on dense GEMMs and collectives; a mixture-of-experts
@@ -397,6 +408,11 @@ def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wa
     for dev in dict.fromkeys(r.row.device for r in results):
         sub = [r for r in results if r.row.device == dev]
         lines.append(f"- **{dev}**: mean {mape(sub):.1f}%, max {max(r.ape for r in sub):.1f}% "
+                     f"({len(sub)} rows)")
+    lines += ["", "By device, precision recipe and kind (mixtures of experts are scored, never "
+              "fitted):", ""]
+    for label, sub in recipe_groups(results):
+        lines.append(f"- {label}: mean {mape(sub):.1f}%, max {max(r.ape for r in sub):.1f}% "
                      f"({len(sub)} rows)")
     lines.append("")
     for src in dict.fromkeys(r.row.source for r in results):
@@ -668,6 +684,9 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
         if sub:
             console.print(f"  {dev}: mean abs % error {V.mape(sub):.1f}%   max "
                           f"{max(r.ape for r in sub):.1f}%   ({len(sub)} rows)")
+    for label, sub in recipe_groups(results):
+        console.print(f"    {label}: mean {V.mape(sub):.1f}%   max {max(r.ape for r in sub):.1f}%"
+                      f"   ({len(sub)} rows)")
     known = [m for m in memory.values() if m != "-"]
     console.print(f"published layouts that fit in the model's memory: "
                   f"{sum(m.endswith('yes') for m in known)} of {len(known)} rows")

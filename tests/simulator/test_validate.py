@@ -42,9 +42,14 @@ def _row(**kw) -> V.Row:
 def test_csv_rows_load():
     from mpmd.cli.validate import model_fill
 
-    rows = [r for r in V.load_rows(CSV, fill=model_fill(CSV))      # the FP8 twins and the
-            if r.precision == "bf16" and r.device not in ("b200", "gb200")]   # Blackwell aside
+    rows = [r for r in V.load_rows(CSV, fill=model_fill(CSV))      # the FP8 twins, Blackwell
+            if r.precision == "bf16" and r.device not in ("b200", "gb200")   # and the mixtures of
+            and r.ep == 1]                                                    # experts aside
     assert len(rows) == 99
+    moe = [r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.ep > 1]
+    assert len(moe) == 49 and {r.model_config for r in moe} == {
+        "deepseek-v3", "deepseek-v3-mtp", "qwen3-235b-a22b", "qwen3-30b-a3b", "gpt-oss-120b",
+        "grok-1-314b"}
     assert {r.device for r in rows} == {"a100-80gb-sxm", "h100-sxm", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"}
     assert rows[0].vocab is None and rows[0].devices_per_node == 8 and rows[0].glu is None
     tt = [r for r in rows if r.metric == "tokens_per_gpu_s" and r.device == "h100-sxm"]
