@@ -44,7 +44,7 @@ H100_128 = readme_paragraph("Measured 2026-11-27 on this project's 2-core machin
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-27), it planned 4")
 FIXTURES = readme_paragraph("Published layouts as fixtures:")
 PEER = readme_paragraph("On this project's 2-core machine, idle (2026-11-28), the first uses both kinds")
-MOE = readme_paragraph("On this project's 2-core machine (2026-11-27), DeepSeek-V3")
+MOE = readme_paragraph("On this project's 2-core machine (2026-11-28), DeepSeek-V3")
 
 
 @pytest.mark.parametrize("text,match,cells", [
@@ -83,7 +83,7 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-27), DeepSeek-
            "what": "DeepSeek's layout, 1f1b, full recompute"},
      {"step (s)": "all-to-alls exposed: {} s"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h800x2048_nodes", "what": "plan, --time-limit 30"},
-     {"step (s)": "with EP8 (DualPipeV): {} s per step", "MFU": "per step, {} MFU"}),
+     {"step (s)": "dispatched in two hops (DualPipeV): {} s per step", "MFU": "per step, {} MFU"}),
     (MOE, {"model": "Mixtral-8x22B-v0.1"},
      {"step (s)": "DualPipeV, {} s per step", "MFU": "per step, {} MFU"}),
     (PEER, {"plan": "mpmd plan --objective cost --min-throughput 2000000"},
