@@ -39,7 +39,11 @@ RUNS = (("dgxc-h100", "llama3.1-8B", 128), ("dgxc-h100", "llama3.1-70B", 64),
         ("nemo-25.11", "llama3-8b", 8), ("nemo-25.11", "llama3-70b", 64),
         ("nemo-25.11", "llama3.1-405b", 128), ("nemo-25.11", "llama3.1-405b", 256),
         ("nemo-25.11", "llama3.1-405b", 1024),
-        ("dgxc-gb200", "llama3.1-405b", 128), ("dgxc-gb200", "nemotron4-340b", 128))
+        ("dgxc-gb200", "llama3.1-405b", 128), ("dgxc-gb200", "nemotron4-340b", 128),
+        ("nemo-25.11", "deepseek-v3", 256), ("nemo-25.09", "deepseek-v3", 256),
+        ("nemo-25.09", "deepseek-v3", 1024), ("nemo-25.11", "qwen3-235b-a22b", 256),
+        ("nemo-25.09", "qwen3-235b-a22b", 64), ("nemo-25.09", "qwen3-30b-a3b", 8),
+        ("nemo-25.11", "gpt-oss-120b", 64))
 """(source, model, devices) of each run; every recipe the CSV holds for it is taken."""
 
 
@@ -48,6 +52,8 @@ def layout_text(row) -> str:
     schedule and recomputation."""
     return (f"tp{row.tp} pp{row.pp}" + (f" cp{row.cp}" if row.cp > 1 else "")
             + (f" vp{row.vp}" if row.vp else "") + f" dp{row.dp}" + (" fsdp" if row.fsdp else "")
+            + (f" ep{row.ep}" if row.ep > 1 else "")
+            + (f" etp{row.etp}" if row.ep > 1 and row.etp is not None else "")
             + (f" {row.recompute} recompute" if row.recompute and row.recompute != "none" else ""))
 
 
