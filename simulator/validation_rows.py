@@ -28,7 +28,11 @@ instead of ``global_batch``: global batch = per_device_batch x gpus.
 A row may name its model (``model_config``: a zoo name or a model file, resolved by the caller's
 ``fill`` hook, which fills the blank :data:`SHAPE_COLUMNS`; the simulator imports no zoo) and its
 context, virtual-pipeline and expert degrees (``cp``: gpus = tp x pp x dp x cp, dp excluding cp;
-``vp``; ``ep`` and ``etp``); how each is simulated is :mod:`simulator.validation_setup`.
+``vp``; ``ep`` and ``etp``); how each is simulated is :mod:`simulator.validation_setup`. A row may
+give its ``pipeline_layout`` (Megatron-Core's ``--pipeline-model-parallel-layout`` string:
+:mod:`simulator.pipeline_layout`): it is parsed and checked against ``pp``, ``vp`` and the
+model's layers here, and a blank ``vp`` is the layout's (its stages / pp, as Megatron-Core
+derives it).
 
 Loading (:func:`load_rows_lenient`) separates the rows that parse from those that do not: a row
 with a bad value is a :class:`SkippedRow` (its line and the one-line reason); a problem with the
@@ -50,6 +54,7 @@ from ir.precision import RECIPES
 from ir.workload import ATTENTION_KERNELS
 from simulator import remat
 from simulator.plan_costs import CostError
+from simulator.pipeline_layout import LayoutError, check_layout, parse_layout
 from simulator.schedules import KINDS, stages_per_rank
 from hardware_profiles.loader import known_device_ids
 from ir.files import InputError, read_csv_rows
@@ -89,7 +94,8 @@ COLUMNS_OPTIONAL = ("vocab", "global_batch", "per_device_batch", "micro_batch", 
             "ffn", "kv_heads", "head_dim", "glu", "fsdp", "recompute", "slices",
             "devices_per_node", "scale_out_gbit_per_device", "power_limit_w",
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
-            "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher")
+            "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher",
+            "pipeline_layout")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -177,6 +183,7 @@ class Row:
     etp: int | None = None
     scale_up_domain: int | None = None
     dispatcher: str | None = None
+    pipeline_layout: str | None = None
 
     @property
     def replicas(self) -> int:
@@ -398,7 +405,8 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             recompute policy, a value that is not a finite positive number (an ``mfu`` above 1),
             ``tp * pp * dp * cp != gpus``, batches that disagree (global vs per-device, micro
             batches that do not divide the global batch), a ``vp`` the schedule or the layers
-            cannot take, ``ep`` > 1 on a row without a ``model_config`` (its shape columns
+            cannot take, a malformed ``pipeline_layout`` or one that disagrees with ``pp``,
+            ``vp`` or the layers (:func:`_layout_vp`), ``ep`` > 1 on a row without a ``model_config`` (its shape columns
             describe a dense model), more fields than the header.
     """
     if None in d:   # csv.DictReader's restkey: the fields past the header's columns
@@ -472,7 +480,8 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             global_batch_derived=derived, model_config=model_config,
             cp=_int(d, "cp", line) or 1, vp=vp, ep=_int(d, "ep", line) or 1,
             etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line),
-            dispatcher=DISPATCHERS[disp] if disp is not None else None)
+            dispatcher=DISPATCHERS[disp] if disp is not None else None,
+            pipeline_layout=(d.get("pipeline_layout") or "").strip() or None)
     if r.kv_heads is not None and r.heads % r.kv_heads:
         raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
                               f"{r.kv_heads}; fix the row")
@@ -490,9 +499,12 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if r.tp * r.pp * r.dp * r.cp != r.gpus:
         raise ValidationError(f"row {line}: tp*pp*dp = {r.tp * r.pp * r.dp} != gpus={r.gpus}; "
                               f"fix the layout")
+    if r.pipeline_layout is not None:
+        r = replace(r, vp=_layout_vp(r))
     if r.vp is not None:
         _check_virtual(r)
-    if r.vp is not None and r.vp > 1 and r.layers // r.pp < r.vp:
+    if (r.vp is not None and r.vp > 1 and r.layers // r.pp < r.vp
+            and r.pipeline_layout is None):
         raise ValidationError(f"row {line}: vp={r.vp} chunks per rank cannot be held: {r.layers} "
                               f"layers over pp={r.pp} ranks leave {r.layers // r.pp} on the "
                               f"smallest; fix vp (at most {max(r.layers // r.pp, 1)}) or leave it "
@@ -516,6 +528,23 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             f"row {line}: global_batch {r.global_batch} makes over {INT_LIMITS['microbatches']} "
             f"microbatches per pipeline; fix the row (set micro_batch)")
     return r
+
+
+def _layout_vp(r: Row) -> int:
+    """The virtual stages per rank of the row's ``pipeline_layout`` (its stages / ``pp``), the
+    layout parsed and checked against ``pp``, a given ``vp`` and the row's ``layers``
+    (:func:`simulator.pipeline_layout.parse_layout`, :func:`~simulator.pipeline_layout.
+    check_layout`).
+
+    Raises:
+        ValidationError: ``row N: `` and the layout's one-line problem and fix.
+    """
+    assert r.pipeline_layout is not None
+    try:
+        return check_layout(parse_layout(r.pipeline_layout), r.pipeline_layout, r.pp, r.layers,
+                            r.vp)
+    except LayoutError as e:
+        raise ValidationError(f"row {r.line}: {e}") from None
 
 
 def _check_virtual(r: Row) -> None:

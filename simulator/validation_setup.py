@@ -31,7 +31,9 @@ fraction, which describes a compiled / fused-kernel stack. Layout: ``Layout(dp, 
 Context parallelism (``cp``) is not in the cost model: a row's ``cp`` is folded into data
 parallelism (``dp x cp`` replicas, :attr:`Row.replicas`; the global batch unchanged, so each
 pipeline runs ``1 / cp`` of the published microbatches), and the assumptions say so. A published
-``vp`` fixes the interleaved chunk count (never tuned). Expert parallelism (``ep``, ``etp``) is the
+``vp`` fixes the interleaved chunk count (never tuned); a published ``pipeline_layout``
+(Megatron-Core's layout string, :mod:`simulator.pipeline_layout`) fixes which blocks each stage
+holds, and without one NVIDIA's recipes' split is used (:func:`stage_blocks`). Expert parallelism (``ep``, ``etp``) is the
 layout's ``expert`` and ``expert_tensor`` degrees (Megatron-Core's MoE parallel folding: EP x ETP
 over the dp x cp x tp devices, :class:`ir.Layout`); a layout the devices cannot hold (``ep x
 etp`` not dividing ``dp x cp x tp``) or ``ep`` with ``fsdp`` skips the row
@@ -48,6 +50,7 @@ from ir import LayerCost, Layout, Plan, StagePlan, Workload
 from ir.workload import causal_fraction
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 from simulator import remat
+from simulator.pipeline_layout import LayoutError, parse_layout, recipe_split, split_text
 from simulator.schedules import generate
 from simulator.validation_rows import (DEFAULT_VOCAB, DEVICES_PER_NODE, SCHEDULE_MAP, Row,
                                        ValidationError)
@@ -69,9 +72,22 @@ tuned instead (:func:`tune_virtual_stages`)."""
 def virtual_stage_candidates(row: Row) -> list[int]:
     """Chunk counts ``v`` a practitioner would try for ``row``'s interleaved schedule: every
     ``v >= 2`` that divides the layers of a rank (``ceil(layers / pp)``) evenly, as Megatron-LM's
-    ``--num-layers-per-virtual-pipeline-stage`` requires; ``[2]`` when none does."""
+    ``--num-layers-per-virtual-pipeline-stage`` requires, and whose ``pp x v`` stages the layers
+    can fill (:func:`simulator.pipeline_layout.recipe_split`: 61 blocks on 16 ranks take v 2, not
+    4); ``[2]`` when none does."""
     per_rank = -(-row.layers // row.pp)
-    return [v for v in range(2, per_rank + 1) if per_rank % v == 0] or [2]
+    return [v for v in range(2, per_rank + 1)
+            if per_rank % v == 0 and split_fits(row.layers, row.pp * v)] or [2]
+
+
+def split_fits(blocks: int, stages: int) -> bool:
+    """Whether ``blocks`` decoder blocks fill ``stages`` stages by the recipes' split (no stage
+    left without a block, embedding or head: :func:`simulator.pipeline_layout.recipe_split`)."""
+    try:
+        recipe_split(blocks, stages)
+    except LayoutError:
+        return False
+    return True
 
 
 RULES = {
@@ -105,6 +121,10 @@ RULES = {
           "LAYERS_PER_CHUNK_MAX rule without a step function",
     "ep": "1 (every replica holds every expert)",
     "dispatcher": "alltoall (Megatron-Core's default token dispatcher)",
+    "pipeline_layout": "NVIDIA's recipes' split of the blocks over the pp x vp stages "
+                       "(simulator.pipeline_layout.recipe_split: even; else the embedding and "
+                       "loss counted as layers, Qwen3 MoE recipes; else the first stages full, "
+                       "DeepSeek-V3's recipe), printed when uneven",
     "etp": "1 (the experts not tensor-split: Megatron-Bridge's MoE recipes' "
            "expert_tensor_parallel_size default, recipes/qwen/qwen3_moe.py)",
 }
@@ -273,6 +293,8 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
     elif name == "interleaved-1f1b":
         per_rank = -(-row.layers // row.pp)
         v = max(2, per_rank) if per_rank <= LAYERS_PER_CHUNK_MAX else 2
+        if not split_fits(row.layers, row.pp * v):   # too few blocks: the largest v that fits
+            v = max((c for c in virtual_stage_candidates(row) if c < v), default=2)
         notes.append(f"{v} virtual stages")          # replaced when tuned (row_setup)
     if sched in ("zb-1p", "zb-2p"):
         notes.append("auto schedule from the row's costs; post-validation")
@@ -500,14 +522,16 @@ def layer_recompute(workload: Workload, every: int = LAYER_AC_EVERY) -> Workload
 
 def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
                virtual_stages: int = 1, recompute: bool = False) -> Plan:
-    """The row's plan: ``pp * virtual_stages`` stages (layers split over ranks by
-    :func:`split_layers`, then each rank's layers evenly over its chunks, so every schedule gives a
-    rank the same layers; embedding with the first stage, head with the last), stage ``s`` on the
-    mesh of the schedule's rank for it (``stage{s % pp}`` when interleaved, V-shaped for zb-v),
-    layout :func:`row_layout` per mesh, ``global_batch / (micro_batch * dp)`` microbatches.
+    """The row's plan: ``pp * virtual_stages`` stages holding the decoder blocks
+    :func:`stage_blocks` gives them (the row's ``pipeline_layout``, else NVIDIA's recipes' split;
+    embedding with the first stage, head with the last), stage ``s`` on the mesh of the
+    schedule's rank for it (``stage{s % pp}`` when interleaved, V-shaped for zb-v), layout
+    :func:`row_layout` per mesh, ``global_batch / (micro_batch * dp)`` microbatches.
 
     Raises:
-        ValidationError: the batch does not divide into microbatches.
+        ValidationError: the batch does not divide into microbatches; the blocks cannot fill the
+            stages, or the row's layout does not fit the schedule or the model
+            (:func:`stage_blocks`).
         simulator.schedules.ScheduleError: the schedule does not support the sizes.
     """
     per_pipe, rem = divmod(row.global_batch, micro_batch * row.replicas)
@@ -526,16 +550,7 @@ def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
     blocks = len(workload.layers) - 2
     if blocks != row.layers:
         raise ValidationError(f"{row.key}: workload has {blocks} blocks, row says {row.layers}")
-    per_rank = split_layers(blocks, row.pp)
-    counts = [0] * S
-    for r, n in enumerate(per_rank):                 # rank r's stages, in pipeline order
-        mine = [s for s in range(S) if table.stage_rank[s] == r]
-        base, rem = divmod(n, len(mine))
-        within = [base + (c < rem) for c in range(len(mine))]
-        if r == 0:                                   # the embedding's chunk takes the fewest
-            within.reverse()
-        for s, k in zip(mine, within):
-            counts[s] = k
+    counts = stage_blocks(row, workload, table.stage_rank)[0]
     stages, first = [], 0
     for s, c in enumerate(counts):
         last = first + c + (1 if s == 0 else 0) + (1 if s == S - 1 else 0)
@@ -548,6 +563,71 @@ def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
                 global_batch=row.global_batch, seq_len=row.seq_len,
                 devices={m: (row.device, row.tp * row.replicas) for m in meshes},
                 recompute={m: recompute for m in meshes})
+
+
+def stage_blocks(row: Row, workload: Workload, stage_rank: tuple[int, ...]
+                 ) -> tuple[tuple[int, ...], str | None]:
+    """(decoder blocks of each stage in model order, the assumption to print or None) for
+    ``row``'s plan whose stage ``s`` runs on rank ``stage_rank[s]``; the first stage also holds
+    the embedding, the last the head (and a model's MTP, which the zoo costs with it).
+
+    - The row's ``pipeline_layout`` (:mod:`simulator.pipeline_layout`), stage by stage; it must
+      have one stage per schedule stage, and name ``m`` exactly when the model has MTP (the
+      zoo's head then carries the MTP block's experts, ``zoo.costing``).
+    - Else, when stage ``s`` runs on rank ``s % pp`` (Megatron-LM's map: 1F1B, interleaved,
+      GPipe, ZB-H1/H2, ZB-1p/2p), NVIDIA's recipes' split,
+      :func:`simulator.pipeline_layout.recipe_split` (even; else the embedding and loss counted
+      as layers; else the first stages full), printed when uneven. Every row the CSV held before
+      layouts were read gets the split it had.
+    - Else (V-shaped schedules: ZB-V, DualPipe-V, which Megatron-LM's layouts do not describe)
+      the blocks over ranks by :func:`split_layers`, then each rank's blocks evenly over its
+      stages (the embedding's stage taking the fewest).
+
+    Raises:
+        ValidationError: a layout of another stage count or whose ``m`` disagrees with the
+            model, or blocks that cannot fill the stages (a stage left with no block, embedding
+            or head; the message names the row and the fix).
+    """
+    S, blocks = len(stage_rank), len(workload.layers) - 2
+    if row.pipeline_layout is not None:
+        parsed = parse_layout(row.pipeline_layout)
+        text = row.pipeline_layout[:60]
+        if len(parsed) != S:
+            raise ValidationError(f"row {row.line}: pipeline_layout {text!r} has {len(parsed)} "
+                                  f"stages, the schedule runs {S} (pp {row.pp} x "
+                                  f"{S // row.pp}); fix the layout, vp or the schedule")
+        head = workload.costs.get(workload.layers[-1])
+        mtp, has = any(st.mtp for st in parsed), bool(head is not None and head.experts)
+        if mtp != has:
+            fix = ("name the model with MTP in model_config (e.g. deepseek-v3-mtp) or drop m"
+                   if mtp else "add m before L (or name the model without MTP)")
+            raise ValidationError(f"row {row.line}: pipeline_layout {text!r} "
+                                  f"{'has' if mtp else 'has no'} MTP layer (m) but model "
+                                  f"{workload.model} {'has none' if mtp else 'has MTP'}; fix: "
+                                  f"{fix}")
+        return tuple(st.blocks for st in parsed), None
+    if all(r == s % row.pp for s, r in enumerate(stage_rank)):
+        try:
+            counts, rule = recipe_split(blocks, S)
+        except LayoutError as e:
+            raise ValidationError(f"row {row.line}: {e}") from None
+        if rule == "even":
+            return counts, None
+        return counts, f"pipeline split {split_text(counts)} ({rule}; no pipeline_layout)"
+    per = [0] * S
+    for r, n in enumerate(split_layers(blocks, row.pp)):  # rank r's stages, in pipeline order
+        mine = [s for s in range(S) if stage_rank[s] == r]
+        base, rem = divmod(n, len(mine))
+        within = [base + (c < rem) for c in range(len(mine))]
+        if r == 0:                                       # the embedding's chunk takes the fewest
+            within.reverse()
+        for s, k in zip(mine, within):
+            per[s] = k
+    empty = next((s for s in range(1, S - 1) if not per[s]), None)
+    if empty is not None:
+        raise ValidationError(f"row {row.line}: {blocks} decoder blocks leave stage {empty} of "
+                              f"{S} with none; fix: fewer stages (vp) or a smaller pipeline")
+    return tuple(per), None
 
 
 StepFn = Callable[[Plan, Workload, Cluster], float]
@@ -609,6 +689,9 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
                  for n in notes]
     plan = build_plan(row, w, schedule=name, micro_batch=mb, virtual_stages=v,
                       recompute=rc == "full")
+    split = stage_blocks(row, w, plan.schedule.stage_rank)[1]
+    if split:
+        notes.append(split)
     off = row_offload_s(row)
     if off:
         notes.append(f"host offload {off * 1e3:.3g} ms per step over "

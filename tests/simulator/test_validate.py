@@ -50,6 +50,20 @@ def test_csv_rows_load():
     assert len(moe) == 49 and {r.model_config for r in moe} == {
         "deepseek-v3", "deepseek-v3-mtp", "qwen3-235b-a22b", "qwen3-30b-a3b", "gpt-oss-120b",
         "grok-1-314b"}
+    # NVIDIA's published DeepSeek-V3 layouts (NeMo's first/last split, Megatron-Bridge's strings)
+    laid = {(r.source, r.pp, r.vp, r.pipeline_layout) for r in moe if r.pipeline_layout}
+    assert laid == {("dgxc-25.05", 16, 1, "Et*3|(t*4|)*14t*2mL"),
+                    ("dgxc-25.05.04", 16, 1, "Et*3|(t*4|)*14t*2mL"),
+                    ("dgxc-25.05.04", 8, 1, "Et*7|(t*8|)*6t*6mL"),
+                    ("nemo-25.09", 8, 4, "Et|(tt|)*30mL"),
+                    ("nemo-25.11", 16, 1, "Et*4|(t*4|)*14tmL"),
+                    ("nemo-25.11", 4, 4, "Et*4|(t*4|)*14tL")}
+    assert all(r.model_config == "deepseek-v3-mtp" for r in moe if "m" in (r.pipeline_layout or ""))
+    # Megatron-Core's expert tensor degree defaults to tp: the 24.11 / 25.02 Grok-1 yamls set none
+    assert {(r.source, r.etp) for r in moe if r.model_config == "grok-1-314b"} == {
+        ("dgxc-24.11", 4), ("dgxc-25.02", 4), ("dgxc-25.05", 4), ("dgxc-25.05.01", 1),
+        ("dgxc-25.05.02", 1)}
+    assert [r.dispatcher for r in moe if r.dispatcher] == ["deepep"]
     assert {r.device for r in rows} == {"a100-80gb-sxm", "h100-sxm", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"}
     assert rows[0].vocab is None and rows[0].devices_per_node == 8 and rows[0].glu is None
     tt = [r for r in rows if r.metric == "tokens_per_gpu_s" and r.device == "h100-sxm"]
@@ -566,7 +580,9 @@ def test_rows_whose_setup_or_simulation_fails_are_skipped():
     assert [s.row.line for s in setups] == [2]
     assert [(b.line, b.source, b.model) for b in bad] == [(3, "zb", "1.5B"),
                                                          (4, "maxtext-v5p", "32B")]
-    assert bad[0].reason == "4 layers cannot fill 8 pipeline stages; use fewer stages"
+    assert bad[0].reason == ("4 decoder blocks cannot fill 8 pipeline stages (each stage but the "
+                             "first and last needs one); fix: fewer stages (vp), or give a "
+                             "pipeline_layout")
     assert bad[1].reason.startswith("no host-link bandwidth for device 'b200'")
     dev = {"a100-80gb-sxm": load_device("a100-80gb-sxm")}
     res, bad = V.evaluate_rows(setups, dev)
