@@ -81,6 +81,12 @@ class ModelConfig:
         more mixture-of-experts block, an RMSNorm and a second pass of the shared output head on
         the token after next; the loss is the main loss plus the MTP loss (the report weighs it by
         lambda; 1 here). The head holds its own copy of the embedding table, counted once.
+        Hybrid (``hybrid_pattern`` set; NVIDIA Nemotron-H / Nemotron 3, :mod:`zoo.hybrid`): one
+        character per layer, ``M`` a Mamba-2 layer (``mamba_heads`` heads of ``mamba_head_dim``,
+        ``mamba_groups`` groups of B and C of width ``ssm_state``, a causal convolution of
+        ``conv_kernel`` taps, the SSD scan in chunks of ``ssm_chunk`` tokens), ``*`` attention,
+        ``-`` a dense MLP, ``E`` a mixture of experts; ``mlp`` ``relu2`` is the squared-ReLU MLP
+        without a gate (two matrices; its experts and shared experts too).
         Mochi: hidden_y / ffn_y (text stream width and SwiGLU inner width), text_tokens, text_dim
         (T5-XXL feature width), latent_channels / latent_frames / latent_height / latent_width (VAE
         latent video), patch_size (spatial patch), sampling_steps and cfg_passes (DiT forwards per
@@ -136,6 +142,18 @@ class ModelConfig:
     attention_sinks: bool = False
     swiglu_limit: float = 0.0
     mtp_layers: int = 0
+    hybrid_pattern: str = ""
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state: int = 0
+    mamba_groups: int = 0
+    conv_kernel: int = 0
+    ssm_chunk: int = 0
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the layers follow ``hybrid_pattern`` (Mamba-2 / attention / MLP / MoE)."""
+        return bool(self.hybrid_pattern)
 
     def layer_window(self, i: int) -> int:
         """Keys block ``i``'s queries attend under its sliding window, 0 for full causal

@@ -132,7 +132,7 @@ def _vjp_parts(fn: Callable, p: Any, diff: tuple, other: tuple, wrt_params: bool
     return (lambda l, c: jax.tree_util.tree_unflatten(treedef, l)(c)), leaves, ct
 
 
-ATTENTION_BODIES = ("decoder_block", "dense_block", "sliding_block")
+ATTENTION_BODIES = ("decoder_block", "dense_block", "sliding_block", "attention_block")
 """The decoder bodies with an attention core (the head too with a multi-token-prediction
 module, whose block attends)."""
 
@@ -275,6 +275,10 @@ def _tp_allreduce_bytes(cfg: ModelConfig, body: str) -> float:
     mtp = 3.0 * cfg.seq_len * 4 + cfg.seq_len * cfg.hidden * db + block if cfg.mtp_layers else 0.0
     return {"embed": cfg.seq_len * cfg.hidden * db, "decoder_block": block,
             "sliding_block": block, "dense_block": block,
+            # a hybrid layer is one sublayer: one all-reduce of its output (Megatron's Mamba
+            # mixer splits heads like attention, its out-projection reduced once)
+            "mamba_block": block / 2, "attention_block": block / 2, "mlp_block": block / 2,
+            "moe_block": block / 2,
             "head": 3.0 * cfg.seq_len * 4 + mtp}[body]
 
 
@@ -324,15 +328,16 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, Any]:
     ``zoo.layers.moe_swiglu`` computes the empty rows too), the bytes one sample's tokens send
     to them in one dispatch and the (token, expert) pairs it routes; a multi-token-prediction
     head carries its one block's."""
-    if not cfg.moe or body not in ("decoder_block", "sliding_block", "head"):
+    if not cfg.moe or body not in ("decoder_block", "sliding_block", "head", "moe_block"):
         return {}
     if body == "head" and not cfg.mtp_layers:
         return {}
     routed = cfg.experts * expert_capacity(cfg.seq_len, cfg.experts_per_token, cfg.experts,
                                            cfg.capacity_factor)     # token rows per sample
     return {"experts": cfg.experts, "expert_param_count": models.expert_param_count(cfg),
-            # gate, up and down projections of every routed row (shared experts are dense work)
-            "expert_fwd_flops_per_sample": 6.0 * routed * cfg.hidden * cfg.expert_ffn,
+            # gate (none for relu2), up and down projections of every routed row (shared experts are dense work)
+            "expert_fwd_flops_per_sample": (4.0 if cfg.mlp == "relu2" else 6.0)
+                                           * routed * cfg.hidden * cfg.expert_ffn,
             "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.hidden
                                           * cfg.dtype_bytes * cfg.capacity_factor),
             "routed_pairs_per_sample": float(cfg.seq_len * cfg.experts_per_token),

@@ -219,10 +219,23 @@ def _clamped_silu_mul(g: jax.Array, u: jax.Array, limit: float) -> jax.Array:
     return g * jax.nn.sigmoid(1.702 * g) * (u + 1)
 
 
-def glu(g: jax.Array, u: jax.Array, limit: float = 0.0) -> jax.Array:
+def glu(g: jax.Array | None, u: jax.Array, limit: float = 0.0) -> jax.Array:
     """The gated product of a SwiGLU: ``silu(g) * u``, or gpt-oss's clamped form when
-    ``limit`` > 0 (:func:`_clamped_silu_mul`)."""
+    ``limit`` > 0 (:func:`_clamped_silu_mul`); with no gate (``g`` None) the squared ReLU
+    ``relu(u)^2`` of a non-gated MLP (Nemotron-H; So et al. 2021, "Primer")."""
+    if g is None:
+        return _relu2(u)
     return _clamped_silu_mul(g, u, limit) if limit else _silu_mul(g, u)
+
+
+@jax.checkpoint
+def _relu2(u: jax.Array) -> jax.Array:
+    return jnp.square(jax.nn.relu(u))
+
+
+def relu2_mlp(x: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """Nemotron-H's MLP: ``relu(x Wu)^2 Wd`` (no gate, no biases)."""
+    return _relu2(x @ w_up) @ w_down
 
 
 def expert_capacity(tokens: int, top_k: int, experts: int, capacity_factor: float) -> int:
@@ -238,7 +251,7 @@ mesh with them): the batch is split over ``(DATA_AXIS, EXPERT_AXIS)`` and the ex
 ``EXPERT_AXIS``."""
 
 
-def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.Array,
+def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array | None, w_up: jax.Array,
                w_down: jax.Array, *, top_k: int, capacity_factor: float,
                biases: Mapping[str, jax.Array] | None = None, limit: float = 0.0) -> jax.Array:
     """Mixture-of-experts SwiGLU with top-k token-choice routing (``zoo.ModelConfig`` docs).
@@ -262,7 +275,8 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.A
     weights instead. Without such a mesh (a plain ``jax.jit``) nothing changes in the numbers.
 
     Args:
-        x: ``[B, S, h]``; w_router: ``[h, E]``; w_gate, w_up: ``[E, h, f]``; w_down: ``[E, f, h]``.
+        x: ``[B, S, h]``; w_router: ``[h, E]``; w_gate, w_up: ``[E, h, f]``; w_down: ``[E, f, h]``;
+            ``w_gate`` None: squared-ReLU experts without a gate (:func:`glu`).
         top_k: experts per token; capacity_factor: expert capacity over the balanced share.
         biases: the router's and the experts' biases (gpt-oss), ``{"w_router_b": [E],
             "w_gate_b", "w_up_b": [E, f], "w_down_b": [E, h]}``; None for none.
@@ -291,9 +305,9 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array, w_up: jax.A
     to_token = slot_of_pair.reshape(B, T, top_k)
     buf = jax.vmap(_permute)(x, token_of_slot, to_token)        # [B, E*C, h]
     buf = _exchange(buf.reshape(B, E, C, h), to_experts=True)
-    g = jnp.einsum("bech,ehf->becf", buf, w_gate)
+    g = None if w_gate is None else jnp.einsum("bech,ehf->becf", buf, w_gate)
     u = jnp.einsum("bech,ehf->becf", buf, w_up)
-    if "w_gate_b" in bias:     # an empty slot's row gets them too; no token reads it back
+    if "w_gate_b" in bias and g is not None:     # an empty slot's row gets them too; no token reads it back
         g = g + bias["w_gate_b"][None, :, None, :]
         u = u + bias["w_up_b"][None, :, None, :]
     y = jnp.einsum("becf,efh->bech", glu(g, u, limit), w_down)

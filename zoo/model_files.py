@@ -54,7 +54,7 @@ pretraining step a plan is usually for)."""
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron_h")
 SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES + MOE_TYPES
 """Hugging Face ``model_type`` values read into a decoder (dense, or a mixture of experts in
 every block)."""
@@ -72,7 +72,7 @@ _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
                "OPTForCausalLM": "opt", "MixtralForCausalLM": "mixtral",
                "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3",
-               "GptOssForCausalLM": "gpt_oss"}
+               "GptOssForCausalLM": "gpt_oss", "NemotronHForCausalLM": "nemotron_h"}
 
 
 def is_model_file(name: str) -> bool:
@@ -225,6 +225,12 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
     "mixtral": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
     "qwen3_moe": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
                   "ffn": "moe_intermediate_size"},
+    "nemotron_h": {"experts": "n_routed_experts", "expert_ffn": "moe_intermediate_size",
+                   "hybrid_pattern": "hybrid_override_pattern", "mamba_heads": "mamba_num_heads",
+                   "mamba_head_dim": "mamba_head_dim", "ssm_state": "ssm_state_size",
+                   "mamba_groups": "n_groups", "conv_kernel": "conv_kernel",
+                   "ssm_chunk": "chunk_size", "norm_eps": "layer_norm_epsilon",
+                   "mlp": "mlp_hidden_act"},
     "gpt_oss": {"experts": "num_local_experts", "expert_ffn": "intermediate_size",
                 "full_attention_every": "layer_types", "bias": "attention_bias"},
     "deepseek": {"kv_heads": "num_attention_heads", "head_size": "qk_nope_head_dim",
@@ -240,7 +246,7 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
 def hf_names(kind: str) -> dict[str, str]:
     """The Hugging Face key of each field for a config of ``model_type`` ``kind``."""
     family = ("deepseek" if kind.startswith("deepseek") else
-              kind if kind in ("mixtral", "qwen3_moe", "gpt2", "gpt_oss") else
+              kind if kind in ("mixtral", "qwen3_moe", "gpt2", "gpt_oss", "nemotron_h") else
               "gpt" if kind in GPT_TYPES else "")
     return {**HF_NAMES, **_KIND_NAMES.get(family, {})}
 
@@ -309,6 +315,8 @@ def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) 
         return _deepseek(doc, kind, name, source, where)
     if kind == "gpt_oss":
         return _gpt_oss(doc, name, source, where)
+    if kind == "nemotron_h":
+        return _nemotron_h(doc, name, source, where)
     if kind == "qwen3_moe":
         if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:
             raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
@@ -359,6 +367,53 @@ def _gpt_oss(doc: Mapping[str, Any], name: str, source: str, where: str) -> Mode
           f"{sum(t == 'sliding_attention' for t in types)} of {layers} layers; SwiGLU clamped at "
           f"{limit:g}; YaRN rope scaling costed as plain RoPE; MXFP4 experts costed in the "
           f"compute dtype)")
+
+
+def _nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
+    """NVIDIA Nemotron-H / Nemotron 3 (``nemotron_h``): a hybrid of Mamba-2, attention, MLP and
+    mixture-of-experts layers by ``hybrid_override_pattern`` (:mod:`zoo.hybrid`), squared-ReLU
+    MLPs and experts (``mlp_hidden_act`` ``relu2``), ``n_routed_experts`` experts of
+    ``moe_intermediate_size`` plus a shared expert of ``moe_shared_expert_intermediate_size``
+    (a multiple of it), attention without positional embeddings. The router (sigmoid scores
+    with a per-expert correction bias, scaled by ``routed_scaling_factor``) is costed as a
+    softmax top-k; its 128 correction biases per MoE layer are left out."""
+    layers = _int(doc, "num_hidden_layers", where)
+    pattern = _get(doc, "hybrid_override_pattern", where)
+    if not isinstance(pattern, str):
+        raise ZooError(f"{where}: field 'hybrid_override_pattern' = {_short(pattern)} is not a "
+                       f"string; give the published pattern")
+    act = doc.get("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise ZooError(f"{where}: field 'mlp_hidden_act' = {_short(act)} is not modelled; the "
+                       f"zoo's Nemotron-H MLPs are relu2")
+    moe = "E" in pattern
+    fe = _int(doc, "moe_intermediate_size", where) if moe else 0
+    shared = _count(doc, "moe_shared_expert_intermediate_size", where) if moe else 0
+    if shared % max(fe, 1):
+        raise ZooError(f"{where}: field 'moe_shared_expert_intermediate_size' = {shared} is not a "
+                       f"multiple of moe_intermediate_size = {fe}; the zoo's shared experts are "
+                       f"whole experts")
+    hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
+    head_dim = _int(doc, "head_dim", where, default=hidden // heads)
+    max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
+    return ModelConfig(
+        name=name, family="llama", layers=layers, hidden=hidden, heads=heads,
+        kv_heads=_int(doc, "num_key_value_heads", where, default=heads),
+        ffn=_int(doc, "intermediate_size", where), vocab=_int(doc, "vocab_size", where),
+        seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms", mlp="relu2", pos_emb="none",
+        tie_embeddings=_bool(doc, "tie_word_embeddings", where, False),
+        norm_eps=_float(doc, where, "layer_norm_epsilon", "norm_eps", default=1e-5),
+        head_size=head_dim if head_dim * heads != hidden else 0,
+        experts=_int(doc, "n_routed_experts", where) if moe else 0,
+        experts_per_token=_int(doc, "num_experts_per_tok", where) if moe else 0,
+        expert_ffn=fe, shared_experts=shared // fe if moe else 0, hybrid_pattern=pattern,
+        mamba_heads=_int(doc, "mamba_num_heads", where),
+        mamba_head_dim=_int(doc, "mamba_head_dim", where),
+        ssm_state=_int(doc, "ssm_state_size", where), mamba_groups=_int(doc, "n_groups", where),
+        conv_kernel=_int(doc, "conv_kernel", where), ssm_chunk=_int(doc, "chunk_size", where, default=128),
+        source=f"{source}; nemotron_h ({pattern.count('M')} Mamba-2, {pattern.count('*')} "
+               f"attention, {pattern.count('E')} MoE and {pattern.count('-')} MLP layers; router "
+               f"costed as softmax top-k, its correction biases left out)")
 
 
 def _deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str

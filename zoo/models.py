@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from compiler.named import named_computation
-from zoo import decoder, mochi
+from zoo import decoder, hybrid, mochi
 from zoo.config import ModelConfig, ZooError, get_config, gpt_config, list_models
 from zoo.layers import init_from_shapes, shapes_to_specs
 
@@ -59,6 +59,8 @@ def body_of(cfg: ModelConfig | str, layer_name: str) -> str:
     i = _block_index(cfg, layer_name)
     if cfg.family == "mochi":
         return "asymm_dit_block_final" if i == cfg.layers - 1 else "asymm_dit_block"
+    if cfg.hybrid:
+        return hybrid.BODIES[cfg.hybrid_pattern[i]]
     if cfg.moe and i < cfg.dense_layers:
         return "dense_block"
     return "sliding_block" if cfg.layer_window(i) else "decoder_block"
@@ -72,6 +74,8 @@ def _body_shapes(cfg: ModelConfig, body: str) -> dict[str, tuple[int, ...]]:
         return mod.head_shapes(cfg)
     if cfg.family == "mochi":
         return mochi.block_shapes(cfg, final=body == "asymm_dit_block_final")
+    if body in hybrid.BODIES.values():
+        return hybrid.block_shapes(cfg, body)
     return decoder.block_shapes(cfg, dense=body == "dense_block")   # sliding: the same weights
 
 
@@ -124,7 +128,8 @@ def expert_param_count(cfg: ModelConfig | str) -> int:
     cfg = _cfg(cfg)
     if not cfg.moe:
         return 0
-    per = 3 * cfg.hidden * cfg.expert_ffn + (2 * cfg.expert_ffn + cfg.hidden if cfg.bias else 0)
+    mats = 2 if cfg.mlp == "relu2" else 3                  # no gate: up and down only
+    per = mats * cfg.hidden * cfg.expert_ffn + (2 * cfg.expert_ffn + cfg.hidden if cfg.bias else 0)
     return cfg.experts * per
 
 
@@ -136,7 +141,8 @@ def active_param_count(cfg: ModelConfig | str, *, embedding: bool = True) -> int
     by: DeepSeek's convention (its V2's 21B and V3's 37B activated match only without it)."""
     cfg = _cfg(cfg)
     unused = cfg.experts - cfg.experts_per_token if cfg.moe else 0
-    moe_layers = cfg.layers - cfg.dense_layers + cfg.mtp_layers
+    moe_layers = (cfg.hybrid_pattern.count("E") if cfg.hybrid
+                  else cfg.layers - cfg.dense_layers + cfg.mtp_layers)
     n = param_count(cfg) - moe_layers * unused * expert_param_count(cfg) // max(1, cfg.experts)
     return n if embedding else n - cfg.vocab * cfg.hidden
 
@@ -154,7 +160,8 @@ def layer_fns(cfg: ModelConfig | str) -> dict[str, Callable[..., Any]]:
     else:
         bodies = {"embed": decoder.embed_fn(cfg), "decoder_block": decoder.block_fn(cfg),
                   "dense_block": decoder.block_fn(cfg, dense=True), "head": decoder.head_fn(cfg),
-                  "sliding_block": decoder.block_fn(cfg, window=cfg.sliding_window)}
+                  "sliding_block": decoder.block_fn(cfg, window=cfg.sliding_window),
+                  **{b: hybrid.block_fn(cfg, b) for b in hybrid.BODIES.values()}}
     return {n: bodies[body_of(cfg, n)] for n in layer_names(cfg)}
 
 

@@ -74,6 +74,9 @@ LIMITS: dict[str, int] = {
     "sliding_window": 2**22,   # 4,096 (Mistral 7B v0.1), 128 (gpt-oss); at most the sequence
     "full_attention_every": 2**14,   # 2 (gpt-oss, Gemma 2), 6 (Gemma 3)
     "mtp_layers": 2**4,        # 1 (DeepSeek-V3); the zoo models 0 or 1
+    "mamba_heads": 2**12, "mamba_head_dim": 2**12,   # 64 x 64 (Nemotron 3 Nano), 256 (H-56B)
+    "ssm_state": 2**12, "mamba_groups": 2**12,       # 128, 8 (Nemotron-H)
+    "conv_kernel": 2**6, "ssm_chunk": 2**16,         # 4, 128 (Nemotron-H)
 }
 """Largest value of each integer field (counts; tokens; widths in elements)."""
 
@@ -87,7 +90,7 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "family": ("llama", "gpt", "mochi"), "norm": ("rms", "layer"),
-    "mlp": ("swiglu", "gelu", "relu"), "pos_emb": ("rope", "learned", "none"),
+    "mlp": ("swiglu", "gelu", "relu", "relu2"), "pos_emb": ("rope", "learned", "none"),
     "dtype": ("bfloat16", "float16", "float32"), "attention_kernel": tuple(ATTENTION_KERNELS),
     "attention": ("plain", "flash", "fused")}
 """The fields with a fixed vocabulary, and their values."""
@@ -180,6 +183,7 @@ def _check_relations(cfg: ModelConfig, bad: Any, key: Any) -> None:
                   "cannot rotate in pairs", "use an even head width")
     _check_experts(cfg, bad, key)
     _check_window(cfg, bad, key)
+    _check_hybrid(cfg, bad, key)
     _check_mla(cfg, bad, key)
     _check_mochi(cfg, bad, key)
 
@@ -218,6 +222,39 @@ def _check_window(cfg: ModelConfig, bad: Any, key: Any) -> None:
         raise bad("mtp_layers", "is not 0 or 1 on a llama-family mixture of experts (the zoo "
                   "models DeepSeek-V3's one multi-token-prediction module)",
                   f"give {key('mtp_layers')} 0 or 1 on a mixture of experts")
+
+
+_MAMBA = ("mamba_heads", "mamba_head_dim", "ssm_state", "mamba_groups", "conv_kernel", "ssm_chunk")
+
+
+def _check_hybrid(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    if not cfg.hybrid_pattern:
+        for field in _MAMBA:
+            if getattr(cfg, field):
+                raise bad(field, f"is set but {key('hybrid_pattern')} is empty (no Mamba layers)",
+                          f"give {key('hybrid_pattern')} or drop {key(field)}")
+        if cfg.mlp == "relu2" and cfg.family != "llama":
+            raise bad("mlp", "is the squared ReLU of a llama-family block only", "use gelu or relu")
+        return
+    p = cfg.hybrid_pattern
+    if set(p) - set("M*-E") or len(p) != cfg.layers or cfg.family != "llama":
+        raise bad("hybrid_pattern", f"is not {cfg.layers} characters of M (Mamba-2), * "
+                  f"(attention), - (MLP) and E (experts) on a llama-family model",
+                  f"give one character per layer ({key('layers')} = {cfg.layers})")
+    if ("E" in p) != cfg.moe:
+        raise bad("hybrid_pattern", f"has {'no ' if 'E' not in p else ''}E layers but "
+                  f"{key('experts')} = {cfg.experts}", "give experts exactly when E layers exist")
+    if "M" in p:
+        for field in _MAMBA:
+            if getattr(cfg, field) < 1:
+                raise bad(field, "is not set for the Mamba-2 layers", f"give {key(field)}")
+        if cfg.mamba_heads % cfg.mamba_groups:
+            raise bad("mamba_groups", f"does not divide {key('mamba_heads')} = "
+                      f"{cfg.mamba_heads}", "give a divisor of the Mamba heads")
+    if cfg.dense_layers or cfg.mla or cfg.sliding_window or cfg.mtp_layers or cfg.bias:
+        raise bad("hybrid_pattern", "is combined with dense first layers, latent attention, "
+                  "a sliding window, multi-token prediction or biases, which the hybrid layers "
+                  "do not model", "drop those fields")
 
 
 def _check_mla(cfg: ModelConfig, bad: Any, key: Any) -> None:

@@ -127,8 +127,8 @@ def test_the_seq_len_limit_is_the_plan_files():
 
 @pytest.mark.parametrize("field,value,expect", [
     ("family", "mamba", "m.yaml: family = 'mamba' is not one of llama, gpt"),
-    ("mlp", "geglu", "m.yaml: mlp = 'geglu' is not one of swiglu, gelu, relu; fix: use one of "
-                     "swiglu, gelu, relu"),
+    ("mlp", "geglu", "m.yaml: mlp = 'geglu' is not one of swiglu, gelu, relu, relu2; fix: use "
+                     "one of swiglu, gelu, relu, relu2"),
     ("dtype", "int8", "m.yaml: dtype = 'int8' is not one of bfloat16, float16, float32"),
     ("name", "my model", "m.yaml: name = 'my model' is not a model name (letters, digits and "
                          "_ . + - only, at most 200 characters); fix: rename the model or its file"),

@@ -1,0 +1,91 @@
+"""Hybrid Mamba-2 / attention / MoE models (zoo/hybrid.py): the SSD chunked scan against the
+sequential recurrence, Nemotron 3 Nano's published counts, a tiny hybrid's forward and
+backward, and a workload whose layers follow the pattern."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import zoo
+from zoo import ZooError
+from zoo.hybrid import ssd
+from zoo.model_files import from_hf, resolve_model
+
+
+def _scan(x, a, b, c):
+    """h_t = exp(a_t) h_{t-1} + b_t x_t^T, y_t = c_t h_t, token by token."""
+    def step(h, t):
+        xt, at, bt, ct = t
+        h = jnp.exp(at)[..., None, None] * h + jnp.einsum("bhp,bhn->bhpn", xt, bt)
+        return h, jnp.einsum("bhpn,bhn->bhp", h, ct)
+    B, L, H, P = x.shape
+    h0 = jnp.zeros((B, H, P, b.shape[-1]))
+    _, y = jax.lax.scan(step, h0, tuple(jnp.moveaxis(t, 1, 0) for t in (x, a, b, c)))
+    return jnp.moveaxis(y, 0, 1)
+
+
+@pytest.mark.parametrize("L,chunk", [(16, 4), (13, 4), (8, 8)])
+def test_ssd_chunked_scan_equals_the_recurrence(L, chunk):
+    k = jax.random.split(jax.random.PRNGKey(L), 4)
+    x = jax.random.normal(k[0], (2, L, 3, 5))
+    a = -jax.random.uniform(k[1], (2, L, 3))
+    b, c = jax.random.normal(k[2], (2, L, 3, 4)), jax.random.normal(k[3], (2, L, 3, 4))
+    assert jnp.allclose(ssd(x, a, b, c, chunk), _scan(x, a, b, c), atol=1e-4)
+    g1 = jax.grad(lambda x, a: jnp.sum(jnp.sin(ssd(x, a, b, c, chunk))), argnums=(0, 1))(x, a)
+    g2 = jax.grad(lambda x, a: jnp.sum(jnp.sin(_scan(x, a, b, c))), argnums=(0, 1))(x, a)
+    for u, v in zip(g1, g2):
+        assert jnp.allclose(u, v, atol=1e-3)
+
+
+def test_nemotron_3_nano_counts_match_the_technical_report():
+    """NVIDIA, "Nemotron 3 Nano" technical report (arXiv:2512.20848): 31.6B parameters, 3.2B
+    active per forward pass (3.6B including embeddings); 52 layers (23 Mamba-2, 23 MoE, 6
+    attention), 128 experts + shared, 6 per token (Megatron-Bridge Nemotron3NanoProvider)."""
+    cfg = resolve_model("nvidia-nemotron-3-nano-30b-a3b")
+    p = cfg.hybrid_pattern
+    assert (len(p), p.count("M"), p.count("E"), p.count("*")) == (52, 23, 23, 6)
+    assert (cfg.hidden, cfg.mamba_heads, cfg.mamba_head_dim, cfg.ssm_state, cfg.mamba_groups,
+            cfg.conv_kernel, cfg.ssm_chunk) == (2688, 64, 64, 128, 8, 4, 128)
+    assert (cfg.experts, cfg.experts_per_token, cfg.expert_ffn, cfg.shared_experts, cfg.mlp) == (
+        128, 6, 1856, 2, "relu2")
+    assert zoo.param_count(cfg) == 31_577_937_344
+    assert round(zoo.param_count(cfg) / 1e8) == 316
+    assert round(zoo.active_param_count(cfg, embedding=False) / 1e8) == 32
+    assert round(zoo.active_param_count(cfg) / 1e8) == 36
+    assert zoo.expert_param_count(cfg) == 128 * 2 * 2688 * 1856
+
+
+def test_the_workload_follows_the_pattern():
+    """Each layer its own LayerCost body; only MoE layers carry expert fields, only attention
+    layers an attention core."""
+    cfg = resolve_model("tiny-hybrid")
+    w = zoo.workload(cfg, 4)
+    assert w.layers[1:-1] == ("mamba_block", "moe_block", "attention_block", "moe_block",
+                              "mamba_block", "mlp_block")
+    for body, c in w.costs.items():
+        assert (c.experts > 0) == (body == "moe_block"), body
+        assert (c.attention_fwd_flops_per_sample > 0) == (body == "attention_block"), body
+    assert w.costs["moe_block"].expert_param_count == 4 * 2 * 64 * 32
+    assert w.costs["mamba_block"].fwd_flops_per_sample > 0
+
+
+def test_tiny_hybrid_trains_forward_and_backward():
+    cfg = resolve_model("tiny-hybrid")
+    params = zoo.init_params(cfg, jax.random.PRNGKey(0))
+    batch = zoo.example_batch(cfg, jax.random.PRNGKey(1), 2)
+    loss, grads = jax.jit(jax.value_and_grad(zoo.forward_loss(cfg)))(params, batch)
+    assert jnp.isfinite(loss)
+    for k in ("in_proj", "conv_w", "a_log", "dt_b", "d_skip", "out_proj", "gate_norm"):
+        assert float(jnp.abs(grads["blocks"][0][k]).sum()) > 0, k
+    assert float(jnp.abs(grads["blocks"][1]["w_up"]).sum()) > 0
+
+
+def test_a_bad_pattern_is_refused_in_one_line():
+    doc = {"model_type": "nemotron_h", "num_hidden_layers": 3, "hybrid_override_pattern": "MX*",
+           "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 10,
+           "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 8, "n_groups": 2,
+           "conv_kernel": 4}
+    with pytest.raises(ZooError, match="hybrid_override_pattern = 'MX[*]' is not 3 characters"):
+        from_hf(doc, "m", "m.json")
