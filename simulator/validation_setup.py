@@ -326,13 +326,22 @@ def row_remat(row: Row) -> remat.RematPolicy:
     return remat.policy(row.recompute or "none", shape)
 
 
-def row_offload_s(row: Row) -> float:
+def row_offload_s(row: Row, plan: Plan | None = None) -> float:
     """Seconds per step the row's policy moves activations to host and back
     (:func:`simulator.remat.offload_seconds`): a device's share of the tokens (the batch over
-    ``dp``, the activations over ``tp``) through the layers of its busiest pipeline rank."""
+    ``dp``, the activations over ``tp``) through the layers of its busiest pipeline rank (in
+    ``plan`` when given, else :func:`split_layers`'s)."""
     tokens = row.global_batch * row.seq_len / (row.replicas * row.tp)
-    return remat.offload_seconds(row_remat(row), tokens, max(split_layers(row.layers, row.pp)),
-                                 row.device)
+    if plan is not None:
+        per: dict[str, int] = {}
+        last = len(plan.stages) - 1
+        for st in plan.stages:
+            n = st.last - st.first - (st.index == 0) - (st.index == last)
+            per[st.mesh] = per.get(st.mesh, 0) + n
+        busiest = max(per.values())
+    else:
+        busiest = max(split_layers(row.layers, row.pp))
+    return remat.offload_seconds(row_remat(row), tokens, busiest, row.device)
 
 
 def split_layers(n: int, parts: int) -> list[int]:
@@ -692,7 +701,7 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
     split = stage_blocks(row, w, plan.schedule.stage_rank)[1]
     if split:
         notes.append(split)
-    off = row_offload_s(row)
+    off = row_offload_s(row, plan)
     if off:
         notes.append(f"host offload {off * 1e3:.3g} ms per step over "
                      f"{remat.host_link(row.device) / 1e9:g} GB/s each way (exposed)")

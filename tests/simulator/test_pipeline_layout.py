@@ -206,3 +206,23 @@ def test_csv_column_parses_checks_and_gives_vp(tmp_path):
         parse_row(dict(inter, schedule="1f1b"), 2, ["a100-80gb-sxm"])
     with pytest.raises(ValidationError, match=r"^row 2: pipeline_layout 'Etq\|L': 'q' is not a layer"):
         parse_row(bundled(2, pipeline_layout="Etq|L"), 2, ["a100-80gb-sxm"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(pp=st.integers(1, 6), vp=st.integers(1, 3), data=st.data())
+def test_a_layout_places_every_block_once_in_order_as_it_says(pp, vp, data):
+    if pp == 1:
+        vp = 1
+    S = pp * vp
+    counts = [data.draw(st.integers(0 if s in (0, S - 1) else 1, 4)) for s in range(S)]
+    blocks = sum(counts)
+    if blocks == 0:
+        counts[0] = blocks = 1
+    text = split_text(tuple(counts))
+    row = _ds(layers=blocks, pp=pp, dp=1, tp=1, gpus=pp, global_batch=4 * pp, vp=vp,
+              schedule="1f1b-interleaved" if vp > 1 else "1f1b", pipeline_layout=text)
+    plan = V.row_setup(row, _workload).plan
+    assert [st.first for st in plan.stages] == [0] + [st.last for st in plan.stages[:-1]]
+    assert plan.stages[0].first == 0 and plan.stages[-1].last == blocks + 2
+    assert _plan_blocks(plan) == counts
+    assert [st.mesh for st in plan.stages] == [f"stage{s % pp}" for s in range(S)]
