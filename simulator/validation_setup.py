@@ -423,11 +423,11 @@ def row_layout(row: Row) -> Layout:
     data = row.replicas
     fsdp = bool(row.fsdp) and data > 1
     hsdp = (row.slices or 1) if fsdp else 1
+    moe = row.ep > 1 and expert_problem(row) is None
     return Layout(data, row.tp, fsdp=fsdp, hsdp=hsdp if data % hsdp == 0 else 1,
                   tp_overlap=bool(row.tp_overlap) and row.tp > 1,
-                  **({"expert": row.ep, "expert_tensor": row_etp(row),
-                      "expert_dispatch": row.dispatcher or "alltoall"}
-                     if row.ep > 1 and expert_problem(row) is None else {}))
+                  expert=row.ep if moe else 1, expert_tensor=row_etp(row) if moe else 0,
+                  expert_dispatch=(row.dispatcher or "alltoall") if moe else "alltoall")
 
 
 def row_etp(row: Row) -> int:
