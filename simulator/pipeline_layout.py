@@ -215,3 +215,17 @@ def split_text(counts: tuple[int, ...]) -> str:
             out.append("|")
         i = j + 1
     return "".join(out)
+
+
+def split_summary(counts: tuple[int, ...]) -> str:
+    """Blocks per stage in model order, runs of equal stages written ``k x n`` (no ``|``, so the
+    text sits in a Markdown table cell): ``(4,) * 15 + (1,)`` -> ``"4 x 15, 1"``."""
+    out: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j + 1 < len(counts) and counts[j + 1] == counts[i]:
+            j += 1
+        out.append(f"{counts[i]} x {j - i + 1}" if j > i else str(counts[i]))
+        i = j + 1
+    return ", ".join(out)

@@ -50,7 +50,7 @@ from ir import LayerCost, Layout, Plan, StagePlan, Workload
 from ir.workload import causal_fraction
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 from simulator import remat
-from simulator.pipeline_layout import LayoutError, parse_layout, recipe_split, split_text
+from simulator.pipeline_layout import LayoutError, parse_layout, recipe_split, split_summary
 from simulator.schedules import generate
 from simulator.validation_rows import (DEFAULT_VOCAB, DEVICES_PER_NODE, SCHEDULE_MAP, Row,
                                        ValidationError)
@@ -622,7 +622,8 @@ def stage_blocks(row: Row, workload: Workload, stage_rank: tuple[int, ...]
             raise ValidationError(f"row {row.line}: {e}") from None
         if rule == "even":
             return counts, None
-        return counts, f"pipeline split {split_text(counts)} ({rule}; no pipeline_layout)"
+        return counts, (f"blocks per stage {split_summary(counts)} ({rule}; no "
+                        f"pipeline_layout)")
     per = [0] * S
     for r, n in enumerate(split_layers(blocks, row.pp)):  # rank r's stages, in pipeline order
         mine = [s for s in range(S) if stage_rank[s] == r]

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from ir import LayerCost, Workload
 from simulator import validate as V
 from simulator.pipeline_layout import (LayoutError, StageLayers, check_layout, parse_layout,
-                                       recipe_split, split_text)
+                                       recipe_split, split_summary, split_text)
 from simulator.validation_rows import ValidationError, parse_row
 from tests.simulator.test_validation_rows import HEAD, bundled
 
@@ -91,6 +91,12 @@ def test_recipe_split_reproduces_the_recipes():
                                     "as even as possible, the extra blocks in the middle")
 
 
+def test_split_summary_has_no_table_separator():
+    assert split_summary((4,) * 15 + (1,)) == "4 x 15, 1"
+    assert split_summary((2,) + (3,) * 30 + (2,)) == "2, 3 x 30, 2"
+    assert split_summary((0, 1, 1, 0)) == "0, 1 x 2, 0"
+
+
 def test_recipe_split_refuses_a_stage_without_a_layer():
     with pytest.raises(LayoutError, match=r"^61 decoder blocks cannot fill 64 pipeline stages \(each "
                                           r"stage but the first and last needs one\); fix: fewer "
@@ -162,7 +168,7 @@ def test_deepseek_v3_pp16_rows_no_longer_leave_an_empty_stage():
     assert min(st.last - st.first for st in s.plan.stages) >= 1
     plain = V.row_setup(_ds(), _workload)
     assert _plan_blocks(plain.plan) == [4] * 15 + [1]
-    assert ("pipeline split Et*4|(t*4|)*14tL (first stages full; no pipeline_layout)"
+    assert ("blocks per stage 4 x 15, 1 (first stages full; no pipeline_layout)"
             in plain.assumptions)
     with pytest.raises(ValidationError, match=r"^row 0: 61 decoder blocks cannot fill 64 "):
         V.build_plan(_ds(vp=4), _workload(_ds()), schedule="interleaved-1f1b", micro_batch=1,
@@ -175,7 +181,7 @@ def test_a_published_layout_places_the_blocks_and_mtp_with_the_head():
     assert _plan_blocks(s.plan) == [1] + [2] * 30 + [0]
     assert s.plan.stages[-1].last - s.plan.stages[-1].first == 1       # the head (and MTP) alone
     assert [st.mesh for st in s.plan.stages[:9]] == [f"stage{k}" for k in range(8)] + ["stage0"]
-    assert not any(a.startswith("pipeline split") for a in s.assumptions)
+    assert not any(a.startswith("blocks per stage") for a in s.assumptions)
     with pytest.raises(ValidationError, match=r"has MTP layer \(m\) but model fake-moe has none; "
                                               r"fix: name the model with MTP"):
         V.row_setup(row, _workload)
