@@ -390,6 +390,52 @@ def _uniform_blocks(bodies: tuple[str, ...], costs: dict[str, LayerCost]
     return tuple("decoder_block" if b in kinds else b for b in bodies), out
 
 
+HYBRID_BODY = "hybrid_block"
+"""The body a hybrid model's mixed blocks are planned as (:func:`_hybrid_blocks`)."""
+
+
+def _hybrid_blocks(bodies: tuple[str, ...], costs: dict[str, LayerCost]
+                   ) -> tuple[tuple[str, ...], dict[str, LayerCost]]:
+    """A hybrid model's blocks between its embedding and its head (Nemotron-H's Mamba-2,
+    attention and mixture-of-experts layers in the order of its ``hybrid_override_pattern``) as
+    one body, :data:`HYBRID_BODY`, every figure the count-weighted mean over the layers, so
+    ``n`` of them cost ``n / L`` of the ``L`` blocks together; its ``experts`` and
+    ``experts_per_token`` are the mixture-of-experts layers' (the expert shares, all-to-all bytes
+    and expert FLOP are means, so expert parallelism splits exactly the model's experts over its
+    layers). Why: the planner partitions one contiguous run of identical blocks
+    (``planner.options._split_layers``). Exact for the whole step, its parameters and memory; a
+    pipeline stage is charged the mean of the pattern, not the layers it holds (at most one
+    period of the pattern off: Nemotron 3 Nano repeats ``MEMEM*E``). A sequence whose most
+    common block forms one contiguous run (dense first blocks, then the rest) is unchanged."""
+    inner = bodies[1:-1] if len(bodies) > 2 else bodies
+    kinds = list(dict.fromkeys(inner))
+    if len(kinds) < 2 or any(k in ("embed", "head") for k in kinds):
+        return bodies, costs
+    common = max(kinds, key=inner.count)
+    at = [i for i, b in enumerate(inner) if b == common]
+    if at[-1] - at[0] + 1 == len(at):
+        return bodies, costs     # one contiguous run (DeepSeek-V3's dense first blocks before it)
+    pairs = [(costs[k], inner.count(k)) for k in kinds]
+    total = sum(n for _, n in pairs)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(LayerCost):
+        vals = [getattr(c, f.name) for c, _ in pairs]
+        if f.name == "name":
+            out[f.name] = HYBRID_BODY
+        elif f.name in ("experts", "experts_per_token"):
+            out[f.name] = max(vals)
+        elif isinstance(vals[0], bool):
+            out[f.name] = any(vals)
+        else:
+            m = sum(v * n for v, (_, n) in zip(vals, pairs)) / total
+            out[f.name] = round(m) if isinstance(vals[0], int) else m
+    merged = {k: v for k, v in costs.items() if k not in kinds}
+    merged[HYBRID_BODY] = LayerCost(**out)
+    head = bodies[:1] if len(bodies) > 2 else ()
+    tail = bodies[-1:] if len(bodies) > 2 else ()
+    return head + (HYBRID_BODY,) * len(inner) + tail, merged
+
+
 def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | None = None,
              *, per_layer: bool = False, **overrides) -> Workload:
     """The :class:`~ir.Workload` of one step of ``global_batch`` samples.
@@ -401,8 +447,10 @@ def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | N
         seq_len: tokens per sample; default the model's ``seq_len``. Mochi's token count follows
             its latent video size (override ``latent_frames`` etc.), so ``seq_len`` must match it.
         per_layer: each layer's own body (gpt-oss: ``"sliding_block"`` and ``"decoder_block"``
-            alternating); by default blocks that differ only in their attention span are costed
-            as one mean body the planner can partition (:func:`_uniform_blocks`).
+            alternating; Nemotron-H: its pattern's layers); by default blocks that differ only in
+            their attention span are costed as one mean body the planner can partition
+            (:func:`_uniform_blocks`), and a hybrid's mixed blocks as another
+            (:func:`_hybrid_blocks`).
         overrides: :class:`ModelConfig` fields.
     Raises:
         ZooError: unknown model or field, ``global_batch < 1``, or a Mochi ``seq_len`` mismatch.
@@ -422,6 +470,7 @@ def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | N
     costs = {b: body_cost(cfg, b) for b in dict.fromkeys(bodies)}
     if not per_layer:
         bodies, costs = _uniform_blocks(bodies, costs)
+        bodies, costs = _hybrid_blocks(bodies, costs)
     return Workload(model=cfg.name, layers=bodies, costs=costs, seq_len=cfg.seq_len,
                     global_batch=global_batch, training=cfg.training,
                     dtype_bytes=cfg.dtype_bytes, source=cfg.source, shards=shard_dims(cfg),

@@ -34,7 +34,7 @@ def model_row(name: str, family: str, cfg: ModelConfig) -> tuple[str, ...]:
     from mpmd.cli.output import params_text
     from zoo import active_param_count, param_count
 
-    experts = f"top {cfg.experts_per_token} of {cfg.experts}" if cfg.moe else "-"
+    experts = f"{cfg.experts_per_token} of {cfg.experts}" if cfg.moe else "-"
     if cfg.shared_experts:
         experts += f" +{cfg.shared_experts}"
     return (name, family, "train" if cfg.training else "infer", str(cfg.layers),

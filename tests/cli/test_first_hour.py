@@ -65,6 +65,7 @@ ZOO_TABLE = """\
 zoo models (--model NAME)
 model           family  use    layers  hidden  heads  experts  params  active
 gpt3-175b       gpt     train      96   12288  96/96  -        174.6B  174.6B
+grok-1-314b     llama   train      64    6144  48/8   2 of 8   315.7B   83.8B
 llama-tiny      llama   train       8     512  8/8    -         27.5M   27.5M
 llama3-405b     llama   train     126   16384  128/8  -        405.9B  405.9B
 llama3-70b      llama   train      80    8192  64/8   -         70.6B   70.6B
@@ -75,15 +76,15 @@ opt-350m        gpt     train      24    1024  16/16  -        355.9M  355.9M"""
 
 SHIPPED_HEADER = [
     "shipped configs, zoo/configs/ (--model NAME, or the file's path)",
-    "model                  family       use    layers  hidden  heads    experts          params  active"]
+    "model                    family       use    layers  hidden  heads    experts      params  active"]
 
 SHIPPED_ROWS = [   # the mixtures of experts, and one config of each other kind
-    "deepseek-v3            deepseek_v3  train      61    7168  128/128  top 8 of 256 +1  671.0B   37.6B",
-    "mixtral-8x22b-v0.1     mixtral      train      56    6144  48/8     top 2 of 8       140.6B   39.2B",
-    "qwen3-235b-a22b        qwen3_moe    train      94    4096  64/4     top 8 of 128     235.1B   22.2B",
-    "gpt2                   gpt2         train      12     768  12/12    -                124.4M  124.4M",
-    "llama-tiny-decode      llama spec   infer       8     512  8/8      -                 27.5M   27.5M",
-    "tiny-moe               llama spec   train       4     128  4/2      top 2 of 4         1.1M    0.7M",
+    "deepseek-v3              deepseek_v3  train      61    7168  128/128  8 of 256 +1  671.0B   37.6B",
+    "mixtral-8x22b-v0.1       mixtral      train      56    6144  48/8     2 of 8       140.6B   39.2B",
+    "qwen3-235b-a22b          qwen3_moe    train      94    4096  64/4     8 of 128     235.1B   22.2B",
+    "gpt2                     gpt2         train      12     768  12/12    -            124.4M  124.4M",
+    "llama-tiny-decode        llama spec   infer       8     512  8/8      -             27.5M   27.5M",
+    "tiny-moe                 llama spec   train       4     128  4/2      2 of 4         1.1M    0.7M",
 ]
 
 MODELS_FOOTER = """\
@@ -91,7 +92,8 @@ heads: query/key-value; experts: the routed experts a token goes to, of all (+ s
 active: the parameters one token uses.
 --model also takes a model file: a Hugging Face config.json of model_type llama, mistral, qwen2,
 qwen3, gemma, gemma2, gemma3, gemma3_text, gpt2, gpt_neox, opt, or of the mixtures of experts
-mixtral, qwen3_moe, deepseek_v2, deepseek_v3; or a YAML model spec (family llama or gpt).""".splitlines()
+mixtral, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, nemotron_h; or a YAML model spec (family
+llama or gpt).""".splitlines()
 
 
 def test_models_lists_the_zoo_and_the_shipped_configs():
@@ -118,11 +120,12 @@ def test_plan_help_names_the_zoo_models_and_mpmd_models():
 
     (opt,) = [p for p in plan_command.params if p.name == "model"]
     assert opt.help == (
-        "A zoo model (gpt3-175b, llama-tiny, llama3-405b, llama3-70b, llama3-8b, mochi-dit-10b, "
-        "mochi-dit-tiny, opt-350m), a shipped config's name (e.g. deepseek-v3) or a model file: "
-        "a Hugging Face config.json of model_type llama, mistral, qwen2, qwen3, gemma, gemma2, "
-        "gemma3, gemma3_text, gpt2, gpt_neox, opt, or of the mixtures of experts mixtral, "
-        "qwen3_moe, deepseek_v2, deepseek_v3; or a YAML model spec (family llama or gpt). "
+        "A zoo model (gpt3-175b, grok-1-314b, llama-tiny, llama3-405b, llama3-70b, llama3-8b, "
+        "mochi-dit-10b, mochi-dit-tiny, opt-350m), a shipped config's name (e.g. deepseek-v3) or "
+        "a model file: a Hugging Face config.json of model_type llama, mistral, qwen2, qwen3, "
+        "gemma, gemma2, gemma3, gemma3_text, gpt2, gpt_neox, opt, or of the mixtures of experts "
+        "mixtral, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, nemotron_h; or a YAML model spec "
+        "(family llama or gpt). "
         "'mpmd models' lists them all, with their families, sizes and experts.")
     r = CliRunner().invoke(main, ["plan", "--help"])
     assert r.exit_code == 0

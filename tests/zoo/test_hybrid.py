@@ -43,7 +43,7 @@ def test_nemotron_3_nano_counts_match_the_technical_report():
     """NVIDIA, "Nemotron 3 Nano" technical report (arXiv:2512.20848): 31.6B parameters, 3.2B
     active per forward pass (3.6B including embeddings); 52 layers (23 Mamba-2, 23 MoE, 6
     attention), 128 experts + shared, 6 per token (Megatron-Bridge Nemotron3NanoProvider)."""
-    cfg = resolve_model("nvidia-nemotron-3-nano-30b-a3b")
+    cfg = resolve_model("nemotron-3-nano-30b-a3b")
     p = cfg.hybrid_pattern
     assert (len(p), p.count("M"), p.count("E"), p.count("*")) == (52, 23, 23, 6)
     assert (cfg.hidden, cfg.mamba_heads, cfg.mamba_head_dim, cfg.ssm_state, cfg.mamba_groups,
@@ -61,7 +61,7 @@ def test_the_workload_follows_the_pattern():
     """Each layer its own LayerCost body; only MoE layers carry expert fields, only attention
     layers an attention core."""
     cfg = resolve_model("tiny-hybrid")
-    w = zoo.workload(cfg, 4)
+    w = zoo.workload(cfg, 4, per_layer=True)
     assert w.layers[1:-1] == ("mamba_block", "moe_block", "attention_block", "moe_block",
                               "mamba_block", "mlp_block")
     for body, c in w.costs.items():
@@ -89,3 +89,23 @@ def test_a_bad_pattern_is_refused_in_one_line():
            "conv_kernel": 4}
     with pytest.raises(ZooError, match="hybrid_override_pattern = 'MX[*]' is not 3 characters"):
         from_hf(doc, "m", "m.json")
+
+
+def test_the_planner_sees_one_mean_hybrid_block_that_sums_to_the_model():
+    from zoo.costing import HYBRID_BODY, workload
+    from zoo.model_files import resolve_model
+
+    cfg = resolve_model("tiny-hybrid")
+    mean = workload(cfg, 4)
+    each = workload(cfg, 4, per_layer=True)
+    assert set(mean.layers) == {"embed", HYBRID_BODY, "head"} and len(mean.layers) == len(each.layers)
+    for f in ("param_count", "fwd_flops_per_sample", "bwd_flops_per_sample",
+              "residual_bytes_per_sample", "expert_param_count", "alltoall_bytes_per_sample"):
+        whole = sum(getattr(each.costs[b], f) for b in each.layers)
+        # integer counts are rounded once per mean body: off by under one per layer at most
+        assert sum(getattr(mean.costs[b], f) for b in mean.layers) == pytest.approx(
+            whole, rel=1e-6, abs=len(mean.layers)), f
+    assert mean.costs[HYBRID_BODY].experts == max(c.experts for c in each.costs.values())
+    # a model whose blocks form one run after dense first ones keeps its bodies
+    ds = workload(resolve_model("zoo/configs/tiny-mla-moe.yaml"), 4)
+    assert HYBRID_BODY not in ds.layers

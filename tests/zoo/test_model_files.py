@@ -34,7 +34,7 @@ PUBLISHED = {  # file -> published total (zoo/configs/README.md cites each)
     "opt-1.3b.json": 1.32e9,
     "Qwen3-30B-A3B.json": 30.5e9,
     "gpt-oss-120b.json": 116.83e9,     # test_gpt_oss.py checks its parts and active count
-    "NVIDIA-Nemotron-3-Nano-30B-A3B.json": 31.6e9,   # test_hybrid.py checks the active count
+    "Nemotron-3-Nano-30B-A3B.json": 31.6e9,   # test_hybrid.py checks the active count
 }
 
 
