@@ -41,6 +41,15 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
         out += [("--swiglu", None), ("--normalization", "RMSNorm"),
                 ("--position-embedding-type", "rope"), ("--rotary-base", int(c.rope_theta)),
                 ("--disable-bias-linear", None)]
+    if c.hybrid:     # Megatron-LM's hybrid (Mamba) model: its pattern and Mamba-2 mixer
+        out += [("--hybrid-override-pattern", c.hybrid_pattern),
+                ("--mamba-num-heads", c.mamba_heads), ("--mamba-head-dim", c.mamba_head_dim),
+                ("--mamba-state-dim", c.ssm_state), ("--mamba-num-groups", c.mamba_groups)]
+    if c.mtp_layers:
+        out.append(("--mtp-num-layers", c.mtp_layers))
+    if c.sliding_window and c.full_attention_every:
+        out += [("--window-size", f"{c.sliding_window},0"),
+                ("--window-attn-skip-freq", c.full_attention_every)]
     if not c.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
     # the model's own precision: Megatron-LM trains in fp32 without a flag
@@ -113,6 +122,9 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
     if v.recompute:
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", 1)]
+    if v.model.hybrid:
+        notes.append("a hybrid Mamba model: launch these arguments with Megatron-LM's "
+                     "pretrain_mamba.py, not pretrain_gpt.py")
     return args + _model_args(v), notes
 
 
