@@ -2,7 +2,7 @@
 and the planner's own plan in the same precision.
 
 Usage:
-    python benchmarks/bench_precision.py [--time-limit 20]
+    python benchmarks/bench_precision.py [--time-limit 20] [--moe]
 
 Rows of ``reports/validation/published_training.csv`` from NVIDIA's tables (DGX Cloud benchmarking
 recipes and NeMo performance summaries, sources in ``reports/validation/README.md``), in BF16 and
@@ -39,12 +39,15 @@ RUNS = (("dgxc-h100", "llama3.1-8B", 128), ("dgxc-h100", "llama3.1-70B", 64),
         ("nemo-25.11", "llama3-8b", 8), ("nemo-25.11", "llama3-70b", 64),
         ("nemo-25.11", "llama3.1-405b", 128), ("nemo-25.11", "llama3.1-405b", 256),
         ("nemo-25.11", "llama3.1-405b", 1024),
-        ("dgxc-gb200", "llama3.1-405b", 128), ("dgxc-gb200", "nemotron4-340b", 128),
-        ("nemo-25.11", "deepseek-v3", 256), ("nemo-25.09", "deepseek-v3", 256),
-        ("nemo-25.09", "deepseek-v3", 1024), ("nemo-25.11", "qwen3-235b-a22b", 256),
-        ("nemo-25.09", "qwen3-235b-a22b", 64), ("nemo-25.09", "qwen3-30b-a3b", 8),
-        ("nemo-25.11", "gpt-oss-120b", 64))
+        ("dgxc-gb200", "llama3.1-405b", 128), ("dgxc-gb200", "nemotron4-340b", 128))
 """(source, model, devices) of each run; every recipe the CSV holds for it is taken."""
+
+MOE_RUNS = (("nemo-25.11", "deepseek-v3", 256), ("nemo-25.09", "deepseek-v3", 256),
+            ("nemo-25.09", "deepseek-v3", 1024), ("nemo-25.11", "qwen3-235b-a22b", 256),
+            ("nemo-25.09", "qwen3-235b-a22b", 64), ("nemo-25.09", "qwen3-30b-a3b", 8),
+            ("nemo-25.11", "gpt-oss-120b", 64))
+"""NVIDIA's mixture-of-experts runs, the same way (``python benchmarks/run.py --only
+moe-precision``)."""
 
 
 def layout_text(row) -> str:
@@ -76,9 +79,10 @@ def tokens_per_gpu(r, step: float) -> float:
     return r.global_batch * r.seq_len / step / r.gpus
 
 
-def markdown(time_limit: float = 20.0) -> str:
+def markdown(time_limit: float = 20.0, runs: tuple = RUNS) -> str:
+    """The section's table for ``runs`` ((source, model, devices) of CSV rows)."""
     rows = [r for r in V.load_rows_lenient(CSV, fill=model_fill(CSV))[0]
-            if (r.source, r.model, r.gpus) in RUNS]
+            if (r.source, r.model, r.gpus) in runs]
     lines = [f"NVIDIA's published runs in their recipes: the published throughput, the published "
              f"layout in the project's model (as `mpmd validate` replays it) and `mpmd plan` on the "
              f"same hardware, model, batch and recipe, `--time-limit {time_limit:g}`; tokens per "
@@ -86,7 +90,7 @@ def markdown(time_limit: float = 20.0) -> str:
              "| source | model | devices | batch | precision | published layout | published | layout in "
              "model | error | layout peak memory (GB) | plan | plan / published | wall (s) | plan |",
              "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for row in sorted(rows, key=lambda r: (RUNS.index((r.source, r.model, r.gpus)), r.device,
+    for row in sorted(rows, key=lambda r: (runs.index((r.source, r.model, r.gpus)), r.device,
                                            r.precision, r.global_batch)):
         dev = load_device(row.device)
         setups, bad = V.row_setups([row], workload_for, step_fn=predict_step,
@@ -118,11 +122,17 @@ def markdown(time_limit: float = 20.0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def moe_markdown(time_limit: float = 20.0) -> str:
+    """:func:`markdown` for :data:`MOE_RUNS`."""
+    return markdown(time_limit, MOE_RUNS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=20.0)
+    ap.add_argument("--moe", action="store_true", help="the mixture-of-experts runs instead")
     a = ap.parse_args()
-    print(markdown(a.time_limit))
+    print(markdown(a.time_limit, MOE_RUNS if a.moe else RUNS))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ SECTIONS = {
             bench_moe.markdown),
     "precision": ("## NVIDIA's published tables in their recipes (BF16, FP8, MXFP8): published, "
                   "replayed and planned\n", bench_precision.markdown),
+    "moe-precision": ("## NVIDIA's published mixture-of-experts runs in their recipes: published, "
+                      "replayed and planned\n", bench_precision.moe_markdown),
     "peer": ("## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
              bench_peer.markdown),
     "run": ("## CPU runs against the simulation, after `mpmd calibrate`\n",
