@@ -40,9 +40,9 @@ def config_from_plan(plan: Plan, topology: Mapping[str, object], *,
     for m, lay in plan.layouts.items():
         mesh = topology.get(m)
         size = getattr(getattr(mesh, "devices", None), "size", None)
-        if size is not None and size != lay.data * lay.tensor:
+        if size is not None and size != lay.devices:
             raise ConfigError(f"mesh {m!r} has {size} devices but the plan's layout {lay} needs "
-                              f"{lay.data * lay.tensor}; use the plan's cluster")
+                              f"{lay.devices}; use the plan's cluster")
     covered = 0
     stage_assignment: dict[str, int] = {}
     for st in sorted(plan.stages, key=lambda s: s.index):

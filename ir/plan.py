@@ -14,10 +14,32 @@ from ir.schedule import FragmentRef, ScheduleTable
 EXPERT_DISPATCH = ("alltoall", "deepep")
 """How a mixture of experts' tokens reach their experts (:attr:`Layout.expert_dispatch`)."""
 
+CONTEXT_METHODS = ("ring", "allgather", "alltoall")
+"""How a context-parallel group's attention sees the keys and values of the whole sequence
+(:attr:`Layout.context_method`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """A mesh's SPMD layout: data-parallel x tensor-parallel degrees (product = devices).
+    """A mesh's SPMD layout: data-parallel x context-parallel x tensor-parallel degrees (product =
+    devices, :attr:`devices`; ranks ordered tensor innermost, then context, then data: Megatron-
+    Core's ``tp-cp-ep-dp`` rank order).
+
+    ``context``: context parallelism (Megatron-Core's ``--context-parallel-size``; Liu et al. 2023,
+    "Ring Attention"; Jacobs et al. 2023, "DeepSpeed-Ulysses"; Llama 3 405B's long-context
+    training, Dubey et al. 2024 sec. 3.3.2): every sample's sequence is split ``context`` ways,
+    each device holding ``seq / context`` of its tokens (the causal zig-zag split: chunks ``i``
+    and ``2c - 1 - i``, so every device does the same attention work). Every layer but the
+    attention core is token-local; the attention reaches the other tokens' keys and values by
+    ``context_method`` (:data:`CONTEXT_METHODS`): ``"ring"`` (point-to-point KV passes around the
+    group, each overlapped with the attention block of the chunk already held: Megatron's
+    ``--cp-comm-type p2p``, torchtitan's ``allgather``-free default), ``"allgather"`` (the K/V of
+    the whole sequence all-gathered before the attention, the gradients reduce-scattered after:
+    Llama 3's choice, Megatron's ``all_gather``) or ``"alltoall"`` (heads and sequence swapped by
+    four all-to-alls, each device attending over the whole sequence for ``heads / context`` heads:
+    DeepSpeed-Ulysses, Megatron's ``a2a``). The parameters are replicated over ``data x context``
+    (:attr:`replicas`): gradients are reduced and the distributed optimizer's state sharded over
+    both (Megatron-Core's data-parallel group with context parallel).
 
     ``fsdp``: the data axis also shards parameters, gradients and optimizer state (ZeRO stage 3 /
     fully sharded data parallel), gathering each layer's parameters before use.
@@ -66,8 +88,16 @@ class Layout:
     expert: int = 1
     expert_tensor: int = 0
     expert_dispatch: str = "alltoall"
+    context: int = 1
+    context_method: str = "ring"
 
     def __post_init__(self) -> None:
+        if self.context < 1 or self.context_method not in CONTEXT_METHODS:
+            raise ValueError(f"Layout(context={self.context}, context_method="
+                             f"{self.context_method!r}): context must be >= 1 and the method one "
+                             f"of {', '.join(CONTEXT_METHODS)}; fix context or context_method")
+        if self.context == 1:
+            object.__setattr__(self, "context_method", "ring")   # one spelling per layout
         if self.expert_dispatch not in EXPERT_DISPATCH:
             raise ValueError(f"Layout(expert_dispatch={self.expert_dispatch!r}): unknown; fix: one "
                              f"of {', '.join(EXPERT_DISPATCH)}")
@@ -82,12 +112,25 @@ class Layout:
         if self.expert_tensor == self.tensor or self.expert == 1:
             # one spelling per layout: equal layouts compare and hash equal
             object.__setattr__(self, "expert_tensor", 0)
-        devices = self.data * self.tensor
+        devices = self.devices
         if self.expert < 1 or devices % (self.expert * self.etp) or (self.expert > 1 and self.fsdp):
-            raise ValueError(f"Layout(data={self.data}, tensor={self.tensor}, expert={self.expert}, "
-                             f"expert_tensor={self.etp}, fsdp={self.fsdp}): expert x expert_tensor "
-                             f"must divide data x tensor = {devices} and expert parallel is not "
-                             f"combined with fsdp; use expert=1, a divisor, or fsdp=False")
+            raise ValueError(f"Layout(data={self.data}, context={self.context}, tensor="
+                             f"{self.tensor}, expert={self.expert}, expert_tensor={self.etp}, "
+                             f"fsdp={self.fsdp}): expert x expert_tensor must divide data x "
+                             f"context x tensor = {devices} and expert parallel is not combined "
+                             f"with fsdp; use expert=1, a divisor, or fsdp=False")
+
+    @property
+    def devices(self) -> int:
+        """Devices of the layout: ``data x context x tensor``."""
+        return self.data * self.context * self.tensor
+
+    @property
+    def replicas(self) -> int:
+        """Devices holding the same shard of a dense parameter (tensor parallel apart): ``data x
+        context``, what its gradients are reduced and the distributed optimizer's state is sharded
+        over (stride ``tensor``: the context ranks sit between the tensor and the data ranks)."""
+        return self.data * self.context
 
     @property
     def etp(self) -> int:
@@ -102,22 +145,26 @@ class Layout:
 
     @property
     def expert_data(self) -> int:
-        """Replicas of each expert shard (expert data parallel): ``data x tensor / (expert x
-        etp)``; what an expert's gradients are reduced over."""
-        return self.data * self.tensor // (self.expert * self.etp)
+        """Replicas of each expert shard (expert data parallel): ``data x context x tensor /
+        (expert x etp)``; what an expert's gradients are reduced over."""
+        return self.devices // (self.expert * self.etp)
 
     @property
     def shard(self) -> int:
-        """Devices one parameter is sharded over: ``data / hsdp`` with fsdp, else 1."""
-        return self.data // self.hsdp if self.fsdp else 1
+        """Devices one parameter is sharded over: ``data x context / hsdp`` with fsdp (FSDP
+        shards over the context ranks too, as torchtitan's ``dp_shard_cp`` mesh does), else 1."""
+        return self.replicas // self.hsdp if self.fsdp else 1
 
     def __str__(self) -> str:
-        return (f"dp{self.data}xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
+        return (f"dp{self.data}" + (f"xcp{self.context}" if self.context > 1 else "")
+                + f"xtp{self.tensor}" + ("-fsdp" if self.fsdp else "")
                 + (f"x{self.hsdp}" if self.hsdp > 1 else "")
                 + (f"-ep{self.expert}" if self.expert > 1 else "")
                 + (f"-etp{self.etp}" if self.folded and self.expert > 1 else "")
                 + (f"-{self.expert_dispatch}" if self.expert_dispatch != "alltoall" else "")
-                + ("-tpo" if self.tp_overlap and self.tensor > 1 else ""))
+                + ("-tpo" if self.tp_overlap and self.tensor > 1 else "")
+                + (f"-{self.context_method}" if self.context > 1 and self.context_method != "ring"
+                   else ""))
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,8 +46,11 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "stages": [{"index": s.index, "layers": [s.first, s.last], "mesh": s.mesh}
                    for s in plan.stages],
         "meshes": {m: {"device": plan.devices.get(m, ("", 0))[0],
-                       "num_devices": plan.devices.get(m, ("", l.data * l.tensor))[1],
+                       "num_devices": plan.devices.get(m, ("", l.devices))[1],
                        "layout": {"data": l.data, "tensor": l.tensor, "fsdp": l.fsdp,
+                                  **({"context": l.context,
+                                      "context_method": l.context_method}
+                                     if l.context > 1 else {}),
                                   **({"hsdp": l.hsdp} if l.hsdp > 1 else {}),
                                   **({"tp_overlap": True} if l.tp_overlap else {}),
                                   **({"expert": l.expert} if l.expert > 1 else {}),
@@ -162,7 +165,9 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                                       bool(v["layout"].get("tp_overlap", False)),
                                       int(v["layout"].get("expert", 1)),
                                       int(v["layout"].get("expert_tensor", 0)),
-                                      str(v["layout"].get("expert_dispatch", "alltoall")))
+                                      str(v["layout"].get("expert_dispatch", "alltoall")),
+                                      int(v["layout"].get("context", 1)),
+                                      str(v["layout"].get("context_method", "ring")))
                        for m, v in d["meshes"].items()}
         except ValueError as e:
             raise IRError(f"plan layout: {e}") from None

@@ -7,7 +7,11 @@ query heads and every inner width (the dense MLP's, each expert's, the Mochi tex
 Key/value heads are split the same way while ``t`` does not exceed them; past that each device
 keeps one and a group of ``t / kv`` devices shares it (replicated, as Megatron-Core and vLLM do
 for grouped-query attention), so then the key/value heads must divide ``t``. Expert parallelism
-gives each of ``e`` devices ``experts / e`` whole experts, so ``e`` divides the experts. The
+gives each of ``e`` devices ``experts / e`` whole experts, so ``e`` divides the experts. Context
+parallelism splits each sequence ``c`` ways: into ``2c`` chunks for the causal zig-zag of the ring
+and all-gather methods (so ``2c`` divides the sequence), into ``c`` for DeepSpeed-Ulysses'
+all-to-all, which also gives each device ``heads / (t c)`` whole heads (so ``t c`` divides the
+query heads, and the key/value heads as tensor parallelism divides them). The
 vocabulary is not a constraint: launchers pad it to a multiple of ``128 t`` (Megatron-LM's
 ``make_vocab_size_divisible_by``), and the cost model charges the padded rows as noise.
 
@@ -58,22 +62,34 @@ class ShardDims:
 
 
 def layout_problem(dims: ShardDims | None, tensor: int, expert: int = 1,
-                   expert_tensor: int = 0) -> str | None:
+                   expert_tensor: int = 0, context: int = 1, context_method: str = "ring",
+                   seq_len: int = 0) -> str | None:
     """Why a layout of ``tensor``-way tensor and ``expert``-way expert parallelism cannot run the
     model of ``dims`` (module docstring), as a phrase for a message; None when it can (and
     always for ``dims`` None: a workload built without its model's dimensions).
 
     ``expert_tensor`` (0: ``tensor``): the experts' own tensor degree under MoE parallel folding
     (:class:`ir.Layout`), which must divide the expert width instead of ``tensor``.
+    ``context`` / ``context_method``: the context-parallel degree and method (:class:`ir.Layout`);
+    ``seq_len`` (0: not checked) the tokens per sample it splits.
 
     Raises:
-        IRError: ``tensor`` or ``expert`` below 1.
+        IRError: ``tensor``, ``expert`` or ``context`` below 1.
     """
-    if tensor < 1 or expert < 1:
-        raise IRError(f"layout_problem: tensor {tensor} and expert {expert} must be at least 1")
+    if tensor < 1 or expert < 1 or context < 1:
+        raise IRError(f"layout_problem: tensor {tensor}, expert {expert} and context {context} "
+                      f"must be at least 1")
+    chunks = context * (1 if context_method == "alltoall" else 2)
+    if context > 1 and seq_len and seq_len % chunks:
+        return (f"context parallel {context} ({context_method}) splits the sequence into "
+                f"{chunks} chunks, which do not divide {seq_len} tokens")
     if dims is None:
         return None
     name = f"{dims.model}'s " if dims.model else ""
+    if context > 1 and context_method == "alltoall":
+        why = layout_problem(dims, tensor * context)
+        if why:
+            return f"all-to-all context parallel {context} x {why}"
     if dims.heads % tensor:
         return f"tensor parallel {tensor} does not divide {name}{dims.heads} attention heads"
     if tensor <= dims.kv_heads and dims.kv_heads % tensor:
@@ -98,7 +114,8 @@ def layouts_problem(dims: ShardDims | None, layouts: Mapping[str, Any]) -> str |
     cannot run the model of ``dims`` (:func:`layout_problem`), as one line with the fix; None
     when every one can. What ``export`` and ``mpmd run`` say of a hand-edited plan."""
     for mesh, lay in layouts.items():
-        why = layout_problem(dims, lay.tensor, lay.expert, lay.expert_tensor)
+        why = layout_problem(dims, lay.tensor, lay.expert, lay.expert_tensor, lay.context,
+                             lay.context_method)
         if why:
             return (f"mesh {mesh}'s layout cannot run: {why}; fix: re-plan (mpmd plan only picks "
                     f"layouts that run) or edit its tensor degree")

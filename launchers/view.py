@@ -129,12 +129,12 @@ def part_view(plan: Plan, name: str = "") -> PartView:
         notes.append(f"the stages run on {len(set(kinds))} device kinds ({', '.join(dict.fromkeys(kinds))}): "
                      f"a launcher starts one kind per job; launch each kind's ranks with this "
                      f"file and its own device settings")
-    sizes = [plan.devices[m][1] if m in plan.devices else plan.layouts[m].data * plan.layouts[m].tensor
+    sizes = [plan.devices[m][1] if m in plan.devices else plan.layouts[m].devices
              for m in meshes]
-    devices = layout.data * layout.tensor * len(meshes)
+    devices = layout.devices * len(meshes)
     if sum(sizes) != devices:
         notes.append(f"the stage meshes hold {', '.join(map(str, sizes))} devices: written for "
-                     f"{len(meshes)} meshes of {layout.data * layout.tensor} ({devices} devices)")
+                     f"{len(meshes)} meshes of {layout.devices} ({devices} devices)")
     rc = [bool(plan.recompute.get(m, False)) for m in meshes]
     if len(set(rc)) > 1:
         notes.append(f"only meshes {', '.join(m for m, r in zip(meshes, rc) if r)} recompute "

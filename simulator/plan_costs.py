@@ -44,8 +44,8 @@ class PlanCosts:
             mesh = self.cluster.meshes.get(m)
             if mesh is None:
                 raise CostError(f"plan layout names mesh {m!r}, not in cluster {self.cluster.name!r}")
-            if lay.data * lay.tensor != mesh.num_devices:
-                raise CostError(f"plan layout {lay} on mesh {m!r} uses {lay.data * lay.tensor} "
+            if lay.devices != mesh.num_devices:
+                raise CostError(f"plan layout {lay} on mesh {m!r} uses {lay.devices} "
                                 f"devices, the mesh has {mesh.num_devices}")
 
     # ------------------------------------------------------------------ shapes

@@ -101,11 +101,11 @@ def layout_mesh(devices: Sequence[Any], layout: Layout) -> Mesh:
     ``(hsdp, data / hsdp, tensor)`` for hybrid sharding.
 
     Raises:
-        ValueError: ``len(devices) != layout.data * layout.tensor``.
+        ValueError: ``len(devices) != layout.devices``.
     """
     devs = np.array(list(devices))
-    if devs.size != layout.data * layout.tensor:
-        raise ValueError(f"layout {layout} needs {layout.data * layout.tensor} devices, got "
+    if devs.size != layout.devices:
+        raise ValueError(f"layout {layout} needs {layout.devices} devices, got "
                          f"{devs.size}")
     axes = layout_axes(layout)
     return Mesh(devs.reshape(tuple(axes.values())), tuple(axes))
@@ -204,8 +204,8 @@ def topology_for_plan(plan: Plan, cluster: Cluster, devices: Sequence[Any]) -> d
         devs = devices[i:i + spec.num_devices]
         i += spec.num_devices
         lay = plan.layouts.get(name, Layout(data=spec.num_devices, tensor=1))
-        if lay.data * lay.tensor != spec.num_devices:
+        if lay.devices != spec.num_devices:
             raise ValueError(f"mesh {name!r} has {spec.num_devices} devices but the plan's layout "
-                             f"{lay} needs {lay.data * lay.tensor}; use the plan's cluster")
+                             f"{lay} needs {lay.devices}; use the plan's cluster")
         out[name] = layout_mesh(devs, lay)
     return out
