@@ -4,8 +4,16 @@ MaxText names each mesh axis twice: ``ici_*`` inside a slice or node (ICI, NVLin
 across them (the data-center network). A stage mesh's data axis spans ``nodes_per_mesh`` nodes
 (or slices): those are ``dcn_data_parallelism`` (``dcn_fsdp_parallelism`` under FSDP, with HSDP's
 replicas as ``dcn_data_parallelism``), the rest ``ici_*``; tensor parallelism stays inside a node;
-the pipeline crosses nodes except between meshes that share one. ``per_device_batch_size`` is the
-global batch over every device. MaxText's pipeline is its own circular one (the stages' forward
+the pipeline crosses nodes except between meshes that share one. Context parallelism is
+``ici_context_parallelism`` / ``dcn_context_parallelism``: the context ranks sit inside the data
+ranks (:class:`ir.Layout`'s rank order), so they stay inside a node unless the data axis alone is
+spread one replica per node (then the nodes left over split the context axis, written as
+``dcn_context_parallelism``); ``context_parallel_strategy`` (:func:`context_keys`) and
+``context_parallel_load_balance`` (MaxText's causal load balancing, the plan's zig-zag split).
+MaxText shards parameters over its context axis too (its ``embed`` logical axis rule names
+``fsdp`` and ``context``), as the plan's FSDP layout does (:attr:`ir.Layout.shard`).
+``per_device_batch_size`` is the global batch over every device (context ranks included: it may
+be a fraction). MaxText's pipeline is its own circular one (the stages' forward
 loop with ``num_pipeline_repeats`` for virtual stages, the backward by autodiff), with uniform
 stages (``num_layers_per_pipeline_stage``); a plan schedule or uneven stages are notes.
 Written with PyYAML.
@@ -51,19 +59,82 @@ def _quantization(v: PartView, notes: list[str]) -> dict:
     return {"quantization": "fp8"}
 
 
+def _tpu(v: PartView) -> bool:
+    return v.device.lower().startswith("tpu")
+
+
+def context_keys(v: PartView, dcn_context: int, notes: list[str]) -> dict:
+    """MaxText's context-parallel keys besides the axes, for a layout with ``context`` > 1.
+
+    ``context_parallel_strategy`` (``MaxText/configs/base.yml``: ``all_gather`` (default),
+    ``ring``, ``ulysses``; ``maxtext/configs/types.py`` checks them): the plan's ``allgather`` is
+    ``all_gather`` and its ``ring`` is ``ring`` on either device; its ``alltoall``
+    (DeepSpeed-Ulysses) is ``ulysses`` on TPU, with ``context_parallel_load_balance`` false
+    (MaxText requires it: Ulysses attends the whole sequence in order) and the context axis
+    inside a slice (MaxText has no DCN Ulysses), and ``all_gather`` with a note on GPUs (MaxText's
+    Ulysses is TPU-only). On TPU, ``ring`` and ``ulysses`` run in the Tokamax splash kernel
+    (``attention: flash``, ``use_tokamax_splash: true``, both written); on GPUs MaxText's context
+    parallel attention is Transformer Engine's (``attention: cudnn_flash_te``, written)."""
+    lay = v.layout
+    tpu = _tpu(v)
+    strategy = {"ring": "ring", "allgather": "all_gather", "alltoall": "ulysses"}[
+        lay.context_method]
+    if strategy == "ulysses" and not tpu:
+        strategy = "all_gather"
+        split = ("" if v.seq_len % (2 * lay.context) == 0 else
+                 f"; its causal split into {2 * lay.context} chunks does not divide {v.seq_len} "
+                 f"tokens: set context_parallel_load_balance false")
+        notes.append(f"MaxText runs all-to-all (Ulysses) context parallel on TPU only: context "
+                     f"{lay.context} written as all_gather (the plan's step assumed heads "
+                     f"scattered by all-to-all){split}")
+    if strategy == "ulysses" and dcn_context > 1:
+        notes.append(f"MaxText's Ulysses context parallel stays inside a slice; the plan's context "
+                     f"axis spans {dcn_context} slices (dcn_context_parallelism {dcn_context}): "
+                     f"MaxText refuses it, re-plan with fewer slices per mesh")
+    out: dict = {"context_parallel_strategy": strategy,
+                 "context_parallel_load_balance": strategy != "ulysses"}
+    if tpu and strategy in ("ring", "ulysses"):
+        out |= {"attention": "flash", "use_tokamax_splash": True}
+    elif not tpu:
+        out["attention"] = "cudnn_flash_te"
+    return out
+
+
+def _dcn_split(data: int, context: int, nodes: int) -> tuple[int, int] | None:
+    """(data, context) degrees across ``nodes`` nodes: the data axis first (it is the outer one),
+    then the context axis once every data replica has nodes of its own; None when neither
+    divides."""
+    if data % nodes == 0:
+        return nodes, 1
+    if nodes % data == 0 and context % (nodes // data) == 0:
+        return data, nodes // data
+    return None
+
+
 def config(v: PartView, source: str) -> tuple[dict, list[str]]:
     """(the config as a dict, what MaxText cannot express)."""
     notes = list(v.notes)
     lay = v.layout
-    nodes = v.nodes_per_mesh if lay.data % v.nodes_per_mesh == 0 else 1
-    if nodes != v.nodes_per_mesh:
-        notes.append(f"data {lay.data} does not split over {v.nodes_per_mesh} nodes: all of it "
+    split = _dcn_split(lay.data, lay.context, v.nodes_per_mesh)
+    nodes, dcn_context = split or (1, 1)
+    if split is None:
+        what = (f"data {lay.data}" if lay.context == 1 else
+                f"data {lay.data} x context {lay.context}")
+        notes.append(f"{what} does not split over {v.nodes_per_mesh} nodes: all of it "
                      f"written as ici")
     per_node = v.meshes_per_node if v.pipeline % v.meshes_per_node == 0 else 1
     axes = {"ici_data_parallelism": 1, "ici_fsdp_parallelism": 1,
             "ici_tensor_parallelism": lay.tensor, "ici_pipeline_parallelism": per_node,
             "dcn_data_parallelism": 1, "dcn_fsdp_parallelism": 1,
             "dcn_pipeline_parallelism": v.pipeline // per_node}
+    if lay.context > 1:    # the keys MaxText defaults to 1 are written only for a context layout
+        axes |= {"ici_context_parallelism": lay.context // dcn_context,
+                 "dcn_context_parallelism": dcn_context}
+        if not lay.fsdp:
+            notes.append(f"MaxText shards parameters over its context axis (FSDP over the "
+                         f"{lay.context} context ranks); the plan kept whole parameters on each "
+                         f"device: expect the parameter gathers the plan did not cost, or plan "
+                         f"with FSDP")
     if lay.expert > 1 and lay.expert_dispatch == "deepep":
         notes.append("the plan dispatches tokens in two hops (DeepEP), which MaxText does not: "
                      "its expert all-to-all runs as one")
@@ -93,6 +164,7 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
            **_model(v, notes), "max_target_length": v.seq_len,
            "per_device_batch_size": v.global_batch / v.devices, **axes,
            "remat_policy": "full" if v.recompute else "minimal",
+           **(context_keys(v, dcn_context, notes) if lay.context > 1 else {}),
            **_quantization(v, notes)}
     if v.pipeline > 1:
         blocks = {v.decoder_layers(s) for s in range(len(v.stage_layers))}

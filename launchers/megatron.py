@@ -4,10 +4,15 @@ Degrees: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, v
 (``--num-layers-per-virtual-pipeline-stage`` when every stage holds as many blocks, else
 ``--pipeline-model-parallel-layout``, Megatron-core's per-stage layout string: ``E`` the
 embedding, ``t`` one transformer block, ``L`` the output layer and loss, stages split by ``|``, in
-virtual-stage-major order). Data parallelism is what is left (``devices / (tensor x pipeline)``):
-the distributed optimizer (``--use-distributed-optimizer``, ZeRO-1) for a plain data axis, which is
-what the cost model's memory assumes, or PyTorch FSDP2 (``--use-torch-fsdp2``) for an FSDP layout.
-Names as in Megatron-LM's ``megatron/training/arguments.py``.
+virtual-stage-major order). Context parallelism: ``--context-parallel-size`` and ``--cp-comm-type``
+(:data:`CP_COMM_TYPES`). Data parallelism is what is left: Megatron-LM derives it as
+``world / (tensor x pipeline x context)`` (``validate_args``), the plan's data degree, which the
+global batch must divide into micro batches; gradients are reduced, and the distributed
+optimizer's or FSDP2's shards spread, over data x context (Megatron-Core's data-parallel group
+``with_context_parallel``), as the plan's layout does (:attr:`ir.Layout.replicas`). The distributed
+optimizer (``--use-distributed-optimizer``, ZeRO-1) for a plain data axis, which is what the cost
+model's memory assumes, or PyTorch FSDP2 (``--use-torch-fsdp2``) for an FSDP layout. Names as in
+Megatron-LM's ``megatron/training/arguments.py``.
 
 Megatron-LM runs 1F1B, and interleaved 1F1B with virtual stages; any other schedule is a note.
 """
@@ -21,6 +26,16 @@ from launchers.view import PartView
 SCHEDULES = {"1f1b": "1F1B (Megatron's default with a pipeline)",
              "interleaved-1f1b": "interleaved 1F1B (virtual pipeline stages)"}
 """The plan schedules Megatron-LM runs, with what it calls them."""
+
+CP_COMM_TYPES = {"ring": "p2p", "allgather": "all_gather", "alltoall": "a2a"}
+"""Plan context method (:data:`ir.CONTEXT_METHODS`) -> ``--cp-comm-type``: the values Megatron-Core
+passes to Transformer Engine's ``DotProductAttention(cp_comm_type=...)`` (``p2p``: KV passed around
+the ring, ``all_gather``: KV all-gathered, ``a2a``: DeepSpeed-Ulysses' head/sequence all-to-all;
+``transformer_engine/pytorch/attention``'s ``attn_forward_func_with_cp`` accepts exactly
+``p2p``, ``all_gather``, ``a2a``, ``a2a+p2p``; Megatron-LM's ``--cp-comm-type`` help text spells
+the second ``allgather``, which Transformer Engine rejects). Every method maps exactly; TE's
+``p2p`` and ``all_gather`` split the sequence causally load-balanced (DualChunkSwap, the plan's
+zig-zag split)."""
 
 
 def _layout_string(v: PartView) -> str:
@@ -81,7 +96,20 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
     lay = v.layout
     args: list[tuple[str, object]] = [
         ("--tensor-model-parallel-size", lay.tensor),
-        ("--pipeline-model-parallel-size", v.pipeline), *PRECISION_ARGS[v.precision]]
+        ("--pipeline-model-parallel-size", v.pipeline)]
+    if lay.context > 1:
+        args += [("--context-parallel-size", lay.context),
+                 ("--cp-comm-type", CP_COMM_TYPES[lay.context_method])]
+        kv = v.model.kv_heads // lay.tensor     # a tensor rank's key/value heads
+        if lay.context_method == "alltoall" and kv and kv % lay.context:
+            notes.append(f"Transformer Engine's a2a context parallel splits each tensor rank's "
+                         f"{kv} key/value heads {lay.context} ways and refuses this layout: "
+                         f"re-plan with another context method")
+        if lay.context_method == "ring" and v.model.sliding_window:
+            notes.append("Transformer Engine's p2p context parallel has no sliding-window "
+                         "attention (its all_gather and a2a do): Megatron-LM refuses this model "
+                         "with --cp-comm-type p2p; re-plan with another context method")
+    args += PRECISION_ARGS[v.precision]
     if v.schedule not in SCHEDULES:
         notes.append(f"schedule {v.schedule} has no Megatron-LM setting (it runs "
                      f"{' or '.join(SCHEDULES)}): written for {'interleaved-1f1b' if v.virtual > 1 else '1f1b'}")
@@ -97,14 +125,16 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
         args.append(("--sequence-parallel", None))
         if lay.tp_overlap:
             args.append(("--tp-comm-overlap", None))
+    replicas = (f"data {lay.data}" if lay.context == 1 else
+                f"data x context {lay.data} x {lay.context}")
     if lay.fsdp:
         args.append(("--use-torch-fsdp2", None))
         if lay.hsdp > 1:
             notes.append(f"hybrid sharding over {lay.hsdp} replicas has no Megatron-LM flag with "
-                         f"--use-torch-fsdp2: written as full sharding over data {lay.data}")
-    elif lay.data > 1:
+                         f"--use-torch-fsdp2: written as full sharding over {replicas}")
+    elif lay.replicas > 1:     # the gradients' group is data x context (with_context_parallel)
         args += [("--use-distributed-optimizer", None), ("--overlap-param-gather", None)]
-    if lay.data > 1:
+    if lay.replicas > 1:
         args.append(("--overlap-grad-reduce", None))
     if v.model.moe:
         args += [("--num-experts", v.model.experts), ("--moe-router-topk", v.model.experts_per_token),
@@ -134,8 +164,10 @@ def render(v: PartView, source: str) -> tuple[str, list[str]]:
     args, notes = megatron_args(v)
     head = [f"# Megatron-LM arguments for {v.model.name}{' ' + v.name if v.name else ''}, "
             f"exported by mpmd from {source}",
-            f"# {v.devices} x {v.device}: data {v.data} x tensor {v.layout.tensor} x pipeline "
-            f"{v.pipeline}; {v.microbatches} microbatches of {v.micro_batch} per replica",
+            f"# {v.devices} x {v.device}: data {v.data} x "
+            + (f"context {v.context} ({v.layout.context_method}) x " if v.context > 1 else "")
+            + f"tensor {v.layout.tensor} x pipeline {v.pipeline}; {v.microbatches} microbatches "
+              f"of {v.micro_batch} per replica",
             "# use: pretrain_gpt.py $(grep -v '^#' THIS_FILE) plus your data and tokenizer flags"]
     lines = [f if x is None else f"{f} {shlex.quote(str(x))}" for f, x in args]
     return "\n".join(head + lines) + "\n", notes

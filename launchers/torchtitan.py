@@ -2,11 +2,16 @@
 
 ``[parallelism]``: ``data_parallel_shard_degree`` is the FSDP degree and
 ``data_parallel_replicate_degree`` the replicas around it (HSDP), or plain DDP when the layout does
-not shard; ``tensor_parallel_degree`` (``enable_async_tensor_parallel`` for a layout that overlaps
-its tensor-parallel collectives); ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``,
-``pipeline_parallel_microbatch_size`` and ``module_fqns_per_model_part`` (each stage's modules,
-so uneven stages are written as planned). ``[activation_checkpoint] mode``: ``full`` or ``none``.
-Written with ``tomli_w``.
+not shard; both exclude context parallelism, ``context_parallel_degree`` (torchtitan's world is
+``replicate x shard x cp x tp x pp``, its FSDP shards over ``shard x cp``, the ``dp_shard_cp``
+mesh, as the plan's layout does: :attr:`ir.Layout.shard`), with
+``context_parallel_rotate_method`` (:data:`ROTATE_METHODS`); torchtitan's causal load balancing
+of the context split is on by default (the plan's zig-zag split) and is not written, since its
+key changed between releases; ``tensor_parallel_degree`` (``enable_async_tensor_parallel`` for a
+layout that overlaps its tensor-parallel collectives); ``pipeline_parallel_degree``,
+``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size`` and
+``module_fqns_per_model_part`` (each stage's modules, so uneven stages are written as planned).
+``[activation_checkpoint] mode``: ``full`` or ``none``. Written with ``tomli_w``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,17 @@ SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "gpipe": "GP
              "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
 """Plan schedule -> torchtitan's ``pipeline_parallel_schedule`` (PyTorch's
 ``torch.distributed.pipelining`` schedule classes)."""
+
+ROTATE_METHODS = {"ring": "alltoall", "allgather": "allgather", "alltoall": "allgather"}
+"""Plan context method (:data:`ir.CONTEXT_METHODS`) -> torchtitan's
+``context_parallel_rotate_method``. Both of torchtitan's methods are ring attention
+(``torch.distributed.tensor.experimental._attention``): ``"alltoall"`` passes each K/V shard to the
+next rank (``_AllToAllRotater``, a ``permute_tensor`` ring shift) while attending the one held, and
+the K/V gradients around the ring in the backward: the plan's ``ring``, exactly, despite the name.
+``"allgather"`` all-gathers the K/V once (``_AllGatherRotater``), the plan's ``allgather``, but its
+backward still passes the K/V gradients around the ring where the plan reduce-scatters them (a
+note). torchtitan has no head-scattering (DeepSpeed-Ulysses) context parallel: the plan's
+``alltoall`` is written as ``"allgather"`` with a note."""
 
 FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
            "llama3-405b": ("llama3", "405B")}
@@ -50,17 +66,28 @@ def job(v: PartView, source: str) -> tuple[dict, list[str]]:
         replicate, shard = lay.hsdp, lay.data // lay.hsdp
     else:
         replicate, shard = lay.data, 1
-        if lay.data > 1:
+        if lay.context > 1:
+            notes.append(f"with context parallel torchtitan shards parameters, gradients and "
+                         f"optimizer state over the {lay.context} context ranks (FSDP over "
+                         f"dp_shard x cp) and replicates them over data {lay.data}; the plan kept "
+                         f"whole parameters and sharded the optimizer state over data x context "
+                         f"{lay.replicas} (distributed optimizer): expect the parameter gathers "
+                         f"the plan did not cost, or plan with FSDP")
+        elif lay.data > 1:
             notes.append(f"torchtitan's DDP keeps the optimizer state on every replica; the plan "
                          f"sharded it over data {lay.data} (distributed optimizer): check memory "
                          f"or plan with FSDP")
+    rotate = ROTATE_METHODS[lay.context_method]
+    if lay.context > 1 and lay.context_method != "ring":
+        _context_note(v, rotate, notes)
     if lay.expert > 1 and lay.expert_dispatch == "deepep":
         notes.append("the plan dispatches tokens in two hops (DeepEP); torchtitan's expert "
                      "parallel runs one all-to-all: expect the all-to-all the plan did not cost")
     par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                  "tensor_parallel_degree": lay.tensor,
                  "enable_async_tensor_parallel": bool(lay.tp_overlap and lay.tensor > 1),
-                 "pipeline_parallel_degree": v.pipeline, "context_parallel_degree": 1,
+                 "pipeline_parallel_degree": v.pipeline, "context_parallel_degree": lay.context,
+                 **({"context_parallel_rotate_method": rotate} if lay.context > 1 else {}),
                  **({"expert_parallel_degree": lay.expert,
                      "expert_tensor_parallel_degree": lay.etp} if lay.expert > 1 else {})}
     if v.pipeline > 1:
@@ -85,6 +112,23 @@ def job(v: PartView, source: str) -> tuple[dict, list[str]]:
         **quantize,
     }
     return doc, notes
+
+
+def _context_note(v: PartView, rotate: str, notes: list[str]) -> None:
+    """The note for a context method torchtitan has only an approximation of
+    (:data:`ROTATE_METHODS`)."""
+    lay = v.layout
+    if lay.context_method == "allgather":
+        notes.append("torchtitan's allgather context parallel gathers the K/V once but passes "
+                     "their gradients around the ring in the backward; the plan reduce-scattered "
+                     "them")
+        return
+    split = ("" if v.seq_len % (2 * lay.context) == 0 else
+             f"; its causal split into {2 * lay.context} chunks does not divide {v.seq_len} "
+             f"tokens: turn torchtitan's context load balancing off")
+    notes.append(f"torchtitan has no all-to-all (DeepSpeed-Ulysses) context parallel: context "
+                 f"{lay.context} written as its {rotate} ring attention (the plan's step assumed "
+                 f"heads scattered by all-to-all){split}")
 
 
 def _precision(v: PartView, notes: list[str]) -> tuple[list[str], dict]:

@@ -1,9 +1,10 @@
 """A plan as a launcher sees it: one pipeline with one set of degrees.
 
 Megatron-LM, torchtitan and MaxText each describe a training job as a handful of degrees (data,
-tensor, pipeline, virtual stages), a micro batch, a schedule name and an activation-checkpointing
-mode, the same for every stage. An ``mpmd`` plan is richer: every stage mesh has its own layout,
-device kind and recomputation, and a :class:`~ir.DataParallelPlan` runs several such pipelines.
+context, tensor, pipeline, virtual stages), a micro batch, a schedule name and an
+activation-checkpointing mode, the same for every stage. An ``mpmd`` plan is richer: every stage
+mesh has its own layout, device kind and recomputation, and a :class:`~ir.DataParallelPlan` runs
+several such pipelines.
 :func:`part_views` reads a plan into one :class:`PartView` per pipeline and lists, as one line
 each, whatever a single set of degrees cannot say (:attr:`PartView.notes`); the exporters
 (:mod:`launchers.megatron`, :mod:`launchers.torchtitan`, :mod:`launchers.maxtext`) add what their
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ir import DataParallelPlan, Layout, Plan, layouts_problem
+from ir import DataParallelPlan, Layout, Plan, layout_problem, layouts_problem
 from zoo.config import ModelConfig, ZooError, shard_dims
 from zoo.model_files import plan_model
 from zoo.models import layer_names
@@ -33,14 +34,16 @@ class PartView:
         name: ``""`` for a one-pipeline plan, else ``"part{i}"`` (a data-parallel plan's parts).
         model: the zoo model the plan was made for.
         device: the device kind of the pipeline's first mesh.
-        devices: devices the written degrees describe (``data x tensor x pipeline``; a note
-            says when the plan's stage meshes hold another total).
-        layout: the data x tensor layout written (the most common one of the stage meshes).
+        devices: devices the written degrees describe (``data x context x tensor x pipeline``; a
+            note says when the plan's stage meshes hold another total).
+        layout: the data x context x tensor layout written (the most common one of the stage
+            meshes; a note names every mesh whose layout, context degree included, differs).
         pipeline: pipeline ranks (P).
         virtual: stages per rank (V: interleaved and V-shaped schedules).
         schedule: the plan's schedule name (``simulator.schedules.KINDS``).
         microbatches: microbatches per step (M).
-        micro_batch: samples in one microbatch of one data-parallel replica.
+        micro_batch: samples in one microbatch of one data-parallel replica (the context ranks
+            of a replica share its samples, each holding ``seq_len / context`` of their tokens).
         global_batch: samples per step of this pipeline; seq_len: tokens per sample.
         recompute: full activation recomputation (on any stage mesh).
         stage_layers: per stage, in stage order, the model's layer names it runs (``embed``,
@@ -74,8 +77,15 @@ class PartView:
 
     @property
     def data(self) -> int:
-        """Data-parallel replicas of the pipeline (``devices / (tensor x pipeline)``)."""
+        """Data-parallel replicas of the pipeline: ``devices / (context x tensor x pipeline)``, the
+        data-parallel size Megatron-LM derives (``world / (tp x pp x cp)``) and the degree the
+        global batch is split over (the context ranks split each sample's sequence instead)."""
         return self.layout.data
+
+    @property
+    def context(self) -> int:
+        """Context-parallel degree of the written layout (1: none)."""
+        return self.layout.context
 
     def decoder_layers(self, stage: int) -> int:
         """Transformer blocks of ``stage``."""
@@ -98,13 +108,28 @@ def _model(plan: Plan) -> ModelConfig:
     return cfg
 
 
+def _sequence_problem(plan: Plan, layouts: dict[str, Layout]) -> str | None:
+    """The first context-parallel mesh whose split of the sequence does not divide the plan's
+    ``seq_len`` (:func:`ir.shards.layout_problem` with ``seq_len``: 2 x context chunks for the
+    causal zig-zag split of ring and all-gather, context chunks for all-to-all), as one line."""
+    for mesh, lay in layouts.items():
+        if lay.context > 1:
+            why = layout_problem(None, 1, context=lay.context, context_method=lay.context_method,
+                                 seq_len=plan.seq_len)
+            if why:
+                return (f"mesh {mesh}'s layout cannot run: {why}; fix: re-plan with another "
+                        f"--seq-len or edit its context degree")
+    return None
+
+
 def part_view(plan: Plan, name: str = "") -> PartView:
     """The launcher view of one pipeline plan (see the module docstring).
 
     Raises:
         LauncherError: the plan's model is not a zoo decoder language model, its stages do not
             cover the model's layers, or a mesh's layout cannot run it
-            (:func:`ir.shards.layout_problem`).
+            (:func:`ir.shards.layout_problem`; a context-parallel layout's split of the sequence
+            must also divide the plan's ``seq_len``).
     """
     cfg = _model(plan)
     names = layer_names(cfg)
@@ -115,7 +140,8 @@ def part_view(plan: Plan, name: str = "") -> PartView:
     meshes = list(plan.rank_mesh)
     notes: list[str] = []
     layouts = [plan.layouts[m] for m in meshes]
-    bad = layouts_problem(shard_dims(cfg), dict(zip(meshes, layouts)))
+    bad = layouts_problem(shard_dims(cfg), dict(zip(meshes, layouts))) or _sequence_problem(
+        plan, dict(zip(meshes, layouts)))
     if bad:
         raise LauncherError(bad)
     layout = Counter(layouts).most_common(1)[0][0]
