@@ -33,7 +33,8 @@ class Layout:
     attention core is token-local; the attention reaches the other tokens' keys and values by
     ``context_method`` (:data:`CONTEXT_METHODS`): ``"ring"`` (point-to-point KV passes around the
     group, each overlapped with the attention block of the chunk already held: Megatron's
-    ``--cp-comm-type p2p``, torchtitan's ``allgather``-free default), ``"allgather"`` (the K/V of
+    ``--cp-comm-type p2p``, PyTorch / torchtitan's ``alltoall`` rotate method, which despite
+    its name shifts K/V to the next rank), ``"allgather"`` (the K/V of
     the whole sequence all-gathered before the attention, the gradients reduce-scattered after:
     Llama 3's choice, Megatron's ``all_gather``) or ``"alltoall"`` (heads and sequence swapped by
     four all-to-alls, each device attending over the whole sequence for ``heads / context`` heads:

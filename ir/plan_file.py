@@ -36,7 +36,7 @@ SCHEMA_PATH = Path(__file__).resolve().parent / "plan.schema.json"
 FIX = "regenerate it with 'mpmd plan'"
 
 LIMITS = {"global_batch": 2**24, "seq_len": 2**22, "microbatches": 2**16, "num_stages": 4096,
-          "num_devices": 2**20, "data": 2**20, "tensor": 2**20, "nodes": 2**20, "parts": 64,
+          "num_devices": 2**20, "data": 2**20, "tensor": 2**20, "context": 2**20, "nodes": 2**20, "parts": 64,
           "reason": 2000, "link": 500}
 """Largest value accepted per plan field (samples, tokens, microbatches, stages, devices, carved
 nodes, parts of a data-parallel plan, characters of its reason and sync link)."""
@@ -131,12 +131,14 @@ def check_sizes(doc: dict[str, Any], where: str, prefix: str = "") -> None:
     for m, v in doc["meshes"].items():
         for path, value, key in ((f"meshes.{m}.num_devices", v["num_devices"], "num_devices"),
                                  (f"meshes.{m}.layout.data", v["layout"]["data"], "data"),
-                                 (f"meshes.{m}.layout.tensor", v["layout"]["tensor"], "tensor")):
+                                 (f"meshes.{m}.layout.tensor", v["layout"]["tensor"], "tensor"),
+                                 (f"meshes.{m}.layout.context", v["layout"].get("context", 1),
+                                  "context")):
             if value > LIMITS[key]:
                 raise bad(path, value, f"use at most {LIMITS[key]} ({FIX})")
         lay = v["layout"]
-        if lay["data"] * lay["tensor"] != v["num_devices"]:
-            raise bad(f"meshes.{m}.layout", lay, f"data x tensor must equal num_devices "
+        if lay["data"] * lay.get("context", 1) * lay["tensor"] != v["num_devices"]:
+            raise bad(f"meshes.{m}.layout", lay, f"data x context x tensor must equal num_devices "
                       f"{v['num_devices']} ({FIX})")
     ranks, stages = doc["rank_mesh"], s["num_stages"]
     if len(s["stage_rank"]) != stages:

@@ -14,8 +14,9 @@ class TimelineEvent:
 
     ``track`` is ``"<mesh>/compute"``, ``"<mesh>/send"``, ``"<mesh>/recv"``, ``"link:<name>"`` or
     ``"<mesh>/alltoall"`` (a mixture of experts' token exchange on the mesh's fabric, drawn inside
-    the fragments that pay it); ``kind`` is F, B, W, ``transfer``, ``allreduce``, ``optimizer`` or
-    ``all_to_all``. Times in seconds from step start.
+    the fragments that pay it) or ``"<mesh>/context"`` (context parallelism's key/value exchange,
+    drawn the same way); ``kind`` is F, B, W, ``transfer``, ``allreduce``, ``optimizer``,
+    ``all_to_all`` or ``context``. Times in seconds from step start.
     """
 
     name: str

@@ -92,6 +92,15 @@ class LayerCost:
     """Experts each token is routed to (top-k; 0 for a dense layer or not known): the copies of
     a token a dispatch makes, which a two-hop dispatch (``Layout.expert_dispatch`` ``"deepep"``)
     sends once per remote node instead of once per expert."""
+    context_kv_bytes_per_sample: float = 0.0
+    """Bytes of one sample's attention keys and values over its whole sequence (key/value heads x
+    their widths x tokens x dtype bytes; latent attention's per-head keys and values as its
+    kernel receives them): what a ring or all-gather context-parallel attention
+    (``Layout.context``) moves, per direction. 0 for a layer without attention."""
+    context_qkvo_bytes_per_sample: float = 0.0
+    """Bytes of one sample's attention queries, keys, values and output over its whole sequence:
+    what DeepSpeed-Ulysses' four all-to-alls (``Layout.context_method`` ``"alltoall"``) move.
+    0 for a layer without attention."""
     fwd_ops: int = 0
     bwd_ops: int = 0
     """Primitive operations of the forward and of the whole backward (the pullback on the kept
@@ -105,7 +114,8 @@ class LayerCost:
                   "bwd_bytes_per_sample", "param_bytes", "activation_bytes_per_sample",
                   "residual_bytes_per_sample", "tp_allreduce_bytes_per_sample",
                   "fwd_other_bytes_per_sample", "bwd_other_bytes_per_sample",
-                  "bwd_input_other_bytes_per_sample"):
+                  "bwd_input_other_bytes_per_sample", "context_kv_bytes_per_sample",
+                  "context_qkvo_bytes_per_sample"):
             v = getattr(self, f)
             if not v >= 0:
                 raise IRError(f"LayerCost {self.name!r}: {f}={v!r} must be >= 0")

@@ -9,7 +9,7 @@ import threading
 from dataclasses import fields, replace
 from typing import Any
 
-from ir import Layout, ShardDims, Workload, layout_problem
+from ir import CONTEXT_METHODS, Layout, ShardDims, Workload, layout_problem
 from hardware_profiles.types import MeshSpec
 from planner.errors import PlannerError
 from simulator.stage_cost import StageCost, stage_cost
@@ -26,8 +26,34 @@ def _split_layers(w: Workload) -> tuple[int, int, int]:
     return first, n, len(w.layers) - first - n
 
 
+CONTEXT_MIN_TOKENS = 8192
+"""The shortest sequence the search splits by context parallelism. Below it a device's chunk is
+under 4,096 tokens at the smallest degree, where the exchange's latency and the smaller GEMMs
+cost more than the activation memory saved; the practitioners' recipes start there too
+(NVIDIA's Megatron-Bridge Llama 3 70B and 405B pre-training recipes: CP 2 at 8,192 tokens)."""
+
+CONTEXT_MIN_CHUNK = 1024
+"""The fewest tokens of a sequence one device holds under context parallelism (the search's
+largest degree is ``seq_len / 1024``): a ring step's attention block of fewer rows cannot hide
+its key/value pass on any profiled device."""
+
+
+def context_degrees(seq_len: int, devices: int) -> list[int]:
+    """Context-parallel degrees the search offers a mesh of ``devices`` (after tensor parallel)
+    for sequences of ``seq_len`` tokens: 1, and from :data:`CONTEXT_MIN_TOKENS` every power of
+    two dividing ``devices`` that leaves chunks of at least :data:`CONTEXT_MIN_CHUNK` tokens."""
+    out = [1]
+    if seq_len < CONTEXT_MIN_TOKENS:
+        return out
+    c = 2
+    while devices % c == 0 and seq_len // c >= CONTEXT_MIN_CHUNK:
+        out.append(c)
+        c *= 2
+    return out
+
+
 def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, experts: int = 0,
-             shards: ShardDims | None = None) -> list[Layout]:
+             shards: ShardDims | None = None, seq_len: int = 0) -> list[Layout]:
     """Data x tensor factorizations of the mesh (data dividing the microbatch) whose tensor degree
     can run the model (:func:`ir.shards.layout_problem` on ``shards``: it divides the heads and
     the MLP widths), each also with fully sharded data parallel when training with more than one
@@ -36,22 +62,38 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, expert
     fabric levels its group spans) and, with tensor parallel, every degree that divides the
     data x tensor devices and the experts with the experts not tensor-split (``expert_tensor``
     1: Megatron-Core's MoE parallel folding, what NVIDIA's MoE recipes run); an expert group
-    that spans scale-up domains is offered with each dispatch (``Layout.expert_dispatch``)."""
+    that spans scale-up domains is offered with each dispatch (``Layout.expert_dispatch``).
+    A sequence of ``seq_len`` tokens may also be split over the :func:`context_degrees`, each
+    with every method that can run the model (:data:`ir.CONTEXT_METHODS`)."""
     out = []
     for t in range(1, mesh.num_devices + 1):
         if mesh.num_devices % t or t > max_tensor or layout_problem(shards, t) is not None:
             continue
-        d = mesh.num_devices // t
+        for c in context_degrees(seq_len, mesh.num_devices // t):
+            out += _context_layouts(mesh, samples, fsdp, experts, shards, seq_len, t, c)
+    return out
+
+
+def _context_layouts(mesh: MeshSpec, samples: float, fsdp: bool, experts: int,
+                     shards: ShardDims | None, seq_len: int, t: int, c: int) -> list[Layout]:
+    """:func:`_layouts`' layouts of tensor degree ``t`` and context degree ``c``."""
+    out: list[Layout] = []
+    methods = ("ring",) if c == 1 else tuple(
+        m for m in CONTEXT_METHODS if layout_problem(shards, t, 1, 0, c, m, seq_len) is None)
+    d = mesh.num_devices // (t * c)
+    for m in methods:
+        cp = {"context": c, "context_method": m}
         if samples >= d and float(samples / d).is_integer():
-            out.append(Layout(d, t))
-            if fsdp and d > 1:
-                out.append(Layout(d, t, fsdp=True))
-            ep = [Layout(d, t, expert=e) for e in range(2, min(d, experts) + 1)
-                  if d % e == 0 and experts % e == 0]
+            out.append(Layout(d, t, **cp))
+            if fsdp and d * c > 1:
+                out.append(Layout(d, t, fsdp=True, **cp))
+            # the experts split the data x context devices (or, folded, all of them)
+            ep = [Layout(d, t, expert=e, **cp) for e in range(2, min(d * c, experts) + 1)
+                  if (d * c) % e == 0 and experts % e == 0]
             if t > 1:
-                ep += [Layout(d, t, expert=e, expert_tensor=1)
-                       for e in range(2, min(d * t, experts) + 1)
-                       if (d * t) % e == 0 and experts % e == 0
+                ep += [Layout(d, t, expert=e, expert_tensor=1, **cp)
+                       for e in range(2, min(d * c * t, experts) + 1)
+                       if (d * c * t) % e == 0 and experts % e == 0
                        and layout_problem(shards, t, e, 1) is None]
             # an expert group across scale-up domains may also dispatch in two hops (DeepEP)
             out += ep + [replace(lay, expert_dispatch="deepep") for lay in ep
@@ -71,7 +113,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     experts = max(c.experts for c in w.costs.values())
     costed = [stage_cost(w, mesh, lay, rc, samples, kinds, split, headroom, split_layers, hidden)
               for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training, experts,
-                                  w.shards)
+                                  w.shards, w.seq_len)
               for rc in ((False, True) if w.training else (False,))]
     return _undominated(costed), len(costed)
 

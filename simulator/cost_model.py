@@ -62,6 +62,7 @@ from ir.schedule import FragmentKind
 from hardware_profiles.collectives import ring_all_reduce as all_reduce_time
 from hardware_profiles.collectives import span_collective, span_two_hop_all_to_all
 from hardware_profiles.types import DeviceProfile, Link, MeshSpec
+from simulator.context_parallel import context_parallel_comm, context_working_bytes
 
 GRAD_BYTES_PER_PARAM = 4.0
 """fp32 gradient accumulation buffer (Megatron-LM mixed precision; Micikevicius et al. 2018)."""
@@ -357,7 +358,10 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     is immutable.
     """
     d, t = layout.data, layout.tensor
-    per_dev = samples / d
+    # each device holds 1/data of the samples and, under context parallelism, 1/context of each
+    # one's tokens: every token-local term scales with the share (the attention core's too, by
+    # the causal zig-zag split); the exchange is context_parallel_comm
+    per_dev = samples / (d * layout.context)
     util = gemm_utilisation(cost, per_dev * seq_len, t, seq_len, DTYPE_BYTES.get(dtype, 2),
                             mesh.device.gemm_tiling)
     dev = mesh.device
@@ -405,6 +409,12 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     elementwise = (mesh.device.elementwise_traffic * other * per_dev / t
                    / mesh.device.achievable_bandwidth)
     comm = tensor_parallel_comm(cost, mesh, layout, tp_bytes)
+    context = 0.0
+    if layout.context > 1:
+        attention_s = (0.0 if dev.roofline == "sum"
+                       else attention / (gemm * attention_rate) / t)
+        context = context_parallel_comm(cost, kind, per_dev, mesh, layout, attention_s,
+                                        dev.comm_interference)
     if layout.tp_overlap and mesh.device.roofline != "sum":
         # the tensor-parallel traffic runs beside the GEMMs (decomposed collective matmuls)
         compute, comm = overlapped(compute, comm, mesh.device.comm_interference), 0.0
@@ -428,7 +438,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     a2a = expert_alltoall(cost, kind, per_dev, mesh, layout)
     body = ((work + shard if mesh.device.roofline == "sum"
              else overlapped(work, shard, mesh.device.comm_interference))
-            + elementwise + cast + comm)
+            + elementwise + cast + comm + context)
     if alltoall_hidden and a2a > 0 and mesh.device.roofline != "sum":
         body = overlapped(body, a2a, mesh.device.comm_interference)
     else:
@@ -544,9 +554,12 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     ``samples`` is the microbatch size (the whole mesh's share). The activation term is the
     stage's working set while a fragment runs: its largest layer output, for one microbatch.
     With ``recompute`` a forward keeps only each layer's input, split over tensor parallel as
-    sequence parallelism does (Korthikanti et al. 2022).
+    sequence parallelism does (Korthikanti et al. 2022). Under context parallelism a device holds
+    ``1 / context`` of each sample's tokens (residuals and activations divided by it, the
+    optimizer state sharded over ``data x context``: :attr:`ir.Layout.replicas`), and the
+    exchange's transient keys and values join the working set (:func:`context_working_bytes`).
     """
-    d, t = layout.data, layout.tensor
+    d, t = layout.replicas, layout.tensor
     params = sum(workload.layer(i).param_count for i in range(first, last))
     weight_bytes = sum(workload.layer(i).param_bytes for i in range(first, last))
     if workload.training:
@@ -572,6 +585,9 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
         static = weight_bytes / t
         resid = 0.0
     act = max(workload.layer(i).activation_bytes_per_sample for i in range(first, last)) * samples / d
+    if layout.context > 1:
+        act += max(context_working_bytes(workload.layer(i), samples / d, layout)
+                   for i in range(first, last))
     gathered = (max(workload.layer(i).param_bytes for i in range(first, last)) / t
                 if layout.fsdp and workload.training else 0.0)
     return StageMemory(static, resid, act, gathered)
@@ -611,17 +627,20 @@ def low_precision_saving(workload: Workload, i: int) -> float:
 
 def _sync_op(layout: Layout) -> str | None:
     """The data-parallel gradient collective of a layout: ``"reduce_scatter"`` (distributed
-    optimizer over ``data``), ``"all_reduce"`` (HSDP replicas) or None (nothing to sync)."""
+    optimizer over ``data x context``), ``"all_reduce"`` (HSDP replicas) or None (nothing to
+    sync)."""
     if layout.fsdp:
         return "all_reduce" if layout.hsdp > 1 else None
     # under MoE parallel folding an expert shard can have replicas with no data parallel
-    return ("reduce_scatter" if layout.data > 1 or (layout.expert > 1 and layout.expert_data > 1)
+    return ("reduce_scatter" if layout.replicas > 1 or (layout.expert > 1 and layout.expert_data > 1)
             else None)
 
 
 def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[str, float, float] | None:
     """(collective, per-device bytes, seconds) that syncs one layer's gradients across data
-    parallel, or None: a ring reduce-scatter of the fp32 gradients over ``data`` (ZeRO-1), or with
+    parallel, or None: a ring reduce-scatter of the fp32 gradients over ``data x context`` (ZeRO-1;
+    the context ranks hold the same parameters: Megatron-Core reduces over its data-parallel
+    group with context parallel), or with
     ``hsdp`` a ring all-reduce of the device's gradient shard over the replicas (stride
     ``shard x tensor``: across slices / nodes)."""
     op = _sync_op(layout)
@@ -632,7 +651,7 @@ def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[st
         e = layout.expert
         experts = cost.expert_param_count if e > 1 else 0
         nbytes = (cost.param_count - experts) * GRAD_BYTES_PER_PARAM / t
-        seconds = collective(mesh, op, nbytes, layout.data, t)
+        seconds = collective(mesh, op, nbytes, layout.replicas, t)
         if experts:   # each expert shard over the replicas that hold it (stride expert x etp)
             local = experts * GRAD_BYTES_PER_PARAM / (e * layout.etp)
             seconds += collective(mesh, op, local, layout.expert_data, e * layout.etp)
@@ -660,16 +679,16 @@ def grad_sync_time(workload: Workload, first: int, last: int, mesh: MeshSpec, la
 def param_gather_time(workload: Workload, first: int, last: int, mesh: MeshSpec, layout: Layout
                       ) -> float:
     """The distributed optimizer's all-gather of updated weights (compute dtype) over ``data``
-    after the optimizer step, seconds (ring; 0 with fsdp, whose forward gathers them, and for a
-    data degree of 1). Megatron-LM's ``overlap_param_gather`` hides it behind the next step's
+    after the optimizer step, seconds (ring over ``data x context``; 0 with fsdp, whose forward
+    gathers them, and for a single replica). Megatron-LM's ``overlap_param_gather`` hides it behind the next step's
     forward, which one step's replay does not show; it is charged in full."""
-    if not workload.training or layout.fsdp or (layout.data <= 1 and layout.expert_data <= 1):
+    if not workload.training or layout.fsdp or (layout.replicas <= 1 and layout.expert_data <= 1):
         return 0.0
     e, t = layout.expert, layout.tensor
     layers = [workload.layer(i) for i in range(first, last)]
     expert = sum(c.param_bytes * expert_share(c) for c in layers) if e > 1 else 0.0
     dense = sum(c.param_bytes for c in layers) - expert
-    out = collective(mesh, "all_gather", dense / t, layout.data, t)
+    out = collective(mesh, "all_gather", dense / t, layout.replicas, t)
     if expert > 0:
         out += collective(mesh, "all_gather", expert / (e * layout.etp), layout.expert_data,
                           e * layout.etp)
@@ -682,7 +701,7 @@ def optimizer_time(workload: Workload, first: int, last: int, mesh: MeshSpec, la
     if not workload.training:
         return 0.0
     params = sum(workload.layer(i).param_count for i in range(first, last))
-    owned = params / ((layout.shard if layout.fsdp else layout.data) * layout.tensor)
+    owned = params / ((layout.shard if layout.fsdp else layout.replicas) * layout.tensor)
     return owned * ADAM_UPDATE_BYTES_PER_PARAM / mesh.device.achievable_bandwidth
 
 

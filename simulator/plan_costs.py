@@ -110,7 +110,7 @@ class PlanCosts:
             if lay.expert <= 1:
                 continue
             mesh = self.cluster.meshes[st.mesh]
-            per_dev = self.samples / lay.data
+            per_dev = self.samples / lay.replicas
             nbytes = seconds = 0.0
             for i in range(st.first, st.last):
                 c = self.workload.layer(i)
@@ -148,12 +148,12 @@ class PlanCosts:
             return 0.0
         st = self.plan.stages[ref.stage]
         lay = self.plan.layouts[st.mesh]
-        if lay.fsdp or lay.data <= 1:
+        if lay.fsdp or lay.replicas <= 1:
             return 0.0
         params = sum(self.workload.layer(i).param_count for i in range(st.first, st.last))
         mesh = self.cluster.meshes[st.mesh]
         return cm.collective(mesh, "all_reduce", params * cm.GRAD_BYTES_PER_PARAM / lay.tensor,
-                             lay.data, lay.tensor)
+                             lay.replicas, lay.tensor)
 
     @cached_property
     def _memo(self) -> dict:

@@ -17,6 +17,7 @@ from ir.schedule import FragmentKind
 from hardware_profiles.carve import carve, shapes_from_json
 from hardware_profiles.types import Cluster
 from simulator import cost_model as cm
+from simulator.context_parallel import context_exchange
 from simulator.engine import SimResult, simulate
 from simulator.knobs import Knobs
 from simulator.lowering import BoundaryCost, FragmentCost, TailOp, lower_schedule
@@ -59,11 +60,16 @@ def simulate_plan(plan: Plan, workload: Workload, cluster: Cluster, *,
                   knobs: Knobs | None = None) -> SimResult:
     """Replay ``plan`` on the discrete-event engine; see :func:`simulator.engine.simulate`. A plan
     with expert parallelism also gets its all-to-alls drawn in its timeline
-    (:func:`alltoall_events`)."""
+    (:func:`alltoall_events`), one with context parallelism its key/value exchanges
+    (:func:`context_events`)."""
     res = simulate(plan_program(plan, workload, cluster), knobs=knobs)
-    if not any(lay.expert > 1 for lay in plan.layouts.values()):
+    drawn: tuple[TimelineEvent, ...] = ()
+    if any(lay.expert > 1 for lay in plan.layouts.values()):
+        drawn += alltoall_events(plan, workload, cluster, res.timeline.events)
+    if any(lay.context > 1 for lay in plan.layouts.values()):
+        drawn += context_events(plan, workload, cluster, res.timeline.events)
+    if not drawn:
         return res
-    drawn = alltoall_events(plan, workload, cluster, res.timeline.events)
     return replace(res, timeline=Timeline(res.timeline.events + drawn, res.timeline.memory))
 
 
@@ -94,7 +100,7 @@ def alltoall_events(plan: Plan, workload: Workload, cluster: Cluster,
             continue
         st = plan.stages[e.stage]
         mesh = cluster.meshes[e.mesh]
-        per_dev = samples / lay.data
+        per_dev = samples / lay.replicas
         n = st.last - st.first
         width = e.duration_s / max(1, n)
         for j, i in enumerate(range(st.first, st.last)):
@@ -113,6 +119,48 @@ def alltoall_events(plan: Plan, workload: Workload, cluster: Cluster,
                     name=f"{what} L{i} {e.name}", kind="all_to_all",
                     track=ALLTOALL_TRACK.format(mesh=e.mesh), mesh=e.mesh, stage=e.stage,
                     microbatch=e.microbatch, start_s=t0, end_s=t0 + half, bytes=nbytes))
+    return tuple(out)
+
+
+CONTEXT_TRACK = "{mesh}/context"
+"""The timeline track of a mesh's context-parallel exchanges (ring passes, gathers or
+all-to-alls of the attention's keys and values)."""
+
+
+def context_events(plan: Plan, workload: Workload, cluster: Cluster,
+                   events: Sequence[TimelineEvent]) -> tuple[TimelineEvent, ...]:
+    """The context-parallel exchanges inside the fragments of ``events`` (the replay's compute
+    events), as events of kind ``context`` on each mesh's :data:`CONTEXT_TRACK`: per attention
+    layer, one event at the start of the layer's share of the fragment (a backward runs its
+    layers last to first) lasting the exchange's seconds
+    (:func:`simulator.context_parallel.context_exchange`: a ring's run beside the attention
+    core, so they may overlap the layer's compute), at most the layer's share, with the bytes
+    one device sends. Drawing only: the fragments already include what the exchange adds."""
+    samples = plan.global_batch / plan.microbatches
+    out: list[TimelineEvent] = []
+    for e in events:
+        if (e.kind not in (FragmentKind.F, FragmentKind.B) or not e.track.endswith("/compute")
+                or e.stage < 0):
+            continue
+        lay = plan.layouts.get(e.mesh)
+        if lay is None or lay.context <= 1:
+            continue
+        st = plan.stages[e.stage]
+        mesh = cluster.meshes[e.mesh]
+        n = st.last - st.first
+        width = e.duration_s / max(1, n)
+        for j, i in enumerate(range(st.first, st.last)):
+            nbytes, seconds = context_exchange(workload.layer(i), e.kind,
+                                               samples / lay.replicas, mesh, lay)
+            if seconds <= 0:
+                continue
+            pos = j if e.kind == FragmentKind.F else n - 1 - j
+            t0 = e.start_s + pos * width
+            out.append(TimelineEvent(
+                name=f"{lay.context_method} L{i} {e.name}", kind="context",
+                track=CONTEXT_TRACK.format(mesh=e.mesh), mesh=e.mesh, stage=e.stage,
+                microbatch=e.microbatch, start_s=t0, end_s=t0 + min(seconds, width),
+                bytes=nbytes))
     return tuple(out)
 
 

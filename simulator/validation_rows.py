@@ -187,8 +187,8 @@ class Row:
 
     @property
     def replicas(self) -> int:
-        """Data-parallel replicas the row is simulated with: ``dp x cp`` (the cost model has no
-        context parallelism, so ``cp`` is folded into data parallelism, the global batch kept)."""
+        """Devices of a pipeline stage that hold the same parameters (tensor parallel apart):
+        ``dp x cp`` (:attr:`ir.Layout.replicas`; gradients are reduced over them)."""
         return self.dp * self.cp
 
     @property

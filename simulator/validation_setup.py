@@ -28,9 +28,10 @@ fraction, which describes a compiled / fused-kernel stack. Layout: ``Layout(dp, 
 ``slices`` > 1, hybrid sharding (each slice shards, slices all-reduce: MaxText's
 ``dcn_data_parallelism``).
 
-Context parallelism (``cp``) is not in the cost model: a row's ``cp`` is folded into data
-parallelism (``dp x cp`` replicas, :attr:`Row.replicas`; the global batch unchanged, so each
-pipeline runs ``1 / cp`` of the published microbatches), and the assumptions say so. A published
+Context parallelism (``cp``) is the layout's ``context`` degree (:class:`ir.Layout`: each
+sequence split ``cp`` ways, ``dp`` excluding it) with Megatron-Core's default exchange, the ring
+(``--cp-comm-type p2p``); each pipeline runs ``global_batch / (micro_batch x dp)`` microbatches,
+as Megatron does. A published
 ``vp`` fixes the interleaved chunk count (never tuned); a published ``pipeline_layout``
 (Megatron-Core's layout string, :mod:`simulator.pipeline_layout`) fixes which blocks each stage
 holds, and without one NVIDIA's recipes' split is used (:func:`stage_blocks`). Expert parallelism (``ep``, ``etp``) is the
@@ -116,7 +117,8 @@ RULES = {
                 "vp given: 1f1b-interleaved for vp > 1, 1f1b for vp 1",
     "model_config": "the model of the shape columns (a GPT-style block, or a Llama-style one with "
                     "glu 1)",
-    "cp": "1 (no context parallelism)",
+    "cp": "1 (no context parallelism); cp > 1 exchanges keys and values by the ring (Megatron-"
+          "Core's default --cp-comm-type p2p)",
     "vp": "the fastest interleaved chunk count (tune_virtual_stages), or the "
           "LAYERS_PER_CHUNK_MAX rule without a step function",
     "ep": "1 (every replica holds every expert)",
@@ -269,12 +271,9 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
     if row.global_batch_derived:
         notes.append(f"global batch {row.global_batch} = per_device_batch {row.per_device_batch:g} "
                      f"x {row.gpus} devices")
-    if row.cp > 1:
-        notes.append(f"context parallel {row.cp} folded into data parallel ({row.replicas} "
-                     f"replicas, global batch unchanged)")
     mb = row.micro_batch
     if mb is None and row.per_device_batch is not None and row.pp == 1 and not row.microbatches:
-        mb = row.global_batch // row.replicas
+        mb = row.global_batch // row.dp
         notes.append(f"micro batch {mb} = per_device_batch x tp (one microbatch)")
     if mb is None:
         mb = 1
@@ -414,17 +413,18 @@ def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
 
 
 def row_layout(row: Row) -> Layout:
-    """``Layout(dp x cp, tp)`` (context parallelism folded into data parallelism; tensor-parallel
-    collectives overlapped when the row says ``tp_overlap``); with ``fsdp``, sharded over each
+    """``Layout(dp, tp, context=cp)`` (the ring exchange; tensor-parallel collectives overlapped
+    when the row says ``tp_overlap``); with ``fsdp``, sharded over each
     slice's devices and replicated across slices (hybrid sharding) when ``slices`` > 1; with
     ``ep`` > 1, the experts split ``ep`` ways and each ``etp`` ways (blank: 1, :data:`DEFAULTS`)
     over the ``dp x cp x tp`` devices (:func:`expert_problem` says when that cannot express the
     row)."""
-    data = row.replicas
-    fsdp = bool(row.fsdp) and data > 1
+    data = row.dp
+    fsdp = bool(row.fsdp) and row.replicas > 1
     hsdp = (row.slices or 1) if fsdp else 1
     moe = row.ep > 1 and expert_problem(row) is None
     return Layout(data, row.tp, fsdp=fsdp, hsdp=hsdp if data % hsdp == 0 else 1,
+                  context=row.cp,
                   tp_overlap=bool(row.tp_overlap) and row.tp > 1,
                   expert=row.ep if moe else 1, expert_tensor=row_etp(row) if moe else 0,
                   expert_dispatch=(row.dispatcher or "alltoall") if moe else "alltoall")
@@ -543,15 +543,11 @@ def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
             (:func:`stage_blocks`).
         simulator.schedules.ScheduleError: the schedule does not support the sizes.
     """
-    per_pipe, rem = divmod(row.global_batch, micro_batch * row.replicas)
+    per_pipe, rem = divmod(row.global_batch, micro_batch * row.dp)
     if rem or per_pipe < 1:
-        dp = "dp" if row.cp == 1 else "dp*cp"
         raise ValidationError(f"{row.key}: global batch {row.global_batch} is not a multiple of "
-                              f"micro_batch*{dp} = {micro_batch * row.replicas}; fix micro_batch")
-    if row.cp > 1 and row.microbatches is not None and row.microbatches != per_pipe * row.cp:
-        raise ValidationError(f"{row.key}: microbatches={row.microbatches} but global_batch/"
-                              f"(micro_batch*dp) = {per_pipe * row.cp}; fix the row")
-    if row.cp == 1 and row.microbatches is not None and row.microbatches != per_pipe:
+                              f"micro_batch*dp = {micro_batch * row.dp}; fix micro_batch")
+    if row.microbatches is not None and row.microbatches != per_pipe:
         raise ValidationError(f"{row.key}: microbatches={row.microbatches} but global_batch/"
                               f"(micro_batch*dp) = {per_pipe}; fix the row")
     table = generate(schedule, row.pp, per_pipe, virtual_stages=max(virtual_stages, 2))

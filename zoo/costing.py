@@ -319,7 +319,35 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         attention_bwd_flops_per_sample=min(per["attn_bwd_flops"], per["bwdx_flops"],
                                            per["bwd_flops"]),
         fwd_ops=ops["fwd_ops"], bwd_ops=ops["bwd_ops"],
-        low_precision=body not in ("embed", "head"), **_expert_fields(cfg, body))
+        low_precision=body not in ("embed", "head"), **_expert_fields(cfg, body),
+        **_context_fields(cfg, body))
+
+
+ATTENTION_BODIES = ("decoder_block", "sliding_block", "dense_block", "attention_block",
+                    "asymm_dit_block", "asymm_dit_block_final")
+"""The fragment bodies with an attention layer (what context parallelism splits the tokens of)."""
+
+
+def _context_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
+    """An attention block's :class:`LayerCost` context-parallel fields: the bytes of one
+    sample's keys and values, and of its queries, keys, values and output, over the whole
+    sequence (Mochi: the visual and text tokens of its joint attention). Keys and values are
+    what the attention kernel receives: grouped-query attention's ``kv_heads``; latent
+    attention's per-head keys (``head_size + qk_rope_head_dim``) and values (``v_head_dim``),
+    as Megatron-Core's context-parallel MLA exchanges them. Empty for other bodies (a Mamba
+    mixer's state passing is not modelled)."""
+    if body not in ATTENTION_BODIES:
+        return {}
+    tokens = cfg.visual_tokens + cfg.text_tokens if cfg.family == "mochi" else cfg.seq_len
+    db = cfg.dtype_bytes
+    if cfg.mla:
+        q = k = cfg.heads * (cfg.head_dim + cfg.qk_rope_head_dim)
+        v = o = cfg.heads * cfg.v_head_dim
+    else:
+        q = o = cfg.heads * cfg.head_dim
+        k = v = cfg.kv_heads * cfg.head_dim
+    return {"context_kv_bytes_per_sample": float(tokens * (k + v) * db),
+            "context_qkvo_bytes_per_sample": float(tokens * (q + k + v + o) * db)}
 
 
 def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, Any]:

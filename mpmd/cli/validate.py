@@ -398,7 +398,7 @@ def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wa
     for r in results:
         s, row = r.setup, r.row
         lines.append(f"| {row.source} | {row.model} | {row.device} | {row.precision} | {row.gpus} | "
-                     f"{row.tp}/{row.pp}/{row.dp} | "
+                     f"{row.tp}/{row.pp}/{row.dp}{f' cp{row.cp}' if row.cp > 1 else ''} | "
                      f"{s.micro_batch} x {s.microbatches} | {row.schedule or '-'} ({s.schedule}) | "
                      f"{'; '.join(s.assumptions) or '-'} | {row.metric} | {_fmt(r.predicted)} | "
                      f"{_fmt(row.value)} | {r.ape:.1f} | {(memory or {}).get(row.line, '-')} |")
@@ -672,7 +672,7 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
         s = r.setup
         dev = r.row.device + ("" if r.row.precision == "bf16" else f" {r.row.precision}")
         t.add_row(r.row.source, r.row.model, dev, str(r.row.gpus),
-                  f"{r.row.tp}/{r.row.pp}/{r.row.dp}", f"{s.micro_batch}x{s.microbatches}",
+                  f"{r.row.tp}/{r.row.pp}/{r.row.dp}" + (f" cp{r.row.cp}" if r.row.cp > 1 else ""), f"{s.micro_batch}x{s.microbatches}",
                   s.schedule, "; ".join(s.assumptions) or "-", _fmt(r.predicted),
                   _fmt(r.row.value), f"{r.ape:.1f}", memory[r.row.line])
     console.print(t)

@@ -623,13 +623,12 @@ def moe_workload(row: V.Row) -> Workload:
     return dataclasses.replace(w, costs={**w.costs, "decoder_block": block})
 
 
-def test_context_parallel_is_folded_into_data_parallel():
+def test_context_parallel_is_the_layouts_context_degree():
     r = _row(gpus=16, cp=2)                  # 24 published microbatches of 6 per dp replica
     s = V.row_setup(r, fake_workload)
-    assert r.replicas == 2 and s.microbatches == 12 and s.plan.global_batch == 144
-    assert set(s.plan.layouts.values()) == {Layout(2, 1)}
-    assert ("context parallel 2 folded into data parallel (2 replicas, global batch unchanged)"
-            in s.assumptions)
+    assert r.replicas == 2 and s.microbatches == 24 and s.plan.global_batch == 144
+    assert set(s.plan.layouts.values()) == {Layout(1, 1, context=2, context_method="ring")}
+    assert not any("context" in a for a in s.assumptions)
     m = V.build_cluster(r, load_device("a100-80gb-sxm")).meshes["stage0"]
     assert m.num_devices == 2 and dict(m.axes) == {"data": 2, "tensor": 1}
     with pytest.raises(V.ValidationError, match=r"microbatches=24 but global_batch/\(micro_batch"
@@ -670,9 +669,9 @@ def test_expert_parallel_folds_over_the_stage_devices_or_is_refused():
     assert set(tp.plan.layouts.values()) == {Layout(2, 2, expert=4, expert_tensor=1)}
     etp = V.row_setup(dataclasses.replace(r, gpus=32, tp=2, ep=2, etp=2), moe_workload)
     assert set(etp.plan.layouts.values()) == {Layout(2, 2, expert=2)}
-    # cp widens the data axis expert parallelism is drawn from
+    # the experts split the data x context devices
     cp = V.row_setup(dataclasses.replace(r, gpus=32, cp=2, ep=4), moe_workload)
-    assert set(cp.plan.layouts.values()) == {Layout(4, 1, expert=4)}
+    assert set(cp.plan.layouts.values()) == {Layout(2, 1, expert=4, context=2)}
     with pytest.raises(V.ValidationError, match=r"ep=16 does not divide model fake-1.5B's 8 "
                                                 r"experts; fix ep"):
         V.row_setup(dataclasses.replace(r, gpus=128, dp=16, microbatches=None, ep=16),
