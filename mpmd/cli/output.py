@@ -18,6 +18,7 @@ from ir.files import write_atomic  # noqa: F401  (moved to ir.files; re-exported
 
 from ir import SearchReport
 from ir.plan_file import SCHEMA_PATH
+from mpmd.cli.plan_search import search_block
 
 if TYPE_CHECKING:   # the planner loads OR-Tools: the commands import it only when they run
     from hardware_profiles.types import Cluster
@@ -266,14 +267,16 @@ MAX_CANDIDATE_ROWS = 12
 
 def schedules_table(plan: Plan) -> Group | None:
     """The candidate table of a plan (``Plan.schedules``: every schedule and microbatch count the
-    search replayed for the chosen shape, best first), compact; None when the plan has none."""
+    search solved for the chosen shape, best first, at their analytic contention-free estimates:
+    the plan's step time is the chosen one's discrete-event replay), compact; None when the plan
+    has none."""
     rows = list(getattr(plan, "schedules", ()))
     if not rows:
         return None
     times = [r.get("step_time_s") for r in rows]
     best = min((x for x in times if isinstance(x, (int, float))), default=None)
     t = Table()
-    for col in ("schedule", "microbatches", "step (s)", "vs best"):
+    for col in ("schedule", "microbatches", "estimate (s)", "vs best"):
         t.add_column(col, justify="left" if col == "schedule" else "right")
     for r in rows[:MAX_CANDIDATE_ROWS]:
         x = r.get("step_time_s")
@@ -283,7 +286,8 @@ def schedules_table(plan: Plan) -> Group | None:
                   f"{(x / best - 1) * 100:+.1f}%" if ok and best else "-")
     if len(rows) > MAX_CANDIDATE_ROWS:
         t.add_row(f"... {len(rows) - MAX_CANDIDATE_ROWS} more", "", "", "")
-    return _titled("schedule candidates (this shape)", t)
+    return _titled("schedule candidates of this shape (contention-free estimates; the step time "
+                   "above is the chosen one's replay)", t)
 
 
 def _stages_table(title: str, plan: Plan, lc: Cluster, stage_times: Any, peak: Any,
@@ -305,67 +309,6 @@ def _stages_table(title: str, plan: Plan, lc: Cluster, stage_times: Any, peak: A
                        f"{_num(used / 1e9 if isinstance(used, (int, float)) else None, '{:.1f}')} / "
                        f"{_gb(has)}")
     return _titled(title, stages)
-
-
-STOPPED = {
-    "interrupted": ", interrupted (Ctrl-C)",
-    "work budget": "; stopped: work budget of --time-limit spent (raise it to search more)",
-    "time limit": ("; stopped: wall clock hit 3x --time-limit before the work budget was spent "
-                   "(this machine is over 3x slower or busier than the reference, so the plan may "
-                   "depend on its load; raise --time-limit)"),
-    "complete": "; complete: every option searched to its gap target or pruned by its bound",
-}
-"""How a node-group search's ``SearchReport.stopped`` reads in the step table."""
-
-
-def _solver_rows(sv: SearchReport) -> list[tuple[str, str]]:
-    """The solver and search rows of the step table (a report may lack parts: the shaping
-    search of a node-group cluster records no CP-SAT objective for a data-parallel plan)."""
-    rows = []
-    if sv.objective_s is not None:
-        gap = sv.gap
-        rows.append(("solver", f"{sv.status} objective {sv.objective_s:.3f} s, bound "
-                               f"{_num(sv.bound_s, '{:.3f}')} s, gap "
-                               f"{_num(gap * 100 if gap is not None else None, '{:.2f}')}%"))
-    elif sv.status:
-        rows.append(("solver", sv.status))
-    wall = _num(sv.search_wall_s, "{:.1f}", "?")
-    total, done = sv.candidates_total, sv.candidates
-    if sv.search_bound_s is not None and sv.options is not None:
-        # a node-group search: a complete one pruned every candidate it did not search by its
-        # proven bound; one that ran out of budget or time left them unsearched
-        configs = len(sv.options)
-        searched = sv.candidates_searched
-        rest = ("the rest pruned by their bounds" if (sv.stopped or "complete") == "complete"
-                else "the rest unsearched")
-        what = (f"{searched} of {total} candidates searched, {rest}; "
-                if searched is not None and total is not None else "")
-        why = STOPPED.get(sv.stopped, ", budget spent" if sv.budget_spent else "")
-        if rows and rows[0][0] == "solver":
-            rows[0] = (rows[0][0], rows[0][1] + " (the chosen candidate's solve)")
-        rows.append(("search", f"{what}{configs} configuration{'s' * (configs != 1)} in {wall} s{why}"))
-        gap = sv.search_gap
-        rows.append(("search gap", f"{_num(gap * 100 if gap is not None else None, '{:.1f}')}% "
-                                   f"against a proven lower bound of {sv.search_bound_s:.3f} s"))
-        return rows
-    if done is not None:
-        rows.append(("search", f"{done} candidates in {wall} s"))
-    elif sv.options is not None:
-        rows.append(("search", f"{len(sv.options)} configurations in {wall} s"))
-    elif sv.search_wall_s is not None:
-        rows.append(("search", f"{wall} s"))
-    if rows and rows[-1][0] == "search" and (
-            sv.interrupted or (total is not None and done is not None and done < total)):
-        if rows[0][0] == "solver":
-            rows[0] = (rows[0][0], rows[0][1] + " (this candidate)")
-        why = ", interrupted (Ctrl-C)" if sv.interrupted else ", time limit reached"
-        rows[-1] = ("search", (f"{done} of {total} candidates" if done is not None else "search")
-                    + f" in {wall} s{why}")
-        gap_text = search_gap_text(sv)
-        if sv.search_bound_s is not None:
-            gap_text += f" (bound {sv.search_bound_s:.3f} s over all candidates)"
-        rows.append(("search gap", gap_text.removeprefix("gap ")))
-    return rows
 
 
 def goal_text(goal: Mapping[str, Any]) -> str:
@@ -407,9 +350,9 @@ def profiles_line(plan: Plan | DataParallelPlan, cluster: Cluster) -> str:
 def plan_table(result: PlanResult, cluster: Cluster) -> Group:
     """A readable summary of a :class:`planner.PlanResult`: stages, then step-level metrics.
 
-    When the search was interrupted or left candidates unsearched, the solver row says its gap is
-    the chosen candidate's own, and a "search gap" row gives the gap over all candidates (or why it
-    is unknown).
+    The step table has the plan's one step time, its replay; the search's objective, proven bound
+    and gap follow in a block of their own (:func:`mpmd.cli.plan_search.search_block`: the gap is
+    unknown while candidates were left unsearched).
 
     A plan carved from node groups also gets a table of its logical meshes (the nodes each spans,
     the pipeline replicas its data axis carries) and its schedule candidate table. A
@@ -475,10 +418,13 @@ def plan_table(result: PlanResult, cluster: Cluster) -> Group:
     ]
     if p.search.goal is not None:
         rows.append(("cost", goal_text(p.search.goal)))
-    rows += _solver_rows(p.search)
     for k, v in rows:
         s.add_row(escape(k), escape(v))
-    out += [s, Text(profiles_line(p, lc))]
+    out.append(s)
+    block = search_block(p.search, getattr(pred, "step_time_s", None))
+    if block is not None:
+        out.append(block)
+    out.append(Text(profiles_line(p, lc)))
     if not isinstance(p, DataParallelPlan):
         t = schedules_table(p)
         if t is not None:

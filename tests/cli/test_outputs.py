@@ -66,17 +66,18 @@ def test_python_dash_m_mpmd_is_the_cli():
 
 def test_a_node_group_search_says_why_it_stopped_and_whose_solve_is_optimal():
     from ir import SearchReport
-    from mpmd.cli.output import STOPPED, _solver_rows
+    from mpmd.cli.plan_search import STOPPED, search_rows
     base = {"status": "OPTIMAL", "objective": 1.9, "bound": 1.9, "gap": 0.0, "search_wall_s": 27.0,
             "search_bound": 1.5, "search_gap": 0.21, "options": [{}, {}], "candidates_total": 9,
             "candidates_searched": 4}
     for why in ("work budget", "time limit", "complete", "interrupted"):
-        rows = dict(_solver_rows(SearchReport.from_json({**base, "stopped": why})))
+        rows = dict(search_rows(SearchReport.from_json({**base, "stopped": why}), 1.9))
         rest = "pruned by their bounds" if why == "complete" else "unsearched"
-        assert rows["search"] == (f"4 of 9 candidates searched, the rest {rest}; "
-                                  "2 configurations in 27.0 s" + STOPPED[why])
-        assert rows["solver"].endswith("gap 0.00% (the chosen candidate's solve)")
-        assert rows["search gap"] == "21.0% against a proven lower bound of 1.500 s"
+        assert rows["candidates"] == (f"4 of 9 searched, the rest {rest}; "
+                                      "2 configurations in 27.0 s" + STOPPED[why])
+        assert rows["objective"] == "1.900 s: the step time above (chosen: OPTIMAL)"
+        assert rows["proven bound"] == "1.500 s over every option the search covers"
+        assert rows["gap"] == "21.0% = (step - bound) / step"
     assert "raise --time-limit" in STOPPED["time limit"] and "raise it" in STOPPED["work budget"]
 
 
