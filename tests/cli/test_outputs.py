@@ -108,7 +108,7 @@ def test_a_refit_profile_keeps_every_efficiency_entry_it_does_not_fit(tmp_path):
 
 def test_every_stop_reason_has_its_line_and_only_those():
     """The stop reasons are spelled once (``ir.STOP_REASONS``, what ``planner.shaping`` writes);
-    the step table has a line for each and for nothing else."""
+    the search block has a line for each and for nothing else."""
     from ir import STOP_REASONS
-    from mpmd.cli.output import STOPPED
+    from mpmd.cli.plan_search import STOPPED
     assert set(STOPPED) == set(STOP_REASONS)
