@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from compiler.constraints import constrain, mesh_axes
+from zoo.context_parallel import context_attention, current_split
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -175,9 +176,26 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
             with no value (gpt-oss's attention sinks); None for none.
     Returns: ``[B, S, H, Dv]``.
 
+    Context parallel: traced for a mesh with a ``"context"`` axis inside
+    ``zoo.context_parallel.context_split`` (``mpmd run`` of a layout with ``context > 1``), the
+    sequence is split over that axis by the split's method
+    (:func:`zoo.context_parallel.context_attention`); otherwise nothing changes.
+
     Raises:
-        ValueError: an unknown ``impl``, or sinks with ``"fused"``.
+        ValueError: an unknown ``impl``, or sinks with ``"fused"`` (or with ring context
+            parallel).
     """
+    split = current_split()
+    if split is not None:
+        core = partial(_attention, causal=causal, impl=impl, window=window, sinks=sinks)
+        return context_attention(split, q, k, v, core=core, causal=causal, window=window,
+                                 sinks=sinks)
+    return _attention(q, k, v, causal=causal, impl=impl, window=window, sinks=sinks)
+
+
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, impl: str,
+               window: int, sinks: jax.Array | None) -> jax.Array:
+    """:func:`attention` on the whole sequence."""
     B, S, H, D = q.shape
     KV = k.shape[2]
     qg = q.reshape(B, S, KV, H // KV, D)

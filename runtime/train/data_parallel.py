@@ -38,6 +38,7 @@ from compiler.runtime import run_program
 from hardware_profiles.types import Cluster
 from ir import DataParallelPlan
 from runtime.train import check
+from runtime.train.context import layer_splits
 from runtime.train.report import RunReport
 from runtime.train.step import (RunError, check_layouts, adam_init, adam_update, batches, compile_step,
                                 executed_plan, load_text, measured_step_time, place_inputs,
@@ -108,7 +109,7 @@ def run_data_parallel(plan: DataParallelPlan, steps: int, *, cluster_path: str, 
     exported, params, opts, out_trees = [], [], [], []
     for part, mbs in zip(plan.parts, shares):
         topology = plan_topology(part, cluster)
-        step = train_step_fn(cfg, part.microbatches)
+        step = train_step_fn(cfg, part.microbatches, layer_splits(part, cfg, topology))
         config = config_from_plan(part, topology, layer_names=names)
         ex = compile_step(step, with_plan_specs(config, part, cfg, params0, mbs), (params0, mbs))
         placed = place_inputs(params0, ex)

@@ -9,6 +9,12 @@ the axes
   gathers them inside each fragment (ZeRO-3; Rajbhandari et al. 2020);
 - ``"replica"`` (only when ``hsdp > 1``): the ``hsdp`` replicas of hybrid sharded data parallel;
   the batch is split over ``("replica", "data")``, the parameters over ``"data"`` only;
+- ``"context"`` (only when ``context > 1``): context parallel (between the data axes and
+  ``"model"``: Megatron-Core's ``tp-cp-ep-dp`` rank order, tensor innermost): each microbatch's
+  sequence dimension is split over it (:func:`batch_spec`), the parameters are replicated over
+  it (with FSDP, sharded over ``("data", "context")``, as torchtitan's ``dp_shard_cp``), and each
+  layer's attention reaches the other tokens by the layout's ``context_method``
+  (``zoo.context_parallel``, :mod:`runtime.train.context`);
 - ``"expert"`` (only when ``expert > 1``): expert parallel: the batch is split over
   ``("data", "expert")`` and a mixture of experts' expert weights over ``"expert"``; the layer
   reshards its dispatch buffers to the experts' devices and back (``zoo.layers.moe_swiglu``'s
@@ -36,6 +42,7 @@ from jax.sharding import Mesh, PartitionSpec
 from hardware_profiles.types import Cluster
 from ir import Layout, Plan
 from zoo.config import ModelConfig
+from zoo.context_parallel import CONTEXT_AXIS as CONTEXT
 from zoo.layers import DATA_AXIS as DATA, EXPERT_AXIS as EXPERT
 
 MODEL, REPLICA = "model", "replica"
@@ -71,7 +78,9 @@ def too_few_devices(cluster: str, need: int, have: int) -> str:
 def layout_axes(layout: Layout) -> dict[str, int]:
     """The mesh axes (name -> size, in device order) of ``layout``: ``{"data": d, "model": t}``,
     ``{"replica": hsdp, "data": d / hsdp, "model": t}`` with hybrid sharding, or
-    ``{"data": d / e, "expert": e, "model": t}`` with expert parallelism.
+    ``{"data": d / e, "expert": e, "model": t}`` with expert parallelism; with context
+    parallelism (``context`` = c > 1) ``{..., "context": c, "model": t}`` (the context axis
+    right outside ``"model"``).
 
     Raises:
         ValueError: a layout with MoE parallel folding (``layout.folded``): the runtime splits
@@ -81,11 +90,13 @@ def layout_axes(layout: Layout) -> dict[str, int]:
                          f"{layout.etp} != tensor {layout.tensor}) is planned and exported, not run "
                          f"by mpmd run, whose experts split the data axis; fix: run a plan whose "
                          f"expert degree divides its data degree with expert_tensor left out")
+    cp = {CONTEXT: layout.context} if layout.context > 1 else {}
     if layout.hsdp > 1:
-        return {REPLICA: layout.hsdp, DATA: layout.data // layout.hsdp, MODEL: layout.tensor}
+        return {REPLICA: layout.hsdp, DATA: layout.data // layout.hsdp, **cp, MODEL: layout.tensor}
     if layout.expert > 1:
-        return {DATA: layout.data // layout.expert, EXPERT: layout.expert, MODEL: layout.tensor}
-    return {DATA: layout.data, MODEL: layout.tensor}
+        return {DATA: layout.data // layout.expert, EXPERT: layout.expert, **cp,
+                MODEL: layout.tensor}
+    return {DATA: layout.data, **cp, MODEL: layout.tensor}
 
 
 def plan_mesh_axes(plan: Plan, cluster: Cluster) -> dict[str, dict[str, int]]:
@@ -98,7 +109,8 @@ def plan_mesh_axes(plan: Plan, cluster: Cluster) -> dict[str, dict[str, int]]:
 def layout_mesh(devices: Sequence[Any], layout: Layout) -> Mesh:
     """The ``jax.sharding.Mesh`` of ``devices`` shaped as ``layout``: axes ``("data", "model")`` of
     sizes ``(data, tensor)``, or ``("replica", "data", "model")`` of sizes
-    ``(hsdp, data / hsdp, tensor)`` for hybrid sharding.
+    ``(hsdp, data / hsdp, tensor)`` for hybrid sharding, with ``"context"`` before ``"model"``
+    for context parallelism (:func:`layout_axes`).
 
     Raises:
         ValueError: ``len(devices) != layout.devices``.
@@ -112,10 +124,13 @@ def layout_mesh(devices: Sequence[Any], layout: Layout) -> Mesh:
 
 
 def batch_spec(layout: Layout) -> PartitionSpec:
-    """The spec of a microbatch array ``[b, ...]``: the batch split over every data axis."""
+    """The spec of a microbatch array ``[b, s, ...]``: the batch split over every data axis, and
+    with context parallelism the sequence over ``"context"``."""
     if layout.hsdp > 1:
-        return PartitionSpec((REPLICA, DATA))
-    return PartitionSpec((DATA, EXPERT) if layout.expert > 1 else DATA)
+        rows: Any = (REPLICA, DATA)
+    else:
+        rows = (DATA, EXPERT) if layout.expert > 1 else DATA
+    return PartitionSpec(rows, CONTEXT) if layout.context > 1 else PartitionSpec(rows)
 
 
 def _tp_dim(cfg: ModelConfig, name: str, shape: tuple[int, ...], tensor: int) -> int | None:
@@ -142,8 +157,8 @@ def param_spec(cfg: ModelConfig, name: str, shape: tuple[int, ...], layout: Layo
     """The ``PartitionSpec`` of one parameter (see the module docstring).
 
     Tensor parallel takes its Megatron dimension first (decoders: attention and MLP; Mochi's DiT:
-    the MLPs); FSDP then shards the largest other dimension that ``layout.shard`` divides. 0-d
-    parameters are replicated.
+    the MLPs); FSDP then shards the largest other dimension that ``layout.shard`` divides (over
+    ``"data"``, and ``"context"`` too with context parallelism). 0-d parameters are replicated.
     """
     dims: list[str | None] = [None] * len(shape)
     if name in _EXPERT_WEIGHTS and len(shape) == 3:       # [experts, ...] of a mixture of experts
@@ -160,7 +175,8 @@ def param_spec(cfg: ModelConfig, name: str, shape: tuple[int, ...], layout: Layo
     if layout.fsdp and layout.shard > 1:
         free = [d for d in range(len(shape)) if dims[d] is None and shape[d] % layout.shard == 0]
         if free:
-            dims[max(free, key=lambda d: (shape[d], -d))] = DATA
+            dims[max(free, key=lambda d: (shape[d], -d))] = \
+                (DATA, CONTEXT) if layout.context > 1 else DATA
     while dims and dims[-1] is None:
         dims.pop()
     return PartitionSpec(*dims)

@@ -31,6 +31,7 @@ from hardware_profiles.loader import load_cluster
 from hardware_profiles.types import Cluster
 from ir import DataParallelPlan, Plan, layouts_problem
 from ir.plan_file import load_plan
+from runtime.train.context import context_loss, context_problem, layer_splits
 from runtime.train.layouts import batch_spec, param_specs, too_few_devices, topology_for_plan
 from simulator.plan_sim import plan_cluster, simulate_plan
 
@@ -45,8 +46,9 @@ class RunError(CompilerError):
 def check_layouts(plan: Plan | DataParallelPlan, cfg: ModelConfig) -> None:
     """Refuse a plan with a mesh whose layout cannot run ``cfg`` (:func:`ir.shards.layout_problem`:
     a tensor degree not dividing the heads or MLP widths, an expert degree not dividing the
-    experts), before anything is built: the compiler would otherwise replicate what it cannot
-    split and run another program than the plan.
+    experts), or context parallelism this runtime cannot run
+    (:func:`runtime.train.context.context_problem`), before anything is built: the compiler
+    would otherwise replicate what it cannot split and run another program than the plan.
 
     Raises:
         RunError: one line naming the mesh, why, and the fix.
@@ -56,6 +58,9 @@ def check_layouts(plan: Plan | DataParallelPlan, cfg: ModelConfig) -> None:
         bad = layouts_problem(dims, part.layouts)
         if bad:
             raise RunError(bad)
+    bad = context_problem(plan, cfg)
+    if bad:
+        raise RunError(bad)
 
 
 # --------------------------------------------------------------------------- data
@@ -88,17 +93,20 @@ def split_microbatches(batch: Mapping[str, Any]) -> tuple[dict, ...]:
     return tuple({k: v[m] for k, v in batch.items()} for m in range(M))
 
 
-def train_step_fn(cfg: ModelConfig, microbatches: int):
+def train_step_fn(cfg: ModelConfig, microbatches: int,
+                  splits: Mapping[str, Any] | None = None):
     """``(params, microbatches) -> (loss, grads)``: the mean of the microbatch losses and its
     gradient; ``microbatches`` is a sequence of M ``{"tokens", "targets"}`` int32 ``[b, S]`` (see
     :func:`split_microbatches`), the loop over them unrolled (one call of each layer per microbatch).
     Each loss is divided by M before the sum, so the division is per-microbatch code that the last
     stage's fragments absorb (a division after the sum would be inferred code of one microbatch).
+    ``splits``: layer name -> its context-parallel split (:func:`runtime.train.context.layer_splits`;
+    None or empty: none).
 
     Raises:
         ValueError: the step is called with a different number of microbatches.
     """
-    loss_fn = zoo.forward_loss(cfg)
+    loss_fn = context_loss(cfg, splits or {})
 
     def total(params, mbs):
         if len(mbs) != microbatches:
@@ -308,7 +316,7 @@ def compile_plan(plan: Plan, topology: Mapping[str, Mesh], *, seed: int = 0,
     M = plan.microbatches
     if plan.global_batch % M:
         raise RunError(f"global batch {plan.global_batch} is not divisible by {M} microbatches")
-    step = train_step_fn(cfg, M)
+    step = train_step_fn(cfg, M, layer_splits(plan, cfg, topology))
     params = zoo.init_params(cfg, jax.random.PRNGKey(seed))
     data = batches(load_text(), M, plan.global_batch // M, plan.seq_len, seed=seed)
     first = split_microbatches(next(data))
