@@ -54,7 +54,7 @@ from jax.interpreters import mlir
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from compiler.constraints import constrain, mesh_axes
+from compiler.constraints import constrain, mesh_axes, resolve_spec
 
 CONTEXT_AXIS, MODEL_AXIS = "context", "model"
 """The mesh axis context parallelism splits the sequence over, and the tensor-parallel axis
@@ -144,14 +144,16 @@ def context_attention(split: ContextSplit, q: jax.Array, k: jax.Array, v: jax.Ar
     """
     batch = split.batch_axes or None
     by_seq = P(batch, CONTEXT_AXIS, MODEL_AXIS)
+
+    def pin(x: jax.Array, spec: P) -> jax.Array:   # only the axes that divide x (no padding)
+        return constrain(x, resolve_spec(spec, x.shape, split.mesh))
     if split.method == "allgather":
         whole = P(batch, None, MODEL_AXIS)
-        o = core(constrain(q, by_seq), constrain(k, whole), constrain(v, whole))
-        return constrain(o, by_seq)
+        return pin(core(pin(q, by_seq), pin(k, whole), pin(v, whole)), by_seq)
     if split.method == "alltoall":
         by_head = P(batch, None, (MODEL_AXIS, CONTEXT_AXIS))
-        q, k, v = (constrain(constrain(x, by_seq), by_head) for x in (q, k, v))
-        return constrain(constrain(core(q, k, v), by_head), by_seq)
+        q, k, v = (pin(pin(x, by_seq), by_head) for x in (q, k, v))
+        return pin(pin(core(q, k, v), by_head), by_seq)
     if sinks is not None:
         raise ValueError("ring context parallel has no attention sinks; use context_method "
                          "allgather or alltoall for a model with sinks")
