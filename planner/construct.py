@@ -53,6 +53,10 @@ class PlanOptions:
         fixed_order: use every mesh of ``meshes`` in that order as the pipeline (a carved
             pipeline): the solve then only partitions layers and picks layouts (a linear model).
         seed / workers: CP-SAT determinism controls.
+        context: context parallelism (:attr:`ir.Layout.context`): 0 searches the degrees
+            :func:`planner.options.context_degrees` offers (sequences of
+            :data:`planner.options.CONTEXT_MIN_TOKENS` or more), 1 never splits a sequence, and
+            ``N > 1`` runs every mesh at context degree ``N`` (any sequence it divides).
     """
 
     time_limit_s: float = 30.0
@@ -67,6 +71,7 @@ class PlanOptions:
     meshes: tuple[str, ...] | None = None
     fsdp: bool = True
     fixed_order: bool = False
+    context: int = 0
 
 
 def fragment_kinds(schedule: str, training: bool) -> tuple[FragmentKind, ...]:
@@ -133,7 +138,8 @@ def make_candidate(w: Workload, cluster: Cluster, meshes: tuple[str, ...], sched
     options = []
     for m in meshes:
         o, _ = _cached_mesh_options(w, cluster.meshes[m], samples, kinds, split, opts.headroom,
-                                 opts.max_tensor, opts.fsdp, kind(schedule).hides_alltoall)
+                                 opts.max_tensor, opts.fsdp, kind(schedule).hides_alltoall,
+                                 opts.context)
         if not o:
             return None
         options.append(o)

@@ -26,11 +26,14 @@ def _split_layers(w: Workload) -> tuple[int, int, int]:
     return first, n, len(w.layers) - first - n
 
 
-CONTEXT_MIN_TOKENS = 8192
-"""The shortest sequence the search splits by context parallelism. Below it a device's chunk is
-under 4,096 tokens at the smallest degree, where the exchange's latency and the smaller GEMMs
-cost more than the activation memory saved; the practitioners' recipes start there too
-(NVIDIA's Megatron-Bridge Llama 3 70B and 405B pre-training recipes: CP 2 at 8,192 tokens)."""
+CONTEXT_MIN_TOKENS = 16384
+"""The shortest sequence the search splits by context parallelism unless asked
+(``PlanOptions.context``, ``mpmd plan --context-parallel``). Why not lower: a context layout only
+wins where data parallel over the same devices cannot take the microbatch (its token-local
+work is data parallel's, :func:`_context_layouts`), which at 8,192 tokens and below the search
+reaches by more microbatches of whole samples about as well, while every degree it offers
+multiplies the layout choices it costs against its work budget. NVIDIA's Megatron-Bridge
+Llama 3 70B and 405B recipes do run CP 2 at 8,192 tokens: ``--context-parallel 2`` plans that."""
 
 CONTEXT_MIN_CHUNK = 1024
 """The fewest tokens of a sequence one device holds under context parallelism (the search's
@@ -38,10 +41,14 @@ largest degree is ``seq_len / 1024``): a ring step's attention block of fewer ro
 its key/value pass on any profiled device."""
 
 
-def context_degrees(seq_len: int, devices: int) -> list[int]:
+def context_degrees(seq_len: int, devices: int, context: int = 0) -> list[int]:
     """Context-parallel degrees the search offers a mesh of ``devices`` (after tensor parallel)
-    for sequences of ``seq_len`` tokens: 1, and from :data:`CONTEXT_MIN_TOKENS` every power of
-    two dividing ``devices`` that leaves chunks of at least :data:`CONTEXT_MIN_CHUNK` tokens."""
+    for sequences of ``seq_len`` tokens. ``context`` 0 (search): 1, and from
+    :data:`CONTEXT_MIN_TOKENS` every power of two dividing ``devices`` that leaves chunks of at
+    least :data:`CONTEXT_MIN_CHUNK` tokens; 1: only 1; ``N > 1``: only ``N`` (when it divides
+    ``devices``; none otherwise)."""
+    if context >= 1:
+        return [context] if devices % context == 0 else []
     out = [1]
     if seq_len < CONTEXT_MIN_TOKENS:
         return out
@@ -53,7 +60,8 @@ def context_degrees(seq_len: int, devices: int) -> list[int]:
 
 
 def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, experts: int = 0,
-             shards: ShardDims | None = None, seq_len: int = 0) -> list[Layout]:
+             shards: ShardDims | None = None, seq_len: int = 0, context: int = 0
+             ) -> list[Layout]:
     """Data x tensor factorizations of the mesh (data dividing the microbatch) whose tensor degree
     can run the model (:func:`ir.shards.layout_problem` on ``shards``: it divides the heads and
     the MLP widths), each also with fully sharded data parallel when training with more than one
@@ -63,24 +71,39 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, expert
     data x tensor devices and the experts with the experts not tensor-split (``expert_tensor``
     1: Megatron-Core's MoE parallel folding, what NVIDIA's MoE recipes run); an expert group
     that spans scale-up domains is offered with each dispatch (``Layout.expert_dispatch``).
-    A sequence of ``seq_len`` tokens may also be split over the :func:`context_degrees`, each
-    with every method that can run the model (:data:`ir.CONTEXT_METHODS`)."""
+    A sequence of ``seq_len`` tokens may also be split over the :func:`context_degrees`, by the
+    ring or by all-to-all where the model's heads allow (:func:`_context_layouts` says why only
+    those, and only where data parallel over the same devices cannot take the microbatch)."""
     out = []
     for t in range(1, mesh.num_devices + 1):
         if mesh.num_devices % t or t > max_tensor or layout_problem(shards, t) is not None:
             continue
-        for c in context_degrees(seq_len, mesh.num_devices // t):
-            out += _context_layouts(mesh, samples, fsdp, experts, shards, seq_len, t, c)
+        for c in context_degrees(seq_len, mesh.num_devices // t, context):
+            out += _context_layouts(mesh, samples, fsdp, experts, shards, seq_len, t, c,
+                                    prune=context == 0)
     return out
 
 
 def _context_layouts(mesh: MeshSpec, samples: float, fsdp: bool, experts: int,
-                     shards: ShardDims | None, seq_len: int, t: int, c: int) -> list[Layout]:
-    """:func:`_layouts`' layouts of tensor degree ``t`` and context degree ``c``."""
+                     shards: ShardDims | None, seq_len: int, t: int, c: int,
+                     prune: bool = True) -> list[Layout]:
+    """:func:`_layouts`' layouts of tensor degree ``t`` and context degree ``c`` (``prune``
+    False: a degree the user fixed, offered without the first pruning below).
+
+    Two exact prunings (the cost model's, :mod:`simulator.context_parallel`): a context layout
+    ``(d, c, t)`` costs what data parallel ``(d c, t)`` costs on every term (the same tokens per
+    device, replicas and memory) plus its exchange, so it is offered only where that data-parallel
+    layout cannot take the microbatch (fewer samples than ``d c``, or not a multiple: more
+    microbatches of fewer samples is what context parallelism buys); and the all-gather method
+    is never offered, as the ring moves the same bytes, hides some under the attention core and
+    holds one chunk instead of the whole sequence's keys and values."""
     out: list[Layout] = []
-    methods = ("ring",) if c == 1 else tuple(
-        m for m in CONTEXT_METHODS if layout_problem(shards, t, 1, 0, c, m, seq_len) is None)
     d = mesh.num_devices // (t * c)
+    if prune and c > 1 and samples >= d * c and float(samples / (d * c)).is_integer():
+        return out
+    methods = ("ring",) if c == 1 else tuple(
+        m for m in CONTEXT_METHODS if m != "allgather"
+        and layout_problem(shards, t, 1, 0, c, m, seq_len) is None)
     for m in methods:
         cp = {"context": c, "context_method": m}
         if samples >= d and float(samples / d).is_integer():
@@ -103,7 +126,7 @@ def _context_layouts(mesh: MeshSpec, samples: float, fsdp: bool, experts: int,
 
 def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
                   split: bool, headroom: float, max_tensor: int, fsdp: bool = True,
-                  hidden: bool = False) -> tuple[tuple[StageCost, ...], int]:
+                  hidden: bool = False, context: int = 0) -> tuple[tuple[StageCost, ...], int]:
     """Every undominated layout option of ``mesh``, each costed by the cost model
     (:func:`simulator.stage_cost.stage_cost`), and how many layout choices were costed (the
     search charges its work budget per choice, ``planner.budget.COSTS["option"]``); ``hidden``:
@@ -113,7 +136,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     experts = max(c.experts for c in w.costs.values())
     costed = [stage_cost(w, mesh, lay, rc, samples, kinds, split, headroom, split_layers, hidden)
               for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training, experts,
-                                  w.shards, w.seq_len)
+                                  w.shards, w.seq_len, context)
               for rc in ((False, True) if w.training else (False,))]
     return _undominated(costed), len(costed)
 
@@ -157,7 +180,8 @@ def _same_program(a: Workload | None, b: Workload) -> bool:
 
 def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
                          split: bool, headroom: float, max_tensor: int, fsdp: bool,
-                         hidden: bool = False) -> tuple[tuple[StageCost, ...], int]:
+                         hidden: bool = False, context: int = 0
+                         ) -> tuple[tuple[StageCost, ...], int]:
     """:func:`_mesh_options`, computed once per workload and mesh spec (meshes that differ only by
     name share their options: clusters repeat identical meshes): the options and how many layout
     choices this call costed (0 when they were cached)."""
@@ -165,7 +189,7 @@ def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tup
     # either way, so they are computed (and charged to the work budget) once
     hidden = hidden and any(c.alltoall_bytes_per_sample > 0 for c in w.costs.values())
     spec = tuple(getattr(mesh, f.name) for f in fields(mesh) if f.name != "name")
-    key = (samples, kinds, split, headroom, max_tensor, fsdp, hidden)
+    key = (samples, kinds, split, headroom, max_tensor, fsdp, hidden, context)
     with _OPTIONS_LOCK:
         if not _same_program(_OPTIONS_CACHE.get("w"), w):
             _OPTIONS_CACHE.clear()
@@ -174,7 +198,8 @@ def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tup
         for other, opts in bucket:
             if other == spec:
                 return opts, 0
-    opts, costed = _mesh_options(w, mesh, samples, kinds, split, headroom, max_tensor, fsdp, hidden)
+    opts, costed = _mesh_options(w, mesh, samples, kinds, split, headroom, max_tensor, fsdp, hidden,
+                                 context)
     with _OPTIONS_LOCK:
         if _same_program(_OPTIONS_CACHE.get("w"), w):
             bucket.append((spec, opts))

@@ -303,7 +303,10 @@ def solve_outcome(c: Candidate, *, time_limit_s: float, seed: int = 0, workers: 
             model.Add(used[i] == 1)
         sel.append([model.NewBoolVar(f"sel_{name}_{k}") for k in range(len(c.options[i]))])
         model.Add(sum(sel[i]) == used[i])
-        worst = max(o.rank_time(v).at(L, first=True, holds_post=True) for o in c.options[i])
+        # the horizon bounds every time variable: a rank's work and its tail (the optimizer and
+        # the gradient sync can outlast the pipeline work when that is small)
+        worst = max(max(o.rank_time(v).at(L, first=True, holds_post=True),
+                        o.tail(v).at(L, first=True, holds_post=True)) for o in c.options[i])
         big_t = max(big_t, int(worst * US) + 1)
     model.Add(v * sum(nblk) == L)
     model.AddExactlyOne(first)

@@ -160,7 +160,8 @@ class OptionCache:
         """The options, with the layout choices costed to get them (none when cached) charged to
         ``budget``."""
         got, costed = _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
-                                           self.opts.max_tensor, self.opts.fsdp, hidden)
+                                           self.opts.max_tensor, self.opts.fsdp, hidden,
+                                           self.opts.context)
         if budget is not None and costed:
             budget.charge(COSTS["option"] * costed)
         return got
