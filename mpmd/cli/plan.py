@@ -30,6 +30,20 @@ if TYPE_CHECKING:   # the command loads these only when it runs, after checking 
     from zoo.config import ModelConfig
 
 
+def context_degree(value: str) -> int:
+    """``--context-parallel``'s value as ``PlanOptions.context``: auto 0, off 1, else N >= 2.
+
+    Raises:
+        click.BadParameter: anything else (one line naming the value and the forms)."""
+    v = value.strip().lower()
+    if v in ("auto", "off"):
+        return 0 if v == "auto" else 1
+    if v.isdigit() and 1 <= int(v) <= 2**20:
+        return int(v)
+    raise click.BadParameter(f"{value!r}: give auto, off or a context degree N (1 to 1048576), "
+                             f"e.g. --context-parallel 2", param_hint="'--context-parallel'")
+
+
 @click.command("plan")
 @click.option("--model", required=True,
               help=f"A zoo model ({', '.join(list_models())}), a shipped config's name (e.g. "
@@ -53,6 +67,10 @@ if TYPE_CHECKING:   # the command loads these only when it runs, after checking 
               help="Largest tensor-parallel degree considered.")
 @click.option("--even-split", is_flag=True, help="Force the usual hand split (equal layers per stage).")
 @click.option("--no-fsdp", is_flag=True, help="Do not consider fully sharded data parallel layouts.")
+@click.option("--context-parallel", "context_parallel", default="auto", show_default=True,
+              help="Context parallelism (each sequence split over devices, ring or all-to-all "
+                   "attention): auto searches it from 16,384 tokens; off never; N runs every "
+                   "mesh at context degree N (any length it divides).")
 @click.option("--objective", type=click.Choice(GOALS), default="time", show_default=True,
               help="time: the shortest step; cost: the lowest USD per step (with --min-throughput, "
                    "among plans that reach it). Either may use part of the cluster.")
@@ -71,7 +89,8 @@ if TYPE_CHECKING:   # the command loads these only when it runs, after checking 
 @guard
 def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
                  time_limit: float, schedules: tuple[str, ...], microbatches: tuple[int, ...],
-                 max_tensor: int, even_split: bool, no_fsdp: bool, objective: str,
+                 max_tensor: int, even_split: bool, no_fsdp: bool, context_parallel: str,
+                 objective: str,
                  min_throughput: float | None, max_usd_per_hour: float | None,
                  precision: str, out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
@@ -98,6 +117,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
     short: a usable plan was produced (scripts can tell from the JSON). Ctrl-C before any feasible
     plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
     """
+    context = context_degree(context_parallel)
     # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
     if out:
         check_output(out, "plan JSON")
@@ -131,7 +151,8 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                 with SearchProgress(err_console, label) as bar:
                     opts = PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
                                        microbatches=microbatches or None, max_tensor=max_tensor,
-                                       even_split=even_split, fsdp=not no_fsdp)
+                                       even_split=even_split, fsdp=not no_fsdp,
+                                       context=context)
                     tried.append(plan(replace(workload, precision=recipe), cluster, opts, bar,
                                       goal=goal, stop=ctrl_c.stop))
                 if tried[-1].interrupted:
