@@ -34,6 +34,7 @@ from rich.console import Console
 
 from compiler.distributed import assign_meshes
 from compiler.errors import CompilerError
+from runtime.train.join import JOIN_TIMEOUT_S
 from runtime.train.process_run import (DistributedReport, ProcessRunError, print_distributed_report,
                                        run_worker)
 from runtime.train.step import RunError, load_run_plan, run_cluster
@@ -79,8 +80,9 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
            cluster_path: str | Path | None = None, lr: float = 1e-3, seed: int = 0,
            model_overrides: Mapping[str, Any] | None = None,
            trace_path: str | Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-           console: Any = None) -> DistributedReport:
-    """Run a plan as ``processes`` local processes; see the module docstring.
+           console: Any = None, join_timeout_s: float = JOIN_TIMEOUT_S) -> DistributedReport:
+    """Run a plan as ``processes`` local processes; see the module docstring. Each worker waits
+    at most ``join_timeout_s`` for the others to join (:func:`runtime.train.join.roll_call`).
 
     Returns:
         The merged :class:`runtime.train.process_run.DistributedReport`.
@@ -105,7 +107,8 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
                 "cluster_path": str(Path(cluster_path).resolve()) if cluster_path else None,
                 "lr": lr, "seed": seed, "model_overrides": dict(model_overrides or {}),
                 "trace_path": str(Path(trace_path).resolve()) if trace_path else None,
-                "result_path": str(result), "launcher": os.getpid()}
+                "result_path": str(result), "launcher": os.getpid(),
+                "join_timeout_s": min(join_timeout_s, timeout_s)}
         procs: list[subprocess.Popen] = []
         errs: list[Path] = []
         progress = _Progress([Path(tmp) / f"process{i}.out" for i in range(processes)], console)
@@ -117,6 +120,9 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
                         [sys.executable, "-m", "runtime.train.launch", "--worker",
                          json.dumps({**spec, "process_id": i})],
                         stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL))
+            print(f"started {processes} processes on this host (coordinator {coordinator}); "
+                  f"waiting up to {timeout_s:g} s for all of them to finish (--timeout)",
+                  file=sys.stderr, flush=True)
             _wait(procs, errs, timeout_s, progress)
             progress()
         finally:
@@ -185,12 +191,14 @@ def _kill(procs: Sequence[subprocess.Popen]) -> None:
 def run_processes(plan_path: str | Path, processes: int | None, process_id: int | None,
                   coordinator: str | None, *, steps: int, cluster_path: str | Path | None,
                   lr: float, timeout_s: float, trace_path: str | Path | None,
-                  console: Any = None) -> DistributedReport | None:
+                  console: Any = None, join_timeout_s: float = JOIN_TIMEOUT_S
+                  ) -> DistributedReport | None:
     """``mpmd run PLAN --processes N [--process-id I --coordinator HOST:PORT]``.
 
     Without ``process_id``: start all N processes on this host (:func:`runtime.train.launch.launch`)
     and print the merged report. With it: run process I only (one command per host, the same
-    plan file on each); process 0 prints the report and writes the trace.
+    plan file on each); process 0 prints the report and writes the trace. Each process names on
+    stderr the processes it waits for, for at most ``join_timeout_s`` seconds.
 
     Raises:
         ProcessRunError: ``--process-id`` and ``--coordinator`` not given together, or without
@@ -204,11 +212,13 @@ def run_processes(plan_path: str | Path, processes: int | None, process_id: int 
                               "process), or neither to start all processes on this host")
     if process_id is None:
         report = launch(plan_path, processes, steps=steps, cluster_path=cluster_path, lr=lr,
-                        trace_path=trace_path, timeout_s=timeout_s, console=console)
+                        trace_path=trace_path, timeout_s=timeout_s, console=console,
+                        join_timeout_s=join_timeout_s)
     else:
         report = run_worker(plan_path, process_id=process_id, processes=processes,
                             coordinator=coordinator, steps=steps, cluster_path=cluster_path,
-                            lr=lr, trace_path=trace_path, console=console)
+                            lr=lr, trace_path=trace_path, console=console,
+                            join_timeout_s=join_timeout_s)
     if report is not None:
         print_distributed_report(report, console)
         if trace_path is not None:
@@ -235,7 +245,8 @@ def _worker_main(argv: Sequence[str]) -> int:
                    coordinator=spec["coordinator"], steps=spec["steps"],
                    cluster_path=spec["cluster_path"], lr=spec["lr"], seed=spec["seed"],
                    model_overrides=spec["model_overrides"], trace_path=spec["trace_path"],
-                   result_path=spec["result_path"], loopback=True, console=console)
+                   result_path=spec["result_path"], loopback=True, console=console,
+                   join_timeout_s=spec.get("join_timeout_s", JOIN_TIMEOUT_S))
     except Exception as e:  # noqa: BLE001 - reported to the launcher as one line
         traceback.print_exc(file=sys.stderr)
         msg = str(e).splitlines()[0] if str(e) else ""

@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -28,24 +28,18 @@ from rich.table import Table
 
 from compiler.distributed import (DistributedError, allgather, assign_meshes, barrier, prepare,
                                   process_topology, run_process)
-from compiler.errors import CompilerError
 from hardware_profiles.types import Cluster
 from ir import Plan, Timeline, TimelineEvent
 from ir.files import write_atomic
 from runtime.train import check
+from runtime.train.join import JOIN_TIMEOUT_S, ProcessRunError, roll_call, split_coordinator
 from runtime.train.layouts import plan_mesh_axes
 from runtime.train.step import (RunError, adam_init, adam_update, compile_plan, load_run_plan,
                                 measured_step_time, run_cluster, split_microbatches)
 from simulator.trace import write_chrome_trace
 
-#: seconds a process waits for all processes to join ``jax.distributed`` before failing
-JOIN_TIMEOUT_S = 120
 #: seconds a finished process waits at ``jax.distributed.shutdown`` for the others
 SHUTDOWN_TIMEOUT_S = 60
-
-
-class ProcessRunError(CompilerError):
-    """A multi-process run cannot start or proceed (bad coordinator, process id, grouping)."""
 
 
 @dataclass(frozen=True)
@@ -112,24 +106,30 @@ def merge_timelines(timelines: list[Timeline]) -> Timeline:
 
 
 def start_distributed(coordinator: str, processes: int, process_id: int, local_devices: int, *,
-                      loopback: bool) -> None:
+                      loopback: bool, join_timeout_s: float = JOIN_TIMEOUT_S,
+                      say: Callable[[str], None] | None = None) -> None:
     """Start ``jax.distributed`` for this process: ``local_devices`` CPU devices, gloo collectives.
     Must run before JAX starts a backend. With ``loopback`` the coordinator binds 127.0.0.1 only.
 
+    First every process meets the others at ``coordinator`` (:func:`runtime.train.join.roll_call`:
+    it says whom it waits for, on stderr or through ``say``), so a process that never comes ends
+    the wait after ``join_timeout_s`` in one error line, not in ``jax.distributed``'s abort.
+
     Raises:
-        ProcessRunError: a malformed coordinator address or process id.
+        ProcessRunError: a malformed coordinator address or process id, a coordinator host that
+            does not resolve, or a process that did not join within ``join_timeout_s``.
     """
-    host, _, port = coordinator.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ProcessRunError(f"--coordinator {coordinator!r} is not HOST:PORT; pass e.g. "
-                              f"10.0.0.1:1234 (the host of process 0 and a free port)")
+    split_coordinator(coordinator)
     if not 0 <= process_id < processes:
         raise ProcessRunError(f"--process-id {process_id} is outside 0..{processes - 1}; give each "
                               f"process a distinct id below --processes {processes}")
+    roll_call(coordinator, processes, process_id, join_timeout_s, loopback=loopback,
+              **({"say": say} if say is not None else {}))
     jax.config.update("jax_num_cpu_devices", local_devices)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # every process has joined: jax.distributed's own wait is short (its timeout ends in an abort)
     jax.distributed.initialize(coordinator, num_processes=processes, process_id=process_id,
-                               initialization_timeout=JOIN_TIMEOUT_S,
+                               initialization_timeout=int(max(join_timeout_s, JOIN_TIMEOUT_S)),
                                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S,
                                coordinator_bind_address=coordinator if loopback else None)
 
@@ -148,7 +148,8 @@ def run_worker(plan_path: str | Path, *, process_id: int, processes: int, coordi
                steps: int = 3, cluster_path: str | Path | None = None, lr: float = 1e-3,
                seed: int = 0, model_overrides: Mapping[str, Any] | None = None,
                trace_path: str | Path | None = None, result_path: str | Path | None = None,
-               loopback: bool = False, console: Any = None) -> DistributedReport | None:
+               loopback: bool = False, console: Any = None,
+               join_timeout_s: float = JOIN_TIMEOUT_S) -> DistributedReport | None:
     """Run this process's share of ``steps`` training steps of a plan; see the module docstring.
 
     Args:
@@ -158,6 +159,8 @@ def run_worker(plan_path: str | Path, *, process_id: int, processes: int, coordi
         trace_path: process 0 writes the last step's merged Perfetto trace here.
         result_path: process 0 writes the :class:`DistributedReport` here as JSON.
         loopback: bind the coordinator to 127.0.0.1 (local launches).
+        join_timeout_s: how long this process waits for the others to join (they are named on
+            stderr while it waits; :func:`start_distributed`).
 
     Returns:
         The merged report on process 0, ``None`` on the others.
@@ -180,7 +183,8 @@ def run_worker(plan_path: str | Path, *, process_id: int, processes: int, coordi
         raise ProcessRunError(f"--process-id {process_id} is outside 0..{processes - 1}; give each "
                               f"process a distinct id below --processes {processes}")
     local = sum(cluster.meshes[m].num_devices for m in groups[process_id])
-    start_distributed(coordinator, processes, process_id, local, loopback=loopback)
+    start_distributed(coordinator, processes, process_id, local, loopback=loopback,
+                      join_timeout_s=join_timeout_s)
     part = _train(plan, cluster, groups, steps=steps, lr=lr, seed=seed,
                   model_overrides=model_overrides, console=console)
     parts = _allgather_json(part)
