@@ -54,10 +54,10 @@ def _check_process_flags(processes: int | None, process_id: int | None,
 @click.command()
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @click.option("--steps", type=int_range(1, MAX_STEPS), default=DEFAULT_STEPS, show_default=True,
-              help="Training steps to run. The default is sized for a first run (llama-tiny on "
-                   "cpu4x2: about 2 minutes on an idle 2-core machine, compiling included); the "
-                   "timing check (d) takes the median of the later half, so fewer than 10 leave "
-                   "XLA's warm-up in it.")
+              help="Training steps to run. The default is sized for a first run: the README's "
+                   "llama-tiny plan on cpu4x2 took 2.7 minutes, compiling included, on a 2-core "
+                   "machine with other work beside it; the timing check (d) takes the median of "
+                   "the later half, so fewer than 10 steps leave XLA's warm-up in it.")
 @click.option("--cluster", "cluster_path", type=click.Path(dir_okay=False), default=None,
               help="Cluster YAML (default: the plan's).")
 @click.option("--check-every", type=int_range(1, MAX_STEPS), default=1, show_default=True,

@@ -126,7 +126,8 @@ def other_cores(start: CpuSample | None, end: CpuSample | None) -> float | None:
 
 
 def _cluster_origin(cluster_path: str | Path | None) -> tuple[bool, str]:
-    """(the cluster file ships with the project, the origin of its devices' profiles in words)."""
+    """(the cluster file ships with the project, its device kinds with the origin of each one's
+    profile, e.g. ``"cpu-host: measured by mpmd calibrate on 2026-11-24"``)."""
     if not cluster_path:
         return False, ""
     try:
@@ -141,10 +142,10 @@ def _cluster_origin(cluster_path: str | Path | None) -> tuple[bool, str]:
     try:
         cluster = load_cluster(path)
         specs = cluster.groups.values() if cluster.groups else cluster.meshes.values()
-        kinds = {s.device.name: calibration_origin(s.device) for s in specs}
+        kinds = {s.device.name: calibration_origin(s.device).split(" (")[0] for s in specs}
     except Exception:  # noqa: BLE001 - the hint only; the run has already read the cluster
         return bundled, ""
-    return bundled, "; ".join(f"{k} {v}" for k, v in kinds.items())
+    return bundled, "; ".join(f"{k}: {v}" for k, v in kinds.items())
 
 
 def timing_warning(report: RunReport, cluster_path: str | Path | None = None,
@@ -154,9 +155,9 @@ def timing_warning(report: RunReport, cluster_path: str | Path | None = None,
     It names the measured and simulated steps and the likely causes of this run, each with its
     fix: fewer than :data:`MIN_TIMED_STEPS` steps; other processes' CPU time during the run
     (``others``, cores' worth: :func:`other_cores`) of ``cores`` (default ``os.cpu_count()``);
-    a cluster file shipped with the project (its profile was measured on another machine: calibrate
-    this one); else a profile calibrated here that this machine no longer matches (calibrate
-    again on an idle machine). ``cluster_path`` is the cluster the run simulated.
+    a cluster file shipped with the project (its profile describes the machine it was measured
+    on: calibrate this one); else a profile calibrated here that this machine no longer matches
+    (calibrate again on an idle machine). ``cluster_path`` is the cluster the run simulated.
     """
     if report.timing_ok:
         return None
@@ -171,14 +172,16 @@ def timing_warning(report: RunReport, cluster_path: str | Path | None = None,
         why.append(f"other processes kept {others:.1f} of this machine's {cores} cores busy during "
                    f"the run (rerun when it is otherwise idle)")
     bundled, origin = _cluster_origin(cluster_path)
-    where = f"{cluster_path}'s profiles ({origin})" if origin else f"{cluster_path}'s profiles"
+    origin = f" ({origin})" if origin else ""
     if bundled:
-        why.append(f"{where} were measured on another machine (run 'mpmd calibrate --out "
-                   f"calibrated' on this one while it is idle, plan on calibrated/cpu4x2.yaml and "
-                   f"run that plan)")
+        why.append(f"{cluster_path} ships with the project: its profile{origin} describes the "
+                   f"machine it was measured on, not necessarily this one (run 'mpmd calibrate "
+                   f"--out calibrated' here while the machine is idle, plan on "
+                   f"calibrated/cpu4x2.yaml and run that plan)")
     elif cluster_path and not why:
-        why.append(f"this machine no longer runs at the speed {where} recorded (run 'mpmd calibrate "
-                   f"--out calibrated' again while it is idle, then rerun this plan)")
+        why.append(f"this machine no longer runs at the speed recorded in {cluster_path}{origin} "
+                   f"(run 'mpmd calibrate --out calibrated' again while it is idle, then rerun "
+                   f"this plan)")
     return (f"warning: check (d) failed: measured step {report.measured_step_s * 1e3:.1f} ms is "
             f"{report.step_time_error * 100:.1f}% off the simulated {report.simulated_step_s * 1e3:.1f}"
             f" ms (limit {STEP_TIME_TOLERANCE * 100:.0f}%); likely: " + "; ".join(why or [

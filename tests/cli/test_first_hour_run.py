@@ -71,7 +71,9 @@ def test_a_timing_miss_on_the_bundled_profile_names_few_steps_and_calibration():
     assert w.startswith("warning: check (d) failed: measured step 2000.0 ms is 50.0% off the "
                         "simulated 1000.0 ms (limit 15%); likely: only 2 steps ran")
     assert "--steps 10 or more" in w
-    assert "were measured on another machine (run 'mpmd calibrate --out calibrated'" in w
+    assert (f"{BUNDLED} ships with the project: its profile (cpu-host: measured by mpmd calibrate "
+            f"on ") in w
+    assert "not necessarily this one (run 'mpmd calibrate --out calibrated' here" in w
     assert "other processes" not in w and "\n" not in w
 
 
@@ -84,7 +86,7 @@ def test_a_timing_miss_on_a_profile_calibrated_here_never_suggests_the_cluster_i
     shutil.copy(ROOT / "hardware_profiles" / "devices" / "cpu-host.yaml", tmp_path / "calibrated")
     w = timing_warning(report(1.34, 1.0, cluster_path=str(mine)), str(mine), others=0.05, cores=2)
     assert w.startswith("warning: check (d) failed: measured step 1340.0 ms is 25.4% off")
-    assert f"this machine no longer runs at the speed {mine}'s profiles" in w
+    assert f"this machine no longer runs at the speed recorded in {mine} (cpu-host: measured" in w
     assert "run 'mpmd calibrate --out calibrated' again while it is idle, then rerun this plan" in w
     assert "--cluster" not in w and "plan on calibrated" not in w and "--steps" not in w
     busy = timing_warning(report(1.34, 1.0, cluster_path=str(mine)), str(mine), others=1.3,
