@@ -60,14 +60,6 @@ def on_replay(sv: SearchReport) -> bool:
     return sv.options is not None
 
 
-def objective_s(sv: SearchReport, step_s: float | None) -> float | None:
-    """The value the search's proven bound bounds: the replayed step (node groups) or the chosen
-    candidate's CP-SAT surrogate objective (a mesh listing; the step when it has none)."""
-    if on_replay(sv) or sv.objective_s is None:
-        return step_s
-    return sv.objective_s
-
-
 def _candidates(sv: SearchReport) -> str:
     wall = "?" if sv.search_wall_s is None else f"{sv.search_wall_s:.1f}"
     total, done = sv.candidates_total, sv.candidates
