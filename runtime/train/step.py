@@ -100,8 +100,8 @@ def train_step_fn(cfg: ModelConfig, microbatches: int,
     :func:`split_microbatches`), the loop over them unrolled (one call of each layer per microbatch).
     Each loss is divided by M before the sum, so the division is per-microbatch code that the last
     stage's fragments absorb (a division after the sum would be inferred code of one microbatch).
-    ``splits``: layer name -> its context-parallel split (:func:`runtime.train.context.layer_splits`;
-    None or empty: none).
+    ``splits``: layer name -> its context-parallel split
+    (:func:`runtime.train.context.layer_splits`; None or empty: none).
 
     Raises:
         ValueError: the step is called with a different number of microbatches.

@@ -206,7 +206,8 @@ def test_ring_attention_blocks_mask_by_global_positions(window):
     sh = NamedSharding(mesh, P("data", "context", "model"))
     f = jax.jit(jax.value_and_grad(ring, argnums=(0, 1, 2)), in_shardings=(sh, sh, sh))
     assert "collective-permute" in f.lower(q, k, v).compile().as_text()
-    assert _max_abs(f(q, k, v), jax.jit(jax.value_and_grad(ref, argnums=(0, 1, 2)))(q, k, v)) < 1e-4
+    want = jax.jit(jax.value_and_grad(ref, argnums=(0, 1, 2)))(q, k, v)
+    assert _max_abs(f(q, k, v), want) < 1e-4
 
 
 # --------------------------------------------------------------------------- plans
@@ -270,9 +271,8 @@ def test_run_plan_json_with_context_checks_against_jit(tmp_path):
 
 
 def test_layer_splits_follow_each_layers_mesh():
-    plan = dataclasses.replace(_plan(Layout(2, 1)), layouts={"m0": Layout(1, 1, context=2,
-                                                                          context_method="alltoall"),
-                                                             "m1": Layout(2, 1)})
+    ulysses = Layout(1, 1, context=2, context_method="alltoall")
+    plan = dataclasses.replace(_plan(Layout(2, 1)), layouts={"m0": ulysses, "m1": Layout(2, 1)})
     topology = plan_topology(plan, run_cluster(plan, CPU4X2))
     splits = layer_splits(plan, _cfg(), topology)
     assert sorted(splits) == ["block0", "block1", "embed"]
