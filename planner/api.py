@@ -25,6 +25,8 @@ from planner.construct import TRAIN_SCHEDULES as TRAIN_SCHEDULES   # re-exported
 from planner.construct import (SAME_MODEL, SEARCHED_SCHEDULES, PlanOptions,
                                build_plan, make_candidate, microbatch_counts, schedule_allowed,
                                split_layers)
+from planner.budget import COSTS, WALL_FACTOR, WORK_SHARE, Budget
+from planner.budget import _work as plan_work
 from planner.predict import predict
 from planner.replayed import rank_by_replay
 from planner.search import Candidate, SolveOutcome, solve_outcome
@@ -107,7 +109,10 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
     bounds: list[float] = []          # per searched candidate: proven surrogate lower bound, s
     best: tuple[float, Plan, Prediction] | None = None
     feasible: list[tuple[Plan, Prediction]] = []
-    det_used = 0.0
+    # nominal work (planner.budget): CP-SAT's deterministic time, the layout choices costed and
+    # the plans replayed, so the search stops at the same point on any machine; the wall clock
+    # cuts it only at WALL_FACTOR x the limit
+    budget = Budget(opts.time_limit_s * WORK_SHARE, t0 + opts.time_limit_s * WALL_FACTOR)
     interrupted = False               # the stop event cut the search short
     solved: dict[Candidate, SolveOutcome] = {}   # by model (SAME_MODEL): solves to reuse
     for n, (sched, mb) in enumerate(combos):
@@ -116,10 +121,9 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
         if stop is not None and stop.is_set():
             interrupted = True
             break
-        left = opts.time_limit_s - (time.monotonic() - t0)
-        if left <= 0:
+        if budget.out():
             break
-        cand = make_candidate(w, cluster, meshes, sched, mb, opts)
+        cand = make_candidate(w, cluster, meshes, sched, mb, opts, budget)
         if cand is None:
             tried.append((sched, mb, None))
             bounds.append(math.inf)
@@ -128,12 +132,12 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
         key = replace(cand, schedule=SAME_MODEL.get(sched, sched))
         out = solved.get(key)
         if out is None:
-            # an equal share of the deterministic budget still unused (CP-SAT's deterministic time
-            # is reproducible, so is the split), capped by the wall clock left
-            share = max(0.05, (opts.time_limit_s - det_used) / (len(combos) - n))
-            out = solve_outcome(cand, time_limit_s=left, seed=opts.seed, workers=opts.workers,
-                                deterministic_limit=share, stop=stop)
-            det_used += out.deterministic_s
+            # an equal share of the work budget still unused, in CP-SAT's deterministic seconds
+            # (reproducible, so is the split), capped by the wall clock left
+            share = max(0.05, budget.left() / COSTS["cpsat"] / (len(combos) - n))
+            out = solve_outcome(cand, time_limit_s=max(budget.wall_left(), 0.05), seed=opts.seed,
+                                workers=opts.workers, deterministic_limit=share, stop=stop)
+            budget.charge(out.deterministic_s * COSTS["cpsat"])
             if not out.stopped:
                 solved[key] = out
         bounds.append(out.bound_s)
@@ -144,6 +148,7 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
             continue
         p = build_plan(w, cluster, a, sched, mb, v)
         pred = predict(p, w, cluster, headroom=opts.headroom)
+        budget.charge(plan_work(p))
         tried.append((sched, mb, pred.step_time_s if pred.fits else None))
         if not pred.fits:
             continue

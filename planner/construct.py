@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ir import FragmentKind, FragmentRef, Plan, ScheduleTable, StagePlan, Workload
 from hardware_profiles.types import Cluster
+from planner.budget import COSTS, Budget
 from planner.errors import PlannerError
 from planner.inflight import V_SHAPED
 from planner.options import _cached_mesh_options
@@ -114,12 +115,15 @@ def schedule_allowed(schedule: str, ranks: int, microbatches: int, num_blocks: i
 
 
 def make_candidate(w: Workload, cluster: Cluster, meshes: tuple[str, ...], schedule: str,
-                   microbatches: int, opts: PlanOptions) -> Candidate | None:
+                   microbatches: int, opts: PlanOptions, budget: Budget | None = None
+                   ) -> Candidate | None:
     """The CP-SAT input for ``schedule`` at ``microbatches`` microbatches over ``meshes``: per-mesh
     layout options, the F + B transfer time of one microbatch's boundary activation between every
     ordered pair of meshes (seconds), the pipeline depths the schedule accepts
     (:func:`schedule_allowed`), and ``opts.even_split``, ``opts.fixed_order`` and
     ``opts.virtual_stages``.
+
+    ``budget``: charged the candidate and the layout choices costed for it (none when cached).
 
     Returns None when some mesh has no layout option (no data-parallel degree divides the
     microbatch) or the schedule accepts no pipeline depth (with ``fixed_order`` or ``even_split``
@@ -137,9 +141,11 @@ def make_candidate(w: Workload, cluster: Cluster, meshes: tuple[str, ...], sched
     split = FragmentKind.W in kinds
     options = []
     for m in meshes:
-        o, _ = _cached_mesh_options(w, cluster.meshes[m], samples, kinds, split, opts.headroom,
-                                 opts.max_tensor, opts.fsdp, kind(schedule).hides_alltoall,
-                                 opts.context)
+        o, costed = _cached_mesh_options(w, cluster.meshes[m], samples, kinds, split,
+                                         opts.headroom, opts.max_tensor, opts.fsdp,
+                                         kind(schedule).hides_alltoall, opts.context)
+        if budget is not None:
+            budget.charge(COSTS["option"] * costed)
         if not o:
             return None
         options.append(o)

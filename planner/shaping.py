@@ -52,6 +52,7 @@ from planner.errors import InfeasibleError
 from planner.bounds import work_bound
 from planner.budget import Budget
 from planner.grid import GridResult, grid_sweep
+from planner.budget import WALL_FACTOR, WORK_SHARE
 from planner.shapes import PipelineResult, search_pipeline
 from planner.shapes import prove as prove_bound
 from planner.split_bound import PartBound, split_bound
@@ -61,16 +62,6 @@ from simulator import cost_model as cm
 GRID_SHARE = 0.25
 """Most of a one-group pipeline search's work that the practitioners' grid may take (it needs
 about 2 s of CPU for Llama 3 70B on 128 H100, under 10% of the default budget)."""
-
-WORK_SHARE = 1.1
-"""Nominal work budget as a share of ``--time-limit``: on the reference machine the search ends on
-its deterministic budget before the wall clock would cut it (:data:`WALL_FACTOR`). 2026-11-27:
-1.1, up from 0.8, when the bounds' started-work term reordered the heterogeneous searches' first
-dives: at 0.8 mixed1024 and mixed4096 planned 10.36 and 10.27 s, 3.7% and 3.5% slower than at
-twice the limit; at 1.1 both give their twice-the-limit plans (9.98 and 9.91 s) and mixed512
-its 19.40 s in 47.9 s of wall (75.8 s of search with two CPU-bound processes beside it, under
-the 90 s cut). 0.5 gave a 1.7x slower plan on mixed512."""
-
 
 ALONE_SHARE = 0.35
 """Share of a heterogeneous search's work for the groups alone (their plans give the rates that
@@ -87,15 +78,6 @@ BOUND_SHARE = 0.5
 """Nominal work for a search's bound after its plan is chosen, as a share of ``--time-limit``
 (one group: :func:`planner.shapes.prove`; several: :func:`_space_bound`, the data-parallel
 splits' and the one pipeline's bounds refined up to the plan's step)."""
-
-WALL_FACTOR = 3.0
-"""The wall clock cuts a search at this multiple of ``--time-limit``: the search is governed by its
-nominal work budget (:data:`WORK_SHARE` of ``--time-limit``, counted in the reference machine's
-seconds), so a machine up to about this much slower or busier than the reference gives the same
-plan, only later (2026-11-25: README's mixed512 case with two CPU-bound processes beside it took
-the wall clock's cut at 1x and returned a 1.55x slower plan). Only beyond it does the plan depend
-on the machine."""
-
 
 class Found(NamedTuple):
     """A configuration that found a plan: its replayed step, its label, and the pipeline
