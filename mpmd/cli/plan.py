@@ -58,7 +58,7 @@ def context_degree(value: str) -> int:
 @click.option("--time-limit", type=FiniteFloat(min=0.1, max=MAX_TIME_LIMIT_S), default=30.0, show_default=True,
               help="Search budget in seconds of work on the reference 2-core machine (about its wall "
                    "time there; node-group clusters): the same plan on any machine, a busy one takes "
-                   "longer; the wall clock cuts the search at 10x this.")
+                   "longer; the wall clock cuts the search at 20x this.")
 @click.option("--schedule", "schedules", multiple=True,
               help="Restrict to these schedules (repeatable).")
 @click.option("--microbatches", "microbatches", multiple=True, type=int_range(1, MAX_MICROBATCHES),

@@ -33,8 +33,8 @@ from ir import SearchReport
 STOPPED = {
     "interrupted": ", interrupted (Ctrl-C)",
     "work budget": "; stopped: work budget of --time-limit spent (raise it to search more)",
-    "time limit": ("; stopped: wall clock hit 10x --time-limit before the work budget was spent "
-                   "(this machine is over 10x slower or busier than the reference, so the plan may "
+    "time limit": ("; stopped: wall clock hit 20x --time-limit before the work budget was spent "
+                   "(this machine is over 20x slower or busier than the reference, so the plan may "
                    "depend on its load; raise --time-limit)"),
     "complete": "; complete: every option searched to its gap target or pruned by its bound",
 }
