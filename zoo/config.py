@@ -27,7 +27,9 @@ class ModelConfig:
     Attributes (common):
         name: zoo name, e.g. ``"llama3-8b"``.
         family: ``"llama"`` (pre-RMSNorm, SwiGLU, RoPE, GQA), ``"gpt"`` (pre-LayerNorm, 4h GeLU MLP,
-            learned positions, biases) or ``"mochi"`` (asymmetric joint-attention DiT).
+            learned positions, biases), ``"mochi"`` (asymmetric joint-attention DiT), ``"t5"``
+            (the T5 v1.1 text encoder, :mod:`zoo.t5`) or ``"mochi_vae"`` (the Mochi VAE
+            decoder, :mod:`zoo.mochi_vae`).
         layers: transformer blocks L.
         hidden: model width h (the visual stream's width for Mochi).
         heads / kv_heads: query heads and key/value heads (GQA when fewer).
@@ -92,6 +94,21 @@ class ModelConfig:
         latent video), patch_size (spatial patch), sampling_steps and cfg_passes (DiT forwards per
         denoising step with classifier-free guidance): one video costs
         ``sampling_steps * cfg_passes`` samples of the workload.
+        T5 encoder (family ``t5``, inference only): ``mlp`` ``"gelu"`` is T5 v1.1's gated GELU
+        (``feed_forward_proj`` ``gated-gelu``: ``wi_0``, ``wi_1``, ``wo``), ``pos_emb``
+        ``"relative"`` its bucketed relative position bias (``relative_buckets`` buckets,
+        ``relative_max_distance`` the distance from which positions share the last one);
+        ``seq_len`` is the text tokens.
+        Mochi VAE decoder (family ``mochi_vae``, inference only): ``vae_channels`` (channel width
+        of each level, narrowest first: diffusers' ``decoder_block_out_channels``),
+        ``vae_blocks`` (residual blocks per stage, ``len(vae_channels) + 1`` of them:
+        ``layers_per_block``), ``temporal_expansions`` / ``spatial_expansions`` (the up blocks'
+        factors), ``out_channels`` (3: RGB), ``norm_groups`` (GroupNorm groups), the latent
+        fields of the DiT (its input); ``layers`` counts the residual blocks and the up blocks'
+        projections, ``hidden`` is ``vae_channels[-1]``, ``heads`` = ``kv_heads`` = 1 and
+        ``ffn`` = ``hidden`` (no attention, no MLP: nothing for tensor parallelism to split, as
+        the Tenstorrent guide, shared/reference/004 Sec. 6, says), ``seq_len`` the latent
+        positions ``frames x height x width`` (:attr:`latent_positions`).
     """
 
     name: str
@@ -149,6 +166,14 @@ class ModelConfig:
     mamba_groups: int = 0
     conv_kernel: int = 0
     ssm_chunk: int = 0
+    relative_buckets: int = 0
+    relative_max_distance: int = 0
+    vae_channels: tuple[int, ...] = ()
+    vae_blocks: tuple[int, ...] = ()
+    temporal_expansions: tuple[int, ...] = ()
+    spatial_expansions: tuple[int, ...] = ()
+    out_channels: int = 0
+    norm_groups: int = 0
 
     @property
     def hybrid(self) -> bool:
@@ -204,6 +229,14 @@ class ModelConfig:
         p = self.patch_size
         return self.latent_frames * (self.latent_height // p) * (self.latent_width // p)
 
+    @property
+    def latent_positions(self) -> int:
+        """Mochi VAE decoder: latent positions per video, ``frames * height * width``; 0 for
+        other families."""
+        if self.family != "mochi_vae":
+            return 0
+        return self.latent_frames * self.latent_height * self.latent_width
+
 
 _LLAMA3 = ("Llama 3: Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783) Table 3; "
            "meta-llama/Meta-Llama-3-{size} config.json (hidden_size {h}, intermediate_size {f}, "
@@ -219,6 +252,34 @@ _MOCHI_SRC = (
     "tokens; 64 sampling steps, CFG 4.5 (two DiT passes per step). Tenstorrent tt-xla 'Sharding "
     "for Mochi' guide (shared/reference/004): 48 AsymmDiT blocks, 24 heads, weight shapes, latent "
     "60x106, 10B params, 2 all-reduces per block")
+
+_T5_SRC = (
+    "T5 v1.1 XXL encoder: google/t5-v1_1-xxl config.json (huggingface.co/google/t5-v1_1-xxl: "
+    "d_model 4096, num_layers 24, num_heads 64, d_kv 64, d_ff 10240, feed_forward_proj "
+    "gated-gelu, vocab_size 32128, relative_attention_num_buckets 32, layer_norm_epsilon 1e-6, "
+    "tie_word_embeddings false; relative_attention_max_distance 128, transformers' T5Config "
+    "default, written out in the later T5EncoderModel exports of the same weights); the encoder "
+    "as transformers' T5EncoderModel runs it (RMSNorm, unscaled attention with a relative "
+    "position bias from block 0 shared by all, gated-GELU with gelu_new, final RMSNorm); "
+    "4,762,310,656 parameters by this config = the 4.76B Hugging Face reports for the "
+    "encoder-only safetensors (huggingface.co/lnyan/t5-v1_1-xxl-encoder); 256 tokens as Mochi "
+    "encodes prompts (Genmo t5_token_length 256); Tenstorrent 'Sharding for Mochi' guide "
+    "(shared/reference/004) Sec. 6: T5-XXL 4.7B, run apart from the DiT. Attention costed "
+    "unfused: transformers' T5Attention materializes the scores plus the position bias")
+
+_MOCHI_VAE_SRC = (
+    "Mochi 1 AsymmVAE decoder: genmo/mochi-1-preview vae/config.json (AutoencoderKLMochi: "
+    "latent_channels 12, out_channels 3, decoder_block_out_channels [128, 256, 512, 768], "
+    "layers_per_block [3, 3, 4, 6, 3], temporal_expansions [1, 2, 3], spatial_expansions [2, 2, "
+    "2], act_fn silu) as diffusers' MochiDecoder3D runs it (src/diffusers/models/autoencoders/"
+    "autoencoder_kl_mochi.py: 1x1x1 conv_in; residual blocks of per-frame GroupNorm(32 groups, "
+    "eps 1e-5), SiLU and causal 3x3x3 Conv3d with replicate padding (CogVideoXCausalConv3d); up "
+    "blocks of residual blocks and a linear depth-to-space; SiLU and proj_out; the first 5 "
+    "frames dropped); latent 12 x 28 x 60 x 106 (the DiT's, 480x848 at 163 frames) -> video "
+    "3 x 163 x 480 x 848; 362,526,595 parameters by this config = Genmo's 362M (github.com/"
+    "genmoai/models README, 'AsymmVAE Model Specs': 362M, decoder base channels 128, 8x8 spatial "
+    "and 6x temporal compression) and the Tenstorrent guide's (shared/reference/004 Sec. 6: VAE "
+    "decoder 362M, ~724 MB bf16, Conv3D and GroupNorm, no tensor parallelism)")
 
 _REGISTRY: dict[str, ModelConfig] = {
     "llama3-8b": ModelConfig(
@@ -294,6 +355,39 @@ _REGISTRY: dict[str, ModelConfig] = {
                 "to 4 blocks, widths 64 / 32 (4 heads x 16), SwiGLU inner 128 / 64, 8 text tokens "
                 "of width 32, latent 4 x 2 x 8 x 8 with patch 2 (32 visual tokens); 4 Euler "
                 "sampling steps with classifier-free guidance (2 passes per step)")),
+    "t5-xxl-encoder": ModelConfig(
+        name="t5-xxl-encoder", family="t5", layers=24, hidden=4096, heads=64, kv_heads=64,
+        ffn=10240, vocab=32128, seq_len=256, training=False, mlp="gelu", pos_emb="relative",
+        norm_eps=1e-6, attention_kernel="unfused", relative_buckets=32,
+        relative_max_distance=128, source=_T5_SRC),
+    "t5-tiny-encoder": ModelConfig(
+        name="t5-tiny-encoder", family="t5", layers=2, hidden=32, heads=4, kv_heads=4, ffn=64,
+        vocab=256, seq_len=8, training=False, mlp="gelu", pos_emb="relative", norm_eps=1e-6,
+        attention_kernel="unfused", relative_buckets=8, relative_max_distance=16,
+        dtype="float32",
+        source=("project test model: the T5 v1.1 encoder (see t5-xxl-encoder) scaled down to 2 "
+                "blocks, width 32 (4 heads x 8), gated-GELU inner 64, byte vocabulary 256, 8 "
+                "relative position buckets (max distance 16), 8 tokens: the text mochi-dit-tiny "
+                "reads (8 tokens of width 32)")),
+    "mochi-vae-decoder": ModelConfig(
+        name="mochi-vae-decoder", family="mochi_vae", layers=22, hidden=768, heads=1,
+        kv_heads=1, ffn=768, vocab=0, seq_len=28 * 60 * 106, training=False, pos_emb="none",
+        latent_channels=12, latent_frames=28, latent_height=60, latent_width=106,
+        vae_channels=(128, 256, 512, 768), vae_blocks=(3, 3, 4, 6, 3),
+        temporal_expansions=(1, 2, 3), spatial_expansions=(2, 2, 2), out_channels=3,
+        norm_groups=32, source=_MOCHI_VAE_SRC),
+    "mochi-vae-tiny": ModelConfig(
+        name="mochi-vae-tiny", family="mochi_vae", layers=9, hidden=32, heads=1, kv_heads=1,
+        ffn=32, vocab=0, seq_len=2 * 8 * 8, training=False, pos_emb="none", latent_channels=4,
+        latent_frames=2, latent_height=8, latent_width=8, vae_channels=(8, 16, 24, 32),
+        vae_blocks=(1, 1, 1, 2, 1), temporal_expansions=(1, 2, 3), spatial_expansions=(2, 2, 2),
+        out_channels=3, norm_groups=4, dtype="float32",
+        source=("project test model: the Mochi VAE decoder's structure (see mochi-vae-decoder: "
+                "residual blocks of per-frame GroupNorm, SiLU and causal 3x3x3 convolutions, "
+                "three linear depth-to-space up blocks x1/x2/x3 in time and x2 in space, the "
+                "first 5 frames dropped) scaled down to widths 8/16/24/32, residual blocks "
+                "(1, 1, 1, 2, 1), 4 GroupNorm groups; mochi-dit-tiny's latent 4 x 2 x 8 x 8 -> "
+                "video 3 x 7 x 64 x 64")),
 }
 
 

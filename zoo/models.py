@@ -1,14 +1,17 @@
 """The zoo's models as JAX programs whose layers are named computations (imports JAX).
 
-Models: ``llama3-8b``, ``llama3-70b``, ``gpt3-175b``, ``mochi-dit-10b`` (inference only),
-``llama-tiny`` (CPU training test model), ``mochi-dit-tiny`` (CPU inference test model), and
+Models: ``llama3-8b``, ``llama3-70b``, ``gpt3-175b``, ``mochi-dit-10b``, ``t5-xxl-encoder``,
+``mochi-vae-decoder`` (the last three inference only), ``llama-tiny`` (CPU training test model),
+``mochi-dit-tiny``, ``t5-tiny-encoder``, ``mochi-vae-tiny`` (CPU inference test models), and
 :func:`gpt_config` for Megatron-style GPT runs.
 
 Parameters are a pytree ``{"embed": dict, "blocks": [dict per layer], "head": dict}``. Layers are
 named ``"embed"``, ``"block0"`` .. ``"block{L-1}"``, ``"head"`` (:func:`layer_names`); each is a
 function of ``(layer_params, *inputs)`` (:func:`layer_fns`) and an instance of a unique fragment
 body (:func:`body_of`: ``"embed"``, ``"decoder_block"``, ``"head"``; Mochi: ``"embed"``,
-``"asymm_dit_block"``, ``"asymm_dit_block_final"``, ``"head"``).
+``"asymm_dit_block"``, ``"asymm_dit_block_final"``, ``"head"``; T5: ``"embed"``, ``"t5_block"``,
+``"head"``; Mochi VAE decoder: ``"embed"``, ``"res_block{k}"`` and ``"upsample{k}"`` by level
+(:func:`zoo.mochi_vae.bodies`), ``"head"``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from compiler.named import named_computation
-from zoo import decoder, hybrid, mochi
+from zoo import decoder, hybrid, mochi, mochi_vae, t5
 from zoo.config import ModelConfig, ZooError, get_config, gpt_config, list_models
 from zoo.layers import init_from_shapes, shapes_to_specs
 
@@ -59,6 +62,10 @@ def body_of(cfg: ModelConfig | str, layer_name: str) -> str:
     i = _block_index(cfg, layer_name)
     if cfg.family == "mochi":
         return "asymm_dit_block_final" if i == cfg.layers - 1 else "asymm_dit_block"
+    if cfg.family == "t5":
+        return t5.BLOCK
+    if cfg.family == "mochi_vae":
+        return mochi_vae.bodies(cfg)[i]
     if cfg.hybrid:
         return hybrid.BODIES[cfg.hybrid_pattern[i]]
     if cfg.moe and i < cfg.dense_layers:
@@ -67,6 +74,11 @@ def body_of(cfg: ModelConfig | str, layer_name: str) -> str:
 
 
 def _body_shapes(cfg: ModelConfig, body: str) -> dict[str, tuple[int, ...]]:
+    if cfg.family == "mochi_vae":
+        return mochi_vae.body_shapes(cfg, body)
+    if cfg.family == "t5":
+        return {"embed": t5.embed_shapes, "head": t5.head_shapes,
+                t5.BLOCK: t5.block_shapes}[body](cfg)
     mod = mochi if cfg.family == "mochi" else decoder
     if body == "embed":
         return mod.embed_shapes(cfg)
@@ -151,9 +163,15 @@ def layer_fns(cfg: ModelConfig | str) -> dict[str, Callable[..., Any]]:
     """For each layer name, its function (not yet named): decoders
     ``embed(p, tokens [B,S] int32) -> x [B,S,h]``, ``blockI(p, x) -> x``,
     ``head(p, x, targets [B,S] int32) -> loss`` (float32 scalar, mean cross-entropy);
-    Mochi: see :mod:`zoo.mochi` (the head returns the predicted velocity)."""
+    Mochi: see :mod:`zoo.mochi` (the head returns the predicted velocity); T5 encoder:
+    :mod:`zoo.t5` (the head returns the hidden states); Mochi VAE decoder: :mod:`zoo.mochi_vae`
+    (the head returns the video)."""
     cfg = _cfg(cfg)
-    if cfg.family == "mochi":
+    if cfg.family == "t5":
+        bodies = {"embed": t5.embed_fn(cfg), t5.BLOCK: t5.block_fn(cfg), "head": t5.head_fn(cfg)}
+    elif cfg.family == "mochi_vae":
+        bodies = mochi_vae.layer_fns(cfg)
+    elif cfg.family == "mochi":
         bodies = {"embed": mochi.embed_fn(cfg), "head": mochi.head_fn(cfg),
                   "asymm_dit_block": mochi.block_fn(cfg, final=False),
                   "asymm_dit_block_final": mochi.block_fn(cfg, final=True)}
@@ -191,7 +209,9 @@ def forward_loss(cfg: ModelConfig | str) -> Callable[[Any, dict], jax.Array]:
 
 def forward(cfg: ModelConfig | str) -> Callable[[Any, Any], Any]:
     """``(params, batch) -> output`` with named layers: Mochi returns the velocity
-    ``[B,C,F,H,W]`` for ``batch`` of :func:`batch_spec`; decoders return the loss."""
+    ``[B,C,F,H,W]`` for ``batch`` of :func:`batch_spec`, the T5 encoder the hidden states
+    ``[B,S,h]``, the Mochi VAE decoder the video ``[B,3,frames,H,W]``; decoders return the
+    loss."""
     cfg = _cfg(cfg)
     if cfg.training:
         return forward_loss(cfg)
@@ -207,10 +227,15 @@ def forward(cfg: ModelConfig | str) -> Callable[[Any, Any], Any]:
 
 def batch_spec(cfg: ModelConfig | str, batch: int, seq_len: int | None = None) -> dict:
     """The batch of ``batch`` samples as ``jax.ShapeDtypeStruct``: decoders
-    ``{"tokens", "targets"}`` int32 ``[batch, seq_len]``; Mochi ``{"latent", "timestep", "text"}``."""
+    ``{"tokens", "targets"}`` int32 ``[batch, seq_len]``; Mochi ``{"latent", "timestep", "text"}``;
+    T5 encoder ``{"tokens"}`` int32 ``[batch, seq_len]``; Mochi VAE decoder ``{"latent"}``."""
     cfg = _cfg(cfg)
     if cfg.family == "mochi":
         return mochi.batch_shapes(cfg, batch)
+    if cfg.family == "t5":
+        return t5.batch_shapes(cfg, batch, seq_len)
+    if cfg.family == "mochi_vae":
+        return mochi_vae.batch_shapes(cfg, batch)
     s = jax.ShapeDtypeStruct((batch, seq_len or cfg.seq_len), jnp.int32)
     return {"tokens": s, "targets": s}
 

@@ -17,7 +17,10 @@ sequence length are applied), :func:`zoo.config.gpt_config` (validation rows), a
    ``head_size`` is set; rotary heads are even-width; a mixture of experts has 1 <= top-k <=
    experts, an expert width, and fewer dense first layers than layers, and a dense model sets
    none of those; multi-head latent attention sets its ranks and head widths together or not at
-   all; a Mochi DiT sets its video fields (patches tiling the latent), no other family sets them.
+   all; a Mochi DiT sets its video fields (patches tiling the latent), no other family sets them
+   (the Mochi VAE decoder only the latent's); a T5 encoder sets its relative position bias
+   (:func:`_check_t5`) and a Mochi VAE decoder its stages (:func:`_check_vae`), no other family
+   sets either.
 
 A failure is one line naming the field (by the file's own key when the caller gives
 ``names``), its value and the fix: :class:`zoo.errors.ZooError`.
@@ -77,6 +80,8 @@ LIMITS: dict[str, int] = {
     "mamba_heads": 2**12, "mamba_head_dim": 2**12,   # 64 x 64 (Nemotron 3 Nano), 256 (H-56B)
     "ssm_state": 2**12, "mamba_groups": 2**12,       # 128, 8 (Nemotron-H)
     "conv_kernel": 2**6, "ssm_chunk": 2**16,         # 4, 128 (Nemotron-H)
+    "relative_buckets": 2**12, "relative_max_distance": 2**16,   # 32, 128 (T5 v1.1)
+    "out_channels": 2**6, "norm_groups": 2**10,      # 3 (RGB), 32 (Mochi VAE GroupNorm)
 }
 """Largest value of each integer field (counts; tokens; widths in elements)."""
 
@@ -88,9 +93,19 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
 }
 """Closed range of each float field."""
 
+TUPLE_LIMITS: dict[str, int] = {
+    "vae_channels": 2**14,          # 768 (Mochi VAE decoder)
+    "vae_blocks": 2**10,            # 6
+    "temporal_expansions": 2**6, "spatial_expansions": 2**6,   # 3, 2
+}
+"""Largest entry of each tuple field (at most :data:`MAX_STAGES` entries, each at least 1)."""
+
+MAX_STAGES = 16
+"""Most entries of a tuple field (the Mochi VAE decoder has 5 stages)."""
+
 CHOICES: dict[str, tuple[str, ...]] = {
-    "family": ("llama", "gpt", "mochi"), "norm": ("rms", "layer"),
-    "mlp": ("swiglu", "gelu", "relu", "relu2"), "pos_emb": ("rope", "learned", "none"),
+    "family": ("llama", "gpt", "mochi", "t5", "mochi_vae"), "norm": ("rms", "layer"),
+    "mlp": ("swiglu", "gelu", "relu", "relu2"), "pos_emb": ("rope", "learned", "none", "relative"),
     "dtype": ("bfloat16", "float16", "float32"), "attention_kernel": tuple(ATTENTION_KERNELS),
     "attention": ("plain", "flash", "fused")}
 """The fields with a fixed vocabulary, and their values."""
@@ -101,6 +116,7 @@ MAX_NAME = 200
 _AT_LEAST_ONE = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq_len")
 _MOCHI = ("hidden_y", "ffn_y", "text_tokens", "text_dim", "latent_channels", "latent_frames",
           "latent_height", "latent_width", "patch_size", "sampling_steps", "cfg_passes")
+_LATENT = ("latent_channels", "latent_frames", "latent_height", "latent_width")
 _MOE = ("experts_per_token", "expert_ffn", "shared_experts", "dense_layers")
 _MLA = ("q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
@@ -147,6 +163,9 @@ def _check_types(cfg: ModelConfig, bad: Any) -> None:
         if kind == "float" and (isinstance(v, bool) or not isinstance(v, (int, float))
                                 or not math.isfinite(v)):
             raise bad(f.name, "is not a finite number", "give a number such as 1.5")
+        if kind.startswith("tuple") and (not isinstance(v, tuple) or any(
+                isinstance(x, bool) or not isinstance(x, int) for x in v)):
+            raise bad(f.name, "is not a tuple of whole numbers", "give whole numbers, e.g. (1, 2)")
 
 
 def _check_ranges(cfg: ModelConfig, bad: Any) -> None:
@@ -158,7 +177,8 @@ def _check_ranges(cfg: ModelConfig, bad: Any) -> None:
             raise bad(field, f"is not one of {', '.join(choices)}", f"use one of {', '.join(choices)}")
     for field, limit in LIMITS.items():
         v = getattr(cfg, field)
-        least = 1 if field in _AT_LEAST_ONE or (field == "vocab" and cfg.family != "mochi") else 0
+        least = 1 if field in _AT_LEAST_ONE or (field == "vocab" and cfg.family not in
+                                                 ("mochi", "mochi_vae")) else 0
         if v < least:
             raise bad(field, f"is below {least}", f"give at least {least}")
         if v > limit:
@@ -168,6 +188,11 @@ def _check_ranges(cfg: ModelConfig, bad: Any) -> None:
     for field, (lo, hi) in FLOAT_RANGES.items():
         if not lo <= getattr(cfg, field) <= hi:
             raise bad(field, f"is outside [{lo:g}, {hi:g}]", f"give a value in [{lo:g}, {hi:g}]")
+    for field, limit in TUPLE_LIMITS.items():
+        v = getattr(cfg, field)
+        if len(v) > MAX_STAGES or any(not 1 <= x <= limit for x in v):
+            raise bad(field, f"has more than {MAX_STAGES} entries or one outside [1, {limit:,}]",
+                      f"give at most {MAX_STAGES} entries, each 1 to {limit:,}")
 
 
 def _check_relations(cfg: ModelConfig, bad: Any, key: Any) -> None:
@@ -186,6 +211,8 @@ def _check_relations(cfg: ModelConfig, bad: Any, key: Any) -> None:
     _check_hybrid(cfg, bad, key)
     _check_mla(cfg, bad, key)
     _check_mochi(cfg, bad, key)
+    _check_t5(cfg, bad, key)
+    _check_vae(cfg, bad, key)
 
 
 def _check_experts(cfg: ModelConfig, bad: Any, key: Any) -> None:
@@ -276,7 +303,7 @@ def _check_mla(cfg: ModelConfig, bad: Any, key: Any) -> None:
 def _check_mochi(cfg: ModelConfig, bad: Any, key: Any) -> None:
     if cfg.family != "mochi":
         for field in _MOCHI:
-            if getattr(cfg, field):
+            if getattr(cfg, field) and not (cfg.family == "mochi_vae" and field in _LATENT):
                 raise bad(field, f"applies to family mochi only, not {cfg.family}",
                           f"drop {key(field)}")
         return
@@ -290,3 +317,85 @@ def _check_mochi(cfg: ModelConfig, bad: Any, key: Any) -> None:
     if cfg.training:
         raise bad("training", "is true; the Mochi DiT is modelled for inference only",
                   "set training false")
+
+
+_T5 = ("relative_buckets", "relative_max_distance")
+_VAE = ("vae_channels", "vae_blocks", "temporal_expansions", "spatial_expansions",
+        "out_channels", "norm_groups")
+_DECODER_ONLY = ("experts", "kv_lora_rank", "hybrid_pattern", "sliding_window",
+                 "attention_sinks", "mtp_layers", "bias", "tie_embeddings")
+
+
+def _check_component(cfg: ModelConfig, bad: Any, key: Any, family: str, what: str) -> None:
+    """A T5 encoder or Mochi VAE decoder: inference only, none of a decoder's extras."""
+    if cfg.training:
+        raise bad("training", f"is true; the {what} is modelled for inference only",
+                  "set training false")
+    for field in _DECODER_ONLY:
+        if getattr(cfg, field):
+            raise bad(field, f"is set on a {family} model, which the zoo models without it",
+                      f"drop {key(field)}")
+
+
+def _check_t5(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    """T5 v1.1 encoder: its relative position bias (bidirectional buckets: an even count whose
+    exact quarter is below the maximum distance), gated GELU, RMSNorm, every head its own keys."""
+    if cfg.family != "t5":
+        for field in _T5:
+            if getattr(cfg, field):
+                raise bad(field, f"applies to family t5 only, not {cfg.family}",
+                          f"drop {key(field)}")
+        if cfg.pos_emb == "relative":
+            raise bad("pos_emb", f"is T5's relative position bias, not a {cfg.family} model's",
+                      "use rope, learned or none")
+        return
+    _check_component(cfg, bad, key, "t5", "T5 encoder")
+    b = cfg.relative_buckets
+    if b < 4 or b % 2:
+        raise bad("relative_buckets", "is not an even count of at least 4 (half for keys "
+                  "before the query, half after)", "give an even number such as 32")
+    if cfg.relative_max_distance <= b // 4:
+        raise bad("relative_max_distance", f"is not above {b // 4} (the distances with their "
+                  f"own bucket)", f"give more than {b // 4}, e.g. 128")
+    for field, want in (("pos_emb", "relative"), ("mlp", "gelu"), ("norm", "rms")):
+        if getattr(cfg, field) != want:
+            raise bad(field, f"is not {want!r}, which the T5 v1.1 encoder uses", f"give {want}")
+    if cfg.kv_heads != cfg.heads:
+        raise bad("kv_heads", f"is not {key('heads')} = {cfg.heads} (T5 attention has a key "
+                  "and value per head)", f"give {cfg.heads}")
+
+
+def _check_vae(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    """Mochi VAE decoder: ``n >= 2`` channel widths, ``n + 1`` residual block counts and
+    ``n - 1`` expansions of each kind; widths divisible by the GroupNorm groups; ``layers`` =
+    the residual blocks and up-block projections; ``hidden`` the widest level; one head."""
+    if cfg.family != "mochi_vae":
+        for field in _VAE:
+            if getattr(cfg, field):
+                raise bad(field, f"applies to family mochi_vae only, not {cfg.family}",
+                          f"drop {key(field)}")
+        return
+    _check_component(cfg, bad, key, "mochi_vae", "Mochi VAE decoder")
+    n = len(cfg.vae_channels)
+    if n < 2:
+        raise bad("vae_channels", "has fewer than 2 levels", "give a width per level, e.g. "
+                  "(128, 256, 512, 768)")
+    for field, count in (("vae_blocks", n + 1), ("temporal_expansions", n - 1),
+                         ("spatial_expansions", n - 1)):
+        if len(getattr(cfg, field)) != count:
+            raise bad(field, f"does not have {count} entries ({key('vae_channels')} has {n})",
+                      f"give {count}")
+    for field in (*_LATENT, "out_channels", "norm_groups"):
+        if getattr(cfg, field) < 1:
+            raise bad(field, "is not set for a Mochi VAE decoder", f"give {key(field)}")
+    if any(c % cfg.norm_groups for c in cfg.vae_channels):
+        raise bad("norm_groups", f"does not divide every width of {key('vae_channels')} = "
+                  f"{cfg.vae_channels}", "give a common divisor")
+    blocks = sum(cfg.vae_blocks) + n - 1
+    if cfg.layers != blocks:
+        raise bad("layers", f"is not the {blocks} residual blocks and up-block projections",
+                  f"give {blocks}")
+    if cfg.hidden != cfg.vae_channels[-1] or cfg.heads != 1 or cfg.kv_heads != 1:
+        raise bad("hidden", f"is not the widest level {cfg.vae_channels[-1]} with one head "
+                  f"(heads = {cfg.heads}, kv_heads = {cfg.kv_heads})",
+                  f"give hidden {cfg.vae_channels[-1]}, heads 1 and kv_heads 1")
