@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from compiler.errors import ConfigError
+from compiler.errors import ConfigError, did_you_mean
 from ir import FragmentRef, Plan
 
 
@@ -86,8 +86,10 @@ class MpmdConfig:
     """The MPMD partitioning of a step function (see the module docstring for each field).
 
     Raises:
-        ConfigError: a name, stage, input or output assigned to a mesh not in ``topology``, a stage
-            without a mesh, or a name whose ``assignment`` and stage mesh disagree.
+        ConfigError: a name, stage, input, output or ``FragmentPattern`` assigned to a mesh not in
+            ``topology`` (with the closest mesh names), a stage without a mesh, or a name whose
+            ``assignment`` and stage mesh disagree. A computation name the step lacks is refused
+            when it is traced (``compiler.diagnose.check_names``).
     """
 
     topology: Mapping[str, Any]
@@ -113,11 +115,13 @@ class MpmdConfig:
         for name, m in self.assignment.items():
             if m not in self.topology:
                 raise ConfigError(f"named computation {name!r} is assigned to mesh {m!r}, which is "
-                                  f"not in the topology {meshes}; fix 'assignment'")
+                                  f"not in the topology; {did_you_mean(m, meshes)}; fix "
+                                  f"'assignment' or add the mesh to 'topology'")
         for s, m in self.stage_mesh.items():
             if m not in self.topology:
                 raise ConfigError(f"stage {s} is assigned to mesh {m!r}, which is not in the "
-                                  f"topology {meshes}; fix 'stage_mesh'")
+                                  f"topology; {did_you_mean(m, meshes)}; fix 'stage_mesh' or add "
+                                  f"the mesh to 'topology'")
         for name, s in self.stage_assignment.items():
             if s not in self.stage_mesh:
                 raise ConfigError(f"named computation {name!r} is in stage {s}, which has no mesh "
@@ -129,8 +133,20 @@ class MpmdConfig:
         for what, d in (("input_meshes", self.input_meshes), ("output_meshes", self.output_meshes)):
             for i, m in d.items():
                 if m not in self.topology:
-                    raise ConfigError(f"{what}[{i}] is mesh {m!r}, which is not in the topology "
-                                      f"{meshes}; fix '{what}'")
+                    raise ConfigError(f"{what}[{i}] is mesh {m!r}, which is not in the "
+                                      f"topology; {did_you_mean(m, meshes)}; fix '{what}' or add "
+                                      f"the mesh to 'topology'")
+
+        for what, rules in (("schedule", self.schedule), ("merge_rules", self.merge_rules)):
+            if callable(rules) or not isinstance(rules, (list, tuple)):
+                continue
+            for pair in rules:
+                for pat in (pair if isinstance(pair, (list, tuple)) else ()):
+                    if (isinstance(pat, FragmentPattern) and pat.mesh is not None
+                            and pat.mesh not in self.topology):
+                        raise ConfigError(f"a FragmentPattern in '{what}' names mesh {pat.mesh!r}, "
+                                          f"which is not in the topology; "
+                                          f"{did_you_mean(pat.mesh, meshes)}; fix '{what}'")
 
     @property
     def mesh_names(self) -> tuple[str, ...]:

@@ -32,3 +32,23 @@ class MergeError(CompilerError):
 
 class VerificationError(CompilerError):
     """The IR verifier found a malformed program (the message names the value and the op)."""
+
+
+def did_you_mean(value: str, known: "list[str] | tuple[str, ...] | set[str]", *,
+                 listed: int = 12) -> str:
+    """``"did you mean 'x'? (known: 'a', 'b', ...)"`` for an unknown ``value`` among ``known``.
+
+    The closest names come from :func:`difflib.get_close_matches` (cutoff 0.6); the known names
+    are listed in natural order (``block2`` before ``block10``), the first ``listed`` of them, then how many there are in all.
+    """
+    import difflib
+    import re
+
+    names = sorted(set(known), key=lambda n: [int(t) if t.isdigit() else t
+                                              for t in re.split(r"(\d+)", n)])
+    close = difflib.get_close_matches(value, names, n=3)
+    shown = ", ".join(repr(n) for n in names[:listed])
+    if len(names) > listed:
+        shown += f", ... ({len(names)} in all)"
+    hint = ("did you mean " + " or ".join(repr(c) for c in close) + "? ") if close else ""
+    return f"{hint}(known: {shown or 'none'})"

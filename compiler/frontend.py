@@ -12,7 +12,9 @@ Microbatching is the RFC's: the step function calls each named computation once 
 Python loop; the ``unroll`` pass gives those calls their call counters (see ``passes/unroll.py``).
 A ``scan`` (or static ``fori_loop``) whose body calls named computations becomes a
 :class:`~compiler.calls.ForLoop` (body traced the same way, its named computations' transpose
-counts including the scan's own); the loop passes unroll it (``passes/loops.py``). A named
+counts including the scan's own); the loop passes unroll it (``passes/loops.py``). A config naming
+a computation the step lacks, a tracer error inside a named computation's body, and a traced value
+leaked out of one are refused in one line naming the piece (``compiler/diagnose.py``). A named
 computation inside a ``while_loop``, ``cond`` or any other higher-order primitive raises
 :class:`CompilerError` naming it. An empty named ``jit`` (a residue of partial evaluation) is dropped.
 
@@ -36,6 +38,7 @@ import numpy as np
 from compiler.calls import ForLoop, Func
 from compiler.config import MpmdConfig
 from compiler.constraints import tracing
+from compiler.diagnose import check_names, constant, tracing_error
 from compiler.errors import CompilerError
 from compiler.exported import ExportedProgram
 from compiler.program import (CONSTANT, Atom, Eqn, Lit, MeshlessOp, NamedComputation, Op, Program,
@@ -118,7 +121,7 @@ class _Tracer:
         for v, c in zip(jaxpr.constvars, consts):
             n = self.new(v.aval)
             env[v] = n
-            sink(Eqn(CONSTANT, {"value": np.asarray(c)}, (), (n,)))
+            sink(Eqn(CONSTANT, {"value": constant(c)}, (), (n,)))
         for e in jaxpr.eqns:
             ins = tuple(self.atom(env, a) for a in e.invars)
             outs = tuple(self.new(v.aval) for v in e.outvars)
@@ -139,7 +142,7 @@ class _Tracer:
         for v, c in zip(jaxpr.constvars, consts):
             n = self.new(v.aval)
             env[v] = n
-            ops.append(MeshlessOp(Eqn(CONSTANT, {"value": np.asarray(c)}, (), (n,))))
+            ops.append(MeshlessOp(Eqn(CONSTANT, {"value": constant(c)}, (), (n,))))
         for e in jaxpr.eqns:
             ins = tuple(self.atom(env, a) for a in e.invars)
             if _is_jit(e) and (self.names is None or e.params.get("name") in self.names):
@@ -221,7 +224,23 @@ def trace_program(fn: Callable[..., Any], args: tuple[Any, ...], *, meshes: tupl
     Returns:
         ``(program, in_tree, out_tree)``; inputs are the flattened ``args``.
     """
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    return _program(*_make_jaxpr(fn, args), args, meshes=meshes, names=names)
+
+
+def _make_jaxpr(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, Any]:
+    """``jax.make_jaxpr(fn, return_shape=True)(*args)``; a JAX tracer error inside a named
+    computation becomes a :class:`CompilerError` naming it (``compiler.diagnose``)."""
+    try:
+        return jax.make_jaxpr(fn, return_shape=True)(*args)
+    except Exception as e:
+        err = tracing_error(e)
+        if err is None:
+            raise
+        raise err from e
+
+
+def _program(closed: Any, out_shape: Any, args: tuple[Any, ...], *, meshes: tuple[str, ...],
+             names: set[str] | None) -> tuple[Program, Any, Any]:
     in_tree = jax.tree.structure(args)
     out_tree = jax.tree.structure(out_shape)
     t = _Tracer(names)
@@ -312,12 +331,17 @@ class MpmdFunction:
         """Trace ``fn(*args)``, run the pass pipeline and export.
 
         Raises:
-            CompilerError: any subclass, from the passes (assignment, inference, schedule, ...).
+            ConfigError: the config names a computation ``fn`` does not have (``compiler.diagnose``).
+            CompilerError: a named computation's body cannot be traced (a tracer error inside it,
+                or a traced value leaked out of it), or any subclass from the passes (assignment,
+                inference, schedule, ...).
         """
         cfg = self.config
         with tracing(cfg.topology):
-            prog, in_tree, out_tree = trace_program(self.fn, args, meshes=cfg.mesh_names,
-                                                    names=cfg.names())
+            closed, out_shape = _make_jaxpr(self.fn, args)
+        check_names(cfg, closed.jaxpr)
+        prog, in_tree, out_tree = _program(closed, out_shape, args, meshes=cfg.mesh_names,
+                                           names=cfg.names())
         specs = _arg_specs(jax.tree.leaves(args))
         specs.update(cfg.in_specs)
         history: list[tuple[str, Program]] = []
