@@ -38,7 +38,8 @@ def did_you_mean(value: str, known: "list[str] | tuple[str, ...] | set[str]", *,
                  listed: int = 12) -> str:
     """``"did you mean 'x'? (known: 'a', 'b', ...)"`` for an unknown ``value`` among ``known``.
 
-    The closest names come from :func:`difflib.get_close_matches` (cutoff 0.6); the known names
+    The closest names come from :func:`difflib.get_close_matches` (cutoff 0.6; only those tied
+    for the best score, in natural order); the known names
     are listed in natural order (``block2`` before ``block10``), the first ``listed`` of them, then how many there are in all.
     """
     import difflib
@@ -47,6 +48,9 @@ def did_you_mean(value: str, known: "list[str] | tuple[str, ...] | set[str]", *,
     names = sorted(set(known), key=lambda n: [int(t) if t.isdigit() else t
                                               for t in re.split(r"(\d+)", n)])
     close = difflib.get_close_matches(value, names, n=3)
+    if close:  # only the best-scoring ones: 'layer_3' suggests 'layer3', not 'layer2' too
+        score = {c: difflib.SequenceMatcher(None, value, c).ratio() for c in close}
+        close = [c for c in names if c in score and score[c] == max(score.values())]
     shown = ", ".join(repr(n) for n in names[:listed])
     if len(names) > listed:
         shown += f", ... ({len(names)} in all)"

@@ -89,7 +89,7 @@ def test_jnp_internal_jits_do_not_count_as_known_labels():
 @pytest.mark.parametrize("kwargs, start", [
     ({"assignment": {"embed": "mesh2"}},
      "named computation 'embed' is assigned to mesh 'mesh2', which is not in the topology; did "
-     "you mean 'mesh1' or 'mesh0'? (known: 'mesh0', 'mesh1'); fix 'assignment'"),
+     "you mean 'mesh0' or 'mesh1'? (known: 'mesh0', 'mesh1'); fix 'assignment'"),
     ({"stage_assignment": {"embed": 0}, "stage_mesh": {0: "msh0"}},
      "stage 0 is assigned to mesh 'msh0', which is not in the topology; did you mean 'mesh0'"),
     ({"input_meshes": {0: "Mesh1"}}, "input_meshes[0] is mesh 'Mesh1', which is not in the "
@@ -97,7 +97,7 @@ def test_jnp_internal_jits_do_not_count_as_known_labels():
     ({"output_meshes": {0: "mesh-1"}}, "output_meshes[0] is mesh 'mesh-1'"),
     ({"merge_rules": [(FragmentPattern(mesh="mesh9"), FragmentPattern(mesh="mesh0"))]},
      "a FragmentPattern in 'merge_rules' names mesh 'mesh9', which is not in the topology; did "
-     "you mean 'mesh1' or 'mesh0'?"),
+     "you mean 'mesh0' or 'mesh1'?"),
 ])
 def test_unknown_mesh_names_are_refused_with_the_closest(kwargs, start):
     with pytest.raises(ConfigError) as e:
@@ -108,6 +108,7 @@ def test_unknown_mesh_names_are_refused_with_the_closest(kwargs, start):
 
 def test_did_you_mean_lists_at_most_twelve_known_names():
     names = [f"block{i}" for i in range(20)]
-    assert did_you_mean("blok3", names).startswith("did you mean 'block3'")
+    assert did_you_mean("blok3", names).startswith("did you mean 'block3'? (known: 'block0', ")
+    assert did_you_mean("block_3", names).startswith("did you mean 'block3'? ")
     assert did_you_mean("zzz", names).endswith("'block10', 'block11', ... (20 in all))")
     assert did_you_mean("zzz", []) == "(known: none)"
