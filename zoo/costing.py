@@ -37,7 +37,13 @@ Method (all abstract: ``jax.ShapeDtypeStruct`` inputs, no weights in memory):
   both streams, the final block only the visual stream, as the Tenstorrent guide lists), one of the
   embedding output for the vocab-parallel embedding, and for the vocab-parallel cross-entropy three
   float32 values per token (max, sum of exponentials, target logit). Mochi's embed and head are
-  replicated (0).
+  replicated (0). T5 encoder: two per block, one for the vocab-parallel embedding, none for the
+  final RMSNorm. Mochi VAE decoder: 0 everywhere (convolutions and GroupNorm are not split by
+  tensor parallelism: the Tenstorrent guide, shared/reference/004 Sec. 6).
+* The Mochi VAE decoder's layers are traced like any other, each at the input the layers before
+  it produce (:func:`_component_inputs`); its convolutions' operands and results are HBM bytes as
+  matmuls' are (:func:`_costs` ``convs``). Nothing else: no halo or spatial-sharding figure, and
+  no attention, expert or context-parallel fields (none applies).
 """
 
 from __future__ import annotations
@@ -72,29 +78,35 @@ def _spec(tree: Any) -> Any:
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), tree)
 
 
-def _dot_bytes(jaxpr: Any) -> int:
-    """Operand and result bytes of every ``dot_general`` in ``jaxpr`` and its sub-jaxprs."""
+def _dot_bytes(jaxpr: Any, primitive: str = "dot_general") -> int:
+    """Operand and result bytes of every ``primitive`` (``dot_general`` by default) in ``jaxpr``
+    and its sub-jaxprs."""
     total = 0
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
+        if eqn.primitive.name == primitive:
             total += _nbytes([v.aval for v in (*eqn.invars, *eqn.outvars)])
         for sub in jaxprs_in_params(eqn.params):
-            total += _dot_bytes(sub)
+            total += _dot_bytes(sub, primitive)
     return total
 
 
-def _costs(fn: Callable, *args, floor: float = 0.0) -> tuple[float, float, float, int]:
+def _costs(fn: Callable, *args, floor: float = 0.0, convs: bool = False
+           ) -> tuple[float, float, float, int]:
     """(XLA FLOPs, roofline HBM bytes, other bytes, primitive ops) of ``fn(*args)``. HBM bytes are at least
     ``floor`` (the roofline model charges nothing for gathers and scatters, so the embedding needs
     the floor). Other bytes: the unfused HBM traffic of every op that is not a matmul
     (``roofline``'s ``unfused_hbm_bytes`` minus the ``dot_general`` operands and results; ops
-    without a roofline rule, e.g. ``tanh``, count 0)."""
+    without a roofline rule, e.g. ``tanh``, count 0). ``convs`` (the Mochi VAE decoder):
+    convolutions are charged as matmuls are, their operands and results HBM bytes rather than
+    other bytes (``roofline`` gives a ``conv_general_dilated`` unfused bytes only, so its fused
+    figure would leave every convolution's traffic out)."""
     analysis: Any = jax.jit(fn).lower(*args).cost_analysis()
     flops = float(analysis["flops"])
     _, rl = roofline.roofline(fn)(*args)
     jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
-    other = float(rl.unfused_hbm_bytes) - _dot_bytes(jaxpr)
-    return flops, max(float(rl.hbm_bytes), float(floor)), max(other, 0.0), _ops(jaxpr)
+    conv = float(_dot_bytes(jaxpr, "conv_general_dilated")) if convs else 0.0
+    other = float(rl.unfused_hbm_bytes) - _dot_bytes(jaxpr) - conv
+    return flops, max(float(rl.hbm_bytes) + conv, float(floor)), max(other, 0.0), _ops(jaxpr)
 
 
 def _ops(jaxpr: Any) -> int:
@@ -107,8 +119,33 @@ def _ops(jaxpr: Any) -> int:
     return total
 
 
+COMPONENTS = ("t5", "mochi_vae")
+"""Families whose layers pass their output to the next whatever its shape (the T5 encoder's
+``(x, bias)``, the Mochi VAE decoder's growing video) and whose embed takes the batch."""
+
+
+def _component_inputs(cfg: ModelConfig, layer: str, b: int) -> tuple[tuple, tuple]:
+    """:func:`_layer_inputs` of a :data:`COMPONENTS` model: the embed's input is the batch,
+    any other layer's the output of the layers before it (shapes only, each body evaluated
+    once per input shape)."""
+    batch = models.batch_spec(cfg, b)
+    if layer == "embed":
+        return (), (batch,)
+    fns, names = models.layer_fns(cfg), models.layer_names(cfg)
+    x = jax.eval_shape(fns["embed"], models.layer_param_shapes(cfg, "embed"), batch)
+    seen: dict[tuple, Any] = {}
+    for name in names[1:names.index(layer)]:
+        key = (models.body_of(cfg, name), str(jax.tree.map(lambda a: (a.shape, a.dtype), x)))
+        if key not in seen:
+            seen[key] = jax.eval_shape(fns[name], models.layer_param_shapes(cfg, name), x)
+        x = seen[key]
+    return (x,), ()
+
+
 def _layer_inputs(cfg: ModelConfig, layer: str, b: int) -> tuple[tuple, tuple]:
     """(differentiable inputs, other inputs) of ``layer`` at microbatch ``b``."""
+    if cfg.family in COMPONENTS:
+        return _component_inputs(cfg, layer, b)
     batch = models.batch_spec(cfg, b)
     fns = models.layer_fns(cfg)
     if layer == "embed":
@@ -141,6 +178,13 @@ def _attention_core(cfg: ModelConfig, body: str, b: int):
     """Shapes of the body's attention core (q, k, v) or None, whether it is causal, and its
     sliding window (0: none)."""
     window = cfg.sliding_window if body == "sliding_block" else 0
+    if cfg.family == "t5":       # bidirectional, every head its own keys (zoo.t5)
+        if body != "t5_block":
+            return None, False, 0
+        q = jax.ShapeDtypeStruct((b, cfg.seq_len, cfg.heads, cfg.head_dim), cfg.jnp_dtype)
+        return (q, q, q), False, 0
+    if cfg.family == "mochi_vae":    # convolutions only
+        return None, False, 0
     if body in ATTENTION_BODIES or (body == "head" and cfg.mtp_layers):
         S = cfg.seq_len
         if cfg.mla:
@@ -234,7 +278,7 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
     out = jax.eval_shape(fn, p, *diff, *other)
     r: dict[str, float] = {}
     r["fwd_flops"], r["fwd_bytes"], r["fwd_other"], r["fwd_ops"] = _costs(
-        fn, p, *diff, *other, floor=_nbytes((diff, other, out)))
+        fn, p, *diff, *other, floor=_nbytes((diff, other, out)), convs=cfg.family == "mochi_vae")
     r["out_bytes"] = 0.0 if (cfg.training and layer == "head") else _nbytes(out)
     r["bwd_ops"] = 0
     for k in ("bwd_flops", "bwd_bytes", "bwdx_flops", "resid_bytes", "bwd_other", "bwdx_other",
@@ -263,6 +307,11 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
 def _tp_allreduce_bytes(cfg: ModelConfig, body: str) -> float:
     """Megatron tensor-parallel all-reduce bytes per sample per forward (see module doc)."""
     db = cfg.dtype_bytes
+    if cfg.family == "mochi_vae":
+        return 0.0      # no tensor parallelism of a convolution (Tenstorrent guide, Sec. 6)
+    if cfg.family == "t5":       # vocab-parallel embedding; the final RMSNorm is replicated
+        return {"embed": cfg.seq_len * cfg.hidden * db, "t5_block": 2.0 * cfg.seq_len * cfg.hidden
+                * db, "head": 0.0}[body]
     if cfg.family == "mochi":
         if body == "asymm_dit_block":
             return 2.0 * (cfg.visual_tokens * cfg.hidden + cfg.text_tokens * cfg.hidden_y) * db
@@ -487,12 +536,15 @@ def workload(name_or_cfg: str | ModelConfig, global_batch: int, seq_len: int | N
     if global_batch < 1:
         raise ZooError(f"global_batch={global_batch} must be >= 1")
     if seq_len is not None and seq_len != cfg.seq_len:
-        if cfg.family == "mochi":
-            raise ZooError(f"mochi seq_len is fixed by the latent size ({cfg.seq_len} tokens); "
-                           f"override latent_frames/latent_height/latent_width instead of {seq_len}")
+        if cfg.family in ("mochi", "mochi_vae"):
+            raise ZooError(f"{cfg.family} seq_len is fixed by the latent size ({cfg.seq_len} "
+                           f"tokens); override latent_frames/latent_height/latent_width instead "
+                           f"of {seq_len}")
         cfg = get_config(cfg, seq_len=seq_len)
     if cfg.family == "mochi" and cfg.seq_len != cfg.visual_tokens + cfg.text_tokens:
         cfg = get_config(cfg, seq_len=cfg.visual_tokens + cfg.text_tokens)
+    if cfg.family == "mochi_vae" and cfg.seq_len != cfg.latent_positions:
+        cfg = get_config(cfg, seq_len=cfg.latent_positions)
     names = models.layer_names(cfg)
     bodies = tuple(models.body_of(cfg, n) for n in names)
     costs = {b: body_cost(cfg, b) for b in dict.fromkeys(bodies)}
