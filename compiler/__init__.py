@@ -1,9 +1,11 @@
 """The MPMD compiler proper (the Shardy:MPMD RFC in Python on JAX).
 
 Label pieces of a program with :func:`named_computation`, then ``jit(fn, config).lower(*args)
-.compile()`` gives per-mesh programs that run like ``fn``. Modules: ``named.py`` (the label),
-``config.py`` / ``plan_config.py`` (what the user or a plan tells the compiler), ``frontend.py``
-(tracing into the program IR), ``program.py`` (the IR and its printer), ``passes/`` (pure
+.compile()`` gives per-mesh programs that run like ``fn`` (a walk-through:
+``docs/compiler_guide.md``). Modules: ``named.py`` (the label), ``config.py`` /
+``plan_config.py`` (what the user or a plan tells the compiler), ``frontend.py`` (tracing into the
+program IR), ``diagnose.py`` (names a config uses that the step lacks, and untraceable named
+computations, refused in one line), ``program.py`` (the IR and its printer), ``passes/`` (pure
 ``Program -> Program`` passes) run by ``driver.py`` with ``verify.py`` between them in tests,
 ``export.py`` / ``exported.py`` (one executable per unique fragment body and mesh) and
 ``runtime.py`` (running the per-mesh programs on JAX devices), ``distributed.py`` (the same, one
