@@ -372,9 +372,9 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         **_context_fields(cfg, body))
 
 
-ATTENTION_BODIES = ("decoder_block", "sliding_block", "dense_block", "attention_block",
-                    "asymm_dit_block", "asymm_dit_block_final")
-"""The fragment bodies with an attention layer (what context parallelism splits the tokens of)."""
+CONTEXT_BODIES = (*ATTENTION_BODIES, "asymm_dit_block", "asymm_dit_block_final")
+"""The fragment bodies with an attention layer whose tokens context parallelism splits: the
+decoders' (:data:`ATTENTION_BODIES`) and Mochi's joint attention."""
 
 
 def _context_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
@@ -385,7 +385,7 @@ def _context_fields(cfg: ModelConfig, body: str) -> dict[str, float]:
     attention's per-head keys (``head_size + qk_rope_head_dim``) and values (``v_head_dim``),
     as Megatron-Core's context-parallel MLA exchanges them. Empty for other bodies (a Mamba
     mixer's state passing is not modelled)."""
-    if body not in ATTENTION_BODIES:
+    if body not in CONTEXT_BODIES:
         return {}
     tokens = cfg.visual_tokens + cfg.text_tokens if cfg.family == "mochi" else cfg.seq_len
     db = cfg.dtype_bytes
