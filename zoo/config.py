@@ -175,6 +175,13 @@ class ModelConfig:
     out_channels: int = 0
     norm_groups: int = 0
 
+    def __post_init__(self) -> None:
+        # a tuple field read back from JSON or YAML arrives as a list: hold it as the tuple it
+        # was (so a plan's model_config gives back an equal, hashable model)
+        for f in ("vae_channels", "vae_blocks", "temporal_expansions", "spatial_expansions"):
+            if isinstance(getattr(self, f), list):
+                object.__setattr__(self, f, tuple(getattr(self, f)))
+
     @property
     def hybrid(self) -> bool:
         """Whether the layers follow ``hybrid_pattern`` (Mamba-2 / attention / MLP / MoE)."""
