@@ -69,7 +69,10 @@ def layout_text(row) -> str:
 
 
 def markdown(time_limit: float = 30.0) -> str:
-    rows = {(r.source, r.model, r.gpus): r for r in V.load_rows_lenient(CSV)[0]}
+    # the BF16 run of each key (the CSV also holds FP8 twins of some runs; the planner here plans
+    # BF16, as the fixtures were recorded)
+    rows = {(r.source, r.model, r.gpus): r for r in V.load_rows_lenient(CSV)[0]
+            if r.precision == "bf16"}
     lines = [f"Published layouts as fixtures: each run's layout replayed in the project's model (as "
              f"`mpmd validate` does) and `mpmd plan` on the same hardware, model and batch, "
              f"`--time-limit {time_limit:g}`", "",
