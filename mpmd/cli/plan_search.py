@@ -98,8 +98,7 @@ def _bound(sv: SearchReport) -> str:
         where += " on the devices the cost row names"
     text = f"{sv.search_bound_s:.3f} s over {where}"
     if not on_replay(sv) and sv.search_bound_s <= 0:
-        text += (": a candidate's solve proved no bound in its share of --time-limit "
-                 "(raise it)")
+        text += ": a candidate's solve ended (status UNKNOWN) before proving any bound"
     return text
 
 
