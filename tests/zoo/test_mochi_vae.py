@@ -165,12 +165,18 @@ def test_workload_is_traced_forward_only():
     (dict(norm_groups=5), "norm_groups = 5 does not divide every width"),
     (dict(layers=21), "layers = 21 is not the 22 residual blocks and up-block projections"),
     (dict(heads=4, kv_heads=4), "hidden = 768 is not the widest level 768 with one head"),
-    (dict(vae_channels=[128, 256, 512, 768]), "vae_channels = .* is not a tuple of whole numbers"),
+    (dict(vae_channels=(128, 256, 512, 7.5)), "vae_channels = .* is not a tuple of whole numbers"),
     (dict(patch_size=2), "patch_size = 2 applies to family mochi only, not mochi_vae"),
 ])
 def test_bad_vae_configs_are_refused(fields, match):
     with pytest.raises(ZooError, match=match):
         zoo.get_config("mochi-vae-decoder", **fields)
+
+
+def test_a_list_read_back_from_a_plan_is_the_tuple():
+    cfg = zoo.get_config("mochi-vae-decoder")
+    back = zoo.get_config("mochi-vae-decoder", vae_channels=[128, 256, 512, 768])
+    assert back == cfg and hash(back) == hash(cfg)
 
 
 def test_vae_fields_belong_to_the_vae():
