@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import bench_a100_175b  # noqa: E402
 import bench_cli  # noqa: E402
+import bench_context  # noqa: E402
 import bench_fixtures  # noqa: E402
 import bench_moe  # noqa: E402
 import bench_peer  # noqa: E402
@@ -44,6 +45,7 @@ SECTIONS = {
                   "replayed and planned\n", bench_precision.markdown),
     "moe-precision": ("## NVIDIA's published mixture-of-experts runs in their recipes: published, "
                       "replayed and planned\n", bench_precision.moe_markdown),
+    "context": ("## Long sequences: context parallelism searched and off\n", bench_context.markdown),
     "peer": ("## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
              bench_peer.markdown),
     "run": ("## CPU runs against the simulation, after `mpmd calibrate`\n",
