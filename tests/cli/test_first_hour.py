@@ -63,16 +63,20 @@ def test_other_usage_errors_stay_one_line(args, line):
 # ------------------------------------------------------------------------------ mpmd models
 ZOO_TABLE = """\
 zoo models (--model NAME)
-model           family  use    layers  hidden  heads  experts  params  active
-gpt3-175b       gpt     train      96   12288  96/96  -        174.6B  174.6B
-grok-1-314b     llama   train      64    6144  48/8   2 of 8   315.7B   83.8B
-llama-tiny      llama   train       8     512  8/8    -         27.5M   27.5M
-llama3-405b     llama   train     126   16384  128/8  -        405.9B  405.9B
-llama3-70b      llama   train      80    8192  64/8   -         70.6B   70.6B
-llama3-8b       llama   train      32    4096  32/8   -          8.0B    8.0B
-mochi-dit-10b   mochi   infer      48    3072  24/24  -         10.0B   10.0B
-mochi-dit-tiny  mochi   infer       4      64  4/4    -          0.3M    0.3M
-opt-350m        gpt     train      24    1024  16/16  -        355.9M  355.9M""".splitlines()
+model              family     use    layers  hidden  heads  experts  params  active
+gpt3-175b          gpt        train      96   12288  96/96  -        174.6B  174.6B
+grok-1-314b        llama      train      64    6144  48/8   2 of 8   315.7B   83.8B
+llama-tiny         llama      train       8     512  8/8    -         27.5M   27.5M
+llama3-405b        llama      train     126   16384  128/8  -        405.9B  405.9B
+llama3-70b         llama      train      80    8192  64/8   -         70.6B   70.6B
+llama3-8b          llama      train      32    4096  32/8   -          8.0B    8.0B
+mochi-dit-10b      mochi      infer      48    3072  24/24  -         10.0B   10.0B
+mochi-dit-tiny     mochi      infer       4      64  4/4    -          0.3M    0.3M
+mochi-vae-decoder  mochi_vae  infer      22     768  1/1    -        362.5M  362.5M
+mochi-vae-tiny     mochi_vae  infer       9      32  1/1    -          0.2M    0.2M
+opt-350m           gpt        train      24    1024  16/16  -        355.9M  355.9M
+t5-tiny-encoder    t5         infer       2      32  4/4    -          0.0M    0.0M
+t5-xxl-encoder     t5         infer      24    4096  64/64  -          4.8B    4.8B""".splitlines()
 
 SHIPPED_HEADER = [
     "shipped configs, zoo/configs/ (--model NAME, or the file's path)",
@@ -121,7 +125,8 @@ def test_plan_help_names_the_zoo_models_and_mpmd_models():
     (opt,) = [p for p in plan_command.params if p.name == "model"]
     assert opt.help == (
         "A zoo model (gpt3-175b, grok-1-314b, llama-tiny, llama3-405b, llama3-70b, llama3-8b, "
-        "mochi-dit-10b, mochi-dit-tiny, opt-350m), a shipped config's name (e.g. deepseek-v3) or "
+        "mochi-dit-10b, mochi-dit-tiny, mochi-vae-decoder, mochi-vae-tiny, opt-350m, t5-tiny-encoder, "
+        "t5-xxl-encoder), a shipped config's name (e.g. deepseek-v3) or "
         "a model file: a Hugging Face config.json of model_type llama, mistral, qwen2, qwen3, "
         "gemma, gemma2, gemma3, gemma3_text, gpt2, gpt_neox, opt, or of the mixtures of experts "
         "mixtral, qwen3_moe, deepseek_v2, deepseek_v3, gpt_oss, nemotron_h; or a YAML model spec "

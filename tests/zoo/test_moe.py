@@ -157,7 +157,7 @@ def test_expert_parallel_memory_alltoall_and_gradient_sync():
 
 def test_layout_expert_axis_rules_and_plan_round_trip():
     assert str(Layout(8, 4, expert=2)) == "dp8xtp4-ep2"
-    with pytest.raises(ValueError, match="must divide data x tensor"):
+    with pytest.raises(ValueError, match="must divide data x context x tensor"):
         Layout(6, 1, expert=4)
     with pytest.raises(ValueError, match="not combined with fsdp"):
         Layout(4, 1, fsdp=True, expert=2)

@@ -75,7 +75,9 @@ def test_published_fields():
 
 def test_list_and_unknown_model():
     assert zoo.list_models() == sorted(["gpt3-175b", "grok-1-314b", "llama-tiny", "llama3-405b", "llama3-70b", "llama3-8b",
-                                        "mochi-dit-10b", "mochi-dit-tiny", "opt-350m"])
+                                        "mochi-dit-10b", "mochi-dit-tiny", "mochi-vae-decoder",
+                                        "mochi-vae-tiny", "opt-350m", "t5-tiny-encoder",
+                                        "t5-xxl-encoder"])
     with pytest.raises(ZooError, match="unknown model 'llama5'.*llama3-8b"):
         zoo.get_config("llama5")
     with pytest.raises(ZooError, match="nonsense"):
