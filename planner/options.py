@@ -105,16 +105,16 @@ def _context_layouts(mesh: MeshSpec, samples: float, fsdp: bool, experts: int,
         m for m in CONTEXT_METHODS if m != "allgather"
         and layout_problem(shards, t, 1, 0, c, m, seq_len) is None)
     for m in methods:
-        cp = {"context": c, "context_method": m}
         if samples >= d and float(samples / d).is_integer():
-            out.append(Layout(d, t, **cp))
+            base = Layout(d, t, context=c, context_method=m)
+            out.append(base)
             if fsdp and d * c > 1:
-                out.append(Layout(d, t, fsdp=True, **cp))
+                out.append(replace(base, fsdp=True))
             # the experts split the data x context devices (or, folded, all of them)
-            ep = [Layout(d, t, expert=e, **cp) for e in range(2, min(d * c, experts) + 1)
+            ep = [replace(base, expert=e) for e in range(2, min(d * c, experts) + 1)
                   if (d * c) % e == 0 and experts % e == 0]
             if t > 1:
-                ep += [Layout(d, t, expert=e, expert_tensor=1, **cp)
+                ep += [replace(base, expert=e, expert_tensor=1)
                        for e in range(2, min(d * c * t, experts) + 1)
                        if (d * c * t) % e == 0 and experts % e == 0
                        and layout_problem(shards, t, e, 1) is None]

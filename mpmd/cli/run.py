@@ -142,22 +142,23 @@ def run(plan_path: str, steps: int, cluster_path: str | None, check_every: int, 
     from runtime.train.run import print_report, run_plan
 
     start = cpu_sample()
-    report = run_plan(plan, steps=steps, cluster_path=cluster_path,
-                      check_every=check_every, lr=lr, console=console)
-    print_report(report, console=console, cluster_path=cluster_path or plan.cluster_path or None,
+    run_report = run_plan(plan, steps=steps, cluster_path=cluster_path,
+                          check_every=check_every, lr=lr, console=console)
+    print_report(run_report, console=console,
+                 cluster_path=cluster_path or plan.cluster_path or None,
                  others=other_cores(start, cpu_sample()))
-    failed = report.failed_checks if isinstance(report, RunReport) else ()
+    failed = run_report.failed_checks if isinstance(run_report, RunReport) else ()
     if trace_path is None:
         if failed:
             _fail(failed)
         return
-    if isinstance(report, GenerateReport):
+    if isinstance(run_report, GenerateReport):
         # a generation run (a forward-only DiT plan) records no step timeline
         console.print("no trace written: a generation run records no step timeline", highlight=False)
-    elif report.timelines:
+    elif run_report.timelines:
         from simulator.trace import write_chrome_trace
 
-        write_chrome_trace(report.timelines[-1], trace_path)
+        write_chrome_trace(run_report.timelines[-1], trace_path)
     if failed:
         _fail(failed)
 
