@@ -190,7 +190,7 @@ def broken_plans(doc: dict) -> dict[str, tuple[object, tuple[str, ...]]]:
         "microbatches 10**9": (edit(lambda d: d["schedule"].update(microbatches=10**9)),
                                ("schedule.microbatches = 1000000000",)),
         "layout over the mesh": (edit(lambda d: d["meshes"]["m0"]["layout"].update(data=64)),
-                                 ("meshes.m0.layout", "data x tensor must equal num_devices 2")),
+                                 ("meshes.m0.layout", "data x context x tensor must equal num_devices 2")),
         "unknown mesh": (edit(lambda d: d.update(rank_mesh=["m0", "m1", "m2", "zz"])),
                          ("rank_mesh[3] = 'zz'",)),
         "markup in the cluster name": (edit(lambda d: d.update(cluster="[/]")),
