@@ -1,6 +1,6 @@
 """The validation CSV's model and parallelism columns (``model_config``, ``cp``, ``vp``, ``ep``,
 ``etp``): a row naming a zoo model with blank shape columns is filled from it and costed as the
-zoo traces it; context parallelism is folded into data parallelism and said so; a published
+zoo traces it; context parallelism is the layout's context degree (dp excluding it); a published
 ``vp`` pins the interleaved chunk count; expert parallelism is refused on a dense model and where
 the layout cannot say it; an unknown model or disagreeing shapes skip the row with the reason."""
 
@@ -78,9 +78,8 @@ def test_the_cli_scores_model_config_rows_and_lists_the_refused(small, tmp_path)
     # the given shape columns that agree change nothing
     assert table["8b"][6:] == table["8b-32"][6:]
     assert table["8b"][5:8] == ["1/1/8", "1 x 8", "- (1f1b)"]
-    assert ("context parallel 2 folded into data parallel (16 replicas, global batch unchanged)"
-            in table["8b-cp"][8])
-    assert table["8b-cp"][5:7] == ["1/1/8", "1 x 4"]
+    assert "context parallel" not in table["8b-cp"][8]
+    assert table["8b-cp"][5:7] == ["1/1/8 cp2", "1 x 8"]
     assert table["8b-vp"][7] == "- (interleaved-1f1b)"
     assert "1f1b-interleaved (vp 4; schedule not published)" in table["8b-vp"][8]
     assert "virtual stages" not in table["8b-vp"][8]          # published: not tuned
@@ -107,13 +106,14 @@ def test_fill_takes_the_shapes_from_the_model(small):
                                           "model_config filled in: mpmd validate does)")
 
 
-def test_cp_folds_into_dp_and_vp_pins_the_chunks(small):
+def test_cp_is_the_context_degree_and_vp_pins_the_chunks(small):
     rows, _ = load(small)
     by = {r.model: r for r in rows}
     cp = V.row_setup(by["8b-cp"], CLI.workload_for)
-    assert {(l.data, l.tensor) for l in cp.plan.layouts.values()} == {(16, 1)}
-    assert cp.microbatches == 4 and cp.plan.global_batch == 64
-    assert any(a.startswith("context parallel 2 folded into data parallel") for a in cp.assumptions)
+    assert {(l.data, l.context, l.tensor, l.context_method)
+            for l in cp.plan.layouts.values()} == {(8, 2, 1, "ring")}
+    assert cp.microbatches == 8 and cp.plan.global_batch == 64
+    assert not any("context parallel" in a for a in cp.assumptions)
     assert cp.workload.model == "llama3-8b" and cp.workload.seq_len == 2048
     vp = V.row_setup(by["8b-vp"], CLI.workload_for)
     assert vp.schedule == "interleaved-1f1b" and vp.virtual_stages == 4

@@ -34,9 +34,9 @@ def test_layout_spelling_and_checks():
     f = Layout(2, 8, expert=16, expert_tensor=1)
     assert (f.etp, f.folded, f.expert_data, str(f)) == (1, True, 1, "dp2xtp8-ep16-etp1")
     assert Layout(4, 2, expert=4, expert_tensor=1).expert_data == 2
-    with pytest.raises(ValueError, match="must divide data x tensor = 16"):
+    with pytest.raises(ValueError, match="must divide data x context x tensor = 16"):
         Layout(2, 8, expert=32, expert_tensor=1)
-    with pytest.raises(ValueError, match="must divide data x tensor"):
+    with pytest.raises(ValueError, match="must divide data x context x tensor"):
         Layout(4, 2, expert=8)        # unfolded, ep 8 > dp 4: the data axis cannot hold it
 
 
