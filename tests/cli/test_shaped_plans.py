@@ -339,7 +339,7 @@ def test_plan_table_of_a_carved_plan(files):
     assert re.search(r"h100\.1 +│ nodes 2-3 \(2 x 8 h100-sxm\) +│ +16 │ dp16xtp1", text), text
     assert re.search(r"│ 0 +│ 0-4 +│ h100\.0 +│ 16x h100-sxm +│ dp16xtp1 +│ +10\.00 │ +2\.0 / 80\.0",
                      text), text
-    assert "schedule candidates (this shape)" in text
+    assert "schedule candidates of this shape (contention-free estimates" in text
     assert re.search(r"gpipe +│ +3 │ +0\.6 │ +\+20\.0%", text) and "does not fit" in text
     assert "step time" in text and "0.500 s" in text
 
@@ -359,7 +359,7 @@ def test_plan_table_of_a_data_parallel_plan(files):
     assert f"0.40 GB over {SYNC_LINK} in 10.0 ms, before the optimizer" in text
     assert "the A100s take a quarter of the batch" in text
     assert re.search(r"step time +│ +0\.700 s", text) and "30.0%" in text and "10.0%" in text
-    assert re.search(r"solver +│ +OPTIMAL │", text), text
+    assert re.search(r"objective +│ +0\.700 s: the step time above \(chosen: OPTIMAL\)", text), text
     fitted = r"calibrated \(fitted by `mpmd validate --fit` on \d+ rows, MAPE [0-9.]+%\)"
     prior = r"prior \(never fitted: predictions may be off by \+/-20%\)"
     line = next(ln for ln in text.splitlines() if ln.startswith("profiles: "))
