@@ -19,7 +19,7 @@ from typing import Any, Literal, NoReturn, overload
 import click
 
 from mpmd.cli import (calibrate, export, models, plan, profiles, run, serve, simulate,
-                      validate, whatif)
+                      validate, video, whatif)
 from rich.markup import escape   # error text quotes user input: '[/]' there is not markup
 
 from mpmd.cli.common import err_console
@@ -86,7 +86,8 @@ def main() -> None:
 
 COMMANDS: tuple[click.Command, ...] = (
     profiles.profiles, models.models, plan.plan_command, simulate.simulate, run.run,
-    calibrate.calibrate, validate.validate, whatif.whatif, export.export, serve.serve_plan)
+    calibrate.calibrate, validate.validate, whatif.whatif, export.export, serve.serve_plan,
+    video.video)
 """Every ``mpmd`` command, from its own module."""
 
 for _command in COMMANDS:
