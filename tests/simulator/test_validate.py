@@ -47,7 +47,7 @@ def test_csv_rows_load():
             and r.ep == 1]                                                    # experts aside
     assert len(rows) == 99
     moe = [r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.ep > 1]
-    assert len(moe) == 49 and {r.model_config for r in moe} == {
+    assert len(moe) == 54 and {r.model_config for r in moe} == {
         "deepseek-v3", "deepseek-v3-mtp", "qwen3-235b-a22b", "qwen3-30b-a3b", "gpt-oss-120b",
         "grok-1-314b"}
     # NVIDIA's published DeepSeek-V3 layouts (NeMo's first/last split, Megatron-Bridge's strings)
