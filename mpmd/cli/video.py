@@ -131,7 +131,7 @@ def video(pipeline_name: str, cluster_path: str, frames: int, steps: int,
     and per component."""
     path = resolve_cluster_path(cluster_path)
     if out:
-        check_output(out)
+        check_output(out, "video plan")
     if run_it and pipeline_name != "mochi-tiny":
         err_console.print(f"[bold red]error:[/] --run executes only the tiny pipeline, not "
                           f"{escape(pipeline_name)}; use --pipeline mochi-tiny", highlight=False)
