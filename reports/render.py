@@ -111,6 +111,11 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
         else:
             row["Videos/h (best-worst)"] = (f"{g('videos_per_hour'):.2f} ({g('videos_per_hour_best'):.2f}-"
                                             f"{g('videos_per_hour_worst'):.2f})")
+            if "latency_s_per_video" in r:
+                row["Latency plan, 1 video (s)"] = (
+                    f"{g('latency_s_per_video'):.1f}: {r.get('latency_plan')}"
+                    if math.isfinite(g("latency_s_per_video")) else
+                    f"none: {r.get('latency_reason')}")
         row["MFU"] = _f(100 * r["mfu"], "{:.1f}%")
         row["Bubble mean/max"] = f"{100 * r['bubble_mean']:.0f}%/{100 * r['bubble_max']:.0f}%"
         row["Mem headroom"] = _f(100 * r["memory_headroom"], "{:.0f}%") + (

@@ -24,6 +24,7 @@ lists every device kind of the report with its status and origin
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -230,6 +231,31 @@ def _metrics(row: dict[str, Any], res, sim, outcomes, cfg, w, cluster, tokens: f
                         "fleet_usd_per_hour_worst": n_worst * hi})
 
 
+@functools.lru_cache(maxsize=4)
+def _mochi_components(frames: int, steps: int) -> tuple:
+    """The Mochi pipeline's components, traced once per what-if (``zoo.mochi_pipeline``)."""
+    from zoo.mochi_pipeline import components
+
+    return components("mochi", frames, steps)
+
+
+def latency_row(cluster, cfg) -> dict[str, Any]:
+    """The latency plan of one whole Mochi video at batch 1 on ``cluster``
+    (:func:`planner.video.plan_video` over ``zoo.mochi_pipeline``'s encoder, ``cfg``'s DiT steps
+    and the decoder): ``latency_s_per_video`` and ``latency_plan`` (each component's layout), or
+    ``latency_reason`` when no assignment fits."""
+    from planner.video import plan_video
+
+    frames = 6 * (cfg.latent_frames - 1) + 1
+    try:
+        vp = plan_video(_mochi_components(frames, cfg.sampling_steps), cluster, HEADROOM)
+    except PlannerError as e:
+        return {"latency_s_per_video": math.nan, "latency_reason": str(e).splitlines()[0]}
+    return {"latency_s_per_video": vp.seconds_per_video,
+            "latency_plan": "; ".join(f"{o.component} {o.describe()} {o.total_s:.1f} s"
+                                      for o in vp.components)}
+
+
 def whatif(model: str, options: Iterable[OptionLike] = (), *, sweep: SweepSpec | Mapping | str | None = None,
            global_batch: int | None = None, seq_len: int | None = None, tokens: float | None = None,
            videos_per_hour: float | None = None, deadline_days: float | None = None,
@@ -309,6 +335,8 @@ def whatif(model: str, options: Iterable[OptionLike] = (), *, sweep: SweepSpec |
         outcomes = alternatives_outcomes(res.plan, w, lc, headroom=HEADROOM)
         row["plan"], row["sim"] = res.plan, sim
         _metrics(row, res, sim, outcomes, cfg, w, lc, tokens, videos_per_hour, deadline_days)
+        if cfg.family == "mochi":
+            row.update(latency_row(opt.cluster, cfg))
         rows.append(row)
     if progress:
         progress(len(opts), len(opts), "done")

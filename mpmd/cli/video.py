@@ -138,6 +138,10 @@ def video(pipeline_name: str, cluster_path: str, frames: int, steps: int,
         sys.exit(2)
     import json
 
+    if run_it:
+        from mpmd.cli.run import cpu_devices
+
+        cpu_devices(8)     # before JAX starts: the CPU meshes' 8 devices
     from hardware_profiles import load_cluster
     from planner.video import plan_video
     from simulator.spatial import SpatialError
