@@ -85,7 +85,8 @@ class ComponentPlan:
     ``layout``: the transformer layout (``Layout(1, 1)`` for a decoder); ``spatial`` the decoder's
     spatial degree (1 for a transformer), ``chunks`` its frame chunks; ``run_s`` one invocation,
     ``total_s`` all of a video's (``runs x run_s``); ``comm_s`` the part of ``total_s`` spent in
-    collectives, halos and the guidance exchange."""
+    collectives, halos and the guidance exchange; ``convolutional``: a spatially laid-out
+    decoder."""
 
     component: str
     mesh: str
@@ -99,6 +100,7 @@ class ComponentPlan:
     comm_s: float
     weight_bytes: float
     activation_bytes: float
+    convolutional: bool = False
 
     @property
     def device_range(self) -> range:
@@ -107,7 +109,7 @@ class ComponentPlan:
     def describe(self) -> str:
         """``TP 8``, ``CFG 2 x TP 4``, ``Ulysses CP 2 x TP 4``, ``spatial 4 (height), 2 frame
         chunks``."""
-        if self.spatial > 1 or self.layout.devices == 1 and self.chunks > 1:
+        if self.convolutional:
             text = f"spatial {self.spatial} (height)" if self.spatial > 1 else "1 device"
             return text + (f", {self.chunks} frame chunks" if self.chunks > 1 else "")
         parts = []
@@ -230,7 +232,8 @@ def component_options(c: VideoComponent, cluster: Cluster, headroom: float = 0.1
                     continue
                 for first in starts:
                     out.append(ComponentPlan(c.name, mesh.name, first, g, lay, s, k, run,
-                                             c.runs * run, c.runs * comm, weights, act))
+                                             c.runs * run, c.runs * comm, weights, act,
+                                             bool(c.spatial)))
     # fastest first; among equals the fewest devices, the fewest chunks
     out.sort(key=lambda o: (round(o.total_s, 9), o.devices, o.chunks, o.first))
     return out
