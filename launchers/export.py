@@ -7,19 +7,25 @@ from pathlib import Path
 from typing import Callable
 
 from ir import DataParallelPlan, Plan
-from ir.vocab import EXPORT_TARGETS
 from launchers import maxtext, megatron, torchtitan
 from launchers.view import LauncherError, PartView, part_views
 
-Renderer = Callable[[PartView, str], tuple[str, list[str]]]
+Renderer = Callable[[PartView, str, Path], tuple[str, list[str]]]
 
-_RENDERERS: dict[str, tuple[Renderer, str]] = {
-    "megatron": (megatron.render, ".args"),
-    "torchtitan": (torchtitan.render, ".toml"),
-    "maxtext": (maxtext.render, ".yaml"),
+TARGETS: dict[str, tuple[Renderer, str]] = {
+    "megatron": (lambda v, s, p: megatron.render(v, s, p), ".args"),
+    "torchtitan": (lambda v, s, p: torchtitan.render_module(v, s, p.stem), ".py"),
+    "torchtitan@0.2": (lambda v, s, p: torchtitan.render(v, s), ".toml"),
+    "maxtext": (lambda v, s, p: maxtext.render(v, s), ".yml"),
 }
-TARGETS: dict[str, tuple[Renderer, str]] = {t: _RENDERERS[t] for t in EXPORT_TARGETS}
-"""Target name -> (renderer, file suffix), one per :data:`ir.vocab.EXPORT_TARGETS`."""
+"""Target name -> (renderer, file suffix). ``torchtitan`` is torchtitan's current configuration
+(0.3: a Python config module for ``--module/--config``), ``torchtitan@0.2`` its TOML job file."""
+
+VERSIONS: dict[str, str] = {
+    "megatron": megatron.VERSION, "torchtitan": torchtitan.VERSION,
+    "torchtitan@0.2": torchtitan.TOML_VERSION, "maxtext": maxtext.VERSION}
+"""Target name -> the launcher release each file is written for (and checked against by the
+``launchers`` test suite)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,25 +40,38 @@ class Exported:
 def export_plan(plan: Plan | DataParallelPlan, target: str, out: str | Path, source: str = "plan"
                 ) -> tuple[Exported, ...]:
     """The files of ``plan`` for ``target``: ``out`` itself for a one-pipeline plan, else
-    ``out``'s stem + ``-part{i}`` + its suffix per part. Nothing is written here.
+    ``out``'s stem + ``-part{i}`` + its suffix per part. A part the target cannot run (its
+    device kind, its model) is not written: its one-line reason is a note of every other file.
+    Nothing is written here.
 
     Raises:
-        LauncherError: an unknown target, or a plan no launcher file can be written for.
+        LauncherError: an unknown target, or a plan no file of the target can be written for
+            (the first part's reason).
     """
     if target not in TARGETS:
         raise LauncherError(f"unknown export target {target!r}; use one of {sorted(TARGETS)}")
     render, _ = TARGETS[target]
     out = Path(out)
     views = part_views(plan)
-    files = []
+    files: list[tuple[Path, str, list[str]]] = []
+    refused: list[str] = []
     for v in views:
         path = out if len(views) == 1 else out.with_name(f"{out.stem}-{v.name}{out.suffix}")
-        text, notes = render(v, source)
-        files.append(Exported(path, text, tuple(notes)))
-    return tuple(files)
+        try:
+            text, notes = render(v, source, path)
+        except LauncherError as e:
+            if len(views) == 1:
+                raise
+            refused.append(f"{v.name} not written: {e}")
+            continue
+        files.append((path, text, notes))
+    if not files:
+        raise LauncherError(refused[0])
+    return tuple(Exported(p, t, tuple(n + refused)) for p, t, n in files)
 
 
 def default_out(plan_path: str | Path, target: str) -> Path:
-    """``PLAN-TARGET.suffix`` next to the working directory: the file name when ``--out`` is
-    not given."""
-    return Path(f"{Path(plan_path).stem}-{target}{TARGETS[target][1]}")
+    """``PLAN-TARGET.suffix`` in the working directory: the file name when ``--out`` is not
+    given."""
+    name = target.replace("@", "-").replace(".", "")
+    return Path(f"{Path(plan_path).stem}-{name}{TARGETS[target][1]}")

@@ -23,27 +23,43 @@ from __future__ import annotations
 
 import yaml
 
-from launchers.view import PartView
+from launchers.view import GPU_KINDS, TPU_KINDS, PartView, refuse_device
+
+VERSION = "maxtext 0.2.5"
+"""The MaxText release (its ``maxtext/configs/base.yml``, model configs and ``pyconfig``) the
+files are written for and checked against."""
 
 MODEL_NAMES = {"llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b",
-               "llama3-405b": "llama3.1-405b", "gpt3-175b": "gpt3-175b"}
-"""Zoo model -> MaxText ``model_name`` (``MaxText/configs/models``)."""
+               "llama3-405b": "llama3.1-405b", "gpt3-175b": "gpt3-175b",
+               "qwen3-8b": "qwen3-8b", "qwen3-14b": "qwen3-14b", "qwen3-32b": "qwen3-32b",
+               "qwen3-30b-a3b": "qwen3-30b-a3b", "qwen3-235b-a22b": "qwen3-235b-a22b",
+               "mixtral-8x7b-v0.1": "mixtral-8x7b", "mixtral-8x22b-v0.1": "mixtral-8x22b",
+               "mistral-7b-v0.1": "mistral-7b", "deepseek-v3": "deepseek3-671b"}
+"""Zoo model (lower case) -> MaxText ``model_name`` (``maxtext/configs/models/NAME.yml``, whose
+decoder block, dimensions, RoPE base, QK-norm, MLA, dense first layers and shared experts are
+MaxText's own for the model)."""
 
 
 def _model(v: PartView, notes: list[str]) -> dict:
     c = v.model
-    if c.name in MODEL_NAMES:
-        return {"model_name": MODEL_NAMES[c.name]}
+    if c.name.lower() in MODEL_NAMES:
+        return {"model_name": MODEL_NAMES[c.name.lower()]}
+    if c.mla or c.hybrid or c.sliding_window:
+        notes.append(f"MaxText has no model config for {c.name} and its "
+                     f"{'MLA' if c.mla else 'hybrid' if c.hybrid else 'sliding-window'} "
+                     f"attention is not written: add the model to MaxText first")
+    block = ("mixtral" if c.moe else "llama2") if c.family == "llama" else "gpt3"
     notes.append(f"MaxText has no model config for {c.name}: its dimensions are written as "
-                 f"base_* keys on MaxText's {'gpt3' if c.family != 'llama' else 'mistral' if c.moe else 'llama2'} "
-                 f"decoder block")
-    out = {"decoder_block": ("mistral" if c.moe else "llama2") if c.family == "llama" else "gpt3",
+                 f"base_* keys on MaxText's {block} decoder block")
+    out = {"decoder_block": block,
            "base_num_decoder_layers": c.layers, "base_emb_dim": c.hidden,
            "base_mlp_dim": c.expert_ffn if c.moe else c.ffn, "base_num_query_heads": c.heads,
-           "base_num_kv_heads": c.kv_heads, "head_dim": c.head_dim, "vocab_size": c.vocab}
+           "base_num_kv_heads": c.kv_heads, "head_dim": c.head_dim, "vocab_size": c.vocab,
+           "rope_max_timescale": int(c.rope_theta),
+           "logits_via_embedding": bool(c.tie_embeddings)}
     if c.moe:
         out |= {"num_experts": c.experts, "num_experts_per_tok": c.experts_per_token,
-                "capacity_factor": c.capacity_factor}
+                "base_moe_mlp_dim": c.expert_ffn, "capacity_factor": c.capacity_factor}
     return out
 
 
@@ -113,6 +129,7 @@ def _dcn_split(data: int, context: int, nodes: int) -> tuple[int, int] | None:
 
 def config(v: PartView, source: str) -> tuple[dict, list[str]]:
     """(the config as a dict, what MaxText cannot express)."""
+    refuse_device(v, "MaxText", TPU_KINDS + GPU_KINDS)
     notes = list(v.notes)
     lay = v.layout
     split = _dcn_split(lay.data, lay.context, v.nodes_per_mesh)
@@ -162,7 +179,12 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
                            "split of the data devices inside one node)")
     doc = {"run_name": f"{v.model.name}{'-' + v.name if v.name else ''}-mpmd",
            **_model(v, notes), "max_target_length": v.seq_len,
-           "per_device_batch_size": v.global_batch / v.devices, **axes,
+           "per_device_batch_size": (v.global_batch / v.devices if v.pipeline > 1 else
+                                     v.global_batch / v.microbatches / v.devices),
+           **({"gradient_accumulation_steps": v.microbatches}
+              if v.pipeline == 1 and v.microbatches > 1 else {}),
+           "hardware": "tpu" if _tpu(v) else "gpu_multiprocess" if v.devices > 8 else "gpu",
+           **axes,
            "remat_policy": "full" if v.recompute else "minimal",
            **(context_keys(v, dcn_context, notes) if lay.context > 1 else {}),
            **_quantization(v, notes)}
@@ -182,8 +204,9 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
 def render(v: PartView, source: str) -> tuple[str, list[str]]:
     """(the YAML text with a comment header, notes)."""
     doc, notes = config(v, source)
-    head = (f"# MaxText config for {v.model.name}{' ' + v.name if v.name else ''} on {v.devices} x "
-            f"{v.device}, exported by mpmd from {source}\n"
-            f"# each key overrides MaxText/configs/base.yml: pass it as KEY=VALUE after that file on "
-            f"the MaxText.train command line\n")
-    return head + yaml.safe_dump(doc, sort_keys=False), notes
+    head = (f"# MaxText config ({VERSION}) for {v.model.name}{' ' + v.name if v.name else ''} on "
+            f"{v.devices} x {v.device}, exported by mpmd from {source}\n"
+            f"# its keys override MaxText's base.yml (base_config); launch on every host: python -m "
+            f"maxtext.trainers.pre_train.train THIS_FILE.yml base_output_directory=DIR "
+            f"dataset_path=DATA\n")
+    return head + yaml.safe_dump({"base_config": "base.yml", **doc}, sort_keys=False), notes

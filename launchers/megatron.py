@@ -21,7 +21,13 @@ from __future__ import annotations
 
 import shlex
 
-from launchers.view import PartView
+from pathlib import Path
+
+from launchers.view import GPU_KINDS, PartView, refuse_device
+
+VERSION = "megatron-core 0.19.2"
+"""The Megatron-LM release whose ``megatron/training/arguments.py`` (shipped in the megatron-core
+wheel) the files are written for and checked against."""
 
 SCHEDULES = {"1f1b": "1F1B (Megatron's default with a pipeline)",
              "interleaved-1f1b": "interleaved 1F1B (virtual pipeline stages)"}
@@ -56,6 +62,15 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
         out += [("--swiglu", None), ("--normalization", "RMSNorm"),
                 ("--position-embedding-type", "rope"), ("--rotary-base", int(c.rope_theta)),
                 ("--disable-bias-linear", None)]
+    if c.mla:        # DeepSeek's multi-head latent attention
+        out += [("--multi-latent-attention", None), ("--kv-lora-rank", c.kv_lora_rank),
+                ("--qk-head-dim", c.head_dim), ("--qk-pos-emb-head-dim", c.qk_rope_head_dim),
+                ("--v-head-dim", c.v_head_dim)]
+        if c.q_lora_rank:
+            out.append(("--q-lora-rank", c.q_lora_rank))
+    if c.name.lower().startswith("qwen3"):
+        # Qwen3 normalises queries and keys per head (the zoo's ModelConfig has no field for it)
+        out.append(("--qk-layernorm", None))
     if c.hybrid:     # Megatron-LM's hybrid (Mamba) model: its pattern and Mamba-2 mixer
         out += [("--hybrid-override-pattern", c.hybrid_pattern),
                 ("--mamba-num-heads", c.mamba_heads), ("--mamba-head-dim", c.mamba_head_dim),
@@ -92,6 +107,7 @@ the cost model's memory assumes (``simulator.cost_model.low_precision_weight_byt
 
 def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
     """(the arguments as ``(flag, value or None)`` pairs, what Megatron-LM cannot express)."""
+    refuse_device(v, "Megatron-LM", GPU_KINDS)
     notes = list(v.notes)
     lay = v.layout
     args: list[tuple[str, object]] = [
@@ -127,11 +143,13 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
             args.append(("--tp-comm-overlap", None))
     replicas = (f"data {lay.data}" if lay.context == 1 else
                 f"data x context {lay.data} x {lay.context}")
-    if lay.fsdp:
-        args.append(("--use-torch-fsdp2", None))
+    if lay.fsdp:     # Megatron-FSDP: it composes with tensor, pipeline and expert parallel
+        args += [("--use-megatron-fsdp", None), ("--use-distributed-optimizer", None),
+                 ("--data-parallel-sharding-strategy", "optim_grads_params"),
+                 ("--ckpt-format", "fsdp_dtensor")]
         if lay.hsdp > 1:
-            notes.append(f"hybrid sharding over {lay.hsdp} replicas has no Megatron-LM flag with "
-                         f"--use-torch-fsdp2: written as full sharding over {replicas}")
+            notes.append(f"hybrid sharding over {lay.hsdp} replicas: written as Megatron-FSDP's "
+                         f"full sharding over {replicas}")
     elif lay.replicas > 1:     # the gradients' group is data x context (with_context_parallel)
         args += [("--use-distributed-optimizer", None), ("--overlap-param-gather", None)]
     if lay.replicas > 1:
@@ -143,6 +161,12 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
                   "flex" if lay.expert_dispatch == "deepep" else "alltoall"),
                  ("--moe-grouped-gemm", None),
                  ("--moe-expert-capacity-factor", v.model.capacity_factor)]
+        if v.model.dense_layers:
+            dense, moe = v.model.dense_layers, v.model.layers - v.model.dense_layers
+            args.append(("--moe-layer-freq", f"([0]*{dense}+[1]*{moe})"))
+        if v.model.shared_experts:
+            args.append(("--moe-shared-expert-intermediate-size",
+                         v.model.shared_experts * v.model.expert_ffn))
         if lay.expert > 1:
             args.append(("--expert-model-parallel-size", lay.expert))
             args.append(("--expert-tensor-parallel-size", lay.etp))
@@ -158,16 +182,29 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
     return args + _model_args(v), notes
 
 
-def render(v: PartView, source: str) -> tuple[str, list[str]]:
-    """(the arguments file's text, notes): a comment header, then one argument per line,
-    shell-quoted, for ``pretrain_gpt.py $(grep -v '^#' FILE)``."""
+def launch_line(v: PartView, path: Path | str = "THIS_FILE") -> str:
+    """The shell line that starts Megatron-LM with the file's arguments (the file's own
+    shell quoting read by ``xargs``), with the environment ``validate_args`` asks for:
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` for tensor or context parallel, unset under FSDP, which
+    refuses it."""
+    nodes = max(1, v.devices // 8)
+    env = ("CUDA_DEVICE_MAX_CONNECTIONS=1 " if (v.layout.tensor > 1 or v.context > 1)
+           and not v.layout.fsdp else "")
+    script = "pretrain_mamba.py" if v.model.hybrid else "pretrain_gpt.py"
+    return (f"grep -v '^#' {Path(path).name} | {env}xargs torchrun --nnodes {nodes} "
+            f"--nproc-per-node {v.devices // nodes} {script}")
+
+
+def render(v: PartView, source: str, path: Path | str = "THIS_FILE") -> tuple[str, list[str]]:
+    """(the arguments file's text, notes): a comment header with the launch line
+    (:func:`launch_line`), then one argument per line, shell-quoted."""
     args, notes = megatron_args(v)
-    head = [f"# Megatron-LM arguments for {v.model.name}{' ' + v.name if v.name else ''}, "
-            f"exported by mpmd from {source}",
+    head = [f"# Megatron-LM arguments ({VERSION}) for {v.model.name}"
+            f"{' ' + v.name if v.name else ''}, exported by mpmd from {source}",
             f"# {v.devices} x {v.device}: data {v.data} x "
             + (f"context {v.context} ({v.layout.context_method}) x " if v.context > 1 else "")
             + f"tensor {v.layout.tensor} x pipeline {v.pipeline}; {v.microbatches} microbatches "
               f"of {v.micro_batch} per replica",
-            "# use: pretrain_gpt.py $(grep -v '^#' THIS_FILE) plus your data and tokenizer flags"]
+            f"# launch, then your data and tokenizer flags: {launch_line(v, path)}"]
     lines = [f if x is None else f"{f} {shlex.quote(str(x))}" for f, x in args]
     return "\n".join(head + lines) + "\n", notes

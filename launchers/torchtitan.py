@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tomli_w
 
-from launchers.view import PartView
+from launchers.view import GPU_KINDS, LauncherError, PartView, refuse_device
 
 SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "gpipe": "GPipe",
              "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
@@ -36,9 +36,46 @@ backward still passes the K/V gradients around the ring where the plan reduce-sc
 note). torchtitan has no head-scattering (DeepSpeed-Ulysses) context parallel: the plan's
 ``alltoall`` is written as ``"allgather"`` with a note."""
 
+VERSION = "0.3.0"
+"""The torchtitan release the default target (``--to torchtitan``, a Python config module) writes
+for; :data:`TOML_VERSION` for ``--to torchtitan@0.2`` (a job TOML)."""
+
+TOML_VERSION = "0.2.2"
+"""The last torchtitan release that reads TOML job files (``--job.config_file``)."""
+
 FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
-           "llama3-405b": ("llama3", "405B")}
-"""Zoo model -> torchtitan ``[model] name, flavor`` (torchtitan's Llama 3 flavors)."""
+           "llama3-405b": ("llama3", "405B"), "qwen3-0.6b": ("qwen3", "0.6B"),
+           "qwen3-1.7b": ("qwen3", "1.7B"), "qwen3-4b": ("qwen3", "4B"), "qwen3-8b": ("qwen3", "8B"),
+           "qwen3-14b": ("qwen3", "14B"), "qwen3-32b": ("qwen3", "32B"),
+           "qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
+           "deepseek-v3": ("deepseek_v3", "671B")}
+"""Zoo model name (lower case) -> torchtitan ``(model, flavor)``: the models torchtitan 0.2.2 and
+0.3.0 both ship (``torchtitan/models/{llama3,qwen3,deepseek_v3}/__init__.py``), whose flavours
+are these models' published shapes. A model not here has no torchtitan model and is refused
+(:func:`model_flavor`)."""
+
+RECIPES = {"llama3": {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"},
+           "qwen3": {}, "deepseek_v3": {}}
+"""torchtitan 0.3's ``config_registry`` function the module starts from (optimizer, data loader,
+checkpointing): the flavour's own where torchtitan has one, else :data:`BASE_RECIPE`'s, whose
+model is then replaced by the flavour's."""
+
+BASE_RECIPE = {"llama3": "llama3_8b", "qwen3": "qwen3_14b", "deepseek_v3": "deepseek_v3_671b"}
+
+
+def model_flavor(v: PartView) -> tuple[str, str]:
+    """torchtitan's ``(model, flavor)`` for the part's model.
+
+    Raises:
+        LauncherError: torchtitan ships no such model (one line naming the models it ships).
+    """
+    got = FLAVORS.get(v.model.name.lower())
+    if got is None:
+        raise LauncherError(
+            f"torchtitan ships no model for {v.model.name} (it ships llama3 8B/70B/405B, qwen3 "
+            f"0.6B-32B, 30B-A3B, 235B-A22B and deepseek_v3 671B); export this plan to megatron "
+            f"or maxtext")
+    return got
 
 
 def _fqns(layers: tuple[str, ...]) -> list[str]:
@@ -57,26 +94,20 @@ def job(v: PartView, source: str) -> tuple[dict, list[str]]:
     """(the job config as a dict of TOML tables, what torchtitan cannot express)."""
     notes = list(v.notes)
     lay = v.layout
-    name, flavor = FLAVORS.get(v.model.name, ("llama3" if v.model.family == "llama" else
-                                              v.model.family, v.model.name))
-    if v.model.name not in FLAVORS:
-        notes.append(f"torchtitan has no {name} flavor {v.model.name!r}: [model] written as "
-                     f"name {name!r}, flavor {v.model.name!r}; add the model to torchtitan first")
+    refuse_device(v, "torchtitan", GPU_KINDS)
+    name, flavor = model_flavor(v)
     if lay.fsdp:
         replicate, shard = lay.hsdp, lay.data // lay.hsdp
     else:
-        replicate, shard = lay.data, 1
-        if lay.context > 1:
-            notes.append(f"with context parallel torchtitan shards parameters, gradients and "
-                         f"optimizer state over the {lay.context} context ranks (FSDP over "
-                         f"dp_shard x cp) and replicates them over data {lay.data}; the plan kept "
-                         f"whole parameters and sharded the optimizer state over data x context "
-                         f"{lay.replicas} (distributed optimizer): expect the parameter gathers "
-                         f"the plan did not cost, or plan with FSDP")
-        elif lay.data > 1:
-            notes.append(f"torchtitan's DDP keeps the optimizer state on every replica; the plan "
-                         f"sharded it over data {lay.data} (distributed optimizer): check memory "
-                         f"or plan with FSDP")
+        # torchtitan refuses DDP beside tensor or pipeline parallel, and its expert parallel
+        # is carved out of dp_shard x cp: the data axis is written as FSDP
+        replicate, shard = 1, lay.data
+        if lay.data > 1 or lay.context > 1:
+            notes.append(f"torchtitan shards parameters, gradients and optimizer state over "
+                         f"data x context {lay.replicas} (FSDP: its DDP does not combine with "
+                         f"tensor, pipeline or expert parallel); the plan kept whole parameters "
+                         f"and sharded the optimizer state (distributed optimizer): expect "
+                         f"parameter gathers the plan did not cost, or plan with FSDP")
     rotate = ROTATE_METHODS[lay.context_method]
     if lay.context > 1 and lay.context_method != "ring":
         _context_note(v, rotate, notes)
@@ -104,7 +135,8 @@ def job(v: PartView, source: str) -> tuple[dict, list[str]]:
                                f"{v.device}, exported by mpmd from {source}"},
         "model": {"name": name, "flavor": flavor,
                   **({"converters": converters} if converters else {})},
-        "training": {"local_batch_size": v.global_batch // max(1, v.data),
+        "training": {"local_batch_size": (v.micro_batch if v.pipeline == 1 else
+                                          v.global_batch // max(1, v.data)),
                      "global_batch_size": v.global_batch, "seq_len": v.seq_len,
                      "mixed_precision_param": v.model.dtype},   # a torchtitan TORCH_DTYPE_MAP name
         "parallelism": par,
@@ -152,7 +184,99 @@ def _precision(v: PartView, notes: list[str]) -> tuple[list[str], dict]:
                                    "enable_fsdp_float8_all_gather": bool(v.layout.fsdp)}}
 
 
-def render(v: PartView, source: str) -> tuple[str, list[str]]:
-    """(the TOML text, notes)."""
+PARALLELISM_03 = ("data_parallel_replicate_degree", "data_parallel_shard_degree",
+                  "tensor_parallel_degree", "pipeline_parallel_degree",
+                  "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                  "module_fqns_per_model_part", "context_parallel_degree",
+                  "expert_parallel_degree")
+"""The ``[parallelism]`` keys torchtitan 0.3.0's ``ParallelismConfig`` still has (it dropped
+``enable_async_tensor_parallel``, ``context_parallel_rotate_method`` and
+``expert_tensor_parallel_degree``)."""
+
+
+def _launch(v: PartView, config: str) -> str:
+    nodes = max(1, v.devices // 8)
+    per = v.devices // nodes
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {per} -m torchtitan.train {config}")
+
+
+def module(v: PartView, source: str, stem: str) -> tuple[str, list[str]]:
+    """(a torchtitan 0.3 config module's text, notes): a ``mpmd_plan()`` config function
+    starting from torchtitan's own recipe for the model (:data:`RECIPES`), its model replaced by
+    the plan's flavour and its training, parallelism and activation checkpointing set to the
+    plan's. torchtitan 0.3 reads ``--module`` (a config module on ``PYTHONPATH``) and
+    ``--config`` (a function in it)."""
     doc, notes = job(v, source)
-    return tomli_w.dumps(doc), notes
+    name, flavor = model_flavor(v)
+    par = {k: x for k, x in doc["parallelism"].items() if k in PARALLELISM_03}
+    dropped = [k for k in doc["parallelism"] if k not in PARALLELISM_03 and doc["parallelism"][k]
+               not in (False, 1)]
+    for k in dropped:
+        if k == "expert_tensor_parallel_degree":
+            notes.append(f"torchtitan {VERSION} has no expert tensor parallel: the experts are "
+                         f"split over expert parallel only (the plan's etp "
+                         f"{doc['parallelism'][k]})")
+        elif k == "enable_async_tensor_parallel":
+            notes.append(f"torchtitan {VERSION} has no async tensor parallel switch: the plan's "
+                         f"overlapped tensor-parallel collectives are not asked for")
+    recipe = RECIPES[name].get(flavor, BASE_RECIPE[name])
+    conv = doc["model"].get("converters", [])
+    imports = ["from torchtitan.config import ParallelismConfig, TrainingConfig",
+               "from torchtitan.distributed.activation_checkpoint import FullAC",
+               "from torchtitan.models.common.config_utils import decoder_vocab_size",
+               f"from torchtitan.models.{name} import config_registry, model_registry"]
+    converters = ""
+    if "float8" in conv:
+        imports.append("from torchtitan.components.quantization import Float8LinearConverter")
+        if doc["float8"]["recipe_name"] != "rowwise":
+            notes.append(f"torchtitan {VERSION}'s float8 converter scales rowwise only: the "
+                         f"plan's per-tensor FP8 written as rowwise")
+        converters = ", converters=[Float8LinearConverter.Config(recipe_name=\"rowwise\")]"
+    elif "mx" in conv:
+        imports.append("from torchtitan.components.quantization import MXFP8LinearConverter")
+        converters = ", converters=[MXFP8LinearConverter.Config()]"
+    training = doc["training"]
+    ac = "FullAC.Config()" if v.recompute else "None"
+    launch = _launch(v, f"--module {stem} --config mpmd_plan")
+    lines = [
+        f'"""torchtitan {VERSION} config for {v.model.name}{" " + v.name if v.name else ""} on '
+        f'{v.devices} x {v.device}, exported by mpmd from {source}.',
+        "",
+        f"Launch from the directory holding this file: PYTHONPATH=. {launch}",
+        '"""',
+        "",
+        *imports,
+        "",
+        "TORCHTITAN_VERSION = " + repr(VERSION),
+        "",
+        "",
+        "def mpmd_plan():",
+        f"    config = config_registry.{recipe}()   # torchtitan's recipe: optimizer, data, "
+        f"checkpoints",
+        f"    config.model_spec = model_registry({flavor!r}{converters})",
+        "    config.loss.loss_fn.global_vocab_size = decoder_vocab_size(config.model_spec)",
+        f"    config.training = TrainingConfig(local_batch_size={training['local_batch_size']}, "
+        f"global_batch_size={training['global_batch_size']}, seq_len={training['seq_len']}, "
+        f"mixed_precision_param={training['mixed_precision_param']!r})",
+        "    config.parallelism = ParallelismConfig(",
+        *[f"        {k}={x!r}," for k, x in par.items()],
+        "    )",
+        f"    config.activation_checkpoint = {ac}",
+        "    return config",
+        ""]
+    return "\n".join(lines), notes
+
+
+def render_module(v: PartView, source: str, stem: str = "plan") -> tuple[str, list[str]]:
+    """(the torchtitan 0.3 config module, notes); ``stem`` is the module name it is launched
+    as (the file's name without ``.py``)."""
+    return module(v, source, stem)
+
+
+def render(v: PartView, source: str) -> tuple[str, list[str]]:
+    """(the torchtitan 0.2 job TOML text, notes)."""
+    doc, notes = job(v, source)
+    launch = _launch(v, "--job.config_file THIS_FILE")
+    head = (f"# torchtitan {TOML_VERSION} job config (the last release that reads TOML job files)"
+            f"\n# launch: {launch}\n")
+    return head + tomli_w.dumps(doc), notes

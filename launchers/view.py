@@ -53,6 +53,7 @@ class PartView:
         meshes_per_node: stage meshes that share one node.
         notes: what the plan has that this one set of degrees cannot say, one line each.
         precision: the plan's training precision recipe (``ir.precision.PRECISIONS``).
+        kinds: every device kind the part's stage meshes run on, in stage order.
     """
 
     name: str
@@ -74,6 +75,7 @@ class PartView:
     meshes_per_node: int
     notes: tuple[str, ...]
     precision: str = "bf16"
+    kinds: tuple[str, ...] = ()
 
     @property
     def data(self) -> int:
@@ -90,6 +92,27 @@ class PartView:
     def decoder_layers(self, stage: int) -> int:
         """Transformer blocks of ``stage``."""
         return sum(1 for n in self.stage_layers[stage] if n.startswith("block"))
+
+
+GPU_KINDS = ("a100", "b200", "gb200", "gb300", "h100", "h200", "h800", "l40s", "v100")
+"""Device profile name prefixes (``hardware_profiles/devices``) of NVIDIA GPUs: what Megatron-LM
+and torchtitan run (CUDA); MaxText runs them and TPUs (:data:`TPU_KINDS`)."""
+
+TPU_KINDS = ("tpu",)
+
+
+def refuse_device(v: PartView, target: str, runs: tuple[str, ...]) -> None:
+    """Raise when a stage mesh of ``v`` is on a device kind ``target`` cannot run.
+
+    Raises:
+        LauncherError: one line naming the kind, the part and the kinds ``target`` runs.
+    """
+    bad = [k for k in v.kinds if not k.lower().startswith(runs)]
+    if bad:
+        where = f"{v.name} runs" if v.name else "the plan runs"
+        raise LauncherError(f"{where} on {', '.join(bad)}, which {target} cannot run (it runs "
+                            f"{', '.join(runs)} devices); export that part to a launcher for "
+                            f"{bad[0]} or re-plan without it")
 
 
 def _model(plan: Plan) -> ModelConfig:
@@ -182,7 +205,7 @@ def part_view(plan: Plan, name: str = "") -> PartView:
                     global_batch=plan.global_batch, seq_len=plan.seq_len, recompute=any(rc),
                     stage_layers=stage_layers, stage_rank=tuple(t.stage_rank),
                     nodes_per_mesh=max(nodes), meshes_per_node=max(per_node), notes=tuple(notes),
-                    precision=plan.precision)
+                    precision=plan.precision, kinds=tuple(dict.fromkeys(k for k in kinds if k)))
 
 
 def part_views(plan: Plan | DataParallelPlan) -> tuple[PartView, ...]:

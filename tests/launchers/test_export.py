@@ -29,8 +29,14 @@ PLANS = sorted(DATA.glob("*.json"))
 
 
 def exported(plan_path: Path, target: str):
+    """The export's files; () where the target refuses the plan, which only torchtitan does,
+    for a model it does not ship."""
     out = GOLDEN / f"{plan_path.stem}{TARGETS[target][1]}"
-    return export_plan(load_plan(plan_path), target, out, source=f"data/{plan_path.name}")
+    try:
+        return export_plan(load_plan(plan_path), target, out, source=f"data/{plan_path.name}")
+    except LauncherError as e:
+        assert target.startswith("torchtitan") and "torchtitan ships no model for" in str(e)
+        return ()
 
 
 def megatron_args(text: str) -> dict[str, str | None]:
@@ -52,6 +58,9 @@ def test_degrees_multiply_to_each_parts_devices(plan_path, target):
     plan = load_plan(plan_path)
     views = part_views(plan)
     files = exported(plan_path, target)
+    if not files:
+        return
+    views = [v for v in views if any(f.path.stem.endswith(v.name) for f in files)]
     assert len(files) == len(views)
     for f, v in zip(files, views):
         if target == "megatron":
@@ -69,12 +78,14 @@ def test_degrees_multiply_to_each_parts_devices(plan_path, target):
                 assert layout.count("t") == v.model.layers
                 assert stages[0].startswith("E") and stages[-1].endswith("L")
         elif target == "torchtitan":
+            assert f"TORCHTITAN_VERSION = '0.3.0'" in f.text and "def mpmd_plan():" in f.text
+        elif target == "torchtitan@0.2":
             doc = tomllib.loads(f.text)
             par = doc["parallelism"]
             dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
             assert dp % par.get("expert_parallel_degree", 1) == 0
             assert dp * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] == v.devices
-            assert doc["training"]["local_batch_size"] * dp == doc["training"]["global_batch_size"]
+            assert doc["training"]["global_batch_size"] % (doc["training"]["local_batch_size"] * dp) == 0
             if par["pipeline_parallel_degree"] > 1:
                 parts = par["module_fqns_per_model_part"]
                 assert len(parts) == par["pipeline_parallel_degree"] * v.virtual
@@ -85,7 +96,8 @@ def test_degrees_multiply_to_each_parts_devices(plan_path, target):
                     for axis in ("data", "fsdp", "tensor", "pipeline", "expert") if
                     f"{level}_{axis}_parallelism" in doc]
             assert math.prod(axes) == v.devices
-            assert doc["per_device_batch_size"] * v.devices == v.global_batch
+            accumulation = doc.get("gradient_accumulation_steps", 1)
+            assert doc["per_device_batch_size"] * v.devices * accumulation == v.global_batch
         assert all("\n" not in n for n in f.notes)
 
 
@@ -112,7 +124,7 @@ def test_llama3_70b_on_128_h100_as_megatron_arguments():
 
 
 def test_interleaved_plan_as_torchtitan_toml():
-    (f,) = exported(DATA / "llama3-70b-interleaved.json", "torchtitan")
+    (f,) = exported(DATA / "llama3-70b-interleaved.json", "torchtitan@0.2")
     par = tomllib.loads(f.text)["parallelism"]
     assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert len(par["module_fqns_per_model_part"]) == 2 * par["pipeline_parallel_degree"]
@@ -120,8 +132,8 @@ def test_interleaved_plan_as_torchtitan_toml():
 
 def test_data_parallel_plan_gives_one_file_per_part():
     files = exported(DATA / "llama3-70b-h100-tpu-data-parallel.json", "maxtext")
-    assert [f.path.name for f in files] == ["llama3-70b-h100-tpu-data-parallel-part0.yaml",
-                                           "llama3-70b-h100-tpu-data-parallel-part1.yaml"]
+    assert [f.path.name for f in files] == ["llama3-70b-h100-tpu-data-parallel-part0.yml",
+                                           "llama3-70b-h100-tpu-data-parallel-part1.yml"]
     tpu = yaml.safe_load(files[1].text)
     assert (tpu["ici_fsdp_parallelism"], tpu["ici_tensor_parallelism"]) == (128, 2)
     assert tpu["remat_policy"] == "full"
@@ -138,13 +150,16 @@ def test_unknown_target_and_non_language_model_are_refused():
 
 
 def test_cli_writes_files_and_prints_each_note_once(tmp_path):
-    out = tmp_path / "dp.toml"
+    """The TPU part is not written for torchtitan (it runs NVIDIA GPUs): one line says so."""
+    out = tmp_path / "dp.py"
     res = CliRunner().invoke(main, ["export", str(DATA / "llama3-70b-h100-tpu-data-parallel.json"),
                                     "--to", "torchtitan", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "dp-part0.toml").exists() and (tmp_path / "dp-part1.toml").exists()
+    assert (tmp_path / "dp-part0.py").exists() and not (tmp_path / "dp-part1.py").exists()
     assert res.output.count("gradient all-reduce") == 1
-    assert "torchtitan cannot express (dp-part0.toml): mesh h100.0 runs dp4xtp8" in res.output
+    assert "torchtitan cannot express: mesh h100.0 runs dp4xtp8" in res.output
+    assert res.output.count("part1 not written: part1 runs on tpu-v5e, which torchtitan cannot "
+                            "run") == 1
 
 
 def test_cli_bad_target_is_one_line(tmp_path):

@@ -40,9 +40,9 @@ def with_layouts(path: Path, **layouts: Layout) -> Plan:
 
 def files(plan: Plan) -> dict[str, tuple[str, tuple[str, ...]]]:
     out = {}
-    for target in ("megatron", "torchtitan", "maxtext"):
+    for target in ("megatron", "torchtitan@0.2", "maxtext"):
         (f,) = export_plan(plan, target, "x")
-        out[target] = (f.text, f.notes)
+        out[target.split("@")[0]] = (f.text, f.notes)
     return out
 
 
@@ -79,16 +79,15 @@ def test_ring_context_on_every_target():
     par = doc["parallelism"]
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"],
             par["context_parallel_degree"], par["tensor_parallel_degree"],
-            par["pipeline_parallel_degree"]) == (4, 1, 2, 4, 4)
+            par["pipeline_parallel_degree"]) == (1, 4, 2, 4, 4)
     assert par["context_parallel_rotate_method"] == "alltoall"
     assert doc["training"]["local_batch_size"] == 64        # 256 over data 4, not data x context
     assert par["pipeline_parallel_microbatch_size"] == 2
     assert out["torchtitan"][1] == (
-        "with context parallel torchtitan shards parameters, gradients and optimizer state over "
-        "the 2 context ranks (FSDP over dp_shard x cp) and replicates them over data 4; the plan "
-        "kept whole parameters and sharded the optimizer state over data x context 8 "
-        "(distributed optimizer): expect the parameter gathers the plan did not cost, or plan "
-        "with FSDP",)
+        "torchtitan shards parameters, gradients and optimizer state over data x context 8 "
+        "(FSDP: its DDP does not combine with tensor, pipeline or expert parallel); the plan kept "
+        "whole parameters and sharded the optimizer state (distributed optimizer): expect "
+        "parameter gathers the plan did not cost, or plan with FSDP",)
 
     mx = yaml.safe_load(out["maxtext"][0])
     assert (mx["ici_context_parallelism"], mx["dcn_context_parallelism"]) == (2, 1)
@@ -170,10 +169,10 @@ def test_fsdp_context_shards_over_data_and_context():
     assert lay.shard == 8
     out = files(with_layouts(INTERLEAVED, **{"*": lay}))
     a = megatron_args(out["megatron"][0])
-    assert "--use-torch-fsdp2" in a and "--use-distributed-optimizer" not in a
+    assert "--use-megatron-fsdp" in a and a["--data-parallel-sharding-strategy"] == "optim_grads_params"
     assert a["--context-parallel-size"] == "2"
-    assert ("hybrid sharding over 2 replicas has no Megatron-LM flag with --use-torch-fsdp2: "
-            "written as full sharding over data x context 8 x 2") in out["megatron"][1]
+    assert ("hybrid sharding over 2 replicas: written as Megatron-FSDP's "
+            "full sharding over data x context 8 x 2") in out["megatron"][1]
     par = tomllib.loads(out["torchtitan"][0])["parallelism"]
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"],
             par["context_parallel_degree"], par["tensor_parallel_degree"],

@@ -1,0 +1,31 @@
+"""torchtitan 0.3.0 config for Qwen3-235B-A22B on 512 x h100-sxm, exported by mpmd from data/qwen3-235b-a22b-expert-parallel.json.
+
+Launch from the directory holding this file: PYTHONPATH=. torchrun --nnodes 64 --nproc-per-node 8 -m torchtitan.train --module qwen3-235b-a22b-expert-parallel --config mpmd_plan
+"""
+
+from torchtitan.config import ParallelismConfig, TrainingConfig
+from torchtitan.distributed.activation_checkpoint import FullAC
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.models.qwen3 import config_registry, model_registry
+
+TORCHTITAN_VERSION = '0.3.0'
+
+
+def mpmd_plan():
+    config = config_registry.qwen3_14b()   # torchtitan's recipe: optimizer, data, checkpoints
+    config.model_spec = model_registry('235B-A22B')
+    config.loss.loss_fn.global_vocab_size = decoder_vocab_size(config.model_spec)
+    config.training = TrainingConfig(local_batch_size=64, global_batch_size=512, seq_len=4096, mixed_precision_param='bfloat16')
+    config.parallelism = ParallelismConfig(
+        data_parallel_replicate_degree=1,
+        data_parallel_shard_degree=8,
+        tensor_parallel_degree=4,
+        pipeline_parallel_degree=16,
+        context_parallel_degree=1,
+        expert_parallel_degree=2,
+        pipeline_parallel_schedule='DualPipeV',
+        pipeline_parallel_microbatch_size=1,
+        module_fqns_per_model_part=[['tok_embeddings', 'layers.0', 'layers.1'], ['layers.2', 'layers.3', 'layers.4'], ['layers.5', 'layers.6', 'layers.7'], ['layers.8', 'layers.9', 'layers.10'], ['layers.11', 'layers.12', 'layers.13'], ['layers.14', 'layers.15', 'layers.16'], ['layers.17', 'layers.18', 'layers.19'], ['layers.20', 'layers.21', 'layers.22'], ['layers.23', 'layers.24', 'layers.25'], ['layers.26', 'layers.27', 'layers.28'], ['layers.29', 'layers.30', 'layers.31'], ['layers.32', 'layers.33', 'layers.34'], ['layers.35', 'layers.36', 'layers.37'], ['layers.38', 'layers.39', 'layers.40'], ['layers.41', 'layers.42', 'layers.43'], ['layers.44', 'layers.45', 'layers.46'], ['layers.47', 'layers.48', 'layers.49'], ['layers.50', 'layers.51', 'layers.52'], ['layers.53', 'layers.54', 'layers.55'], ['layers.56', 'layers.57', 'layers.58'], ['layers.59', 'layers.60', 'layers.61'], ['layers.62', 'layers.63', 'layers.64'], ['layers.65', 'layers.66', 'layers.67'], ['layers.68', 'layers.69', 'layers.70'], ['layers.71', 'layers.72', 'layers.73'], ['layers.74', 'layers.75', 'layers.76'], ['layers.77', 'layers.78', 'layers.79'], ['layers.80', 'layers.81', 'layers.82'], ['layers.83', 'layers.84', 'layers.85'], ['layers.86', 'layers.87', 'layers.88'], ['layers.89', 'layers.90', 'layers.91'], ['layers.92', 'layers.93', 'norm', 'output']],
+    )
+    config.activation_checkpoint = None
+    return config
