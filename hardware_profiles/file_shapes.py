@@ -121,6 +121,7 @@ class _Efficiencies(_Strict):
     logit_overhead_ns: _Overhead | None = None
     forward_routing_pair_ns: _Overhead | None = None
     backward_routing_pair_ns: _Overhead | None = None
+    routed_element_ps: _Overhead | None = None
 
 
 class _OneHop(_Strict):

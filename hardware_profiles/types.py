@@ -183,6 +183,12 @@ class DeviceProfile:
             one (an accelerator's gathers stream at its memory bandwidth, charged with the
             layer's other bytes: an H100 moved Qwen3-235B's 32,768 pairs of 4,096 bf16 values
             through both of a sample's gathers in 0.2 ms).
+        routed_element: a mixture-of-experts layer's token-path time per (token, expert,
+            hidden) element it routes, s, forward and backward together, beyond its bytes, FLOP
+            and all-to-alls (permutations, the all-to-all's achieved bandwidth, the dispatcher's
+            sort, padding and host synchronisation: ``simulator.cost_model.token_path_time``),
+            fitted on the kind's published MoE runs by ``mpmd validate --fit-moe``; 0 where none
+            was fitted
         logit_overhead: a serving step's time per logit it hands to sampling, s: a stack that
             reads each step's ``batch x vocab`` logits back to the host and samples there pays
             it (a decode step of 32 users costs a Wormhole n150 ~8 ms more than one user's, for
@@ -234,6 +240,7 @@ class DeviceProfile:
     layer_overhead_ops: tuple[int, int] = (0, 0)
     forward_routing_pair: float = 0.0
     backward_routing_pair: float = 0.0
+    routed_element: float = 0.0
     precision_rules: Mapping[str, str] = field(default_factory=dict)
     format_efficiency: Mapping[str, float] = field(default_factory=dict)
 

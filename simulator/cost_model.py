@@ -447,6 +447,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         # the token permutations, row by row, where a gather costs more than its bytes (XLA:CPU)
         body += cost.routed_pairs_per_sample * per_dev / t * (
             dev.forward_routing_pair if kind == FragmentKind.F else dev.backward_routing_pair)
+    body += token_path_time(cost, kind, per_dev / t, dev, DTYPE_BYTES.get(dtype, 2))
     if 0 < tokens <= 1 and flops > 0:
         # a decode step's layer: its small ops dispatched one by one (serving_cost charges the same)
         body += mesh.device.decode_layer_overhead or 0.0
@@ -461,6 +462,41 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
                                  seq_len=seq_len, alltoall_hidden=alltoall_hidden,
                                  precision=precision)
     return body
+
+
+TOKEN_PATH_FORWARD_SHARE = 1.0 / 3.0
+"""The forward's share of a mixture-of-experts layer's token-path time
+(:func:`token_path_time`): the forward routes each token's rows once (permute, dispatch, combine,
+unpermute), the backward's input gradient runs the same path in reverse and adds the gradient of
+the gating weights on every routed row (Lepikhin et al. 2021, "GShard", Sec. 3.2: the backward's
+all-to-alls are the forward's transposes), so the backward takes twice the forward's share, as its
+matmuls do."""
+
+
+def token_path_time(cost: LayerCost, kind: str, samples: float, device: DeviceProfile,
+                    dtype_bytes: int) -> float:
+    """Seconds one device spends on a mixture-of-experts layer's token path in one fragment of
+    ``kind`` beyond what its bytes, FLOP and all-to-alls already cost: ``samples`` (the device's
+    share of the microbatch, after data, context and tensor parallelism) x the (token, expert,
+    hidden) elements one sample routes (``LayerCost.alltoall_bytes_per_sample / dtype_bytes``:
+    ``seq x top_k x h x capacity factor``) x ``device.routed_element`` (seconds per routed
+    element, forward and backward together, fitted per device kind on published MoE runs by
+    ``mpmd validate --fit-moe``), the forward's share :data:`TOKEN_PATH_FORWARD_SHARE` and the
+    backward's the rest (all of it in the input gradient ``B``; none in a ``W``).
+
+    What it stands for, per routed element: the permutations into the experts' slots and back,
+    the all-to-all's achieved bandwidth below the fabric's, the dispatcher's sort and padding, the
+    FP8 quantisation of the dispatched rows and the host synchronisation a dropless dispatcher
+    makes to size its all-to-all (Megatron-Core's ``MoEAlltoAllTokenDispatcher``); its scaling with
+    ``top_k x h`` is what the published runs support (NVIDIA, "Scalable Training of
+    Mixture-of-Experts Models with Megatron Core", arXiv:2603.07685, 2026, Sec. 1: all-to-all
+    communication 20-60% of MoE training time). 0 for a dense layer, a ``W`` or a profile without
+    the figure."""
+    if device.routed_element <= 0 or cost.alltoall_bytes_per_sample <= 0 \
+            or kind == FragmentKind.W:
+        return 0.0
+    share = TOKEN_PATH_FORWARD_SHARE if kind == FragmentKind.F else 1.0 - TOKEN_PATH_FORWARD_SHARE
+    return cost.alltoall_bytes_per_sample / dtype_bytes * samples * device.routed_element * share
 
 
 def fragment_memory_time(fixed_bytes: float, varying_bytes: float, device: DeviceProfile,

@@ -476,6 +476,9 @@ def fit_section(device: str, f, loso, written: str | None) -> str:
 @click.option("--fit", is_flag=True,
               help="Fit each device kind's efficiency values over its rows (printed; the "
                    "profiles are written only with --profiles-out).")
+@click.option("--fit-moe", is_flag=True,
+              help="Fit only each device kind's mixture-of-experts token-path time over its "
+                   "MoE rows, every other efficiency held (--fit does it last).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=str(DEFAULT_CSV),
               show_default=True, help="Published-training CSV.")
 @click.option("--out", type=click.Path(), default=None,
@@ -503,7 +506,7 @@ def fit_section(device: str, f, loso, written: str | None) -> str:
 @guard
 def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None,
              strict: bool, hold_elementwise: bool = False, layers_csv: str | None = None,
-             profile: str | None = None, serving: bool = False) -> None:
+             profile: str | None = None, serving: bool = False, fit_moe: bool = False) -> None:
     """Check the simulator against published training runs (per-row table, MAPE, zb ranking).
 
     Every row is simulated on its own device's profile (the CSV's ``device`` column). A row
@@ -515,8 +518,8 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
 
     if profile and not layers_csv:
         raise click.BadParameter("--profile needs --layers; add --layers CSV or drop it")
-    if profiles_out and not fit:
-        raise click.BadParameter("--profiles-out needs --fit; add --fit or drop it")
+    if profiles_out and not (fit or fit_moe):
+        raise click.BadParameter("--profiles-out needs --fit or --fit-moe; add one or drop it")
     if out:                 # the outputs before any work: a bad path fails at once
         check_output(out, "validation report")
     if profiles_out:
@@ -644,6 +647,11 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
             section = fit_section(name, f, loso, written) + "\n\n" + scale_section(name, sf)
             console.print(section)
             fit_info.append(section)
+    if fit or fit_moe:      # last: every other efficiency of each kind is held
+        from mpmd.cli.validate_moe import fit_moe as fit_token_paths
+        fit_token_paths(setups, devices, predict_step, console, fit_info, profiles_out,
+                        held_out)
+        fit = True          # the report re-predicts every row with the fitted profiles
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("simulating every row", total=(2 if fit else 1) * len(setups))
         results, bad = V.evaluate_rows(setups, devices, V.sim_step, errors=errors,
