@@ -21,7 +21,7 @@ from compiler.passes import (absorb_inferred_fragments, accumulate_uniformly, as
                              call_inline, copy_constants, erase_unused_callee_block_arguments,
                              fold_zero_adds, fragment_dce, fragment_dedup,
                              from_unroll_to_call_counter, infer_meshes, merge_by_rules,
-                             merge_forward_backward, merge_stages, merge_transfers,
+                             merge_forward_backward, merge_inferred_fragments, merge_stages, merge_transfers,
                              propagate_shardings, remove_transfer_cycles, schedule_fragments,
                              sink_negligible_ops_into_call_op, split_backward,
                              unroll_call_counters, unroll_for_loops)
@@ -109,6 +109,7 @@ PIPELINE: tuple[PassSpec, ...] = (
              lambda c: c.merge_forward_backward, "config.merge_forward_backward"),
     PassSpec("merge_rules", lambda c, s: partial(merge_by_rules, rules=c.merge_rules), _OM,
              lambda c: callable(c.merge_rules) or bool(c.merge_rules), "config.merge_rules"),
+    PassSpec("merge_inferred", _fixed(merge_inferred_fragments), _OM),
     PassSpec("split_transfer_independent",
              _fixed(split_and_prioritize_transfer_independent_computations), _OM,
              lambda c: c.split_transfer_independent, "config.split_transfer_independent"),

@@ -16,6 +16,9 @@ off, :class:`InferenceError` is raised naming the value. Dead meshless ops are d
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Iterable, Mapping
+
+import numpy as np
 
 from compiler.errors import InferenceError
 from compiler.passes._util import rename_uses
@@ -31,6 +34,59 @@ def _producer_desc(p: Program, v: str) -> str:
             if isinstance(op, Transfer):
                 return f"transfer of {op.value}"
     return "program input" if v in p.inputs else "value"
+
+
+def _bytes(p: Program, vs: Iterable[str]) -> int:
+    return sum(int(np.prod(p.types[v].shape, dtype=np.int64)) * np.dtype(p.types[v].dtype).itemsize
+               for v in vs)
+
+
+def _weights(p: Program, home: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """Meshless value -> bytes of its sources per mesh, each source scaled down by the ratio of
+    sizes of every op it flows through that shrinks it (a reduction of a gradient weighs as
+    little as its result)."""
+    w: dict[str, dict[str, float]] = {}
+    for op in p.ops:
+        if not isinstance(op, MeshlessOp):
+            continue
+        out_b = max(_bytes(p, op.outputs), 1)
+        acc: dict[str, float] = {}
+        for v in dict.fromkeys(op.inputs):
+            src = w.get(v)
+            if src is None:
+                src = {home[v]: float(_bytes(p, [v]))} if v in home else {}
+            f = min(1.0, out_b / max(_bytes(p, [v]), 1))
+            for m, x in src.items():
+                acc[m] = acc.get(m, 0.0) + f * x
+        for v in op.outputs:
+            w[v] = acc
+    return w
+
+
+def _heaviest(w: Mapping[str, float], among: Iterable[str], order: Mapping[str, int]) -> str:
+    """The mesh of ``among`` with the most source bytes (topology order breaks ties)."""
+    return min(among, key=lambda m: (-w.get(m, 0.0), order[m]))
+
+
+def _placement(p: Program, op: MeshlessOp, use: set[str], src: Mapping[str, set[str]],
+               weight: Mapping[str, Mapping[str, float]], home: Mapping[str, str],
+               order: Mapping[str, int]) -> set[str]:
+    """Where ``op`` is computed: its ``use_set``, or, when that is not within its ``src_set`` and
+    its results are no larger than its operands (a reduction, an elementwise op), where its
+    operands are (``use_set & src_set``, else the ``src_set`` mesh, else the ``use_set`` mesh
+    with most source bytes), its results then moved to the rest of ``use_set``."""
+    s = src.get(op.outputs[0], set()) if op.outputs else set()
+    ins = [v for v in dict.fromkeys(op.inputs)]
+    if use <= s or not ins or _bytes(p, op.outputs) > _bytes(p, ins):
+        return use
+    if use & s:
+        return use & s
+    w: dict[str, float] = {}
+    for v in ins:
+        wv = weight.get(v) or ({home[v]: float(_bytes(p, [v]))} if v in home else {})
+        for m, x in wv.items():
+            w[m] = w.get(m, 0.0) + x
+    return {_heaviest(w, s or use, order)}
 
 
 def infer_meshes(p: Program, infer_transfers: bool = True) -> Program:
@@ -76,24 +132,30 @@ def infer_meshes(p: Program, infer_transfers: bool = True) -> Program:
             for v in op.outputs:
                 src[v] = set(avail[v])
     # output meshes: requested, or the first of src_set
+    weight = _weights(p, home)
     out_mesh: list[str | None] = []
     for v, m in zip(p.outputs, p.output_meshes):
         if m is None and (v in meshless or v not in home):
-            s = src.get(v) or allm
-            m = first(s)
+            s = src.get(v)
+            m = first(s) if s else _heaviest(weight.get(v, {}), allm, order)
         out_mesh.append(m)
     # use_set, backward
     use: dict[str, set[str]] = {}
     for v, m in zip(p.outputs, out_mesh):
         if m is not None:
             use.setdefault(v, set()).add(m)
-    for op in reversed(p.ops):
+    place: dict[int, set[str]] = {}
+    for k in range(len(p.ops) - 1, -1, -1):
+        op = p.ops[k]
         if isinstance(op, Fragment):
             ms = {op.mesh}
         elif isinstance(op, Transfer):
             ms = {op.src}
         else:
             ms = set().union(*(use.get(v, set()) for v in op.outputs))
+            if isinstance(op, MeshlessOp) and ms:
+                ms = _placement(p, op, ms, src, weight, home, order)
+                place[k] = ms
         for v in op.inputs:
             use.setdefault(v, set()).update(ms)
     in_m = list(p.input_meshes)
@@ -114,7 +176,7 @@ def infer_meshes(p: Program, infer_transfers: bool = True) -> Program:
     def on(v: str, m: str) -> str:
         if (v, m) in name_on:
             return name_on[(v, m)]
-        if v in meshless:
+        if v in meshless and v not in home:
             raise InferenceError(f"internal: meshless value {v} has no copy on mesh {m!r}")
         h = home[v]
         if not infer_transfers:
@@ -128,11 +190,15 @@ def infer_meshes(p: Program, infer_transfers: bool = True) -> Program:
         name_on[(v, m)] = n
         return n
 
-    for op in p.ops:
+    for i, op in enumerate(p.ops):
         if isinstance(op, MeshlessOp):
-            ms = set().union(*(use.get(v, set()) for v in op.outputs))
+            ms = place.get(i, set())
             if not ms:
                 continue  # dead
+            full = set().union(*(use.get(v, set()) for v in op.outputs))
+            if not full <= ms:  # computed on fewer meshes than it is used on: results travel
+                for v in op.outputs:
+                    home[v] = first(ms)
             for k, m in enumerate(sorted(ms, key=order.__getitem__)):
                 ren = {v: on(v, m) for v in op.inputs}
                 outs = {}

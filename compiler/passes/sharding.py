@@ -2,7 +2,10 @@
 
 Inside a fragment, JAX/XLA propagates: the fragment body is lowered with ``jax.jit`` on its mesh,
 its operands' shardings given, and the result shardings XLA chooses are read back from the compiled
-executable. Across a transfer, the MPMD layer propagates: the destination value gets the source's
+executable (once per unique body and operand shardings). A fragment whose operands are all
+replicated and whose body holds nothing that shards (no sharding constraint, ``shard_map``,
+``device_put``, nor any ``Sharding`` parameter, nested jaxprs included) is not compiled: with no
+sharding to propagate, its results are replicated. Across a transfer, the MPMD layer propagates: the destination value gets the source's
 sharding by mesh-axis name (RFC: "we simply propagate using the Shardy axes names"), dropping an
 axis the destination mesh lacks or whose size does not divide the dimension. Inputs take the
 given spec, else replicated. Propagation is forward in program order (results whose sharding XLA
@@ -77,6 +80,32 @@ def _sharding_spec(s: Any, ndim: int, mesh: Any = None) -> Spec:
     return ((),) * ndim
 
 
+_SHARDING_PRIMS = frozenset({"sharding_constraint", "shard_map", "custom_partitioning",
+                             "mesh_cast", "reshard", "device_put", "xla_pmap"})
+
+
+def _may_shard(eqns: Any) -> bool:
+    """Whether equations (nested jaxprs included) may give XLA a sharding to propagate: a
+    sharding primitive (a constraint, ``shard_map``, ``device_put``, ...) or any parameter that
+    is a ``jax.sharding.Sharding`` other than a replicated ``NamedSharding`` (a ``jit`` with
+    in/out shardings, an explicit-sharding broadcast); a nested ``jit``'s context mesh is not."""
+    for e in eqns:
+        if getattr(e.prim if hasattr(e, "prim") else e.primitive, "name", "") in _SHARDING_PRIMS:
+            return True
+        for v in e.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                if isinstance(x, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+                    continue  # the context mesh of a nested jit, not a sharding
+                if isinstance(x, NamedSharding) and all(d is None for d in x.spec):
+                    continue  # replicated
+                if isinstance(x, jax.sharding.Sharding):
+                    return True
+                j = getattr(x, "jaxpr", x)
+                if type(j).__name__ == "Jaxpr" and _may_shard(j.eqns):
+                    return True
+    return False
+
+
 def _accumulator_specs(p: Program, specs: Mapping[str, Spec]) -> dict[str, Spec]:
     """Init-fragment output -> the spec of the sum it starts (the output of the ``add`` /
     ``add_any`` that reads it in the first fragment using it)."""
@@ -131,18 +160,21 @@ def _sweep(p: Program, topology: Mapping[str, Any], in_specs: Mapping[int, Spec]
         elif isinstance(op, Fragment):
             if not op.outputs:
                 continue
-            tmp = replace(p, specs={v: specs[v] for v in op.inputs})
-            key = body_key(op, tmp)
-            if key not in cache:
-                mesh = topology[op.mesh]
-                args = [jax.ShapeDtypeStruct(p.types[v].shape, np.dtype(p.types[v].dtype),
-                                             sharding=NamedSharding(mesh, partition_spec(specs[v])))
-                        for v in op.inputs]
-                compiled = jax.jit(body_function(op, mesh)).lower(*args).compile()
-                outs = compiled.output_shardings
-                cache[key] = tuple(_sharding_spec(s, len(p.types[v].shape), mesh)
-                                   for s, v in zip(outs, op.outputs))
-            specs.update(zip(op.outputs, cache[key]))
+            if all(not any(specs[v]) for v in op.inputs) and not _may_shard(op.body):
+                # replicated operands and nothing in the body that shards: XLA has no sharding to
+                # propagate, its results are replicated (no need to compile the body to see it)
+                specs.update((v, ((),) * len(p.types[v].shape)) for v in op.outputs)
+            else:
+                key = body_key(op, replace(p, specs={v: specs[v] for v in op.inputs}))
+                if key not in cache:
+                    mesh = topology[op.mesh]
+                    args = [jax.ShapeDtypeStruct(
+                        p.types[v].shape, np.dtype(p.types[v].dtype),
+                        sharding=NamedSharding(mesh, partition_spec(specs[v]))) for v in op.inputs]
+                    compiled = jax.jit(body_function(op, mesh)).lower(*args).compile()
+                    cache[key] = tuple(_sharding_spec(s, len(p.types[v].shape), mesh)
+                                       for s, v in zip(compiled.output_shardings, op.outputs))
+                specs.update(zip(op.outputs, cache[key]))
             for v in op.outputs:
                 if v in fixed:
                     specs[v] = adapt(fixed[v], p.types[v].shape, topology[op.mesh])

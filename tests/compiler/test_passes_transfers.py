@@ -240,10 +240,13 @@ def _transfer_bytes(p):
     return sorted(int(np.prod(p.types[t.out].shape)) * 4 for t in p.ops if isinstance(t, Transfer))
 
 
-def test_transfer_aware_merge_in_the_pipeline_sends_the_sum_instead_of_the_activation():
+def test_the_pipeline_sends_the_sum_instead_of_the_activation():
+    """The sum is requested on m1 but reads y on m2: mesh inference computes it on m2 (a
+    reduction runs where its operand is) and sends 4 bytes, with or without transfer-aware
+    merging (which used to be what moved it)."""
     def fwd(w1, w2, x):
         y = L2(w2, L1(w1, x))
-        return y, jnp.sum(y)  # the sum is requested on m1: inference computes it there
+        return y, jnp.sum(y)
 
     d = jax.devices()
     topo = {"m1": Mesh(d[0:2], ("x",)), "m2": Mesh(d[2:4], ("x",))}
@@ -251,10 +254,11 @@ def test_transfer_aware_merge_in_the_pipeline_sends_the_sum_instead_of_the_activ
     base = dict(assignment={"l1": "m1", "l2": "m2"}, output_meshes={1: "m1"})
     plain = jit(fwd, MpmdConfig(topo, **base), verify=True).lower(*args)
     merged = jit(fwd, MpmdConfig(topo, transfer_aware_merge=True, **base), verify=True).lower(*args)
-    assert _transfer_bytes(plain.program) == [128, 128]  # x -> m2, y -> m1
-    assert _transfer_bytes(merged.program) == [4, 128]   # x -> m2, sum(y) -> m1
-    l2 = [f for f in merged.program.fragments() if f.origin and f.origin[0].name == "l2"]
-    assert [e.prim.name for e in l2[0].body][-1] == "reduce_sum"
+    assert _transfer_bytes(plain.program) == [4, 128]   # x -> m2, sum(y) -> m1
+    assert _transfer_bytes(merged.program) == [4, 128]
+    for lowered in (plain, merged):
+        l2 = [f for f in lowered.program.fragments() if f.origin and f.origin[0].name == "l2"]
+        assert [e.prim.name for e in l2[0].body][-1] == "reduce_sum"
     got, want = merged.compile()(*args), jax.jit(fwd)(*args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
