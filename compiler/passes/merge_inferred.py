@@ -10,16 +10,20 @@ the order of any mesh's user fragments (the schedule).
 Rule (ours; the pass list says only that the pass "merges inferred with user-defined or other
 inferred fragments", with ``merge-sideways`` merging with the next fragment on the same mesh):
 walk the program in order, keeping for each mesh one *pending* group of inferred fragments;
-an inferred fragment (not an accumulator ``init``) joins its mesh's group. A group is emitted, as
-one fragment, just before the first other op that reads one of its results (a user fragment, a
-transfer, an ``init`` fragment), and before the next user fragment of its mesh when one of its
-results is read by a transfer (so a value another mesh waits for is not delayed behind that user
-fragment); groups still pending at the end are emitted there, in topology order. Otherwise a
-group sinks past user fragments of its mesh, to where its results are needed.
+an inferred fragment (not an accumulator ``init``) joins its mesh's group, and a transfer of a
+group's result is held back with the group (so the partial results a mesh sends elsewhere do not
+split its group). A group is emitted, as one fragment followed by its held-back transfers, just
+before the first other op that reads one of its results (a user or ``init`` fragment), and before the
+next user fragment of its mesh when it sends anything to another mesh (so a value another mesh
+waits for is not delayed behind that user fragment); groups still pending at the end are emitted
+there, in topology order. Otherwise a group sinks past user fragments of its mesh, to where its
+results are needed.
 
 Why no cycle can form: a group is emitted before any op outside it reads it, and after every op
-its members read (each member read only values defined before it, and cross-mesh values arrive
-by transfers, which flush their source's group before they are emitted). Non-inferred ops keep
+its members read (each member read only values defined before it; a transfer of a group's
+result is held back and emitted right after the group, and a group reading such a transfer is
+emitted after the group it comes from; a fragment that would make two groups read each other, or
+a group read its own held-back transfer, starts a new group instead). Non-inferred ops keep
 their relative order, so every mesh runs its user fragments in the scheduled order.
 
 A merged group is an inferred fragment (origin ``[]``, no stage, call counter or part) whose body
@@ -68,6 +72,7 @@ def merge_inferred_fragments(p: Program) -> Program:
     to_transfer = {op.value for op in p.ops if isinstance(op, Transfer)}
     pending: dict[str, _Group] = {}
     owner: dict[str, _Group] = {}   # value -> the pending group defining it (or holding its transfer)
+    held: set[str] = set()          # results of held-back transfers
     ops: list[Op] = []
     merged_any = False
 
@@ -82,6 +87,7 @@ def merge_inferred_fragments(p: Program) -> Program:
             del pending[g.mesh]
         for v in [v for v, o in owner.items() if o is g]:
             del owner[v]
+            held.discard(v)
         if len(g.members) == 1:
             ops.append(g.members[0])
         else:
@@ -97,7 +103,8 @@ def merge_inferred_fragments(p: Program) -> Program:
             assert isinstance(op, Fragment)
             srcs = list(dict.fromkeys(owner[v] for v in op.inputs if v in owner))
             g = pending.get(op.mesh)
-            if g is not None and any(d is not g and d.reaches(g) for d in srcs):
+            if g is not None and (any(d is not g and d.reaches(g) for d in srcs) or any(
+                    v in held and owner[v] is g for v in op.inputs)):
                 flush(g)        # it would read a group that reads it: start a new one
                 g = None
             if g is None:
@@ -111,6 +118,7 @@ def merge_inferred_fragments(p: Program) -> Program:
             g = owner[op.value]
             g.transfers.append(op)
             owner[op.out] = g
+            held.add(op.out)
             continue
         for g in list(dict.fromkeys(owner[v] for v in op.inputs if v in owner)):
             flush(g)
