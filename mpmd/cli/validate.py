@@ -8,7 +8,8 @@ CSV's ``device`` column) with :func:`simulator.plan_sim.simulate_plan`, checks
 :func:`planner.predict.predict` agrees, and prints the per-row table, the mean / max absolute
 percentage error and the zero-bubble schedule rankings; ``--out`` also writes them as Markdown
 (atomically). ``--fit`` first fits each device kind's efficiency values over that kind's dense
-rows (a mixture of experts' rows are scored, never fitted: :func:`held_out`) and reports
+rows (a mixture of experts' rows are held out of it, :func:`held_out`, and fit the token-path
+figure last: :mod:`mpmd.cli.validate_moe`) and reports
 leave-one-source-out errors; ``--profiles-out DIR`` writes the fitted profiles there. No
 file is written without ``--out`` or ``--profiles-out``.
 
@@ -409,8 +410,9 @@ def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wa
         sub = [r for r in results if r.row.device == dev]
         lines.append(f"- **{dev}**: mean {mape(sub):.1f}%, max {max(r.ape for r in sub):.1f}% "
                      f"({len(sub)} rows)")
-    lines += ["", "By device, precision recipe and kind (mixtures of experts are scored, never "
-              "fitted):", ""]
+    lines += ["", "By device, precision recipe and kind (mixtures of experts are out of the "
+              "efficiency fit; they fit one token-path figure per device kind, `mpmd validate "
+              "--fit-moe`):", ""]
     for label, sub in recipe_groups(results):
         lines.append(f"- {label}: mean {mape(sub):.1f}%, max {max(r.ape for r in sub):.1f}% "
                      f"({len(sub)} rows)")
