@@ -43,8 +43,8 @@ def test_gb300_differs_from_gb200_where_blackwell_ultra_does():
 
 def test_gb300_inherits_the_blackwell_fit_through_its_chip():
     """`mpmd validate --fit` gives a kind without dense BF16 rows its chip's fitted efficiencies
-    (mpmd/cli/validate.py _same_chip): gb300 is put on gb200's chip, and until then carries
-    gb200's values, each origin saying so."""
+    (mpmd/cli/validate.py _same_chip): gb300 is put on gb200's chip and carries gb200's BF16
+    values, each origin saying so; its FP8 and MXFP8 efficiencies are fitted on its own rows."""
     from mpmd.cli.validate import _same_chip
 
     ultra, gb200 = load_device("gb300"), load_device("gb200")
@@ -53,8 +53,11 @@ def test_gb300_inherits_the_blackwell_fit_through_its_chip():
     assert (ultra.matmul_efficiency, ultra.memory_efficiency, ultra.fragment_overhead,
             ultra.elementwise_traffic) == (gb200.matmul_efficiency, gb200.memory_efficiency,
                                            gb200.fragment_overhead, gb200.elementwise_traffic)
-    assert ultra.sources["matmul_efficiency"].startswith("as gb200 (chip b200)")
-    assert dict(ultra.format_efficiency) == dict(gb200.format_efficiency)
+    assert ultra.sources["matmul_efficiency"].startswith("as gb200 (the same chip, b200)")
+    for recipe in ("fp8", "mxfp8"):
+        assert "over the" in ultra.sources[f"training_formats.{recipe}"] \
+            and "gb300 rows" in ultra.sources[f"training_formats.{recipe}"]
+    assert ultra.format_efficiency["nvfp4"] == gb200.format_efficiency["nvfp4"]   # both priors
     assert ultra.training_formats == ("bf16", "fp8", "fp8-blockwise", "mxfp8", "nvfp4")
     # the attention core stays at the GEMM rate, the SFU gain named but not credited
     assert ultra.attention_rate(8192) == 1.0
@@ -65,8 +68,11 @@ def test_gb300_inherits_the_blackwell_fit_through_its_chip():
 def test_gb300_runs_nvfp4_at_its_own_fp4_peak():
     ultra, gb200 = load_device("gb300"), load_device("gb200")
     assert ultra.format_rate("nvfp4") == pytest.approx(1.5 * gb200.format_rate("nvfp4"))
-    assert ultra.format_rate("fp8") == pytest.approx(gb200.format_rate("fp8"))
-    assert ultra.format_rate("nvfp4") == pytest.approx(15000 * T * 0.504 * 0.8)
+    # the same FP8 peak; the rate differs only by the efficiency each kind's rows fitted
+    assert ultra.format_rate("fp8") / ultra.format_efficiency["fp8"] == pytest.approx(
+        gb200.format_rate("fp8") / gb200.format_efficiency["fp8"])
+    assert ultra.format_rate("nvfp4") == pytest.approx(
+        15000 * T * ultra.matmul_efficiency * 0.8)
 
 
 @pytest.mark.parametrize("name, nodes, domain", [("gb300x72_nodes", 18, 72),
