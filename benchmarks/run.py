@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import bench_a100_175b  # noqa: E402
 import bench_cli  # noqa: E402
+import bench_compiler_optimizer  # noqa: E402
 import bench_context  # noqa: E402
 import bench_fixtures  # noqa: E402
 import bench_moe  # noqa: E402
@@ -50,6 +51,8 @@ SECTIONS = {
              bench_peer.markdown),
     "run": ("## CPU runs against the simulation, after `mpmd calibrate`\n",
             bench_run_check.markdown),
+    "compiler": ("## Compiled training steps with their optimizer: executables, lowering and step "
+                 "time against jax.jit\n", bench_compiler_optimizer.markdown),
     "residual": ("## XLA:CPU: the training forward against the plain forward\n",
                  bench_residual_forward.markdown),
     "cli": ("## CLI: bad input refused before the heavy imports\n", bench_cli.markdown),
