@@ -32,7 +32,10 @@ that size. Hosts are still ``devices_per_node`` devices (straggler counting).
 
 A cluster file that lists meshes which are whole nodes (one mesh per DGX box, say) describes node
 groups too: :func:`node_groups_of` reads it as them, with the listing's links as the groups' NICs
-and fabric caps, so the planner shapes it and :func:`carve` carves it like a node-group file.
+and fabric caps, so the planner shapes it and :func:`carve` carves it like a node-group file. When
+its links join the nodes unequally (a chain, a ring, a tree of fast links and a slow default), the
+listing's links become the topology between the nodes (:class:`hardware_profiles.topology.Topology`)
+and the carving charges every transfer between the meshes it carves at what those links carry.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Iterable, Mapping
 
+from hardware_profiles.topology import Topology
 from hardware_profiles.types import Cluster, InterMeshLink, Link, MeshSpec, NodeGroup, ProfileError
 
 
@@ -129,15 +133,21 @@ def _domain_nodes(g: NodeGroup, first: int, count: int) -> int:
     return block
 
 
-def _mesh(g: NodeGroup, shape: GroupShape, j: int) -> MeshSpec:
+def _mesh(g: NodeGroup, shape: GroupShape, j: int, topo: Topology | None = None) -> MeshSpec:
     per_node = g.devices_per_node // shape.meshes_per_node
     n = shape.nodes_per_mesh * per_node
     first, count, _ = shape.mesh_nodes(j)
     domain = _domain_nodes(g, first, count) * per_node
+    so = g.scale_out_link
+    if topo is not None and count > 1:
+        # its collectives: a ring over its nodes on the listing's links, per device of a node
+        ring = topo.ring(g.name, range(first, first + count), f"{g.name} nodes {first}-{first + count - 1}")
+        so = Link(ring.bandwidth / g.devices_per_node, ring.latency,
+                  f"{ring.source}, over a node's {g.devices_per_node} devices")
     return MeshSpec(name=f"{g.name}.{j}", device=g.device, num_devices=n, axes={"data": n},
                     intra_link=g.intra_link, price_per_device_hour=g.price_per_device_hour,
                     power_watts_per_device=g.power_watts_per_device, devices_per_node=per_node,
-                    scale_out_link=g.scale_out_link, host=g.host,
+                    scale_out_link=so, host=g.host,
                     scale_up_domain=domain if domain != per_node else None)
 
 
@@ -149,12 +159,23 @@ def _group_link(cluster: Cluster, a: str, b: str) -> Link | None:
 
 
 def mesh_link(cluster: Cluster, ga: NodeGroup, sa: GroupShape, ja: int,
-              gb: NodeGroup, sb: GroupShape, jb: int) -> Link:
+              gb: NodeGroup, sb: GroupShape, jb: int, topo: Topology | None = None) -> Link:
     """The aggregate per-direction link between mesh ``ja`` of shape ``sa`` and mesh ``jb`` of ``sb``
-    (see the module docstring)."""
+    (see the module docstring); with ``topo`` (a listing read with its links as the topology)
+    transfers between different nodes run on the listing's links."""
     na, nb = sa.mesh_devices(ga.devices_per_node), sb.mesh_devices(gb.devices_per_node)
+    (fa, ca, _), (fb, cb, _) = sa.mesh_nodes(ja), sb.mesh_nodes(jb)
+    if topo is not None:
+        nodes_a, nodes_b = range(fa, fa + ca), range(fb, fb + cb)
+        if ga.name == gb.name and fa != fb:
+            # node i of one mesh to node i of the other, its slice's share of each node's links
+            ln = topo.transfer(ga.name, nodes_a, nodes_b, f"{ga.name}.{ja} to {gb.name}.{jb}")
+            return Link(ln.bandwidth / sa.meshes_per_node, ln.latency, ln.source)
+        if ga.name != gb.name:
+            ln = topo.widest(ga.name, nodes_a, gb.name, nodes_b, f"{ga.name}.{ja} to {gb.name}.{jb}")
+            nics = min(na * ga.scale_out_link.bandwidth, nb * gb.scale_out_link.bandwidth)
+            return Link(min(nics, ln.bandwidth), ln.latency, ln.source)
     if ga.name == gb.name:
-        (fa, ca, _), (fb, cb, _) = sa.mesh_nodes(ja), sb.mesh_nodes(jb)
         same_nodes = fa == fb
         # meshes on one scale-up fabric (a GB200 NVL72 rack's NVLink) talk over it too
         scale_up = same_nodes or ga.same_domain(min(fa, fb), max(fa + ca, fb + cb) - min(fa, fb))
@@ -183,6 +204,7 @@ def carve(cluster: Cluster, shapes: Iterable[GroupShape]) -> Cluster:
             group, or the same group shaped twice.
     """
     shapes = tuple(shapes)
+    topo = _topology_of(cluster)
     if not cluster.groups:
         hardware, why = _from_listing(cluster)
         if hardware is None:
@@ -190,6 +212,7 @@ def carve(cluster: Cluster, shapes: Iterable[GroupShape]) -> Cluster:
                                f"carved: {why}; fix: re-plan on this file with 'mpmd plan', or describe "
                                f"its hardware under 'node_groups'")
         cluster = hardware
+        topo = _topology_of(cluster)
     seen = [s.group for s in shapes]
     if len(set(seen)) != len(seen):
         raise ProfileError(f"a carving shapes node group(s) {sorted({g for g in seen if seen.count(g) > 1})} "
@@ -199,17 +222,19 @@ def carve(cluster: Cluster, shapes: Iterable[GroupShape]) -> Cluster:
     for s in shapes:
         g = check_shape(cluster, s)
         for j in range(s.num_meshes):
-            m = _mesh(g, s, j)
+            m = _mesh(g, s, j, topo)
             meshes[m.name] = m
             where[m.name] = (g, s, j)
     names = list(meshes)
+    rule = _LinkRule(cluster, where, topo)
     if len(names) > LISTED_LINKS_MESHES:
-        return replace(cluster, meshes=meshes, links=(), link_rule=_LinkRule(cluster, where))
+        return replace(cluster, meshes=meshes, links=(), link_rule=rule)
     links = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            links.append(InterMeshLink(a, b, mesh_link(cluster, *where[a], *where[b])))
-    return replace(cluster, meshes=meshes, links=tuple(links), link_rule=None)
+            links.append(InterMeshLink(a, b, mesh_link(cluster, *where[a], *where[b], topo=topo)))
+    # a topology travels with the carving (a later carving of the same groups reads it)
+    return replace(cluster, meshes=meshes, links=tuple(links), link_rule=rule if topo else None)
 
 
 LISTED_LINKS_MESHES = 512
@@ -221,18 +246,29 @@ nodes)."""
 
 class _LinkRule:
     """The link between two meshes of a carving, on demand (:func:`mesh_link`), named in mesh
-    order."""
+    order; it carries the listing's :class:`Topology` when the node groups were read from a
+    listing with its links as the topology."""
 
-    __slots__ = ("cluster", "where", "index")
+    __slots__ = ("cluster", "where", "index", "topology")
 
-    def __init__(self, cluster: Cluster, where: dict[str, tuple[NodeGroup, GroupShape, int]]):
-        self.cluster, self.where = cluster, where
+    def __init__(self, cluster: Cluster, where: dict[str, tuple[NodeGroup, GroupShape, int]],
+                 topology: Topology | None = None):
+        self.cluster, self.where, self.topology = cluster, where, topology
         self.index = {name: i for i, name in enumerate(where)}
 
     def __call__(self, a: str, b: str) -> InterMeshLink:
         if self.index[b] < self.index[a]:
             a, b = b, a
-        return InterMeshLink(a, b, mesh_link(self.cluster, *self.where[a], *self.where[b]))
+        return InterMeshLink(a, b, mesh_link(self.cluster, *self.where[a], *self.where[b],
+                                             topo=self.topology))
+
+
+def _topology_of(cluster: Cluster) -> Topology | None:
+    """The listing topology ``cluster``'s node groups were read with, while they are unchanged
+    (a cluster whose links were replaced, e.g. made free, carves on its groups' own links)."""
+    rule = cluster.link_rule
+    topo = rule.topology if isinstance(rule, _LinkRule) else None
+    return topo if topo is not None and cluster.groups and topo.fits(cluster) else None
 
 
 def default_shapes(cluster: Cluster) -> tuple[GroupShape, ...]:
@@ -321,20 +357,51 @@ def _from_listing(cluster: Cluster) -> tuple[Cluster | None, str]:
         if m.device != kinds[key][0].device:
             return None, (f"meshes {kinds[key][0].name!r} and {m.name!r} use different profiles named "
                           f"{m.device.name!r}")
+    for ms in kinds.values():
+        if len(ms) < 2:
+            return None, (f"mesh {ms[0].name!r} is the only one of its kind, so no link to its like "
+                          f"gives its node's network")
+    hardware, why = _uniform(cluster, list(kinds.values()))
+    if hardware is not None:
+        return hardware, ""
+    # joined unequally: the listing's links become the topology between the nodes
+    hardware, twhy = _with_topology(cluster, list(kinds.values()))
+    if hardware is None:
+        return None, f"{why}, and {twhy}"
+    return hardware, ""
+
+
+def _group_names(kinds: list[list[MeshSpec]]) -> list[str]:
+    """Each kind's group name: its device's, made unique with ``-2``, ``-3``, ..."""
+    names: list[str] = []
+    for ms in kinds:
+        name, i = ms[0].device.name, 1
+        while name in names:
+            i += 1
+            name = f"{ms[0].device.name}-{i}"
+        names.append(name)
+    return names
+
+
+def _physical(cluster: Cluster, groups: dict[str, NodeGroup], caps: list[InterMeshLink],
+              topo: Topology | None = None) -> Cluster:
+    physical = Cluster(name=cluster.name, meshes={}, links=(), default_link=None, path=cluster.path,
+                       description=cluster.description, host_slots=dict(cluster.host_slots),
+                       p2p=cluster.p2p, groups=groups, group_links=tuple(caps),
+                       link_rule=None if topo is None else _LinkRule(cluster, {}, topo))
+    return carve(physical, default_shapes(physical))
+
+
+def _uniform(cluster: Cluster, kinds: list[list[MeshSpec]]) -> tuple[Cluster | None, str]:
+    """The node groups of a listing whose every two meshes of a kind, and of two kinds, are joined
+    alike (see :func:`node_groups_of`), or None and why not."""
     groups: dict[str, NodeGroup] = {}
     members: dict[str, list[str]] = {}
-    for ms in kinds.values():
+    for name, ms in zip(_group_names(kinds), kinds):
         first = ms[0]
-        if len(ms) < 2:
-            return None, (f"mesh {first.name!r} is the only one of its kind, so no link to its like "
-                          f"gives its node's network")
         ln, why = _common_link(cluster, combinations([m.name for m in ms], 2))
         if ln is None:
             return None, why
-        name, i = first.device.name, 1
-        while name in groups:
-            i += 1
-            name = f"{first.device.name}-{i}"
         k = first.num_devices
         so = Link(ln.bandwidth / k, ln.latency,
                   f"the link between two {first.device.name} meshes of {k} devices in the listing, "
@@ -352,7 +419,52 @@ def _from_listing(cluster: Cluster) -> tuple[Cluster | None, str]:
                    b.devices_per_node * b.scale_out_link.bandwidth)
         if ln.bandwidth < nics or ln.latency > max(a.scale_out_link.latency, b.scale_out_link.latency):
             caps.append(InterMeshLink(ga, gb, ln))
-    physical = Cluster(name=cluster.name, meshes={}, links=(), default_link=None, path=cluster.path,
-                       description=cluster.description, host_slots=dict(cluster.host_slots),
-                       p2p=cluster.p2p, groups=groups, group_links=tuple(caps))
-    return carve(physical, default_shapes(physical)), ""
+    return _physical(cluster, groups, caps), ""
+
+
+def _with_topology(cluster: Cluster, kinds: list[list[MeshSpec]]) -> tuple[Cluster | None, str]:
+    """The node groups of a listing joined unequally, with its links as the topology between the
+    nodes (:class:`~hardware_profiles.topology.Topology`): a group's ``scale_out_link`` is its
+    widest link between two of its nodes over a node's devices (what any carving of it can reach,
+    so the bounds that read it stay bounds), two groups are capped by the widest path between them;
+    the carving charges each transfer on the listing's links. None and why when no path joins two
+    meshes or the listing is too large to route."""
+    names = _group_names(kinds)
+    members = {n: [m.name for m in ms] for n, ms in zip(names, kinds)}
+    bare = {n: NodeGroup(n, ms[0].device, len(ms), ms[0].num_devices, ms[0].intra_link,
+                         ms[0].intra_link, ms[0].price_per_device_hour, ms[0].power_watts_per_device)
+            for n, ms in zip(names, kinds)}
+    try:
+        topo = Topology(cluster, members, bare)
+        groups: dict[str, NodeGroup] = {}
+        for n, ms in zip(names, kinds):
+            k = ms[0].num_devices
+            ln = topo.best_within(n, len(ms))
+            so = Link(ln.bandwidth / k, ln.latency,
+                      f"the widest link between two {n} meshes of {k} devices in the listing, over "
+                      f"their {k} devices: {ln.source}")
+            groups[n] = replace(bare[n], scale_out_link=so)
+    except ProfileError as e:
+        return None, f"its links cannot be read as a topology ({e})"
+    topo.groups = groups
+    caps = [InterMeshLink(ga, gb, topo.widest(ga, range(groups[ga].nodes), gb, range(groups[gb].nodes),
+                                              f"between {ga} and {gb}"))
+            for ga, gb in combinations(groups, 2)]
+    return _physical(cluster, groups, caps, topo), ""
+
+
+def listing_reading(cluster: Cluster) -> str:
+    """One line on how the planner reads a mesh listing: as the node groups it describes (with its
+    links as the topology between the nodes when they join them unequally), or as listed and why;
+    "" for a node-group cluster."""
+    if cluster.groups:
+        return ""
+    hardware, why = _from_listing(cluster)
+    if hardware is None:
+        n = len(cluster.meshes)
+        return f"its {n} mesh{'es' * (n != 1)} as listed, not as node groups: {why}"
+    groups = ", ".join(f"{g.name} ({g.nodes} x {g.devices_per_node})" for g in hardware.groups.values())
+    how = ("the listing's links as the topology between them (they join the nodes unequally)"
+           if _topology_of(hardware) is not None else "every two nodes joined alike")
+    return f"as node groups {groups}: {how}"
+

@@ -1,5 +1,8 @@
 """``plan_meshes(workload, cluster)``: the search driver for a cluster that lists its meshes.
 
+With several device kinds, each kind's meshes are then searched alone (on :data:`KIND_SHARE` of
+the work), so the plan is never slower than the fastest kind alone.
+
 For every schedule family and microbatch count (the outer loop) one CP-SAT solve
 (:mod:`planner.search`) picks the pipeline order, layer partition, per-mesh layouts and merge; each
 answer becomes a :class:`~ir.Plan`, is replayed exactly (:mod:`planner.predict`), and the
@@ -48,11 +51,14 @@ class PlanResult:
     """The best plan, its prediction, and every candidate tried (for reports).
 
     Attributes:
-        candidates: (schedule, microbatches, predicted step time or None) per candidate searched.
+        candidates: (schedule, microbatches, predicted step time or None) per candidate searched;
+            a listing of several device kinds also plans each kind alone (not listed here: those
+            plans lie in the space the candidates' bound covers).
         interrupted: the ``stop`` event ended the search.
         candidates_total: candidates the search meant to try (searched or not).
         search_bound_s: proven lower bound on the surrogate step time over every candidate, seconds;
-            None when some candidates were not searched (their bound is unknown).
+            when some candidates were not searched (their bound is unknown), the FLOP floor of the
+            meshes (:func:`flop_floor`), so the gap stays bounded; None when a stop cut the search.
         search_gap: ``(objective - search_bound_s) / objective`` of the chosen plan's surrogate
             objective, or None with ``search_bound_s``.
     """
@@ -109,10 +115,12 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
     bounds: list[float] = []          # per searched candidate: proven surrogate lower bound, s
     best: tuple[float, Plan, Prediction] | None = None
     feasible: list[tuple[Plan, Prediction]] = []
+    kinds = mesh_kinds(cluster, meshes) if opts.meshes is None else []
+    share = 1.0 - KIND_SHARE if len(kinds) > 1 else 1.0
     # nominal work (planner.budget): CP-SAT's deterministic time, the layout choices costed and
     # the plans replayed, so the search stops at the same point on any machine; the wall clock
     # cuts it only at WALL_FACTOR x the limit
-    budget = Budget(opts.time_limit_s * WORK_SHARE, t0 + opts.time_limit_s * WALL_FACTOR)
+    budget = Budget(opts.time_limit_s * WORK_SHARE * share, t0 + opts.time_limit_s * WALL_FACTOR)
     interrupted = False               # the stop event cut the search short
     solved: dict[Candidate, SolveOutcome] = {}   # by model (SAME_MODEL): solves to reuse
     for n, (sched, mb) in enumerate(combos):
@@ -157,6 +165,20 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
         feasible.append((p, pred))
         if best is None or pred.step_time_s < best[0] * (1 - 1e-9):
             best = (pred.step_time_s, p, pred)
+    # then every kind alone (the plan is never slower than the fastest of them), on KIND_SHARE
+    for ms in kinds if len(kinds) > 1 and not interrupted else []:
+        if stop is not None and stop.is_set():
+            interrupted = True
+            break
+        sub = replace(opts, meshes=ms, time_limit_s=opts.time_limit_s * KIND_SHARE / len(kinds))
+        try:
+            r = plan_meshes(w, cluster, sub, stop=stop)
+        except PlannerError:            # it does not fit alone, or was stopped first
+            continue
+        assert isinstance(r.plan, Plan)           # a mesh search's plan is one pipeline
+        feasible.append((r.plan, r.prediction))
+        if best is None or r.prediction.step_time_s < best[0] * (1 - 1e-9):
+            best = (r.prediction.step_time_s, r.plan, r.prediction)
     if progress:
         progress(len(tried), len(combos), best[0] if best else None)
     total_wall = time.monotonic() - t0
@@ -168,8 +190,11 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
     # the best few on their discrete-event replays: what mpmd simulate prints (planner.replayed)
     pred, (p, _) = rank_by_replay(feasible, lambda x: x, w, cluster)[0]
     p = replace(p, predicted=pred)
-    # the bound over every candidate is known only when every candidate was searched
-    bound = min(bounds) if len(tried) == len(combos) else None
+    # the bound over every candidate is known only when every candidate was searched (it covers
+    # every subset of the meshes, so the kinds alone too); else, unless stopped, the FLOP floor
+    # bounds the gap
+    bound = (min(bounds) if len(tried) == len(combos)
+             else None if interrupted else flop_floor(w, cluster, meshes))
     obj = p.search.objective_s or 0.0
     gap = None if bound is None else (max(0.0, (obj - bound) / obj) if obj else 0.0)
     p = replace(p, search=replace(p.search, search_wall_s=total_wall, candidates=len(tried),
@@ -177,6 +202,28 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
                                   search_bound_s=bound, search_gap=gap))
     return PlanResult(p, pred, tuple(tried), interrupted=interrupted,
                       candidates_total=len(combos), search_bound_s=bound, search_gap=gap)
+
+
+KIND_SHARE = 0.35
+"""Share of a mesh listing's work for its device kinds alone (each kind's meshes searched on
+their own, as the node-group search plans each group alone) when it has several kinds."""
+
+
+def mesh_kinds(cluster: Cluster, meshes: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """``meshes`` by device profile name, each kind's in listing order, kinds by first mesh."""
+    out: dict[str, list[str]] = {}
+    for m in meshes:
+        out.setdefault(cluster.meshes[m].device.name, []).append(m)
+    return [tuple(v) for v in out.values()]
+
+
+def flop_floor(w: Workload, cluster: Cluster, meshes: tuple[str, ...]) -> float:
+    """A lower bound on any plan's step on ``meshes``, seconds: the step's model FLOP over the sum
+    of their devices' achievable FLOP/s (:func:`simulator.cost_model.fastest_rate`; the cost model
+    charges no FLOP faster)."""
+    rate = sum(cm.fastest_rate(cluster.meshes[m].device, w) * cluster.meshes[m].num_devices
+               for m in meshes)
+    return w.step_flops / rate
 
 
 def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], headroom: float,

@@ -88,10 +88,12 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
                 batch_given: bool, seq_given: bool) -> Group:
     """What ``mpmd plan`` plans, printed before the plan: the model (its parameters, total and
     active per token, and dtype), the global batch and sequence length (each said to be a default,
-    and whose, when the flag was not given) and the cluster's devices by kind. ``model`` is the
+    and whose, when the flag was not given) and the cluster's devices by kind (for a mesh listing,
+    how the planner reads it: as node groups, or as listed and why, in one line). ``model`` is the
     ``--model`` value, ``cfg`` the model it names and ``workload`` its traced step."""
     from zoo import active_param_count, param_count
     from zoo.model_files import SEQ_LEN_CAP
+    from hardware_profiles.carve import listing_reading
 
     where = model_origin(model)
     total, active = param_count(cfg), active_param_count(cfg)
@@ -126,7 +128,8 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
                  ("sequence length", f"{s:,} tokens per sample ({seq})"),
                  ("tokens per step", f"{b * s:,}"),
                  *((("precision", precision_text(workload.precision)),) if cfg.training else ()),
-                 ("cluster", f"{cluster.name}, {devices_text(cluster)}")):
+                 ("cluster", f"{cluster.name}, {devices_text(cluster)}"),
+                 *((("read", listing_reading(cluster)),) if not cluster.groups else ())):
         t.add_row(k, escape(v))
     return _titled("inputs", t)
 

@@ -8,7 +8,7 @@ from hardware_profiles import CLUSTERS_DIR, DEVICES_DIR, Cluster, ProfileError, 
 
 BUNDLED = ["a100x1024_nodes", "a100x80_v100x240_nodes", "gb200x256_nodes", "gb200x72_nodes", "gb300x256_nodes", "gb300x72_nodes", "h100x1", "h100x128", "h100x128_nodes", "h100x16384_nodes", "h100x16_p150bx32", "h100x2048_nodes", "h100x256_nodes", "h100x32_p150bx128", "h100x32_p150bx128_nodes",
            "h100x4096_nodes", "h100x512_nodes",
-           "h100x64", "h100x64_nodes", "h200x1", "h800x2048_nodes", "loudbox_p150bx8", "mixed1024_nodes", "mixed4096_nodes", "mixed512_nodes",
+           "h100x64", "h100x64_nodes", "h200x1", "h800x2048_nodes", "loudbox_p150bx8", "mixed1024_nodes", "mixed4096_nodes", "mixed512_chain", "mixed512_nodes",
            "p150bx256", "p150bx256_nodes", "quietbox_n300x4", "quietbox_p150x4", "quietbox_p150x8_guide",
            "serve_h100x16_nodes", "serve_h100x8_p150bx8_nodes", "serve_h200x16_nodes", "serve_p150bx16_nodes",
            "serve_p150x8_quietbox_nodes", "serve_tpuv5e32_nodes", "serve_tpuv6e16_nodes",
@@ -47,7 +47,7 @@ def test_cluster_sizes():
                      "quietbox_p150x8_guide": 8,
                      "tpuv5e256": 256, "tpuv5e256_h100x16": 272, "tpuv6e128": 128,
                      "h100x64_nodes": 64, "h100x128_nodes": 128, "h100x16384_nodes": 16384, "h100x2048_nodes": 2048, "h800x2048_nodes": 2048, "h100x256_nodes": 256, "h100x512_nodes": 512,
-                     "mixed512_nodes": 512, "mixed1024_nodes": 1024, "mixed4096_nodes": 4096, "h100x4096_nodes": 4096, "p150bx256_nodes": 256,
+                     "mixed512_nodes": 512, "mixed512_chain": 512, "mixed1024_nodes": 1024, "mixed4096_nodes": 4096, "h100x4096_nodes": 4096, "p150bx256_nodes": 256,
                      "h100x32_p150bx128_nodes": 160,
                      # serving what-if options (reports/examples/llama70b-serve.yaml)
                      "serve_h100x16_nodes": 16, "serve_h200x16_nodes": 16, "serve_tpuv5e32_nodes": 32,
