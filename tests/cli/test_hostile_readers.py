@@ -188,13 +188,19 @@ def serve_args(tmp):
             [tmp / "plans.json", tmp / "trace.json"])
 
 
+def video_args(tmp):
+    return (["video", "--pipeline", "mochi", "--cluster", "hardware_profiles/clusters/h100x1.yaml",
+             "--out", tmp / "video.json"], [tmp / "video.json"])
+
+
 FLOAT_FLAGS = {("plan", "--time-limit"): plan_args, ("plan", "--min-throughput"): plan_args,
                ("plan", "--max-usd-per-hour"): plan_args, ("simulate", "--jitter"): simulate_args,
                ("run", "--lr"): run_args, ("whatif", "--tokens"): whatif_args,
                ("whatif", "--videos-per-hour"): whatif_args,
                ("whatif", "--deadline-days"): whatif_args, ("whatif", "--time-limit"): whatif_args,
                ("serve-plan", "--ttft"): serve_args, ("serve-plan", "--tpot"): serve_args,
-               ("serve-plan", "--percentile"): serve_args, ("serve-plan", "--spread"): serve_args}
+               ("serve-plan", "--percentile"): serve_args, ("serve-plan", "--spread"): serve_args,
+               ("video", "--memory-gb"): video_args, ("video", "--headroom"): video_args}
 """Every float flag of every command, with the command's arguments (and its output files)."""
 
 

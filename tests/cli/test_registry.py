@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 COMMAND_MODULES = {"calibrate": "calibrate", "export": "export", "models": "models",
                    "plan": "plan", "profiles": "profiles", "run": "run", "serve": "serve-plan",
-                   "simulate": "simulate", "validate": "validate", "whatif": "whatif"}
+                   "simulate": "simulate", "validate": "validate", "video": "video",
+                   "whatif": "whatif"}
 """Every command module of ``mpmd.cli`` -> the command it defines."""
 
 
