@@ -151,11 +151,12 @@ def test_read_only_folder_as_access_reports_it(tmp_path, no_work, monkeypatch, c
 
 
 def test_export_writes_no_part_when_one_part_is_taken(tmp_path):
-    (tmp_path / "x-part1.args").mkdir()
+    # MaxText writes both parts (H100 and TPU v5e; Megatron refuses the TPU part in one line)
+    (tmp_path / "x-part1.yml").mkdir()
     before = tree(tmp_path)
-    line = one_line(run(["export", DP_PLAN, "--to", "megatron", "--out", tmp_path / "x.args"]),
-                    tmp_path / "x-part0.args", needles=(f"{tmp_path / 'x-part1.args'}: cannot "
-                                                       f"write the megatron file there",))
+    line = one_line(run(["export", DP_PLAN, "--to", "maxtext", "--out", tmp_path / "x.yml"]),
+                    tmp_path / "x-part0.yml", needles=(f"{tmp_path / 'x-part1.yml'}: cannot "
+                                                      f"write the maxtext file there",))
     assert "(it is a directory)" in line
     assert tree(tmp_path) == before
 
