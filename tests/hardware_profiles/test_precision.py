@@ -48,12 +48,13 @@ EXPECTED: dict[str, dict[str, tuple[str, float]]] = {
     "tpu-v5p": {"bf16": ("bf16", 459 * T), "fp32": ("bf16", 459 * T)},
     "tpu-v6e": {"bf16": ("bf16", 918 * T), "fp32": ("bf16", 918 * T)},
     "v100-sxm2-16gb": {"fp16": ("fp16", 125 * T), "fp32": ("fp32", 15.7 * T)},
+    "v100-sxm2-32gb": {"fp16": ("fp16", 125 * T), "fp32": ("fp32", 15.7 * T)},
     "wormhole-n150": {"bf16": ("bf16", 148 * T), "fp32": ("bf16_hifi4", 74 * T)},
     "wormhole-n300": {"bf16": ("bf16", 262 * T), "fp32": ("bf16_hifi4", 131 * T)},
 }
 
 FP32_TF32 = {   # published dense FP32 (CUDA cores / vector) and TF32 tensor rates, TFLOP/s
-    "v100-sxm2-16gb": (15.7, None), "a100-40gb-sxm": (19.5, 156), "a100-80gb-sxm": (19.5, 156),
+    "v100-sxm2-16gb": (15.7, None), "v100-sxm2-32gb": (15.7, None), "a100-40gb-sxm": (19.5, 156), "a100-80gb-sxm": (19.5, 156),
     "h100-sxm": (67, 494.5), "h200-sxm": (67, 494.5), "h800-sxm": (67, 494.5),
     "b200": (75, 1100), "gb200": (80, 1250), "gb300": (80, 1250), "l40s": (91.6, 183), "mi300x": (163.4, 653.7)}
 
