@@ -69,7 +69,34 @@ def markdown(time_limit: float = 30.0) -> str:
             f"V100-16GB, Google Cloud prices), `--time-limit {time_limit:g}`:\n\n"
             "| plan | devices used | step (s) | tokens/s | MFU | USD per step | wall (s) |\n"
             "|---|---|---|---|---|---|---|")
-    return head + "\n" + "\n".join(rows) + "\n"
+    return head + "\n" + "\n".join(rows) + "\n" + scaled(time_limit)
+
+
+SCALED = ("a100x32_v100x96_nodes", "a100x128_v100x384_nodes", "a100x32_gcp_nodes", "a100x80_gcp_nodes",
+          "a100x128_gcp_nodes")
+"""Sailor's other sizes of the same Google Cloud hardware (the 1:3 A100-40GB : V100-16GB mix at 128 and
+512 GPUs, and 32/80/128 A100-40GB alone), bundled with the 80+240 file's VM types, links and prices.
+Sailor's own plans for these are not bundled (not found in a source this project can cite), so only
+``mpmd plan`` is shown."""
+
+
+def scaled(time_limit: float = 30.0) -> str:
+    """``mpmd plan`` (every schedule, shortest step) of the same workload on :data:`SCALED`."""
+    w = workload(MODEL, BATCH, SEQ)
+    tokens = BATCH * SEQ
+    rows = []
+    for name in SCALED:
+        cluster = load_cluster(name)
+        t0 = time.perf_counter()
+        r = plan(w, cluster, PlanOptions(time_limit_s=time_limit))
+        wall = time.perf_counter() - t0
+        p = r.prediction
+        rows.append(f"| `{name}` | {_devices(r.plan, cluster)} | {p.step_time_s:.3f} | "
+                    f"{tokens / p.step_time_s:,.0f} | {p.mfu * 100:.1f}% | "
+                    f"{usd_per_hour(r.plan, cluster) * p.step_time_s / 3600:.4f} | {wall:.1f} |")
+    return ("\nThe same workload on Sailor's other cluster sizes (`mpmd plan`, every schedule; Sailor's plans for "
+            "these are not bundled):\n\n| cluster | devices used | step (s) | tokens/s | MFU | USD per step | wall (s) |\n"
+            "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 def main() -> None:
