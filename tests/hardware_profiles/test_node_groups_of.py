@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hardware_profiles import CLUSTERS_DIR, GroupShape, ProfileError, carve, load_cluster
-from hardware_profiles.carve import node_groups_of
+from hardware_profiles.carve import listing_reading, node_groups_of
 
 GBIT = 1e9 / 8
 
@@ -108,27 +108,19 @@ def test_the_same_device_at_two_prices_is_two_groups_with_unique_names(tmp_path)
 REFUSED = {
     "meshes sharing a host": lambda tmp: CLUSTERS_DIR / "cpu4x2.yaml",
     "a single mesh": lambda tmp: CLUSTERS_DIR / "h100x1.yaml",
-    "unequal links within a kind": lambda tmp: CLUSTERS_DIR / "h100x16_p150bx32.yaml",
     "carve: fixed": lambda tmp: _write(tmp, (CLUSTERS_DIR / "h100x128.yaml").read_text() + "carve: fixed\n"),
     "a multi-node mesh": lambda tmp: _write(tmp, "name: m\n" + _meshes(
         "a h100-sxm 16 devices_per_node: 8", "b h100-sxm 16 devices_per_node: 8") + DEFAULT),
     "a kind of one mesh": lambda tmp: _write(tmp, "name: k\n" + _meshes(
         "a h100-sxm 8", "b h100-sxm 8", "c a100-80gb-sxm 8") + DEFAULT),
-    "unequal links between kinds": lambda tmp: _write(tmp, "name: u\n" + _meshes(
-        "a h100-sxm 8", "b h100-sxm 8", "c a100-80gb-sxm 8", "d a100-80gb-sxm 8") + DEFAULT
-        + "links:\n- {between: [a, c], bandwidth_gbit_per_s: 100, latency_us: 5}\n"),
     "a pair with no link": lambda tmp: _write(tmp, "name: n\n" + _meshes("a h100-sxm 8", "b h100-sxm 8")),
 }
 WHY = {
     "meshes sharing a host": "mesh 'm0' shares host 'local' with other meshes",
     "a single mesh": "it lists 1 mesh, no nodes to carve",
-    "unequal links within a kind": "meshes 'bh_0' and 'bh_2' are joined at 400 Gb/s, 20 us, other pairs "
-                                   "of the same kinds at 1600 Gb/s, 5 us",
     "carve: fixed": "its file says 'carve: fixed'",
     "a multi-node mesh": "mesh 'a' spans several nodes",
     "a kind of one mesh": "mesh 'c' is the only one of its kind",
-    "unequal links between kinds": "meshes 'a' and 'd' are joined at 3200 Gb/s, 5 us, other pairs of the "
-                                   "same kinds at 100 Gb/s, 5 us",
     "a pair with no link": "meshes 'a' and 'b' have no link",
 }
 
@@ -156,3 +148,18 @@ def test_carve_fixed_is_for_mesh_listings_only(tmp_path):
     with pytest.raises(ProfileError, match=r"carve = 'fixd'.*fix: correct this value"):
         load_cluster(_write(tmp_path, listing + "carve: fixd\n"))
     assert not load_cluster(_write(tmp_path, listing + "carve: auto\n")).carve_fixed
+
+
+def test_unequal_links_read_with_the_listing_as_topology(tmp_path):
+    # once kept as listed (issue 45): joined unequally, a listing is read as node groups whose
+    # carving uses its links (hardware_profiles.topology; tests/hardware_profiles/test_topology.py)
+    within = load_cluster(CLUSTERS_DIR / "h100x16_p150bx32.yaml")
+    between = load_cluster(_write(tmp_path, "name: u\n" + _meshes(
+        "a h100-sxm 8", "b h100-sxm 8", "c a100-80gb-sxm 8", "d a100-80gb-sxm 8") + DEFAULT
+        + "links:\n- {between: [a, c], bandwidth_gbit_per_s: 100, latency_us: 5}\n"))
+    for c in (within, between):
+        h = node_groups_of(c)
+        assert h is not None and h.groups and "topology" in listing_reading(c)
+    lc = carve(between, [GroupShape("h100-sxm", 2), GroupShape("a100-80gb-sxm", 2)])
+    # a to c: their own 100 Gb/s link is narrower than the 3200 Gb/s default: the default's path
+    assert lc.link_between("h100-sxm.0", "a100-80gb-sxm.0").link.bandwidth == 3200 * GBIT
