@@ -101,6 +101,22 @@ class LayerCost:
     """Bytes of one sample's attention queries, keys, values and output over its whole sequence:
     what DeepSpeed-Ulysses' four all-to-alls (``Layout.context_method`` ``"alltoall"``) move.
     0 for a layer without attention."""
+    expert_width: int = 0
+    """Each routed expert's inner (FFN) width, elements (0: a dense layer or not known)."""
+    shared_expert_width: int = 0
+    """The shared experts' inner width together (shared experts x their width; 0: none)."""
+    mla_q_rank: int = 0
+    """Latent attention's query down-projection rank (DeepSeek-V2 Sec. 2.1 ``q_lora_rank``; 0:
+    a full query projection, or no latent attention)."""
+    mla_kv_rank: int = 0
+    """Latent attention's key/value latent rank (``kv_lora_rank``; 0: no latent attention)."""
+    mla_nope_dim: int = 0
+    mla_rope_dim: int = 0
+    mla_v_dim: int = 0
+    """Latent attention's per-head query/key width without and with its rotary part and its value
+    width (``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; 0: no latent attention).
+    These seven fields give Megatron-Core's named-module recompute
+    (:mod:`simulator.remat`) the shapes the traced costs do not carry; 0 where unknown."""
     fwd_ops: int = 0
     bwd_ops: int = 0
     """Primitive operations of the forward and of the whole backward (the pullback on the kept

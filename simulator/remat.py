@@ -191,10 +191,20 @@ def policy(name: str, layer: LayerShape) -> RematPolicy:
     """The policy ``name`` (case-insensitive, :data:`NAMES`) for ``layer``, with the cost-model
     option nearest its rerun fraction (module doc).
 
+    ``modules:<name>[,<name>]`` is Megatron-Core's named-module recompute (:func:`parse_modules`),
+    costed exactly per block by ``simulator.validation_setup.module_recompute`` (cost model
+    ``"modules"``; its fractions here are placeholders: 0 rerun, everything saved).
+
     Raises:
-        RematError: an unknown name (the message lists the known ones).
+        RematError: an unknown name or module (the message lists the known ones).
     """
     key = name.strip().lower()
+    if key.startswith(MODULES_PREFIX):
+        mods = parse_modules(key)
+        return RematPolicy(MODULES_PREFIX + ",".join(mods), 0.0, 1.0, 0.0, 0.0, "modules",
+                           f"Megatron-Core selective recompute of modules {', '.join(mods)} "
+                           f"(saved bytes dropped and forward rerun per module: "
+                           f"simulator.remat.module_cost)")
     if key not in SPECS:
         raise RematError(f"recompute {name[:40]!r} unknown; fix: use one of {', '.join(NAMES)} "
                          f"or leave it blank")
@@ -241,3 +251,160 @@ def offload_seconds(p: RematPolicy, tokens_per_device: float, layers_per_device:
         return 0.0
     moved = p.offload_bytes_per_token * tokens_per_device * layers_per_device
     return 2.0 * moved / host_link(device)
+
+
+# --- Megatron-Core's named-module recompute -------------------------------------------------
+
+MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "shared_experts", "mla_up_proj")
+"""Megatron-Core's ``--recompute-granularity selective --recompute-modules`` names this model
+costs (``megatron/core/transformer/transformer_config.py``, ``recompute_modules``; repository
+NVIDIA/Megatron-LM @ d98e8a6). Its hybrid-model names (``gdn_norm_out``, ``gdp_*``, ``mhc``)
+are not modelled."""
+
+MODULES_PREFIX = "modules:"
+"""The ``recompute`` column's form for named modules: ``modules:core_attn,moe_act``."""
+
+
+def parse_modules(text: str) -> tuple[str, ...]:
+    """The module names of ``modules:a,b,...`` (case-insensitive, deduplicated, in
+    :data:`MODULES` order).
+
+    Raises:
+        RematError: no module, or a name not in :data:`MODULES` (named, with the valid ones).
+    """
+    body = text.strip()
+    if body.lower().startswith(MODULES_PREFIX):
+        body = body[len(MODULES_PREFIX):]
+    names = [n.strip().lower() for n in body.split(",") if n.strip()]
+    if not names:
+        raise RematError(f"recompute {text[:60]!r} names no module; fix: modules:<name>[,<name>] "
+                         f"with names from {', '.join(MODULES)}")
+    bad = [n for n in names if n not in MODULES]
+    if bad:
+        raise RematError(f"recompute module {bad[0][:40]!r} unknown; fix: use modules from "
+                         f"{', '.join(MODULES)} (Megatron-Core's recompute_modules)")
+    return tuple(m for m in MODULES if m in names)
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleShape:
+    """One transformer block's shapes as Megatron-Core's modules see them (elements; per token).
+
+    ``hidden`` width; ``heads`` query heads; ``ffn`` the dense MLP's inner width (``glu``: gated,
+    fc1 ``2 ffn`` wide); ``moe``: the block's MLP is a mixture of experts of ``experts`` routed
+    experts, ``top_k`` per token, each ``expert_ffn`` wide, plus shared experts ``shared_ffn``
+    wide together; latent attention (``kv_rank`` > 0) with query rank ``q_rank`` (0: a full
+    query projection), per-head ``nope`` + ``rope`` query/key widths and ``v_dim`` values;
+    ``attention_flops`` the attention core's forward FLOP per token; ``dtype_bytes`` the saved
+    activations' element size (2: bf16)."""
+
+    hidden: int
+    heads: int
+    ffn: int
+    glu: bool
+    moe: bool = False
+    experts: int = 0
+    top_k: float = 0.0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+    q_rank: int = 0
+    kv_rank: int = 0
+    nope: int = 0
+    rope: int = 0
+    v_dim: int = 0
+    attention_flops: float = 0.0
+    dtype_bytes: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleCost:
+    """What recomputing one module does to one block, per token: the saved activation bytes it
+    drops, the forward FLOP rerun before the backward, and the memory-bound bytes the rerun's
+    elementwise ops move (read + write)."""
+
+    dropped_bytes: float
+    rerun_flops: float
+    rerun_traffic_bytes: float
+
+
+def module_cost(module: str, s: ModuleShape) -> ModuleCost:
+    """:class:`ModuleCost` of recomputing ``module`` (:data:`MODULES`) in a block of shape ``s``.
+
+    What each keeps and drops is read at Megatron-Core's code (NVIDIA/Megatron-LM @ d98e8a6):
+    ``moe_act``, ``layernorm`` and ``mla_up_proj`` use output-discarding checkpointing
+    (``tensor_parallel.CheckpointWithoutOutput``: the module's inputs are kept, its output is
+    freed once the consumer has saved nothing else of it and is rerun before that consumer's
+    backward); ``core_attn``, ``mlp``, ``moe`` and ``shared_experts`` normal checkpointing (the
+    module's input is kept, everything saved inside it dropped). ``g`` = 2 for a gated MLP, else 1.
+
+    - ``layernorm`` (``transformer_layer.py``: ``input_layernorm_checkpoint``,
+      ``pre_mlp_norm_checkpoint``): drops both norms' outputs, which the next linear (QKV or the
+      latent down-projections; fc1 or the router) saves: ``2 h``; reruns two RMSNorms
+      (read ``h``, write ``h`` each: ``4 h`` elements of traffic).
+    - ``moe_act`` (``moe/experts.py``, ``activation_checkpoint``): drops the routed experts'
+      activation output, fc2's saved input, ``top_k x expert_ffn``; the activation's input (fc1's
+      output, ``g x expert_ffn`` per copy) stays as the checkpoint's input. Reruns the activation
+      (read ``g fe``, write ``fe`` per routed copy). 0 on a dense block.
+    - ``mla_up_proj`` (``multi_latent_attention.py``, ``qkv_up_checkpoint``): drops the query,
+      key and value the up-projections and RoPE produce, which the attention core saves:
+      ``heads x (2 (nope + rope) + v_dim)``; reruns the query and key/value up-projections,
+      ``2 heads (q_rank or h)(nope + rope) + 2 heads kv_rank (nope + v_dim)`` FLOP. 0 without
+      latent attention.
+    - ``mlp`` (``transformer_layer.py``: only on a layer that is not a mixture of experts):
+      drops the activation's input and fc2's input, ``(g + 1) ffn``; reruns the MLP,
+      ``2 h ffn (g + 1)`` FLOP and the activation's traffic.
+    - ``shared_experts`` (``moe/moe_layer.py``): as ``mlp`` for the shared experts' width.
+    - ``moe`` (``moe/moe_layer.py``, ``moe_layer_recompute``): drops everything inside the layer
+      but its input: the permuted tokens (fc1's input, ``top_k h``), fc1's output and fc2's input
+      (``top_k (g + 1) fe``), the shared experts' (as above) and the router's fp32 probabilities
+      (``4 experts`` bytes); reruns the router, the routed and the shared experts' matmuls (the
+      dispatch all-to-all rerun is not charged).
+    - ``core_attn``: with a fused (flash) kernel the checkpoint keeps Q, K, V as its inputs and the
+      output is saved by the output projection, so nothing of size is dropped (the ``s x s``
+      scores Korthikanti et al. drop are never saved); reruns the attention core
+      (``attention_flops``).
+    """
+    b, h, g = s.dtype_bytes, s.hidden, (2 if s.glu else 1)
+    zero = ModuleCost(0.0, 0.0, 0.0)
+    if module == "layernorm":
+        return ModuleCost(2.0 * h * b, 0.0, 4.0 * h * b)
+    if module == "core_attn":
+        return ModuleCost(0.0, s.attention_flops, 0.0)
+    if module == "mla_up_proj":
+        if not s.kv_rank:
+            return zero
+        qk = s.nope + s.rope
+        flops = 2.0 * s.heads * ((s.q_rank or h) * qk + s.kv_rank * (s.nope + s.v_dim))
+        return ModuleCost(float(s.heads * (2 * qk + s.v_dim) * b), flops, 0.0)
+    if module == "mlp":
+        if s.moe:
+            return zero
+        return ModuleCost(float((g + 1) * s.ffn * b), 2.0 * h * s.ffn * (g + 1),
+                          float((g + 1) * s.ffn * b))
+    if module == "shared_experts":
+        f = s.shared_ffn if s.moe else 0
+        return ModuleCost(float((g + 1) * f * b), 2.0 * h * f * (g + 1), float((g + 1) * f * b))
+    if module == "moe_act":
+        if not s.moe:
+            return zero
+        return ModuleCost(s.top_k * s.expert_ffn * b, 0.0, s.top_k * (g + 1) * s.expert_ffn * b)
+    if module == "moe":
+        if not s.moe:
+            return zero
+        shared = module_cost("shared_experts", s)
+        routed = s.top_k * (h + (g + 1) * s.expert_ffn)
+        return ModuleCost(routed * b + 4.0 * s.experts + shared.dropped_bytes,
+                          2.0 * h * s.experts + 2.0 * s.top_k * h * s.expert_ffn * (g + 1)
+                          + shared.rerun_flops,
+                          s.top_k * (g + 1) * s.expert_ffn * b + shared.rerun_traffic_bytes)
+    raise RematError(f"recompute module {module[:40]!r} unknown; fix: use modules from "
+                     f"{', '.join(MODULES)}")
+
+
+def modules_cost(modules: tuple[str, ...], s: ModuleShape) -> ModuleCost:
+    """The sum of :func:`module_cost` over ``modules`` (``moe`` subsumes ``moe_act`` and
+    ``shared_experts``: they are not counted twice)."""
+    ms = [m for m in modules if not ("moe" in modules and m in ("moe_act", "shared_experts"))]
+    parts = [module_cost(m, s) for m in ms]
+    return ModuleCost(sum(p.dropped_bytes for p in parts), sum(p.rerun_flops for p in parts),
+                      sum(p.rerun_traffic_bytes for p in parts))

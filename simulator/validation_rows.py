@@ -83,7 +83,8 @@ RECOMPUTE = remat.NAMES
 """Recomputation policies the ``recompute`` column accepts (case-insensitive): none; selective
 (Korthikanti et al. 2022: the attention core is recomputed); full (the whole forward is
 recomputed); MaxText's ``remat_policy`` names (minimal, save_dot_except_mlp, ..., the
-``*_offloaded`` ones). What each keeps, reruns and offloads, and how it is costed:
+``*_offloaded`` ones); Megatron-Core's named modules as ``modules:core_attn,moe_act,...``
+(:data:`simulator.remat.MODULES`). What each keeps, reruns and offloads, and how it is costed:
 :mod:`simulator.remat`."""
 
 REQUIRED = ("source", "model", "layers", "hidden", "heads", "seq_len", "device", "gpus", "tp", "pp",
@@ -437,9 +438,15 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
         raise ValidationError(f"row {line}: mfu {value!r} is above 1; fix: write MFU as a "
                               f"fraction (45% -> 0.45)")
     rc = (d.get("recompute") or "").strip() or None
-    if rc is not None and rc.lower() not in RECOMPUTE:
+    if rc is not None and rc.lower().startswith(remat.MODULES_PREFIX):
+        try:
+            rc = remat.MODULES_PREFIX + ",".join(remat.parse_modules(rc))
+        except remat.RematError as e:
+            raise ValidationError(f"row {line}: {e}") from None
+    elif rc is not None and rc.lower() not in RECOMPUTE:
         raise ValidationError(f"row {line}: recompute {rc[:40]!r} unknown; fix: use one of "
-                              f"{', '.join(RECOMPUTE)} or leave it blank")
+                              f"{', '.join(RECOMPUTE)}, modules:<{','.join(remat.MODULES)}> "
+                              f"or leave it blank")
     rc = rc.lower() if rc is not None else None
     gpus = _required_int(d, "gpus", line)
     global_batch, per_device, derived = _batch(d, line, gpus)

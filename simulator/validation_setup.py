@@ -307,6 +307,9 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
         recompute = "layer"
         notes.append(f"layer-wise selective recompute (torchtitan): every {LAYER_AC_EVERY}nd "
                      f"block's forward rerun")
+    elif p.cost_model == "modules":
+        recompute = "modules"
+        notes.append(p.costed_as)
     elif p.name in ("selective", "full"):
         notes.append(f"{p.name} recompute")
     elif p.name != "none":
@@ -529,6 +532,58 @@ def layer_recompute(workload: Workload, every: int = LAYER_AC_EVERY) -> Workload
         k * c.fwd_other_bytes_per_sample))
 
 
+MODULE_BODIES = ("decoder_block", "dense_block", "sliding_block", "attention_block", "moe_block")
+"""The transformer-block bodies Megatron-Core's named-module recompute applies to (the embedding
+and the output head, a multi-token-prediction head's block included, are left as traced)."""
+
+
+def block_shape(row: Row, c: LayerCost, dtype_bytes: int = 2) -> remat.ModuleShape:
+    """Block ``c``'s :class:`simulator.remat.ModuleShape`: the dense shape from the row's columns
+    (``ffn`` blank: ``4 hidden``), the experts, shared experts and latent attention from the
+    block's own fields, the attention core's forward FLOP per token from the trace (else
+    ``4 s heads head_dim``, unfused)."""
+    s, d = row.seq_len, row.head_dim or row.hidden // row.heads
+    attn = c.attention_fwd_flops_per_sample / s if c.attention_fwd_flops_per_sample else (
+        4.0 * s * row.heads * d)
+    return remat.ModuleShape(
+        hidden=row.hidden, heads=row.heads, ffn=row.ffn or 4 * row.hidden, glu=bool(row.glu),
+        moe=c.experts > 0, experts=c.experts, top_k=c.experts_per_token,
+        expert_ffn=c.expert_width, shared_ffn=c.shared_expert_width, q_rank=c.mla_q_rank,
+        kv_rank=c.mla_kv_rank, nope=c.mla_nope_dim, rope=c.mla_rope_dim, v_dim=c.mla_v_dim,
+        attention_flops=attn, dtype_bytes=dtype_bytes)
+
+
+def module_recompute(workload: Workload, row: Row) -> Workload:
+    """The workload under Megatron-Core's ``--recompute-granularity selective
+    --recompute-modules`` (the row's ``modules:...`` recompute): each block of
+    :data:`MODULE_BODIES` keeps ``dropped bytes per token x seq_len`` fewer residual bytes per
+    sample (at most its residuals less its input, ``hidden x seq_len`` elements, which every
+    checkpoint keeps), and its backward and input-gradient part B first rerun the modules'
+    forward (their matmul FLOP, and their elementwise traffic as unfused bytes), per module as
+    :func:`simulator.remat.module_cost` derives it. Other layers are unchanged.
+
+    Raises:
+        simulator.remat.RematError: a module name that is not Megatron-Core's.
+    """
+    mods = remat.parse_modules(row.recompute or "")
+    s, db = workload.seq_len, workload.dtype_bytes
+    costs = {}
+    for name, c in workload.costs.items():
+        if name in MODULE_BODIES:
+            mc = remat.modules_cost(mods, block_shape(row, c, db))
+            floor = float(row.hidden * s * db)
+            drop = min(mc.dropped_bytes * s, max(c.residual_bytes_per_sample - floor, 0.0))
+            flops, other = mc.rerun_flops * s, mc.rerun_traffic_bytes * s
+            c = replace(c, residual_bytes_per_sample=c.residual_bytes_per_sample - drop,
+                        bwd_flops_per_sample=c.bwd_flops_per_sample + flops,
+                        bwd_input_flops_per_sample=c.bwd_input_flops_per_sample + flops,
+                        bwd_other_bytes_per_sample=c.bwd_other_bytes_per_sample + other,
+                        bwd_input_other_bytes_per_sample=c.bwd_input_other_bytes_per_sample
+                        + other)
+        costs[name] = c
+    return replace(workload, costs=costs)
+
+
 def build_plan(row: Row, workload: Workload, *, schedule: str, micro_batch: int,
                virtual_stages: int = 1, recompute: bool = False) -> Plan:
     """The row's plan: ``pp * virtual_stages`` stages holding the decoder blocks
@@ -687,6 +742,8 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         w = op_recompute(w, row)
     elif rc == "layer":
         w = layer_recompute(w)
+    elif rc == "modules":
+        w = module_recompute(w, row)
     if name == "interleaved-1f1b" and step_fn is not None and device is not None and row.vp is None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
         why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1

@@ -369,7 +369,7 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
                                            per["bwd_flops"]),
         fwd_ops=ops["fwd_ops"], bwd_ops=ops["bwd_ops"],
         low_precision=body not in ("embed", "head"), **_expert_fields(cfg, body),
-        **_context_fields(cfg, body))
+        **_context_fields(cfg, body), **_mla_fields(cfg, body))
 
 
 CONTEXT_BODIES = (*ATTENTION_BODIES, "asymm_dit_block", "asymm_dit_block_final")
@@ -418,7 +418,19 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, Any]:
             "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.hidden
                                           * cfg.dtype_bytes * cfg.capacity_factor),
             "routed_pairs_per_sample": float(cfg.seq_len * cfg.experts_per_token),
-            "experts_per_token": float(cfg.experts_per_token)}
+            "experts_per_token": float(cfg.experts_per_token),
+            "expert_width": cfg.expert_ffn, "shared_expert_width": cfg.shared_experts * cfg.expert_ffn}
+
+
+def _mla_fields(cfg: ModelConfig, body: str) -> dict[str, int]:
+    """A latent-attention block's :class:`LayerCost` ranks and head widths (the ``mla_*``
+    fields, for Megatron-Core's ``mla_up_proj`` recompute: :mod:`simulator.remat`); empty for
+    other bodies and models."""
+    if not cfg.mla or body not in ATTENTION_BODIES:
+        return {}
+    return {"mla_q_rank": cfg.q_lora_rank, "mla_kv_rank": cfg.kv_lora_rank,
+            "mla_nope_dim": cfg.head_dim, "mla_rope_dim": cfg.qk_rope_head_dim,
+            "mla_v_dim": cfg.v_head_dim}
 
 
 def mean_cost(costs: list[tuple[LayerCost, int]], name: str) -> LayerCost:
