@@ -271,6 +271,17 @@ def _topology_of(cluster: Cluster) -> Topology | None:
     return topo if topo is not None and cluster.groups and topo.fits(cluster) else None
 
 
+BOTH_READINGS_MESHES = 8
+"""Listings joined unequally of at most this many meshes are planned both as listed and as node
+groups (``planner.shaping``, which imports this figure); larger ones as node groups only."""
+
+
+def read_with_topology(cluster: Cluster) -> bool:
+    """Whether ``cluster`` is a listing's node groups read with the listing's links as the topology
+    between its nodes (:func:`node_groups_of` of a listing whose links join the nodes unequally)."""
+    return _topology_of(cluster) is not None
+
+
 def default_shapes(cluster: Cluster) -> tuple[GroupShape, ...]:
     """One mesh per node of every group (how a node-group cluster reads before planning)."""
     return tuple(GroupShape(g.name, g.nodes) for g in cluster.groups.values())
@@ -455,16 +466,20 @@ def _with_topology(cluster: Cluster, kinds: list[list[MeshSpec]]) -> tuple[Clust
 
 def listing_reading(cluster: Cluster) -> str:
     """One line on how the planner reads a mesh listing: as the node groups it describes (with its
-    links as the topology between the nodes when they join them unequally), or as listed and why;
-    "" for a node-group cluster."""
-    if cluster.groups:
-        return ""
+    links as the topology between the nodes when they join them unequally: then both ways), or as
+    listed and why; "" for a node-group cluster or a listing of one mesh."""
+    if cluster.groups or len(cluster.meshes) < 2:
+        return ""                       # node groups already, or one mesh: nothing to read
     hardware, why = _from_listing(cluster)
     if hardware is None:
         n = len(cluster.meshes)
         return f"its {n} mesh{'es' * (n != 1)} as listed, not as node groups: {why}"
     groups = ", ".join(f"{g.name} ({g.nodes} x {g.devices_per_node})" for g in hardware.groups.values())
-    how = ("the listing's links as the topology between them (they join the nodes unequally)"
-           if _topology_of(hardware) is not None else "every two nodes joined alike")
-    return f"as node groups {groups}: {how}"
+    if _topology_of(hardware) is not None:
+        how = (f"as node groups {groups} with the listing's links as the topology between them "
+               f"(they join the nodes unequally)")
+        # the planner also searches a small one as listed (planner.shaping.BOTH_READINGS_MESHES)
+        return (f"both as listed and {how}; the faster plan is kept"
+                if len(cluster.meshes) <= BOTH_READINGS_MESHES else how)
+    return f"as node groups {groups}: every two nodes joined alike"
 

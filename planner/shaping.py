@@ -43,7 +43,7 @@ from itertools import combinations
 from typing import Callable, Iterable, Iterator, NamedTuple, cast
 
 from ir import DataParallelPlan, Layout, Plan, PlanFamily, Prediction, SearchReport, Workload
-from hardware_profiles.carve import node_groups_of
+from hardware_profiles.carve import BOTH_READINGS_MESHES, node_groups_of, read_with_topology
 from hardware_profiles.collectives import ring_all_reduce
 from hardware_profiles.types import Cluster, Link
 from planner import api, construct
@@ -290,6 +290,50 @@ class _Search:
         return r
 
 
+def _both_readings(w: Workload, listing: Cluster, grouped: Cluster, opts: construct.PlanOptions,
+                   progress: api.Progress | None, stop: threading.Event | None,
+                   prove: bool) -> api.PlanResult:
+    """A listing whose links join its nodes unequally, searched both ways: its meshes as listed
+    (:func:`planner.api.plan_meshes`) and the node groups it describes with its links as the
+    topology (:func:`hardware_profiles.carve.read_with_topology`), each on the whole budget; the
+    faster plan by its replay, so reading a listing as node groups never plans slower than the
+    listing as written. The bound is the lower of the two searches' (either space may hold the
+    optimum); None when either has none.
+
+    Only for a listing of at most ``BOTH_READINGS_MESHES`` meshes (:mod:`hardware_profiles.carve`):
+    the node-group search orders a pipeline's kinds by its own rules and can miss the listing's
+    best order (the README's 6-mesh ``h100x16_p150bx32``: Blackhole boxes first at 80.75 s as
+    listed, 89.17 s as node groups), and a listing that small is cheap to search exactly; a larger
+    one (``mixed512_chain.yaml``'s 36 meshes) is searched as node groups only."""
+    fixed: api.PlanResult | None = None
+    try:
+        fixed = api.plan_meshes(w, listing, opts, progress, stop=stop)
+    except InfeasibleError:
+        pass
+    if stop is not None and stop.is_set():
+        if fixed is None:
+            raise api.PlanInterrupted("interrupted before any feasible plan")
+        return fixed
+    try:
+        carved: api.PlanResult | None = shape_and_plan(w, grouped, opts, progress, stop=stop,
+                                                       prove=prove)
+    except (InfeasibleError, api.PlanInterrupted):
+        if fixed is None:
+            raise
+        carved = None
+    results = [r for r in (fixed, carved) if r is not None]
+    best = min(results, key=lambda r: r.prediction.step_time_s)
+    bounds = [r.search_bound_s for r in results]
+    if len(results) < 2 or any(b is None for b in bounds):
+        return best
+    bound = min(b for b in bounds if b is not None)
+    plan = best.plan
+    obj = plan.search.objective_s or 0.0
+    gap = max(0.0, (obj - bound) / obj) if obj else 0.0
+    plan = replace(plan, search=replace(plan.search, search_bound_s=bound, search_gap=gap))
+    return replace(best, plan=plan, search_bound_s=bound, search_gap=gap)
+
+
 def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.PlanOptions(),
                    progress: Callable[[int, int, float | None], None] | None = None, *,
                    stop: threading.Event | None = None, prove: bool = True) -> api.PlanResult:
@@ -322,7 +366,11 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
     for dev in {d.name: d for d in devices}.values():
         dev.matmul_precision(cm.compute_dtype(w))     # a dtype a device has no rate for: refused now
     if not cluster.groups and not opts.meshes:
-        cluster = node_groups_of(cluster) or cluster     # a listing of whole nodes: shape them
+        grouped = node_groups_of(cluster)              # a listing of whole nodes: shape them
+        if (grouped is not None and read_with_topology(grouped)
+                and len(cluster.meshes) <= BOTH_READINGS_MESHES):
+            return _both_readings(w, cluster, grouped, opts, progress, stop, prove)
+        cluster = grouped or cluster
     if not cluster.groups or opts.meshes:
         return api.plan_meshes(w, cluster, opts, progress, stop=stop)
     s = _Search(w, cluster, opts, progress, stop)

@@ -129,7 +129,7 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
                  ("tokens per step", f"{b * s:,}"),
                  *((("precision", precision_text(workload.precision)),) if cfg.training else ()),
                  ("cluster", f"{cluster.name}, {devices_text(cluster)}"),
-                 *((("read", listing_reading(cluster)),) if not cluster.groups else ())):
+                 *((("read", reading),) if (reading := listing_reading(cluster)) else ())):
         t.add_row(k, escape(v))
     return _titled("inputs", t)
 

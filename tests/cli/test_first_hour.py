@@ -159,7 +159,11 @@ def test_plan_inputs_of_a_zoo_model_with_default_batch_and_length():
         "precision        bf16: every GEMM in the model's dtype (the default; --precision sets "
         "it)",
         "cluster          h100x16_p150bx32, 48 devices: 16 h100-sxm (2 meshes of 8), 32 "
-        "blackhole-p150b (4 meshes of 8)"]
+        "blackhole-p150b (4 meshes of 8)",
+        "read             both as listed and as node groups h100-sxm (2 x 8), blackhole-p150b (4 x "
+        "8) with the listing's links as",
+        "                 the topology between them (they join the nodes unequally); the faster "
+        "plan is kept"]
 
 
 def test_plan_inputs_of_a_shipped_mixture_of_experts_on_node_groups():
@@ -205,7 +209,7 @@ def test_mpmd_plan_prints_its_inputs_first():
                                   "--cluster", "cpu4x2", "--time-limit", "1"])
     assert r.exit_code == 0, r.output
     lines = lines_of(r.stdout)
-    assert lines[:7] == [
+    assert lines[:8] == [
         "inputs",
         "model            llama-tiny-decode from zoo/configs/llama-tiny-decode.yaml: 27.5M "
         "parameters in float32",
@@ -213,6 +217,8 @@ def test_mpmd_plan_prints_its_inputs_first():
         "sequence length  128 tokens per sample (default: the model spec's)",
         "tokens per step  128",
         "cluster          cpu4x2, 8 devices: 8 cpu-host (4 meshes of 2)",
+        "read             its 4 meshes as listed, not as node groups: mesh 'm0' shares host "
+        "'local' with other meshes",
         "llama-tiny-decode on cpu4x2: stages"]
 
 

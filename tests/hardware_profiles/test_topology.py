@@ -95,7 +95,7 @@ def test_carve_fixed_says_why(chain):
 def test_bundled_ring_listing_reads_as_node_groups():
     # 16 LoudBoxes cabled in a ring (4 x 400 GbE between neighbours), 400 Gb/s host Ethernet elsewhere
     c = load_cluster(CLUSTERS_DIR / "h100x32_p150bx128.yaml")
-    assert listing_reading(c) == ("as node groups h100-sxm (4 x 8), blackhole-p150b (16 x 8): the listing's "
-                                  "links as the topology between them (they join the nodes unequally)")
-    assert listing_reading(load_cluster(CLUSTERS_DIR / "h100x1.yaml")) == (
-        "its 1 mesh as listed, not as node groups: it lists 1 mesh, no nodes to carve")
+    assert listing_reading(c) == ("as node groups h100-sxm (4 x 8), blackhole-p150b (16 x 8) with the "
+                                  "listing's links as the topology between them (they join the nodes "
+                                  "unequally)")     # 20 meshes: node groups only (BOTH_READINGS_MESHES)
+    assert listing_reading(load_cluster(CLUSTERS_DIR / "h100x1.yaml")) == ""   # one mesh: nothing to read

@@ -43,3 +43,14 @@ def test_mixed512_chain_plans_like_the_node_group_file():
     assert chain.plan.carving                       # read as node groups, carved
     assert step <= h100.prediction.step_time_s
     assert step <= 1.05 * nodes.prediction.step_time_s
+
+
+def test_a_small_unequal_listing_plans_no_slower_than_as_listed():
+    """h100x16_p150bx32 (6 meshes, Blackhole boxes on a ring) is searched both as listed and as
+    node groups (planner.shaping._both_readings): never slower than the listing as written."""
+    w = workload("llama3-8b", 16, 2048)
+    listing = load_cluster(CLUSTERS / "h100x16_p150bx32.yaml")
+    both = plan(w, listing, PlanOptions(time_limit_s=4))
+    fixed = plan_meshes(w, replace(listing, carve_fixed=True), PlanOptions(time_limit_s=4))
+    assert both.prediction.step_time_s <= fixed.prediction.step_time_s * (1 + 1e-9)
+    assert both.search_bound_s is None or both.search_bound_s <= both.prediction.step_time_s
