@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import yaml
 
-from launchers.view import GPU_KINDS, TPU_KINDS, PartView, refuse_device
+from launchers.view import GPU_KINDS, TPU_KINDS, LauncherError, PartView, refuse_device
 
 VERSION = "maxtext 0.2.5"
 """The MaxText release (its ``maxtext/configs/base.yml``, model configs and ``pyconfig``) the
@@ -61,6 +61,22 @@ def _model(v: PartView, notes: list[str]) -> dict:
         out |= {"num_experts": c.experts, "num_experts_per_tok": c.experts_per_token,
                 "base_moe_mlp_dim": c.expert_ffn, "capacity_factor": c.capacity_factor}
     return out
+
+
+MODEL_DIFFS = {"mixtral-8x22b-v0.1": {"vocab_size": 32768}}
+"""Zoo model -> MaxText's model-config values (``maxtext/configs/models/NAME.yml``, 0.2.5) that
+differ from the published release the zoo carries (MaxText's ``mixtral-8x22b`` has the later
+32768-token vocabulary; Mixtral-8x22B-v0.1's ``config.json`` 32000)."""
+
+
+def model_overrides(v: PartView) -> list[str]:
+    """``key=value`` words for the launch line that set the plan's model where MaxText's model
+    config differs (:data:`MODEL_DIFFS`): MaxText's model config overrides the config file's
+    keys, and only command-line keys with ``override_model_config=true`` override it."""
+    c = v.model
+    plan = {"vocab_size": c.vocab, "rope_max_timescale": int(c.rope_theta)}
+    diff = {k: plan[k] for k, x in MODEL_DIFFS.get(c.name.lower(), {}).items() if plan[k] != x}
+    return ["override_model_config=true", *(f"{k}={x}" for k, x in diff.items())] if diff else []
 
 
 def _quantization(v: PartView, notes: list[str]) -> dict:
@@ -127,6 +143,35 @@ def _dcn_split(data: int, context: int, nodes: int) -> tuple[int, int] | None:
     return None
 
 
+def pipeline_blocks(v: PartView, model_name: str, notes: list[str]) -> int:
+    """MaxText's ``num_layers_per_pipeline_stage`` for a pipelined part. MaxText's pipeline
+    (``maxtext/configs/types.py``) runs ``pipeline_parallel_layers`` blocks (every block, or on
+    its DeepSeek decoder every block after the dense first ones), the same number on every stage
+    (stages x repeats x layers per stage must equal them), with the embedding and the head outside
+    it. A plan whose stages hold different block counts is written as the even split with a note
+    (the plan's uneven split balanced the embedding and head MaxText runs outside the pipeline).
+
+    Raises:
+        LauncherError: the pipelined blocks do not divide over the plan's stages (one line)."""
+    stages = len(v.stage_layers)
+    counts = [v.decoder_layers(s) for s in range(stages)]
+    dense = v.model.dense_layers if model_name.startswith("deepseek") else 0
+    piped = v.model.layers - dense
+    if piped % stages:
+        where = f"{v.name} runs" if v.name else "the plan runs"
+        raise LauncherError(
+            f"{where} {piped} transformer blocks on {stages} pipeline stages ({counts}); MaxText's "
+            f"pipeline runs as many blocks on every stage (num_layers_per_pipeline_stage), which "
+            f"{piped} blocks over {stages} stages cannot: export it to megatron or torchtitan "
+            f"(per-stage layers) or re-plan with a stage count dividing {piped}")
+    if len(set(counts)) > 1 or dense:
+        notes.append(f"the plan's stages hold {counts} blocks; MaxText's pipeline stages are "
+                     f"uniform, with the embedding and head outside the pipeline"
+                     + (f" and its {dense} dense first blocks before it" if dense else "")
+                     + f": written as {piped // stages} blocks per stage")
+    return piped // stages
+
+
 def config(v: PartView, source: str) -> tuple[dict, list[str]]:
     """(the config as a dict, what MaxText cannot express)."""
     refuse_device(v, "MaxText", TPU_KINDS + GPU_KINDS)
@@ -183,18 +228,15 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
                                      v.global_batch / v.microbatches / v.devices),
            **({"gradient_accumulation_steps": v.microbatches}
               if v.pipeline == 1 and v.microbatches > 1 else {}),
-           "hardware": "tpu" if _tpu(v) else "gpu_multiprocess" if v.devices > 8 else "gpu",
+           "hardware": "tpu" if _tpu(v) else "gpu",   # one process per host, as the launch line
            **axes,
            "remat_policy": "full" if v.recompute else "minimal",
            **(context_keys(v, dcn_context, notes) if lay.context > 1 else {}),
            **_quantization(v, notes)}
     if v.pipeline > 1:
-        blocks = {v.decoder_layers(s) for s in range(len(v.stage_layers))}
-        if len(blocks) > 1:
-            notes.append(f"stages hold {sorted(blocks)} blocks; MaxText's stages are uniform: "
-                         f"written as {v.model.layers // len(v.stage_layers)} per stage")
+        per_stage = pipeline_blocks(v, doc.get("model_name", ""), notes)
         doc |= {"num_pipeline_microbatches": v.microbatches,
-                "num_layers_per_pipeline_stage": v.model.layers // len(v.stage_layers),
+                "num_layers_per_pipeline_stage": per_stage,
                 "num_pipeline_repeats": v.virtual}
         notes.append(f"MaxText runs its circular pipeline, not {v.schedule}: the plan's step time "
                      f"assumed {v.schedule}")
@@ -204,9 +246,22 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
 def render(v: PartView, source: str) -> tuple[str, list[str]]:
     """(the YAML text with a comment header, notes)."""
     doc, notes = config(v, source)
+    over = model_overrides(v)
+    if over:
+        notes.append(f"MaxText's {doc['model_name']} model config differs from the plan's model: "
+                     f"the launch line sets {' '.join(over[1:])} (override_model_config=true), "
+                     f"which the config file cannot")
+    slices = 1
+    for k, x in doc.items():
+        if k.startswith("dcn_") and k.endswith("_parallelism"):
+            slices *= x
+    env = ("" if _tpu(v) or slices == 1 else
+           f"JAX_COORDINATOR_IP=HOST0 JAX_COORDINATOR_PORT=PORT NNODES={slices} NODE_RANK=i ")
     head = (f"# MaxText config ({VERSION}) for {v.model.name}{' ' + v.name if v.name else ''} on "
             f"{v.devices} x {v.device}, exported by mpmd from {source}\n"
-            f"# its keys override MaxText's base.yml (base_config); launch on every host: python -m "
-            f"maxtext.trainers.pre_train.train THIS_FILE.yml base_output_directory=DIR "
+            f"# its keys override MaxText's base.yml (base_config); launch on every host"
+            f"{'' if _tpu(v) or slices == 1 else f' (host i of {slices})'}: {env}python -m "
+            f"maxtext.trainers.pre_train.train THIS_FILE.yml "
+            f"{''.join(w + ' ' for w in model_overrides(v))}base_output_directory=DIR "
             f"dataset_path=DATA\n")
     return head + yaml.safe_dump({"base_config": "base.yml", **doc}, sort_keys=False), notes

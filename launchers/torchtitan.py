@@ -54,6 +54,12 @@ FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
 are these models' published shapes. A model not here has no torchtitan model and is refused
 (:func:`model_flavor`)."""
 
+FLAVOR_ROPE_THETA = {"qwen3-235b-a22b": 5000000.0}
+"""Zoo model -> the RoPE base of torchtitan's flavour (0.2.2 and 0.3.0), where it is not the
+published model's: torchtitan's ``235B-A22B`` is Qwen3-235B-A22B-2507's (``theta=5000000``), the
+original release's ``config.json`` has ``rope_theta`` 1e6. The 0.3 module sets the plan's base on
+every block's RoPE; 0.2's TOML cannot (a note)."""
+
 RECIPES = {"llama3": {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"},
            "qwen3": {}, "deepseek_v3": {}}
 """torchtitan 0.3's ``config_registry`` function the module starts from (optimizer, data loader,
@@ -90,12 +96,19 @@ def _fqns(layers: tuple[str, ...]) -> list[str]:
     return out
 
 
-def job(v: PartView, source: str) -> tuple[dict, list[str]]:
-    """(the job config as a dict of TOML tables, what torchtitan cannot express)."""
+def job(v: PartView, source: str, toml: bool = True) -> tuple[dict, list[str]]:
+    """(the job config as a dict of TOML tables, what torchtitan cannot express; ``toml``: for
+    0.2's TOML, else for 0.3's module)."""
     notes = list(v.notes)
     lay = v.layout
     refuse_device(v, "torchtitan", GPU_KINDS)
     name, flavor = model_flavor(v)
+    theta = FLAVOR_ROPE_THETA.get(v.model.name.lower())
+    if theta is not None and theta != v.model.rope_theta:
+        notes.append(f"torchtitan's {name} {flavor} flavour has RoPE base {theta:g}, the plan's "
+                     f"model {v.model.rope_theta:g}"
+                     + (": the 0.2 TOML cannot set it" if toml else
+                        ": the module sets the plan's on every block"))
     if lay.fsdp:
         replicate, shard = lay.hsdp, lay.data // lay.hsdp
     else:
@@ -206,8 +219,13 @@ def module(v: PartView, source: str, stem: str) -> tuple[str, list[str]]:
     the plan's flavour and its training, parallelism and activation checkpointing set to the
     plan's. torchtitan 0.3 reads ``--module`` (a config module on ``PYTHONPATH``) and
     ``--config`` (a function in it)."""
-    doc, notes = job(v, source)
+    doc, notes = job(v, source, toml=False)
     name, flavor = model_flavor(v)
+    theta = FLAVOR_ROPE_THETA.get(v.model.name.lower())
+    rope = ([f"    for block in config.model_spec.model.layers:   # the plan's RoPE base, not the "
+             f"flavour's {theta:g}",
+             f"        block.attention.rope.theta = {float(v.model.rope_theta)!r}"]
+            if theta is not None and theta != v.model.rope_theta else [])
     par = {k: x for k, x in doc["parallelism"].items() if k in PARALLELISM_03}
     dropped = [k for k in doc["parallelism"] if k not in PARALLELISM_03 and doc["parallelism"][k]
                not in (False, 1)]
@@ -221,7 +239,7 @@ def module(v: PartView, source: str, stem: str) -> tuple[str, list[str]]:
                          f"overlapped tensor-parallel collectives are not asked for")
     recipe = RECIPES[name].get(flavor, BASE_RECIPE[name])
     conv = doc["model"].get("converters", [])
-    imports = ["from torchtitan.config import ParallelismConfig, TrainingConfig",
+    imports = ["from torchtitan.config import ParallelismConfig",
                "from torchtitan.distributed.activation_checkpoint import FullAC",
                "from torchtitan.models.common.config_utils import decoder_vocab_size",
                f"from torchtitan.models.{name} import config_registry, model_registry"]
@@ -237,6 +255,7 @@ def module(v: PartView, source: str, stem: str) -> tuple[str, list[str]]:
         converters = ", converters=[MXFP8LinearConverter.Config()]"
     training = doc["training"]
     ac = "FullAC.Config()" if v.recompute else "None"
+    cuda_graphs_off = v.pipeline > 1 or v.layout.expert > 1
     launch = _launch(v, f"--module {stem} --config mpmd_plan")
     lines = [
         f'"""torchtitan {VERSION} config for {v.model.name}{" " + v.name if v.name else ""} on '
@@ -254,10 +273,16 @@ def module(v: PartView, source: str, stem: str) -> tuple[str, list[str]]:
         f"    config = config_registry.{recipe}()   # torchtitan's recipe: optimizer, data, "
         f"checkpoints",
         f"    config.model_spec = model_registry({flavor!r}{converters})",
+        *rope,
         "    config.loss.loss_fn.global_vocab_size = decoder_vocab_size(config.model_spec)",
-        f"    config.training = TrainingConfig(local_batch_size={training['local_batch_size']}, "
-        f"global_batch_size={training['global_batch_size']}, seq_len={training['seq_len']}, "
-        f"mixed_precision_param={training['mixed_precision_param']!r})",
+        "    # the recipe's training settings (steps, dtype, ...) kept; the plan's batch and sequence",
+        f"    config.training.local_batch_size = {training['local_batch_size']}",
+        f"    config.training.global_batch_size = {training['global_batch_size']}",
+        f"    config.training.seq_len = {training['seq_len']}",
+        f"    config.training.mixed_precision_param = {training['mixed_precision_param']!r}",
+        *(["    # torchtitan's trainer refuses CUDA graphs with pipeline parallel and with its "
+           "all-to-all expert dispatch",
+           "    config.training.disable_cuda_graphs = True"] if cuda_graphs_off else []),
         "    config.parallelism = ParallelismConfig(",
         *[f"        {k}={x!r}," for k, x in par.items()],
         "    )",

@@ -29,13 +29,14 @@ PLANS = sorted(DATA.glob("*.json"))
 
 
 def exported(plan_path: Path, target: str):
-    """The export's files; () where the target refuses the plan, which only torchtitan does,
-    for a model it does not ship."""
+    """The export's files; () where the target refuses the plan: torchtitan for a model it does
+    not ship, MaxText for a pipeline whose blocks do not divide into its uniform stages."""
     out = GOLDEN / f"{plan_path.stem}{TARGETS[target][1]}"
     try:
         return export_plan(load_plan(plan_path), target, out, source=f"data/{plan_path.name}")
     except LauncherError as e:
-        assert target.startswith("torchtitan") and "torchtitan ships no model for" in str(e)
+        assert ((target.startswith("torchtitan") and "torchtitan ships no model for" in str(e))
+                or (target == "maxtext" and "MaxText's pipeline runs as many blocks" in str(e)))
         return ()
 
 

@@ -31,6 +31,69 @@ def _jsonable(x):
     return type(x).__name__
 
 
+def _find(d, key):
+    """The first value of ``key`` in a nested dict/list (depth first), else None."""
+    if isinstance(d, dict):
+        if key in d:
+            return d[key]
+        d = list(d.values())
+    if isinstance(d, list):
+        for x in d:
+            got = _find(x, key) if isinstance(x, (dict, list)) else None
+            if got is not None:
+                return got
+    return None
+
+
+def _model_summary(mc: dict) -> dict:
+    """The architecture of torchtitan's model config (``model_spec.model``, as JSON): block
+    count, widths, heads, RoPE base and scaling, QK-norm, MLA ranks, dense first blocks, routed
+    and shared experts, tied embeddings."""
+    layers = mc.get("layers") or []
+    layers = list(layers.values()) if isinstance(layers, dict) else layers
+    attn = layers[0].get("attention") or {}
+    dense = [x for x in layers if not x.get("moe")]
+    moe = next((x["moe"] for x in layers if x.get("moe")), None)
+    ff = dense[0].get("feed_forward") if dense else None
+    shared = moe.get("shared_experts") if moe else None
+    rope = _find(attn, "rope") or {}
+    return {"layers": len(layers), "dim": mc.get("dim"), "vocab_size": mc.get("vocab_size"),
+            "n_heads": _find(attn, "n_heads"), "n_kv_heads": _find(attn, "n_kv_heads"),
+            "head_dim": _find(attn, "head_dim"), "rope_theta": rope.get("theta"),
+            "rope_scaling": rope.get("scaling"), "qk_norm": _find(attn, "qk_norm") is not None,
+            "q_lora_rank": attn.get("q_lora_rank"), "kv_lora_rank": attn.get("kv_lora_rank"),
+            "dense_layers": len(dense) if moe else 0,
+            "ffn_hidden": ff["w1"]["out_features"] if ff else None,
+            "num_experts": moe.get("num_experts") if moe else None,
+            "top_k": _find(moe.get("router"), "top_k") if moe else None,
+            "moe_hidden": _find(moe.get("routed_experts"), "hidden_dim") if moe else None,
+            "shared_hidden": shared["w1"]["out_features"] if shared else None,
+            "tied_embeddings": bool(mc.get("enable_weight_tying", False))}
+
+
+def _args_summary(name: str, flavor: str) -> dict:
+    """torchtitan 0.2's model arguments for ``name``/``flavor`` (its train spec's
+    ``model_args``), with :func:`_model_summary`'s keys (None where 0.2 derives the value at
+    build time: Llama's FFN width from ``multiple_of``)."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    a = _jsonable(get_train_spec(name).model_args[flavor])
+    moe = a.get("moe_args") if (a.get("moe_enabled") or "n_dense_layers" in a) else None
+    inter = a.get("moe_inter_dim")
+    return {"layers": a["n_layers"], "dim": a["dim"], "vocab_size": a["vocab_size"],
+            "n_heads": a["n_heads"], "n_kv_heads": a.get("n_kv_heads") or a["n_heads"],
+            "head_dim": a.get("head_dim"), "rope_theta": a.get("rope_theta"),
+            "rope_scaling": "llama" if a.get("rope_scaling_args") else None,
+            "qk_norm": bool(a.get("qk_norm", False)), "q_lora_rank": a.get("q_lora_rank"),
+            "kv_lora_rank": a.get("kv_lora_rank"),
+            "dense_layers": a.get("n_dense_layers", 0) if moe else 0,
+            "ffn_hidden": a.get("inter_dim") or a.get("hidden_dim"),
+            "num_experts": moe["num_experts"] if moe else None,
+            "top_k": moe["top_k"] if moe else None, "moe_hidden": inter if moe else None,
+            "shared_hidden": (moe["num_shared_experts"] * inter or None) if moe else None,
+            "tied_embeddings": bool(a.get("enable_weight_tying", False))}
+
+
 def _mesh(parallelism, world: int) -> dict:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -79,17 +142,21 @@ def check(entry: dict, version: str) -> dict:
                 f"degree ({gbs} % ({t.local_batch_size} * {batch}) != 0)")   # the trainer's check
             accumulation = gbs // (t.local_batch_size * batch)
     except SystemExit as e:
-        return {"path": path, "ok": False, "error": f"exit {e.code}: {log.getvalue()[-300:]}"}
+        box = [ln.strip("│ ") for ln in log.getvalue().splitlines() if ln.startswith("│")]
+        return {"path": path, "ok": False,
+                "error": f"exit {e.code}: {' '.join(box)[:600] or log.getvalue()[-600:]}"}
     except BaseException as e:
         tb = traceback.extract_tb(e.__traceback__)[-1]
         return {"path": path, "ok": False,
                 "error": f"{type(e).__name__}: {e} ({os.path.basename(tb.filename)}:{tb.lineno})"}
-    model = (cfg.model_spec.model if hasattr(cfg, "model_spec") else None)
+    model = (_model_summary(_jsonable(cfg.model_spec.model)) if hasattr(cfg, "model_spec")
+             else _args_summary(cfg.model.name, cfg.model.flavor))
     flavor = (cfg.model_spec.flavor if hasattr(cfg, "model_spec") else cfg.model.flavor)
     name = (cfg.model_spec.name if hasattr(cfg, "model_spec") else cfg.model.name)
     ac = cfg.activation_checkpoint
     return {"path": path, "ok": True, "values": {
-        "model": name, "flavor": flavor, "model_config": _jsonable(model),
+        "model": name, "flavor": flavor, "model_config": model,
+        "converters": (list(cfg.model.converters) if version.startswith("0.2") else None),
         "training": _jsonable(t), "parallelism": _jsonable(p), "accumulation": accumulation,
         "activation_checkpoint": (getattr(ac, "mode", None) if ac is not None else "none")
         if version.startswith("0.2") else ("none" if ac is None else type(ac).__qualname__),

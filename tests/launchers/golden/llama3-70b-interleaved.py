@@ -3,7 +3,7 @@
 Launch from the directory holding this file: PYTHONPATH=. torchrun --nnodes 16 --nproc-per-node 8 -m torchtitan.train --module llama3-70b-interleaved --config mpmd_plan
 """
 
-from torchtitan.config import ParallelismConfig, TrainingConfig
+from torchtitan.config import ParallelismConfig
 from torchtitan.distributed.activation_checkpoint import FullAC
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.models.llama3 import config_registry, model_registry
@@ -15,7 +15,13 @@ def mpmd_plan():
     config = config_registry.llama3_70b()   # torchtitan's recipe: optimizer, data, checkpoints
     config.model_spec = model_registry('70B')
     config.loss.loss_fn.global_vocab_size = decoder_vocab_size(config.model_spec)
-    config.training = TrainingConfig(local_batch_size=16, global_batch_size=256, seq_len=8192, mixed_precision_param='bfloat16')
+    # the recipe's training settings (steps, dtype, ...) kept; the plan's batch and sequence
+    config.training.local_batch_size = 16
+    config.training.global_batch_size = 256
+    config.training.seq_len = 8192
+    config.training.mixed_precision_param = 'bfloat16'
+    # torchtitan's trainer refuses CUDA graphs with pipeline parallel and with its all-to-all expert dispatch
+    config.training.disable_cuda_graphs = True
     config.parallelism = ParallelismConfig(
         data_parallel_replicate_degree=1,
         data_parallel_shard_degree=16,

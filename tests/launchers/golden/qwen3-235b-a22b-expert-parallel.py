@@ -3,7 +3,7 @@
 Launch from the directory holding this file: PYTHONPATH=. torchrun --nnodes 64 --nproc-per-node 8 -m torchtitan.train --module qwen3-235b-a22b-expert-parallel --config mpmd_plan
 """
 
-from torchtitan.config import ParallelismConfig, TrainingConfig
+from torchtitan.config import ParallelismConfig
 from torchtitan.distributed.activation_checkpoint import FullAC
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.models.qwen3 import config_registry, model_registry
@@ -14,8 +14,16 @@ TORCHTITAN_VERSION = '0.3.0'
 def mpmd_plan():
     config = config_registry.qwen3_14b()   # torchtitan's recipe: optimizer, data, checkpoints
     config.model_spec = model_registry('235B-A22B')
+    for block in config.model_spec.model.layers:   # the plan's RoPE base, not the flavour's 5e+06
+        block.attention.rope.theta = 1000000.0
     config.loss.loss_fn.global_vocab_size = decoder_vocab_size(config.model_spec)
-    config.training = TrainingConfig(local_batch_size=64, global_batch_size=512, seq_len=4096, mixed_precision_param='bfloat16')
+    # the recipe's training settings (steps, dtype, ...) kept; the plan's batch and sequence
+    config.training.local_batch_size = 64
+    config.training.global_batch_size = 512
+    config.training.seq_len = 4096
+    config.training.mixed_precision_param = 'bfloat16'
+    # torchtitan's trainer refuses CUDA graphs with pipeline parallel and with its all-to-all expert dispatch
+    config.training.disable_cuda_graphs = True
     config.parallelism = ParallelismConfig(
         data_parallel_replicate_degree=1,
         data_parallel_shard_degree=8,
