@@ -133,7 +133,7 @@ def test_readme_commands_run_as_written(tmp_path):
     assert ran.count("validate") >= 2                # --layers and --serving
     for name in ("plan.json", "tiny.json", "decode.json", "h100.json", "mixed.json",
                  "h100-megatron.args",
-                 "h100-torchtitan.toml", "mixed-maxtext.yaml", "qwen3.json", "qwen3-torchtitan.toml",
+                 "h100_torchtitan.py", "h100-maxtext.yml", "qwen3.json", "qwen3_torchtitan.py",
                  "qwen3-moe.json", "qwen3-moe-megatron.args"):
         assert (tmp_path / name).is_file()
 
