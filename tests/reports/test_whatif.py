@@ -7,7 +7,7 @@ import pytest
 from zoo.costing import workload
 from hardware_profiles import load_cluster, load_device
 from reports import ReportError, whatif
-from simulator.plan_sim import simulate_plan
+from simulator.plan_sim import plan_cluster, simulate_plan
 
 
 def _price(cluster_name: str, which: int) -> float:
@@ -27,7 +27,8 @@ def test_rates_and_costs_recomputed_from_plan_and_prices(small_df, small_spec):
     w = workload("llama3-8b", global_batch=SMALL["global_batch"], seq_len=SMALL["seq_len"])
     for r in small_df[small_df["feasible"]].to_dict("records"):
         plan = r["plan"]
-        step = simulate_plan(plan, w, load_cluster(r["cluster"])).step_time_s
+        # on the meshes the plan was planned for (a listing's carving when it was read as node groups)
+        step = simulate_plan(plan, w, plan_cluster(plan, load_cluster(r["cluster"]))).step_time_s
         assert r["step_time_s"] == pytest.approx(step, rel=1e-12)
         tps = plan.global_batch * plan.seq_len / step
         lo, hi = _price(r["cluster"], 0), _price(r["cluster"], 1)
