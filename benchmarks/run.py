@@ -28,6 +28,7 @@ import bench_residual_forward  # noqa: E402
 import bench_run_check  # noqa: E402
 import bench_shapes  # noqa: E402
 import bench_simulator  # noqa: E402
+import bench_sweep  # noqa: E402
 
 from ir.files import write_atomic  # noqa: E402
 
@@ -49,6 +50,8 @@ SECTIONS = {
     "context": ("## Long sequences: context parallelism searched and off\n", bench_context.markdown),
     "peer": ("## A peer planner's case: Sailor's 320 GPUs of two kinds, for time and for cost\n",
              bench_peer.markdown),
+    "sweep": ("## A random sweep: 500 plans checked for valid layouts, prediction = replay and "
+              "exports\n", bench_sweep.markdown),
     "run": ("## CPU runs against the simulation, after `mpmd calibrate`\n",
             bench_run_check.markdown),
     "compiler": ("## Compiled training steps with their optimizer: executables, lowering and step "

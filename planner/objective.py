@@ -125,6 +125,41 @@ def sub_clusters(cluster: Cluster) -> list[Cluster]:
     return out
 
 
+def halved(cluster: Cluster) -> Cluster | None:
+    """``cluster`` with each node group at half its nodes (rounded up, at least one); None when
+    every group is down to one node."""
+    if all(g.nodes <= 1 for g in cluster.groups.values()):
+        return None
+    return replace(cluster, groups={n: replace(g, nodes=max(1, math.ceil(g.nodes / 2)))
+                                    for n, g in cluster.groups.items()})
+
+
+def _on_fewer_nodes(w: Workload, cluster: Cluster, opts: construct.PlanOptions,
+                    stop: threading.Event | None, whole: InfeasibleError) -> api.PlanResult:
+    """The fastest plan on the largest half, quarter, ... of every node group's nodes, when no
+    plan occupies the whole cluster (``whole``): a global batch too small for it (each pipeline
+    needs a sample per data-parallel replica and a microbatch per stage, and every mesh's layout
+    must use its devices) leaves some nodes idle, as a practitioner would. Node-group clusters
+    (and listings of whole nodes) only; each try searches on ``opts.time_limit_s / 2``. The plan's
+    carving records the nodes it uses, which the CLI prints ("of N nodes").
+
+    Raises:
+        InfeasibleError: ``whole``, when the weights do not fit the whole cluster (fewer nodes
+            cannot help), the cluster lists meshes, or no part of it has a plan either.
+    """
+    grouped = cluster if cluster.groups else node_groups_of(cluster)
+    if grouped is None or opts.meshes or "does not fit" in str(whole):
+        raise whole
+    sub = halved(grouped)
+    while sub is not None and not (stop is not None and stop.is_set()):
+        try:
+            return shape_and_plan(w, sub, replace(opts, time_limit_s=max(0.5, opts.time_limit_s / 2)),
+                                  None, stop=stop)
+        except InfeasibleError:
+            sub = halved(sub)
+    raise whole
+
+
 def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.PlanOptions(),
          progress: Callable[[int, int, float | None], None] | None = None, *, goal: Goal = Goal(),
          stop: threading.Event | None = None) -> api.PlanResult:
@@ -153,7 +188,10 @@ def plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = construct.
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise PlannerError(f"{name} {v!r}; fix: give a positive number")
     if goal.plain:
-        return shape_and_plan(w, cluster, opts, progress, stop=stop)
+        try:
+            return shape_and_plan(w, cluster, opts, progress, stop=stop)
+        except InfeasibleError as whole:
+            return _on_fewer_nodes(w, cluster, opts, stop, whole)
     if not cluster.groups:
         cluster = node_groups_of(cluster) or cluster     # a listing of whole nodes: its node groups
     if not cluster.groups or opts.meshes:
