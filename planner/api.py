@@ -255,6 +255,11 @@ def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], h
             worst = (m, lack, need, cm.usable_bytes(s, headroom))
     if worst is None or worst[1] <= 0:
         widest = max(s.num_devices for s in specs)
+        if widest > max_tensor and widest > max_tensor * w.global_batch:
+            return (f"global batch {w.global_batch} cannot occupy cluster {cluster.name!r}'s meshes "
+                    f"of up to {widest} devices (each mesh runs data x tensor parallel, data at "
+                    f"most the batch, tensor at most --max-tensor {max_tensor}); raise "
+                    f"--global-batch or --max-tensor, or split the cluster into more meshes")
         if widest > max_tensor:
             return (f"model {w.model!r} fits cluster {cluster.name!r} only with tensor parallelism "
                     f"wider than --max-tensor {max_tensor} (meshes of up to {widest} devices); "

@@ -37,3 +37,11 @@ def test_small_batch_plans_on_fewer_nodes(monkeypatch):
     monkeypatch.setattr(obj, "_on_fewer_nodes", whole_only)
     with pytest.raises(InfeasibleError):
         plan(w, c, PlanOptions(time_limit_s=1))
+
+
+def test_batch_too_small_for_one_listed_mesh_is_named():
+    """A listed mesh cannot be shrunk: the refusal names the batch, not the model's memory."""
+    w = workload(resolve_model("llama-tiny"), global_batch=2, seq_len=256)
+    with pytest.raises(InfeasibleError, match=r"global batch 2 cannot occupy cluster 'tpuv5e256'.s "
+                                              r"meshes of up to 256 devices.*raise --global-batch"):
+        plan(w, load_cluster("hardware_profiles/clusters/tpuv5e256.yaml"), PlanOptions(time_limit_s=1))
