@@ -107,6 +107,15 @@ must agree with it; with a ``model_config`` column the header may leave the requ
 (``layers``, ``hidden``, ``heads``) out."""
 
 
+COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
+"""``precision`` values naming a compute dtype (the model built in it, every GEMM in it: no
+low-precision recipe): ``bf16``; ``fp16``, mixed precision with FP16 activations and FP32 master
+weights and loss scaling (Micikevicius et al., "Mixed Precision Training", ICLR 2018: PyTorch AMP,
+TensorFlow's automatic mixed precision), the 16-bit format of a device without BF16 (a V100);
+``fp32``. A blank ``precision`` is bf16, or fp16 where the row's device has no bf16 rate
+(:func:`simulator.validation_setup.row_precision`, stated with the row)."""
+
+
 class ValidationError(CostError):
     """A malformed validation row or an impossible setup (the message names the value and fix)."""
 
@@ -185,6 +194,26 @@ class Row:
     scale_up_domain: int | None = None
     dispatcher: str | None = None
     pipeline_layout: str | None = None
+    precision_given: bool = True
+
+    @property
+    def dtype(self) -> str:
+        """The compute dtype its model is built in (``"bf16"``, ``"fp16"``, ``"fp32"``): the
+        ``precision`` column's when it names one of :data:`COMPUTE_DTYPES`, else bf16 (every
+        recipe of :mod:`ir.precision` computes in BF16 around its GEMMs)."""
+        return self.precision if self.precision in COMPUTE_DTYPES else "bf16"
+
+    @property
+    def recipe(self) -> str:
+        """Its training precision recipe (:data:`ir.precision.RECIPES`): the ``precision``
+        column's, ``"bf16"`` (every GEMM in the compute dtype) for a compute dtype."""
+        return self.precision if self.precision in RECIPES else "bf16"
+
+    @property
+    def low_precision(self) -> bool:
+        """Whether its recipe runs GEMMs below the compute dtype (FP8, FP4): ``--fit`` fits
+        those rows' format efficiency, the others the kind's own efficiencies."""
+        return RECIPES[self.recipe].low_precision
 
     @property
     def replicas(self) -> int:
@@ -458,10 +487,12 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if att is not None and att not in ATTENTION_KERNELS:
         raise ValidationError(f"row {line}: attention {att[:40]!r} unknown; fix: use one of "
                               f"{', '.join(ATTENTION_KERNELS)} or leave it blank")
-    prec = (d.get("precision") or "").strip().lower() or "bf16"
-    if prec not in RECIPES:
+    given = (d.get("precision") or "").strip().lower()
+    prec = given or "bf16"
+    if prec not in RECIPES and prec not in COMPUTE_DTYPES:
         raise ValidationError(f"row {line}: precision {prec[:40]!r} unknown; fix: use one of "
-                              f"{', '.join(RECIPES)} or leave it blank (bf16)")
+                              f"{', '.join((*RECIPES, *COMPUTE_DTYPES[1:]))} or leave it blank "
+                              f"(bf16, or fp16 on a device without a bf16 rate)")
     vp = _int(d, "vp", line)
     disp = (d.get("dispatcher") or "").strip().lower() or None
     if disp is not None and disp not in DISPATCHERS:
@@ -488,7 +519,8 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             cp=_int(d, "cp", line) or 1, vp=vp, ep=_int(d, "ep", line) or 1,
             etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line),
             dispatcher=DISPATCHERS[disp] if disp is not None else None,
-            pipeline_layout=(d.get("pipeline_layout") or "").strip() or None)
+            pipeline_layout=(d.get("pipeline_layout") or "").strip() or None,
+            precision_given=bool(given))
     if r.kv_heads is not None and r.heads % r.kv_heads:
         raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
                               f"{r.kv_heads}; fix the row")

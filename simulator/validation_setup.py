@@ -210,6 +210,35 @@ def attention_kernel(row: Row) -> tuple[str, str | None]:
     return "flash", None
 
 
+def row_precision(row: Row, device: DeviceProfile) -> tuple[str, str | None]:
+    """(the row's ``precision`` as it is simulated on ``device``, the assumption to print or
+    None): the column's value when it was given; blank: ``"bf16"`` where the device has a bf16
+    rate, else ``"fp16"`` where it has an fp16 one (a V100: no bf16 Tensor Cores, so its 16-bit
+    training is FP16 mixed precision with loss scaling, Micikevicius et al., ICLR 2018), stated.
+
+    Raises:
+        ValidationError: the device has no rate for the row's compute dtype (one line: the
+            precision, the device's rates and the fix), or, blank, for neither bf16 nor fp16.
+    """
+    from hardware_profiles.types import ProfileError
+
+    if not row.precision_given and row.precision == "bf16" and device.peak("bf16") <= 0:
+        if device.peak("fp16") > 0:
+            return "fp16", (f"precision fp16 (not published; {device.name} has no bf16 rate: "
+                            f"16-bit mixed precision on it is fp16 with loss scaling)")
+    try:
+        device.matmul_precision(row.dtype)
+    except ProfileError:
+        rates = ", ".join(sorted(device.peak_flops))
+        runs = [k for k in device.model_dtypes if k != row.dtype]
+        fix = f"precision {' or '.join(runs)}" if runs else "a device that runs it"
+        via = f" (it computes in {row.dtype})" if row.precision != row.dtype else ""
+        raise ValidationError(f"row {row.line}: precision {row.precision}{via} but device "
+                              f"{device.name!r} has no {row.dtype} rate (its rates: {rates}); "
+                              f"fix: {fix}") from None
+    return row.precision, None
+
+
 def row_device(row: Row, device: DeviceProfile) -> DeviceProfile:
     """``device`` as the row's hosts ran it: under the row's power cap (:func:`power_capped`), with
     the row's memory bandwidth when its part's differs from the profile's
@@ -720,18 +749,32 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
               step_fn: StepFn | None = None, device: DeviceProfile | None = None) -> Setup:
     """Build the :class:`Setup` of ``row``; ``workload_fn(row)`` costs its model (see module doc).
 
+    The row's precision is resolved on ``device`` (default: its device's bundled profile) by
+    :func:`row_precision`: the setup's row carries it (``fp16`` on a device without bf16 when
+    the column is blank, stated in the assumptions).
+
     With ``step_fn`` and ``device``, an interleaved row that does not publish its chunk count
     (``vp``) gets the fastest one (:func:`tune_virtual_stages`, listed in the assumptions); without
     them, the :data:`LAYERS_PER_CHUNK_MAX` rule; a published ``vp`` is used as is.
 
     Raises:
-        ValidationError: besides :func:`build_plan`'s: ``ep`` > 1 or ``etp`` != ``tp`` on a model
+        ValidationError: besides :func:`build_plan`'s: a precision the device has no rate for
+            (:func:`row_precision`), ``ep`` > 1 or ``etp`` != ``tp`` on a model
             that is not a mixture of experts, ``ep`` that does not divide its experts, an expert
             layout :class:`ir.Layout` cannot express (:func:`expert_problem`), or a metric counted
             from a dense model's shape (``tflops_per_gpu``, ``tflops_per_device``, ``mfu``) on a
             mixture of experts.
     """
+    tune = step_fn is not None and device is not None
+    if device is None:
+        from hardware_profiles.loader import load_device
+
+        device = load_device(row.device)
+    prec, why = row_precision(row, device)       # ValidationError: a dtype the device lacks
+    row = replace(row, precision=prec)
     mb, name, v, rc, notes = _choices(row)
+    if why:
+        notes.append(why)
     w = workload_fn(row)
     _check_experts(row, w)
     if rc == "selective":
@@ -744,7 +787,7 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         w = layer_recompute(w)
     elif rc == "modules":
         w = module_recompute(w, row)
-    if name == "interleaved-1f1b" and step_fn is not None and device is not None and row.vp is None:
+    if name == "interleaved-1f1b" and tune and row.vp is None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
         why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1
                else "the only even split of a rank's layers")

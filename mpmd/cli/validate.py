@@ -37,8 +37,14 @@ DEFAULT_CSV = ROOT / "reports" / "validation" / "published_training.csv"
 FIT_COMMAND = "mpmd validate --fit"
 
 
+JAX_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""A row's compute dtype (:attr:`simulator.validation_rows.Row.dtype`) -> the zoo model's
+``dtype``."""
+
+
 def row_config(row):
-    """The row's decoder as a zoo :class:`~zoo.ModelConfig`, from its own columns: a
+    """The row's decoder as a zoo :class:`~zoo.ModelConfig`, from its own columns, in the row's
+    compute dtype (:attr:`~simulator.validation_rows.Row.dtype`: fp16 on a V100): a
     gated MLP (``glu`` 1) is a Llama-style block (RMSNorm, SwiGLU, RoPE, no biases, untied head),
     otherwise a GPT-style block (LayerNorm, GeLU, biases, learned positions, tied embeddings);
     grouped-query attention with ``kv_heads``; ``head_dim`` independent of the width; the
@@ -64,13 +70,14 @@ def row_config(row):
                           ffn=row.ffn or 4 * row.hidden, vocab=vocab, seq_len=row.seq_len,
                           norm="layer", mlp="gelu", pos_emb="learned", bias=True,
                           tie_embeddings=True, head_size=row.head_dim or 0,
-                          attention_kernel=kernel,
+                          attention_kernel=kernel, dtype=JAX_DTYPES[row.dtype],
                           source=f"published run {row.source} {row.model} (validation CSV)")
     else:
         cfg = ModelConfig(name=name, family="llama", layers=row.layers, hidden=row.hidden,
                           heads=row.heads, kv_heads=row.kv_heads or row.heads,
                           ffn=row.ffn or 4 * row.hidden, vocab=vocab, seq_len=row.seq_len,
                           head_size=row.head_dim or 0, attention_kernel=kernel,
+                          dtype=JAX_DTYPES[row.dtype],
                           source=f"published run {row.source} {row.model} (validation CSV)")
     return check_model(cfg, where)           # ZooError: the row's sizes make no model
 
@@ -164,7 +171,9 @@ def workload_for(row):
     experts, latent attention and the rest as the zoo knows them) at the row's sequence length,
     attention kernel and global batch, else :func:`row_config` (the synthetic GPT / Llama block of
     its shape columns), traced by ``zoo.costing.workload`` (cached per shape), in the row's
-    training precision recipe (``precision`` column).
+    compute dtype (:attr:`~simulator.validation_rows.Row.dtype`; a blank ``precision`` is
+    resolved on the device by ``simulator.validation_setup.row_precision`` before this is
+    called) and training precision recipe (``precision`` column).
 
     Raises:
         ZooError: the row's sizes make no valid model, or its tensor degree cannot run it
@@ -179,20 +188,21 @@ def workload_for(row):
         from simulator.validation_setup import attention_kernel
 
         cfg = get_config(resolved_model(row.model_config), seq_len=row.seq_len,
-                         attention_kernel=attention_kernel(row)[0], dtype="bfloat16")
+                         attention_kernel=attention_kernel(row)[0],
+                         dtype=JAX_DTYPES[row.dtype])
         w = _workload(cfg, row.global_batch)
     else:
         w = _workload(row_config(row), row.global_batch)
     why = layout_problem(w.shards, row.tp)
     if why:
         raise ZooError(f"validation row {row.source} {row.model}: {why}; fix the row's tp")
-    if row.precision != "bf16":
+    if row.low_precision:
         from dataclasses import replace
 
         from hardware_profiles import load_device
 
-        load_device(row.device).format_rate(row.precision)   # ProfileError: not run there
-        w = replace(w, precision=row.precision)
+        load_device(row.device).format_rate(row.recipe)   # ProfileError: not run there
+        w = replace(w, precision=row.recipe)
     return w
 
 
@@ -572,16 +582,18 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
         done: list[str] = []          # the kinds fitted on their own BF16 rows, in order
         # kinds with BF16 rows first: a kind with none takes its chip's fitted efficiencies
         order = sorted(devices, key=lambda n: not any(
-            s.row.device == n and s.row.precision == "bf16" and not held_out(s) for s in setups))
+            s.row.device == n and not s.row.low_precision and not held_out(s) for s in setups))
         for name in order:
             base = devices[name]
             grid = (base.elementwise_traffic,) if hold_elementwise else V.ELEMENTWISE_GRID
-            mine = [s for s in setups if s.row.device == name and s.row.precision == "bf16"
+            # its own efficiencies: the rows in a compute dtype (bf16, or fp16 where the
+            # device has no bf16); a low-precision recipe's rows fit that recipe's efficiency
+            mine = [s for s in setups if s.row.device == name and not s.row.low_precision
                     and not held_out(s)]
             low: dict[str, list] = {}
             for s in setups:
-                if s.row.device == name and s.row.precision != "bf16" and not held_out(s):
-                    low.setdefault(s.row.precision, []).append(s)
+                if s.row.device == name and s.row.low_precision and not held_out(s):
+                    low.setdefault(s.row.recipe, []).append(s)
             if not mine:
                 twin = _same_chip(base, devices, done)
                 if low and twin is not None:    # its BF16 efficiencies are its chip's, fitted

@@ -90,3 +90,37 @@ def test_no_row_to_score_is_one_error_line(tmp_path):
     assert len(lines) == 1, res.output
     assert lines[0].startswith(f"error: {f}: none of its 2 rows can be simulated; the first: row 2: "
                                "recompute 'bogus_policy' unknown")
+
+
+# BERT-Large pre-training on one DGX-1 V100 16GB (NVIDIA DeepLearningExamples, PyTorch 20.06)
+BERT_V100 = dict(source="dle-bert-pyt", model="bert-large", layers="24", hidden="1024", heads="16",
+                 seq_len="128", vocab="30522", device="v100-sxm2-16gb", gpus="1", tp="1", pp="1",
+                 dp="1", global_batch="65536", micro_batch="16", microbatches="4096",
+                 metric="samples_per_gpu_s", value="164.0", recompute="none",
+                 devices_per_node="8", attention="unfused")
+
+
+def test_a_device_without_bf16_runs_the_row_in_fp16_or_refuses_bf16(tmp_path):
+    f = write(tmp_path / "v100.csv", [
+        BERT_V100,                                           # blank precision: fp16, stated
+        dict(BERT_V100, precision="fp16"),                   # published fp16: no assumption
+        dict(BERT_V100, precision="bf16"),                   # bf16 on a V100: refused
+        dict(BERT_V100, precision="fp8")])                   # a recipe it has no rate for
+    out = tmp_path / "report.md"
+    res = run(["validate", "--csv", f, "--out", out])
+    assert res.exit_code == 0, res.output
+    assert "2 of 4 rows scored" in res.output
+    md = out.read_text()
+    rows = [ln.split(" | ") for ln in md.splitlines() if ln.startswith("| dle-bert-pyt |")]
+    assert len(rows) == 2
+    blank, given = rows
+    assert blank[3] == given[3] == "fp16"                   # the precision column of the table
+    assert ("precision fp16 (not published; v100-sxm2-16gb has no bf16 rate: 16-bit mixed "
+            "precision on it is fp16 with loss scaling)") in blank[8]
+    assert "precision fp16" not in given[8]
+    assert blank[10:] == given[10:]                          # the same run, the same prediction
+    assert ("| 4 | dle-bert-pyt | bert-large | precision bf16 but device 'v100-sxm2-16gb' has no "
+            "bf16 rate (its rates: fp16, fp32); fix: precision fp16 or fp32 |") in md
+    assert ("| 5 | dle-bert-pyt | bert-large | precision fp8 (it computes in bf16) but device "
+            "'v100-sxm2-16gb' has no bf16 rate (its rates: fp16, fp32); fix: precision fp16 or "
+            "fp32 |") in md

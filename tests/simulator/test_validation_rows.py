@@ -185,3 +185,36 @@ def test_a_model_config_header_may_leave_the_shapes_to_the_fill_hook(tmp_path):
     assert [(b.line, b.reason) for b in bad] == [(3, "model_config: unknown model 'nope'")]
     with pytest.raises(VR.ValidationError, match=r"^row 3: model_config: unknown model 'nope'$"):
         VR.load_rows(p, fill)
+
+
+def test_precision_names_a_recipe_or_a_compute_dtype(tmp_path):
+    from simulator.validation_setup import row_precision
+    from hardware_profiles.loader import load_device
+
+    p = _csv(tmp_path, bundled(2, precision=""), bundled(2, precision="FP16"),
+             bundled(2, precision="fp8"), bundled(2, precision="int8"))
+    rows, bad = VR.load_rows_lenient(p)
+    blank, fp16, fp8 = rows
+    assert (blank.precision, blank.precision_given, blank.dtype, blank.recipe) == (
+        "bf16", False, "bf16", "bf16")
+    assert (fp16.precision, fp16.precision_given, fp16.dtype, fp16.recipe, fp16.low_precision) == (
+        "fp16", True, "fp16", "bf16", False)
+    assert (fp8.dtype, fp8.recipe, fp8.low_precision) == ("bf16", "fp8", True)
+    assert [b.reason for b in bad] == [
+        "precision 'int8' unknown; fix: use one of bf16, fp8, fp8-blockwise, mxfp8, nvfp4, fp16, "
+        "fp32 or leave it blank (bf16, or fp16 on a device without a bf16 rate)"]
+    v100, a100, v5e = (load_device(d) for d in ("v100-sxm2-16gb", "a100-40gb-sxm", "tpu-v5e"))
+    # blank: bf16 where the device has it, else fp16, said; given: kept where the device has it
+    assert row_precision(blank, a100) == ("bf16", None)
+    assert row_precision(blank, v100) == ("fp16", "precision fp16 (not published; v100-sxm2-16gb "
+                                          "has no bf16 rate: 16-bit mixed precision on it is fp16 "
+                                          "with loss scaling)")
+    assert row_precision(fp16, a100) == row_precision(fp16, v100) == ("fp16", None)
+    with pytest.raises(VR.ValidationError) as e:
+        row_precision(fp16, v5e)
+    assert str(e.value) == ("row 3: precision fp16 but device 'tpu-v5e' has no fp16 rate (its "
+                            "rates: bf16, int8); fix: precision bf16 or fp32")
+    given_bf16 = VR.parse_row(bundled(2, precision="bf16"), 9, ["v100-sxm2-16gb"] + [blank.device])
+    with pytest.raises(VR.ValidationError, match=r"^row 9: precision bf16 but device "
+                       r"'v100-sxm2-16gb' has no bf16 rate"):
+        row_precision(given_bf16, v100)
