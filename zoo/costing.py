@@ -40,6 +40,9 @@ Method (all abstract: ``jax.ShapeDtypeStruct`` inputs, no weights in memory):
   replicated (0). T5 encoder: two per block, one for the vocab-parallel embedding, none for the
   final RMSNorm. Mochi VAE decoder: 0 everywhere (convolutions and GroupNorm are not split by
   tensor parallelism: the Tenstorrent guide, shared/reference/004 Sec. 6).
+* Modules: :mod:`zoo.tracing` (FLOPs, bytes and the backward of a traced function) and
+  :mod:`zoo.attention_cost` (the attention core under a fused kernel); this one puts them
+  together per fragment body and builds the workload.
 * The Mochi VAE decoder's layers are traced like any other, each at the input the layers before
   it produce (:func:`_component_inputs`); its convolutions' operands and results are HBM bytes as
   matmuls' are (:func:`_costs` ``convs``). Nothing else: no halo or spatial-sharding figure, and
@@ -51,72 +54,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax._src.ad_checkpoint import saved_residuals
-from jax.experimental import roofline
-from jax.extend.core import jaxprs_in_params
 
 from ir import LayerCost, Workload
-from ir.workload import ATTENTION_KERNELS, FLASH_BLOCK, causal_fraction
 from hardware_profiles.types import MODEL_DTYPES
 from zoo import models
 from zoo.config import ModelConfig, ZooError, get_config, shard_dims
-from zoo.layers import attention, expert_capacity
+from zoo.attention_cost import ATTENTION_BODIES, attention_kernel_correction, window_fraction
+from zoo.layers import expert_capacity
+from zoo.tracing import nbytes as _nbytes, trace_costs as _costs, vjp_parts as _vjp_parts
 
 __all__ = ["workload", "body_cost", "analytic_training_flops", "window_fraction", "mean_cost"]
-
-
-def _nbytes(tree: Any) -> int:
-    return sum(math.prod(l.shape) * jnp.dtype(l.dtype).itemsize
-               for l in jax.tree_util.tree_leaves(tree))
-
-
-def _spec(tree: Any) -> Any:
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype), tree)
-
-
-def _dot_bytes(jaxpr: Any, primitive: str = "dot_general") -> int:
-    """Operand and result bytes of every ``primitive`` (``dot_general`` by default) in ``jaxpr``
-    and its sub-jaxprs."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == primitive:
-            total += _nbytes([v.aval for v in (*eqn.invars, *eqn.outvars)])
-        for sub in jaxprs_in_params(eqn.params):
-            total += _dot_bytes(sub, primitive)
-    return total
-
-
-def _costs(fn: Callable, *args, floor: float = 0.0, convs: bool = False
-           ) -> tuple[float, float, float, int]:
-    """(XLA FLOPs, roofline HBM bytes, other bytes, primitive ops) of ``fn(*args)``. HBM bytes are at least
-    ``floor`` (the roofline model charges nothing for gathers and scatters, so the embedding needs
-    the floor). Other bytes: the unfused HBM traffic of every op that is not a matmul
-    (``roofline``'s ``unfused_hbm_bytes`` minus the ``dot_general`` operands and results; ops
-    without a roofline rule, e.g. ``tanh``, count 0). ``convs`` (the Mochi VAE decoder):
-    convolutions are charged as matmuls are, their operands and results HBM bytes rather than
-    other bytes (``roofline`` gives a ``conv_general_dilated`` unfused bytes only, so its fused
-    figure would leave every convolution's traffic out)."""
-    analysis: Any = jax.jit(fn).lower(*args).cost_analysis()
-    flops = float(analysis["flops"])
-    _, rl = roofline.roofline(fn)(*args)
-    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
-    conv = float(_dot_bytes(jaxpr, "conv_general_dilated")) if convs else 0.0
-    other = float(rl.unfused_hbm_bytes) - _dot_bytes(jaxpr) - conv
-    return flops, max(float(rl.hbm_bytes) + conv, float(floor)), max(other, 0.0), _ops(jaxpr)
-
-
-def _ops(jaxpr: Any) -> int:
-    """Primitive equations of ``jaxpr``, those of its sub-jaxprs (calls, custom derivatives,
-    control flow bodies) counted in place of the equation that holds them."""
-    total = 0
-    for eqn in jaxpr.eqns:
-        subs = list(jaxprs_in_params(eqn.params))
-        total += sum(_ops(sub) for sub in subs) if subs else 1
-    return total
 
 
 COMPONENTS = ("t5", "mochi_vae")
@@ -157,119 +109,6 @@ def _layer_inputs(cfg: ModelConfig, layer: str, b: int) -> tuple[tuple, tuple]:
     return (emb,), ()
 
 
-def _vjp_parts(fn: Callable, p: Any, diff: tuple, other: tuple, wrt_params: bool):
-    """The backward as ``(bwd, residual_leaves, cotangent)``: ``bwd(leaves, ct)`` is the pullback."""
-    def pullback(p, diff, other):
-        if wrt_params:
-            return jax.vjp(lambda p, d: fn(p, *d, *other), p, diff)[1]
-        return jax.vjp(lambda d: fn(p, *d, *other), diff)[1]
-    vjp = jax.eval_shape(pullback, p, diff, other)
-    leaves, treedef = jax.tree_util.tree_flatten(vjp)
-    ct = _spec(jax.eval_shape(fn, p, *diff, *other))
-    return (lambda l, c: jax.tree_util.tree_unflatten(treedef, l)(c)), leaves, ct
-
-
-ATTENTION_BODIES = ("decoder_block", "dense_block", "sliding_block", "attention_block")
-"""The decoder bodies with an attention core (the head too with a multi-token-prediction
-module, whose block attends)."""
-
-
-def _attention_core(cfg: ModelConfig, body: str, b: int):
-    """Shapes of the body's attention core (q, k, v) or None, whether it is causal, and its
-    sliding window (0: none)."""
-    window = cfg.sliding_window if body == "sliding_block" else 0
-    if cfg.family == "t5":       # bidirectional, every head its own keys (zoo.t5)
-        if body != "t5_block":
-            return None, False, 0
-        q = jax.ShapeDtypeStruct((b, cfg.seq_len, cfg.heads, cfg.head_dim), cfg.jnp_dtype)
-        return (q, q, q), False, 0
-    if cfg.family == "mochi_vae":    # convolutions only
-        return None, False, 0
-    if body in ATTENTION_BODIES or (body == "head" and cfg.mtp_layers):
-        S = cfg.seq_len
-        if cfg.mla:
-            H = cfg.heads
-            qk = jax.ShapeDtypeStruct((b, S, H, cfg.head_dim + cfg.qk_rope_head_dim), cfg.jnp_dtype)
-            return (qk, qk, jax.ShapeDtypeStruct((b, S, H, cfg.v_head_dim), cfg.jnp_dtype)), True, 0
-        d = cfg.head_dim
-        q = jax.ShapeDtypeStruct((b, S, cfg.heads, d), cfg.jnp_dtype)
-        kv = jax.ShapeDtypeStruct((b, S, cfg.kv_heads, d), cfg.jnp_dtype)
-        return (q, kv, kv), True, window
-    if body.startswith("asymm_dit_block"):
-        q = jax.ShapeDtypeStruct((b, cfg.visual_tokens + cfg.text_tokens, cfg.heads, cfg.head_dim),
-                                 cfg.jnp_dtype)
-        return (q, q, q), False, 0
-    return None, False, 0
-
-
-def window_fraction(seq: int, window: int, block: int = FLASH_BLOCK) -> float:
-    """Fraction of a ``seq x seq`` score matrix's FLOPs a blocked kernel computes under a causal
-    sliding window of ``window`` keys (query ``i`` sees ``i - window < j <= i``): the
-    ``block x block`` tiles any of whose scores is in the band, of ``n^2``, ``n = ceil(seq /
-    block)`` (FlashAttention-2 skips the others, as it skips those above the diagonal: Dao 2023,
-    Sec. 3.1). ``window >= seq`` gives :func:`ir.workload.causal_fraction`; gpt-oss's window 128
-    at 4,096 tokens gives ``(2n - 1) / n^2`` (the diagonal tile and the one before it), about
-    ``2 x 128 / seq``.
-
-    Raises:
-        ZooError: ``seq``, ``window`` or ``block`` not positive.
-    """
-    if seq <= 0 or window <= 0 or block <= 0:
-        raise ZooError(f"window_fraction(seq={seq}, window={window}, block={block}): all must be "
-                       f"positive")
-    n = math.ceil(seq / block)
-    tiles = sum(i - max(0, i * block - window + 1) // block + 1 for i in range(n))
-    return tiles / (n * n)
-
-
-def _attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: bool
-                                 ) -> dict[str, float]:
-    """What the attention core of ``b`` samples costs under ``cfg.attention_kernel``, as
-    corrections to the plain (materialized-softmax) trace of the layer, keyed like
-    :func:`_probe`'s figures (``fwd_bytes``, ``fwd_other``, ``fwd_flops``, ``bwd_*``,
-    ``bwdx_*``), added to them.
-
-    ``"unfused"``: none (the trace is that kernel). ``"flash"`` (Dao et al. 2022, 2023):
-
-    * bytes: the core's HBM traffic is FlashAttention's I/O (reads q, k, v, writes o and the
-      log-sum-exp; the backward reads q, k, v, o, do, lse and writes dq, dk, dv) instead of the
-      materialized scores', and the softmax's own elementwise traffic is fused away;
-    * FLOPs: a causal mask skips the blocks above the diagonal (:func:`causal_fraction` of the
-      trace's; a sliding window also those left of its band, :func:`window_fraction`), and the backward recomputes the scores ``Q K^T`` before its four matmuls, so it
-      is 2.5x the forward's matmul FLOPs instead of 2x (FlashAttention-2, Sec. 3.1-3.2). The
-      core has no weights, so its backward FLOPs are all input-gradient (B) FLOPs.
-    """
-    zero = dict.fromkeys(("fwd_bytes", "fwd_other", "fwd_flops", "bwd_bytes", "bwd_other",
-                          "bwd_flops", "bwdx_other", "bwdx_flops", "attn_fwd_flops",
-                          "attn_bwd_flops"), 0.0)
-    qkv, causal, window = _attention_core(cfg, body, b)
-    if qkv is None or cfg.attention_kernel == "unfused":
-        return zero
-    if cfg.attention_kernel != "flash":
-        raise ZooError(f"attention_kernel {cfg.attention_kernel!r} is not one of "
-                       f"{sorted(ATTENTION_KERNELS)}")
-    q = qkv[0]
-    frac = (window_fraction(q.shape[1], window) if window else
-            causal_fraction(q.shape[1]) if causal else 1.0)
-    scores_flops = 2.0 * math.prod(q.shape) * qkv[1].shape[1]   # Q K^T: 2 b S T H D
-    core = functools.partial(attention, causal=causal, impl="plain", window=window)
-    flops_fwd, plain_fwd, other_fwd, _ = _costs(core, *qkv)
-    io = _nbytes(qkv) + _nbytes(q)                          # q, k, v in; o out
-    lse = math.prod(q.shape[:3]) * 4                        # float32 per (b, s, head)
-    out = dict(zero, fwd_bytes=io + lse - plain_fwd, fwd_other=-other_fwd,
-               fwd_flops=(frac - 1.0) * flops_fwd, attn_fwd_flops=frac * flops_fwd)
-    if not training:
-        return out
-    bwd_fn, leaves, ct = _vjp_parts(lambda p, q, k, v: core(q, k, v), {}, qkv, (), True)
-    flops_bwd, plain_bwd, other_bwd, _ = _costs(bwd_fn, leaves, ct)
-    flash_bwd = frac * (flops_bwd + scores_flops)
-    out.update(bwd_bytes=(io + _nbytes(q) + lse) + _nbytes(qkv) - plain_bwd,  # q,k,v,o,do,lse in
-               bwd_other=-other_bwd, bwdx_other=-other_bwd,
-               bwd_flops=flash_bwd - flops_bwd, bwdx_flops=flash_bwd - flops_bwd,
-               attn_bwd_flops=flash_bwd)
-    return out
-
-
 def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
     layer = next(n for n in models.layer_names(cfg) if models.body_of(cfg, n) == body)
     fn = models.layer_fns(cfg)[layer]
@@ -297,7 +136,7 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
                            if not why.startswith("from the argument p")]
         r["resid_bytes"] = float(sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
                                      for a in kept))
-    fix = _attention_kernel_correction(cfg, body, b, cfg.training)
+    fix = attention_kernel_correction(cfg, body, b, cfg.training)
     for k, v in fix.items():
         if cfg.training or not k.startswith("bwd"):
             r[k] = max(r[k] + v, 0.0)
