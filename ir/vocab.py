@@ -13,9 +13,10 @@ GOALS: tuple[str, ...] = ("time", "cost")
 shortest step, ``cost`` the lowest USD per step (with a throughput floor, among plans that reach
 it)."""
 
-EXPORT_TARGETS: tuple[str, ...] = ("megatron", "torchtitan", "torchtitan@0.2", "maxtext")
+EXPORT_TARGETS: tuple[str, ...] = ("megatron", "megatron-bridge", "torchtitan", "torchtitan@0.2",
+                                   "maxtext")
 """The launchers a plan is exported for (``launchers.export_plan``; ``mpmd export --to``):
-Megatron-LM arguments, a torchtitan 0.3 config module, a torchtitan 0.2 job TOML, a MaxText
-config YAML."""
+Megatron-LM arguments, Megatron-Bridge (NeMo) recipe overrides, a torchtitan 0.3 config module,
+a torchtitan 0.2 job TOML, a MaxText config YAML."""
 
 __all__ = ["EXPORT_TARGETS", "GOALS"]

@@ -1,5 +1,5 @@
 """Export a plan to the launchers people train with: Megatron-LM arguments, a torchtitan job TOML,
-a MaxText config YAML (:func:`export_plan`). What a target cannot express is returned as one line
+a MaxText config YAML, Megatron-Bridge recipe overrides (:func:`export_plan`). What a target cannot express is returned as one line
 per item; a data-parallel plan gives one file per part."""
 
 from launchers.export import TARGETS, Exported, export_plan

@@ -7,22 +7,25 @@ from pathlib import Path
 from typing import Callable
 
 from ir import DataParallelPlan, Plan
-from launchers import maxtext, megatron, torchtitan
+from launchers import maxtext, megatron, megatron_bridge, torchtitan
 from launchers.view import LauncherError, PartView, part_views
 
 Renderer = Callable[[PartView, str, Path], tuple[str, list[str]]]
 
 TARGETS: dict[str, tuple[Renderer, str]] = {
     "megatron": (lambda v, s, p: megatron.render(v, s, p), ".args"),
+    "megatron-bridge": (lambda v, s, p: megatron_bridge.render(v, s, p), ".overrides"),
     "torchtitan": (lambda v, s, p: torchtitan.render_module(v, s, p.stem), ".py"),
     "torchtitan@0.2": (lambda v, s, p: torchtitan.render(v, s), ".toml"),
     "maxtext": (lambda v, s, p: maxtext.render(v, s), ".yml"),
 }
 """Target name -> (renderer, file suffix). ``torchtitan`` is torchtitan's current configuration
-(0.3: a Python config module for ``--module/--config``), ``torchtitan@0.2`` its TOML job file."""
+(0.3: a Python config module for ``--module/--config``), ``torchtitan@0.2`` its TOML job file,
+``megatron-bridge`` a Megatron-Bridge (NeMo) recipe name and its ``KEY=VALUE`` overrides."""
 
 VERSIONS: dict[str, str] = {
-    "megatron": megatron.VERSION, "torchtitan": torchtitan.VERSION,
+    "megatron": megatron.VERSION, "megatron-bridge": megatron_bridge.VERSION,
+    "torchtitan": torchtitan.VERSION,
     "torchtitan@0.2": torchtitan.TOML_VERSION, "maxtext": maxtext.VERSION}
 """Target name -> the launcher release each file is written for (and checked against by the
 ``launchers`` test suite)."""

@@ -68,8 +68,7 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
                 ("--v-head-dim", c.v_head_dim)]
         if c.q_lora_rank:
             out.append(("--q-lora-rank", c.q_lora_rank))
-    if c.name.lower().startswith("qwen3"):
-        # Qwen3 normalises queries and keys per head (the zoo's ModelConfig has no field for it)
+    if c.qk_norm:    # per-head RMSNorm of queries and keys (Qwen3)
         out.append(("--qk-layernorm", None))
     if c.hybrid:     # Megatron-LM's hybrid (Mamba) model: its pattern and Mamba-2 mixer
         out += [("--hybrid-override-pattern", c.hybrid_pattern),

@@ -71,6 +71,9 @@ class ModelConfig:
         ``full_attention_every`` = n makes every n-th block (``i % n == n - 1``) full causal
         attention and the others sliding (gpt-oss: 2, its ``layer_types`` alternating sliding and
         full, from the first block sliding), 0 makes every block sliding (:meth:`layer_window`).
+        ``qk_norm``: queries and keys are RMS-normalised per head before RoPE (Qwen3's
+        ``q_norm`` / ``k_norm``; Megatron's ``qk_layernorm``); not costed (under 0.01% of the
+        parameters and FLOPs), carried for the launchers' exports.
         ``attention_sinks``: one learned logit per head joins each query's softmax denominator
         (gpt-oss; Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks").
         ``swiglu_limit`` > 0: gpt-oss's clamped SwiGLU, ``(clip(u, -l, l) + 1) * g' *
@@ -157,6 +160,7 @@ class ModelConfig:
     sliding_window: int = 0
     full_attention_every: int = 0
     attention_sinks: bool = False
+    qk_norm: bool = False
     swiglu_limit: float = 0.0
     mtp_layers: int = 0
     hybrid_pattern: str = ""

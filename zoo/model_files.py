@@ -14,15 +14,21 @@ What the cost model does not distinguish is mapped to what costs the same and na
 config's ``source``: Gemma's GeGLU is costed as SwiGLU (the same three matrices), Qwen2's q/k/v
 biases and Qwen3's q/k norms are left out (under 0.01% of the parameters), sliding-window layers
 (Mistral 7B v0.1, Gemma 2/3) are costed as full causal attention, GPT-NeoX's partial rotary as
-full rotary (no parameters either way), and Gemma 3's vision encoder is not modelled. The tokens
+full rotary (no parameters either way), a ``rope_scaling`` (Llama 3.1's ``llama3``, YaRN) as plain
+RoPE (the same FLOP, no parameters), and Gemma 3's vision encoder is not modelled. The tokens
 per sample default to ``min(max_position_embeddings, 8192)`` (``--seq-len`` overrides it).
 A mixture of experts (``mixtral``, ``qwen3_moe``; ``deepseek_v2`` / ``deepseek_v3`` with
-multi-head latent attention, shared experts and dense first layers; ``gpt_oss`` with biases,
+multi-head latent attention, shared experts and dense first layers, and ``kimi_k2``, Moonshot's
+Kimi K2, which is DeepSeek-V3's architecture (``DeepseekV3ForCausalLM``) under its own type;
+``gpt_oss`` with biases,
 attention sinks, a clamped SwiGLU and sliding-window attention on alternate layers, which is
-modelled, not costed as full attention) sets the config's expert fields
-(``ModelConfig.experts`` ...); Qwen2-MoE (a gated shared expert) and other MoE designs,
-and any other type, are refused in one line naming the type, what is missing and the supported
-list.
+modelled, not costed as full attention; ``nemotron_h``, a Mamba-2 hybrid) sets the config's
+expert fields (``ModelConfig.experts`` ...); the readers of the last three families are in
+:mod:`zoo.model_files_moe`. Qwen2-MoE (a gated shared expert), Qwen3-Next (Gated DeltaNet linear
+attention, which is not Mamba-2's scan), Llama 4 (dense layers interleaved with MoE, chunked
+attention) and other MoE designs, and any other type, are refused in one line naming the type,
+what is missing and the supported list (:data:`UNSUPPORTED_MOE`). :data:`ALIASES` maps a few
+recipe names (``llama-3.1-405b``) to the zoo's own.
 
 A YAML model spec is a mapping of :class:`ModelConfig` fields (``name``, ``family``: ``llama`` or
 ``gpt``, ``layers``, ``hidden``, ``heads``, ``ffn``, ``vocab``, and optionally every other field);
@@ -54,7 +60,7 @@ pretraining step a plan is usually for)."""
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron_h")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "nemotron_h")
 SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES + MOE_TYPES
 """Hugging Face ``model_type`` values read into a decoder (dense, or a mixture of experts in
 every block)."""
@@ -62,8 +68,17 @@ every block)."""
 UNSUPPORTED_MOE = {
     "qwen2_moe": "a gated shared expert", "dbrx": "its fine-grained experts' clipped QKV",
     "jamba": "Mamba layers", "olmoe": "q/k norms with experts", "granitemoe": "its router",
-    "phimoe": "its sparse-mixer routing", "grok-1": "its attention and routing"}
-"""Mixture-of-experts ``model_type`` values with what the zoo cannot yet express of each."""
+    "phimoe": "its sparse-mixer routing", "grok-1": "its attention and routing",
+    "qwen3_next": "Gated DeltaNet linear attention, gated attention and a gated shared expert",
+    "llama4": "dense layers interleaved with MoE, chunked attention and a vision encoder",
+    "llama4_text": "dense layers interleaved with MoE and chunked attention"}
+"""Mixture-of-experts ``model_type`` values with what the zoo cannot yet express of each
+(Qwen3-Next's Gated DeltaNet is not Mamba-2's state-space scan: other projections and gates)."""
+
+ALIASES = {"llama-3.1-405b": "llama3-405b", "llama-3.1-70b": "llama-3.1-70b-instruct"}
+"""Names a recipe uses for a model the zoo has under another: Llama 3.1 405B is the zoo's
+``llama3-405b`` (the Llama 3 paper's Table 3 with the Hugging Face vocabulary), Llama 3.1 70B
+the shipped ``Llama-3.1-70B-Instruct.json`` (the base model's architecture and count)."""
 
 _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
@@ -98,13 +113,14 @@ def resolve_model(name: str) -> ModelConfig:
     """
     if is_model_file(name):
         return load_model_file(name)
+    name = ALIASES.get(str(name).lower(), name)
     shipped = shipped_models()
     try:
         return get_config(name)
     except ZooError:
         if str(name).lower() in shipped:
             return load_model_file(shipped[str(name).lower()])
-        known = list_models() + sorted(shipped)
+        known = list_models() + sorted(shipped) + sorted(ALIASES)
         close = difflib.get_close_matches(str(name).lower(), known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ZooError(f"unknown model {name!r}; {hint}known models: {', '.join(known)}; or give "
@@ -245,7 +261,7 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
 
 def hf_names(kind: str) -> dict[str, str]:
     """The Hugging Face key of each field for a config of ``model_type`` ``kind``."""
-    family = ("deepseek" if kind.startswith("deepseek") else
+    family = ("deepseek" if kind.startswith("deepseek") or kind == "kimi_k2" else
               kind if kind in ("mixtral", "qwen3_moe", "gpt2", "gpt_oss", "nemotron_h") else
               "gpt" if kind in GPT_TYPES else "")
     return {**HF_NAMES, **_KIND_NAMES.get(family, {})}
@@ -293,6 +309,7 @@ def _llama_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where
     window = doc.get("sliding_window")
     if window and (kind != "qwen2" or doc.get("use_sliding_window")):
         notes.append(f"sliding-window layers ({_short(window, 20)} tokens) costed as full attention")
+    notes += _rope_scaling_note(doc)
     max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
     return ModelConfig(
         name=name, family="llama", layers=_int(doc, "num_hidden_layers", where),
@@ -304,19 +321,31 @@ def _llama_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where
         rope_theta=_float(doc, where, "rope_theta", default=10000.0),
         norm_eps=_float(doc, where, "rms_norm_eps", default=1e-6),
         head_size=head_dim if head_dim * heads != hidden else 0,   # 0: hidden / heads
+        qk_norm=kind == "qwen3",      # Qwen3's q_norm / k_norm (Qwen3-MoE is read as qwen3)
         source=f"{source}; {kind}" + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def _rope_scaling_note(doc: Mapping[str, Any]) -> list[str]:
+    """A config's ``rope_scaling`` (Llama 3.1's ``llama3``, YaRN) rescales the rotary frequencies:
+    no parameters and the same FLOP, so it is costed as plain RoPE and named in the source."""
+    scaling = doc.get("rope_scaling")
+    if not isinstance(scaling, Mapping):
+        return []
+    kind = scaling.get("rope_type", scaling.get("type", "rope"))
+    return [f"{_short(kind, 20)} rope scaling costed as plain RoPE"]
 
 
 def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) -> ModelConfig:
     """Mixtral (``num_local_experts``, ``intermediate_size`` per expert) and Qwen3-MoE
     (``num_experts``, ``moe_intermediate_size``; every layer sparse) as a llama-family decoder
     whose every block's MLP is a mixture of experts."""
-    if kind.startswith("deepseek"):
-        return _deepseek(doc, kind, name, source, where)
+    from zoo.model_files_moe import read_deepseek, read_gpt_oss, read_nemotron_h  # they use _moe
+    if kind.startswith("deepseek") or kind == "kimi_k2":
+        return read_deepseek(doc, kind, name, source, where)
     if kind == "gpt_oss":
-        return _gpt_oss(doc, name, source, where)
+        return read_gpt_oss(doc, name, source, where)
     if kind == "nemotron_h":
-        return _nemotron_h(doc, name, source, where)
+        return read_nemotron_h(doc, name, source, where)
     if kind == "qwen3_moe":
         if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:
             raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
@@ -331,128 +360,6 @@ def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) 
                                source=base.source.replace("; qwen3", "; qwen3_moe", 1)
                                .replace("; mistral", "; mixtral", 1)
                                + f" ({experts} experts, top {top_k}, capacity factor 1)")
-
-
-def _gpt_oss(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
-    """OpenAI gpt-oss (``gpt_oss``; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card"): a
-    llama-family decoder whose every block routes to ``num_experts_per_tok`` of
-    ``num_local_experts`` SwiGLU experts of width ``intermediate_size`` (router and experts
-    with biases, the SwiGLU clamped at ``swiglu_limit``), attention with q/k/v/o biases and one
-    sink logit per head, its ``layer_types`` alternating ``sliding_attention`` (a window of
-    ``sliding_window`` keys) and ``full_attention`` (Hugging Face's default when absent: every
-    second block full). YaRN rope scaling is costed as plain RoPE (no parameters, the same
-    FLOP); the published MXFP4 expert weights are costed in the compute dtype."""
-    layers = _int(doc, "num_hidden_layers", where)
-    types = doc.get("layer_types")
-    if types is None:
-        types = ["full_attention" if (i + 1) % 2 == 0 else "sliding_attention"
-                 for i in range(layers)]
-    if not isinstance(types, list) or "full_attention" not in types:
-        raise ZooError(f"{where}: field 'layer_types' = {_short(types)} is not a list with "
-                       f"'full_attention' layers; give the published per-layer list")
-    every = types.index("full_attention") + 1
-    want = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
-    if types != want:
-        raise ZooError(f"{where}: field 'layer_types' = {_short(types)} is not one full-attention "
-                       f"layer every {every} ({layers} entries); the zoo models a periodic pattern")
-    window = _int(doc, "sliding_window", where)
-    limit = _float(doc, where, "swiglu_limit", default=0.0)
-    base = _moe({**doc, "model_type": "mixtral"}, "mixtral", name, source, where)
-    return dataclasses.replace(
-        base, bias=_bool(doc, "attention_bias", where, True), attention_sinks=True,
-        sliding_window=window, full_attention_every=every if every > 1 else 0, swiglu_limit=limit,
-        rope_theta=_float(doc, where, "rope_theta", default=150000.0),
-        source=f"{source}; gpt_oss ({base.experts} experts, top {base.experts_per_token}, "
-               f"capacity factor 1; router and expert biases; attention sinks; sliding window {window} on "
-          f"{sum(t == 'sliding_attention' for t in types)} of {layers} layers; SwiGLU clamped at "
-          f"{limit:g}; YaRN rope scaling costed as plain RoPE; MXFP4 experts costed in the "
-          f"compute dtype)")
-
-
-def _nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
-    """NVIDIA Nemotron-H / Nemotron 3 (``nemotron_h``): a hybrid of Mamba-2, attention, MLP and
-    mixture-of-experts layers by ``hybrid_override_pattern`` (:mod:`zoo.hybrid`), squared-ReLU
-    MLPs and experts (``mlp_hidden_act`` ``relu2``), ``n_routed_experts`` experts of
-    ``moe_intermediate_size`` plus a shared expert of ``moe_shared_expert_intermediate_size``
-    (a multiple of it), attention without positional embeddings. The router (sigmoid scores
-    with a per-expert correction bias, scaled by ``routed_scaling_factor``) is costed as a
-    softmax top-k; its 128 correction biases per MoE layer are left out."""
-    layers = _int(doc, "num_hidden_layers", where)
-    pattern = _get(doc, "hybrid_override_pattern", where)
-    if not isinstance(pattern, str):
-        raise ZooError(f"{where}: field 'hybrid_override_pattern' = {_short(pattern)} is not a "
-                       f"string; give the published pattern")
-    act = doc.get("mlp_hidden_act", "relu2")
-    if act != "relu2":
-        raise ZooError(f"{where}: field 'mlp_hidden_act' = {_short(act)} is not modelled; the "
-                       f"zoo's Nemotron-H MLPs are relu2")
-    moe = "E" in pattern
-    fe = _int(doc, "moe_intermediate_size", where) if moe else 0
-    shared = _count(doc, "moe_shared_expert_intermediate_size", where) if moe else 0
-    if shared % max(fe, 1):
-        raise ZooError(f"{where}: field 'moe_shared_expert_intermediate_size' = {shared} is not a "
-                       f"multiple of moe_intermediate_size = {fe}; the zoo's shared experts are "
-                       f"whole experts")
-    hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
-    head_dim = _int(doc, "head_dim", where, default=hidden // heads)
-    max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
-    return ModelConfig(
-        name=name, family="llama", layers=layers, hidden=hidden, heads=heads,
-        kv_heads=_int(doc, "num_key_value_heads", where, default=heads),
-        ffn=_int(doc, "intermediate_size", where), vocab=_int(doc, "vocab_size", where),
-        seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms", mlp="relu2", pos_emb="none",
-        tie_embeddings=_bool(doc, "tie_word_embeddings", where, False),
-        norm_eps=_float(doc, where, "layer_norm_epsilon", "norm_eps", default=1e-5),
-        head_size=head_dim if head_dim * heads != hidden else 0,
-        experts=_int(doc, "n_routed_experts", where) if moe else 0,
-        experts_per_token=_int(doc, "num_experts_per_tok", where) if moe else 0,
-        expert_ffn=fe, shared_experts=shared // fe if moe else 0, hybrid_pattern=pattern,
-        mamba_heads=_int(doc, "mamba_num_heads", where),
-        mamba_head_dim=_int(doc, "mamba_head_dim", where),
-        ssm_state=_int(doc, "ssm_state_size", where), mamba_groups=_int(doc, "n_groups", where),
-        conv_kernel=_int(doc, "conv_kernel", where), ssm_chunk=_int(doc, "chunk_size", where, default=128),
-        source=f"{source}; nemotron_h ({pattern.count('M')} Mamba-2, {pattern.count('*')} "
-               f"attention, {pattern.count('E')} MoE and {pattern.count('-')} MLP layers; router "
-               f"costed as softmax top-k, its correction biases left out)")
-
-
-def _deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str
-              ) -> ModelConfig:
-    """DeepSeek-V2/V3: multi-head latent attention, ``n_routed_experts`` routed and
-    ``n_shared_experts`` shared experts of width ``moe_intermediate_size`` in every block after
-    the first ``first_k_dense_replace`` (dense, width ``intermediate_size``). The router is
-    costed as a softmax top-k (V3's sigmoid scores with group-limited selection move the same
-    bytes); V3's multi-token-prediction module (``num_nextn_predict_layers``, 0 or 1) is read
-    into ``mtp_layers`` (``zoo.ModelConfig``: costed in the head). The shipped ``DeepSeek-V3.json``
-    sets it to 0, as the published 671B total leaves it out; ``DeepSeek-V3-MTP.json`` keeps the
-    published 1."""
-    freq = _int(doc, "moe_layer_freq", where, default=1)
-    if freq != 1:
-        raise ZooError(f"{where}: moe_layer_freq {freq} (dense layers between the sparse ones) is "
-                       f"not modelled; every layer after the first dense ones must be sparse")
-    hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
-    notes = ["router costed as softmax top-k"]
-    mtp = _count(doc, "num_nextn_predict_layers", where)
-    if mtp:
-        notes.append(f"{mtp} multi-token-prediction module in the head")
-    max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
-    return ModelConfig(
-        name=name, family="llama", layers=_int(doc, "num_hidden_layers", where), hidden=hidden,
-        heads=heads, kv_heads=heads, ffn=_int(doc, "intermediate_size", where),
-        vocab=_int(doc, "vocab_size", where), seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms",
-        mlp="swiglu", pos_emb="rope", tie_embeddings=_bool(doc, "tie_word_embeddings", where, False),
-        rope_theta=_float(doc, where, "rope_theta", default=10000.0),
-        norm_eps=_float(doc, where, "rms_norm_eps", default=1e-6),
-        head_size=_int(doc, "qk_nope_head_dim", where),
-        experts=_int(doc, "n_routed_experts", where),
-        experts_per_token=_int(doc, "num_experts_per_tok", where),
-        expert_ffn=_int(doc, "moe_intermediate_size", where),
-        shared_experts=_count(doc, "n_shared_experts", where),
-        dense_layers=_count(doc, "first_k_dense_replace", where),
-        q_lora_rank=_count(doc, "q_lora_rank", where), kv_lora_rank=_int(doc, "kv_lora_rank", where),
-        qk_rope_head_dim=_int(doc, "qk_rope_head_dim", where),
-        v_head_dim=_int(doc, "v_head_dim", where), mtp_layers=mtp,
-        source=f"{source}; {kind} ({'; '.join(notes)})")
 
 
 def _gpt_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str

@@ -1,4 +1,4 @@
-"""``mpmd export plan.json --to megatron|torchtitan|torchtitan@0.2|maxtext``: the plan as a
+"""``mpmd export plan.json --to megatron|megatron-bridge|torchtitan|torchtitan@0.2|maxtext``: the plan as a
 launcher's input."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from mpmd.cli.common import console, err_console, guard
 @click.argument("plan_path", metavar="PLAN.json", type=click.Path(dir_okay=False))
 @click.option("--to", "target", required=True,
               type=click.Choice(EXPORT_TARGETS),
-              help="Launcher: Megatron-LM arguments, a torchtitan 0.3 config module, a torchtitan "
-                   "0.2 job TOML (torchtitan@0.2) or a MaxText YAML.")
+              help="Launcher: Megatron-LM arguments, Megatron-Bridge (NeMo) recipe overrides "
+                   "(megatron-bridge), a torchtitan 0.3 config module, a torchtitan 0.2 job TOML "
+                   "(torchtitan@0.2) or a MaxText YAML.")
 @click.option("--out", type=click.Path(), default=None,
-              help="File to write (default: PLAN-TARGET.args/.py/.toml/.yml in the working "
+              help="File to write (default: PLAN-TARGET.args/.overrides/.py/.toml/.yml in the working "
                    "directory); a data-parallel plan writes one file per part, "
                    "STEM-part0.SUFFIX, ...")
 @guard

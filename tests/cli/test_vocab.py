@@ -26,7 +26,7 @@ def test_export_target_choices_are_the_launchers_targets() -> None:
     from launchers import TARGETS
 
     assert _choices(export.export, "target") == vocab.EXPORT_TARGETS == tuple(TARGETS) == (
-        "megatron", "torchtitan", "torchtitan@0.2", "maxtext")
+        "megatron", "megatron-bridge", "torchtitan", "torchtitan@0.2", "maxtext")
 
 
 def test_the_vocabulary_module_imports_nothing() -> None:

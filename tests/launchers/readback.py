@@ -78,9 +78,8 @@ def _cmp(out: list[str], what: str, got, want) -> None:
 
 
 def _qk_norm(m: ModelConfig) -> bool:
-    # the zoo's ModelConfig has no QK-norm field: Qwen3 normalises queries and keys per head
-    # (Qwen3 technical report, sec. 2); no other zoo model the launchers ship does
-    return m.name.lower().startswith("qwen3")
+    # the plan's model field (Qwen3's per-head q/k RMSNorm, set by the zoo's config reader)
+    return m.qk_norm
 
 
 def _megatron(e: Expect, v: dict, notes) -> list[str]:

@@ -36,7 +36,8 @@ def exported(plan_path: Path, target: str):
         return export_plan(load_plan(plan_path), target, out, source=f"data/{plan_path.name}")
     except LauncherError as e:
         assert ((target.startswith("torchtitan") and "torchtitan ships no model for" in str(e))
-                or (target == "maxtext" and "MaxText's pipeline runs as many blocks" in str(e)))
+                or (target == "maxtext" and "MaxText's pipeline runs as many blocks" in str(e))
+                or (target == "megatron-bridge" and "has no recipe for" in str(e)))
         return ()
 
 
@@ -78,6 +79,14 @@ def test_degrees_multiply_to_each_parts_devices(plan_path, target):
                 assert len(stages) == p * v.virtual
                 assert layout.count("t") == v.model.layers
                 assert stages[0].startswith("E") and stages[-1].endswith("L")
+        elif target == "megatron-bridge":
+            a = dict(w.split("=", 1) for w in shlex.split(
+                " ".join(x for x in f.text.splitlines() if not x.startswith("#"))))
+            t, p = int(a["model.tensor_model_parallel_size"]), int(a["model.pipeline_model_parallel_size"])
+            c = int(a["model.context_parallel_size"])
+            assert v.devices % (t * p * c) == 0 and v.devices // (t * p * c) == v.data
+            assert int(a["train.global_batch_size"]) % (int(a["train.micro_batch_size"]) * v.data) == 0
+            assert int(a["model.num_layers"]) == v.model.layers
         elif target == "torchtitan":
             assert f"TORCHTITAN_VERSION = '0.3.0'" in f.text and "def mpmd_plan():" in f.text
         elif target == "torchtitan@0.2":
