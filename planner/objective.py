@@ -153,10 +153,21 @@ def _on_fewer_nodes(w: Workload, cluster: Cluster, opts: construct.PlanOptions,
     sub = halved(grouped)
     while sub is not None and not (stop is not None and stop.is_set()):
         try:
-            return shape_and_plan(w, sub, replace(opts, time_limit_s=max(0.5, opts.time_limit_s / 2)),
-                                  None, stop=stop)
+            r = shape_and_plan(w, sub, replace(opts, time_limit_s=max(0.5, opts.time_limit_s / 2)),
+                               None, stop=stop)
         except InfeasibleError:
             sub = halved(sub)
+            continue
+        used, whole_n = (sum(g.num_devices for g in c.groups.values()) for c in (sub, grouped))
+        why = (f"at most {used} of {whole_n} devices: no plan occupies every node at global "
+               f"batch {w.global_batch}")
+        p = r.plan
+        if isinstance(p, DataParallelPlan):
+            p = replace(p, reason=f"{why}; {p.reason}" if p.reason else why)
+        else:
+            p = replace(p, search=replace(p.search, reason=f"{why}; {p.search.reason}"
+                                          if p.search.reason else why))
+        return replace(r, plan=p)
     raise whole
 
 

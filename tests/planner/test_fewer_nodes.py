@@ -28,6 +28,8 @@ def test_small_batch_plans_on_fewer_nodes(monkeypatch):
     r = plan(w, c, PlanOptions(time_limit_s=1))
     used = sum(s["nodes"] for s in r.plan.carving)
     assert 1 <= used < c.groups["h100"].nodes
+    assert r.plan.search.reason.startswith(f"at most {used * 8} of 64 devices: no plan occupies every "
+                                           f"node at global batch 2")
     assert r.prediction.step_time_s > 0
     # without the fallback the whole cluster has no plan: the fallback is what found it
     import planner.objective as obj
