@@ -108,7 +108,8 @@ RULES = {
     "power_limit_w": "the note's \"N W power limit\" when it states one, else none (the "
                      "profile's TDP)",
     "eager": "1 when the note says the run was eager (e.g. \"eager (no torch.compile)\"), else "
-             "the device profile's elementwise traffic",
+             "0.45 when it names a 2020 NGC container (20.06-py3 to 20.12-py3: "
+             "SOFTWARE_2020_ELEMENTWISE_TRAFFIC), else the device profile's elementwise traffic",
     "attention": "flash (a fused kernel skipping the causal mask's blocks, as every current stack "
                  "runs) unless the note says \"unfused\" or \"fused softmax\"",
     "tp_overlap": "0 (tensor-parallel collectives on the critical path: Megatron-LM's default)",
@@ -183,6 +184,38 @@ its own kernel, each reading its operands from HBM and writing its result, which
 unfused traffic ``zoo.costing`` counts (``LayerCost.*_other_bytes_per_sample``)."""
 
 
+SOFTWARE_2020_NOTE = re.compile(r"\b20\.(?:0[6-9]|1[0-2])-py3\b")
+"""How a row's ``note`` names an NGC container of 2020's second half (``20.06-py3`` to
+``20.12-py3``: the first CUDA 11 releases, the first for Ampere), whose kernels fused less of a
+block's non-matmul work than the stacks the profiles' elementwise-traffic fractions describe."""
+
+SOFTWARE_2020_ELEMENTWISE_TRAFFIC = 0.45
+"""The elementwise-traffic fraction of a run on a 2020 NGC container (:data:`SOFTWARE_2020_NOTE`):
+fitted on the 12 a100-40gb-sxm rows of NVIDIA DeepLearningExamples' BERT-Large pre-training
+(PyTorch and TensorFlow, 20.06-py3; ``reports/validation/README.md``) with the GA100's matmul
+efficiency held at the value ``mpmd validate --fit`` fits on the A100 80GB's current-stack runs
+(0.662, the same die): the best of 0.30-0.50 in steps of 0.05 (MAPE 5.4%; the profile's 0.2 gives
+39.1%, eager's 1.0 gives 38.4%). The mechanism: that era's BERT code ran the attention softmax,
+the dropouts (the attention probabilities' among them), bias adds and residuals as separate kernels
+(the PyTorch code's ``modeling.py`` at commit 78ec680: apex fuses only the LayerNorm,
+``FusedLayerNormAffineFunction``, and the optimizer, ``FusedLAMB``; the GeLU's bias add is an op
+of its own), so more of each block's unfused traffic reached HBM than with later fused kernels. The same
+benchmark in the 21.11 container ran 1.40x faster on an A100 80GB (580 against 415 sequences/s
+at sequence 128) and 1.42x on a V100 32GB (224 against 158): a software gain of the same size on
+both chips, as a property of the run (not of the device kind) predicts. Checked by leaving one
+source out (``reports/validation/README.md``)."""
+
+
+def software_2020(row: Row) -> tuple[bool, str | None]:
+    """(whether the row ran on a 2020 NGC container, the assumption to print or None): its note
+    names one (:data:`SOFTWARE_2020_NOTE`) and the run was not eager (eager's traffic is all of
+    it)."""
+    if eager(row)[0] or not SOFTWARE_2020_NOTE.search(row.note):
+        return False, None
+    return True, (f"2020 NGC container (from the note): elementwise traffic "
+                  f"{SOFTWARE_2020_ELEMENTWISE_TRAFFIC:g}")
+
+
 def eager(row: Row) -> tuple[bool, str | None]:
     """(whether the row's run was eager, the assumption to print or None): the ``eager`` column,
     else whether its ``note`` says so (:data:`EAGER_NOTE`)."""
@@ -244,8 +277,9 @@ def row_device(row: Row, device: DeviceProfile) -> DeviceProfile:
     the row's memory bandwidth when its part's differs from the profile's
     (``memory_bandwidth_gb_per_s``: e.g. an H100 built with HBM2e instead of HBM3) and, for an
     eager run, with every unfused non-matmul op's traffic charged
-    (:data:`EAGER_ELEMENTWISE_TRAFFIC`). All three are properties of the run, not of the device
-    kind."""
+    (:data:`EAGER_ELEMENTWISE_TRAFFIC`), for a run on a 2020 NGC container, with that era's
+    fraction (:data:`SOFTWARE_2020_ELEMENTWISE_TRAFFIC`). All are properties of the run, not of
+    the device kind."""
     device = power_capped(device, power_limit(row)[0])
     if row.memory_bandwidth_gb_per_s is not None:
         bw = row.memory_bandwidth_gb_per_s * 1e9
@@ -253,6 +287,8 @@ def row_device(row: Row, device: DeviceProfile) -> DeviceProfile:
                          description=f"{device.description} (memory {bw / 1e12:.2f} TB/s)")
     if eager(row)[0]:
         device = replace(device, elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC)
+    elif software_2020(row)[0]:
+        device = replace(device, elementwise_traffic=SOFTWARE_2020_ELEMENTWISE_TRAFFIC)
     return device
 
 
@@ -294,7 +330,8 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
             if k in ("glu", "fsdp") or (k == "scale_out_gbit_per_device" and row.gpus <= row.node_size):
                 continue                      # the defaults of the format; one node: no network
             notes.append(f"{k}: {RULES[k]}")
-    for why in (power_limit(row)[1], eager(row)[1], attention_kernel(row)[1]):
+    for why in (power_limit(row)[1], eager(row)[1], software_2020(row)[1],
+                attention_kernel(row)[1]):
         if why:
             notes.append(why)
     if row.global_batch_derived:

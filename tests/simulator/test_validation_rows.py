@@ -218,3 +218,23 @@ def test_precision_names_a_recipe_or_a_compute_dtype(tmp_path):
     with pytest.raises(VR.ValidationError, match=r"^row 9: precision bf16 but device "
                        r"'v100-sxm2-16gb' has no bf16 rate"):
         row_precision(given_bf16, v100)
+
+
+def test_a_2020_container_run_is_charged_that_eras_elementwise_traffic(tmp_path):
+    from hardware_profiles.loader import load_device
+    from simulator.validation_setup import (SOFTWARE_2020_ELEMENTWISE_TRAFFIC, row_device,
+                                            software_2020)
+
+    note = "DeepLearningExamples BERT, pytorch:20.06-py3, mixed precision"
+    p = _csv(tmp_path, bundled(2, note=note), bundled(2, note=note + ", eager"),
+             bundled(2, note="pytorch:21.11-py3"), bundled(2, note="TensorFlow 20.06-py3"))
+    era, eager_run, later, tf = VR.load_rows_lenient(p)[0]
+    a100 = load_device("a100-40gb-sxm")
+    assert SOFTWARE_2020_ELEMENTWISE_TRAFFIC == 0.45 and a100.elementwise_traffic == 0.2
+    assert software_2020(era) == (True, "2020 NGC container (from the note): elementwise "
+                                        "traffic 0.45")
+    assert row_device(era, a100).elementwise_traffic == row_device(tf, a100).elementwise_traffic == 0.45
+    assert software_2020(eager_run) == (False, None)             # eager's traffic is all of it
+    assert row_device(eager_run, a100).elementwise_traffic == 1.0
+    assert software_2020(later) == (False, None)
+    assert row_device(later, a100).elementwise_traffic == 0.2
