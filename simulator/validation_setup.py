@@ -568,8 +568,9 @@ def op_recompute(workload: Workload, row: Row) -> Workload:
     GPT: ``wq, wk, wv, wo, w1, w2`` -> ``wk``, ``wo``, ``w2``), ``2 s x params`` FLOP per
     sample each, and every non-matmul op of the forward (its unfused traffic again); the
     attention core is kept. Added to the backward and to its input-gradient part B (the rerun
-    precedes it). The residuals are not reduced: torchtitan's runs in this set are costed for
-    time."""
+    precedes it). Each such block keeps only what the policy saves
+    (:func:`simulator.remat.op_sac_saved_elements` per token, at the model's dtype), where that is
+    less than its traced residuals."""
     h, H = row.hidden, row.heads
     d = row.head_dim or h // H
     kv = row.kv_heads or H
@@ -577,8 +578,18 @@ def op_recompute(workload: Workload, row: Row) -> Workload:
     mats = [h * H * d, h * kv * d, h * kv * d, H * d * h]
     mats += [h * f, h * f, f * h] if row.glu else [h * f, f * h]
     extra = 2.0 * row.seq_len * sum(mats[1::2])
-    return rerun_before_backward(
-        workload, lambda c: (extra, 0.0, 0.0, c.fwd_other_bytes_per_sample))
+    w = rerun_before_backward(workload, lambda c: (extra, 0.0, 0.0, c.fwd_other_bytes_per_sample))
+    kept = remat.op_sac_saved_elements(h, H, kv, d, f, bool(row.glu)) * row.seq_len * w.dtype_bytes
+    return _keep_residuals(w, lambda c: min(c.residual_bytes_per_sample, kept))
+
+
+def _keep_residuals(workload: Workload, kept: Callable[[LayerCost], float]) -> Workload:
+    """``workload`` with each decoder block (``decoder_block``, ``dense_block``) keeping
+    ``kept(block)`` residual bytes per sample; other layers unchanged."""
+    return replace(workload, costs={
+        name: replace(c, residual_bytes_per_sample=kept(c))
+        if name in ("decoder_block", "dense_block") else c
+        for name, c in workload.costs.items()})
 
 
 LAYER_AC_EVERY = 2
@@ -587,15 +598,19 @@ in full checkpointing (``selective_ac_option = 'N'``); ``'2'`` is its default
 (``torchtitan/config_manager.py``, ``--activation_checkpoint.selective_ac_option``)."""
 
 
-def layer_recompute(workload: Workload, every: int = LAYER_AC_EVERY) -> Workload:
+def layer_recompute(workload: Workload, hidden: int, every: int = LAYER_AC_EVERY) -> Workload:
     """The workload under torchtitan's layer-wise selective checkpointing: one block in ``every``
     reruns its whole forward before its backward, charged on average over the blocks (each decoder
     block's backward and its input-gradient part B gain ``1 / every`` of the block's forward FLOPs,
-    bytes and unfused traffic). The residuals are not reduced: these rows are costed for time."""
+    bytes and unfused traffic). A checkpointed block keeps only its input (``hidden x seq_len``
+    elements), the others all their residuals: each block keeps that average."""
     k = 1.0 / every
-    return rerun_before_backward(workload, lambda c: (
+    w = rerun_before_backward(workload, lambda c: (
         k * c.fwd_flops_per_sample, k * c.fwd_bytes_fixed, k * c.fwd_bytes_per_sample,
         k * c.fwd_other_bytes_per_sample))
+    block_input = float(w.seq_len * w.dtype_bytes * hidden)
+    return _keep_residuals(w, lambda c: (1 - k) * c.residual_bytes_per_sample
+                           + k * min(block_input, c.residual_bytes_per_sample))
 
 
 MODULE_BODIES = ("decoder_block", "dense_block", "sliding_block", "attention_block", "moe_block")
@@ -821,7 +836,7 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
     elif rc == "op":
         w = op_recompute(w, row)
     elif rc == "layer":
-        w = layer_recompute(w)
+        w = layer_recompute(w, row.hidden)
     elif rc == "modules":
         w = module_recompute(w, row)
     if name == "interleaved-1f1b" and tune and row.vp is None:

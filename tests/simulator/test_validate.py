@@ -291,6 +291,12 @@ def test_op_recompute_reruns_every_second_matmul_and_the_non_matmul_ops():
     assert op.bwd_input_flops_per_sample == 1e11 + extra
     assert (op.bwd_other_bytes_per_sample, op.bwd_input_other_bytes_per_sample) == (8e8, 5e8)
     assert V.op_recompute(w, llama).costs["head"] == w.costs["head"]
+    # it keeps the block input, wq, wv, w1, w2 and the kernel's output and log-sum-exp
+    kept = (4096 + 4096 + 1024 + 4096 + 14336 + 4096 + 2 * 32) * 8192 * w.dtype_bytes
+    assert op.residual_bytes_per_sample == min(blk.residual_bytes_per_sample, kept)
+    big = dataclasses.replace(blk, residual_bytes_per_sample=10 * kept)
+    wb = dataclasses.replace(w, costs={**w.costs, "decoder_block": big})
+    assert V.op_recompute(wb, llama).costs["decoder_block"].residual_bytes_per_sample == kept
     # GPT's block: wq, wk, wv, wo, w1, w2 -> wk, wo, w2
     gpt = V.op_recompute(w, _row(recompute="op")).costs["decoder_block"]
     assert gpt.bwd_flops_per_sample == 2e11 + 2.0 * 1024 * (2304 ** 2 + 2304 ** 2 + 4 * 2304 ** 2)
@@ -306,12 +312,16 @@ def test_layer_recompute_reruns_one_block_in_two_on_average():
     blk = dataclasses.replace(w.costs["decoder_block"], fwd_other_bytes_per_sample=3e8,
                               fwd_bytes_per_sample=4e8, fwd_bytes_fixed=1e8)
     w = dataclasses.replace(w, costs={**w.costs, "decoder_block": blk})
-    got = V.layer_recompute(w).costs["decoder_block"]
+    got = V.layer_recompute(w, 2304).costs["decoder_block"]
     assert (got.bwd_flops_per_sample, got.bwd_input_flops_per_sample) == (2e11 + 5e10, 1e11 + 5e10)
     assert got.bwd_other_bytes_per_sample == blk.bwd_other_bytes_per_sample + 1.5e8
     assert got.bwd_bytes_per_sample == blk.bwd_bytes_per_sample + 2e8
     assert got.bwd_bytes_fixed == blk.bwd_bytes_fixed + 5e7
-    assert V.layer_recompute(w, every=4).costs["decoder_block"].bwd_flops_per_sample == 2e11 + 2.5e10
+    assert V.layer_recompute(w, 2304, every=4).costs["decoder_block"].bwd_flops_per_sample == 2e11 + 2.5e10
+    # the checkpointed block keeps its input only: half the blocks, on average
+    block_input = 2304 * w.seq_len * w.dtype_bytes
+    assert got.residual_bytes_per_sample == (0.5 * blk.residual_bytes_per_sample
+                                             + 0.5 * min(block_input, blk.residual_bytes_per_sample))
     setup = V.row_setup(_row(recompute="layer"), fake_workload)
     assert setup.recompute == "layer" and not any(setup.plan.recompute.values())
     assert setup.workload.costs["decoder_block"].bwd_flops_per_sample == 2e11 + 5e10
