@@ -1,0 +1,114 @@
+"""Models NVIDIA's Megatron-Bridge performance recipes train, shipped in ``zoo/configs/``
+(``zoo/configs/README.md`` cites each file): their layers, widths, heads, experts and parameter
+counts against the published figures, the names recipes use for them, and the recipe models the
+zoo refuses in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import zoo
+from zoo import ZooError
+from zoo.model_files import ALIASES, from_hf, resolve_model
+
+CONFIGS = Path(__file__).resolve().parents[2] / "zoo" / "configs"
+
+
+def test_gpt_oss_20b_matches_the_model_card():
+    """OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card" (arXiv:2508.10925), Table 1, gpt-oss-20b:
+    24 layers, 32 experts (top 4), MLP 19.12B, attention 0.64B, embed + unembed 1.16B, 20.91B in
+    total, 3.61B active (unembedding counted, embedding not)."""
+    cfg = resolve_model("gpt-oss-20b")
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.vocab) == (
+        24, 2880, 64, 8, 64, 201088)
+    assert (cfg.experts, cfg.experts_per_token, cfg.expert_ffn) == (32, 4, 2880)
+    assert (cfg.sliding_window, cfg.full_attention_every, cfg.attention_sinks) == (128, 2, True)
+    assert zoo.param_count(cfg) == 20_914_757_184
+    assert round(zoo.param_count(cfg) / 1e7) == 2091
+    assert round(zoo.active_param_count(cfg, embedding=False) / 1e7) == 361
+    block = zoo.layer_param_shapes(cfg, "block0")
+    attn = sum(math.prod(s.shape) for k, s in block.items()
+               if k in ("wq", "wk", "wv", "wo", "wq_b", "wk_b", "wv_b", "wo_b", "sinks"))
+    mlp = sum(math.prod(s.shape) for k, s in block.items()
+              if k.startswith(("w_router", "w_gate", "w_up", "w_down")))
+    assert round(24 * mlp / 1e7) == 1912 and round(24 * attn / 1e7) == 64
+
+
+def test_kimi_k2_is_read_as_deepseek_v3():
+    """moonshotai/Kimi-K2-Instruct (model_type kimi_k2, DeepseekV3ForCausalLM): 61 layers (1
+    dense), hidden 7168, 64 heads of MLA, 384 experts of 2048, 8 per token + 1 shared
+    (MoonshotAI/Kimi-K2 README, Model Summary: 1T total, 32B activated). The count is the
+    checkpoint's: its safetensors hold 1,026,470,731,056 values, this count plus 62,521,648 FP8
+    block scales, router correction biases and rotary buffers."""
+    cfg = resolve_model("kimi-k2-instruct")
+    assert (cfg.layers, cfg.dense_layers, cfg.hidden, cfg.heads, cfg.ffn, cfg.vocab) == (
+        61, 1, 7168, 64, 18432, 163840)
+    assert (cfg.experts, cfg.experts_per_token, cfg.shared_experts, cfg.expert_ffn) == (
+        384, 8, 1, 2048)
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.v_head_dim,
+            cfg.head_size, cfg.mtp_layers) == (1536, 512, 64, 128, 128, 0)
+    total = zoo.param_count(cfg)
+    assert total == 1_026_408_209_408
+    scales = (60 * 385 * 3 * 56 * 16 + 61 * (5 * 56 + 128 * 4 + 56 * 64 + 12 * 56 + 96 * 12)
+              + 3 * 144 * 56)                     # FP8 128x128 block scales of each weight
+    assert total + scales + 60 * 384 + 61 * 56 == 1_026_470_731_056
+    assert round(total / 1e12) == 1
+    assert round(zoo.active_param_count(cfg, embedding=False) / 1e9) == 32
+    assert "kimi_k2 (DeepSeek-V3 architecture" in cfg.source
+
+
+def test_kimi_k2_needs_deepseek_v3s_architecture():
+    doc = json.loads((CONFIGS / "Kimi-K2-Instruct.json").read_text())
+    with pytest.raises(ZooError, match="is not DeepseekV3ForCausalLM") as e:
+        from_hf({**doc, "architectures": ["KimiK25ForConditionalGeneration"]}, "k", "k.json")
+    assert "\n" not in str(e.value)
+
+
+def test_nemotron_h_56b_reads_its_hybrid_pattern():
+    """Nemotron-H (NVIDIA 2025, arXiv:2504.03624): the 56B base has 54 Mamba-2, 54 MLP and 10
+    self-attention layers; Megatron-Bridge ``NemotronHModelProvider56B``: hidden 8192, FFN
+    32768, 64 heads in 8 query groups, 256 Mamba heads of 64, state 256, 8 groups."""
+    cfg = resolve_model("nemotron-h-56b-base-8k")
+    pattern = cfg.hybrid_pattern
+    assert (len(pattern), pattern.count("M"), pattern.count("-"), pattern.count("*")) == (
+        118, 54, 54, 10)
+    assert [zoo.body_of(cfg, f"block{i}") for i in range(8)] == [
+        "mamba_block", "mlp_block"] * 3 + ["mamba_block", "attention_block"]
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn) == (
+        118, 8192, 64, 8, 128, 32768)
+    assert (cfg.mamba_heads, cfg.mamba_head_dim, cfg.ssm_state, cfg.mamba_groups) == (
+        256, 64, 256, 8)
+    assert (cfg.experts, cfg.mlp, cfg.pos_emb, cfg.seq_len) == (0, "relu2", "none", 8192)
+    assert zoo.param_count(cfg) == 56_324_350_464
+    assert round(zoo.param_count(cfg) / 1e9) == 56
+
+
+def test_llama_31_names_resolve():
+    """Llama 3.1 70B: 80 layers, 8192 wide, 64 / 8 heads, 70.6B on its Hugging Face page
+    (70,553,706,496 in its safetensors); Llama 3.1 405B is the zoo's ``llama3-405b``."""
+    c70 = resolve_model("llama-3.1-70b")
+    assert (c70.layers, c70.hidden, c70.heads, c70.kv_heads, c70.ffn, c70.vocab) == (
+        80, 8192, 64, 8, 28672, 128256)
+    assert zoo.param_count(c70) == 70_553_706_496
+    assert c70.seq_len == 8192 and c70.rope_theta == 500000.0
+    assert "'llama3' rope scaling costed as plain RoPE" in c70.source
+    assert resolve_model("Llama-3.1-405B") == zoo.get_config("llama3-405b")
+    assert round(zoo.param_count(resolve_model("llama-3.1-405b")) / 1e9) == 406
+    assert set(ALIASES) == {"llama-3.1-405b", "llama-3.1-70b"}
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("qwen3_next", "Gated DeltaNet linear attention"),
+    ("llama4", "dense layers interleaved with MoE"),
+    ("llama4_text", "chunked attention"),
+])
+def test_recipe_models_the_zoo_cannot_express_are_refused(kind, needle):
+    with pytest.raises(ZooError) as e:
+        from_hf({"model_type": kind}, "m", "m.json")
+    msg = str(e.value)
+    assert f"model_type {kind!r} is a mixture of experts with" in msg and needle in msg
+    assert "\n" not in msg

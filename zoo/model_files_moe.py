@@ -1,0 +1,146 @@
+"""The readers of :mod:`zoo.model_files` for the mixtures of experts whose configs need more
+than an expert count: OpenAI gpt-oss (``gpt_oss``), NVIDIA Nemotron-H / Nemotron 3
+(``nemotron_h``, a Mamba-2 / attention / MoE hybrid) and DeepSeek-V2/V3 with multi-head latent
+attention, including Moonshot's Kimi K2 (``kimi_k2``: DeepSeek-V3's architecture, 384 experts).
+:func:`zoo.model_files.from_hf` dispatches here by ``model_type``; each reader returns an
+unchecked :class:`ModelConfig` that ``from_hf`` checks (:func:`zoo.schema.check_model`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from zoo.config import ModelConfig, ZooError
+from zoo.model_files import (SEQ_LEN_CAP, _bool, _count, _float, _get, _int, _moe,
+                             _short)
+
+__all__ = ["read_deepseek", "read_gpt_oss", "read_nemotron_h"]
+
+
+def read_gpt_oss(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
+    """OpenAI gpt-oss (``gpt_oss``; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card"): a
+    llama-family decoder whose every block routes to ``num_experts_per_tok`` of
+    ``num_local_experts`` SwiGLU experts of width ``intermediate_size`` (router and experts
+    with biases, the SwiGLU clamped at ``swiglu_limit``), attention with q/k/v/o biases and one
+    sink logit per head, its ``layer_types`` alternating ``sliding_attention`` (a window of
+    ``sliding_window`` keys) and ``full_attention`` (Hugging Face's default when absent: every
+    second block full). YaRN rope scaling is costed as plain RoPE (no parameters, the same
+    FLOP); the published MXFP4 expert weights are costed in the compute dtype."""
+    layers = _int(doc, "num_hidden_layers", where)
+    types = doc.get("layer_types")
+    if types is None:
+        types = ["full_attention" if (i + 1) % 2 == 0 else "sliding_attention"
+                 for i in range(layers)]
+    if not isinstance(types, list) or "full_attention" not in types:
+        raise ZooError(f"{where}: field 'layer_types' = {_short(types)} is not a list with "
+                       f"'full_attention' layers; give the published per-layer list")
+    every = types.index("full_attention") + 1
+    want = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    if types != want:
+        raise ZooError(f"{where}: field 'layer_types' = {_short(types)} is not one full-attention "
+                       f"layer every {every} ({layers} entries); the zoo models a periodic pattern")
+    window = _int(doc, "sliding_window", where)
+    limit = _float(doc, where, "swiglu_limit", default=0.0)
+    base = _moe({**doc, "model_type": "mixtral"}, "mixtral", name, source, where)
+    return dataclasses.replace(
+        base, bias=_bool(doc, "attention_bias", where, True), attention_sinks=True,
+        sliding_window=window, full_attention_every=every if every > 1 else 0, swiglu_limit=limit,
+        rope_theta=_float(doc, where, "rope_theta", default=150000.0),
+        source=f"{source}; gpt_oss ({base.experts} experts, top {base.experts_per_token}, "
+               f"capacity factor 1; router and expert biases; attention sinks; sliding window {window} on "
+          f"{sum(t == 'sliding_attention' for t in types)} of {layers} layers; SwiGLU clamped at "
+          f"{limit:g}; YaRN rope scaling costed as plain RoPE; MXFP4 experts costed in the "
+          f"compute dtype)")
+
+
+def read_nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
+    """NVIDIA Nemotron-H / Nemotron 3 (``nemotron_h``): a hybrid of Mamba-2, attention, MLP and
+    mixture-of-experts layers by ``hybrid_override_pattern`` (:mod:`zoo.hybrid`), squared-ReLU
+    MLPs and experts (``mlp_hidden_act`` ``relu2``), ``n_routed_experts`` experts of
+    ``moe_intermediate_size`` plus a shared expert of ``moe_shared_expert_intermediate_size``
+    (a multiple of it), attention without positional embeddings. The router (sigmoid scores
+    with a per-expert correction bias, scaled by ``routed_scaling_factor``) is costed as a
+    softmax top-k; its 128 correction biases per MoE layer are left out."""
+    layers = _int(doc, "num_hidden_layers", where)
+    pattern = _get(doc, "hybrid_override_pattern", where)
+    if not isinstance(pattern, str):
+        raise ZooError(f"{where}: field 'hybrid_override_pattern' = {_short(pattern)} is not a "
+                       f"string; give the published pattern")
+    act = doc.get("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise ZooError(f"{where}: field 'mlp_hidden_act' = {_short(act)} is not modelled; the "
+                       f"zoo's Nemotron-H MLPs are relu2")
+    moe = "E" in pattern
+    fe = _int(doc, "moe_intermediate_size", where) if moe else 0
+    shared = _count(doc, "moe_shared_expert_intermediate_size", where) if moe else 0
+    if shared % max(fe, 1):
+        raise ZooError(f"{where}: field 'moe_shared_expert_intermediate_size' = {shared} is not a "
+                       f"multiple of moe_intermediate_size = {fe}; the zoo's shared experts are "
+                       f"whole experts")
+    hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
+    head_dim = _int(doc, "head_dim", where, default=hidden // heads)
+    max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
+    return ModelConfig(
+        name=name, family="llama", layers=layers, hidden=hidden, heads=heads,
+        kv_heads=_int(doc, "num_key_value_heads", where, default=heads),
+        ffn=_int(doc, "intermediate_size", where), vocab=_int(doc, "vocab_size", where),
+        seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms", mlp="relu2", pos_emb="none",
+        tie_embeddings=_bool(doc, "tie_word_embeddings", where, False),
+        norm_eps=_float(doc, where, "layer_norm_epsilon", "norm_eps", default=1e-5),
+        head_size=head_dim if head_dim * heads != hidden else 0,
+        experts=_int(doc, "n_routed_experts", where) if moe else 0,
+        experts_per_token=_int(doc, "num_experts_per_tok", where) if moe else 0,
+        expert_ffn=fe, shared_experts=shared // fe if moe else 0, hybrid_pattern=pattern,
+        mamba_heads=_int(doc, "mamba_num_heads", where),
+        mamba_head_dim=_int(doc, "mamba_head_dim", where),
+        ssm_state=_int(doc, "ssm_state_size", where), mamba_groups=_int(doc, "n_groups", where),
+        conv_kernel=_int(doc, "conv_kernel", where), ssm_chunk=_int(doc, "chunk_size", where, default=128),
+        source=f"{source}; nemotron_h ({pattern.count('M')} Mamba-2, {pattern.count('*')} "
+               f"attention, {pattern.count('E')} MoE and {pattern.count('-')} MLP layers"
+               + ("; router costed as softmax top-k, its correction biases left out)" if moe else ")"))
+
+
+def read_deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str
+              ) -> ModelConfig:
+    """DeepSeek-V2/V3: multi-head latent attention, ``n_routed_experts`` routed and
+    ``n_shared_experts`` shared experts of width ``moe_intermediate_size`` in every block after
+    the first ``first_k_dense_replace`` (dense, width ``intermediate_size``). The router is
+    costed as a softmax top-k (V3's sigmoid scores with group-limited selection move the same
+    bytes); V3's multi-token-prediction module (``num_nextn_predict_layers``, 0 or 1) is read
+    into ``mtp_layers`` (``zoo.ModelConfig``: costed in the head). The shipped ``DeepSeek-V3.json``
+    sets it to 0, as the published 671B total leaves it out; ``DeepSeek-V3-MTP.json`` keeps the
+    published 1."""
+    freq = _int(doc, "moe_layer_freq", where, default=1)
+    if freq != 1:
+        raise ZooError(f"{where}: moe_layer_freq {freq} (dense layers between the sparse ones) is "
+                       f"not modelled; every layer after the first dense ones must be sparse")
+    hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
+    notes = ["router costed as softmax top-k"]
+    if kind == "kimi_k2":             # Moonshot ships DeepSeek-V3's architecture under its own type
+        archs = doc.get("architectures") or ["DeepseekV3ForCausalLM"]
+        if archs != ["DeepseekV3ForCausalLM"]:
+            raise ZooError(f"{where}: architectures = {_short(archs)} is not DeepseekV3ForCausalLM; "
+                           f"the zoo reads kimi_k2 as DeepSeek-V3's architecture only")
+        notes.insert(0, "DeepSeek-V3 architecture (DeepseekV3ForCausalLM)")
+    mtp = _count(doc, "num_nextn_predict_layers", where)
+    if mtp:
+        notes.append(f"{mtp} multi-token-prediction module in the head")
+    max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
+    return ModelConfig(
+        name=name, family="llama", layers=_int(doc, "num_hidden_layers", where), hidden=hidden,
+        heads=heads, kv_heads=heads, ffn=_int(doc, "intermediate_size", where),
+        vocab=_int(doc, "vocab_size", where), seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms",
+        mlp="swiglu", pos_emb="rope", tie_embeddings=_bool(doc, "tie_word_embeddings", where, False),
+        rope_theta=_float(doc, where, "rope_theta", default=10000.0),
+        norm_eps=_float(doc, where, "rms_norm_eps", default=1e-6),
+        head_size=_int(doc, "qk_nope_head_dim", where),
+        experts=_int(doc, "n_routed_experts", where),
+        experts_per_token=_int(doc, "num_experts_per_tok", where),
+        expert_ffn=_int(doc, "moe_intermediate_size", where),
+        shared_experts=_count(doc, "n_shared_experts", where),
+        dense_layers=_count(doc, "first_k_dense_replace", where),
+        q_lora_rank=_count(doc, "q_lora_rank", where), kv_lora_rank=_int(doc, "kv_lora_rank", where),
+        qk_rope_head_dim=_int(doc, "qk_rope_head_dim", where),
+        v_head_dim=_int(doc, "v_head_dim", where), mtp_layers=mtp,
+        source=f"{source}; {kind} ({'; '.join(notes)})")
