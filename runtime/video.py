@@ -21,7 +21,12 @@ consecutive slices of ``jax.devices()`` in the cluster's order, a component's gr
   neighbours' boundary rows by ``jax.lax.ppermute`` (the devices at the two ends repeat their own
   edge row: the convolution's replicate padding); every GroupNorm's mean and variance are
   ``jax.lax.psum`` s over the devices (two passes, as :func:`zoo.mochi_vae.group_norm`);
-  upsampling (depth-to-space) and the 1x1 projections are local.
+  upsampling (depth-to-space) and the 1x1 projections are local. The compiled program holds
+  exactly the exchanges :mod:`simulator.spatial` costs for the same layers (two
+  collective-permutes per convolution, two all-reduces per GroupNorm; checked by
+  ``tests/runtime/test_video_run.py``). A plan's frame chunks are not run: they cut the planned
+  activations, not the arithmetic (a causal decoder decodes chunks exactly), so the run decodes
+  every frame at once and its video is the same.
 
 The output video is compared with ``jax.jit(video_fn)`` on one device from the same parameters,
 prompt and noise: :class:`VideoRunReport.max_abs_error`.

@@ -71,9 +71,12 @@ def context_degree(value: str) -> int:
               help="Context parallelism (each sequence split over devices, ring or all-to-all "
                    "attention): auto searches it from 16,384 tokens; off never; N runs every "
                    "mesh at context degree N (any length it divides).")
-@click.option("--objective", type=click.Choice(GOALS), default="time", show_default=True,
+@click.option("--objective", type=click.Choice((*GOALS, "latency")), default="time",
+              show_default=True,
               help="time: the shortest step; cost: the lowest USD per step (with --min-throughput, "
-                   "among plans that reach it). Either may use part of the cluster.")
+                   "among plans that reach it). Either may use part of the cluster. latency: one "
+                   "video at a time of a video pipeline (--model mochi or mochi-tiny), as 'mpmd "
+                   "video': seconds per video and per component.")
 @click.option("--min-throughput", type=FiniteFloat(min=1e-9, max=1e18), default=None,
               help="Throughput floor, tokens per second.")
 @click.option("--max-usd-per-hour", type=FiniteFloat(min=1e-9, max=1e12), default=None,
@@ -106,6 +109,11 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
     which are whole nodes of one kind per group, joined alike, is planned the same way, as the node
     groups it describes; 'carve: fixed' in the file keeps its meshes as listed.
 
+    --objective latency plans a video pipeline (mochi: T5-XXL, the 10B DiT for every denoising
+    step with both guidance passes, the VAE decoder) one video at a time, as 'mpmd video' does:
+    each component's devices and tensor / context / CFG / spatial degrees, and the seconds per
+    video and per component (--out writes the video plan JSON); other models are refused.
+
     --objective cost, --min-throughput and --max-usd-per-hour plan on part of a node-group cluster
     too (each group at all, half or a quarter of its nodes, or left out), pricing the devices a
     plan uses at the cluster file's price_usd_per_device_hour (else the device profile's); the
@@ -117,6 +125,17 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
     short: a usable plan was produced (scripts can tell from the JSON). Ctrl-C before any feasible
     plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
     """
+    if objective == "latency" or model in ("mochi", "mochi-tiny"):   # a video pipeline
+        from mpmd.cli.video import latency_plan
+
+        latency_plan(model, cluster_path, objective, out, {
+            "--global-batch": global_batch not in (None, 1), "--seq-len": seq_len is not None,
+            "--schedule": bool(schedules), "--microbatches": bool(microbatches),
+            "--max-tensor": max_tensor != 8, "--even-split": even_split, "--no-fsdp": no_fsdp,
+            "--context-parallel": context_parallel != "auto",
+            "--min-throughput": min_throughput is not None,
+            "--max-usd-per-hour": max_usd_per_hour is not None, "--precision": precision != "bf16"})
+        return
     context = context_degree(context_parallel)
     # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
     if out:

@@ -10,7 +10,7 @@ The pipeline name and the cluster path are checked before JAX and the planner lo
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 from rich.markup import escape
@@ -133,9 +133,63 @@ def video(pipeline_name: str, cluster_path: str, frames: int, steps: int,
     if out:
         check_output(out, "video plan")
     if run_it and pipeline_name != "mochi-tiny":
-        err_console.print(f"[bold red]error:[/] --run executes only the tiny pipeline, not "
-                          f"{escape(pipeline_name)}; use --pipeline mochi-tiny", highlight=False)
-        sys.exit(2)
+        _refuse(f"--run executes only the tiny pipeline, not {pipeline_name}; use --pipeline "
+                f"mochi-tiny")
+    show_video_plan(pipeline_name, str(path), frames, steps, memory_gb, headroom,
+                    decoder_spatial, out, run_it)
+
+
+LATENCY_UNUSED = ("--global-batch", "--seq-len", "--schedule", "--microbatches", "--max-tensor",
+                  "--even-split", "--no-fsdp", "--context-parallel", "--min-throughput",
+                  "--max-usd-per-hour", "--precision")
+"""``mpmd plan`` options a latency plan has no use for (a video is one sample at batch 1, planned
+by :mod:`planner.video`, not by the training planner)."""
+
+
+def _refuse(msg: str) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+    sys.exit(2)
+
+
+def latency_plan(model: str, cluster_path: str, objective: str, out: str | None,
+                 given: dict[str, bool]) -> None:
+    """``mpmd plan --model PIPELINE --objective latency``: the same plan and table as ``mpmd video
+    --pipeline PIPELINE`` (the pipeline's default frames and steps, the profiles' memory).
+
+    ``given``: for each of :data:`LATENCY_UNUSED`, whether the command line set it to other than
+    its default; any set one is refused, as is a latency objective on a model that is not a video
+    pipeline, and a video pipeline under another objective (each one line, exit 2)."""
+    if model not in PIPELINE_NAMES:
+        from zoo.mochi_pipeline import PIPELINES
+
+        part = next((p.name for p in PIPELINES.values()
+                     if model in (p.encoder, p.dit, p.decoder)), None)
+        hint = (f" ({model} is a component of the {part} pipeline)" if part else "")
+        _refuse(f"--objective latency plans one video at a time of a video pipeline; "
+                f"{model!r} is not one{hint}: use --model {' or '.join(PIPELINE_NAMES)}, or "
+                f"--objective time / cost for a training plan")
+    if objective != "latency":
+        _refuse(f"{model} is a video pipeline, planned one video at a time: use --objective "
+                f"latency (or mpmd video --pipeline {model})")
+    bad = [k for k in LATENCY_UNUSED if given.get(k)]
+    if bad:
+        _refuse(f"{', '.join(bad)} {'does' if len(bad) == 1 else 'do'} not apply to a latency "
+                f"plan (one video at batch 1); drop {'it' if len(bad) == 1 else 'them'}, or use "
+                f"mpmd video for --frames, --steps, --memory-gb and --decoder-spatial")
+    path = resolve_cluster_path(cluster_path)
+    if out:
+        check_output(out, "video plan")
+    show_video_plan(model, str(path), out=out)
+
+
+def show_video_plan(pipeline_name: str, cluster_path: str, frames: int = 0, steps: int = 0,
+                    memory_gb: float | None = None, headroom: float = 0.1,
+                    decoder_spatial: int = 0, out: str | None = None,
+                    run_it: bool = False) -> None:
+    """Plan one video of ``pipeline_name`` on the cluster file ``cluster_path`` (checked by the
+    caller), print the table, the seconds per video and per component, the bound and the DiT's
+    layout against the guide's; write the JSON to ``out``; with ``run_it`` run it (tiny only).
+    Exits 2 on a spatial degree or run the plan cannot take, 1 on a run over tolerance."""
     import json
 
     if run_it:
@@ -150,13 +204,12 @@ def video(pipeline_name: str, cluster_path: str, frames: int, steps: int,
     try:
         _, _, dit, _ = pipeline(pipeline_name, frames, steps)
         comps = components(pipeline_name, frames, steps)
-        cluster = load_cluster(path)
+        cluster = load_cluster(cluster_path)
         if memory_gb is not None:
             cluster = _with_memory(cluster, memory_gb)
         plan = plan_video(comps, cluster, headroom, spatial_degree=decoder_spatial)
     except SpatialError as e:
-        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
-        sys.exit(2)
+        _refuse(str(e))
     video_frames = frames or (6 * (dit.latent_frames - 1) + 1)
     devices = sum(m.num_devices for m in cluster.meshes.values())
     console.print(video_table(plan, (
@@ -183,8 +236,7 @@ def video(pipeline_name: str, cluster_path: str, frames: int, steps: int,
         try:
             rep = run_video(plan, cluster, pipeline_name, frames=frames, steps=steps)
         except VideoRunError as e:
-            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
-            sys.exit(2)
+            _refuse(str(e))
         placed = "; ".join(f"{k} on devices {list(v)} ({rep.layouts[k]}, {rep.seconds[k]:.2f} s)"
                            for k, v in rep.devices.items())
         ok = rep.max_abs_error <= RUN_TOLERANCE
