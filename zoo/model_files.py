@@ -20,9 +20,9 @@ per sample default to ``min(max_position_embeddings, 8192)`` (``--seq-len`` over
 A mixture of experts (``mixtral``, ``qwen3_moe``; ``deepseek_v2`` / ``deepseek_v3`` with
 multi-head latent attention, shared experts and dense first layers, and ``kimi_k2``, Moonshot's
 Kimi K2, which is DeepSeek-V3's architecture (``DeepseekV3ForCausalLM``) under its own type;
-``gpt_oss`` with biases,
-attention sinks, a clamped SwiGLU and sliding-window attention on alternate layers, which is
-modelled, not costed as full attention; ``nemotron_h``, a Mamba-2 hybrid) sets the config's
+``gpt_oss`` with biases, attention sinks, a clamped SwiGLU and sliding-window attention on
+alternate layers, which is modelled, not costed as full attention; ``nemotron_h``, a Mamba-2
+hybrid) sets the config's
 expert fields (``ModelConfig.experts`` ...); the readers of the last three families are in
 :mod:`zoo.model_files_moe`. Qwen2-MoE (a gated shared expert), Qwen3-Next (Gated DeltaNet linear
 attention, which is not Mamba-2's scan), Llama 4 (dense layers interleaved with MoE, chunked
