@@ -22,6 +22,7 @@ from mpmd.cli.common import console, err_console, guard
 from mpmd.cli.models import types_text
 from mpmd.cli.params import (MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MAX_SEQ_LEN, MAX_TENSOR,
                              MAX_TIME_LIMIT_S, FiniteFloat, int_range)
+from mpmd.cli.video import PIPELINE_NAMES
 from zoo.config import list_models
 from zoo.model_files import config_fields, resolve_model
 
@@ -75,8 +76,8 @@ def context_degree(value: str) -> int:
               show_default=True,
               help="time: the shortest step; cost: the lowest USD per step (with --min-throughput, "
                    "among plans that reach it). Either may use part of the cluster. latency: one "
-                   "video at a time of a video pipeline (--model mochi or mochi-tiny), as 'mpmd "
-                   "video': seconds per video and per component.")
+                   f"video at a time of a video pipeline (--model {' or '.join(PIPELINE_NAMES)}), "
+                   f"as 'mpmd video': seconds per video and per component.")
 @click.option("--min-throughput", type=FiniteFloat(min=1e-9, max=1e18), default=None,
               help="Throughput floor, tokens per second.")
 @click.option("--max-usd-per-hour", type=FiniteFloat(min=1e-9, max=1e12), default=None,
@@ -125,7 +126,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
     short: a usable plan was produced (scripts can tell from the JSON). Ctrl-C before any feasible
     plan writes nothing and exits 2; a second Ctrl-C aborts at once, writes nothing and exits 130.
     """
-    if objective == "latency" or model in ("mochi", "mochi-tiny"):   # a video pipeline
+    if objective == "latency" or model in PIPELINE_NAMES:   # a video pipeline, one video
         from mpmd.cli.video import latency_plan
 
         latency_plan(model, cluster_path, objective, out, {
