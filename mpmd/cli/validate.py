@@ -8,7 +8,8 @@ CSV's ``device`` column) with :func:`simulator.plan_sim.simulate_plan`, checks
 :func:`planner.predict.predict` agrees, and prints the per-row table, the mean / max absolute
 percentage error and the zero-bubble schedule rankings; ``--out`` also writes them as Markdown
 (atomically). ``--fit`` first fits each device kind's efficiency values over that kind's dense
-rows (a mixture of experts' rows are held out of it, :func:`held_out`, and fit the token-path
+rows (kinds of one part that differ in memory capacity only, :func:`memory_twins`, over their rows
+together; a mixture of experts' rows are held out of it, :func:`held_out`, and fit the token-path
 figure last: :mod:`mpmd.cli.validate_moe`) and reports
 leave-one-source-out errors; ``--profiles-out DIR`` writes the fitted profiles there. No
 file is written without ``--out`` or ``--profiles-out``.
@@ -288,6 +289,29 @@ def _same_chip(device, devices, fitted: list[str]):
     if not device.chip:
         return None
     return next((devices[n] for n in fitted if devices[n].chip == device.chip), None)
+
+
+MEMORY_ONLY = ("name", "description", "memory_bytes", "sources", "matmul_efficiency",
+               "memory_efficiency", "fragment_overhead", "elementwise_traffic", "sync_jitter")
+"""``DeviceProfile`` fields two kinds of one part may differ in and still time every row alike:
+the capacity of the memory (a V100 SXM2 with 16 or 32 GB), the words, and the efficiencies a fit
+sets."""
+
+
+def memory_twins(name: str, devices) -> list[str]:
+    """The other kinds of ``devices`` that are ``name``'s chip (``DeviceProfile.chip``) and equal to
+    it in every field but :data:`MEMORY_ONLY`: they time a row the same, so ``--fit`` fits them as
+    one (their rows together, one value each of the fitted efficiencies)."""
+    import dataclasses
+
+    base = devices[name]
+
+    def same(other) -> bool:
+        return all(getattr(base, f.name) == getattr(other, f.name)
+                   for f in dataclasses.fields(base) if f.name not in MEMORY_ONLY)
+
+    return [n for n, d in devices.items()
+            if n != name and base.chip and d.chip == base.chip and same(d)]
 
 
 def recipe_groups(results) -> list[tuple[str, list]]:
@@ -580,6 +604,7 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
     fit_info: list[str] = []
     if fit:
         done: list[str] = []          # the kinds fitted on their own BF16 rows, in order
+        joint: dict[str, tuple] = {}  # kind -> (fit, origin, jitter origin, base) of its group
         # kinds with BF16 rows first: a kind with none takes its chip's fitted efficiencies
         order = sorted(devices, key=lambda n: not any(
             s.row.device == n and not s.row.low_precision and not held_out(s) for s in setups))
@@ -587,8 +612,11 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
             base = devices[name]
             grid = (base.elementwise_traffic,) if hold_elementwise else V.ELEMENTWISE_GRID
             # its own efficiencies: the rows in a compute dtype (bf16, or fp16 where the
-            # device has no bf16); a low-precision recipe's rows fit that recipe's efficiency
-            mine = [s for s in setups if s.row.device == name and not s.row.low_precision
+            # device has no bf16), its memory twins' with them (one part, one fit); a
+            # low-precision recipe's rows fit that recipe's efficiency
+            group = [name] + memory_twins(name, devices)
+            first = next((n for n in group[1:] if n in joint), None)
+            mine = [s for s in setups if s.row.device in group and not s.row.low_precision
                     and not held_out(s)]
             low: dict[str, list] = {}
             for s in setups:
@@ -614,7 +642,31 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                         write_training_formats(twin_out, formats)
                 continue
             done.append(name)
-            with console.status(f"fitting {name} over its {len(mine)} rows ..."):
+            if first is not None:           # fitted with its memory twin: the same values
+                f, origin, jitter_origin, fitted = joint[first]
+                base = dataclasses.replace(base, sync_jitter=fitted.sync_jitter)
+                devices[name] = V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
+                                                  f.elementwise)
+                formats = fit_formats(name, low, devices, fit_info)
+                written = None
+                if profiles_out:
+                    written = str(Path(profiles_out) / f"{name}.yaml")
+                    write_profile_efficiency(DEVICES_DIR / f"{name}.yaml", f.matmul, f.memory,
+                                             f.overhead_s * 1e6, origin, f.elementwise,
+                                             out=Path(written),
+                                             extra=extra_efficiency(base, jitter_origin))
+                    if low:
+                        write_training_formats(Path(written), formats)
+                line = (f"## Calibration: {name}\n\nFitted with {first} as one part (they differ "
+                        f"in memory capacity only): matmul efficiency **{f.matmul:.3f}**, "
+                        f"elementwise traffic **{f.elementwise:g}** (see {first}). "
+                        + (f"Written to `{written}`." if written else
+                           "Not written (no `--profiles-out`)."))
+                console.print(line)
+                fit_info.append(line)
+                continue
+            label = name if len(group) == 1 else " and ".join(group)
+            with console.status(f"fitting {label} over their {len(mine)} rows ..."):
                 f = V.fit(mine, base, predict_step, overheads_s=(base.fragment_overhead,),
                           elementwise=grid)
             with console.status(f"{name}: fitting sync jitter on one model's sizes ..."):
@@ -647,18 +699,19 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                                                   elementwise=(f.elementwise,))
             devices[name] = V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
                                               f.elementwise)
+            origin = _origin(label, [s.row for s in mine], f)
+            joint[name] = (f, origin, jitter_origin, base)
             formats = fit_formats(name, low, devices, fit_info)
             written = None
             if profiles_out:
                 written = str(Path(profiles_out) / f"{name}.yaml")
                 write_profile_efficiency(DEVICES_DIR / f"{name}.yaml", f.matmul, f.memory,
-                                         f.overhead_s * 1e6,
-                                         _origin(name, [s.row for s in mine], f),
+                                         f.overhead_s * 1e6, origin,
                                          f.elementwise, out=Path(written),
                                          extra=extra_efficiency(base, jitter_origin))
                 if low:
                     write_training_formats(Path(written), formats)
-            section = fit_section(name, f, loso, written) + "\n\n" + scale_section(name, sf)
+            section = fit_section(label, f, loso, written) + "\n\n" + scale_section(label, sf)
             console.print(section)
             fit_info.append(section)
     if fit or fit_moe:      # last: every other efficiency of each kind is held

@@ -124,3 +124,16 @@ def test_a_device_without_bf16_runs_the_row_in_fp16_or_refuses_bf16(tmp_path):
     assert ("| 5 | dle-bert-pyt | bert-large | precision fp8 (it computes in bf16) but device "
             "'v100-sxm2-16gb' has no bf16 rate (its rates: fp16, fp32); fix: precision fp16 or "
             "fp32 |") in md
+
+
+def test_kinds_of_one_part_but_for_memory_are_fitted_as_one():
+    from hardware_profiles.loader import load_device
+    from mpmd.cli.validate import memory_twins
+
+    devices = {d: load_device(d) for d in ("v100-sxm2-16gb", "v100-sxm2-32gb", "a100-40gb-sxm",
+                                           "a100-80gb-sxm")}
+    assert memory_twins("v100-sxm2-16gb", devices) == ["v100-sxm2-32gb"]
+    assert memory_twins("v100-sxm2-32gb", devices) == ["v100-sxm2-16gb"]
+    # one GA100 die, but 1,555 against 2,039 GB/s of HBM: they time a row differently
+    assert devices["a100-40gb-sxm"].chip == devices["a100-80gb-sxm"].chip == "ga100"
+    assert memory_twins("a100-40gb-sxm", devices) == []
