@@ -25,7 +25,9 @@ from compiler.passes import (absorb_inferred_fragments, accumulate_uniformly, as
                              propagate_shardings, remove_transfer_cycles, schedule_fragments,
                              sink_negligible_ops_into_call_op, split_backward,
                              unroll_call_counters, unroll_for_loops)
+from compiler.passes.concat_transfers import concat_transfers
 from compiler.passes.sharding import spec_of
+from compiler.passes.stacked import fold_stacked_slices
 from compiler.passes.transfer_aware import (
     split_and_prioritize_transfer_independent_computations, transfer_aware_merge)
 from compiler.program import MeshlessOp, NamedComputation, Program
@@ -90,6 +92,7 @@ PIPELINE: tuple[PassSpec, ...] = (
     PassSpec("sink_negligible_ops_into_call_op", _fixed(sink_negligible_ops_into_call_op)),
     PassSpec("call_inline", _fixed(call_inline)),
     PassSpec("unroll", lambda c, s: partial(unroll_call_counters, microbatches=c.microbatches), _LF),
+    PassSpec("fold_stacked_slices", _fixed(fold_stacked_slices), _LF),
     PassSpec("assignment", lambda c, s: partial(assign_meshes, place=c.place,
                                                 input_meshes=dict(c.input_meshes),
                                                 output_meshes=dict(c.output_meshes)), _LF),
@@ -115,6 +118,7 @@ PIPELINE: tuple[PassSpec, ...] = (
              lambda c: c.split_transfer_independent, "config.split_transfer_independent"),
     PassSpec("merge_transfers", _fixed(merge_transfers), _OM),
     PassSpec("remove_transfer_cycles", _fixed(remove_transfer_cycles), _OM),
+    PassSpec("concat_transfers", _fixed(concat_transfers), _OM),
     PassSpec("copy_constants", _fixed(copy_constants), _OM),
     PassSpec("dce", _fixed(fragment_dce), _OM),
     PassSpec("dedup", _fixed(fragment_dedup), _OM),
