@@ -22,11 +22,12 @@ multi-head latent attention, shared experts and dense first layers, and ``kimi_k
 Kimi K2, which is DeepSeek-V3's architecture (``DeepseekV3ForCausalLM``) under its own type;
 ``gpt_oss`` with biases, attention sinks, a clamped SwiGLU and sliding-window attention on
 alternate layers, which is modelled, not costed as full attention; ``nemotron_h``, a Mamba-2
-hybrid) sets the config's
-expert fields (``ModelConfig.experts`` ...); the readers of the last three families are in
-:mod:`zoo.model_files_moe`. Qwen2-MoE (a gated shared expert), Qwen3-Next (Gated DeltaNet linear
-attention, which is not Mamba-2's scan), Llama 4 (dense layers interleaved with MoE, chunked
-attention) and other MoE designs, and any other type, are refused in one line naming the type,
+hybrid; ``llama4`` / ``llama4_text`` with every layer a mixture of experts plus a shared expert,
+Llama 4 Scout) sets the config's expert fields (``ModelConfig.experts`` ...); the readers of
+the last four families are in :mod:`zoo.model_files_moe`. Qwen2-MoE (a gated shared expert),
+Qwen3-Next (Gated DeltaNet linear attention, which is not Mamba-2's scan), Llama 4 Maverick
+(dense layers interleaved with the MoE ones) and other MoE designs, and any other type, are
+refused in one line naming the type,
 what is missing and the supported list (:data:`UNSUPPORTED_MOE`). :data:`ALIASES` maps a few
 recipe names (``llama-3.1-405b``) to the zoo's own.
 
@@ -60,7 +61,8 @@ pretraining step a plan is usually for)."""
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "nemotron_h")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "nemotron_h",
+             "llama4", "llama4_text")
 SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES + MOE_TYPES
 """Hugging Face ``model_type`` values read into a decoder (dense, or a mixture of experts in
 every block)."""
@@ -69,9 +71,7 @@ UNSUPPORTED_MOE = {
     "qwen2_moe": "a gated shared expert", "dbrx": "its fine-grained experts' clipped QKV",
     "jamba": "Mamba layers", "olmoe": "q/k norms with experts", "granitemoe": "its router",
     "phimoe": "its sparse-mixer routing", "grok-1": "its attention and routing",
-    "qwen3_next": "Gated DeltaNet linear attention, gated attention and a gated shared expert",
-    "llama4": "dense layers interleaved with MoE, chunked attention and a vision encoder",
-    "llama4_text": "dense layers interleaved with MoE and chunked attention"}
+    "qwen3_next": "Gated DeltaNet linear attention, gated attention and a gated shared expert"}
 """Mixture-of-experts ``model_type`` values with what the zoo cannot yet express of each
 (Qwen3-Next's Gated DeltaNet is not Mamba-2's state-space scan: other projections and gates)."""
 
@@ -87,7 +87,8 @@ _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
                "OPTForCausalLM": "opt", "MixtralForCausalLM": "mixtral",
                "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3",
-               "GptOssForCausalLM": "gpt_oss", "NemotronHForCausalLM": "nemotron_h"}
+               "GptOssForCausalLM": "gpt_oss", "NemotronHForCausalLM": "nemotron_h",
+               "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4_text"}
 
 
 def is_model_file(name: str) -> bool:
@@ -247,6 +248,7 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
                    "mamba_groups": "n_groups", "conv_kernel": "conv_kernel",
                    "ssm_chunk": "chunk_size", "norm_eps": "layer_norm_epsilon",
                    "mlp": "mlp_hidden_act"},
+    "llama4": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
     "gpt_oss": {"experts": "num_local_experts", "expert_ffn": "intermediate_size",
                 "full_attention_every": "layer_types", "bias": "attention_bias"},
     "deepseek": {"kv_heads": "num_attention_heads", "head_size": "qk_nope_head_dim",
@@ -262,6 +264,7 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
 def hf_names(kind: str) -> dict[str, str]:
     """The Hugging Face key of each field for a config of ``model_type`` ``kind``."""
     family = ("deepseek" if kind.startswith("deepseek") or kind == "kimi_k2" else
+              "llama4" if kind.startswith("llama4") else
               kind if kind in ("mixtral", "qwen3_moe", "gpt2", "gpt_oss", "nemotron_h") else
               "gpt" if kind in GPT_TYPES else "")
     return {**HF_NAMES, **_KIND_NAMES.get(family, {})}
@@ -339,7 +342,10 @@ def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) 
     """Mixtral (``num_local_experts``, ``intermediate_size`` per expert) and Qwen3-MoE
     (``num_experts``, ``moe_intermediate_size``; every layer sparse) as a llama-family decoder
     whose every block's MLP is a mixture of experts."""
-    from zoo.model_files_moe import read_deepseek, read_gpt_oss, read_nemotron_h  # they use _moe
+    from zoo.model_files_moe import (read_deepseek, read_gpt_oss, read_llama4,  # they use _moe
+                                     read_nemotron_h)
+    if kind.startswith("llama4"):
+        return read_llama4(doc, name, source, where)
     if kind.startswith("deepseek") or kind == "kimi_k2":
         return read_deepseek(doc, kind, name, source, where)
     if kind == "gpt_oss":

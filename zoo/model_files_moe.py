@@ -1,7 +1,8 @@
 """The readers of :mod:`zoo.model_files` for the mixtures of experts whose configs need more
 than an expert count: OpenAI gpt-oss (``gpt_oss``), NVIDIA Nemotron-H / Nemotron 3
 (``nemotron_h``, a Mamba-2 / attention / MoE hybrid) and DeepSeek-V2/V3 with multi-head latent
-attention, including Moonshot's Kimi K2 (``kimi_k2``: DeepSeek-V3's architecture, 384 experts).
+attention, including Moonshot's Kimi K2 (``kimi_k2``: DeepSeek-V3's architecture, 384 experts),
+and Meta's Llama 4 with a mixture of experts in every layer (``llama4``: Scout).
 :func:`zoo.model_files.from_hf` dispatches here by ``model_type``; each reader returns an
 unchecked :class:`ModelConfig` that ``from_hf`` checks (:func:`zoo.schema.check_model`).
 """
@@ -13,9 +14,9 @@ from typing import Any, Mapping
 
 from zoo.config import ModelConfig, ZooError
 from zoo.model_files import (SEQ_LEN_CAP, _bool, _count, _float, _get, _int, _moe,
-                             _short)
+                             _rope_scaling_note, _short)
 
-__all__ = ["read_deepseek", "read_gpt_oss", "read_nemotron_h"]
+__all__ = ["read_deepseek", "read_gpt_oss", "read_llama4", "read_nemotron_h"]
 
 
 def read_gpt_oss(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
@@ -144,3 +145,37 @@ def read_deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, whe
         qk_rope_head_dim=_int(doc, "qk_rope_head_dim", where),
         v_head_dim=_int(doc, "v_head_dim", where), mtp_layers=mtp,
         source=f"{source}; {kind} ({'; '.join(notes)})")
+
+
+def read_llama4(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
+    """Meta Llama 4 (``llama4``, its ``text_config``; or ``llama4_text``): GQA attention and, in
+    every layer (``interleave_moe_layer_step`` 1, Llama 4 Scout), ``num_experts_per_tok`` of
+    ``num_local_experts`` SwiGLU experts of width ``intermediate_size`` plus one shared expert of
+    the same width (transformers' ``Llama4TextMoe``). Costed as: the router (sigmoid of the
+    top-k logits) as softmax top-k; chunked attention (``attention_chunk_size`` tokens, on the
+    RoPE layers) as full causal attention, exact for samples up to the chunk, an overestimate
+    beyond; the NoPE layers and the weightless q/k L2 norms cost nothing extra; the vision
+    encoder is not modelled. Maverick's dense layers between the MoE ones
+    (``interleave_moe_layer_step`` > 1, width ``intermediate_size_mlp``) are refused."""
+    vision = isinstance(doc.get("text_config"), Mapping)
+    if vision:
+        doc = doc["text_config"]
+    layers = _int(doc, "num_hidden_layers", where)
+    step = _int(doc, "interleave_moe_layer_step", where, default=1)
+    moe_layers = doc.get("moe_layers")
+    if step != 1 or (moe_layers is not None and moe_layers != list(range(layers))):
+        raise ZooError(f"{where}: interleave_moe_layer_step {step} (dense layers between the "
+                       f"MoE ones, Llama 4 Maverick) is not modelled; every layer must be MoE")
+    chunk = _count(doc, "attention_chunk_size", where)
+    fe = _int(doc, "intermediate_size", where)
+    base = _moe({**doc, "model_type": "mixtral", "num_local_experts": _get(doc, "num_local_experts", where)},
+                "mixtral", name, source, where)
+    notes = [f"{base.experts} experts, top {base.experts_per_token}, + 1 shared expert of {fe}",
+             "router costed as softmax top-k"]
+    if chunk:
+        notes.append(f"chunked attention ({chunk}-token chunks) costed as full causal attention, "
+                     f"exact up to {chunk} tokens per sample")
+    notes += _rope_scaling_note(doc)
+    if vision:
+        notes.append("vision encoder not modelled")
+    return dataclasses.replace(base, shared_experts=1, source=f"{source}; llama4 ({'; '.join(notes)})")

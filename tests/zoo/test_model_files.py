@@ -49,7 +49,8 @@ def test_every_shipped_config_is_covered():
     moe = {"Mixtral-8x22B-v0.1.json", "Qwen3-235B-A22B.json", "DeepSeek-V3.json",  # test_moe.py
            "DeepSeek-V3-MTP.json"}                                                 # test_mtp.py
     recipes = {"gpt-oss-20b.json", "Kimi-K2-Instruct.json",        # test_recipe_models.py
-               "Nemotron-H-56B-Base-8K.json", "Llama-3.1-70B-Instruct.json"}
+               "Nemotron-H-56B-Base-8K.json", "Llama-3.1-70B-Instruct.json",
+               "Llama-4-Scout-17B-16E.json"}
     assert shipped == set(PUBLISHED) | moe | recipes
 
 
