@@ -34,17 +34,19 @@ MODEL_NAMES = {"llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b",
                "qwen3-8b": "qwen3-8b", "qwen3-14b": "qwen3-14b", "qwen3-32b": "qwen3-32b",
                "qwen3-30b-a3b": "qwen3-30b-a3b", "qwen3-235b-a22b": "qwen3-235b-a22b",
                "mixtral-8x7b-v0.1": "mixtral-8x7b", "mixtral-8x22b-v0.1": "mixtral-8x22b",
-               "mistral-7b-v0.1": "mistral-7b", "deepseek-v3": "deepseek3-671b"}
+               "mistral-7b-v0.1": "mistral-7b", "deepseek-v3": "deepseek3-671b",
+               "gpt-oss-120b": "gpt-oss-120b", "gpt-oss-20b": "gpt-oss-20b"}
 """Zoo model (lower case) -> MaxText ``model_name`` (``maxtext/configs/models/NAME.yml``, whose
 decoder block, dimensions, RoPE base, QK-norm, MLA, dense first layers and shared experts are
-MaxText's own for the model)."""
+MaxText's own for the model; gpt-oss's its sliding-window and full attention blocks)."""
 
 
 def _model(v: PartView, notes: list[str]) -> dict:
     c = v.model
     if c.name.lower() in MODEL_NAMES:
         return {"model_name": MODEL_NAMES[c.name.lower()]}
-    if c.mla or c.hybrid or c.sliding_window:
+    slides = c.sliding_window and not c.full_attention_every   # every block: one MaxText key
+    if c.mla or c.hybrid or (c.sliding_window and not slides):
         notes.append(f"MaxText has no model config for {c.name} and its "
                      f"{'MLA' if c.mla else 'hybrid' if c.hybrid else 'sliding-window'} "
                      f"attention is not written: add the model to MaxText first")
@@ -57,6 +59,10 @@ def _model(v: PartView, notes: list[str]) -> dict:
            "base_num_kv_heads": c.kv_heads, "head_dim": c.head_dim, "vocab_size": c.vocab,
            "rope_max_timescale": int(c.rope_theta),
            "logits_via_embedding": bool(c.tie_embeddings)}
+    if c.qk_norm:      # per-head RMSNorm of queries and keys (base.yml ``use_qk_norm``)
+        out["use_qk_norm"] = True
+    if slides:         # base.yml: attention_type local_sliding, sliding_window_size
+        out |= {"attention_type": "local_sliding", "sliding_window_size": c.sliding_window}
     if c.moe:
         out |= {"num_experts": c.experts, "num_experts_per_tok": c.experts_per_token,
                 "base_moe_mlp_dim": c.expert_ffn, "capacity_factor": c.capacity_factor}

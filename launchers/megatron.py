@@ -77,7 +77,9 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
     if c.mtp_layers:
         out.append(("--mtp-num-layers", c.mtp_layers))
     if c.sliding_window and c.full_attention_every:
-        out += [("--window-size", f"{c.sliding_window},0"),
+        # Transformer Engine's (left, right) window: a query attends keys i - left .. i, so the
+        # zoo's window of W keys (self included) is left = W - 1 (Bridge's gpt-oss: 128 -> 127)
+        out += [("--window-size", f"{c.sliding_window - 1},0"),
                 ("--window-attn-skip-freq", c.full_attention_every)]
     if not c.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))

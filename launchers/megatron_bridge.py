@@ -153,7 +153,8 @@ def _model(v: PartView, notes: list[str]) -> list[tuple[str, object]]:
                          f"attention every {c.full_attention_every} blocks: the recipe's model "
                          f"keeps its own pattern; model.window_size is not written")
         else:
-            out.append(("model.window_size", [c.sliding_window, 0]))
+            # Transformer Engine's (left, right): W keys, self included, is left = W - 1
+            out.append(("model.window_size", [c.sliding_window - 1, 0]))
     if c.hybrid:
         notes.append("a hybrid Mamba model: the recipe's model keeps its own layer pattern")
     return out
@@ -182,6 +183,12 @@ def overrides(v: PartView) -> tuple[str, list[tuple[str, object]], list[str]]:
     blocks = {v.decoder_layers(s) for s in range(len(v.stage_layers))}
     uneven = v.pipeline > 1 and (len(blocks) > 1 or v.model.mtp_layers > 0)
     out.append(("model.pipeline_model_parallel_layout", _layout(v) if uneven else None))
+    # the plan's split, not a recipe's own (Qwen3-235B's counts the embedding and the loss as
+    # layers; Megatron-Core refuses those beside a layout)
+    out += [("model.account_for_embedding_in_pipeline_split", False),
+            ("model.account_for_loss_in_pipeline_split", False),
+            ("model.num_layers_in_first_pipeline_stage", None),
+            ("model.num_layers_in_last_pipeline_stage", None)]
     if v.schedule not in SCHEDULES:
         notes.append(f"schedule {v.schedule} has no Megatron-Bridge setting (Megatron-Core runs "
                      f"{' or '.join(SCHEDULES)}): written for "

@@ -48,10 +48,13 @@ FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
            "qwen3-1.7b": ("qwen3", "1.7B"), "qwen3-4b": ("qwen3", "4B"), "qwen3-8b": ("qwen3", "8B"),
            "qwen3-14b": ("qwen3", "14B"), "qwen3-32b": ("qwen3", "32B"),
            "qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
-           "deepseek-v3": ("deepseek_v3", "671B")}
+           "deepseek-v3": ("deepseek_v3", "671B"), "gpt-oss-120b": ("gpt_oss", "120b"),
+           "gpt-oss-20b": ("gpt_oss", "20b")}
 """Zoo model name (lower case) -> torchtitan ``(model, flavor)``: the models torchtitan 0.2.2 and
-0.3.0 both ship (``torchtitan/models/{llama3,qwen3,deepseek_v3}/__init__.py``), whose flavours
-are these models' published shapes. A model not here has no torchtitan model and is refused
+0.3.0 both ship (``torchtitan/models/{llama3,qwen3,deepseek_v3,gpt_oss}/__init__.py``), whose
+flavours are these models' published shapes; gpt-oss's flavours carry its sliding-window
+attention (128 tokens on every even block, full on the odd ones: the zoo's
+``sliding_window`` / ``full_attention_every`` 2), its attention sinks and clamped SwiGLU. A model not here has no torchtitan model and is refused
 (:func:`model_flavor`)."""
 
 FLAVOR_ROPE_THETA = {"qwen3-235b-a22b": 5000000.0}
@@ -61,12 +64,13 @@ original release's ``config.json`` has ``rope_theta`` 1e6. The 0.3 module sets t
 every block's RoPE; 0.2's TOML cannot (a note)."""
 
 RECIPES = {"llama3": {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"},
-           "qwen3": {}, "deepseek_v3": {}}
+           "qwen3": {}, "deepseek_v3": {}, "gpt_oss": {"20b": "gpt_oss_20b", "120b": "gpt_oss_120b"}}
 """torchtitan 0.3's ``config_registry`` function the module starts from (optimizer, data loader,
 checkpointing): the flavour's own where torchtitan has one, else :data:`BASE_RECIPE`'s, whose
 model is then replaced by the flavour's."""
 
-BASE_RECIPE = {"llama3": "llama3_8b", "qwen3": "qwen3_14b", "deepseek_v3": "deepseek_v3_671b"}
+BASE_RECIPE = {"llama3": "llama3_8b", "qwen3": "qwen3_14b", "deepseek_v3": "deepseek_v3_671b",
+               "gpt_oss": "gpt_oss_120b"}
 
 
 def model_flavor(v: PartView) -> tuple[str, str]:
@@ -79,8 +83,8 @@ def model_flavor(v: PartView) -> tuple[str, str]:
     if got is None:
         raise LauncherError(
             f"torchtitan ships no model for {v.model.name} (it ships llama3 8B/70B/405B, qwen3 "
-            f"0.6B-32B, 30B-A3B, 235B-A22B and deepseek_v3 671B); export this plan to megatron "
-            f"or maxtext")
+            f"0.6B-32B, 30B-A3B, 235B-A22B, deepseek_v3 671B and gpt_oss 20b/120b); export this "
+            f"plan to megatron or maxtext")
     return got
 
 

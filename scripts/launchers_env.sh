@@ -3,7 +3,9 @@
 # (./scripts/test.sh -m launchers), outside the project's environment, under $MPMD_LAUNCHERS
 # (default /tmp/mpmd-launchers). Everything comes from PyPI; nothing is fetched at test time.
 #   py312/  Python 3.12: torch 2.13.0, megatron-core 0.19.2 (ships megatron/training/arguments.py:
-#           Megatron-LM's parse_args/validate_args; needs Python >= 3.12), maxtext 0.2.5 (pyconfig)
+#           Megatron-LM's parse_args/validate_args; needs Python >= 3.12), maxtext 0.2.5 (pyconfig),
+#           megatron-bridge 0.6.2 (its recipes, ConfigContainer and override code; Transformer
+#           Engine, a CUDA build it imports, is tests/launchers/checks/stubs' stand-in)
 #   py311/  Python 3.11: torch 2.13.0, torchtitan's config dependencies
 #   tt-0.3.0/, tt-0.2.2/  torchtitan 0.3.0 and 0.2.2 (pip --target, one on PYTHONPATH at a time)
 set -euo pipefail
@@ -19,6 +21,10 @@ P12="$ROOT/py312/bin/pip"; P11="$ROOT/py311/bin/pip"
 "$P12" install -q "torch==2.13.0" packaging numpy einops
 "$P12" install -q --no-deps "megatron-core==0.19.2" "maxtext==0.2.5"
 "$P12" install -q jax omegaconf pydantic absl-py flax pathwaysutils
+# Megatron-Bridge: the wheel without its CUDA/TE/logging stack, then what its recipes import
+"$P12" install -q --no-deps "megatron-bridge==0.6.2"
+"$P12" install -q "hydra-core>=1.3.4,<1.4" "transformers>=5.8,<=5.12.1" datasets accelerate peft \
+  six megatron-energon tensorboard diffusers nvidia-modelopt
 # torchtitan: config dependencies, then each release in its own folder
 "$P11" install -q "torch==2.13.0" tyro tomli torchdata "spmd_types==0.2.3" torch_checkpointing \
   safetensors einops tensorboard datasets tokenizers

@@ -155,6 +155,77 @@ def _layout_blocks(text: str, e: Expect) -> tuple[int, ...]:
     return tuple(sum(1 for n in st if "decoder" in str(n)) for st in flat)
 
 
+BRIDGE_PRECISION = {"bf16": (None, None), "fp8": ("tensorwise", None),
+                    "fp8-blockwise": ("blockwise", None), "mxfp8": ("mxfp8", None),
+                    "nvfp4": (None, "nvfp4")}
+"""Plan precision -> Megatron-Bridge's resolved ``MixedPrecisionConfig`` (fp8_recipe when fp8 is
+on, fp4_recipe when fp4 is on)."""
+
+
+def _bridge(e: Expect, v: dict, notes) -> list[str]:
+    """A Megatron-Bridge ConfigContainer after the overrides and ``runtime_config_update``
+    (``checks/megatron_bridge_check.py``'s values) against the plan."""
+    out: list[str] = []
+    m = e.model
+    _cmp(out, "tensor", v["tensor_model_parallel_size"], e.tensor)
+    _cmp(out, "pipeline", v["pipeline_model_parallel_size"], e.pipeline)
+    _cmp(out, "context", v["context_parallel_size"], e.context)
+    _cmp(out, "data", v["data_parallel_size"], e.data)
+    _cmp(out, "virtual", v["virtual_pipeline_model_parallel_size"] or 1, e.virtual)
+    if m.moe:
+        _cmp(out, "expert", v["expert_model_parallel_size"], e.expert)
+    _cmp(out, "fsdp", v["use_megatron_fsdp"], e.fsdp)
+    _cmp(out, "micro batch", v["micro_batch_size"], e.micro_batch)
+    _cmp(out, "global batch", v["global_batch_size"], e.global_batch)
+    _cmp(out, "accumulation", v["global_batch_size"] // (v["micro_batch_size"]
+                                                       * v["data_parallel_size"]), e.microbatches)
+    _cmp(out, "seq length", (v["seq_length"], v["dataset_seq_length"]), (e.seq_len, e.seq_len))
+    if e.pipeline > 1:
+        layout = v.get("pipeline_model_parallel_layout")
+        if layout:
+            got = _layout_blocks(str(layout), e)
+        else:
+            got = tuple([v["num_layers"] // (e.pipeline * e.virtual)] * (e.pipeline * e.virtual))
+        _cmp(out, "stage blocks", got, e.blocks)
+        if e.schedule not in ("1f1b", "interleaved-1f1b") and not _noted(
+                notes, f"schedule {e.schedule} has no Megatron-Bridge setting"):
+            out.append(f"schedule {e.schedule} written without a note")
+    _cmp(out, "recompute", v["recompute_granularity"] == "full", e.recompute)
+    _cmp(out, "precision", (v["mp_fp8_recipe"] if v["mp_fp8"] else None,
+                            v["mp_fp4_recipe"] if v["mp_fp4"] else None),
+         BRIDGE_PRECISION[e.precision])
+    _cmp(out, "layers", v["num_layers"], m.layers)
+    _cmp(out, "hidden", v["hidden_size"], m.hidden)
+    _cmp(out, "heads", v["num_attention_heads"], m.heads)
+    if not m.mla:
+        _cmp(out, "kv heads", v["num_query_groups"], m.kv_heads)
+        _cmp(out, "head width", v["kv_channels"], m.head_dim)
+    _cmp(out, "vocab", v["vocab_size"], m.vocab)
+    if m.family == "llama":
+        _cmp(out, "rope base", int(v["rotary_base"]), int(m.rope_theta))
+    _cmp(out, "mla", bool(v["multi_latent_attention"]), m.mla)
+    if m.mla:
+        _cmp(out, "kv lora rank", v["kv_lora_rank"], m.kv_lora_rank)
+        _cmp(out, "q lora rank", v["q_lora_rank"] or 0, m.q_lora_rank)
+    _cmp(out, "qk norm", bool(v["qk_layernorm"]), _qk_norm(m))
+    _cmp(out, "tied embeddings", bool(v["share_embeddings_and_output_weights"]), m.tie_embeddings)
+    _cmp(out, "mtp layers", v["mtp_num_layers"] or 0, m.mtp_layers)
+    win = v.get("window_size")     # Transformer Engine's (left, right): left + 1 keys
+    _cmp(out, "sliding window", win[0] + 1 if win else 0, m.sliding_window)
+    if not m.moe or m.dense_layers:
+        _cmp(out, "ffn", v["ffn_hidden_size"], m.ffn)
+    _cmp(out, "experts", v["num_moe_experts"] or 0, m.experts)
+    if m.moe:
+        _cmp(out, "top k", v["moe_router_topk"], m.experts_per_token)
+        _cmp(out, "expert ffn", v["moe_ffn_hidden_size"], m.expert_ffn)
+        _cmp(out, "shared expert ffn", v["moe_shared_expert_intermediate_size"] or 0,
+             m.shared_experts * m.expert_ffn)
+        freq = v["moe_layer_freq"]
+        _cmp(out, "dense first blocks", freq.count(0) if isinstance(freq, list) else 0,
+             m.dense_layers)
+    return out
+
+
 SCHEDULES_TT = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "gpipe": "GPipe",
                 "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
 """Plan schedule -> the ``torch.distributed.pipelining`` schedule class torchtitan runs it as."""
@@ -212,6 +283,8 @@ def _torchtitan(e: Expect, v: dict, notes, version: str) -> list[str]:
     if s["ffn_hidden"] is not None and (not m.moe or m.dense_layers):
         _cmp(out, "ffn", s["ffn_hidden"], m.ffn)
     _cmp(out, "tied embeddings", s["tied_embeddings"], m.tie_embeddings)
+    if "windows" in s:      # each block's sliding window, 0 for full attention
+        _cmp(out, "sliding windows", s["windows"], [m.layer_window(i) for i in range(m.layers)])
     return out
 
 
@@ -273,6 +346,11 @@ def _maxtext(e: Expect, v: dict, notes) -> list[str]:
         _cmp(out, "kv lora rank", v["kv_lora_rank"], m.kv_lora_rank)
         _cmp(out, "q lora rank", v["q_lora_rank"], m.q_lora_rank)
     _cmp(out, "tied embeddings", bool(v["logits_via_embedding"]), m.tie_embeddings)
+    if m.sliding_window:    # MaxText's window counts the keys a query attends, self included
+        _cmp(out, "sliding window", v.get("sliding_window_size"), m.sliding_window)
+        every = v.get("inhomogeneous_layer_cycle_interval") if v.get(
+            "attention_type") != "local_sliding" else 0
+        _cmp(out, "full attention every", every or 0, m.full_attention_every)
     _cmp(out, "experts", v["num_experts"] if m.moe else 0, m.experts)
     if m.moe:
         _cmp(out, "top k", v["num_experts_per_tok"], m.experts_per_token)
@@ -289,6 +367,8 @@ def mismatches(target: str, e: Expect, values: dict, notes=()) -> list[str]:
     line each; empty when the launcher runs the plan."""
     if target == "megatron":
         return _megatron(e, values, notes)
+    if target == "megatron-bridge":
+        return _bridge(e, values, notes)
     if target.startswith("torchtitan"):
         return _torchtitan(e, values, notes, target)
     return _maxtext(e, values, notes)

@@ -21,5 +21,5 @@ def test_hybrid_mtp_and_sliding_window_arguments():
     assert _args("deepseek-v3-mtp")["--mtp-num-layers"] == 1
     assert "--mtp-num-layers" not in _args("deepseek-v3")
     oss = _args("gpt-oss-120b")
-    assert (oss["--window-size"], oss["--window-attn-skip-freq"]) == ("128,0", 2)
+    assert (oss["--window-size"], oss["--window-attn-skip-freq"]) == ("127,0", 2)
     assert "--hybrid-override-pattern" not in oss and "--window-size" not in _args("qwen3-30b-a3b")

@@ -68,7 +68,10 @@ def _model_summary(mc: dict) -> dict:
             "top_k": _find(moe.get("router"), "top_k") if moe else None,
             "moe_hidden": _find(moe.get("routed_experts"), "hidden_dim") if moe else None,
             "shared_hidden": shared["w1"]["out_features"] if shared else None,
-            "tied_embeddings": bool(mc.get("enable_weight_tying", False))}
+            "tied_embeddings": bool(mc.get("enable_weight_tying", False)),
+            # each block's sliding window (0: full attention), as its attention config says
+            "windows": [_find(x.get("attention") or {}, "sliding_window_size") or 0
+                        for x in layers]}
 
 
 def _args_summary(name: str, flavor: str) -> dict:
@@ -78,7 +81,8 @@ def _args_summary(name: str, flavor: str) -> dict:
     from torchtitan.protocols.train_spec import get_train_spec
 
     a = _jsonable(get_train_spec(name).model_args[flavor])
-    moe = a.get("moe_args") if (a.get("moe_enabled") or "n_dense_layers" in a) else None
+    moe = a.get("moe_args") if (a.get("moe_enabled") or "n_dense_layers" in a
+                                or name == "gpt_oss") else None
     inter = a.get("moe_inter_dim")
     return {"layers": a["n_layers"], "dim": a["dim"], "vocab_size": a["vocab_size"],
             "n_heads": a["n_heads"], "n_kv_heads": a.get("n_kv_heads") or a["n_heads"],
@@ -91,7 +95,11 @@ def _args_summary(name: str, flavor: str) -> dict:
             "num_experts": moe["num_experts"] if moe else None,
             "top_k": moe["top_k"] if moe else None, "moe_hidden": inter if moe else None,
             "shared_hidden": (moe["num_shared_experts"] * inter or None) if moe else None,
-            "tied_embeddings": bool(a.get("enable_weight_tying", False))}
+            "tied_embeddings": bool(a.get("enable_weight_tying", False)),
+            # gpt_oss 0.2.2 (model/model.py, TransformerBlock): sliding_window_size on the blocks
+            # with layer_id % 2 == 0, full attention on the others; no other 0.2 model slides
+            "windows": [a["sliding_window_size"] if name == "gpt_oss" and i % 2 == 0 else 0
+                        for i in range(a["n_layers"])]}
 
 
 def _mesh(parallelism, world: int) -> dict:
