@@ -1,5 +1,5 @@
-"""Export: Program -> :class:`~compiler.exported.ExportedProgram` (the runtime's input), plus a
-minimal sequential executor used by ``Compiled`` and the tests.
+"""Export: Program -> :class:`~compiler.exported.ExportedProgram` (the runtime's input), plus
+``run_sequential``, the executor ``Compiled`` uses by default (the runtime, unrecorded).
 
 - One executable per unique (mesh, fragment body, operand/result shardings): fragments whose
   canonical body text (:func:`compiler.program.body_key`) is equal share one ``jax.jit`` function,
@@ -25,6 +25,7 @@ from compiler.errors import CompilerError
 from compiler.exported import Call, Executable, ExportedProgram, MeshProgram, Send, Step
 from compiler.passes.sharding import partition_spec
 from compiler.program import Fragment, Program, Transfer, body_function, body_key, value_meshes
+from compiler.runtime import run_program
 
 _SUFFIX = {"F": "fwd", "B": "bwd", "W": "wgrad", "FB": "fwd_bwd", "other": "inferred",
            "init": "acc_init"}
@@ -111,10 +112,11 @@ def export_program(p: Program, topology: Mapping[str, Any]) -> ExportedProgram:
 
 
 def run_sequential(ep: ExportedProgram, flat_args: Sequence[Any]) -> list[Any]:
-    """Run an exported program on this process's devices, one step at a time.
-
-    Steps of each mesh run in order; meshes interleave round-robin, a step waiting until its
-    operands exist. Returns the flattened outputs.
+    """Run an exported program on this process's devices (the default executor of
+    ``Compiled``): :func:`compiler.runtime.run_program` unrecorded, whose static round-robin
+    (steps of each mesh in order, meshes interleaved, a step waiting until its operands exist)
+    is worked out once per program and replayed with asynchronous dispatch. Returns the
+    flattened outputs.
 
     Raises:
         CompilerError: wrong argument count, or no mesh can make progress (a deadlock).
@@ -122,30 +124,5 @@ def run_sequential(ep: ExportedProgram, flat_args: Sequence[Any]) -> list[Any]:
     if len(flat_args) != len(ep.inputs):
         raise CompilerError(f"exported program takes {len(ep.inputs)} arguments, got "
                             f"{len(flat_args)}")
-    env: dict[str, Any] = {}
-    for (v, _m, sh), a in zip(ep.inputs, flat_args):
-        env[v] = jax.device_put(a, sh)
-    pc = {m: 0 for m in ep.programs}
-    todo = sum(len(mp.steps) for mp in ep.programs.values())
-    while todo:
-        progressed = False
-        for m, mp in ep.programs.items():
-            while pc[m] < len(mp.steps):
-                s = mp.steps[pc[m]]
-                if isinstance(s, Send):
-                    if s.value not in env:
-                        break
-                    env[s.out] = jax.device_put(env[s.value], s.sharding)
-                else:
-                    if any(v not in env for v in s.inputs):
-                        break
-                    res = ep.executables[s.executable].fn(*[env[v] for v in s.inputs])
-                    env.update(zip(s.outputs, res))
-                pc[m] += 1
-                todo -= 1
-                progressed = True
-        if not progressed:
-            stuck = {m: str(ep.programs[m].steps[pc[m]]) for m in pc
-                     if pc[m] < len(ep.programs[m].steps)}
-            raise CompilerError(f"exported program deadlocks; waiting steps: {stuck}")
-    return [env[v] for v, _m in ep.outputs]
+    outs = run_program(ep, list(flat_args), record=False).outputs
+    return jax.tree.leaves(outs) if ep.meta.get("out_tree") is not None else list(outs)

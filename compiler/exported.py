@@ -64,7 +64,7 @@ class Executable:
     out_shardings: tuple[Any, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ExportedProgram:
     """Per-mesh programs plus their executables.
 

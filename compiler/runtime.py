@@ -21,6 +21,7 @@ running one step at a time loses little; the simulator models it with ``Cluster.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -123,49 +124,68 @@ def _check(exported: ExportedProgram, n_args: int) -> None:
                 raise MpmdRuntimeError(f"mesh {mesh!r} has a step of unknown type {type(st).__name__}")
 
 
-def run_program(exported: ExportedProgram, args: Sequence[Any] | Any, *,
-                record: bool = True) -> Execution:
-    """Run ``exported`` on its meshes' devices; see the module docstring for the interleaving.
+class _Plan:
+    """What :func:`run_program` does, worked out once per exported program (:func:`plan`).
 
-    Args:
-        exported: per-mesh programs and their executables.
-        args: the positional arguments (any pytree); flattened with ``jax.tree.flatten`` they must
-            match ``exported.inputs`` one to one.
-        record: time each step (one at a time, ``block_until_ready``) into the timeline.
+    Values live in a flat list of slots, one per (mesh, value name). ``instrs`` is the static
+    round-robin interleaving of the module docstring: ``(CALL, mesh, step, fn, in_slots,
+    out_slots, free)`` and ``(SEND, mesh, steps, src_slots, shardings, dst_slots, free)``, where
+    consecutive sends of one mesh are one instruction (one batched ``jax.device_put``) and
+    ``free`` lists the slots whose last read that instruction is (released after it).
+    """
 
-    Returns:
-        An :class:`Execution` (outputs, measured timeline, executed per-mesh order).
+    __slots__ = ("n_slots", "inputs", "instrs", "outputs", "order", "steps", "called", "ref")
+
+    def __init__(self, n_slots, inputs, instrs, outputs, order, steps, called, ref):
+        self.n_slots, self.inputs, self.instrs, self.outputs = n_slots, inputs, instrs, outputs
+        self.order, self.steps, self.called, self.ref = order, steps, called, ref
+
+
+CALL, SEND = 0, 1
+_PLANS: dict[int, _Plan] = {}
+
+
+def plan(exported: ExportedProgram) -> _Plan:
+    """The static schedule of ``exported`` (cached while ``exported`` lives).
 
     Raises:
-        MpmdRuntimeError: argument count mismatch, unknown executable or mesh, or a missing output.
-        DeadlockError: no mesh can advance; the message names each blocked step and missing values.
+        MpmdRuntimeError: an unknown executable or mesh, an input on an unknown mesh, or an
+            output never produced.
+        DeadlockError: no mesh can advance; the message names each blocked step and its missing
+            values (the state the round-robin stops in).
     """
-    flat, _ = jax.tree.flatten(args)
-    _check(exported, len(flat))
-    # Values live per mesh: env[mesh][value name] -> array.
-    env: dict[str, dict[str, Any]] = {m: {} for m in exported.programs}
-    for x, (name, mesh, sharding) in zip(flat, exported.inputs):
-        if mesh not in env:
-            raise MpmdRuntimeError(f"input {name!r} is placed on unknown mesh {mesh!r}; "
-                                f"use one of {sorted(env)}")
-        env[mesh][name] = jax.device_put(x, sharding) if sharding is not None else x
-    if record:
-        for vals in env.values():
-            _block(list(vals.values()))
-
-    last = _last_uses(exported)
+    key = id(exported)
+    hit = _PLANS.get(key)
+    if hit is not None and hit.ref() is exported:
+        return hit
+    _check(exported, len(exported.inputs))
     meshes = list(exported.programs)
+    slots: dict[tuple[str, str], int] = {}
+
+    def slot(mesh: str, v: str) -> int:
+        k = (mesh, v)
+        if k not in slots:
+            slots[k] = len(slots)
+        return slots[k]
+
+    have: dict[str, set[str]] = {m: set() for m in meshes}
+    inputs = []
+    for name, mesh, sharding in exported.inputs:
+        if mesh not in have:
+            raise MpmdRuntimeError(f"input {name!r} is placed on unknown mesh {mesh!r}; "
+                                   f"use one of {sorted(have)}")
+        have[mesh].add(name)
+        inputs.append((slot(mesh, name), sharding))
+    last = _last_uses(exported)
     pc = {m: 0 for m in meshes}
     order: dict[str, list[str]] = {m: [] for m in meshes}
     steps_done: dict[str, list[str]] = {m: [] for m in meshes}
     called: dict[str, list[str]] = {m: [] for m in meshes}
-    events: list[TimelineEvent] = []
-    t0 = time.perf_counter()
-    t_end = t0
+    instrs: list[tuple] = []
 
     def missing(mesh: str, st: Any) -> list[str]:
         reads = st.inputs if isinstance(st, Call) else (st.value,)
-        return [v for v in reads if v not in env[mesh]]
+        return [v for v in reads if v not in have[mesh]]
 
     while True:
         progressed = False
@@ -176,39 +196,29 @@ def run_program(exported: ExportedProgram, args: Sequence[Any] | Any, *,
                 st = prog[i]
                 if missing(mesh, st):
                     break
-                start = time.perf_counter()
+                free = [slots[(mesh, v)] for v in last.get((mesh, i), ())]
                 if isinstance(st, Call):
-                    outs = call_step(exported, mesh, st, env[mesh])
-                    if record:
-                        _block(outs)
-                    end = time.perf_counter()
-                    for v, x in zip(st.outputs, outs):
-                        env[mesh][v] = x
+                    fn = exported.executables[st.executable].fn
+                    instrs.append((CALL, mesh, i, fn, tuple(slot(mesh, v) for v in st.inputs),
+                                   tuple(slot(mesh, v) for v in st.outputs), tuple(free)))
+                    have[mesh].update(st.outputs)
                     order[mesh].append(st.name)
                     steps_done[mesh].append(f"call:{st.name}")
                     if st.executable not in called[mesh]:
                         called[mesh].append(st.executable)
-                    if record:
-                        events.append(TimelineEvent(
-                            name=st.name, kind=st.kind, track=f"{mesh}/compute", mesh=mesh,
-                            stage=st.stage, microbatch=st.microbatch,
-                            start_s=start - t0, end_s=end - t0))
                 else:
-                    x = env[mesh][st.value]
-                    y = jax.device_put(x, st.sharding) if st.sharding is not None else x
-                    if record:
-                        _block(y)
-                    end = time.perf_counter()
-                    env[st.dst_mesh][st.out] = y
+                    src, dst = slot(mesh, st.value), slot(st.dst_mesh, st.out)
+                    prev = instrs[-1] if instrs else None
+                    if prev is not None and prev[0] == SEND and prev[1] == mesh \
+                            and prev[2][-1] == i - 1:
+                        instrs[-1] = (SEND, mesh, prev[2] + (i,), prev[3] + (src,),
+                                      prev[4] + (st.sharding,), prev[5] + (dst,),
+                                      prev[6] + tuple(free))
+                    else:
+                        instrs.append((SEND, mesh, (i,), (src,), (st.sharding,), (dst,),
+                                       tuple(free)))
+                    have[st.dst_mesh].add(st.out)
                     steps_done[mesh].append(f"send:{st.value}->{st.dst_mesh}")
-                    if record:
-                        events.append(TimelineEvent(
-                            name=f"{st.value}->{st.dst_mesh}", kind="transfer",
-                            track=f"{mesh}/send", mesh=mesh, stage=-1, microbatch=-1,
-                            start_s=start - t0, end_s=end - t0, bytes=_nbytes(x)))
-                t_end = max(t_end, end)
-                for v in last.get((mesh, i), ()):
-                    env[mesh].pop(v, None)
                 pc[mesh] = i + 1
                 progressed = True
         if all(pc[m] >= len(exported.programs[m].steps) for m in meshes):
@@ -224,23 +234,143 @@ def run_program(exported: ExportedProgram, args: Sequence[Any] | Any, *,
             raise DeadlockError("deadlock: " + "; ".join(blocked)
                                 + "; reorder the per-mesh programs so every value is sent before "
                                   "it is needed")
-
-    results = []
+    outputs = []
     for name, mesh in exported.outputs:
-        if name not in env.get(mesh, {}):
+        if name not in have.get(mesh, ()):
             raise MpmdRuntimeError(f"output {name!r} was never produced on mesh {mesh!r}; "
-                                f"check the program's outputs")
-        results.append(env[mesh][name])
+                                   f"check the program's outputs")
+        outputs.append(slots[(mesh, name)])
+    # a slot read again as an output (or by a later step) must not be freed: _last_uses keeps
+    # outputs, and a value freed on one mesh lives in its own slot
+    p = _Plan(len(slots), tuple(inputs), tuple(instrs), tuple(outputs),
+              {m: tuple(v) for m, v in order.items()},
+              {m: tuple(v) for m, v in steps_done.items()},
+              {m: tuple(v) for m, v in called.items()}, _ref(exported))
+    if len(_PLANS) > 64:
+        for k in [k for k, v in _PLANS.items() if v.ref() is None]:
+            del _PLANS[k]
+    _PLANS[key] = p
+    return p
+
+
+def _ref(exported: ExportedProgram) -> Any:
+    try:
+        return weakref.ref(exported)
+    except TypeError:  # pragma: no cover - ExportedProgram has a weakref slot
+        return lambda: exported
+
+
+def _place(p: _Plan, flat: Sequence[Any], regs: list) -> None:
+    """Put the arguments in their slots: those already on their sharding as they are, the
+    others with one batched ``jax.device_put``."""
+    xs, shs, at = [], [], []
+    for x, (s, sh) in zip(flat, p.inputs):
+        if sh is None or (isinstance(x, jax.Array) and (x.sharding is sh or x.sharding == sh)):
+            regs[s] = x
+        else:
+            xs.append(x)
+            shs.append(sh)
+            at.append(s)
+    if xs:
+        for s, y in zip(at, jax.device_put(xs, shs)):
+            regs[s] = y
+
+
+def _send(regs: list, src: tuple, shs: tuple, dst: tuple) -> None:
+    xs = [regs[s] for s in src]
+    if all(sh is not None for sh in shs):
+        ys = jax.device_put(xs, list(shs))
+    else:
+        ys = [x if sh is None else jax.device_put(x, sh) for x, sh in zip(xs, shs)]
+    for d, y in zip(dst, ys):
+        regs[d] = y
+
+
+def _bad_arity(exported: ExportedProgram, mesh: str, i: int, got: int) -> MpmdRuntimeError:
+    st = exported.programs[mesh].steps[i]
+    return MpmdRuntimeError(f"mesh {mesh!r} step {st.name!r}: executable {st.executable!r} "
+                            f"returned {got} values, the program names {len(st.outputs)}")
+
+
+def run_program(exported: ExportedProgram, args: Sequence[Any] | Any, *,
+                record: bool = True) -> Execution:
+    """Run ``exported`` on its meshes' devices; see the module docstring for the interleaving.
+
+    The interleaving is static: it is worked out once per exported program (:func:`plan`,
+    cached) and replayed; unrecorded, every call and batched send is dispatched without waiting
+    (JAX's asynchronous dispatch), and only the results are waited for.
+
+    Args:
+        exported: per-mesh programs and their executables.
+        args: the positional arguments (any pytree); flattened with ``jax.tree.flatten`` they must
+            match ``exported.inputs`` one to one. Arrays already on their input's sharding (the
+            previous step's results, in a training loop) are used as they are.
+        record: time each step (one at a time, ``block_until_ready``) into the timeline.
+
+    Returns:
+        An :class:`Execution` (outputs, measured timeline, executed per-mesh order).
+
+    Raises:
+        MpmdRuntimeError: argument count mismatch, unknown executable or mesh, or a missing output.
+        DeadlockError: no mesh can advance; the message names each blocked step and missing values.
+    """
+    flat = jax.tree.leaves(args)
+    if len(flat) != len(exported.inputs):
+        _check(exported, len(flat))
+    p = plan(exported)
+    regs: list[Any] = [None] * p.n_slots
+    _place(p, flat, regs)
+    events: list[TimelineEvent] = []
+    if record:
+        _block([regs[s] for s, _ in p.inputs])
+    t0 = time.perf_counter()
+    t_end = t0
+    for ins in p.instrs:
+        if ins[0] == CALL:
+            _, mesh, i, fn, ins_s, outs_s, free = ins
+            if record:
+                start = time.perf_counter()
+            outs = fn(*[regs[s] for s in ins_s])
+            if type(outs) is not tuple and type(outs) is not list:
+                outs = (outs,)
+            if len(outs) != len(outs_s):
+                raise _bad_arity(exported, mesh, i, len(outs))
+            for s, y in zip(outs_s, outs):
+                regs[s] = y
+            if record:
+                _block(outs)
+                end = time.perf_counter()
+                st = exported.programs[mesh].steps[i]
+                events.append(TimelineEvent(
+                    name=st.name, kind=st.kind, track=f"{mesh}/compute", mesh=mesh,
+                    stage=st.stage, microbatch=st.microbatch, start_s=start - t0, end_s=end - t0))
+                t_end = end
+        else:
+            _, mesh, idx, src, shs, dst, free = ins
+            if not record:
+                _send(regs, src, shs, dst)
+            else:
+                for i, s, sh, d in zip(idx, src, shs, dst):
+                    st = exported.programs[mesh].steps[i]
+                    start = time.perf_counter()
+                    _send(regs, (s,), (sh,), (d,))
+                    _block(regs[d])
+                    end = time.perf_counter()
+                    events.append(TimelineEvent(
+                        name=f"{st.value}->{st.dst_mesh}", kind="transfer",
+                        track=f"{mesh}/send", mesh=mesh, stage=-1, microbatch=-1,
+                        start_s=start - t0, end_s=end - t0, bytes=_nbytes(regs[s])))
+                    t_end = end
+        for s in free:
+            regs[s] = None
+    results = [regs[s] for s in p.outputs]
     if not record:
         _block(results)
         t_end = time.perf_counter()
     out_tree = exported.meta.get("out_tree") if exported.meta else None
     outputs: Any = jax.tree.unflatten(out_tree, results) if out_tree is not None else tuple(results)
-    return Execution(outputs=outputs, timeline=Timeline(tuple(events)),
-                     order={m: tuple(v) for m, v in order.items()},
-                     steps={m: tuple(v) for m, v in steps_done.items()},
-                     executables_called={m: tuple(v) for m, v in called.items()},
-                     wall_s=t_end - t0)
+    return Execution(outputs=outputs, timeline=Timeline(tuple(events)), order=p.order,
+                     steps=p.steps, executables_called=p.called, wall_s=t_end - t0)
 
 
 def execute(exported: ExportedProgram, args: Sequence[Any] | Any, *,
