@@ -6,6 +6,11 @@ Each mesh's program (an ordered list of :class:`~compiler.exported.Call` and
 meshes are visited in the program's mesh order, and each advances its own program step by step until
 it needs a value that has not arrived yet (sent by another mesh); then the next mesh gets its turn.
 A full pass in which no mesh can advance is a deadlock, reported with every blocked step.
+The interleaving depends on the program only, so it is worked out once per exported program
+(:func:`plan`, cached while the program lives) and replayed over a flat list of value slots:
+arguments already on their input's sharding (a training loop's state after its first step) are
+used as they are and the others placed by one batched ``jax.device_put``; consecutive sends of a
+mesh are one batched ``jax.device_put``.
 
 With ``record=True`` each step is timed honestly: the step starts once its inputs are on the mesh and
 ends when ``block_until_ready`` returns on its outputs, so steps run one at a time. The measured

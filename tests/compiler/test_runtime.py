@@ -294,3 +294,40 @@ def test_bad_programs_raise_one_line_errors():
                               prog.outputs + (("nope", "m3"),))
     with pytest.raises(MpmdRuntimeError, match="output 'nope' was never produced on mesh 'm3'"):
         run_program(missing, (ws, xs))
+
+
+def _two_sends_program():
+    """m0 computes two values and sends both to m1 (consecutive sends), m1 adds them."""
+    meshes = meshes4()
+    s0, s1 = (NamedSharding(meshes[m], P()) for m in ("m0", "m1"))
+    f = jax.jit(lambda x: (x + 1.0, x * 2.0), in_shardings=(s0,), out_shardings=(s0, s0))
+    g = jax.jit(lambda a, b: a + b, in_shardings=(s1, s1), out_shardings=s1)
+    progs = {"m0": MeshProgram("m0", (Call("f", "F0.0", "F", 0, 0, ("x",), ("a", "b")),
+                                      Send("a", "m1", "a1", s1), Send("b", "m1", "b1", s1))),
+             "m1": MeshProgram("m1", (Call("g", "F1.0", "F", 1, 0, ("a1", "b1"), ("y",)),))}
+    exes = {"f": Executable("f", "m0", f, (s0,), (s0, s0)),
+            "g": Executable("g", "m1", g, (s1, s1), (s1,))}
+    return ExportedProgram(progs, exes, (("x", "m0", s0),), (("y", "m1"),)), s0
+
+
+def test_plan_is_cached_batches_consecutive_sends_and_keeps_placed_arguments():
+    from compiler.runtime import CALL, SEND, _place, plan
+    prog, s0 = _two_sends_program()
+    p = plan(prog)
+    assert plan(prog) is p
+    assert [ins[0] for ins in p.instrs] == [CALL, SEND, CALL]
+    assert p.instrs[1][2] == (1, 2)            # both sends of m0, one batched device_put
+    x = jnp.arange(4.0)
+    ex = run_program(prog, (x,), record=False)
+    np.testing.assert_array_equal(np.asarray(ex.outputs[0]), 3 * np.arange(4.0) + 1)
+    assert ex.steps == {"m0": ("call:F0.0", "send:a->m1", "send:b->m1"), "m1": ("call:F1.0",)}
+    # recorded, each send is still its own timed transfer event
+    rec = run_program(prog, (x,))
+    assert [e.name for e in rec.timeline.events if e.kind == "transfer"] == ["a->m1", "b->m1"]
+    # an argument already on its input's sharding is used as it is; another is placed there
+    placed = jax.device_put(x, s0)
+    regs = [None] * p.n_slots
+    _place(p, [placed], regs)
+    assert regs[p.inputs[0][0]] is placed
+    _place(p, [x], regs)
+    assert regs[p.inputs[0][0]] is not x and regs[p.inputs[0][0]].sharding == s0
