@@ -138,13 +138,15 @@ def _model(v: PartView, notes: list[str]) -> list[tuple[str, object]]:
     if c.pos_emb == "rope":
         out.append(("model.rotary_base", float(c.rope_theta) if c.mla else int(c.rope_theta)))
     if c.moe:
-        out += [("model.num_moe_experts", c.experts), ("model.moe_router_topk", c.experts_per_token),
-                ("model.moe_ffn_hidden_size", c.expert_ffn),
-                ("model.moe_grouped_gemm", True)]
+        out += [("model.num_moe_experts", c.experts),
+                ("model.moe_router_topk", c.experts_per_token),
+                ("model.moe_ffn_hidden_size", c.expert_ffn), ("model.moe_grouped_gemm", True)]
         if c.shared_experts:
-            out.append(("model.moe_shared_expert_intermediate_size", c.shared_experts * c.expert_ffn))
+            out.append(("model.moe_shared_expert_intermediate_size",
+                        c.shared_experts * c.expert_ffn))
         if c.dense_layers:
-            out.append(("model.moe_layer_freq", [0] * c.dense_layers + [1] * (c.layers - c.dense_layers)))
+            dense, moe = c.dense_layers, c.layers - c.dense_layers
+            out.append(("model.moe_layer_freq", [0] * dense + [1] * moe))
     if c.mla or "deepseek" in c.name.lower():
         out.append(("model.mtp_num_layers", c.mtp_layers or None))
     if c.sliding_window:
