@@ -33,7 +33,8 @@ __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_ro
            "leave_one_source_out", "with_efficiency", "adapt_plan", "post_validation_step",
            "SCHEDULE_MAP", "ZB_SCHEDULES", "ADAPTIVE", "tune_virtual_stages",
            "virtual_stage_candidates", "FormatFit", "fit_format", "expert_problem", "row_etp",
-           "TokenPathFit", "fit_token_path", "token_path_loso"]
+           "TokenPathFit", "fit_token_path", "token_path_loso", "TokenPathSlopes",
+           "token_path_slopes", "with_token_path", "TOKEN_PATH_PROBE"]
 
 # --------------------------------------------------------------------------- evaluation
 def sim_step(plan: Plan, workload: Workload, cluster: Cluster) -> float:
@@ -351,55 +352,6 @@ def fit_format(setups: Sequence[Setup], device: DeviceProfile, recipe: str,
     return FormatFit(recipe, e0, err(e0), len(setups), len(cache))
 
 
-@dataclass(frozen=True, slots=True)
-class TokenPathFit:
-    """A kind's mixture-of-experts token-path time per routed element
-    (``DeviceProfile.routed_element``, :func:`simulator.cost_model.token_path_time`), fitted on
-    its MoE rows (:func:`fit_token_path`): ``seconds`` per element, the rows' MAPE at it and at 0
-    (the model without the term), the rows and the evaluations."""
-
-    seconds: float
-    mape: float
-    mape_without: float
-    rows: int
-    evaluations: int
-
-
-def fit_token_path(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn = sim_step,
-                   *, bounds_ps: tuple[float, float] = (0.0, 200.0),
-                   xatol_ps: float = 0.1) -> TokenPathFit:
-    """Fit ``device``'s token-path time per routed element on ``setups`` (mixture-of-experts
-    rows), everything else of the profile held (its dense and format fits first): a bounded
-    scalar search (scipy ``minimize_scalar``) of the rows' mean absolute percentage error over
-    ``bounds_ps`` picoseconds, rounded to 0.1 ps. One value for all rows, no per-row tuning."""
-    from scipy.optimize import minimize_scalar
-
-    cache: dict[float, float] = {}
-
-    def err(ps: float) -> float:
-        ps = round(float(ps), 1)
-        if ps not in cache:
-            cache[ps] = mape(evaluate(setups, replace(device, routed_element=ps * 1e-12), step_fn))
-        return cache[ps]
-
-    res = minimize_scalar(err, bounds=bounds_ps, method="bounded", options={"xatol": xatol_ps})
-    p0 = round(float(res.x), 1)
-    return TokenPathFit(p0 * 1e-12, err(p0), err(0.0), len(setups), len(cache))
-
-
-def token_path_loso(setups: Sequence[Setup], device: DeviceProfile, step_fn: StepFn = sim_step
-                    ) -> dict[str, tuple[TokenPathFit, float]]:
-    """For each source of ``setups``: :func:`fit_token_path` on the other sources, then the MAPE
-    on the held-out one, %. Empty with fewer than two sources."""
-    sources = list(dict.fromkeys(s.row.source for s in setups))
-    out: dict[str, tuple[TokenPathFit, float]] = {}
-    for src in sources if len(sources) > 1 else []:
-        f = fit_token_path([s for s in setups if s.row.source != src], device, step_fn)
-        test = [s for s in setups if s.row.source == src]
-        out[src] = (f, mape(evaluate(test, replace(device, routed_element=f.seconds), step_fn)))
-    return out
-
-
 def leave_one_source_out(setups: Sequence[Setup], device: DeviceProfile,
                          step_fn: StepFn = sim_step, **fit_kw) -> dict[str, tuple[FitResult, float]]:
     """For each source: fit on the other sources, then the MAPE on the held-out one, %."""
@@ -411,3 +363,9 @@ def leave_one_source_out(setups: Sequence[Setup], device: DeviceProfile,
         dev = with_efficiency(device, f.matmul, f.memory, f.overhead_s, f.elementwise)
         out[src] = (f, mape(evaluate(test, dev, step_fn)))
     return out
+
+
+# the mixture-of-experts token-path fit (its own module; it uses evaluate and mape above)
+from simulator.token_path_fit import (  # noqa: E402,F401  (re-exported)
+    TOKEN_PATH_PROBE, TokenPathFit, TokenPathSlopes, fit_token_path, token_path_loso,
+    token_path_slopes, with_token_path)

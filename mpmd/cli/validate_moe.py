@@ -1,9 +1,12 @@
 """``mpmd validate --fit-moe`` (and the last step of ``--fit``): each device kind's
-mixture-of-experts token-path time per routed element (``DeviceProfile.routed_element``,
-:func:`simulator.cost_model.token_path_time`), fitted on the kind's MoE rows of the published-
-training CSV with every other efficiency of its profile held, reported with its leave-one-source-
-out errors and, with ``--profiles-out DIR``, written into ``DIR/DEVICE.yaml``'s ``efficiency:``
-block as ``routed_element_ps``.
+mixture-of-experts token path, two figures: the time per routed (token, expert, hidden) element
+(``DeviceProfile.routed_element``, :func:`simulator.cost_model.token_path_time`) and the time per
+routed (token, expert) pair (``forward_routing_pair`` / ``backward_routing_pair``, a third and
+two thirds of it), fitted on the kind's MoE rows of the published-training CSV with every other
+efficiency of its profile held (:func:`simulator.token_path_fit.fit_token_path`), reported with
+its leave-one-source-out errors and, with ``--profiles-out DIR``, written into
+``DIR/DEVICE.yaml``'s ``efficiency:`` block as ``routed_element_ps``, ``forward_routing_pair_ns``
+and ``backward_routing_pair_ns``.
 
 Dense rows fit the chip's GEMM and memory efficiencies; a mixture of experts' rows are held out of
 that fit (:func:`mpmd.cli.validate.held_out`) and fit this one term instead, so the MoE error the
@@ -11,12 +14,13 @@ report shows after the fit is what one figure per device kind leaves."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
+from datetime import date
 from pathlib import Path
 
 FIT_MOE_COMMAND = "mpmd validate --fit-moe"
 KEY = "routed_element_ps"
+PAIR_KEYS = ("forward_routing_pair_ns", "backward_routing_pair_ns")
 
 
 def origin(device: str, setups, f) -> str:
@@ -24,14 +28,25 @@ def origin(device: str, setups, f) -> str:
     sources = ", ".join(dict.fromkeys(s.row.source for s in setups))
     return (f"fitted by `{FIT_MOE_COMMAND}` over the {f.rows} {device} mixture-of-experts rows "
             f"of the published-training CSV (sources: {sources}), every other efficiency held: "
-            f"MAPE {f.mape:.1f}% (without the term {f.mape_without:.1f}%; scipy bounded search "
-            f"over picoseconds per routed token x expert x hidden element)")
+            f"MAPE {f.mape:.1f}% (without the token path {f.mape_without:.1f}%); two figures per "
+            f"kind, {f.seconds * 1e12:.1f} ps per routed token x expert x hidden element and "
+            f"{f.pair_seconds * 1e9:.1f} ns per routed token x expert pair (forward a third, the "
+            f"input gradient the rest), least MAPE on each row's step linear in both "
+            f"(simulator.token_path_fit), {date.today().isoformat()}")
 
 
-def write_entry(path: Path, value_ps: float, why: str, *, out: Path) -> None:
-    """Write device YAML ``path`` to ``out`` (atomically) with ``efficiency.routed_element_ps``
-    set to ``value_ps`` and its origin ``why``: replaced where the block has it, else appended
-    to the block. Every other line is kept as it was."""
+def pair_origin(f, what: str) -> str:
+    """The origin line of a per-pair key: the same fit as ``routed_element_ps``, ``what`` of it."""
+    return (f"fitted with routed_element_ps by `{FIT_MOE_COMMAND}` (see its origin): {what} of "
+            f"the {f.pair_seconds * 1e9:.1f} ns per routed token x expert pair, "
+            f"{date.today().isoformat()}")
+
+
+def write_entry(path: Path, value_ps: float, why: str, *, out: Path, key: str = KEY) -> None:
+    """Write device YAML ``path`` to ``out`` (atomically) with ``efficiency.<key>`` (default
+    ``routed_element_ps``) set to ``value_ps`` (in the key's unit) and its origin ``why``:
+    replaced where the block has it, else appended to the block. Every other line is kept as it
+    was."""
     from ir.files import write_atomic
 
     text = path.read_text()
@@ -40,9 +55,9 @@ def write_entry(path: Path, value_ps: float, why: str, *, out: Path) -> None:
     m = re.search(r"\n(?=\S)", text[body:])
     end = body + (m.start() + 1 if m else len(text) - body)
     quoted = "'" + why.replace("'", "''") + "'"
-    entry = f"  {KEY}:\n    value: {value_ps:g}\n    origin: {quoted}\n"
+    entry = f"  {key}:\n    value: {value_ps:g}\n    origin: {quoted}\n"
     block = text[body:end]
-    old = re.search(rf"^  {KEY}:\n(?:    .*\n?)*", block, re.MULTILINE)
+    old = re.search(rf"^  {key}:\n(?:    .*\n?)*", block, re.MULTILINE)
     if old:
         block = block[:old.start()] + entry + block[old.end():]
     else:
@@ -54,14 +69,17 @@ def section(name: str, f, loso: dict) -> str:
     """The Markdown section of one kind's fit, with its leave-one-source-out table."""
     lines = [f"## Calibration: {name}, mixture-of-experts token path",
              "",
-             f"{name}: **{f.seconds * 1e12:.1f} ps** per routed element over {f.rows} MoE rows: "
-             f"MAPE {f.mape:.1f}% (without the term: {f.mape_without:.1f}%; "
-             f"{f.evaluations} evaluations)."]
+             f"{name}: **{f.seconds * 1e12:.1f} ps** per routed element and "
+             f"**{f.pair_seconds * 1e9:.1f} ns** per routed pair over {f.rows} MoE rows: "
+             f"MAPE {f.mape:.1f}% (without the token path: {f.mape_without:.1f}%; "
+             f"{f.evaluations} simulations)."]
     if loso:
-        lines += ["", "| held-out source | fitted on the others, ps | MAPE on the held-out rows |",
-                  "|---|---|---|"]
-        lines += [f"| {src} | {fr.seconds * 1e12:.1f} | {err:.1f}% |"
+        lines += ["", "| held-out source | fitted on the others, ps / ns | MAPE on the held-out "
+                  "rows |", "|---|---|---|"]
+        lines += [f"| {src} | {fr.seconds * 1e12:.1f} / {fr.pair_seconds * 1e9:.1f} | {err:.1f}% |"
                   for src, (fr, err) in loso.items()]
+        errs = list(e for _, e in loso.values())
+        lines += ["", f"Leave-one-source-out: mean of the held-out MAPEs {sum(errs) / len(errs):.1f}%."]
     return "\n".join(lines)
 
 
@@ -80,13 +98,19 @@ def fit_moe(setups, devices: dict, step_fn, console, fit_info: list[str],
         if not mine:
             continue
         with console.status(f"{name}: fitting the MoE token path over its {len(mine)} rows ..."):
-            f = V.fit_token_path(mine, devices[name], step_fn)
-            loso = V.token_path_loso(mine, devices[name], step_fn)
-        devices[name] = dataclasses.replace(devices[name], routed_element=f.seconds)
+            slopes = V.token_path_slopes(mine, devices[name], step_fn)
+            f = V.fit_token_path(mine, devices[name], step_fn, slopes=slopes)
+            loso = V.token_path_loso(mine, devices[name], step_fn, slopes=slopes)
+        devices[name] = V.with_token_path(devices[name], f.seconds, f.pair_seconds)
         text = section(name, f, loso)
         console.print(text)
         fit_info.append(text)
         if profiles_out:
             dest = Path(profiles_out) / f"{name}.yaml"
+            why = origin(name, mine, f)
             write_entry(dest if dest.exists() else DEVICES_DIR / f"{name}.yaml",
-                        round(f.seconds * 1e12, 1), origin(name, mine, f), out=dest)
+                        round(f.seconds * 1e12, 1), why, out=dest)
+            share = (1.0 / 3.0, 2.0 / 3.0)      # cost_model.TOKEN_PATH_FORWARD_SHARE and the rest
+            for key, part, what in zip(PAIR_KEYS, share, ("a third", "two thirds")):
+                write_entry(dest, round(f.pair_seconds * 1e9 * part, 2),
+                            pair_origin(f, what), out=dest, key=key)
