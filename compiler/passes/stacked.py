@@ -25,7 +25,10 @@ the unrolled program would not move. For a dim-0 ``slice`` ``v[a:b]``:
   are); an operand ``broadcast_in_dim`` that does not map onto dim 0 is rebuilt at ``b - a`` rows;
 - anything else: the slice as it was.
 
-Ops left unused by the folding (the whole-array ``concatenate`` and elementwise ops) are dropped.
+Each layer of a split chunk is then read once: a ``slice``/``squeeze`` chain from a chunk equal to
+an earlier one (each loop over the layers, one per microbatch, slices them afresh) reads the
+earlier result, so every microbatch's fragments keep one body (one executable, not one per
+microbatch). Ops left unused by the folding (the whole-array ``concatenate`` and elementwise ops) are dropped.
 The result computes the same values (only slices are moved), so ``jax.jit`` equality holds exactly.
 Runs before mesh assignment, on a loop-free program (after ``unroll``); a program without a dim-0
 ``concatenate`` or axis-0 ``stack`` is returned unchanged.
@@ -160,7 +163,31 @@ def fold_stacked_slices(p: Program) -> Program:
     if not alias:
         return p
     q = rename_program(p, ops, alias)
-    return _drop_unused(q, f.stacked, f.types)
+    chunks = {a for op in p.ops if _prim(op) == "concatenate" and op.eqn.params.get("dimension") == 0
+              for a in op.inputs if a in set(p.inputs)}
+    return _drop_unused(_shared_reads(q, chunks), f.stacked, f.types)
+
+
+def _shared_reads(p: Program, roots: set[str]) -> Program:
+    """Read each layer of a split chunk once: later ``slice``/``squeeze`` chains from ``roots``
+    equal to an earlier one (every loop over the layers, e.g. one per microbatch, slices them
+    afresh) read the earlier one's result, so each microbatch's fragments keep one body."""
+    seen: dict[tuple[Any, ...], str] = {}
+    alias: dict[str, str] = {}
+    derived = set(roots)
+    ops: list[Any] = []
+    for op in p.ops:
+        if _prim(op) in ("slice", "squeeze") and len(op.outputs) == 1:
+            src = alias.get(op.inputs[0], op.inputs[0])
+            if src in derived:
+                key = (_prim(op), repr(sorted(op.eqn.params.items())), src)
+                if key in seen:
+                    alias[op.outputs[0]] = seen[key]
+                    continue
+                seen[key] = op.outputs[0]
+                derived.add(op.outputs[0])
+        ops.append(op)
+    return rename_program(p, ops, alias) if alias else p
 
 
 def _drop_unused(p: Program, candidates: set[str], types: dict[str, TensorType]) -> Program:

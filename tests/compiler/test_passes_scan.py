@@ -93,6 +93,10 @@ def test_split_scan_moves_no_more_transfers_than_its_unrolled_form(setup, scan_l
     # each mesh takes its own layers: two program inputs per stacked leaf, one per mesh
     assert scan_lowered.layout.ins == [((0, 2, "m1"), (2, 4, "m2"))] * 2 + [None]
     assert list(scan_lowered.program.input_meshes) == ["m1", "m2", "m1", "m2", "m1"]
+    # every microbatch's forward on a mesh runs one executable (the layers are sliced once)
+    for mp in scan_lowered.exported.programs.values():
+        fwd = {s.executable for s in mp.steps if getattr(s, "kind", "") == "F"}
+        assert len(fwd) == 1
 
 
 def test_split_scan_matches_jit_and_keeps_each_mesh_s_layers_in_place(setup, scan_lowered):
