@@ -27,6 +27,7 @@ from compiler.passes import (absorb_inferred_fragments, accumulate_uniformly, as
                              unroll_call_counters, unroll_for_loops)
 from compiler.passes.concat_transfers import concat_transfers
 from compiler.passes.sharding import spec_of
+from compiler.passes.accumulate_terms import separate_inferred_terms
 from compiler.passes.stacked import fold_stacked_slices
 from compiler.passes.transfer_aware import (
     split_and_prioritize_transfer_independent_computations, transfer_aware_merge)
@@ -100,6 +101,7 @@ PIPELINE: tuple[PassSpec, ...] = (
              _AS),
     PassSpec("dce", _fixed(fragment_dce), _OM),
     PassSpec("fold_zero_adds", _fixed(fold_zero_adds), _OM),
+    PassSpec("separate_inferred_terms", _fixed(separate_inferred_terms), _OM),
     PassSpec("absorb", _fixed(absorb_inferred_fragments), _OM),
     PassSpec("transfer_aware_merge", _fixed(transfer_aware_merge), _OM,
              lambda c: c.transfer_aware_merge, "config.transfer_aware_merge"),
