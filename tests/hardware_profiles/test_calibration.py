@@ -39,9 +39,12 @@ def with_origin(origin, name="blackhole-p150b"):
 def test_bundled_profiles():
     assert calibration_status(load_device("a100-80gb-sxm")) == "calibrated"
     assert calibration_status(load_device("cpu-host")) == "calibrated"
-    for name in ("b200", "h800-sxm", "v100-sxm2-16gb", "l40s", "gaudi3", "a100-40gb-sxm",
-                 "mi300x"):
+    for name in ("b200", "h800-sxm", "l40s", "gaudi3", "mi300x"):
         assert calibration_status(load_device(name)) == "prior", name
+    # fitted on NVIDIA DeepLearningExamples' BERT-Large steps (issue 45; the V100s as one part)
+    for name in ("a100-40gb-sxm", "v100-sxm2-16gb", "v100-sxm2-32gb"):
+        assert calibration_status(load_device(name)) == "calibrated", name
+        assert "validate --fit --hold-elementwise" in load_device(name).sources["matmul_efficiency"]
     # fitted on the published tt-metal serving rows (mpmd validate --serving --fit), by chip
     for name in ("blackhole-p100a", "blackhole-p150a", "blackhole-p150b", "wormhole-n150",
                  "wormhole-n300"):
