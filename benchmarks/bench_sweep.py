@@ -1,7 +1,7 @@
 """A random sweep of plans (models x clusters x batch x sequence), each checked end to end.
 
 Usage:
-    python benchmarks/bench_sweep.py [--cases 500] [--time-limit 2] [--seed 0] [--runs 3]
+    python benchmarks/bench_sweep.py [--cases 500] [--time-limit 1] [--seed 0] [--runs 3]
 
 Each case draws a zoo model (dense, grouped-query, multi-head, mixture-of-experts, MLA, hybrid
 Mamba; head counts 1-128), a bundled training cluster (one kind, node groups, mesh listings, two
@@ -205,7 +205,7 @@ def sweep(cases: int, time_limit: float, seed: int, runs: int) -> tuple[list[dic
     return rows, tiny
 
 
-def markdown(cases: int = 500, time_limit: float = 2.0, seed: int = 0, runs: int = 3) -> str:
+def markdown(cases: int = 500, time_limit: float = 1.0, seed: int = 0, runs: int = 3) -> str:
     t0 = time.perf_counter()
     rows, tiny = sweep(cases, time_limit, seed, runs)
     wall = time.perf_counter() - t0
@@ -242,7 +242,7 @@ def markdown(cases: int = 500, time_limit: float = 2.0, seed: int = 0, runs: int
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=500)
-    ap.add_argument("--time-limit", type=float, default=2.0)
+    ap.add_argument("--time-limit", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
