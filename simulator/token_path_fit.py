@@ -18,7 +18,7 @@ from simulator.validation_setup import Setup, StepFn
 
 
 def _v():
-    """simulator.validate (imported late: it re-exports this module)."""
+    """simulator.validate, imported on first use."""
     import simulator.validate as V
     return V
 

@@ -32,9 +32,8 @@ __all__ = ["ValidationError", "Row", "Setup", "RowResult", "FitResult", "load_ro
            "metric_from_step", "evaluate", "ranking_agrees", "zb_rankings", "mape", "fit",
            "leave_one_source_out", "with_efficiency", "adapt_plan", "post_validation_step",
            "SCHEDULE_MAP", "ZB_SCHEDULES", "ADAPTIVE", "tune_virtual_stages",
-           "virtual_stage_candidates", "FormatFit", "fit_format", "expert_problem", "row_etp",
-           "TokenPathFit", "fit_token_path", "token_path_loso", "TokenPathSlopes",
-           "token_path_slopes", "with_token_path", "TOKEN_PATH_PROBE"]
+           "virtual_stage_candidates", "FormatFit", "fit_format", "expert_problem", "row_etp"]
+# the mixture-of-experts token-path fit is simulator.token_path_fit (it uses evaluate and mape)
 
 # --------------------------------------------------------------------------- evaluation
 def sim_step(plan: Plan, workload: Workload, cluster: Cluster) -> float:
@@ -364,8 +363,3 @@ def leave_one_source_out(setups: Sequence[Setup], device: DeviceProfile,
         out[src] = (f, mape(evaluate(test, dev, step_fn)))
     return out
 
-
-# the mixture-of-experts token-path fit (its own module; it uses evaluate and mape above)
-from simulator.token_path_fit import (  # noqa: E402,F401  (re-exported)
-    TOKEN_PATH_PROBE, TokenPathFit, TokenPathSlopes, fit_token_path, token_path_loso,
-    token_path_slopes, with_token_path)

@@ -839,7 +839,7 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         w = layer_recompute(w, row.hidden)
     elif rc == "modules":
         w = module_recompute(w, row)
-    if name == "interleaved-1f1b" and tune and row.vp is None:
+    if name == "interleaved-1f1b" and tune and step_fn is not None and row.vp is None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
         why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1
                else "the only even split of a rank's layers")

@@ -23,8 +23,9 @@ Kimi K2, which is DeepSeek-V3's architecture (``DeepseekV3ForCausalLM``) under i
 ``gpt_oss`` with biases, attention sinks, a clamped SwiGLU and sliding-window attention on
 alternate layers, which is modelled, not costed as full attention; ``nemotron_h``, a Mamba-2
 hybrid; ``llama4`` / ``llama4_text`` with every layer a mixture of experts plus a shared expert,
-Llama 4 Scout) sets the config's expert fields (``ModelConfig.experts`` ...); the readers of
-the last four families are in :mod:`zoo.model_files_moe`. Qwen2-MoE (a gated shared expert),
+Llama 4 Scout) sets the config's expert fields (``ModelConfig.experts`` ...); the MoE
+families are read by :mod:`zoo.model_files_moe`, the typed field reads all readers share are
+:mod:`zoo.model_fields`. Qwen2-MoE (a gated shared expert),
 Qwen3-Next (Gated DeltaNet linear attention, which is not Mamba-2's scan), Llama 4 Maverick
 (dense layers interleaved with the MoE ones) and other MoE designs, and any other type, are
 refused in one line naming the type,
@@ -42,22 +43,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 from pathlib import Path
 from typing import Any, Mapping
 
 from hardware_profiles.paths import PACKAGE_ROOT
 from ir.files import read_json, read_yaml
 from zoo.config import ModelConfig, ZooError, get_config, list_models
+from zoo.model_fields import SEQ_LEN_CAP, _bool, _float, _int, _short, llama_like as _llama_like
+from zoo.model_files_moe import read_moe
 from zoo.schema import check_model
 
 MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 """A ``--model`` ending in one of these is a model file, anything else a zoo name."""
-
-SEQ_LEN_CAP = 8192
-"""Default tokens per sample of a file's model: its ``max_position_embeddings``, at most this
-(long-context windows such as Llama 3.1's 131,072 are reached by continued training, not the
-pretraining step a plan is usually for)."""
 
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
@@ -167,60 +164,6 @@ def _name(stem: str) -> str:
     return keep.strip("-") or "model"
 
 
-def _get(doc: Mapping[str, Any], key: str, where: str, *alts: str, default: Any = None) -> Any:
-    for k in (key, *alts):
-        if doc.get(k) is not None:
-            return doc[k]
-    if default is not None:
-        return default
-    raise ZooError(f"{where}: field {key!r} is missing; give it (the model's published config has it)")
-
-
-def _int(doc: Mapping[str, Any], key: str, where: str, *alts: str, default: int | None = None) -> int:
-    """A required (or defaulted) positive integer field; its upper limit is :func:`check_model`'s."""
-    v = _get(doc, key, where, *alts, default=default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ZooError(f"{where}: field {key!r} = {_short(v)} is not a positive integer; fix the config")
-    return v
-
-
-def _count(doc: Mapping[str, Any], key: str, where: str, default: int = 0) -> int:
-    """An optional integer field that may be 0 (``null`` reads as ``default``)."""
-    v = doc.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ZooError(f"{where}: field {key!r} = {_short(v)} is not a whole number >= 0; fix the config")
-    return v
-
-
-def _float(doc: Mapping[str, Any], where: str, *keys: str, default: float) -> float:
-    """The first of ``keys`` present (``null`` and 0 read as absent, as Hugging Face does), as a
-    finite number; its range is :func:`check_model`'s."""
-    for key in keys:
-        v = doc.get(key)
-        if v is None or v == 0:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ZooError(f"{where}: field {key!r} = {_short(v)} is not a finite number; fix the config")
-        return float(v)
-    return default
-
-
-def _bool(doc: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
-    v = doc.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise ZooError(f"{where}: field {key!r} = {_short(v)} is not true or false; fix the config")
-    return v
-
-
-def _short(v: Any, limit: int = 60) -> str:
-    text = repr(v)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def model_type(doc: Mapping[str, Any]) -> str:
     """The config's ``model_type``, else the type of its first ``architectures`` entry."""
     if isinstance(doc.get("model_type"), str):
@@ -290,82 +233,10 @@ def from_hf(doc: Mapping[str, Any], name: str, source: str) -> ModelConfig:
     if kind in LLAMA_TYPES:
         cfg = _llama_like(doc, kind, name, source, where)
     elif kind in MOE_TYPES:
-        cfg = _moe(doc, kind, name, source, where)
+        cfg = read_moe(doc, kind, name, source, where)
     else:
         cfg = _gpt_like(doc, kind, name, source, where)
     return check_model(cfg, source, hf_names(kind))
-
-
-def _llama_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str
-                ) -> ModelConfig:
-    hidden = _int(doc, "hidden_size", where)
-    heads = _int(doc, "num_attention_heads", where)
-    head_dim = _int(doc, "head_dim", where) if doc.get("head_dim") is not None else 0
-    gemma = kind.startswith("gemma")
-    notes = []
-    if gemma:
-        notes.append("GeGLU costed as SwiGLU (the same three matrices)")
-    if kind == "qwen2":
-        notes.append("q/k/v biases left out")
-    if kind == "qwen3":
-        notes.append("q/k norms left out")
-    window = doc.get("sliding_window")
-    if window and (kind != "qwen2" or doc.get("use_sliding_window")):
-        notes.append(f"sliding-window layers ({_short(window, 20)} tokens) costed as full attention")
-    notes += _rope_scaling_note(doc)
-    max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
-    return ModelConfig(
-        name=name, family="llama", layers=_int(doc, "num_hidden_layers", where),
-        hidden=hidden, heads=heads, kv_heads=_int(doc, "num_key_value_heads", where, default=heads),
-        ffn=_int(doc, "intermediate_size", where), vocab=_int(doc, "vocab_size", where),
-        seq_len=min(max_pos, SEQ_LEN_CAP), norm="rms", mlp="swiglu", pos_emb="rope",
-        bias=_bool(doc, "attention_bias", where, False) and kind == "llama",
-        tie_embeddings=_bool(doc, "tie_word_embeddings", where, gemma),
-        rope_theta=_float(doc, where, "rope_theta", default=10000.0),
-        norm_eps=_float(doc, where, "rms_norm_eps", default=1e-6),
-        head_size=head_dim if head_dim * heads != hidden else 0,   # 0: hidden / heads
-        qk_norm=kind == "qwen3",      # Qwen3's q_norm / k_norm (Qwen3-MoE is read as qwen3)
-        source=f"{source}; {kind}" + (f" ({'; '.join(notes)})" if notes else ""))
-
-
-def _rope_scaling_note(doc: Mapping[str, Any]) -> list[str]:
-    """A config's ``rope_scaling`` (Llama 3.1's ``llama3``, YaRN) rescales the rotary frequencies:
-    no parameters and the same FLOP, so it is costed as plain RoPE and named in the source."""
-    scaling = doc.get("rope_scaling")
-    if not isinstance(scaling, Mapping):
-        return []
-    kind = scaling.get("rope_type", scaling.get("type", "rope"))
-    return [f"{_short(kind, 20)} rope scaling costed as plain RoPE"]
-
-
-def _moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) -> ModelConfig:
-    """Mixtral (``num_local_experts``, ``intermediate_size`` per expert) and Qwen3-MoE
-    (``num_experts``, ``moe_intermediate_size``; every layer sparse) as a llama-family decoder
-    whose every block's MLP is a mixture of experts."""
-    from zoo.model_files_moe import (read_deepseek, read_gpt_oss, read_llama4,  # they use _moe
-                                     read_nemotron_h)
-    if kind.startswith("llama4"):
-        return read_llama4(doc, name, source, where)
-    if kind.startswith("deepseek") or kind == "kimi_k2":
-        return read_deepseek(doc, kind, name, source, where)
-    if kind == "gpt_oss":
-        return read_gpt_oss(doc, name, source, where)
-    if kind == "nemotron_h":
-        return read_nemotron_h(doc, name, source, where)
-    if kind == "qwen3_moe":
-        if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:
-            raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
-                           f"decoder_sparse_step) are not modelled; every layer must be sparse")
-        experts, ffn = _int(doc, "num_experts", where), _int(doc, "moe_intermediate_size", where)
-    else:
-        experts, ffn = _int(doc, "num_local_experts", where), _int(doc, "intermediate_size", where)
-    top_k = _int(doc, "num_experts_per_tok", where)
-    base = _llama_like({**doc, "intermediate_size": ffn}, "qwen3" if kind == "qwen3_moe" else "mistral",
-                       name, source, where)
-    return dataclasses.replace(base, experts=experts, experts_per_token=top_k, expert_ffn=ffn,
-                               source=base.source.replace("; qwen3", "; qwen3_moe", 1)
-                               .replace("; mistral", "; mixtral", 1)
-                               + f" ({experts} experts, top {top_k}, capacity factor 1)")
 
 
 def _gpt_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str

@@ -13,10 +13,10 @@ import dataclasses
 from typing import Any, Mapping
 
 from zoo.config import ModelConfig, ZooError
-from zoo.model_files import (SEQ_LEN_CAP, _bool, _count, _float, _get, _int, _moe,
-                             _rope_scaling_note, _short)
+from zoo.model_fields import (SEQ_LEN_CAP, _bool, _count, _float, _get, _int,
+                              _rope_scaling_note, _short, llama_like)
 
-__all__ = ["read_deepseek", "read_gpt_oss", "read_llama4", "read_nemotron_h"]
+__all__ = ["read_deepseek", "read_gpt_oss", "read_llama4", "read_moe", "read_nemotron_h"]
 
 
 def read_gpt_oss(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
@@ -43,7 +43,7 @@ def read_gpt_oss(doc: Mapping[str, Any], name: str, source: str, where: str) -> 
                        f"layer every {every} ({layers} entries); the zoo models a periodic pattern")
     window = _int(doc, "sliding_window", where)
     limit = _float(doc, where, "swiglu_limit", default=0.0)
-    base = _moe({**doc, "model_type": "mixtral"}, "mixtral", name, source, where)
+    base = read_moe({**doc, "model_type": "mixtral"}, "mixtral", name, source, where)
     return dataclasses.replace(
         base, bias=_bool(doc, "attention_bias", where, True), attention_sinks=True,
         sliding_window=window, full_attention_every=every if every > 1 else 0, swiglu_limit=limit,
@@ -168,7 +168,7 @@ def read_llama4(doc: Mapping[str, Any], name: str, source: str, where: str) -> M
                        f"MoE ones, Llama 4 Maverick) is not modelled; every layer must be MoE")
     chunk = _count(doc, "attention_chunk_size", where)
     fe = _int(doc, "intermediate_size", where)
-    base = _moe({**doc, "model_type": "mixtral", "num_local_experts": _get(doc, "num_local_experts", where)},
+    base = read_moe({**doc, "model_type": "mixtral", "num_local_experts": _get(doc, "num_local_experts", where)},
                 "mixtral", name, source, where)
     notes = [f"{base.experts} experts, top {base.experts_per_token}, + 1 shared expert of {fe}",
              "router costed as softmax top-k"]
@@ -179,3 +179,31 @@ def read_llama4(doc: Mapping[str, Any], name: str, source: str, where: str) -> M
     if vision:
         notes.append("vision encoder not modelled")
     return dataclasses.replace(base, shared_experts=1, source=f"{source}; llama4 ({'; '.join(notes)})")
+
+
+def read_moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str) -> ModelConfig:
+    """Mixtral (``num_local_experts``, ``intermediate_size`` per expert) and Qwen3-MoE
+    (``num_experts``, ``moe_intermediate_size``; every layer sparse) as a llama-family decoder
+    whose every block's MLP is a mixture of experts."""
+    if kind.startswith("llama4"):
+        return read_llama4(doc, name, source, where)
+    if kind.startswith("deepseek") or kind == "kimi_k2":
+        return read_deepseek(doc, kind, name, source, where)
+    if kind == "gpt_oss":
+        return read_gpt_oss(doc, name, source, where)
+    if kind == "nemotron_h":
+        return read_nemotron_h(doc, name, source, where)
+    if kind == "qwen3_moe":
+        if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:
+            raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
+                           f"decoder_sparse_step) are not modelled; every layer must be sparse")
+        experts, ffn = _int(doc, "num_experts", where), _int(doc, "moe_intermediate_size", where)
+    else:
+        experts, ffn = _int(doc, "num_local_experts", where), _int(doc, "intermediate_size", where)
+    top_k = _int(doc, "num_experts_per_tok", where)
+    base = llama_like({**doc, "intermediate_size": ffn}, "qwen3" if kind == "qwen3_moe" else "mistral",
+                       name, source, where)
+    return dataclasses.replace(base, experts=experts, experts_per_token=top_k, expert_ffn=ffn,
+                               source=base.source.replace("; qwen3", "; qwen3_moe", 1)
+                               .replace("; mistral", "; mixtral", 1)
+                               + f" ({experts} experts, top {top_k}, capacity factor 1)")

@@ -91,17 +91,17 @@ def fit_moe(setups, devices: dict, step_fn, console, fit_info: list[str],
     ``profiles_out``, write the kind's profile there (from ``profiles_out/DEVICE.yaml`` when an
     earlier fit step wrote it, else the bundled one)."""
     from hardware_profiles.loader import DEVICES_DIR
-    from simulator import validate as V
+    from simulator import token_path_fit as TP
 
     for name in list(devices):
         mine = [s for s in setups if s.row.device == name and is_moe(s)]
         if not mine:
             continue
         with console.status(f"{name}: fitting the MoE token path over its {len(mine)} rows ..."):
-            slopes = V.token_path_slopes(mine, devices[name], step_fn)
-            f = V.fit_token_path(mine, devices[name], step_fn, slopes=slopes)
-            loso = V.token_path_loso(mine, devices[name], step_fn, slopes=slopes)
-        devices[name] = V.with_token_path(devices[name], f.seconds, f.pair_seconds)
+            slopes = TP.token_path_slopes(mine, devices[name], step_fn)
+            f = TP.fit_token_path(mine, devices[name], step_fn, slopes=slopes)
+            loso = TP.token_path_loso(mine, devices[name], step_fn, slopes=slopes)
+        devices[name] = TP.with_token_path(devices[name], f.seconds, f.pair_seconds)
         text = section(name, f, loso)
         console.print(text)
         fit_info.append(text)
