@@ -179,10 +179,12 @@ class DeviceProfile:
             gradient's), beyond what its bytes and FLOP cost: the permutations that move each
             token's row into its experts' slots and back, gathered row by row (XLA:CPU runs a
             gather as a scalar loop: 6-8 us a pair of 128 float32 values on a 2-core host),
-            measured by ``mpmd calibrate`` on a small routed block; 0 where no profile measured
-            one (an accelerator's gathers stream at its memory bandwidth, charged with the
-            layer's other bytes: an H100 moved Qwen3-235B's 32,768 pairs of 4,096 bf16 values
-            through both of a sample's gathers in 0.2 ms).
+            measured by ``mpmd calibrate`` on a small routed block. On an accelerator the
+            gathers stream at its memory bandwidth (an H100 moved Qwen3-235B's 32,768 pairs of
+            4,096 bf16 values through both of a sample's gathers in 0.2 ms); its figure is the
+            token path's fixed time per pair (router, sort, permute launches), fitted with
+            ``routed_element`` by ``mpmd validate --fit-moe`` (a third forward, the rest in
+            the backward); 0 where neither was measured or fitted.
         routed_element: a mixture-of-experts layer's token-path time per (token, expert,
             hidden) element it routes, s, forward and backward together, beyond its bytes, FLOP
             and all-to-alls (permutations, the all-to-all's achieved bandwidth, the dispatcher's
