@@ -260,8 +260,11 @@ def test_dualpipe_hides_the_expert_alltoall_under_compute():
     mesh = load_cluster(ROOT / "hardware_profiles" / "clusters" / "h100x64.yaml").meshes["h100_0"]
     ep, base = Layout(8, 1, expert=2), Layout(8, 1)
     a2a = cm.expert_alltoall(c, "F", 1.0, mesh, ep)
-    # the token path (cost_model.token_path_time: sorting, padding, host sync) is not hidden
-    path = cm.token_path_time(c, "F", 1.0, mesh.device, 2)
+    # the token path (cost_model.token_path_time per element, and the fitted time per routed
+    # pair: sorting, padding, host sync) is not hidden
+    path = (cm.token_path_time(c, "F", 1.0, mesh.device, 2)
+            + c.routed_pairs_per_sample * 1.0 * mesh.device.forward_routing_pair)
+    assert c.routed_pairs_per_sample > 0 and mesh.device.forward_routing_pair > 0
     shown = cm.layer_time(c, "F", 8.0, mesh, ep)
     hidden = cm.layer_time(c, "F", 8.0, mesh, ep, alltoall_hidden=True)
     work = shown - a2a - path
