@@ -213,7 +213,8 @@ def check_page(html_path: str | Path, chromium: str | None = None) -> dict[str, 
 
 def screenshot(html_path: str | Path, png_path: str | Path, size: tuple[int, int] = (1400, 1000),
                chromium: str | None = None) -> Path:
-    """The first screen of ``html_path`` as a PNG, via ``chromium --screenshot``.
+    """The first screen of ``html_path`` as a PNG, via ``chromium --screenshot``; returns
+    ``png_path`` as given (relative stays relative, so messages name it as the user did).
 
     Raises:
         ReportError: no chromium, or it wrote no screenshot.
@@ -231,7 +232,7 @@ def screenshot(html_path: str | Path, png_path: str | Path, size: tuple[int, int
         if not tmp.is_file():
             raise ReportError(f"chromium wrote no screenshot of {html_path}")
         shutil.move(str(tmp), out)
-    return out
+    return Path(png_path)
 
 
 def main(argv: list[str] | None = None) -> int:

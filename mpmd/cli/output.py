@@ -4,6 +4,7 @@ meshes, schedule candidates), JSON Schema validation, atomic writes."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -124,6 +125,7 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
     t.add_column()
     t.add_column()
     for k, v in (("model", f"{cfg.name} from {where}: {params} in {cfg.dtype}"),
+                 ("layers", layers_text(workload.layers)),
                  ("global batch", batch),
                  ("sequence length", f"{s:,} tokens per sample ({seq})"),
                  ("tokens per step", f"{b * s:,}"),
@@ -132,6 +134,32 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
                  *((("read", reading),) if (reading := listing_reading(cluster)) else ())):
         t.add_row(k, escape(v))
     return _titled("inputs", t)
+
+
+def layers_text(layers: tuple[str, ...]) -> str:
+    """The layer numbers the stage table's ``layers`` column counts, as runs of one kind:
+    ``"82 in the stage table: 0 embedding, 1-80 decoder blocks, 81 head"``. Layers are the
+    workload's (``ir.Workload.layers``: the embedding and the head count as layers of their own,
+    so an 80-block model's stages cover layers 0-81)."""
+    kinds = {"embed": "embedding", "head": "head", "decoder_block": "decoder blocks",
+             "block": "decoder blocks"}
+    runs: list[list[Any]] = []
+    for i, name in enumerate(layers):
+        kind = re.sub(r"[_.]?\d+$", "", name)
+        if runs and runs[-1][0] == kind:
+            runs[-1][2] = i
+        else:
+            runs.append([kind, i, i])
+    parts = []
+    for k, a, b in runs:
+        what = kinds.get(k, k.replace("_", " "))
+        if a == b:
+            parts.append(f"{a} {what.removesuffix('s') if what.endswith('blocks') else what}")
+        else:
+            parts.append(f"{a}-{b} {what if what.endswith('s') else what + 's'}")
+    if len(parts) > 6:
+        parts = parts[:3] + ["...", parts[-1]]
+    return f"{len(layers)} in the stage table: " + ", ".join(parts)
 
 
 def precision_text(name: str) -> str:

@@ -145,8 +145,10 @@ def _inputs(model: str, cluster: str, batch: int, seq: int, batch_given: bool = 
     from hardware_profiles import load_cluster
     from mpmd.cli.output import plan_inputs
     from zoo.model_files import resolve_model
+    from zoo.models import layer_names
 
-    w = SimpleNamespace(global_batch=batch, seq_len=seq, precision=precision)
+    w = SimpleNamespace(global_batch=batch, seq_len=seq, precision=precision,
+                        layers=layer_names(resolve_model(model)))
     return rendered(plan_inputs(model, resolve_model(model), w, load_cluster(cluster),
                                 batch_given=batch_given, seq_given=seq_given))
 
@@ -155,6 +157,7 @@ def test_plan_inputs_of_a_zoo_model_with_default_batch_and_length():
     assert _inputs("llama3-70b", "h100x16_p150bx32", 256, 8192) == [
         "inputs",
         "model            llama3-70b from the zoo: 70.6B parameters in bfloat16",
+        "layers           82 in the stage table: 0 embedding, 1-80 decoder blocks, 81 head",
         "global batch     256 samples (mpmd plan's default; --global-batch sets it)",
         "sequence length  8,192 tokens per sample (default: the zoo model's)",
         "tokens per step  2,097,152",
@@ -174,6 +177,7 @@ def test_plan_inputs_of_a_shipped_mixture_of_experts_on_node_groups():
         "inputs",
         "model            DeepSeek-V3 from zoo/configs/DeepSeek-V3.json: 671.0B parameters (37.6B "
         "active per token) in bfloat16",
+        "layers           63 in the stage table: 0 embedding, 1-61 decoder blocks, 62 head",
         "global batch     15,360 samples (--global-batch)",
         "sequence length  4,096 tokens per sample (--seq-len)",
         "tokens per step  62,914,560",
@@ -186,6 +190,7 @@ def test_plan_inputs_of_a_shipped_mixture_of_experts_on_node_groups():
 def test_plan_inputs_of_a_config_file_and_of_mochi():
     assert _inputs("zoo/configs/Qwen3-8B.json", "mixed512_nodes", 256, 8192)[1:] == [
         "model            Qwen3-8B from zoo/configs/Qwen3-8B.json: 8.2B parameters in bfloat16",
+        "layers           38 in the stage table: 0 embedding, 1-36 decoder blocks, 37 head",
         "global batch     256 samples (mpmd plan's default; --global-batch sets it)",
         "sequence length  8,192 tokens per sample (default: the config's context length, at most "
         "8,192)",
@@ -197,6 +202,7 @@ def test_plan_inputs_of_a_config_file_and_of_mochi():
         "                 blackhole-p150b (16 nodes of 8)"]
     assert _inputs("mochi-dit-10b", "h100x1", 128, 44776)[1:] == [
         "model            mochi-dit-10b from the zoo: 10.0B parameters in bfloat16",
+        "layers           50 in the stage table: 0 embedding, 1-48 decoder blocks, 49 head",
         "global batch     128 samples: one video, 64 sampling steps x 2 guidance passes (the "
         "default; --global-batch sets it)",
         "sequence length  44,776 tokens per sample (the model's: latent video and text tokens)",
@@ -211,10 +217,11 @@ def test_mpmd_plan_prints_its_inputs_first():
                                   "--cluster", "cpu4x2", "--time-limit", "1"])
     assert r.exit_code == 0, r.output
     lines = lines_of(r.stdout)
-    assert lines[:8] == [
+    assert lines[:9] == [
         "inputs",
         "model            llama-tiny-decode from zoo/configs/llama-tiny-decode.yaml: 27.5M "
         "parameters in float32",
+        "layers           10 in the stage table: 0 embedding, 1-8 decoder blocks, 9 head",
         "global batch     1 sample: one request (the default; --global-batch sets it)",
         "sequence length  128 tokens per sample (default: the model spec's)",
         "tokens per step  128",

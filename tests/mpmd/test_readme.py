@@ -119,6 +119,11 @@ def _run_readme(tmp_path: Path, slow: bool) -> list[str]:
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, f"{' '.join(argv)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
         assert "Traceback" not in r.stderr, r.stderr
+        out = r.stdout + r.stderr
+        for outside in (str(tmp_path), str(ROOT), "../", "shared/reference"):
+            assert outside not in out, f"{' '.join(argv)} printed a path outside the repo: {outside}"
+        steps = re.findall(r"^\W*step time\s", out, flags=re.M)
+        assert len(steps) <= 1, f"{' '.join(argv)} printed {len(steps)} step times"
         ran.append(argv[1])
     after = _snapshot(ROOT)
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
