@@ -25,8 +25,10 @@ _FACE = {
         "reduce_scatter",
         "ring_all_reduce", "send_recv", "span_all_gather", "span_all_reduce", "span_all_to_all",
         "span_collective", "span_reduce_scatter", "span_two_hop_all_to_all", "tree_all_reduce"),
+    "hardware_profiles.cluster_loader": (
+        "bundled_clusters", "load_cluster"),
     "hardware_profiles.loader": (
-        "bundled_clusters", "known_device_ids", "list_devices", "load_cluster", "load_device"),
+        "known_device_ids", "list_devices", "load_device"),
     "hardware_profiles.paths": (
         "CLUSTERS_DIR", "DEVICES_DIR"),
     "hardware_profiles.table": (
@@ -45,7 +47,7 @@ def __getattr__(name: str):
     """A name of the face, imported from its module on first use; a submodule by name."""
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
-    if name in ("calibration", "carve", "collectives", "file_shapes", "loader", "paths", "table",
+    if name in ("calibration", "carve", "cluster_loader", "collectives", "file_shapes", "loader", "paths", "table",
                 "types"):
         return importlib.import_module(f"hardware_profiles.{name}")
     raise AttributeError(f"module 'hardware_profiles' has no attribute {name!r}")

@@ -140,7 +140,7 @@ def serve_plan(model: str, cluster_path: str, prompt: int, output: int, ttft: fl
     tpot = math.inf if tpot is None else tpot
     cfg = resolve_model(model)
     path = resolve_cluster_path(cluster_path)
-    from hardware_profiles.loader import load_cluster
+    from hardware_profiles.cluster_loader import load_cluster
     from ir import RequestMix, ServiceObjectives
     from planner.serving import plan_serving, serving_groups
     from zoo.inference import inference_model

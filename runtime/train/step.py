@@ -27,7 +27,7 @@ from compiler.config import MpmdConfig
 from compiler.errors import CompilerError
 from compiler.exported import ExportedProgram
 from compiler.plan_config import config_from_plan
-from hardware_profiles.loader import load_cluster
+from hardware_profiles.cluster_loader import load_cluster
 from hardware_profiles.types import Cluster
 from ir import DataParallelPlan, Plan, layouts_problem
 from ir.plan_file import load_plan

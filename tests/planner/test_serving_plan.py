@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from hardware_profiles.loader import load_cluster
+from hardware_profiles.cluster_loader import load_cluster
 from hardware_profiles.types import Link, NodeGroup
 from ir import RequestMix, ServiceObjectives
 from planner.errors import PlannerError

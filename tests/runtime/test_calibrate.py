@@ -393,7 +393,7 @@ def test_fixed_time_per_layer_is_written_loaded_and_charged_per_layer(tmp_path):
     assert "microbatch of 2, 4 samples" in d.sources["forward_layer_overhead"]
     assert "forward_layer_overhead_us" not in device_yaml(_cal())["efficiency"]
 
-    from hardware_profiles.loader import load_cluster
+    from hardware_profiles.cluster_loader import load_cluster
     from ir import Layout
     from simulator import cost_model as cm
     from zoo.costing import workload
@@ -421,7 +421,7 @@ def test_fixed_time_per_layer_scales_with_the_layers_ops(tmp_path):
     layer then pays the fixed time times its own ops over the small block's (a mixture of
     experts' block, with more ops, pays more; the embedding, with few, less), and the fit takes
     off each timed fragment's own share."""
-    from hardware_profiles.loader import load_cluster
+    from hardware_profiles.cluster_loader import load_cluster
     from ir import Layout
     from runtime.calibration.fit import layer_fixed
     from runtime.calibration.measure import small_block_ops
