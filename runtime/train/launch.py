@@ -19,6 +19,7 @@ merged Perfetto trace where ``trace_path`` says. On several hosts, run the same 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -127,7 +128,9 @@ def launch(plan_path: str | Path, processes: int, *, steps: int = 3,
             progress()
         finally:
             _kill(procs)
-        return DistributedReport.from_json(json.loads(result.read_text()))
+        report = DistributedReport.from_json(json.loads(result.read_text()))
+        # the workers read the resolved path; the report names the plan as the user gave it
+        return dataclasses.replace(report, plan_path=str(plan_path))
 
 
 class _Progress:
