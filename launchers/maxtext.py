@@ -24,6 +24,7 @@ from __future__ import annotations
 import yaml
 
 from launchers.view import GPU_KINDS, TPU_KINDS, LauncherError, PartView, refuse_device
+from zoo.config import ModelConfig
 
 VERSION = "maxtext 0.2.5"
 """The MaxText release (its ``maxtext/configs/base.yml``, model configs and ``pyconfig``) the
@@ -61,12 +62,37 @@ def _model(v: PartView, notes: list[str]) -> dict:
            "logits_via_embedding": bool(c.tie_embeddings)}
     if c.qk_norm:      # per-head RMSNorm of queries and keys (base.yml ``use_qk_norm``)
         out["use_qk_norm"] = True
+    out |= rope_scaling_keys(c, notes)
     if slides:         # base.yml: attention_type local_sliding, sliding_window_size
         out |= {"attention_type": "local_sliding", "sliding_window_size": c.sliding_window}
     if c.moe:
         out |= {"num_experts": c.experts, "num_experts_per_tok": c.experts_per_token,
                 "base_moe_mlp_dim": c.expert_ffn, "capacity_factor": c.capacity_factor}
     return out
+
+
+def rope_scaling_keys(c: ModelConfig, notes: list[str]) -> dict:
+    """The model's RoPE scaling as MaxText 0.2.5 ``base.yml`` keys: ``rope_type`` ``llama3.1``
+    (MaxText's ``LLaMARotaryEmbedding`` fixes Llama 3.1's factor 8, low/high frequency factors 1
+    and 4 over 8,192 positions: another is one note), ``yarn`` with ``rope_factor``,
+    ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale`` and
+    ``rope_truncate``, or ``default`` with ``rope_linear_scaling_factor`` for linear scaling."""
+    if c.pos_emb != "rope" or not c.rope_scaling:
+        return {}
+    if c.rope_scaling == "llama3":
+        band = (c.rope_factor, c.rope_low_freq_factor or 1.0, c.rope_high_freq_factor or 4.0,
+                c.rope_original_max_position or 8192)
+        if band != (8.0, 1.0, 4.0, 8192):
+            notes.append(f"llama3 rope scaling factor {band[0]:g}, low/high frequency factors "
+                         f"{band[1]:g}/{band[2]:g} over {band[3]} positions: MaxText's llama3.1 "
+                         f"RoPE fixes 8, 1/4 over 8192")
+        return {"rope_type": "llama3.1", "rope_use_scale": True}
+    if c.rope_scaling == "linear":
+        return {"rope_type": "default", "rope_linear_scaling_factor": c.rope_factor}
+    return {"rope_type": "yarn", "rope_factor": c.rope_factor,
+            "original_max_position_embeddings": c.rope_original_max_position or 4096,
+            "beta_fast": c.rope_beta_fast or 32.0, "beta_slow": c.rope_beta_slow or 1.0,
+            "mscale": c.rope_mscale or 1.0, "rope_truncate": c.rope_truncate}
 
 
 MODEL_DIFFS = {"mixtral-8x22b-v0.1": {"vocab_size": 32768}}

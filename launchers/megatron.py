@@ -24,6 +24,7 @@ import shlex
 from pathlib import Path
 
 from launchers.view import GPU_KINDS, PartView, refuse_device
+from zoo.config import ModelConfig
 
 VERSION = "megatron-core 0.19.2"
 """The Megatron-LM release whose ``megatron/training/arguments.py`` (shipped in the megatron-core
@@ -60,7 +61,9 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
             ("--vocab-size", c.vocab)]
     if c.family == "llama":
         out += [("--swiglu", None), ("--normalization", "RMSNorm"),
-                ("--position-embedding-type", "rope"), ("--rotary-base", int(c.rope_theta)),
+                ("--position-embedding-type",
+                 "yarn" if c.rope_scaling == "yarn" and not c.mla else "rope"),
+                ("--rotary-base", int(c.rope_theta)),
                 ("--disable-bias-linear", None)]
     if c.mla:        # DeepSeek's multi-head latent attention
         out += [("--multi-latent-attention", None), ("--kv-lora-rank", c.kv_lora_rank),
@@ -88,6 +91,57 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
     if flag:
         out.append((flag, None))
     return out
+
+
+MLA_YARN_DEFAULTS = {"rope_original_max_position": 4096, "rope_beta_fast": 32.0,
+                     "rope_beta_slow": 1.0}
+"""What Megatron-Core's ``MLATransformerConfig`` fixes for YaRN (``original_max_position_embeddings``,
+``beta_fast``, ``beta_slow``: megatron-core 0.19.2 ``transformer_config.py``), which Megatron-LM's
+arguments cannot set for multi-latent attention."""
+
+
+def rope_scaling_args(c: ModelConfig) -> tuple[list[tuple[str, object]], list[str]]:
+    """The model's RoPE scaling as Megatron-LM arguments (megatron-core 0.19.2
+    ``megatron/training/arguments.py``), and one note per figure they cannot say:
+
+    - ``llama3``: ``--use-rope-scaling --rope-scaling-factor F`` (Megatron-Core applies Llama
+      3.1's bands with low/high frequency factors 1 and 4 over 8,192 original positions, fixed);
+    - ``yarn`` with multi-latent attention: ``--rope-type yarn --rotary-scaling-factor F --mscale
+      M --mscale-all-dim A`` (the MLA config fixes the rest: :data:`MLA_YARN_DEFAULTS`); without it
+      ``--position-embedding-type yarn`` with ``--yarn-original-max-position-embeddings``,
+      ``--yarn-beta-fast/-slow`` and, for gpt-oss's unrounded correction range,
+      ``--no-yarn-correction-range-round-to-int``;
+    - ``linear``: ``--rotary-seq-len-interpolation-factor F`` (an integer in Megatron-LM)."""
+    if c.pos_emb != "rope" or not c.rope_scaling:
+        return [], []
+    notes: list[str] = []
+    if c.rope_scaling == "llama3":
+        fixed = (c.rope_low_freq_factor or 1.0, c.rope_high_freq_factor or 4.0,
+                 c.rope_original_max_position or 8192)
+        if fixed != (1.0, 4.0, 8192):
+            notes.append(f"llama3 rope scaling with low/high frequency factors {fixed[0]:g}/"
+                         f"{fixed[1]:g} over {fixed[2]} positions: Megatron-LM fixes 1/4 over 8192")
+        return [("--use-rope-scaling", None), ("--rope-scaling-factor", c.rope_factor)], notes
+    if c.rope_scaling == "linear":
+        if c.rope_factor != int(c.rope_factor):
+            notes.append(f"linear rope scaling factor {c.rope_factor:g}: Megatron-LM takes an "
+                         f"integer interpolation factor; written {int(c.rope_factor)}")
+        return [("--rotary-seq-len-interpolation-factor", int(c.rope_factor))], notes
+    out: list[tuple[str, object]] = [("--rotary-scaling-factor", c.rope_factor)]
+    if c.rope_mscale:
+        out += [("--mscale", c.rope_mscale), ("--mscale-all-dim", c.rope_mscale_all_dim)]
+    if c.mla:
+        for field, fixed in MLA_YARN_DEFAULTS.items():
+            if getattr(c, field) and getattr(c, field) != fixed:
+                notes.append(f"YaRN {field.removeprefix('rope_')} {getattr(c, field):g}: "
+                             f"Megatron-LM's multi-latent attention fixes {fixed:g}")
+        return [("--rope-type", "yarn"), *out], notes
+    out += [("--yarn-original-max-position-embeddings", c.rope_original_max_position or 4096),
+            ("--yarn-beta-fast", c.rope_beta_fast or 32.0),
+            ("--yarn-beta-slow", c.rope_beta_slow or 1.0)]
+    if not c.rope_truncate:     # gpt-oss's ``truncate: false``
+        out.append(("--no-yarn-correction-range-round-to-int", None))
+    return out, notes
 
 
 PRECISION_ARGS: dict[str, tuple[tuple[str, object], ...]] = {
@@ -180,7 +234,8 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
     if v.model.hybrid:
         notes.append("a hybrid Mamba model: launch these arguments with Megatron-LM's "
                      "pretrain_mamba.py, not pretrain_gpt.py")
-    return args + _model_args(v), notes
+    rope, rope_notes = rope_scaling_args(v.model)
+    return args + _model_args(v) + rope, notes + rope_notes
 
 
 def launch_line(v: PartView, path: Path | str = "THIS_FILE") -> str:

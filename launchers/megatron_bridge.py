@@ -28,6 +28,7 @@ from pathlib import Path
 
 from launchers.megatron import CP_COMM_TYPES, SCHEDULES
 from launchers.view import GPU_KINDS, LauncherError, PartView, refuse_device
+from zoo.config import ModelConfig
 
 VERSION = "megatron-bridge 0.6.2"
 """The Megatron-Bridge release (PyPI ``megatron-bridge==0.6.2``: its recipes, ``ConfigContainer``
@@ -121,6 +122,43 @@ def value(x: object) -> str:
     return str(x)
 
 
+def rope_scaling_overrides(c: ModelConfig, notes: list[str]) -> list[tuple[str, object]]:
+    """The model's RoPE scaling as Megatron-Bridge 0.6.2 model-provider fields
+    (``GPTModelProvider``: ``rope_scaling``/``rope_scaling_factor`` for Llama 3.1's bands, whose
+    low/high frequency factors 1 and 4 over 8,192 positions Megatron-Core fixes (another is one
+    note); ``position_embedding_type`` ``yarn`` with the ``yarn_*`` fields; ``seq_len_
+    interpolation_factor`` for linear scaling; with multi-latent attention the
+    ``MLATransformerConfig`` fields ``rotary_scaling_factor``, ``original_max_position_embeddings``,
+    ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``)."""
+    if not c.rope_scaling:
+        return []
+    if c.rope_scaling == "llama3":
+        band = (c.rope_low_freq_factor or 1.0, c.rope_high_freq_factor or 4.0,
+                c.rope_original_max_position or 8192)
+        if band != (1.0, 4.0, 8192):
+            notes.append(f"llama3 rope scaling with low/high frequency factors {band[0]:g}/"
+                         f"{band[1]:g} over {band[2]} positions: Megatron-Core fixes 1/4 over 8192")
+        return [("model.rope_scaling", True), ("model.rope_scaling_factor", float(c.rope_factor))]
+    if c.rope_scaling == "linear":
+        return [("model.seq_len_interpolation_factor", float(c.rope_factor))]
+    orig, fast, slow = (c.rope_original_max_position or 4096, float(c.rope_beta_fast or 32.0),
+                        float(c.rope_beta_slow or 1.0))
+    if c.mla:
+        out: list[tuple[str, object]] = [
+            ("model.rope_type", "yarn"), ("model.rotary_scaling_factor", float(c.rope_factor)),
+            ("model.original_max_position_embeddings", orig), ("model.beta_fast", fast),
+            ("model.beta_slow", slow)]
+        if c.rope_mscale:
+            out += [("model.mscale", float(c.rope_mscale)),
+                    ("model.mscale_all_dim", float(c.rope_mscale_all_dim))]
+        return out
+    return [("model.position_embedding_type", "yarn"),
+            ("model.yarn_rotary_scaling_factor", float(c.rope_factor)),
+            ("model.yarn_original_max_position_embeddings", orig),
+            ("model.yarn_beta_fast", fast), ("model.yarn_beta_slow", slow),
+            ("model.yarn_correction_range_round_to_int", bool(c.rope_truncate))]
+
+
 def _model(v: PartView, notes: list[str]) -> list[tuple[str, object]]:
     """The architecture overrides: the plan's model, so the job is the plan's even where the
     recipe's Hugging Face config differs."""
@@ -137,6 +175,7 @@ def _model(v: PartView, notes: list[str]) -> list[tuple[str, object]]:
             ("model.qk_layernorm", bool(c.qk_norm))]
     if c.pos_emb == "rope":
         out.append(("model.rotary_base", float(c.rope_theta) if c.mla else int(c.rope_theta)))
+        out += rope_scaling_overrides(c, notes)
     if c.moe:
         out += [("model.num_moe_experts", c.experts),
                 ("model.moe_router_topk", c.experts_per_token),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import tomli_w
 
 from launchers.view import GPU_KINDS, LauncherError, PartView, refuse_device
+from zoo.config import ModelConfig
 
 SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "gpipe": "GPipe",
              "zb-v": "ZBVZeroBubble", "dualpipe-v": "DualPipeV"}
@@ -62,6 +63,58 @@ FLAVOR_ROPE_THETA = {"qwen3-235b-a22b": 5000000.0}
 published model's: torchtitan's ``235B-A22B`` is Qwen3-235B-A22B-2507's (``theta=5000000``), the
 original release's ``config.json`` has ``rope_theta`` 1e6. The 0.3 module sets the plan's base on
 every block's RoPE; 0.2's TOML cannot (a note)."""
+
+FLAVOR_ROPE: dict[str, tuple] = {
+    "llama3": ("llama3", 8.0, 1.0, 4.0, 8192), "qwen3": (),
+    "deepseek_v3": ("yarn", 40.0, 4096, 32.0, 1.0, True),
+    "gpt_oss": ("yarn", 32.0, 4096, 32.0, 1.0, False)}
+"""torchtitan model -> the RoPE scaling every flavour of it runs (0.3.0
+``torchtitan/models/*/__init__.py``: ``ComplexRoPE``/``CosSinRoPE.Config(scaling=...)``; 0.2.2's
+llama3 ``RoPEScalingArgs`` default): ``("llama3", factor, low, high, original positions)`` (all
+three Llama 3 flavours, Llama 3.1's bands, also for Llama 3 8B/70B, which have none), ``("yarn",
+factor, original positions, beta fast, beta slow, truncate)``, ``()`` none."""
+
+
+def rope_of(c: ModelConfig) -> tuple:
+    """The model's RoPE scaling in :data:`FLAVOR_ROPE`'s form (YaRN's defaults 4096, 32, 1 where
+    the config gives none; Llama 3.1's 1, 4, 8192)."""
+    if c.pos_emb != "rope" or not c.rope_scaling:
+        return ()
+    if c.rope_scaling == "llama3":
+        return ("llama3", float(c.rope_factor), c.rope_low_freq_factor or 1.0,
+                c.rope_high_freq_factor or 4.0, c.rope_original_max_position or 8192)
+    if c.rope_scaling == "linear":
+        return ("linear", float(c.rope_factor))
+    return ("yarn", float(c.rope_factor), c.rope_original_max_position or 4096,
+            float(c.rope_beta_fast or 32.0), float(c.rope_beta_slow or 1.0), c.rope_truncate)
+
+
+def rope_text(rope: tuple) -> str:
+    """A :func:`rope_of` tuple in words: ``"llama3 x8 (low/high 1/4 over 8192)"``, ``"yarn x40
+    over 4096 (beta 32/1)"``, ``"none"``."""
+    if not rope:
+        return "none"
+    if rope[0] == "llama3":
+        return f"llama3 x{rope[1]:g} (low/high {rope[2]:g}/{rope[3]:g} over {rope[4]})"
+    if rope[0] == "linear":
+        return f"linear x{rope[1]:g}"
+    return (f"yarn x{rope[1]:g} over {rope[2]} (beta {rope[3]:g}/{rope[4]:g}"
+            + (", untruncated)" if not rope[5] else ")"))
+
+
+def _rope_fields(rope: tuple) -> dict[str, object]:
+    """0.3's ``RoPE.Config`` fields for a :func:`rope_of` tuple (``rope.py``: ``scaling``
+    ``none``/``llama``/``yarn``, ``scaling_factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``original_max_position_embeddings``; ``rope_factor``, ``original_seq_len``, ``beta_fast``,
+    ``beta_slow``, ``truncate``)."""
+    if not rope:
+        return {"scaling": "none"}
+    if rope[0] == "llama3":
+        return {"scaling": "llama", "scaling_factor": rope[1], "low_freq_factor": rope[2],
+                "high_freq_factor": rope[3], "original_max_position_embeddings": rope[4]}
+    return {"scaling": "yarn", "rope_factor": rope[1], "original_seq_len": rope[2],
+            "beta_fast": rope[3], "beta_slow": rope[4], "truncate": rope[5]}
+
 
 RECIPES = {"llama3": {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"},
            "qwen3": {}, "deepseek_v3": {}, "gpt_oss": {"20b": "gpt_oss_20b", "120b": "gpt_oss_120b"}}
@@ -113,6 +166,16 @@ def job(v: PartView, source: str, toml: bool = True) -> tuple[dict, list[str]]:
                      f"model {v.model.rope_theta:g}"
                      + (": the 0.2 TOML cannot set it" if toml else
                         ": the module sets the plan's on every block"))
+    plan_rope, flavour_rope = rope_of(v.model), FLAVOR_ROPE[name]
+    if plan_rope != flavour_rope:
+        if plan_rope and plan_rope[0] == "linear":
+            notes.append(f"torchtitan's RoPE has no linear scaling: the plan's model scales by "
+                         f"{plan_rope[1]:g}, the {name} {flavor} flavour's rope scaling is kept")
+        else:
+            notes.append(f"torchtitan's {name} {flavor} flavour has rope scaling "
+                         f"{rope_text(flavour_rope)}, the plan's model {rope_text(plan_rope)}"
+                         + (": the 0.2 TOML cannot set it" if toml else
+                            ": the module sets the plan's on every block"))
     if lay.fsdp:
         replicate, shard = lay.hsdp, lay.data // lay.hsdp
     else:
@@ -230,6 +293,12 @@ def module(v: PartView, source: str, stem: str) -> tuple[str, list[str]]:
              f"flavour's {theta:g}",
              f"        block.attention.rope.theta = {float(v.model.rope_theta)!r}"]
             if theta is not None and theta != v.model.rope_theta else [])
+    plan_rope = rope_of(v.model)
+    if plan_rope != FLAVOR_ROPE[name] and not (plan_rope and plan_rope[0] == "linear"):
+        rope += ["    for block in config.model_spec.model.layers:   # the plan's rope scaling, "
+                 "not the flavour's"]
+        rope += [f"        block.attention.rope.{k} = {x!r}"
+                 for k, x in _rope_fields(plan_rope).items()]
     par = {k: x for k, x in doc["parallelism"].items() if k in PARALLELISM_03}
     dropped = [k for k in doc["parallelism"] if k not in PARALLELISM_03 and doc["parallelism"][k]
                not in (False, 1)]

@@ -48,7 +48,17 @@ class ModelConfig:
         norm ("rms" | "layer"), mlp ("swiglu" | "gelu" | "relu"), pos_emb ("rope" | "learned" | "none"),
         bias (linear biases), tie_embeddings (output head shares the input embedding; the head still
         holds its own copy, as a pipeline's last stage does, see :func:`param_count`),
-        rope_theta, norm_eps, attention ("plain": materialized softmax, or "flash": a custom-VJP
+        rope_theta, the RoPE scaling of the published config (``rope_scaling``: ``""`` none,
+        ``"llama3"`` Llama 3.1's frequency-band rescaling with ``rope_factor``,
+        ``rope_low_freq_factor``, ``rope_high_freq_factor`` and ``rope_original_max_position``
+        (Meta, "The Llama 3 Herd of Models", 2024; Hugging Face ``_compute_llama3_parameters``),
+        ``"yarn"`` YaRN with ``rope_factor``, ``rope_original_max_position``,
+        ``rope_beta_fast``/``rope_beta_slow`` and ``rope_mscale``/``rope_mscale_all_dim``
+        (Peng et al. 2023, "YaRN"; DeepSeek-V3, Kimi K2, gpt-oss; ``rope_truncate`` False: the
+        correction range's ends are not rounded to integers, gpt-oss's ``truncate``), ``"linear"`` position
+        interpolation by ``rope_factor``; 0 for a figure the config does not give; no parameters
+        and the same FLOP as plain RoPE, so costed as it and carried for the launchers' exports),
+        norm_eps, attention ("plain": materialized softmax, or "flash": a custom-VJP
         attention that keeps only q, k, v, o and the log-sum-exp for the backward: how the JAX
         model computes), attention_kernel (what the costed production stack runs, see
         :data:`ir.workload.ATTENTION_KERNELS`: ``"flash"``, the default, or ``"unfused"``).
@@ -132,6 +142,16 @@ class ModelConfig:
     bias: bool = False
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
+    rope_scaling: str = ""
+    rope_factor: float = 1.0
+    rope_original_max_position: int = 0
+    rope_low_freq_factor: float = 0.0
+    rope_high_freq_factor: float = 0.0
+    rope_beta_fast: float = 0.0
+    rope_beta_slow: float = 0.0
+    rope_mscale: float = 0.0
+    rope_mscale_all_dim: float = 0.0
+    rope_truncate: bool = True
     norm_eps: float = 1e-5
     attention: str = "plain"
     attention_kernel: str = "flash"
@@ -303,11 +323,14 @@ _REGISTRY: dict[str, ModelConfig] = {
         source=_LLAMA3.format(size="70B", h=8192, f=28672, l=80, a=64)),
     "llama3-405b": ModelConfig(
         name="llama3-405b", family="llama", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248,
-        vocab=128256, seq_len=8192, rope_theta=500000.0,
+        vocab=128256, seq_len=8192, rope_theta=500000.0, rope_scaling="llama3", rope_factor=8.0,
+        rope_original_max_position=8192, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
         source=("Llama 3: Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783) Table 3 "
                 "(405B: 126 layers, model dimension 16,384, FFN dimension 53,248, 128 attention heads, "
                 "8 key/value heads, vocabulary 128,000, RoPE theta 500,000); meta-llama/Llama-3.1-405B "
-                "config.json (vocab_size 128256, rms_norm_eps 1e-5); pretraining context 8192")),
+                "config.json (vocab_size 128256, rms_norm_eps 1e-5; rope_scaling llama3: factor 8, "
+                "low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192); "
+                "pretraining context 8192")),
     "gpt3-175b": ModelConfig(
         name="gpt3-175b", family="gpt", layers=96, hidden=12288, heads=96, kv_heads=96,
         ffn=4 * 12288, vocab=50257, seq_len=2048, norm="layer", mlp="gelu", pos_emb="learned",

@@ -104,6 +104,45 @@ def llama_like(doc: Mapping[str, Any], kind: str, name: str, source: str, where:
         source=f"{source}; {kind}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
+ROPE_SCALING_KINDS = ("linear", "llama3", "yarn")
+"""The ``rope_scaling`` types the zoo carries (Hugging Face's ``rope_type``, or ``type`` in older
+configs); another (``dynamic``, ``longrope``) is refused in one line."""
+
+
+def rope_scaling_fields(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A config's ``rope_scaling`` as :class:`~zoo.config.ModelConfig` fields (``rope_scaling``,
+    ``rope_factor``, ...: its docstring); ``{}`` when the config has none.
+
+    Raises:
+        ZooError: a ``rope_scaling`` that is not a mapping, of an unsupported type, or with a
+            figure that is not a number.
+    """
+    scaling = doc.get("rope_scaling")
+    if scaling is None:
+        return {}
+    if not isinstance(scaling, Mapping):
+        raise ZooError(f"{where}: field 'rope_scaling' = {_short(scaling)} is not a mapping; fix: "
+                       f"give the published rope_scaling or remove it")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return {}
+    if kind not in ROPE_SCALING_KINDS:
+        raise ZooError(f"{where}: rope_scaling type {_short(kind)} is not supported; supported: "
+                       f"{', '.join(ROPE_SCALING_KINDS)}")
+    keys = {"rope_factor": "factor", "rope_original_max_position": "original_max_position_embeddings",
+            "rope_low_freq_factor": "low_freq_factor", "rope_high_freq_factor": "high_freq_factor",
+            "rope_beta_fast": "beta_fast", "rope_beta_slow": "beta_slow", "rope_mscale": "mscale",
+            "rope_mscale_all_dim": "mscale_all_dim"}
+    out: dict[str, Any] = {"rope_scaling": kind}
+    for field, key in keys.items():
+        if key in scaling:
+            value = _float({key: scaling[key]}, f"{where}: rope_scaling", key, default=0.0)
+            out[field] = int(value) if field == "rope_original_max_position" else value
+    if "truncate" in scaling:
+        out["rope_truncate"] = _bool(scaling, "truncate", f"{where}: rope_scaling", True)
+    return out
+
+
 def _rope_scaling_note(doc: Mapping[str, Any]) -> list[str]:
     """A config's ``rope_scaling`` (Llama 3.1's ``llama3``, YaRN) rescales the rotary frequencies:
     no parameters and the same FLOP, so it is costed as plain RoPE and named in the source."""
@@ -111,4 +150,4 @@ def _rope_scaling_note(doc: Mapping[str, Any]) -> list[str]:
     if not isinstance(scaling, Mapping):
         return []
     kind = scaling.get("rope_type", scaling.get("type", "rope"))
-    return [f"{_short(kind, 20)} rope scaling costed as plain RoPE"]
+    return [f"{_short(kind, 20)} rope scaling costed as plain RoPE (carried for the exports)"]

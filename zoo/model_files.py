@@ -49,7 +49,8 @@ from typing import Any, Mapping
 from hardware_profiles.paths import PACKAGE_ROOT
 from ir.files import read_json, read_yaml
 from zoo.config import ModelConfig, ZooError, get_config, list_models
-from zoo.model_fields import SEQ_LEN_CAP, _bool, _float, _int, _short, llama_like as _llama_like
+from zoo.model_fields import (SEQ_LEN_CAP, _bool, _float, _int, _short, llama_like as _llama_like,
+                               rope_scaling_fields)
 from zoo.model_files_moe import read_moe
 from zoo.schema import check_model
 
@@ -236,6 +237,8 @@ def from_hf(doc: Mapping[str, Any], name: str, source: str) -> ModelConfig:
         cfg = read_moe(doc, kind, name, source, where)
     else:
         cfg = _gpt_like(doc, kind, name, source, where)
+    text = doc.get("text_config") if isinstance(doc.get("text_config"), Mapping) else doc
+    cfg = dataclasses.replace(cfg, **rope_scaling_fields(text, where))
     return check_model(cfg, source, hf_names(kind))
 
 

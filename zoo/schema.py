@@ -82,6 +82,7 @@ LIMITS: dict[str, int] = {
     "conv_kernel": 2**6, "ssm_chunk": 2**16,         # 4, 128 (Nemotron-H)
     "relative_buckets": 2**12, "relative_max_distance": 2**16,   # 32, 128 (T5 v1.1)
     "out_channels": 2**6, "norm_groups": 2**10,      # 3 (RGB), 32 (Mochi VAE GroupNorm)
+    "rope_original_max_position": 2**24,             # 4,096 (YaRN: DeepSeek-V3), 8,192 (Llama 3.1)
 }
 """Largest value of each integer field (counts; tokens; widths in elements)."""
 
@@ -90,6 +91,10 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "norm_eps": (1e-30, 0.1),          # 1e-5 / 1e-6 published
     "capacity_factor": (1e-3, 64.0),   # 1.0-2.0 (GShard, Switch Transformer)
     "swiglu_limit": (0.0, 1e6),        # 7.0 (gpt-oss); 0: no clamp
+    "rope_factor": (1e-3, 1e6),        # 8 (Llama 3.1), 32 (gpt-oss, Kimi K2), 40 (DeepSeek-V3)
+    "rope_low_freq_factor": (0.0, 1e6), "rope_high_freq_factor": (0.0, 1e6),   # 1, 4 (Llama 3.1)
+    "rope_beta_fast": (0.0, 1e6), "rope_beta_slow": (0.0, 1e6),   # 32, 1 (YaRN's defaults)
+    "rope_mscale": (0.0, 1e6), "rope_mscale_all_dim": (0.0, 1e6),   # 1, 1 (DeepSeek-V3)
 }
 """Closed range of each float field."""
 
@@ -107,7 +112,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "family": ("llama", "gpt", "mochi", "t5", "mochi_vae"), "norm": ("rms", "layer"),
     "mlp": ("swiglu", "gelu", "relu", "relu2"), "pos_emb": ("rope", "learned", "none", "relative"),
     "dtype": ("bfloat16", "float16", "float32"), "attention_kernel": tuple(ATTENTION_KERNELS),
-    "attention": ("plain", "flash", "fused")}
+    "attention": ("plain", "flash", "fused"), "rope_scaling": ("", "linear", "llama3", "yarn")}
 """The fields with a fixed vocabulary, and their values."""
 
 MAX_NAME = 200

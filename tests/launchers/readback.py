@@ -82,6 +82,69 @@ def _qk_norm(m: ModelConfig) -> bool:
     return m.qk_norm
 
 
+def _rope(m: ModelConfig) -> tuple:
+    """The plan model's RoPE scaling as the read-back compares it: ``()`` none; ``("llama3",
+    factor)``; ``("linear", factor)``; ``("yarn", factor, original positions, beta fast, beta
+    slow, truncate)`` with YaRN's defaults (4096, 32, 1) where the config gives none."""
+    if m.pos_emb != "rope" or not m.rope_scaling:
+        return ()
+    if m.rope_scaling in ("llama3", "linear"):
+        return (m.rope_scaling, float(m.rope_factor))
+    return ("yarn", float(m.rope_factor), m.rope_original_max_position or 4096,
+            float(m.rope_beta_fast or 32.0), float(m.rope_beta_slow or 1.0), m.rope_truncate)
+
+
+def _megatron_rope(v: dict, mla: bool) -> tuple:
+    """Megatron-LM's parsed arguments as :func:`_rope`'s tuple (MLA's YaRN: the fixed
+    ``MLATransformerConfig`` range 4096 / 32 / 1, rounded)."""
+    if v.get("use_rope_scaling"):
+        return ("llama3", float(v["rope_scaling_factor"]))
+    if v.get("rotary_seq_len_interpolation_factor"):
+        return ("linear", float(v["rotary_seq_len_interpolation_factor"]))
+    if mla and v.get("rope_type") == "yarn":
+        return ("yarn", float(v["rotary_scaling_factor"]), 4096, 32.0, 1.0, True)
+    if v.get("position_embedding_type") == "yarn":
+        return ("yarn", float(v["rotary_scaling_factor"]),
+                v.get("yarn_original_max_position_embeddings") or 4096,
+                float(v.get("yarn_beta_fast") or 32.0), float(v.get("yarn_beta_slow") or 1.0),
+                v.get("yarn_correction_range_round_to_int") is not False)
+    return ()
+
+
+def _bridge_rope(v: dict, mla: bool) -> tuple:
+    """Megatron-Bridge's model provider as :func:`_rope`'s tuple."""
+    if v.get("rope_scaling"):
+        return ("llama3", float(v["rope_scaling_factor"]))
+    if v.get("seq_len_interpolation_factor"):
+        return ("linear", float(v["seq_len_interpolation_factor"]))
+    if mla and v.get("rope_type") == "yarn":
+        return ("yarn", float(v["rotary_scaling_factor"]), v["original_max_position_embeddings"],
+                float(v["beta_fast"]), float(v["beta_slow"]), True)
+    if v.get("position_embedding_type") == "yarn":
+        return ("yarn", float(v["yarn_rotary_scaling_factor"]),
+                v.get("yarn_original_max_position_embeddings") or 4096,
+                float(v.get("yarn_beta_fast") or 32.0), float(v.get("yarn_beta_slow") or 1.0),
+                v.get("yarn_correction_range_round_to_int") is not False)
+    return ()
+
+
+def _rope_full(m: ModelConfig) -> list:
+    """:func:`_rope` with Llama 3.1's band figures too (torchtitan sets them):
+    ``["llama3", factor, low, high, original positions]``."""
+    r = list(_rope(m))
+    if r and r[0] == "llama3":
+        r += [m.rope_low_freq_factor or 1.0, m.rope_high_freq_factor or 4.0,
+              m.rope_original_max_position or 8192]
+    return r
+
+
+def _rope_cmp(out: list[str], got: tuple, m: ModelConfig, notes, *allow: str) -> None:
+    """Compare the RoPE scaling; a difference is accepted where the exporter's note (one of the
+    phrases ``allow``) said the target cannot express it."""
+    if got != _rope(m) and not any(_noted(notes, a) for a in allow):
+        out.append(f"rope scaling: launcher {got!r}, plan {_rope(m)!r}")
+
+
 def _megatron(e: Expect, v: dict, notes) -> list[str]:
     out: list[str] = []
     m = e.model
@@ -124,6 +187,11 @@ def _megatron(e: Expect, v: dict, notes) -> list[str]:
     _cmp(out, "vocab", v["vocab_size"], m.vocab)
     if m.family == "llama":
         _cmp(out, "rope base", v["rotary_base"], int(m.rope_theta))
+        _rope_cmp(out, _megatron_rope(v, m.mla), m, notes, "rope scaling", "YaRN")
+    if m.sliding_window and m.full_attention_every:    # Transformer Engine's (left, right)
+        win = v.get("window_size")
+        _cmp(out, "sliding window", win[0] + 1 if win else 0, m.sliding_window)
+        _cmp(out, "full attention every", v.get("window_attn_skip_freq"), m.full_attention_every)
     _cmp(out, "mla", bool(v["multi_latent_attention"]), m.mla)
     if m.mla:
         _cmp(out, "kv lora rank", v["kv_lora_rank"], m.kv_lora_rank)
@@ -203,6 +271,7 @@ def _bridge(e: Expect, v: dict, notes) -> list[str]:
     _cmp(out, "vocab", v["vocab_size"], m.vocab)
     if m.family == "llama":
         _cmp(out, "rope base", int(v["rotary_base"]), int(m.rope_theta))
+        _rope_cmp(out, _bridge_rope(v, m.mla), m, notes, "rope scaling")
     _cmp(out, "mla", bool(v["multi_latent_attention"]), m.mla)
     if m.mla:
         _cmp(out, "kv lora rank", v["kv_lora_rank"], m.kv_lora_rank)
@@ -271,6 +340,11 @@ def _torchtitan(e: Expect, v: dict, notes, version: str) -> list[str]:
     _cmp(out, "vocab", s["vocab_size"], m.vocab)
     if s["rope_theta"] is not None and not _noted(notes, "the 0.2 TOML cannot set it"):
         _cmp(out, "rope base", float(s["rope_theta"]), float(m.rope_theta))
+    if "rope" in s and not _noted(notes, "rope scaling", "the 0.2 TOML cannot set it") and not \
+            _noted(notes, "has no linear scaling"):
+        _cmp(out, "rope scaling", [float(x) if isinstance(x, (int, float)) and not isinstance(
+            x, bool) else x for x in s["rope"]], [float(x) if isinstance(x, (int, float)) and not
+                                                  isinstance(x, bool) else x for x in _rope_full(m)])
     _cmp(out, "qk norm", s["qk_norm"], _qk_norm(m))
     _cmp(out, "kv lora rank", s["kv_lora_rank"] or 0, m.kv_lora_rank)
     _cmp(out, "q lora rank", s["q_lora_rank"] or 0, m.q_lora_rank)
@@ -286,6 +360,19 @@ def _torchtitan(e: Expect, v: dict, notes, version: str) -> list[str]:
     if "windows" in s:      # each block's sliding window, 0 for full attention
         _cmp(out, "sliding windows", s["windows"], [m.layer_window(i) for i in range(m.layers)])
     return out
+
+
+def _maxtext_rope(v: dict) -> tuple:
+    """MaxText's parsed config as :func:`_rope`'s tuple: ``llama3.1`` RoPE (by ``rope_type`` or a
+    ``llama3.1`` model name: ``attentions.py``) scales by a fixed 8; ``yarn`` by its keys."""
+    kind = str(v.get("rope_type") or "default").lower()
+    if kind.startswith("llama3.1") or str(v.get("model_name", "")).startswith("llama3.1"):
+        return ("llama3", 8.0) if v.get("rope_use_scale", True) else ()
+    if kind.startswith("yarn"):
+        return ("yarn", float(v["rope_factor"]), v["original_max_position_embeddings"],
+                float(v["beta_fast"]), float(v["beta_slow"]), bool(v["rope_truncate"]))
+    factor = float(v.get("rope_linear_scaling_factor") or 1.0)
+    return ("linear", factor) if factor != 1.0 else ()
 
 
 def _maxtext(e: Expect, v: dict, notes) -> list[str]:
@@ -340,6 +427,7 @@ def _maxtext(e: Expect, v: dict, notes) -> list[str]:
         _cmp(out, "head dim", v["head_dim"], m.head_dim)
     _cmp(out, "vocab", v["vocab_size"], m.vocab)
     _cmp(out, "rope base", float(v["rope_max_timescale"]), float(m.rope_theta))
+    _rope_cmp(out, _maxtext_rope(v), m, notes, "MaxText's llama3.1 RoPE fixes")
     _cmp(out, "qk norm", bool(v.get("use_qk_norm")), _qk_norm(m))
     _cmp(out, "mla", v.get("attention_type") == "mla", m.mla)
     if m.mla:

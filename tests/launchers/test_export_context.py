@@ -84,6 +84,8 @@ def test_ring_context_on_every_target():
     assert doc["training"]["local_batch_size"] == 64        # 256 over data 4, not data x context
     assert par["pipeline_parallel_microbatch_size"] == 2
     assert out["torchtitan"][1] == (
+        "torchtitan's llama3 70B flavour has rope scaling llama3 x8 (low/high 1/4 over 8192), "
+        "the plan's model none: the 0.2 TOML cannot set it",
         "torchtitan shards parameters, gradients and optimizer state over data x context 8 "
         "(FSDP: its DDP does not combine with tensor, pipeline or expert parallel); the plan kept "
         "whole parameters and sharded the optimizer state (distributed optimizer): expect "

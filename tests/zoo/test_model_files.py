@@ -196,3 +196,24 @@ def test_whatif_takes_a_shipped_config_by_name(tmp_path):
                 global_batch=64, time_limit_s=1.0)
     assert len(df) == 1 and bool(df.iloc[0]["feasible"])
     assert df.iloc[0]["plan"].model == "gpt2"
+
+
+def test_rope_scaling_is_read_as_published_and_carried_by_a_plan():
+    """Llama 3.1's bands, DeepSeek-V3's and gpt-oss's YaRN (gpt-oss unrounded), none for Qwen3;
+    the fields survive a plan's model_config; an unsupported type is refused in one line."""
+    c = resolve_model("zoo/configs/Llama-3.1-8B.json")
+    assert (c.rope_scaling, c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
+            c.rope_original_max_position) == ("llama3", 8.0, 1.0, 4.0, 8192)
+    d = resolve_model("deepseek-v3")
+    assert (d.rope_scaling, d.rope_factor, d.rope_original_max_position, d.rope_beta_fast,
+            d.rope_beta_slow, d.rope_mscale, d.rope_mscale_all_dim, d.rope_truncate) == (
+        "yarn", 40.0, 4096, 32.0, 1.0, 1.0, 1.0, True)
+    g = resolve_model("zoo/configs/gpt-oss-20b.json")
+    assert (g.rope_scaling, g.rope_factor, g.rope_truncate) == ("yarn", 32.0, False)
+    assert resolve_model("zoo/configs/Qwen3-8B.json").rope_scaling == ""
+    assert plan_model(d.name, config_fields(d)) == d
+    doc = json.loads((CONFIGS / "Llama-3.1-8B.json").read_text())
+    with pytest.raises(ZooError) as e:
+        from_hf({**doc, "rope_scaling": {"rope_type": "longrope", "factor": 4}}, "m", "m.json")
+    assert "rope_scaling type 'longrope' is not supported; supported: linear, llama3, yarn" in str(e.value)
+    assert "\n" not in str(e.value)

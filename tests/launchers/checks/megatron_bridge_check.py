@@ -76,7 +76,11 @@ MODEL_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
               "moe_shared_expert_intermediate_size", "moe_layer_freq", "mtp_num_layers",
               "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "window_size",
               "moe_token_dispatcher_type", "fp8", "fp8_recipe", "fp4", "fp4_recipe", "bf16",
-              "fp16")
+              "fp16", "position_embedding_type", "rope_scaling", "rope_scaling_factor",
+              "seq_len_interpolation_factor", "yarn_rotary_scaling_factor",
+              "yarn_original_max_position_embeddings", "yarn_beta_fast", "yarn_beta_slow",
+              "yarn_correction_range_round_to_int", "rope_type", "rotary_scaling_factor",
+              "original_max_position_embeddings", "beta_fast", "beta_slow")
 
 
 GPUS = {"gb300": (10, "NVIDIA GB300"), "gb200": (10, "NVIDIA GB200"), "b200": (10, "NVIDIA B200"),

@@ -45,6 +45,33 @@ def _find(d, key):
     return None
 
 
+def _rope_03(rope: dict) -> list:
+    """0.3's ``RoPE.Config`` scaling (``models/common/rope.py``) as a list: ``[]`` none;
+    ``["llama3", factor, low, high, original positions]``; ``["yarn", factor, original
+    positions, beta fast, beta slow, truncate]``."""
+    kind = rope.get("scaling") or "none"
+    if kind == "llama":
+        return ["llama3", rope["scaling_factor"], rope["low_freq_factor"],
+                rope["high_freq_factor"], rope["original_max_position_embeddings"]]
+    if kind == "yarn" and (rope.get("rope_factor") or 1.0) > 1.0:
+        return ["yarn", rope["rope_factor"], rope["original_seq_len"], rope["beta_fast"],
+                rope["beta_slow"], rope.get("truncate", True)]
+    return []
+
+
+def _rope_02(a: dict) -> list:
+    """0.2's model arguments' RoPE scaling, as :func:`_rope_03`'s list (llama3's
+    ``rope_scaling_args``; DeepSeek-V3's and gpt-oss's YaRN ``rope_factor`` and betas)."""
+    r = a.get("rope_scaling_args")
+    if r:
+        return ["llama3", r["scaling_factor"], r["low_freq_factor"], r["high_freq_factor"],
+                r["original_max_position_embeddings"]]
+    if (a.get("rope_factor") or 1.0) > 1.0:
+        return ["yarn", a["rope_factor"], a.get("original_seq_len", 4096), a.get("beta_fast", 32.0),
+                a.get("beta_slow", 1.0), a.get("truncate", True)]
+    return []
+
+
 def _model_summary(mc: dict) -> dict:
     """The architecture of torchtitan's model config (``model_spec.model``, as JSON): block
     count, widths, heads, RoPE base and scaling, QK-norm, MLA ranks, dense first blocks, routed
@@ -61,6 +88,7 @@ def _model_summary(mc: dict) -> dict:
             "n_heads": _find(attn, "n_heads"), "n_kv_heads": _find(attn, "n_kv_heads"),
             "head_dim": _find(attn, "head_dim"), "rope_theta": rope.get("theta"),
             "rope_scaling": rope.get("scaling"), "qk_norm": _find(attn, "qk_norm") is not None,
+            "rope": _rope_03(rope),
             "q_lora_rank": attn.get("q_lora_rank"), "kv_lora_rank": attn.get("kv_lora_rank"),
             "dense_layers": len(dense) if moe else 0,
             "ffn_hidden": ff["w1"]["out_features"] if ff else None,
@@ -88,6 +116,7 @@ def _args_summary(name: str, flavor: str) -> dict:
             "n_heads": a["n_heads"], "n_kv_heads": a.get("n_kv_heads") or a["n_heads"],
             "head_dim": a.get("head_dim"), "rope_theta": a.get("rope_theta"),
             "rope_scaling": "llama" if a.get("rope_scaling_args") else None,
+            "rope": _rope_02(a),
             "qk_norm": bool(a.get("qk_norm", False)), "q_lora_rank": a.get("q_lora_rank"),
             "kv_lora_rank": a.get("kv_lora_rank"),
             "dense_layers": a.get("n_dense_layers", 0) if moe else 0,

@@ -14,6 +14,8 @@ TORCHTITAN_VERSION = '0.3.0'
 def mpmd_plan():
     config = config_registry.llama3_70b()   # torchtitan's recipe: optimizer, data, checkpoints
     config.model_spec = model_registry('70B')
+    for block in config.model_spec.model.layers:   # the plan's rope scaling, not the flavour's
+        block.attention.rope.scaling = 'none'
     config.loss.loss_fn.global_vocab_size = decoder_vocab_size(config.model_spec)
     # the recipe's training settings (steps, dtype, ...) kept; the plan's batch and sequence
     config.training.local_batch_size = 32
