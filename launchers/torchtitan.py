@@ -75,6 +75,12 @@ three Llama 3 flavours, Llama 3.1's bands, also for Llama 3 8B/70B, which have n
 factor, original positions, beta fast, beta slow, truncate)``, ``()`` none."""
 
 
+FLAVOR_ROPE_02 = {**FLAVOR_ROPE, "gpt_oss": ("yarn", 32.0, 4096, 32.0, 1.0, True)}
+""":data:`FLAVOR_ROPE` as torchtitan 0.2.2 runs it: its gpt_oss YaRN has no ``truncate`` and
+rounds the correction range (``models/gpt_oss/model/args.py``), where gpt-oss's config and 0.3
+do not."""
+
+
 def rope_of(c: ModelConfig) -> tuple:
     """The model's RoPE scaling in :data:`FLAVOR_ROPE`'s form (YaRN's defaults 4096, 32, 1 where
     the config gives none; Llama 3.1's 1, 4, 8192)."""
@@ -166,7 +172,7 @@ def job(v: PartView, source: str, toml: bool = True) -> tuple[dict, list[str]]:
                      f"model {v.model.rope_theta:g}"
                      + (": the 0.2 TOML cannot set it" if toml else
                         ": the module sets the plan's on every block"))
-    plan_rope, flavour_rope = rope_of(v.model), FLAVOR_ROPE[name]
+    plan_rope, flavour_rope = rope_of(v.model), (FLAVOR_ROPE_02 if toml else FLAVOR_ROPE)[name]
     if plan_rope != flavour_rope:
         if plan_rope and plan_rope[0] == "linear":
             notes.append(f"torchtitan's RoPE has no linear scaling: the plan's model scales by "

@@ -67,8 +67,10 @@ def _rope_02(a: dict) -> list:
         return ["llama3", r["scaling_factor"], r["low_freq_factor"], r["high_freq_factor"],
                 r["original_max_position_embeddings"]]
     if (a.get("rope_factor") or 1.0) > 1.0:
-        return ["yarn", a["rope_factor"], a.get("original_seq_len", 4096), a.get("beta_fast", 32.0),
-                a.get("beta_slow", 1.0), a.get("truncate", True)]
+        # gpt_oss 0.2.2 names YaRN's betas ntk_beta (fast) and ntk_alpha (slow)
+        return ["yarn", a["rope_factor"], a.get("original_seq_len", 4096),
+                a.get("beta_fast", a.get("ntk_beta", 32.0)),
+                a.get("beta_slow", a.get("ntk_alpha", 1.0)), a.get("truncate", True)]
     return []
 
 
