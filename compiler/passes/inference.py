@@ -70,17 +70,31 @@ def _heaviest(w: Mapping[str, float], among: Iterable[str], order: Mapping[str, 
 
 def _placement(p: Program, op: MeshlessOp, use: set[str], src: Mapping[str, set[str]],
                weight: Mapping[str, Mapping[str, float]], home: Mapping[str, str],
-               order: Mapping[str, int]) -> set[str]:
+               order: Mapping[str, int], readers: Mapping[str, int]) -> set[str]:
     """Where ``op`` is computed: its ``use_set``, or, when that is not within its ``src_set`` and
     its results are no larger than its operands (a reduction, an elementwise op), where its
     operands are (``use_set & src_set``, else the ``src_set`` mesh, else the ``use_set`` mesh
-    with most source bytes), its results then moved to the rest of ``use_set``."""
+    with most source bytes), its results then moved to the rest of ``use_set``.
+
+    Except: an op used on one mesh whose operands placed elsewhere are all program inputs is
+    computed where it is used when moving those inputs costs fewer bytes than moving its
+    results. A program input is moved to a mesh once and that copy serves every meshless op
+    reading it, so its bytes are shared among its ``readers``. The first layer's ``x @ emb`` of
+    each microbatch, ``emb`` tied to the last mesh, is so computed on the first mesh: ``emb``
+    moves there once instead of ``x`` and the product making a round trip per microbatch."""
     s = src.get(op.outputs[0], set()) if op.outputs else set()
     ins = [v for v in dict.fromkeys(op.inputs)]
     if use <= s or not ins or _bytes(p, op.outputs) > _bytes(p, ins):
         return use
     if use & s:
         return use & s
+    if len(use) == 1:
+        (u,) = use
+        inputs = set(p.inputs)
+        far = [v for v in ins if v in home and home[v] != u]
+        if all(v in inputs for v in far) and all(v in home or v in inputs for v in ins) and \
+                sum(_bytes(p, [v]) / max(readers.get(v, 1), 1) for v in far) < _bytes(p, op.outputs):
+            return use
     w: dict[str, float] = {}
     for v in ins:
         wv = weight.get(v) or ({home[v]: float(_bytes(p, [v]))} if v in home else {})
@@ -144,6 +158,11 @@ def infer_meshes(p: Program, infer_transfers: bool = True) -> Program:
     for v, m in zip(p.outputs, out_mesh):
         if m is not None:
             use.setdefault(v, set()).add(m)
+    readers: dict[str, int] = {}
+    for op in p.ops:
+        if isinstance(op, MeshlessOp):
+            for v in dict.fromkeys(op.inputs):
+                readers[v] = readers.get(v, 0) + 1
     place: dict[int, set[str]] = {}
     for k in range(len(p.ops) - 1, -1, -1):
         op = p.ops[k]
@@ -154,7 +173,7 @@ def infer_meshes(p: Program, infer_transfers: bool = True) -> Program:
         else:
             ms = set().union(*(use.get(v, set()) for v in op.outputs))
             if isinstance(op, MeshlessOp) and ms:
-                ms = _placement(p, op, ms, src, weight, home, order)
+                ms = _placement(p, op, ms, src, weight, home, order, readers)
                 place[k] = ms
         for v in op.inputs:
             use.setdefault(v, set()).update(ms)
