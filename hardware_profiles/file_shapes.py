@@ -122,6 +122,7 @@ class _Efficiencies(_Strict):
     forward_routing_pair_ns: _Overhead | None = None
     backward_routing_pair_ns: _Overhead | None = None
     routed_element_ps: _Overhead | None = None
+    dropless_routing_pair_ns: _Overhead | None = None
 
 
 class _OneHop(_Strict):

@@ -197,7 +197,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
     for key, unit in (("decode_layer_overhead", "_us"), ("prefill_layer_overhead", "_us"),
                       ("forward_layer_overhead", "_us"), ("backward_layer_overhead", "_us"),
                       ("logit_overhead", "_ns"), ("forward_routing_pair", "_ns"),
-                      ("backward_routing_pair", "_ns"), ("routed_element", "_ps")):
+                      ("backward_routing_pair", "_ns"), ("routed_element", "_ps"),
+                      ("dropless_routing_pair", "_ns")):
         got = getattr(f.efficiency, key + unit)
         if got is not None:
             sources[key] = got.origin
@@ -266,6 +267,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
                                if f.efficiency.backward_routing_pair_ns else 0.0),
         routed_element=(f.efficiency.routed_element_ps.value * 1e-12
                         if f.efficiency.routed_element_ps else 0.0),
+        dropless_routing_pair=(f.efficiency.dropless_routing_pair_ns.value * 1e-9
+                               if f.efficiency.dropless_routing_pair_ns else 0.0),
         layer_overhead_ops=tuple((getattr(f.efficiency, k).ops or 0)
                                  if getattr(f.efficiency, k) else 0
                                  for k in ("forward_layer_overhead_us",

@@ -191,6 +191,18 @@ class DeviceProfile:
             sort, padding and host synchronisation: ``simulator.cost_model.token_path_time``),
             fitted on the kind's published MoE runs by ``mpmd validate --fit-moe``; 0 where none
             was fitted
+        dropless_routing_pair: a dropless dispatch's extra time per routed (token, expert)
+            pair, s, forward and backward together (a third in the forward, the rest in the
+            input gradient), beyond ``forward_routing_pair`` / ``backward_routing_pair``: a
+            dropless dispatcher (Megatron-Core's ``alltoall`` or ``flex`` without a capacity
+            factor) reads each layer's tokens-per-expert counts back to the host to size its
+            buffers, so its permutations and grouped GEMMs run at shapes known only then
+            (no CUDA-graph capture, the host unable to run ahead); a token-dropping dispatch
+            padded to capacity (``Layout.expert_dispatch`` ``"tokendrop"``) has static shapes
+            and does not pay it. Fitted with the token path by ``mpmd validate --fit-moe``
+            (NVIDIA's Megatron-Bridge 25.09 summary ran Qwen3-30B-A3B token-dropping at
+            1.9-2.0x the tokens/s its 25.11 summary gives dropless on H100 and B200); 0 where
+            none was fitted.
         logit_overhead: a serving step's time per logit it hands to sampling, s: a stack that
             reads each step's ``batch x vocab`` logits back to the host and samples there pays
             it (a decode step of 32 users costs a Wormhole n150 ~8 ms more than one user's, for
@@ -243,6 +255,7 @@ class DeviceProfile:
     forward_routing_pair: float = 0.0
     backward_routing_pair: float = 0.0
     routed_element: float = 0.0
+    dropless_routing_pair: float = 0.0
     precision_rules: Mapping[str, str] = field(default_factory=dict)
     format_efficiency: Mapping[str, float] = field(default_factory=dict)
 

@@ -11,7 +11,7 @@ from ir.report import Prediction, SearchReport
 from ir.schedule import FragmentRef, ScheduleTable
 
 
-EXPERT_DISPATCH = ("alltoall", "deepep")
+EXPERT_DISPATCH = ("alltoall", "deepep", "tokendrop")
 """How a mixture of experts' tokens reach their experts (:attr:`Layout.expert_dispatch`)."""
 
 CONTEXT_METHODS = ("ring", "allgather", "alltoall")
@@ -71,7 +71,13 @@ class Layout:
     (:data:`EXPERT_DISPATCH`): ``"alltoall"`` (one NCCL all-to-all of a copy per routed expert:
     Megatron-Core's ``--moe-token-dispatcher-type alltoall``) or ``"deepep"`` (two hops, each token
     once per remote node over RDMA then to its experts over NVLink: DeepEP / HybridEP, Megatron-
-    Core's ``flex`` dispatcher; :func:`hardware_profiles.collectives.span_two_hop_all_to_all`).
+    Core's ``flex`` dispatcher; :func:`hardware_profiles.collectives.span_two_hop_all_to_all`),
+    both dropless (each layer's per-expert counts are read back by the host to size its buffers:
+    ``DeviceProfile.dropless_routing_pair``), or ``"tokendrop"`` (the ``alltoall`` dispatcher with a
+    capacity factor, every expert's input padded to its capacity: Megatron-Core's
+    ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``; static shapes,
+    no read-back; tokens over an expert's capacity are dropped, which changes training, so the
+    planner never picks it: a plan or a validation row states it).
 
     ``tp_overlap``: the tensor-parallel collectives run beside the GEMMs that produce and consume
     them instead of between them (Megatron-LM / Transformer Engine ``--tp-comm-overlap`` with
@@ -102,8 +108,8 @@ class Layout:
         if self.expert_dispatch not in EXPERT_DISPATCH:
             raise ValueError(f"Layout(expert_dispatch={self.expert_dispatch!r}): unknown; fix: one "
                              f"of {', '.join(EXPERT_DISPATCH)}")
-        if self.expert == 1:
-            object.__setattr__(self, "expert_dispatch", "alltoall")
+        if self.expert == 1 and self.expert_dispatch == "deepep":
+            object.__setattr__(self, "expert_dispatch", "alltoall")   # no all-to-all to split
         if self.hsdp < 1 or self.data % self.hsdp or (self.hsdp > 1 and not self.fsdp):
             raise ValueError(f"Layout(data={self.data}, hsdp={self.hsdp}, fsdp={self.fsdp}): hsdp "
                              f"must divide data and needs fsdp; use hsdp=1 or fsdp=True")

@@ -76,6 +76,9 @@ transfer times (:func:`adapt_plan`)."""
 
 ZB_SCHEDULES = ("1f1b", "1f1b-interleaved", "zb-1p", "zb-2p")
 
+INTERLEAVED = ("interleaved-1f1b", "interleaved-1f1b-a2a")
+"""The simulator's interleaved schedules: ``v`` chunks per rank, the row's ``vp`` (or tuned)."""
+
 METRICS = ("samples_per_gpu_s", "iteration_s", "tflops_per_gpu", "tflops_per_device",
            "tokens_per_gpu_s", "mfu")
 
@@ -238,10 +241,12 @@ class Row:
 
 
 DISPATCHERS = {"alltoall": "alltoall", "deepep": "deepep", "hybridep": "deepep",
-               "flex": "deepep"}
+               "flex": "deepep", "tokendrop": "tokendrop"}
 """The ``dispatcher`` column's values (Megatron-Core's token dispatcher as a run names it) ->
 :attr:`ir.Layout.expert_dispatch`: ``alltoall`` one NCCL all-to-all; DeepEP and HybridEP (the
-``flex`` dispatcher's backends) two hops, RDMA once per remote node then NVLink."""
+``flex`` dispatcher's backends) two hops, RDMA once per remote node then NVLink; these three
+dropless. ``tokendrop``: the ``alltoall`` dispatcher with a capacity factor and each expert's
+input padded to capacity (a run its source labels token-dropping)."""
 
 INT_LIMITS = {"layers": 1024, "hidden": 2**18, "heads": 2**12, "seq_len": 2**22, "vocab": 2**24,
               "gpus": 2**20, "tp": 1024, "pp": 1024, "dp": 2**20, "global_batch": 2**24,
@@ -604,8 +609,8 @@ def _check_virtual(r: Row) -> None:
         return
     name = SCHEDULE_MAP[r.schedule]
     per_rank = stages_per_rank(name, r.vp)
-    if per_rank != r.vp or (name == "interleaved-1f1b" and r.vp < 2):
-        need = "at least 2" if name == "interleaved-1f1b" else str(per_rank)
+    if per_rank != r.vp or (name in INTERLEAVED and r.vp < 2):
+        need = "at least 2" if name in INTERLEAVED else str(per_rank)
         raise ValidationError(f"row {r.line}: vp={r.vp} but schedule {r.schedule} runs {need} "
                               f"stage{'' if need == '1' else 's'} per rank; fix vp or the "
                               f"schedule (vp > 1: 1f1b-interleaved)")

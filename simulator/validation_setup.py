@@ -53,7 +53,7 @@ from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link,
 from simulator import remat
 from simulator.pipeline_layout import LayoutError, parse_layout, recipe_split, split_summary
 from simulator.schedules import generate
-from simulator.validation_rows import (DEFAULT_VOCAB, DEVICES_PER_NODE, SCHEDULE_MAP, Row,
+from simulator.validation_rows import (DEFAULT_VOCAB, DEVICES_PER_NODE, INTERLEAVED, SCHEDULE_MAP, Row,
                                        ValidationError)
 
 
@@ -353,9 +353,9 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
         notes.append(f"{sched} (not published)" if row.pp > 1 else "no pipeline: grad accumulation")
     name = SCHEDULE_MAP[sched]
     v = 1
-    if name == "interleaved-1f1b" and row.vp is not None:
+    if name in INTERLEAVED and row.vp is not None:
         v = row.vp                                   # published: used as is, never tuned
-    elif name == "interleaved-1f1b":
+    elif name in INTERLEAVED:
         per_rank = -(-row.layers // row.pp)
         v = max(2, per_rank) if per_rank <= LAYERS_PER_CHUNK_MAX else 2
         if not split_fits(row.layers, row.pp * v):   # too few blocks: the largest v that fits
@@ -839,7 +839,7 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         w = layer_recompute(w, row.hidden)
     elif rc == "modules":
         w = module_recompute(w, row)
-    if name == "interleaved-1f1b" and tune and step_fn is not None and row.vp is None:
+    if name in INTERLEAVED and tune and step_fn is not None and row.vp is None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
         why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1
                else "the only even split of a rank's layers")

@@ -1,12 +1,13 @@
 """``mpmd validate --fit-moe`` (and the last step of ``--fit``): each device kind's
-mixture-of-experts token path, two figures: the time per routed (token, expert, hidden) element
-(``DeviceProfile.routed_element``, :func:`simulator.cost_model.token_path_time`) and the time per
+mixture-of-experts token path, three figures: the time per routed (token, expert, hidden) element
+(``DeviceProfile.routed_element``, :func:`simulator.cost_model.token_path_time`), the time per
 routed (token, expert) pair (``forward_routing_pair`` / ``backward_routing_pair``, a third and
-two thirds of it), fitted on the kind's MoE rows of the published-training CSV with every other
+two thirds of it) and a dropless dispatch's time per pair on top (``dropless_routing_pair``,
+fitted only for a kind with both token-dropping and dropless rows, else 0), fitted on the kind's MoE rows of the published-training CSV with every other
 efficiency of its profile held (:func:`simulator.token_path_fit.fit_token_path`), reported with
 its leave-one-source-out errors and, with ``--profiles-out DIR``, written into
-``DIR/DEVICE.yaml``'s ``efficiency:`` block as ``routed_element_ps``, ``forward_routing_pair_ns``
-and ``backward_routing_pair_ns``.
+``DIR/DEVICE.yaml``'s ``efficiency:`` block as ``routed_element_ps``, ``forward_routing_pair_ns``,
+``backward_routing_pair_ns`` and ``dropless_routing_pair_ns``.
 
 Dense rows fit the chip's GEMM and memory efficiencies; a mixture of experts' rows are held out of
 that fit (:func:`mpmd.cli.validate.held_out`) and fit this one term instead, so the MoE error the
@@ -21,6 +22,7 @@ from pathlib import Path
 FIT_MOE_COMMAND = "mpmd validate --fit-moe"
 KEY = "routed_element_ps"
 PAIR_KEYS = ("forward_routing_pair_ns", "backward_routing_pair_ns")
+DROPLESS_KEY = "dropless_routing_pair_ns"
 
 
 def origin(device: str, setups, f) -> str:
@@ -28,10 +30,11 @@ def origin(device: str, setups, f) -> str:
     sources = ", ".join(dict.fromkeys(s.row.source for s in setups))
     return (f"fitted by `{FIT_MOE_COMMAND}` over the {f.rows} {device} mixture-of-experts rows "
             f"of the published-training CSV (sources: {sources}), every other efficiency held: "
-            f"MAPE {f.mape:.1f}% (without the token path {f.mape_without:.1f}%); two figures per "
-            f"kind, {f.seconds * 1e12:.1f} ps per routed token x expert x hidden element and "
+            f"MAPE {f.mape:.1f}% (without the token path {f.mape_without:.1f}%); three figures per "
+            f"kind, {f.seconds * 1e12:.1f} ps per routed token x expert x hidden element, "
             f"{f.pair_seconds * 1e9:.1f} ns per routed token x expert pair (forward a third, the "
-            f"input gradient the rest), least MAPE on each row's step linear in both "
+            f"input gradient the rest) and {f.dropless_seconds * 1e9:.1f} ns more per pair of a "
+            f"dropless dispatch, least MAPE on each row's step linear in all three "
             f"(simulator.token_path_fit), {date.today().isoformat()}")
 
 
@@ -40,6 +43,14 @@ def pair_origin(f, what: str) -> str:
     return (f"fitted with routed_element_ps by `{FIT_MOE_COMMAND}` (see its origin): {what} of "
             f"the {f.pair_seconds * 1e9:.1f} ns per routed token x expert pair, "
             f"{date.today().isoformat()}")
+
+
+def dropless_origin(f) -> str:
+    """The origin line of ``dropless_routing_pair_ns``: the same fit, its third figure."""
+    return (f"fitted with routed_element_ps by `{FIT_MOE_COMMAND}` (see its origin): a dropless "
+            f"dispatch's time per routed token x expert pair beside the "
+            f"{f.pair_seconds * 1e9:.1f} ns every dispatch pays (0 where the kind's rows are not "
+            f"both token-dropping and dropless), {date.today().isoformat()}")
 
 
 def write_entry(path: Path, value_ps: float, why: str, *, out: Path, key: str = KEY) -> None:
@@ -70,13 +81,15 @@ def section(name: str, f, loso: dict) -> str:
     lines = [f"## Calibration: {name}, mixture-of-experts token path",
              "",
              f"{name}: **{f.seconds * 1e12:.1f} ps** per routed element and "
-             f"**{f.pair_seconds * 1e9:.1f} ns** per routed pair over {f.rows} MoE rows: "
+             f"**{f.pair_seconds * 1e9:.1f} ns** per routed pair (dropless dispatch: "
+             f"**{f.dropless_seconds * 1e9:.1f} ns** more) over {f.rows} MoE rows: "
              f"MAPE {f.mape:.1f}% (without the token path: {f.mape_without:.1f}%; "
              f"{f.evaluations} simulations)."]
     if loso:
-        lines += ["", "| held-out source | fitted on the others, ps / ns | MAPE on the held-out "
-                  "rows |", "|---|---|---|"]
-        lines += [f"| {src} | {fr.seconds * 1e12:.1f} / {fr.pair_seconds * 1e9:.1f} | {err:.1f}% |"
+        lines += ["", "| held-out source | fitted on the others, ps / ns / dropless ns | MAPE on "
+                  "the held-out rows |", "|---|---|---|"]
+        lines += [f"| {src} | {fr.seconds * 1e12:.1f} / {fr.pair_seconds * 1e9:.1f} / "
+                  f"{fr.dropless_seconds * 1e9:.1f} | {err:.1f}% |"
                   for src, (fr, err) in loso.items()]
         errs = list(e for _, e in loso.values())
         lines += ["", f"Leave-one-source-out: mean of the held-out MAPEs {sum(errs) / len(errs):.1f}%."]
@@ -101,7 +114,8 @@ def fit_moe(setups, devices: dict, step_fn, console, fit_info: list[str],
             slopes = TP.token_path_slopes(mine, devices[name], step_fn)
             f = TP.fit_token_path(mine, devices[name], step_fn, slopes=slopes)
             loso = TP.token_path_loso(mine, devices[name], step_fn, slopes=slopes)
-        devices[name] = TP.with_token_path(devices[name], f.seconds, f.pair_seconds)
+        devices[name] = TP.with_token_path(devices[name], f.seconds, f.pair_seconds,
+                                           f.dropless_seconds)
         text = section(name, f, loso)
         console.print(text)
         fit_info.append(text)
@@ -114,3 +128,5 @@ def fit_moe(setups, devices: dict, step_fn, console, fit_info: list[str],
             for key, part, what in zip(PAIR_KEYS, share, ("a third", "two thirds")):
                 write_entry(dest, round(f.pair_seconds * 1e9 * part, 2),
                             pair_origin(f, what), out=dest, key=key)
+            write_entry(dest, round(f.dropless_seconds * 1e9, 1), dropless_origin(f),
+                        out=dest, key=DROPLESS_KEY)

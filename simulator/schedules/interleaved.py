@@ -17,12 +17,15 @@ per-microbatch activation (Korthikanti et al. 2022, "Reducing Activation Recompu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ir import ScheduleTable
 
 from .base import B, F, ScheduleError, check_sizes, make_table, no_forward_only
 from .kind import ScheduleKind
 
 NAME = "interleaved-1f1b"
+A2A_NAME = "interleaved-1f1b-a2a"
 
 
 def interleaved_1f1b(num_ranks: int, microbatches: int, *, virtual_stages: int = 2,
@@ -84,3 +87,29 @@ KINDS = (ScheduleKind(
     stages_per_rank=lambda virtual_stages: virtual_stages, sizes_ok=_interleaved_ok,
     aliases=("1f1b-interleaved",), sync_exposed=True),)
 """Interleaved 1F1B: ``virtual_stages`` chunks per rank, M a multiple of P."""
+
+
+def interleaved_1f1b_a2a(num_ranks: int, microbatches: int, *, virtual_stages: int = 2,
+                         forward_only: bool = False) -> ScheduleTable:
+    """Interleaved 1F1B whose steady-state forward and backward of different microbatches run
+    as one merged pass, each one's expert-parallel all-to-alls under the other's compute:
+    Megatron-Core's ``--overlap-moe-expert-parallel-comm`` with ``--delay-wgrad-compute``
+    (Megatron-Bridge's ``moe_a2a_overlap``; the scheme of DeepSeek-V3 Technical Report, Sec.
+    3.2.1, on Megatron's interleaved order). The fragment order is :func:`interleaved_1f1b`'s;
+    the table's name tells the cost model to hide the all-to-alls
+    (:attr:`ScheduleKind.hides_alltoall`)."""
+    return replace(interleaved_1f1b(num_ranks, microbatches, virtual_stages=virtual_stages,
+                                    forward_only=forward_only), name=A2A_NAME)
+
+
+KINDS += (ScheduleKind(
+    A2A_NAME, order=10,
+    # a merged pass holds one more microbatch's forward beside the backward it overlaps
+    inflight=lambda P, p, M, v: [2 * (P - p - 1) + (v - 1) * P + 2],
+    generate=lambda P, M, *, forward_only=False, virtual_stages=2, **_: interleaved_1f1b_a2a(
+        P, M, virtual_stages=virtual_stages, forward_only=forward_only),
+    stages_per_rank=lambda virtual_stages: virtual_stages, sizes_ok=_interleaved_ok,
+    aliases=("1f1b-interleaved-a2a",), sync_exposed=True, hides_alltoall=True, searched=False),)
+"""Interleaved 1F1B with the MoE all-to-alls overlapped (:func:`interleaved_1f1b_a2a`): named
+only (``--schedule``, a validation row's ``schedule``), never searched: the merged passes' extra
+activation memory is charged as one more microbatch in flight, not measured."""

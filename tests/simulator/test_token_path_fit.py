@@ -15,15 +15,16 @@ from hardware_profiles import load_device
 from hardware_profiles.loader import DEVICES_DIR
 from hardware_profiles.types import Link, MeshSpec
 from ir import FragmentKind, Layout
-from mpmd.cli.validate_moe import PAIR_KEYS, write_entry
+from mpmd.cli.validate_moe import DROPLESS_KEY, PAIR_KEYS, write_entry
 from simulator import cost_model as cm
-from simulator.token_path_fit import TokenPathSlopes, _surrogate_fit, with_token_path
+from simulator.token_path_fit import (TokenPathSlopes, _dropless_bounds, _surrogate_fit,
+                                      with_token_path)
 
 from tests.simulator.test_token_path import DENSE, MOE
 
 
 def _bare():
-    return with_token_path(load_device("h100-sxm"), 0.0, 0.0)
+    return with_token_path(load_device("h100-sxm"), 0.0, 0.0, 0.0)
 
 
 def test_pair_time_split_a_third_forward_rest_input_gradient():
@@ -69,7 +70,39 @@ def test_surrogate_fit_recovers_the_figures_the_rows_were_made_with():
     tokens = _row(64 * 1000 / (12.0 + a * 2e10 + p * 5e6) / 8, metric="tokens_per_gpu_s")
     rows.append(TokenPathSlopes(tokens.setup, 12.0, 2e10, 5e6))
     got = _surrogate_fit(rows, 1e15, (0.0, 200.0), (0.0, 1000.0))
-    assert got == pytest.approx((30.0, 120.0), abs=0.2)
+    assert got == pytest.approx((30.0, 120.0, 0.0), abs=0.2)
+
+
+def test_surrogate_fit_tells_the_dropless_pair_time_from_the_shared_one():
+    a, p, q = 30e-12, 40e-9, 150e-9   # dropless rows pay q per pair on top of p
+    rows = []
+    for i, (de, dp, dropless) in enumerate([(1e10, 1e6, True), (2e10, 8e6, False),
+                                            (5e9, 4e6, True), (3e10, 2e6, False),
+                                            (1e10, 6e6, True), (2e10, 3e6, False)]):
+        step = 10.0 + i
+        dq = dp if dropless else 0.0   # a token-dropping row does not move with q
+        rows.append(TokenPathSlopes(_row(step + a * de + p * dp + q * dq).setup, step, de, dp, dq))
+    got = _surrogate_fit(rows, 1e15, (0.0, 200.0), (0.0, 1000.0), (0.0, 1000.0))
+    assert got == pytest.approx((30.0, 40.0, 150.0), abs=0.3)
+    # without token-dropping rows the two per-pair figures cannot be told apart: held at 0
+    only = [r for r in rows if r.per_dropless]
+    assert _dropless_bounds(only, (0.0, 1000.0)) == (0.0, 0.0)
+    assert _dropless_bounds(rows, (0.0, 1000.0)) == (0.0, 1000.0)
+
+
+def test_layer_time_adds_the_dropless_pair_time_unless_tokens_are_dropped():
+    mesh = MeshSpec("m", _bare(), 16, {"data": 16}, Link(400e9, 1e-6), devices_per_node=8,
+                    scale_out_link=Link(50e9, 5e-6))
+    slow = dataclasses.replace(mesh, device=with_token_path(_bare(), 0.0, 0.0, 150e-9))
+    dropless, drop = Layout(8, 2, expert=8), Layout(8, 2, expert=8, expert_dispatch="tokendrop")
+    assert Layout(8, 2, expert_dispatch="tokendrop").expert_dispatch == "tokendrop"  # EP 1 too
+    for kind, share in ((FragmentKind.F, 1 / 3), (FragmentKind.B, 2 / 3)):
+        base = cm.layer_time(MOE, kind, 32, mesh, dropless, "bf16", seq_len=4096)
+        more = cm.layer_time(MOE, kind, 32, slow, dropless, "bf16", seq_len=4096)
+        assert more - base == pytest.approx(32 / 8 / 2 * MOE.routed_pairs_per_sample
+                                            * 150e-9 * share)
+        assert cm.layer_time(MOE, kind, 32, slow, drop, "bf16", seq_len=4096) == \
+            cm.layer_time(MOE, kind, 32, mesh, drop, "bf16", seq_len=4096)
 
 
 def test_writer_puts_the_pair_keys_in_the_efficiency_block(tmp_path):
@@ -80,11 +113,13 @@ def test_writer_puts_the_pair_keys_in_the_efficiency_block(tmp_path):
     for key, ns in zip(PAIR_KEYS, (10.0, 20.0)):
         write_entry(out, ns, "why", out=out, key=key)
     write_entry(out, 11.0, "again", out=out, key=PAIR_KEYS[0])     # replaced, not appended
+    write_entry(out, 130.0, "dropless", out=out, key=DROPLESS_KEY)
     text = out.read_text()
     assert text.count(f"{PAIR_KEYS[0]}:") == 1
     dev = load_device(str(out))
-    assert (dev.routed_element, dev.forward_routing_pair, dev.backward_routing_pair) == \
-        pytest.approx((12.5e-12, 11e-9, 20e-9))
+    assert (dev.routed_element, dev.forward_routing_pair, dev.backward_routing_pair,
+            dev.dropless_routing_pair) == pytest.approx((12.5e-12, 11e-9, 20e-9, 130e-9))
+    assert dev.sources["dropless_routing_pair"] == "dropless"
 
 
 @pytest.mark.parametrize("kind", ["h100-sxm", "gb200", "b200", "gb300"])
@@ -100,5 +135,6 @@ def test_hopper_twins_inherit_the_h100_figures():
     h100 = load_device("h100-sxm")
     for twin in ("h200-sxm", "h800-sxm"):
         d = load_device(twin)
-        assert (d.routed_element, d.forward_routing_pair, d.backward_routing_pair) == \
-            (h100.routed_element, h100.forward_routing_pair, h100.backward_routing_pair)
+        assert (d.routed_element, d.forward_routing_pair, d.backward_routing_pair,
+                d.dropless_routing_pair) == (h100.routed_element, h100.forward_routing_pair,
+                                             h100.backward_routing_pair, h100.dropless_routing_pair)

@@ -248,12 +248,20 @@ def test_expert_parallel_times_pipeline_run_matches_jax_jit():
 
 
 def test_dualpipe_hides_the_expert_alltoall_under_compute():
-    """DualPipe (the model's DualPipeV) runs the all-to-alls under another microbatch's compute:
+    """DualPipe (the model's DualPipeV) and Megatron-Core's interleaved 1F1B with the
+    expert-parallel all-to-all overlap run the all-to-alls under another microbatch's compute:
     a fragment pays overlapped(work, all-to-all), slowed by the device's interference, instead of
-    the sum; no other schedule hides them."""
-    from simulator.schedules import KINDS, kind
+    the sum; no other schedule hides them. The overlapped interleaved schedule runs the
+    interleaved order, under its own name, and is only run when named."""
+    from simulator.schedules import KINDS, generate, kind
 
-    assert [n for n, k in KINDS.items() if k.hides_alltoall] == ["dualpipe-v"]
+    assert [n for n, k in KINDS.items() if k.hides_alltoall] == ["dualpipe-v",
+                                                                 "interleaved-1f1b-a2a"]
+    a2a_table = generate("interleaved-1f1b-a2a", 4, 8, virtual_stages=3)
+    plain = generate("interleaved-1f1b", 4, 8, virtual_stages=3)
+    assert (a2a_table.name, a2a_table.order, a2a_table.stage_rank) == (
+        "interleaved-1f1b-a2a", plain.order, plain.stage_rank)
+    assert not kind("interleaved-1f1b-a2a").searched
     w = workload(_tiny(), 8)
     c = w.layer(1)
     # an H100 node (its compute and collectives overlap; the CPU meshes' "sum" roofline does not)
@@ -262,9 +270,10 @@ def test_dualpipe_hides_the_expert_alltoall_under_compute():
     a2a = cm.expert_alltoall(c, "F", 1.0, mesh, ep)
     # the token path (cost_model.token_path_time per element, and the fitted time per routed
     # pair: sorting, padding, host sync) is not hidden
-    path = (cm.token_path_time(c, "F", 1.0, mesh.device, 2)
-            + c.routed_pairs_per_sample * 1.0 * mesh.device.forward_routing_pair)
-    assert c.routed_pairs_per_sample > 0 and mesh.device.forward_routing_pair > 0
+    dev = mesh.device
+    path = (cm.token_path_time(c, "F", 1.0, dev, 2) + c.routed_pairs_per_sample * 1.0
+            * (dev.forward_routing_pair + dev.dropless_routing_pair * cm.TOKEN_PATH_FORWARD_SHARE))
+    assert c.routed_pairs_per_sample > 0
     shown = cm.layer_time(c, "F", 8.0, mesh, ep)
     hidden = cm.layer_time(c, "F", 8.0, mesh, ep, alltoall_hidden=True)
     work = shown - a2a - path
