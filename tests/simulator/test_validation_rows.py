@@ -238,3 +238,30 @@ def test_a_2020_container_run_is_charged_that_eras_elementwise_traffic(tmp_path)
     assert row_device(eager_run, a100).elementwise_traffic == 1.0
     assert software_2020(later) == (False, None)
     assert row_device(later, a100).elementwise_traffic == 0.2
+
+
+def test_offload_layers_keep_the_other_blocks_activations_on_the_device(tmp_path):
+    """``offload_layers`` (Megatron-Core's --cpu-offloading-num-layers) is read, refused with a
+    pipeline or as many layers as the model has, and keeps ``1 - N / blocks`` of each decoder
+    block's saved activations on the device (memory only); the row says so."""
+    from mpmd.cli.validate import workload_for
+    from simulator.validation_setup import offload_activations, row_setup
+
+    pp1 = next(i for i, line in enumerate(LINES[1:], start=2)
+               if dict(zip(HEAD, next(csv.reader([line]))))["pp"] == "1"
+               and dict(zip(HEAD, next(csv.reader([line]))))["layers"])
+    p = _csv(tmp_path, bundled(pp1, offload_layers="4"), bundled(2, offload_layers="4"),
+             bundled(pp1, offload_layers="999"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [r.offload_layers for r in rows] == [4]
+    assert [b.line for b in bad] == [3, 4]
+    assert all("--cpu-offloading-num-layers); fix offload_layers or pp" in b.reason for b in bad)
+    row = rows[0]
+    w = workload_for(row)
+    blocks = sum(1 for n in w.layers if n == "decoder_block")
+    kept, why = offload_activations(w, row)
+    assert kept.costs["decoder_block"].residual_bytes_per_sample == pytest.approx(
+        (1 - 4 / blocks) * w.costs["decoder_block"].residual_bytes_per_sample)
+    assert all(kept.costs[n] == c for n, c in w.costs.items() if n != "decoder_block")
+    assert why == f"activations of 4 of {blocks} blocks offloaded to host (memory only: the copies overlap compute)"
+    assert why in row_setup(row, workload_for).assumptions
