@@ -14,10 +14,12 @@ an inferred fragment (not an accumulator ``init``) joins its mesh's group, and a
 group's result is held back with the group (so the partial results a mesh sends elsewhere do not
 split its group). A group is emitted, as one fragment followed by its held-back transfers, just
 before the first other op that reads one of its results (a user or ``init`` fragment), and before the
-next user fragment of its mesh when it sends anything to another mesh (so a value another mesh
-waits for is not delayed behind that user fragment); groups still pending at the end are emitted
-there, in topology order. Otherwise a group sinks past user fragments of its mesh, to where its
-results are needed.
+next user fragment of its mesh when it sends another mesh a value that a user fragment there
+waits for, directly or through other ops (so it is not delayed behind that user fragment); groups
+still pending at the end are emitted there, in topology order. Otherwise a group sinks past user
+fragments of its mesh, to where its results are needed: a mesh's L2 partial, sent to the mesh
+that adds up the loss at the end of the step, joins the mesh's clipping partials after its last
+backward (one call and one transfer, not two each).
 
 Why no cycle can form: a group is emitted before any op outside it reads it, and after every op
 its members read (each member read only values defined before it; a transfer of a group's
@@ -66,10 +68,20 @@ def _mergeable(op: Op) -> bool:
     return isinstance(op, Fragment) and not op.is_user and op.part != INIT_PART
 
 
+def _feeding_user_fragments(p: Program) -> set[str]:
+    """The values some user or ``init`` fragment reads, directly or through other ops."""
+    feeds: set[str] = set()
+    for op in reversed(p.ops):
+        if (isinstance(op, Fragment) and not _mergeable(op)) or any(v in feeds for v in op.outputs):
+            feeds.update(op.inputs)
+    return feeds
+
+
 def merge_inferred_fragments(p: Program) -> Program:
     """Merge each mesh's inferred fragments into groups (see the module docstring); returns ``p``
     when no two inferred fragments merge."""
-    to_transfer = {op.value for op in p.ops if isinstance(op, Transfer)}
+    feeds = _feeding_user_fragments(p)
+    to_transfer = {op.value for op in p.ops if isinstance(op, Transfer) and op.out in feeds}
     pending: dict[str, _Group] = {}
     owner: dict[str, _Group] = {}   # value -> the pending group defining it (or holding its transfer)
     held: set[str] = set()          # results of held-back transfers
@@ -124,7 +136,8 @@ def merge_inferred_fragments(p: Program) -> Program:
             flush(g)
         if isinstance(op, Fragment) and op.is_user and op.mesh in pending:
             g = pending[op.mesh]
-            if g.transfers or any(v in to_transfer for f in g.members for v in f.outputs):
+            if any(t.out in feeds for t in g.transfers) or any(
+                    v in to_transfer for f in g.members for v in f.outputs):
                 flush(g)
         ops.append(op)
     for m in p.meshes:
