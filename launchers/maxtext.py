@@ -44,8 +44,10 @@ MaxText's own for the model; gpt-oss's its sliding-window and full attention blo
 
 def _model(v: PartView, notes: list[str]) -> dict:
     c = v.model
-    if c.name.lower() in MODEL_NAMES:
-        return {"model_name": MODEL_NAMES[c.name.lower()]}
+    if c.name.lower() in MODEL_NAMES:     # its own config; base.yml's capacity is dropless (-1)
+        return {"model_name": MODEL_NAMES[c.name.lower()],
+                **({"capacity_factor": c.capacity_factor}
+                   if c.moe and v.layout.expert_dispatch == "tokendrop" else {})}
     slides = c.sliding_window and not c.full_attention_every   # every block: one MaxText key
     if c.mla or c.hybrid or (c.sliding_window and not slides):
         notes.append(f"MaxText has no model config for {c.name} and its "
@@ -67,7 +69,10 @@ def _model(v: PartView, notes: list[str]) -> dict:
         out |= {"attention_type": "local_sliding", "sliding_window_size": c.sliding_window}
     if c.moe:
         out |= {"num_experts": c.experts, "num_experts_per_tok": c.experts_per_token,
-                "base_moe_mlp_dim": c.expert_ffn, "capacity_factor": c.capacity_factor}
+                "base_moe_mlp_dim": c.expert_ffn,
+                # dropless (base.yml's -1) unless the plan drops tokens at a capacity
+                "capacity_factor": (c.capacity_factor if v.layout.expert_dispatch == "tokendrop"
+                                    else -1.0)}
     return out
 
 

@@ -31,7 +31,9 @@ VERSION = "megatron-core 0.19.2"
 wheel) the files are written for and checked against."""
 
 SCHEDULES = {"1f1b": "1F1B (Megatron's default with a pipeline)",
-             "interleaved-1f1b": "interleaved 1F1B (virtual pipeline stages)"}
+             "interleaved-1f1b": "interleaved 1F1B (virtual pipeline stages)",
+             "interleaved-1f1b-a2a": "interleaved 1F1B with the MoE all-to-alls overlapped "
+                                     "(--overlap-moe-expert-parallel-comm)"}
 """The plan schedules Megatron-LM runs, with what it calls them."""
 
 CP_COMM_TYPES = {"ring": "p2p", "allgather": "all_gather", "alltoall": "a2a"}
@@ -214,8 +216,12 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
                  ("--moe-ffn-hidden-size", v.model.expert_ffn),
                  ("--moe-token-dispatcher-type",
                   "flex" if lay.expert_dispatch == "deepep" else "alltoall"),
-                 ("--moe-grouped-gemm", None),
-                 ("--moe-expert-capacity-factor", v.model.capacity_factor)]
+                 ("--moe-grouped-gemm", None)]
+        if lay.expert_dispatch == "tokendrop":     # else dropless, Megatron-Core's default
+            args += [("--moe-expert-capacity-factor", v.model.capacity_factor),
+                     ("--moe-pad-expert-input-to-capacity", None)]
+        if v.schedule == "interleaved-1f1b-a2a":
+            args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
         if v.model.dense_layers:
             dense, moe = v.model.dense_layers, v.model.layers - v.model.dense_layers
             args.append(("--moe-layer-freq", f"([0]*{dense}+[1]*{moe})"))

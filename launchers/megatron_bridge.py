@@ -244,7 +244,13 @@ def overrides(v: PartView) -> tuple[str, list[tuple[str, object]], list[str]]:
         out.append(("model.moe_token_dispatcher_type", "flex" if deepep else "alltoall"))
         if deepep:
             out.append(("model.moe_flex_dispatcher_backend", "deepep"))
-        out.append(("model.moe_expert_capacity_factor", v.model.capacity_factor))
+        drop = lay.expert_dispatch == "tokendrop"     # else dropless (no capacity)
+        out.append(("model.moe_expert_capacity_factor", v.model.capacity_factor if drop else None))
+        if drop:
+            out.append(("model.moe_pad_expert_input_to_capacity", True))
+        if v.schedule == "interleaved-1f1b-a2a":
+            out += [("comm_overlap.overlap_moe_expert_parallel_comm", True),
+                    ("comm_overlap.delay_wgrad_compute", True)]
     if lay.tp_overlap and lay.tensor > 1:
         notes.append("Megatron-Bridge overlaps tensor-parallel communication through the "
                      "recipe's comm_overlap (CommOverlapConfig), which an override cannot create: "

@@ -63,7 +63,15 @@ def test_csv_rows_load():
     assert {(r.source, r.etp) for r in moe if r.model_config == "grok-1-314b"} == {
         ("dgxc-24.11", 4), ("dgxc-25.02", 4), ("dgxc-25.05", 4), ("dgxc-25.05.01", 1),
         ("dgxc-25.05.02", 1)}
-    assert [r.dispatcher for r in moe if r.dispatcher] == ["deepep"]
+    # NVIDIA's dispatchers as the recipes set them: 25.09's token-dropping runs, DeepEP on H100,
+    # HybridEP on the 25.11 racks; Megatron-Core's all-to-all overlap where the recipe sets it
+    assert sorted((r.source, r.dispatcher) for r in moe if r.dispatcher) == sorted(
+        [("nemo-25.09", "tokendrop")] * 12 + [("nemo-25.09", "deepep")]
+        + [("nemo-25.11", "deepep")] * 8)
+    assert sorted((r.source, r.model, r.device) for r in moe
+                  if r.schedule == "1f1b-interleaved-a2a") == [
+        ("nemo-25.09", "deepseek-v3", "h100-sxm"), ("nemo-25.11", "qwen3-235b-a22b", "b200"),
+        ("nemo-25.11", "qwen3-30b-a3b", "h100-sxm")]
     assert {r.device for r in rows} == {"a100-80gb-sxm", "h100-sxm", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"}
     assert rows[0].vocab is None and rows[0].devices_per_node == 8 and rows[0].glu is None
     tt = [r for r in rows if r.metric == "tokens_per_gpu_s" and r.device == "h100-sxm"]

@@ -1,0 +1,68 @@
+"""A plan's token dispatch and all-to-all overlap in each target: a dropless plan (the cost
+model's default) writes no capacity factor (Megatron-Core's dropless default; Bridge's ``null``;
+MaxText's ``-1``), a token-dropping one its capacity with the padding, and the interleaved
+schedule with the MoE all-to-all overlap Megatron-Core's two flags."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ir.plan_file import load_plan
+from launchers import export_plan
+
+PLAN = Path(__file__).resolve().parent / "data" / "qwen3-235b-a22b-expert-parallel.json"
+
+
+def _plan(dispatch: str, schedule: str | None = None):
+    p = load_plan(PLAN)
+    p = dataclasses.replace(p, layouts={m: dataclasses.replace(lay, expert_dispatch=dispatch)
+                                        for m, lay in p.layouts.items()})
+    if schedule:
+        p = dataclasses.replace(p, schedule=dataclasses.replace(p.schedule, name=schedule))
+    return p
+
+
+def _text(plan, target: str, out: Path) -> str:
+    return "\n".join(f.text for f in export_plan(plan, target, out, source="test"))
+
+
+def test_dropless_plans_write_no_capacity(tmp_path):
+    meg = _text(_plan("alltoall"), "megatron", tmp_path / "a.args")
+    assert "--moe-expert-capacity-factor" not in meg and "--moe-pad-expert-input" not in meg
+    assert "--overlap-moe-expert-parallel-comm" not in meg
+    bridge = _text(_plan("alltoall"), "megatron-bridge", tmp_path / "a.overrides")
+    assert "model.moe_expert_capacity_factor=null" in bridge
+    assert "moe_pad_expert_input_to_capacity" not in bridge
+
+
+def test_token_dropping_plans_write_their_capacity_and_padding(tmp_path):
+    meg = _text(_plan("tokendrop"), "megatron", tmp_path / "t.args")
+    assert "--moe-expert-capacity-factor 1.0" in meg
+    assert "--moe-pad-expert-input-to-capacity" in meg
+    bridge = _text(_plan("tokendrop"), "megatron-bridge", tmp_path / "t.overrides")
+    assert "model.moe_expert_capacity_factor=1.0" in bridge
+    assert "model.moe_pad_expert_input_to_capacity=true" in bridge.lower()
+
+
+def test_the_all_to_all_overlap_schedule_sets_megatrons_flags(tmp_path):
+    plan = _plan("alltoall", "interleaved-1f1b-a2a")
+    meg = _text(plan, "megatron", tmp_path / "o.args")
+    assert "--overlap-moe-expert-parallel-comm" in meg and "--delay-wgrad-compute" in meg
+    bridge = _text(plan, "megatron-bridge", tmp_path / "o.overrides")
+    assert "comm_overlap.overlap_moe_expert_parallel_comm=true" in bridge.lower()
+    assert "comm_overlap.delay_wgrad_compute=true" in bridge.lower()
+
+
+def test_maxtext_capacity_follows_the_dispatch():
+    """A model MaxText ships (Qwen3-235B: ``model_name``) keeps base.yml's dropless ``-1`` unless
+    the plan drops tokens; a model written out key by key says which."""
+    from launchers import part_views
+    from launchers.maxtext import _model
+
+    named = {d: _model(part_views(_plan(d))[0], []) for d in ("alltoall", "tokendrop")}
+    assert "capacity_factor" not in named["alltoall"]
+    assert named["tokendrop"]["capacity_factor"] == 1.0
+    v = part_views(_plan("alltoall"))[0]
+    own = dataclasses.replace(v, model=dataclasses.replace(v.model, name="my-moe"))
+    assert _model(own, [])["capacity_factor"] == -1.0
