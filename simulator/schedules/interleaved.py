@@ -78,7 +78,7 @@ def _interleaved_ok(ranks: int, microbatches: int, virtual_stages: int) -> bool:
     return virtual_stages >= 2 and microbatches % ranks == 0   # Megatron-LM's condition
 
 
-KINDS = (ScheduleKind(
+KINDS: tuple[ScheduleKind, ...] = (ScheduleKind(
     NAME, order=1,
     # Megatron-LM's warm-up 2 (P - p - 1) + (v - 1) P, plus the one in flight
     inflight=lambda P, p, M, v: [2 * (P - p - 1) + (v - 1) * P + 1],
