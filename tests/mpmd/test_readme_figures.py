@@ -44,7 +44,7 @@ H100_128 = readme_paragraph("Measured 2026-11-27 on this project's 2-core machin
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-27), it planned 4")
 FIXTURES = readme_paragraph("Published layouts as fixtures:")
 PEER = readme_paragraph("On this project's 2-core machine, busy (load about 11, 2026-11-28), the first uses both kinds")
-MOE = readme_paragraph("On this project's 2-core machine (2026-11-28), DeepSeek-V3")
+MOE = readme_paragraph("On this project's 2-core machine (2026-11-29), DeepSeek-V3")
 
 
 @pytest.mark.parametrize("text,match,cells", [
