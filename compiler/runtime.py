@@ -10,7 +10,10 @@ The interleaving depends on the program only, so it is worked out once per expor
 (:func:`plan`, cached while the program lives) and replayed over a flat list of value slots:
 arguments already on their input's sharding (a training loop's state after its first step) are
 used as they are and the others placed by one batched ``jax.device_put``; consecutive sends of a
-mesh are one batched ``jax.device_put``.
+mesh are one batched ``jax.device_put``. Unrecorded, when every send lands on CPU devices, a send
+is held until a step reads what it sends, and all sends held then go in one ``jax.device_put``
+(a copy between CPU devices is made by the host when dispatched: holding it loses no overlap), and
+the accumulators' zeros (``init`` calls) are made once per program and reused.
 
 With ``record=True`` each step is timed honestly: the step starts once its inputs are on the mesh and
 ends when ``block_until_ready`` returns on its outputs, so steps run one at a time. The measured
@@ -139,11 +142,15 @@ class _Plan:
     ``free`` lists the slots whose last read that instruction is (released after it).
     """
 
-    __slots__ = ("n_slots", "inputs", "instrs", "outputs", "order", "steps", "called", "ref")
+    __slots__ = ("n_slots", "inputs", "instrs", "outputs", "order", "steps", "called", "ref",
+                 "defer_sends", "zeros")
 
-    def __init__(self, n_slots, inputs, instrs, outputs, order, steps, called, ref):
+    def __init__(self, n_slots, inputs, instrs, outputs, order, steps, called, ref,
+                 defer_sends=False):
         self.n_slots, self.inputs, self.instrs, self.outputs = n_slots, inputs, instrs, outputs
         self.order, self.steps, self.called, self.ref = order, steps, called, ref
+        self.defer_sends = defer_sends
+        self.zeros: dict[int, tuple] = {}   # instruction index -> an init call's results
 
 
 CALL, SEND = 0, 1
@@ -250,12 +257,25 @@ def plan(exported: ExportedProgram) -> _Plan:
     p = _Plan(len(slots), tuple(inputs), tuple(instrs), tuple(outputs),
               {m: tuple(v) for m, v in order.items()},
               {m: tuple(v) for m, v in steps_done.items()},
-              {m: tuple(v) for m, v in called.items()}, _ref(exported))
+              {m: tuple(v) for m, v in called.items()}, _ref(exported), _all_cpu(exported))
     if len(_PLANS) > 64:
         for k in [k for k, v in _PLANS.items() if v.ref() is None]:
             del _PLANS[k]
     _PLANS[key] = p
     return p
+
+
+def _all_cpu(exported: ExportedProgram) -> bool:
+    """Whether every send and every executable's result lands on CPU devices only (the replay
+    of :func:`_run_deferred`)."""
+    shs = [st.sharding for prog in exported.programs.values() for st in prog.steps
+           if isinstance(st, Send)]
+    shs += [sh for e in exported.executables.values() for sh in e.out_shardings]
+    try:
+        return all(sh is not None and all(d.platform == "cpu" for d in sh.device_set)
+                   for sh in shs)
+    except AttributeError:  # pragma: no cover - a sharding without a device set
+        return False
 
 
 def _ref(exported: ExportedProgram) -> Any:
@@ -330,7 +350,12 @@ def run_program(exported: ExportedProgram, args: Sequence[Any] | Any, *,
         _block([regs[s] for s, _ in p.inputs])
     t0 = time.perf_counter()
     t_end = t0
-    for ins in p.instrs:
+    if not record and p.defer_sends:
+        _run_deferred(exported, p, regs)
+        p_instrs: tuple = ()
+    else:
+        p_instrs = p.instrs
+    for ins in p_instrs:
         if ins[0] == CALL:
             _, mesh, i, fn, ins_s, outs_s, free = ins
             if record:
@@ -376,6 +401,57 @@ def run_program(exported: ExportedProgram, args: Sequence[Any] | Any, *,
     outputs: Any = jax.tree.unflatten(out_tree, results) if out_tree is not None else tuple(results)
     return Execution(outputs=outputs, timeline=Timeline(tuple(events)), order=p.order,
                      steps=p.steps, executables_called=p.called, wall_s=t_end - t0)
+
+
+def _run_deferred(exported: ExportedProgram, p: _Plan, regs: list) -> None:
+    """The unrecorded replay on CPU devices. A send is held until a step reads what it sends (or
+    the replay ends), and every held send then goes in one batched ``jax.device_put``: a copy
+    between CPU devices is made by the host when it is dispatched, so holding it back loses no
+    overlap, and one call copies many values for the fixed cost of one. An accumulator ``init``
+    call (no operands: the zeros each microbatch's gradient is added to) runs once per program;
+    later replays reuse its arrays, which no step changes (JAX arrays are immutable, and export
+    donates no buffer on CPU)."""
+    xs: list[Any] = []
+    shs: list[Any] = []
+    dsts: list[int] = []
+    held: set[int] = set()
+
+    def flush() -> None:
+        for d, y in zip(dsts, jax.device_put(xs, shs)):
+            regs[d] = y
+        xs.clear()
+        shs.clear()
+        dsts.clear()
+        held.clear()
+
+    for k, ins in enumerate(p.instrs):
+        if ins[0] == CALL:
+            _, mesh, i, fn, ins_s, outs_s, free = ins
+            if held and not held.isdisjoint(ins_s):
+                flush()
+            outs = p.zeros.get(k)
+            if outs is None:
+                outs = fn(*[regs[s] for s in ins_s])
+                if type(outs) is not tuple and type(outs) is not list:
+                    outs = (outs,)
+                if len(outs) != len(outs_s):
+                    raise _bad_arity(exported, mesh, i, len(outs))
+                if not ins_s and exported.programs[mesh].steps[i].kind == "init":
+                    p.zeros[k] = tuple(outs)
+            for s, y in zip(outs_s, outs):
+                regs[s] = y
+        else:
+            _, mesh, idx, src, sh, dst, free = ins
+            if held and not held.isdisjoint(src):
+                flush()
+            xs.extend(regs[s] for s in src)
+            shs.extend(sh)
+            dsts.extend(dst)
+            held.update(dst)
+        for s in free:
+            regs[s] = None
+    if held:
+        flush()
 
 
 def execute(exported: ExportedProgram, args: Sequence[Any] | Any, *,

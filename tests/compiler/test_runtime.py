@@ -331,3 +331,51 @@ def test_plan_is_cached_batches_consecutive_sends_and_keeps_placed_arguments():
     assert regs[p.inputs[0][0]] is placed
     _place(p, [x], regs)
     assert regs[p.inputs[0][0]] is not x and regs[p.inputs[0][0]].sharding == s0
+
+
+def test_cpu_replay_holds_sends_until_read_and_makes_the_zeros_once(monkeypatch):
+    """Unrecorded on CPU: the sends m0 makes before m1 reads either go in one ``device_put``, and
+    the accumulator ``init`` call runs on the first replay only (its zeros reused after)."""
+    import compiler.runtime as rt
+    meshes = meshes4()
+    s0, s1 = (NamedSharding(meshes[m], P()) for m in ("m0", "m1"))
+    inits = []
+    zeros = jax.jit(lambda: jnp.zeros(4), out_shardings=s0)
+
+    def init():
+        inits.append(1)
+        return zeros()
+
+    f = jax.jit(lambda x, z: (x + z + 1.0, x * 2.0), in_shardings=(s0, s0), out_shardings=(s0, s0))
+    h = jax.jit(lambda b: b - 1.0, in_shardings=(s0,), out_shardings=s0)
+    g = jax.jit(lambda a, c: a + c, in_shardings=(s1, s1), out_shardings=s1)
+    progs = {"m0": MeshProgram("m0", (Call("z", "init", "init", -1, -1, (), ("z",)),
+                                      Call("f", "F0.0", "F", 0, 0, ("x", "z"), ("a", "b")),
+                                      Send("a", "m1", "a1", s1),
+                                      Call("h", "F0.1", "F", 0, 1, ("b",), ("c",)),
+                                      Send("c", "m1", "c1", s1))),
+             "m1": MeshProgram("m1", (Call("g", "F1.0", "F", 1, 0, ("a1", "c1"), ("y",)),))}
+    exes = {"z": Executable("z", "m0", init, (), (s0,)),
+            "f": Executable("f", "m0", f, (s0, s0), (s0, s0)),
+            "h": Executable("h", "m0", h, (s0,), (s0,)),
+            "g": Executable("g", "m1", g, (s1, s1), (s1,))}
+    prog = ExportedProgram(progs, exes, (("x", "m0", s0),), (("y", "m1"),))
+    x = jnp.arange(4.0)
+    want = (x + 1.0) + (2.0 * x - 1.0)
+    np.testing.assert_array_equal(np.asarray(run_program(prog, (x,)).outputs[0]), want)
+    assert len(inits) == 1            # recorded: every call runs
+    puts: list[int] = []
+    real = jax.device_put
+
+    def counting(xs, *a, **k):
+        puts.append(len(xs) if isinstance(xs, list) else 1)
+        return real(xs, *a, **k)
+
+    x0 = jax.device_put(x, s0)        # on its input's sharding: not placed again
+    monkeypatch.setattr(rt.jax, "device_put", counting)
+    for k in range(2):
+        out = run_program(prog, (x0,), record=False).outputs[0]
+        np.testing.assert_array_equal(np.asarray(out), want)
+        assert out.sharding == s1
+    assert puts == [2, 2]             # a and c in one device_put, on each replay
+    assert len(inits) == 2            # the zeros made on the first unrecorded replay only
