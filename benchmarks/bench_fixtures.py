@@ -63,7 +63,8 @@ def measured_step(r) -> float:
 
 
 def layout_text(row) -> str:
-    return (f"tp{row.tp} pp{row.pp} dp{row.dp}" + (" fsdp" if row.fsdp else "")
+    return (f"tp{row.tp} pp{row.pp}" + (f" cp{row.cp}" if row.cp > 1 else "") + f" dp{row.dp}"
+            + (" fsdp" if row.fsdp else "")
             + (f" {row.schedule}" if row.schedule else "")
             + (f" {row.recompute} recompute" if row.recompute and row.recompute != "none" else ""))
 
