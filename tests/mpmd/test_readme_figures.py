@@ -64,7 +64,7 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-29), DeepSeek-
      {"plan (s)": "Llama 3 405B ({} s", "layout in model (s)": "against {} s) and",
       "layout peak memory (GB)": "(peak GB: {} and"}),
     (FIXTURES, {"run": "dgxc-h100", "model": "llama3.1-70B"},
-     {"plan (s)": "70B ({} s", "layout in model (s)": "against {} s). Meta", "layout peak memory (GB)": "and {}), though"}),
+     {"plan (s)": "70B ({} s", "layout in model (s)": "against {} s). In", "layout peak memory (GB)": "and {}), though"}),
     (PEER, {"plan": "mpmd plan (every schedule)"},
      {"step (s)": "at {} s per step", "USD per step": "USD {} per step; Sailor"}),
     (PEER, {"plan": "Sailor's plan (7 stages, V100 tp4 around A100 tp1, dp20, 1f1b), replayed"},
