@@ -31,7 +31,7 @@ ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-1p", "zb-2p", "zb-v", "dualpipe-v")
 
 
 def _stages_per_rank(s: str, v: int) -> int:
-    return v if s == "interleaved-1f1b" else (2 if s in V_SHAPED else 1)
+    return v if s in ("interleaved-1f1b", "interleaved-1f1b-a2a") else (2 if s in V_SHAPED else 1)
 
 
 def _table(s: str, P: int, M: int, v: int = 2, seed: int | None = None):
@@ -62,10 +62,11 @@ def cpu4x2_own_hosts(cpu4x2):
 
 
 # ----------------------------------------------------------------------------- names and kinds
-def test_train_schedules_are_all_ten_in_order_and_nine_searched():
+def test_train_schedules_are_all_eleven_in_order_and_nine_searched():
     assert TRAIN_SCHEDULES == ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-1p",
-                               "zb-2p", "zb-v", "dualpipe-v", "eager-1f1b")
-    assert SEARCHED_SCHEDULES == TRAIN_SCHEDULES[:-1]
+                               "zb-2p", "zb-v", "dualpipe-v", "eager-1f1b",
+                               "interleaved-1f1b-a2a")
+    assert SEARCHED_SCHEDULES == TRAIN_SCHEDULES[:-2]     # eager-1f1b and the a2a overlap: named
 
 
 def test_fragment_kinds():
