@@ -98,8 +98,12 @@ def interleaved_1f1b_a2a(num_ranks: int, microbatches: int, *, virtual_stages: i
     3.2.1, on Megatron's interleaved order). The fragment order is :func:`interleaved_1f1b`'s;
     the table's name tells the cost model to hide the all-to-alls
     (:attr:`ScheduleKind.hides_alltoall`)."""
-    return replace(interleaved_1f1b(num_ranks, microbatches, virtual_stages=virtual_stages,
-                                    forward_only=forward_only), name=A2A_NAME)
+    try:
+        table = interleaved_1f1b(num_ranks, microbatches, virtual_stages=virtual_stages,
+                                 forward_only=forward_only)
+    except ScheduleError as e:      # the same sizes' error, under this schedule's name
+        raise ScheduleError(str(e).replace(repr(NAME), repr(A2A_NAME), 1)) from None
+    return replace(table, name=A2A_NAME)
 
 
 KINDS += (ScheduleKind(

@@ -31,7 +31,7 @@ def span_bubbles(rp):
 
 def test_registry_names():
     assert SCHEDULES == ("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-v",
-                         "dualpipe-v", "eager-1f1b")   # the planner's search order
+                         "dualpipe-v", "eager-1f1b", "interleaved-1f1b-a2a")   # search order
     assert SPLIT_BACKWARD == {"zb-h1", "zb-h2", "zb-v", "dualpipe-v"}
     for name in SCHEDULES:
         t = generate(name, 4, 8)
@@ -186,7 +186,7 @@ def test_dualpipe_v_within_bound_general(F, B, W):
 
 
 def _sizes(name: str, P: int, m: int) -> int:
-    if name == "interleaved-1f1b":
+    if name in ("interleaved-1f1b", "interleaved-1f1b-a2a"):
         return P * m
     if name == "dualpipe-v":
         return 2 * P + m - 1
@@ -233,7 +233,7 @@ def test_every_schedule_is_one_kind_found_in_its_module():
     from simulator.schedules import KINDS, ScheduleError, kind
 
     assert list(KINDS) == ["1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-h2", "zb-1p", "zb-2p",
-                           "zb-v", "dualpipe-v", "eager-1f1b"]
+                           "zb-v", "dualpipe-v", "eager-1f1b", "interleaved-1f1b-a2a"]
     for name, k in KINDS.items():
         module = importlib.import_module(k.generate.__module__)
         assert k in module.KINDS and k.name == name
