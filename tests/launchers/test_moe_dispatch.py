@@ -66,3 +66,17 @@ def test_maxtext_capacity_follows_the_dispatch():
     v = part_views(_plan("alltoall"))[0]
     own = dataclasses.replace(v, model=dataclasses.replace(v.model, name="my-moe"))
     assert _model(own, [])["capacity_factor"] == -1.0
+
+
+def test_a_token_dropping_plan_round_trips_through_the_plan_file():
+    import json
+
+    from ir.plan_file import check_schema
+    from ir.plan_json import any_plan_to_json, plan_from_json
+
+    doc = any_plan_to_json(_plan("tokendrop"))
+    doc = json.loads(doc) if isinstance(doc, str) else doc
+    check_schema(doc, "plan")                       # the schema names the value
+    back = plan_from_json(doc)
+    assert {lay.expert_dispatch for lay in back.layouts.values()} == {"tokendrop"}
+    assert "dp8xtp4-ep2-tokendrop" in {str(lay) for lay in back.layouts.values()}
