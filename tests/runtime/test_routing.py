@@ -123,10 +123,13 @@ def test_routing_times_are_written_with_their_origin_and_loaded(tmp_path):
             "samples") in src and "zoo/configs/tiny-moe.yaml" in src
     assert "whole backward" in d.sources["backward_routing_pair"]
     assert "forward_routing_pair_ns" not in device_yaml(_cal())["efficiency"]   # not measured
-    bundled = load_device("h100-sxm")   # the accelerator's: the token path's per-pair fit
-    assert (bundled.forward_routing_pair, bundled.backward_routing_pair) == (
-        pytest.approx(35.27e-9, rel=1e-12), pytest.approx(70.53e-9, rel=1e-12))
+    bundled = load_device("b200")   # the accelerator's: the token path's per-pair fit
+    assert (bundled.forward_routing_pair, bundled.backward_routing_pair,
+            bundled.dropless_routing_pair) == (pytest.approx(7.77e-9, rel=1e-12),
+                                               pytest.approx(15.53e-9, rel=1e-12),
+                                               pytest.approx(134.3e-9, rel=1e-12))
     assert "mpmd validate --fit-moe" in bundled.sources["forward_routing_pair"]
+    assert "mpmd validate --fit-moe" in bundled.sources["dropless_routing_pair"]
 
 
 def test_the_routed_block_is_timed_per_layout_sample_count_and_kind():
