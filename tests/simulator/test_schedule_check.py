@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ir import FragmentRef
-from simulator.schedules import (SCHEDULES, ScheduleError, dependencies, generate, replay,
+from simulator.schedules import (SCHEDULES, ScheduleError, dependencies, generate, kind, replay,
                                  validate)
 
 
@@ -83,7 +83,10 @@ def test_dependencies_table():
 
 
 def _sizes(name, P, m):
-    return P * m if name == "interleaved-1f1b" else (2 * P + m if name == "dualpipe-v" else m)
+    """The ``m``-th microbatch count the schedule takes on ``P`` ranks (its own ``sizes_ok``, at
+    the generator's default of 2 virtual stages), so every registered kind is drawn."""
+    ok = [M for M in range(1, 2 * P * m + 2 * P + 1) if kind(name).sizes_ok(P, M, 2)]
+    return ok[m - 1]
 
 
 @settings(max_examples=60, deadline=None)
