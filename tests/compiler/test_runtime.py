@@ -333,8 +333,41 @@ def test_plan_is_cached_batches_consecutive_sends_and_keeps_placed_arguments():
     assert regs[p.inputs[0][0]] is not x and regs[p.inputs[0][0]].sharding == s0
 
 
+def test_the_direct_batched_copy_matches_device_put_and_falls_back(monkeypatch):
+    """``_batched_copy``: replicated to replicated goes by the direct copy (no ``device_put``); a
+    value laid out otherwise than its target (sharded, or from one device to two) and a host array
+    go by ``jax.device_put``; every result equals the value on the target sharding."""
+    import compiler.runtime as rt
+    meshes = meshes4()
+    r0, r1 = (NamedSharding(meshes[m], P()) for m in ("m0", "m1"))
+    split1 = NamedSharding(meshes["m1"], P("data"))
+    one = NamedSharding(Mesh(np.array(jax.devices()[6:7]), ("data",)), P())
+    x = jnp.arange(8.0).reshape(4, 2)
+    puts: list[int] = []
+    real_put = jax.device_put
+
+    def counting_put(xs, *a, **k):
+        puts.append(len(xs) if isinstance(xs, list) else 1)
+        return real_put(xs, *a, **k)
+
+    a0, b0, c1 = (jax.device_put(x, s) for s in (r0, one, r0))
+    monkeypatch.setattr(rt.jax, "device_put", counting_put)
+    ys = rt._batched_copy([a0, c1 * 2.0], [r1, r1])
+    assert puts == []
+    for y, want in zip(ys, (x, 2.0 * x)):
+        assert y.sharding == r1
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+    for srcs, shs in (([a0], [split1]), ([b0], [r1]), ([np.asarray(x)], [r1]), ([a0, b0], [r1, r1])):
+        puts.clear()
+        ys = rt._batched_copy(srcs, shs)
+        assert puts == [len(srcs)]
+        for y, sh in zip(ys, shs):
+            assert y.sharding == sh
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+
+
 def test_cpu_replay_holds_sends_until_read_and_makes_the_zeros_once(monkeypatch):
-    """Unrecorded on CPU: the sends m0 makes before m1 reads either go in one ``device_put``, and
+    """Unrecorded on CPU: the sends m0 makes before m1 reads either go in one batched copy, and
     the accumulator ``init`` call runs on the first replay only (its zeros reused after)."""
     import compiler.runtime as rt
     meshes = meshes4()
@@ -365,17 +398,24 @@ def test_cpu_replay_holds_sends_until_read_and_makes_the_zeros_once(monkeypatch)
     np.testing.assert_array_equal(np.asarray(run_program(prog, (x,)).outputs[0]), want)
     assert len(inits) == 1            # recorded: every call runs
     puts: list[int] = []
-    real = jax.device_put
+    copies: list[int] = []
+    real_put, real_copy = jax.device_put, rt._batched_copy
 
-    def counting(xs, *a, **k):
+    def counting_put(xs, *a, **k):
         puts.append(len(xs) if isinstance(xs, list) else 1)
-        return real(xs, *a, **k)
+        return real_put(xs, *a, **k)
+
+    def counting_copy(xs, shs):
+        copies.append(len(xs))
+        return real_copy(xs, shs)
 
     x0 = jax.device_put(x, s0)        # on its input's sharding: not placed again
-    monkeypatch.setattr(rt.jax, "device_put", counting)
+    monkeypatch.setattr(rt.jax, "device_put", counting_put)
+    monkeypatch.setattr(rt, "_batched_copy", counting_copy)
     for k in range(2):
         out = run_program(prog, (x0,), record=False).outputs[0]
         np.testing.assert_array_equal(np.asarray(out), want)
         assert out.sharding == s1
-    assert puts == [2, 2]             # a and c in one device_put, on each replay
+    assert copies == [2, 2]           # a and c in one batched copy, on each replay
+    assert puts == []                 # replicated to replicated: the direct copy, no device_put
     assert len(inits) == 2            # the zeros made on the first unrecorded replay only
