@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from ir.errors import IRError
@@ -258,3 +258,39 @@ class Workload:
                   + (self.costs[n].bwd_flops_per_sample if self.training else 0.0)
                   for n in self.layers)
         return per * self.global_batch
+
+
+HIGH_PRECISION_SUFFIX = "_bf16"
+"""Suffix of the body name :func:`keep_blocks_in_compute_dtype` gives the blocks it takes out of a
+low-precision recipe (``"decoder_block_bf16"``)."""
+
+
+def keep_blocks_in_compute_dtype(workload: Workload, first: int, last: int) -> Workload:
+    """``workload`` with its first ``first`` and last ``last`` decoder blocks' GEMMs in the compute
+    dtype (BF16) under its low-precision recipe: Megatron-Bridge's ``first_last_layers_bf16`` with
+    ``num_layers_at_start_in_bf16`` / ``num_layers_at_end_in_bf16`` (``MixedPrecisionConfig``,
+    ``src/megatron/bridge/training/mixed_precision.py``), which NVFP4 runs use for stability
+    (NVIDIA, "Pretraining Large Language Models with NVFP4", 2025: the last layers in BF16).
+
+    The blocks are the layers between the first (embedding) and the last (head); each kept one
+    runs a copy of its body named ``<body>_bf16`` with ``low_precision`` False (its GEMM rate,
+    weight copies and saved inputs then those of BF16, ``simulator.cost_model``).
+
+    Raises:
+        IRError: ``first`` or ``last`` negative, or together not fewer than the blocks.
+    """
+    blocks = len(workload.layers) - 2
+    if first < 0 or last < 0 or first + last >= blocks:
+        raise IRError(f"Workload {workload.model!r}: {first} first and {last} last blocks in the "
+                      f"compute dtype leave none of its {blocks} blocks to the recipe; fix: keep "
+                      f"fewer than {blocks} blocks")
+    if not first and not last:
+        return workload
+    layers, costs = list(workload.layers), dict(workload.costs)
+    for i in [*range(1, 1 + first), *range(len(layers) - 1 - last, len(layers) - 1)]:
+        body = layers[i]
+        kept = body + HIGH_PRECISION_SUFFIX
+        if kept not in costs:
+            costs[kept] = replace(costs[body], name=kept, low_precision=False)
+        layers[i] = kept
+    return replace(workload, layers=tuple(layers), costs=costs)

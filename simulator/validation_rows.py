@@ -99,7 +99,7 @@ COLUMNS_OPTIONAL = ("vocab", "global_batch", "per_device_batch", "micro_batch", 
             "devices_per_node", "scale_out_gbit_per_device", "power_limit_w",
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
             "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher",
-            "pipeline_layout", "offload_layers")
+            "pipeline_layout", "offload_layers", "bf16_first_layers", "bf16_last_layers")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -199,6 +199,8 @@ class Row:
     pipeline_layout: str | None = None
     precision_given: bool = True
     offload_layers: int = 0
+    bf16_first_layers: int = 0
+    bf16_last_layers: int = 0
 
     @property
     def dtype(self) -> str:
@@ -254,14 +256,14 @@ INT_LIMITS = {"layers": 1024, "hidden": 2**18, "heads": 2**12, "seq_len": 2**22,
               "micro_batch": 2**24, "microbatches": 2**16, "ffn": 2**20, "kv_heads": 2**12,
               "head_dim": 2**12, "slices": 2**12, "devices_per_node": 2**16, "cp": 1024,
               "vp": 1024, "ep": 2**16, "etp": 1024, "scale_up_domain": 2**16,
-              "offload_layers": 1024}
+              "offload_layers": 1024, "bf16_first_layers": 1024, "bf16_last_layers": 1024}
 """Largest value accepted per integer column (every integer column is at least 1); far above any
 published run (at most 128 layers, 8-way tensor and 64-way pipeline parallelism in the sources)."""
 
 
 OPTIONAL = ("vocab", "micro_batch", "microbatches", "ffn", "kv_heads", "head_dim", "slices",
             "devices_per_node", "global_batch", "cp", "vp", "ep", "etp", "scale_up_domain",
-            "offload_layers")
+            "offload_layers", "bf16_first_layers", "bf16_last_layers")
 """Integer columns that may be blank (:data:`RULES` fills them)."""
 
 
@@ -528,7 +530,18 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line),
             dispatcher=DISPATCHERS[disp] if disp is not None else None,
             pipeline_layout=(d.get("pipeline_layout") or "").strip() or None,
-            precision_given=bool(given), offload_layers=_int(d, "offload_layers", line) or 0)
+            precision_given=bool(given), offload_layers=_int(d, "offload_layers", line) or 0,
+            bf16_first_layers=_int(d, "bf16_first_layers", line) or 0,
+            bf16_last_layers=_int(d, "bf16_last_layers", line) or 0)
+    kept = r.bf16_first_layers + r.bf16_last_layers
+    if kept and not r.low_precision:
+        raise ValidationError(f"row {line}: bf16_first_layers/bf16_last_layers keep blocks in BF16 "
+                              f"under a low-precision recipe, and precision is {r.recipe!r}; fix: "
+                              f"blank them or give the row's fp8/mxfp8/nvfp4 precision")
+    if kept >= r.layers:
+        raise ValidationError(f"row {line}: bf16_first_layers + bf16_last_layers = {kept} leave "
+                              f"none of the {r.layers} layers to the {r.recipe} recipe; fix: keep "
+                              f"fewer in BF16")
     if r.offload_layers and (r.pp > 1 or r.offload_layers >= r.layers):
         raise ValidationError(f"row {line}: offload_layers={r.offload_layers} needs pp 1 and fewer "
                               f"than the {r.layers} layers (Megatron-Core's "

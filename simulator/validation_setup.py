@@ -48,7 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ir import LayerCost, Layout, Plan, StagePlan, Workload
-from ir.workload import causal_fraction
+from ir.workload import causal_fraction, keep_blocks_in_compute_dtype
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 from simulator import remat
 from simulator.pipeline_layout import LayoutError, parse_layout, recipe_split, split_summary
@@ -860,6 +860,10 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
     if row.offload_layers:
         w, offloaded = offload_activations(w, row)
         notes.append(offloaded)
+    if row.bf16_first_layers or row.bf16_last_layers:
+        w = keep_blocks_in_compute_dtype(w, row.bf16_first_layers, row.bf16_last_layers)
+        notes.append(f"blocks in BF16: first {row.bf16_first_layers}, last "
+                     f"{row.bf16_last_layers} (the rest {row.recipe})")
     if name in INTERLEAVED and tune and step_fn is not None and row.vp is None:
         v, _, cands = tune_virtual_stages(row, w, mb, rc, step_fn, device)
         why = (f"the fastest of v in {{{', '.join(map(str, cands))}}}" if len(cands) > 1

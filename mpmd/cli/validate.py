@@ -284,6 +284,13 @@ def format_origin(device: str, rows, f) -> str:
             f"{f.mape:.1f}% (scipy bounded search over the efficiency relative to BF16 GEMMs)")
 
 
+FEW_ROWS = 3
+"""A kind with fewer dense BF16 rows than this, on a chip another kind has fitted, fits only its
+matmul efficiency on them (the GEMM rate its own clocks and power reach: GB300 against GB200),
+its memory efficiency, dispatch overhead and elementwise fraction held at that kind's: one figure
+from one or two rows, not four."""
+
+
 def _same_chip(device, devices, fitted: list[str]):
     """The first kind of ``fitted`` on ``device``'s chip (``DeviceProfile.chip``), or None."""
     if not device.chip:
@@ -606,8 +613,12 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
         done: list[str] = []          # the kinds fitted on their own BF16 rows, in order
         joint: dict[str, tuple] = {}  # kind -> (fit, origin, jitter origin, base) of its group
         # kinds with BF16 rows first: a kind with none takes its chip's fitted efficiencies
-        order = sorted(devices, key=lambda n: not any(
-            s.row.device == n and not s.row.low_precision and not held_out(s) for s in setups))
+        def own_rows(n: str) -> int:
+            return sum(1 for s in setups if s.row.device == n and not s.row.low_precision
+                       and not held_out(s))
+
+        # kinds with BF16 rows first, the fewest last (they may lean on their chip's fit)
+        order = sorted(devices, key=lambda n: (not own_rows(n), 0 < own_rows(n) < FEW_ROWS))
         for name in order:
             base = devices[name]
             grid = (base.elementwise_traffic,) if hold_elementwise else V.ELEMENTWISE_GRID
@@ -641,6 +652,11 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
                             extra=extra_efficiency(base, None))
                         write_training_formats(twin_out, formats)
                 continue
+            twin = _same_chip(base, devices, done) if len(mine) < FEW_ROWS else None
+            if twin is not None:    # too few rows for more than one figure: the matmul alone
+                base = V.with_efficiency(base, base.matmul_efficiency, twin.memory_efficiency,
+                                         twin.fragment_overhead, twin.elementwise_traffic)
+                grid = (twin.elementwise_traffic,)
             done.append(name)
             if first is not None:           # fitted with its memory twin: the same values
                 f, origin, jitter_origin, fitted = joint[first]
@@ -700,6 +716,10 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
             devices[name] = V.with_efficiency(base, f.matmul, f.memory, f.overhead_s,
                                               f.elementwise)
             origin = _origin(label, [s.row for s in mine], f)
+            if twin is not None:
+                origin += (f"; only the matmul efficiency: its memory efficiency, dispatch "
+                           f"overhead and elementwise fraction are {twin.name}'s (the same chip, "
+                           f"{base.chip}; fewer than {FEW_ROWS} BF16 rows)")
             joint[name] = (f, origin, jitter_origin, base)
             formats = fit_formats(name, low, devices, fit_info)
             written = None

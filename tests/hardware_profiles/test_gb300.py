@@ -41,23 +41,28 @@ def test_gb300_differs_from_gb200_where_blackwell_ultra_does():
     assert ultra.scale_up_domain == gb200.scale_up_domain == 72
 
 
-def test_gb300_inherits_the_blackwell_fit_through_its_chip():
-    """`mpmd validate --fit` gives a kind without dense BF16 rows its chip's fitted efficiencies
-    (mpmd/cli/validate.py _same_chip): gb300 is put on gb200's chip and carries gb200's BF16
-    values, each origin saying so; its FP8 and MXFP8 efficiencies are fitted on its own rows."""
-    from mpmd.cli.validate import _same_chip
+def test_gb300_fits_its_matmul_and_takes_the_rest_from_its_chip():
+    """`mpmd validate --fit` gives a kind with fewer than FEW_ROWS dense BF16 rows its chip's
+    fitted memory efficiency, dispatch overhead and elementwise fraction and fits only its matmul
+    efficiency (mpmd/cli/validate.py): gb300, on gb200's chip, has one (the DGX Station's Llama 3
+    8B run) and runs its GEMMs faster than gb200; its FP8, MXFP8 and NVFP4 efficiencies are
+    fitted on its own rows, each origin saying so."""
+    from mpmd.cli.validate import FEW_ROWS, _same_chip
 
     ultra, gb200 = load_device("gb300"), load_device("gb200")
-    assert ultra.chip == gb200.chip == "b200"
+    assert ultra.chip == gb200.chip == "b200" and FEW_ROWS == 3
     assert _same_chip(ultra, {"gb200": gb200, "gb300": ultra}, ["gb200"]) is gb200
-    assert (ultra.matmul_efficiency, ultra.memory_efficiency, ultra.fragment_overhead,
-            ultra.elementwise_traffic) == (gb200.matmul_efficiency, gb200.memory_efficiency,
-                                           gb200.fragment_overhead, gb200.elementwise_traffic)
-    assert ultra.sources["matmul_efficiency"].startswith("as gb200 (the same chip, b200)")
-    for recipe in ("fp8", "mxfp8"):
+    assert (ultra.memory_efficiency, ultra.fragment_overhead, ultra.elementwise_traffic) == (
+        gb200.memory_efficiency, gb200.fragment_overhead, gb200.elementwise_traffic)
+    assert ultra.matmul_efficiency > gb200.matmul_efficiency
+    assert "over the 1 gb300 rows" in ultra.sources["matmul_efficiency"]
+    assert "are gb200's (the same chip, b200; fewer than 3 BF16 rows)" in \
+        ultra.sources["memory_efficiency"]
+    for recipe in ("fp8", "mxfp8", "nvfp4"):
         assert "over the" in ultra.sources[f"training_formats.{recipe}"] \
             and "gb300 rows" in ultra.sources[f"training_formats.{recipe}"]
-    assert ultra.format_efficiency["nvfp4"] == gb200.format_efficiency["nvfp4"]   # both priors
+    assert "dgx-station-nvfp4" in ultra.sources["training_formats.nvfp4"]
+    assert gb200.sources["training_formats.nvfp4"].startswith("prior")
     assert ultra.training_formats == ("bf16", "fp8", "fp8-blockwise", "mxfp8", "nvfp4")
     # the attention core stays at the GEMM rate, the SFU gain named but not credited
     assert ultra.attention_rate(8192) == 1.0
@@ -67,12 +72,13 @@ def test_gb300_inherits_the_blackwell_fit_through_its_chip():
 
 def test_gb300_runs_nvfp4_at_its_own_fp4_peak():
     ultra, gb200 = load_device("gb300"), load_device("gb200")
-    assert ultra.format_rate("nvfp4") == pytest.approx(1.5 * gb200.format_rate("nvfp4"))
-    # the same FP8 peak; the rate differs only by the efficiency each kind's rows fitted
-    assert ultra.format_rate("fp8") / ultra.format_efficiency["fp8"] == pytest.approx(
-        gb200.format_rate("fp8") / gb200.format_efficiency["fp8"])
+    # 1.5x GB200's FP4 peak; the rates differ by the efficiencies each kind's rows fitted
+    assert ultra.peak_flops["fp4"] == pytest.approx(1.5 * gb200.peak_flops["fp4"])
+    assert ultra.format_rate("fp8") / ultra.format_efficiency["fp8"] / ultra.matmul_efficiency \
+        == pytest.approx(gb200.format_rate("fp8") / gb200.format_efficiency["fp8"]
+                         / gb200.matmul_efficiency)
     assert ultra.format_rate("nvfp4") == pytest.approx(
-        15000 * T * ultra.matmul_efficiency * 0.8)
+        15000 * T * ultra.matmul_efficiency * ultra.format_efficiency["nvfp4"])
 
 
 @pytest.mark.parametrize("name, nodes, domain", [("gb300x72_nodes", 18, 72),

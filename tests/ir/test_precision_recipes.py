@@ -50,3 +50,25 @@ def test_plan_file_carries_the_precision():
     doc["precision"] = "int3"
     with pytest.raises(IRError, match="plan precision 'int3' is not a known recipe"):
         plan_from_json(doc)
+
+
+def test_blocks_kept_in_the_compute_dtype():
+    """``keep_blocks_in_compute_dtype``: the first and last blocks run a copy of their body with
+    ``low_precision`` off; embedding and head untouched; 0 and 0 is the same workload; covering
+    every block is refused in one line."""
+    from ir import keep_blocks_in_compute_dtype
+    from tests.planner.conftest import workload
+
+    w = workload(blocks=5, batch=8)
+    assert keep_blocks_in_compute_dtype(w, 0, 0) is w
+    body = w.layers[1]
+    k = keep_blocks_in_compute_dtype(w, 1, 2)
+    assert k.layers == (w.layers[0], body + "_bf16", body, body, body + "_bf16", body + "_bf16",
+                        w.layers[-1])
+    assert k.costs[body + "_bf16"].low_precision is False
+    assert k.costs[body + "_bf16"].fwd_flops_per_sample == w.costs[body].fwd_flops_per_sample
+    assert k.param_count == w.param_count
+    with pytest.raises(IRError, match=r"^Workload '.*': 2 first and 3 last blocks in the compute "
+                                      r"dtype leave none of its 5 blocks to the recipe; fix: keep "
+                                      r"fewer than 5 blocks$"):
+        keep_blocks_in_compute_dtype(w, 2, 3)

@@ -43,9 +43,12 @@ def test_csv_rows_load():
     from mpmd.cli.validate import model_fill
 
     rows = [r for r in V.load_rows(CSV, fill=model_fill(CSV))      # the FP8 twins, Blackwell
-            if r.precision == "bf16" and r.device not in ("b200", "gb200")   # and the mixtures of
-            and r.ep == 1]                                                    # experts aside
+            if r.precision == "bf16" and r.device not in ("b200", "gb200", "gb300")  # and the
+            and r.ep == 1]                                            # mixtures of experts aside
     assert len(rows) == 99
+    station = [r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.source == "dgx-station-nvfp4"]
+    assert [(r.device, r.gpus, r.recipe, r.bf16_first_layers, r.bf16_last_layers)
+            for r in station] == [("gb300", 1, "bf16", 0, 0), ("gb300", 1, "nvfp4", 0, 4)]
     moe = [r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.ep > 1]
     assert len(moe) == 54 and {r.model_config for r in moe} == {
         "deepseek-v3", "deepseek-v3-mtp", "qwen3-235b-a22b", "qwen3-30b-a3b", "gpt-oss-120b",

@@ -265,3 +265,40 @@ def test_offload_layers_keep_the_other_blocks_activations_on_the_device(tmp_path
     assert all(kept.costs[n] == c for n, c in w.costs.items() if n != "decoder_block")
     assert why == f"activations of 4 of {blocks} blocks offloaded to host (memory only: the copies overlap compute)"
     assert why in row_setup(row, workload_for).assumptions
+
+
+def test_bf16_layers_keep_the_first_and_last_blocks_out_of_the_recipe(tmp_path):
+    """``bf16_first_layers`` / ``bf16_last_layers`` (Megatron-Bridge's ``first_last_layers_bf16``
+    with ``num_layers_at_start/end_in_bf16``) are read, refused without a low-precision recipe or
+    when they cover every layer, and run those blocks' GEMMs in BF16: the row is slower than the
+    same row wholly in NVFP4 and faster than it in BF16, and says so."""
+    from dataclasses import replace
+
+    from hardware_profiles.loader import load_device
+    from mpmd.cli.validate import model_fill, predict_step, workload_for
+    from simulator.validate import evaluate
+    from simulator.validation_setup import row_setup
+
+    station = next(i for i, line in enumerate(LINES[1:], start=2)
+                   if line.startswith("dgx-station-nvfp4,") and ",nvfp4," in line)
+    row = dict(bundled(station))
+    assert row["bf16_last_layers"] == "4" and row["precision"] == "nvfp4"
+    p = _csv(tmp_path, row, dict(row, bf16_last_layers=""), dict(row, precision="bf16"),
+             dict(row, bf16_first_layers="1"), dict(row, bf16_last_layers="32"))
+    rows, bad = VR.load_rows_lenient(p, fill=model_fill(p))
+    assert [(r.bf16_first_layers, r.bf16_last_layers, r.recipe) for r in rows] == [
+        (0, 4, "nvfp4"), (0, 0, "nvfp4"), (1, 4, "nvfp4")]
+    assert [b.line for b in bad] == [4, 6]
+    assert bad[0].reason.endswith("precision is 'bf16'; fix: blank them or give the row's "
+                                  "fp8/mxfp8/nvfp4 precision")
+    assert "leave none of the 32 layers to the nvfp4 recipe" in bad[1].reason
+    kept, whole, both = (row_setup(r, workload_for) for r in rows)
+    assert kept.workload.layers[-6:] == ("decoder_block",) + ("decoder_block_bf16",) * 4 + ("head",)
+    assert both.workload.layers[1:3] == ("decoder_block_bf16", "decoder_block")
+    assert kept.workload.costs["decoder_block_bf16"] == replace(
+        whole.workload.costs["decoder_block"], name="decoder_block_bf16", low_precision=False)
+    assert "blocks in BF16: first 0, last 4 (the rest nvfp4)" in kept.assumptions
+    bf16 = row_setup(replace(rows[0], precision="bf16", bf16_last_layers=0), workload_for)
+    t_kept, t_whole, t_bf16 = (r.step_s for r in evaluate(
+        (kept, whole, bf16), load_device("gb300"), predict_step))
+    assert t_whole < t_kept < t_bf16
