@@ -2,7 +2,7 @@
 
 Label pieces of a program with :func:`named_computation`, then ``jit(fn, config).lower(*args)
 .compile()`` gives per-mesh programs that run like ``fn`` (a walk-through:
-``docs/compiler_guide.md``). Modules: ``named.py`` (the label), ``config.py`` /
+``docs/compiler_guide.md``; a GPT trained with optax: ``docs/guide.md``). Modules: ``named.py`` (the label), ``config.py`` /
 ``plan_config.py`` (what the user or a plan tells the compiler), ``frontend.py`` (tracing into the
 program IR), ``diagnose.py`` (names a config uses that the step lacks, and untraceable named
 computations, refused in one line), ``program.py`` (the IR and its printer), ``passes/`` (pure
