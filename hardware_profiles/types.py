@@ -193,15 +193,20 @@ class DeviceProfile:
             was fitted
         dropless_routing_pair: a dropless dispatch's extra time per routed (token, expert)
             pair, s, forward and backward together (a third in the forward, the rest in the
-            input gradient), beyond ``forward_routing_pair`` / ``backward_routing_pair``: a
-            dropless dispatcher (Megatron-Core's ``alltoall`` or ``flex`` without a capacity
-            factor) reads each layer's tokens-per-expert counts back to the host to size its
-            buffers, so its permutations and grouped GEMMs run at shapes known only then
-            (no CUDA-graph capture, the host unable to run ahead); a token-dropping dispatch
-            padded to capacity (``Layout.expert_dispatch`` ``"tokendrop"``) has static shapes
-            and does not pay it. Fitted with the token path by ``mpmd validate --fit-moe``
-            (NVIDIA's Megatron-Bridge 25.09 summary ran Qwen3-30B-A3B token-dropping at
-            1.9-2.0x the tokens/s its 25.11 summary gives dropless on H100 and B200); 0 where
+            input gradient), beyond ``forward_routing_pair`` / ``backward_routing_pair``:
+            Megatron-Core's dropless ``alltoall`` dispatcher (``Layout.expert_dispatch``
+            ``"alltoall"``) reads each layer's tokens-per-expert counts back to the host to size
+            its all-to-all, so its permutations and grouped GEMMs run at shapes known only then
+            (no CUDA-graph capture, the host unable to run ahead). A token-dropping dispatch
+            padded to capacity (``"tokendrop"``) has static shapes, and the two-hop
+            DeepEP/HybridEP dispatch (``"deepep"``, Megatron-Core's ``flex`` dispatcher) sizes
+            its buffers on the device; neither pays it (NVIDIA's 25.11 GB200 and GB300 HybridEP
+            rows run as fast per token as its 25.09 token-dropping ones). Fitted with the token
+            path by ``mpmd validate --fit-moe`` where a kind has rows that pay it and rows that
+            do not (NVIDIA's Megatron-Bridge 25.09 summary ran Qwen3-30B-A3B token-dropping at
+            1.9-2.0x the tokens/s its 25.11 summary gives dropless on H100 and B200; fitted
+            2026-11-29: H100 215 ns, B200 134 ns, GB200 84 ns and GB300 84 ns, the last two
+            each from its one ``alltoall`` row, gpt-oss-120b, and each other's check); 0 where
             none was fitted.
         logit_overhead: a serving step's time per logit it hands to sampling, s: a stack that
             reads each step's ``batch x vocab`` logits back to the host and samples there pays

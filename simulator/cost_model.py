@@ -336,10 +336,10 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
             (``LayerCost.fwd_ops`` / ``bwd_ops``, ``DeviceProfile.layer_fixed_time``).
             A mixture-of-experts layer pays the profile's ``forward_routing_pair`` (or
             ``backward_routing_pair``, all in the input gradient) for each (token, expert) pair
-            of the device's tokens (``LayerCost.routed_pairs_per_sample``), and a dropless
-            dispatch (``layout.expert_dispatch`` other than ``"tokendrop"``) the profile's
-            ``dropless_routing_pair`` per pair on top (a third in a forward, the rest in the
-            input gradient).
+            of the device's tokens (``LayerCost.routed_pairs_per_sample``), and Megatron-Core's
+            dropless all-to-all dispatch (``layout.expert_dispatch`` ``"alltoall"``, which reads
+            its counts back to the host) the profile's ``dropless_routing_pair`` per pair on
+            top (a third in a forward, the rest in the input gradient).
         precision: the workload's training precision recipe (:mod:`ir.precision`): a block's
             GEMMs (not its attention core) run at ``DeviceProfile.format_rate``, read their
             weights in the format, and its forward (backward) pays the casts of its GEMM inputs
@@ -451,8 +451,8 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         # top-k, sort, index and permute launches, padding), fitted per GPU kind beside the
         # per-element term (token_path_time); on XLA:CPU the row-by-row gathers, measured
         pair = (dev.forward_routing_pair if kind == FragmentKind.F else dev.backward_routing_pair)
-        if layout.expert_dispatch != "tokendrop":
-            # a dropless dispatch's dynamic shapes: dropless_pair_time
+        if layout.expert_dispatch == "alltoall":
+            # a host-synchronised dropless dispatch (DeviceProfile.dropless_routing_pair)
             pair += dev.dropless_routing_pair * (
                 TOKEN_PATH_FORWARD_SHARE if kind == FragmentKind.F
                 else 1.0 - TOKEN_PATH_FORWARD_SHARE)

@@ -1,7 +1,7 @@
 """The mixture-of-experts token path fitted per device kind on its published MoE runs
 (``mpmd validate --fit-moe``, :mod:`mpmd.cli.validate_moe`): seconds per routed (token, expert,
-hidden) element, per routed (token, expert) pair, and per routed pair of a dropless dispatch
-only (``DeviceProfile.dropless_routing_pair``): the terms of
+hidden) element, per routed (token, expert) pair, and per routed pair of the host-synchronised
+dropless all-to-all dispatch only (``DeviceProfile.dropless_routing_pair``): the terms of
 :func:`simulator.cost_model.token_path_time` and :func:`simulator.cost_model.layer_time`'s
 routing-pair charge. Each row is simulated at four points (:func:`token_path_slopes`), the three
 figures are fitted on the rows' linear models of their step (:func:`fit_token_path`) and the
@@ -156,8 +156,9 @@ def _surrogate_fit(slopes: Sequence[TokenPathSlopes], peak: float,
 
 def _dropless_bounds(slopes: Sequence[TokenPathSlopes], bounds_ns: tuple[float, float]
                      ) -> tuple[float, float]:
-    """The dropless figure's range: ``bounds_ns`` where the rows hold both token-dropping and
-    dropless runs (only then can the two per-pair figures be told apart), else (0, 0)."""
+    """The dropless figure's range: ``bounds_ns`` where the rows hold both runs that pay it (the
+    host-synchronised all-to-all dispatch) and runs that do not (token-dropping, DeepEP/HybridEP):
+    only then can the two per-pair figures be told apart; else (0, 0)."""
     drop = [s.per_dropless == 0.0 for s in slopes]
     return bounds_ns if any(drop) and not all(drop) else (0.0, 0.0)
 

@@ -2,8 +2,9 @@
 mixture-of-experts token path, three figures: the time per routed (token, expert, hidden) element
 (``DeviceProfile.routed_element``, :func:`simulator.cost_model.token_path_time`), the time per
 routed (token, expert) pair (``forward_routing_pair`` / ``backward_routing_pair``, a third and
-two thirds of it) and a dropless dispatch's time per pair on top (``dropless_routing_pair``,
-fitted only for a kind with both token-dropping and dropless rows, else 0), fitted on the kind's MoE rows of the published-training CSV with every other
+two thirds of it) and the host-synchronised dropless all-to-all dispatch's time per pair on top
+(``dropless_routing_pair``, fitted only for a kind with rows that pay it and rows that do not:
+token-dropping or DeepEP/HybridEP, else 0), fitted on the kind's MoE rows of the published-training CSV with every other
 efficiency of its profile held (:func:`simulator.token_path_fit.fit_token_path`), reported with
 its leave-one-source-out errors and, with ``--profiles-out DIR``, written into
 ``DIR/DEVICE.yaml``'s ``efficiency:`` block as ``routed_element_ps``, ``forward_routing_pair_ns``,
@@ -48,9 +49,9 @@ def pair_origin(f, what: str) -> str:
 def dropless_origin(f) -> str:
     """The origin line of ``dropless_routing_pair_ns``: the same fit, its third figure."""
     return (f"fitted with routed_element_ps by `{FIT_MOE_COMMAND}` (see its origin): a dropless "
-            f"dispatch's time per routed token x expert pair beside the "
-            f"{f.pair_seconds * 1e9:.1f} ns every dispatch pays (0 where the kind's rows are not "
-            f"both token-dropping and dropless), {date.today().isoformat()}")
+            f"all-to-all dispatch's time per routed token x expert pair beside the "
+            f"{f.pair_seconds * 1e9:.1f} ns every dispatch pays (0 where the kind's rows do not "
+            f"hold both runs that pay it and runs that do not: token-dropping, DeepEP/HybridEP), {date.today().isoformat()}")
 
 
 def write_entry(path: Path, value_ps: float, why: str, *, out: Path, key: str = KEY) -> None:

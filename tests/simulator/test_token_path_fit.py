@@ -90,12 +90,19 @@ def test_surrogate_fit_tells_the_dropless_pair_time_from_the_shared_one():
     assert _dropless_bounds(rows, (0.0, 1000.0)) == (0.0, 1000.0)
 
 
-def test_layer_time_adds_the_dropless_pair_time_unless_tokens_are_dropped():
+def test_layer_time_adds_the_dropless_pair_time_to_the_all_to_all_dispatch_only():
+    """Megatron-Core's dropless all-to-all dispatch pays ``dropless_routing_pair`` per pair (a
+    third in the forward); a token-dropping dispatch and the two-hop DeepEP/HybridEP one do not."""
     mesh = MeshSpec("m", _bare(), 16, {"data": 16}, Link(400e9, 1e-6), devices_per_node=8,
                     scale_out_link=Link(50e9, 5e-6))
     slow = dataclasses.replace(mesh, device=with_token_path(_bare(), 0.0, 0.0, 150e-9))
     dropless, drop = Layout(8, 2, expert=8), Layout(8, 2, expert=8, expert_dispatch="tokendrop")
+    hybrid = Layout(8, 2, expert=8, expert_dispatch="deepep")
+    assert dropless.expert_dispatch == "alltoall"
     assert Layout(8, 2, expert_dispatch="tokendrop").expert_dispatch == "tokendrop"  # EP 1 too
+    for kind in (FragmentKind.F, FragmentKind.B):
+        assert cm.layer_time(MOE, kind, 32, slow, hybrid, "bf16", seq_len=4096) == \
+            cm.layer_time(MOE, kind, 32, mesh, hybrid, "bf16", seq_len=4096)
     for kind, share in ((FragmentKind.F, 1 / 3), (FragmentKind.B, 2 / 3)):
         base = cm.layer_time(MOE, kind, 32, mesh, dropless, "bf16", seq_len=4096)
         more = cm.layer_time(MOE, kind, 32, slow, dropless, "bf16", seq_len=4096)
