@@ -19,13 +19,21 @@ waits for, directly or through other ops (so it is not delayed behind that user 
 still pending at the end are emitted there, in topology order. Otherwise a group sinks past user
 fragments of its mesh, to where its results are needed: a mesh's L2 partial, sent to the mesh
 that adds up the loss at the end of the step, joins the mesh's clipping partials after its last
-backward (one call and one transfer, not two each).
+backward (one call and one transfer, not two each). When a fragment must start a new group
+(it reads the group's own held-back transfer back, as an update reads the global norm made from
+the mesh's partial), the group's members that its held-back transfers do not need move to the new
+group: the first fragment makes only what the mesh sends (its partial norms), sent at once, and
+the optimizer's work that does not wait for the norm runs in the update's fragment instead of
+passing some thirty intermediate values to it (GPT + AdamW on 4 meshes of 2 CPU devices: 18.3
+against 20.7 ms a step in one process, ``jax.jit`` 5.6 ms).
 
 Why no cycle can form: a group is emitted before any op outside it reads it, and after every op
 its members read (each member read only values defined before it; a transfer of a group's
 result is held back and emitted right after the group, and a group reading such a transfer is
 emitted after the group it comes from; a fragment that would make two groups read each other, or
-a group read its own held-back transfer, starts a new group instead). Non-inferred ops keep
+a group read its own held-back transfer, starts a new group instead; the members moved to that
+new group are read by no held-back transfer of the old one, which is emitted first, and read
+only values defined before them). Non-inferred ops keep
 their relative order, so every mesh runs its user fragments in the scheduled order.
 
 A merged group is an inferred fragment (origin ``[]``, no stage, call counter or part) whose body
@@ -110,6 +118,40 @@ def merge_inferred_fragments(p: Program) -> Program:
             ops.append(Fragment(g.mesh, (), ins, (), body))
         ops.extend(g.transfers)
 
+    def cut(g: _Group) -> _Group | None:
+        """Emit ``g`` without its members that its held-back transfers do not need, which start
+        the mesh's next group (returned; None when there are none): what a mesh sends is sent
+        as soon as it is made, and the rest (an optimizer's work that does not wait for the
+        global norm) runs with what follows instead of passing its results from one fragment to
+        the next."""
+        need = {t.value for t in g.transfers}
+        core: list[Fragment] = []
+        rest: list[Fragment] = []
+        for f in reversed(g.members):
+            if any(v in need for v in f.outputs):
+                core.append(f)
+                need.update(f.inputs)
+            else:
+                rest.append(f)
+        if not core or not rest:
+            flush(g)
+            return None
+        g.members = core[::-1]
+        moved = rest[::-1]
+        nxt = _Group(g.mesh)
+        nxt.members = moved
+        mine = {v for f in moved for v in f.outputs}
+        for v in mine:
+            owner[v] = nxt
+        flush(g)
+        for f in moved:
+            for v in f.inputs:
+                d = owner.get(v)
+                if d is not None and d is not nxt and d not in nxt.deps:
+                    nxt.deps.append(d)
+        pending[g.mesh] = nxt
+        return nxt
+
     for op in p.ops:
         if _mergeable(op):
             assert isinstance(op, Fragment)
@@ -117,8 +159,8 @@ def merge_inferred_fragments(p: Program) -> Program:
             g = pending.get(op.mesh)
             if g is not None and (any(d is not g and d.reaches(g) for d in srcs) or any(
                     v in held and owner[v] is g for v in op.inputs)):
-                flush(g)        # it would read a group that reads it: start a new one
-                g = None
+                g = cut(g)      # it would read a group that reads it: start a new one
+                srcs = list(dict.fromkeys(owner[v] for v in op.inputs if v in owner))
             if g is None:
                 g = pending[op.mesh] = _Group(op.mesh)
             g.members.append(op)

@@ -103,6 +103,39 @@ def test_an_optimizer_step_ends_in_one_fragment_per_mesh_on_each_side_of_the_glo
         np.testing.assert_array_equal(a, b)
 
 
+def test_work_that_does_not_wait_for_the_norm_leaves_the_partial_fragment_for_the_update():
+    """An optimizer's work that does not need the global norm (here ``d2 = 0.9 w2``, traced
+    before the scale arrives) runs in the update's fragment, not in the one that makes the partial
+    norm: that fragment makes only what it sends (one result, not the moments), and its send goes
+    as soon as the partial is made."""
+    p = clip_step()
+    ops = list(p.ops)
+    at = next(k for k, op in enumerate(ops) if isinstance(op, Transfer) and op.value == "s2")
+    ops.insert(at, inferred("m2", "d2", lax.mul_p, ["w2", Lit(0.9, "float32")]))
+    last = next(k for k, op in enumerate(ops) if isinstance(op, Fragment) and op.outputs == ("w2n",))
+    ops[last] = inferred("m2", "w2n", lax.sub_p, ["d2", "u2"])
+    p = Program(p.meshes, p.inputs, p.input_meshes, p.outputs, p.output_meshes, tuple(ops),
+                {**p.types, "d2": T})
+    verify(p)
+    got = merge_inferred_fragments(p)
+    verify(got)
+    assert summary(got) == [
+        "m1 l1 [g1]",
+        "m2 l2 [g2]",
+        "m2 inferred [q2 s2]",           # only what m2 sends
+        "s2:m2->m1",
+        "m1 inferred [q1 s1 n r u1 w1n]",
+        "r:m1->m2",
+        "m2 inferred [d2 u2 w2n]",       # d2 joins the update instead of passing to it
+    ]
+    partial = next(op for op in got.ops if isinstance(op, Fragment) and "s2" in op.outputs)
+    assert partial.outputs == ("s2",)
+    assert user_order(got) == user_order(p)
+    args = [np.arange(4, dtype=np.float32) + 1, np.arange(4, dtype=np.float32) - 2]
+    for a, b in zip(run(got, args), run(p, args)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_fragment_that_would_read_its_own_group_through_another_mesh_starts_a_new_one():
     # m1: a -> m2: b -> m1: c. Merging a and c would make a cycle through m2.
     ops = [inferred("m1", "a", lax.neg_p, ["x"]),
