@@ -5,7 +5,7 @@ import yaml
 
 from hardware_profiles import DEVICES_DIR, DeviceProfile, ProfileError, known_device_ids, list_devices, load_device
 
-IDS = ["a100-40gb-sxm", "a100-80gb-sxm", "b200", "blackhole-p100a", "blackhole-p150a", "blackhole-p150b", "gaudi3", "gb200", "gb300", "h100-sxm", "h200-sxm", "h800-sxm", "l40s", "mi300x",
+IDS = ["a100-40gb-sxm", "a100-80gb-sxm", "b200", "b300", "blackhole-p100a", "blackhole-p150a", "blackhole-p150b", "gaudi3", "gb200", "gb300", "h100-sxm", "h200-sxm", "h800-sxm", "l40s", "mi300x",
        "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "v100-sxm2-16gb", "v100-sxm2-32gb", "wormhole-n150", "wormhole-n300"]
 SI_FIELDS = ["memory_bytes", "memory_bandwidth", "scale_up_bandwidth", "scale_up_latency", "scale_out_bandwidth",
              "tdp_watts", "matmul_efficiency", "memory_efficiency", "fragment_overhead"]

@@ -6,7 +6,7 @@ import pytest
 
 from hardware_profiles import CLUSTERS_DIR, DEVICES_DIR, Cluster, ProfileError, bundled_clusters, load_cluster, load_device
 
-BUNDLED = ["a100x1024_nodes", "a100x128_gcp_nodes", "a100x128_v100x384_nodes", "a100x32_gcp_nodes", "a100x32_v100x96_nodes", "a100x80_gcp_nodes", "a100x80_v100x240_nodes", "gb200x256_nodes", "gb200x72_nodes", "gb300x256_nodes", "gb300x72_nodes", "h100x1", "h100x128", "h100x128_nodes", "h100x16384_nodes", "h100x16_p150bx32", "h100x2048_nodes", "h100x256_nodes", "h100x32_p150bx128", "h100x32_p150bx128_nodes",
+BUNDLED = ["a100x1024_nodes", "a100x128_gcp_nodes", "a100x128_v100x384_nodes", "a100x32_gcp_nodes", "a100x32_v100x96_nodes", "a100x80_gcp_nodes", "a100x80_v100x240_nodes", "b300x64_nodes", "gb200x256_nodes", "gb200x72_nodes", "gb300x256_nodes", "gb300x72_nodes", "h100x1", "h100x128", "h100x128_nodes", "h100x16384_nodes", "h100x16_p150bx32", "h100x2048_nodes", "h100x256_nodes", "h100x32_p150bx128", "h100x32_p150bx128_nodes",
            "h100x4096_nodes", "h100x512_nodes",
            "h100x64", "h100x64_nodes", "h200x1", "h800x2048_nodes", "loudbox_p150bx8", "mixed1024_nodes", "mixed4096_nodes", "mixed512_chain", "mixed512_nodes",
            "p150bx256", "p150bx256_nodes", "quietbox_n300x4", "quietbox_p150x4", "quietbox_p150x8_guide",
@@ -44,7 +44,7 @@ def test_cluster_sizes():
     assert sizes == {"a100x1024_nodes": 1024, "a100x80_v100x240_nodes": 320,
                      "a100x32_v100x96_nodes": 128, "a100x128_v100x384_nodes": 512, "a100x32_gcp_nodes": 32,
                      "a100x80_gcp_nodes": 80, "a100x128_gcp_nodes": 128,
-                     "gb200x72_nodes": 72, "gb200x256_nodes": 256, "gb300x72_nodes": 72, "gb300x256_nodes": 256, "h100x1": 1, "h100x128": 128, "h100x16_p150bx32": 48, "h100x32_p150bx128": 160, "h100x64": 64,
+                     "b300x64_nodes": 64, "gb200x72_nodes": 72, "gb200x256_nodes": 256, "gb300x72_nodes": 72, "gb300x256_nodes": 256, "h100x1": 1, "h100x128": 128, "h100x16_p150bx32": 48, "h100x32_p150bx128": 160, "h100x64": 64,
                      "h200x1": 1, "loudbox_p150bx8": 8, "p150bx256": 256, "quietbox_n300x4": 4, "quietbox_p150x4": 4,
                      "quietbox_p150x8_guide": 8,
                      "tpuv5e256": 256, "tpuv5e256_h100x16": 272, "tpuv6e128": 128,

@@ -31,6 +31,7 @@ EXPECTED: dict[str, dict[str, tuple[str, float]]] = {
     "a100-40gb-sxm": {"bf16": ("bf16", 312 * T), "fp16": ("fp16", 312 * T), "fp32": ("tf32", 156 * T)},
     "a100-80gb-sxm": {"bf16": ("bf16", 312 * T), "fp16": ("fp16", 312 * T), "fp32": ("tf32", 156 * T)},
     "b200": {"bf16": ("bf16", 2250 * T), "fp16": ("fp16", 2250 * T), "fp32": ("tf32", 1100 * T)},
+    "b300": {"bf16": ("bf16", 2250 * T), "fp16": ("fp16", 2250 * T), "fp32": ("tf32", 1125 * T)},
     "gb200": {"bf16": ("bf16", 2500 * T), "fp16": ("fp16", 2500 * T), "fp32": ("tf32", 1250 * T)},
     "gb300": {"bf16": ("bf16", 2500 * T), "fp16": ("fp16", 2500 * T), "fp32": ("tf32", 1250 * T)},
     "blackhole-p100a": {"bf16": ("bf16", 332 * T), "fp32": ("bf16_hifi4", 166 * T)},
@@ -56,7 +57,7 @@ EXPECTED: dict[str, dict[str, tuple[str, float]]] = {
 FP32_TF32 = {   # published dense FP32 (CUDA cores / vector) and TF32 tensor rates, TFLOP/s
     "v100-sxm2-16gb": (15.7, None), "v100-sxm2-32gb": (15.7, None), "a100-40gb-sxm": (19.5, 156), "a100-80gb-sxm": (19.5, 156),
     "h100-sxm": (67, 494.5), "h200-sxm": (67, 494.5), "h800-sxm": (67, 494.5),
-    "b200": (75, 1100), "gb200": (80, 1250), "gb300": (80, 1250), "l40s": (91.6, 183), "mi300x": (163.4, 653.7)}
+    "b200": (75, 1100), "b300": (75, 1125), "gb200": (80, 1250), "gb300": (80, 1250), "l40s": (91.6, 183), "mi300x": (163.4, 653.7)}
 
 SUPPORTED = [(name, dtype) for name in sorted(EXPECTED) for dtype in EXPECTED[name]]
 REFUSED = [(name, dtype) for name in sorted(EXPECTED) for dtype in DEFAULT_PRECISION
@@ -295,7 +296,7 @@ def test_training_recipes_table_lists_who_runs_what():
     from hardware_profiles import recipe_rows
 
     rows = dict(recipe_rows())
-    assert sorted(rows) == ["b200", "gb200", "gb300", "h100-sxm", "h200-sxm", "h800-sxm"]
+    assert sorted(rows) == ["b200", "b300", "gb200", "gb300", "h100-sxm", "h200-sxm", "h800-sxm"]
     recipes = {n: re.findall(r"([a-z0-9-]+) (\d\.\d{3}) (fitted|derived|measured|prior)", t)
                for n, t in rows.items()}
     assert [r[0] for r in recipes["h100-sxm"]] == ["fp8", "fp8-blockwise"]
