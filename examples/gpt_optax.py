@@ -32,7 +32,7 @@ What the script does:
 It exits with status 1 and names the check when a check fails.
 
 Usage:
-    python examples/gpt_optax.py            # about 40 s on 2 cores
+    python examples/gpt_optax.py            # about 45 s on 2 cores
     python examples/gpt_optax.py --steps 10 --repeats 30
 
 nanoGPT's licence:
@@ -337,9 +337,8 @@ def main(argv=None) -> int:
     print(f"{'ok   ' if n_adam <= n_grad + MESHES else 'NOTE '} executables: {n_adam} with AdamW, "
           f"target <= {n_grad} without the update + {MESHES} meshes = {n_grad + MESHES}")
     inferred = sum(1 for k in low_adam.exported.executables if "inferred" in k)
-    check(inferred <= 2 * MESHES - 1, f"the update is {inferred} inferred executables, at most "
-                                      f"two per mesh (partial norms, then the update) but the "
-                                      f"last mesh's one")
+    check(inferred <= 2 * MESHES - 1, f"{inferred} inferred executables: at most two per mesh "
+                                      f"(partial norms, then the update), one on the last")
     print(f"lowering: {t_grad:.2f} s gradients, {t_sgd:.2f} s SGD, {t_adam:.2f} s AdamW")
     check(max(t_grad, t_sgd, t_adam) < 10.0, "each lowering under 10 s")
 
