@@ -44,14 +44,19 @@ and, for the last, also at 4x it (its first candidate alone costs a third of the
 budget at 2,048 GPUs and 1,920 microbatches per replica)."""
 
 DEEPSEEK_V3 = (HandLayout(tensor=1, pipeline=16, data=128, expert=64, micro_batch=1,
-                          virtual_stages=2, pipeline_schedule="dualpipe-v"),
+                          virtual_stages=2, pipeline_schedule="dualpipe-v",
+                          expert_dispatch="deepep"),
                HandLayout(tensor=1, pipeline=16, data=128, expert=64, micro_batch=1,
-                          virtual_stages=2, pipeline_schedule="dualpipe-v", recompute="full"),
+                          virtual_stages=2, pipeline_schedule="dualpipe-v", recompute="full",
+                          expert_dispatch="deepep"),
                HandLayout(tensor=1, pipeline=16, data=128, expert=64, micro_batch=1,
-                          recompute="full"))
+                          recompute="full", expert_dispatch="deepep"))
 """DeepSeek-V3's published layout on 2,048 GPUs (module docstring): with DualPipe (the model's
 DualPipeV, which hides the expert all-to-alls under another microbatch's compute) without and
-with full recomputation, and with 1F1B (the all-to-alls exposed) for contrast."""
+with full recomputation, and with 1F1B (the all-to-alls exposed) for contrast; its tokens go in
+two hops (``expert_dispatch="deepep"``: DeepSeek-V3 Technical Report, Sec. 3.2.2, each token over
+InfiniBand once to the GPU of the same in-node index on each target node, then over NVLink; the
+kernels DeepSeek released as DeepEP)."""
 
 
 def _layout(p) -> str:

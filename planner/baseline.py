@@ -133,6 +133,8 @@ class HandLayout:
             that many devices; Megatron-LM's ``--expert-model-parallel-size``).
         expert_tensor: the experts' own tensor degree (``Layout.expert_tensor``; 0: ``tensor``;
             Megatron-Core's ``--expert-tensor-parallel-size``, MoE parallel folding).
+        expert_dispatch: how the tokens reach their experts (``Layout.expert_dispatch``:
+            ``"alltoall"``, ``"deepep"`` two hops, ``"tokendrop"``).
         pipeline_schedule: a named schedule instead of 1F1B / interleaved 1F1B (e.g.
             ``"dualpipe-v"`` with ``virtual_stages=2``, the V of DeepSeek-V3's DualPipe); "" (the
             default) derives it from ``virtual_stages``.
@@ -149,6 +151,7 @@ class HandLayout:
     expert: int = 1
     pipeline_schedule: str = ""
     expert_tensor: int = 0
+    expert_dispatch: str = "alltoall"
 
     @property
     def devices(self) -> int:
@@ -169,6 +172,8 @@ class HandLayout:
                 + (f" ep{self.expert}" if self.expert > 1 else "")
                 + (f" etp{self.expert_tensor}" if self.expert > 1 and self.expert_tensor
                    not in (0, self.tensor) else "")
+                + (f" {self.expert_dispatch}" if self.expert > 1
+                   and self.expert_dispatch != "alltoall" else "")
                 + (f" {self.recompute} recompute" if self.recompute != "none" else ""))
 
 
@@ -260,7 +265,8 @@ def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | No
     shape = GroupShape(group, nodes, shape_r, shape_s)
     return _evaluate(w, carve(cluster, [shape]), shape,
                      Layout(d, t, fsdp=layout.fsdp and d > 1, expert=layout.expert,
-                            expert_tensor=layout.expert_tensor),
+                            expert_tensor=layout.expert_tensor,
+                            expert_dispatch=layout.expert_dispatch),
                      _even(nb // v, p),
                      layout.recompute == "full", layout.schedule, m, v, headroom, layout.label)
 

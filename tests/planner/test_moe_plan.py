@@ -47,3 +47,9 @@ def test_deepseek_v3_published_layout_replays_with_expert_parallel_64():
     assert plain.label == "tp1 pp16 dp128 mb1 1f1b ep64"
     assert not plain.prediction.fits and full.prediction.fits
     assert full.prediction.step_time_s > plain.prediction.step_time_s
+    # in two hops, as DeepSeek dispatched (DeepEP): no all-to-all dispatcher's host read-back
+    two_hop = hand_plan(w, cluster, HandLayout(tensor=1, pipeline=16, data=128, expert=64,
+                                               recompute="full", expert_dispatch="deepep"))
+    assert {str(lay) for lay in two_hop.plan.layouts.values()} == {"dp128xtp1-ep64-deepep"}
+    assert two_hop.label == "tp1 pp16 dp128 mb1 1f1b ep64 deepep full recompute"
+    assert two_hop.prediction.step_time_s < full.prediction.step_time_s
