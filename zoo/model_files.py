@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -73,10 +74,31 @@ UNSUPPORTED_MOE = {
 """Mixture-of-experts ``model_type`` values with what the zoo cannot yet express of each
 (Qwen3-Next's Gated DeltaNet is not Mamba-2's state-space scan: other projections and gates)."""
 
-ALIASES = {"llama-3.1-405b": "llama3-405b", "llama-3.1-70b": "llama-3.1-70b-instruct"}
-"""Names a recipe uses for a model the zoo has under another: Llama 3.1 405B is the zoo's
-``llama3-405b`` (the Llama 3 paper's Table 3 with the Hugging Face vocabulary), Llama 3.1 70B
-the shipped ``Llama-3.1-70B-Instruct.json`` (the base model's architecture and count)."""
+ALIASES = {"llama-3.1-405b": "llama3-405b", "llama3.1-405b": "llama3-405b",
+           "llama-3.1-70b": "llama-3.1-70b-instruct", "llama3.1-70b": "llama-3.1-70b-instruct",
+           "llama3.1-8b": "llama-3.1-8b", "deepseekv3": "deepseek-v3",
+           "deepseek-v3-671b": "deepseek-v3", "kimi-k2": "kimi-k2-instruct",
+           "nemotron-h-56b": "nemotron-h-56b-base-8k", "nemotronh-56b": "nemotron-h-56b-base-8k",
+           "nemotron-3-nano": "nemotron-3-nano-30b-a3b", "nemotron3-nano": "nemotron-3-nano-30b-a3b",
+           "grok1-314b": "grok-1-314b", "grok-1": "grok-1-314b",
+           "mixtral-8x22b": "mixtral-8x22b-v0.1"}
+"""Names a recipe or a published table uses for a model the zoo has under another (after
+:func:`canonical_name`): Llama 3.1 405B is the zoo's ``llama3-405b`` (the Llama 3 paper's Table 3
+with the Hugging Face vocabulary), Llama 3.1 70B and 8B the shipped Hugging Face configs (the base
+models' architecture and count); NVIDIA's Megatron-Bridge performance summary prints
+``LLAMA3.1_405B``, ``DeepSeekV3``, ``Kimi_K2``, ``Nemotron_H_56B`` and the like, its
+dgxc-benchmarking tables ``Grok1 314b``; Kimi K2's base and instruct releases share one
+architecture (Moonshot's ``config.json``), as do Nemotron-H 56B's 8K base and its other releases."""
+
+
+def canonical_name(name: str) -> str:
+    """``name`` as the zoo spells its models: lower case, spaces and underscores as hyphens
+    (``"Qwen3_30B_a3B"`` -> ``"qwen3-30b-a3b"``, ``"GPT OSS 120B"`` -> ``"gpt-oss-120b"``), then
+    :data:`ALIASES`."""
+    key = re.sub(r"[\s_]+", "-", str(name).strip().lower()).strip("-")
+    key = re.sub(r"-{2,}", "-", key)
+    return ALIASES.get(key, key)
+
 
 _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
@@ -112,7 +134,7 @@ def resolve_model(name: str) -> ModelConfig:
     """
     if is_model_file(name):
         return load_model_file(name)
-    name = ALIASES.get(str(name).lower(), name)
+    name = canonical_name(name)
     shipped = shipped_models()
     try:
         return get_config(name)

@@ -13,7 +13,7 @@ import pytest
 
 import zoo
 from zoo import ZooError
-from zoo.model_files import ALIASES, from_hf, resolve_model
+from zoo.model_files import ALIASES, canonical_name, from_hf, resolve_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "zoo" / "configs"
 
@@ -98,7 +98,20 @@ def test_llama_31_names_resolve():
     assert "'llama3' rope scaling costed as plain RoPE" in c70.source
     assert resolve_model("Llama-3.1-405B") == zoo.get_config("llama3-405b")
     assert round(zoo.param_count(resolve_model("llama-3.1-405b")) / 1e9) == 406
-    assert set(ALIASES) == {"llama-3.1-405b", "llama-3.1-70b"}
+    assert ALIASES["llama-3.1-405b"] == "llama3-405b"
+
+
+def test_table_spellings_resolve_to_zoo_models():
+    """The model names NVIDIA's Megatron-Bridge performance summary and dgxc-benchmarking tables
+    print resolve to the zoo's models (case, underscores and spaces normalised; then ALIASES)."""
+    names = {"LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b", "LLAMA3_8B": "llama3-8b",
+             "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
+             "GPT OSS 120B": "gpt-oss-120b", "DeepSeekV3": "deepseek-v3", "Kimi_K2": "kimi-k2-instruct",
+             "Nemotron_H_56B": "nemotron-h-56b-base-8k", "Grok1 314b": "grok-1-314b"}
+    for printed, zoo_name in names.items():
+        assert canonical_name(printed) in (zoo_name, printed.lower().replace("_", "-").replace(" ", "-"))
+        assert resolve_model(printed).name.lower() == zoo_name
+    assert canonical_name("  Mixtral__8x22B ") == "mixtral-8x22b-v0.1"
 
 
 def test_llama4_scout_every_layer_moe_with_a_shared_expert():
