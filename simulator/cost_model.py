@@ -298,17 +298,30 @@ def layer_recipe(cost: LayerCost, precision: str) -> Recipe | None:
 def quantized_elements(cost: LayerCost, seq_len: int, dtype_bytes: int) -> float:
     """Elements one sample's forward casts to a low-precision format before its GEMMs read them
     (the backward casts as many output-gradient elements): the GEMM inputs, ``sum(K)`` per token
-    over the layer's linear layers, estimated from its traced GEMM FLOP as ``FLOP / (4 h)`` per
-    token (``h`` = the layer's width). For a Llama block (fused QKV, output projection, fused
-    gate/up, down: ``sum(K) = 3h + ffn``; FLOP per token ``2 (2.5 h^2 + 3 h ffn)`` with 8 KV
-    heads of 32) it gives ``1.25 h + 1.5 ffn``: exact at ``ffn = 3.5 h`` (Llama 3 8B: 26,624
-    both); routed experts are counted as computed (their capacity rows). 0 without a width."""
+    over the layer's linear layers, and what Transformer Engine keeps of them in the format for
+    the weight gradient (:func:`low_precision_saving`).
+
+    Dense GEMMs: estimated from their traced FLOP as ``FLOP / (4 h)`` per token (``h`` = the
+    layer's width). For a Llama block (fused QKV, output projection, fused gate/up, down:
+    ``sum(K) = 3h + ffn``; FLOP per token ``2 (2.5 h^2 + 3 h ffn)`` with 8 KV heads of 32) it gives
+    ``1.25 h + 1.5 ffn``: exact at ``ffn = 3.5 h`` (Llama 3 8B: 26,624 both). Routed experts
+    (``LayerCost.expert_width`` ``f``): each routed (token, expert) row is quantised for its
+    up (or fused gate/up) projection, ``K = h``, and its down projection, ``K = f``:
+    ``routed pairs x (h + f)``, exact whatever the experts' width (the FLOP estimate would give
+    ``1.5 f`` a row: half the true count for Qwen3-30B-A3B's 768-wide experts at ``h`` 2,048,
+    a quarter too many for Grok-1's 32,768 at 6,144). 0 without a width."""
     if seq_len <= 0 or cost.activation_bytes_per_sample <= 0:
         return 0.0
     h = cost.activation_bytes_per_sample / (seq_len * dtype_bytes)
     if h < 1:
         return 0.0
-    return (cost.fwd_flops_per_sample - cost.attention_fwd_flops_per_sample) / (4.0 * h)
+    dense = cost.fwd_flops_per_sample - cost.attention_fwd_flops_per_sample
+    routed = 0.0
+    if cost.expert_fwd_flops_per_sample > 0 and cost.expert_width > 0 \
+            and cost.routed_pairs_per_sample > 0:
+        dense -= cost.expert_fwd_flops_per_sample
+        routed = cost.routed_pairs_per_sample * (h + cost.expert_width)
+    return max(dense, 0.0) / (4.0 * h) + routed
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -38,6 +38,18 @@ def test_gemm_inputs_of_a_llama_block(llama8b):
     assert per_token == pytest.approx(3 * 4096 + 14336, rel=1e-3)
 
 
+def test_gemm_inputs_of_routed_experts_are_counted_per_row():
+    # Qwen3-30B-A3B (h 2,048, 8 of 128 experts of 768): each routed row is quantised for its
+    # fused gate/up projection (K = h) and its down projection (K = 768); the attention
+    # projections (QKV 2,048 -> 4,096 + 2 x 512, output 4,096 -> 2,048) and the router by FLOP
+    from zoo.model_files import resolve_model
+    cfg = resolve_model("qwen3-30b-a3b")
+    c = workload(cfg, 8, 4096).costs["decoder_block"]
+    per_token = cm.quantized_elements(c, 4096, 2) / 4096
+    dense_flops = 2 * (2048 * (4096 + 2 * 512) + 4096 * 2048 + 2048 * 128)
+    assert per_token == pytest.approx(8 * (2048 + 768) + dense_flops / (4 * 2048), rel=1e-3)
+
+
 def test_bf16_and_blank_are_the_compute_dtype(llama8b):
     c = llama8b.costs["decoder_block"]
     for kind in ("F", "B"):
