@@ -59,7 +59,7 @@ def test_every_yaml_figure_has_source_or_origin(name):
 
 def test_h100_units_exact():
     d = load_device("h100-sxm")
-    assert d.memory_bytes == 80e9
+    assert d.memory_bytes == 81559 * 2**20     # nvidia-smi's total, not the datasheet's 80e9
     assert d.memory_bandwidth == 3.35e12
     assert d.peak_flops["bf16"] == 989e12 and d.peak_flops["fp8"] == 1979e12
     assert d.scale_up_bandwidth == 450e9
@@ -106,7 +106,7 @@ def test_load_by_path_returns_same_values(tmp_path):
     p = tmp_path / "h100-sxm.yaml"
     p.write_text(src)
     assert load_device(p) == load_device("h100-sxm")
-    assert load_device(str(p)).memory_bytes == 80e9
+    assert load_device(str(p)).memory_bytes == 81559 * 2**20
 
 
 def test_achievable_flops_unknown_dtype():
@@ -122,7 +122,7 @@ def test_profiles_table_lists_every_device():
     rows = profiles_rows()
     assert [r[0] for r in rows] == sorted(IDS + MEASURED)
     h100 = dict(zip(["id", "vendor", "bf16", "mem", "bw", "up", "tdp", "price", "eff"], next(r for r in rows if r[0] == "h100-sxm")))
-    assert h100 == {"id": "h100-sxm", "vendor": "NVIDIA", "bf16": "989", "mem": "80.0", "bw": "3,350", "up": "450",
+    assert h100 == {"id": "h100-sxm", "vendor": "NVIDIA", "bf16": "989", "mem": "85.5", "bw": "3,350", "up": "450",
                     "tdp": "700", "price": "2.7-4.9", "eff": "0.69"}
     table = profiles_table()
     assert table.row_count == len(IDS + MEASURED) and len(table.columns) == 10

@@ -22,7 +22,7 @@ def test_gb300_loads_with_the_published_dense_peaks():
 
 def test_gb300_memory_fabric_power_and_host():
     d = load_device("gb300")
-    assert d.memory_bytes == 288e9                  # "GB300-288GB" (MLPerf system description)
+    assert d.memory_bytes == 284208 * 2**20         # nvidia-smi's total ("GB300-288GB" marketed)
     assert d.memory_bandwidth == 8000e9             # 8 TB/s HBM3e
     assert d.scale_up_bandwidth == 900e9            # NVLink 5: 1.8 TB/s bidirectional
     assert d.scale_up_domain == 72 and d.scale_up_one_hop

@@ -241,12 +241,12 @@ def test_device_name_mismatch(tmp_path):
 
 
 def test_device_both_memory_keys(tmp_path):
-    p = _device_yaml(tmp_path, "memory_gb:", "memory_gib:\n  value: 80\n  source: x\nmemory_gb:")
+    p = _device_yaml(tmp_path, "memory_gib:", "memory_gb:\n  value: 80\n  source: x\nmemory_gib:")
     assert "memory given as both memory_gb and memory_gib" in _one_line_error(load_device, p)
 
 
 def test_device_bad_alternative_field(tmp_path):
-    p = _device_yaml(tmp_path, "- field: memory_gib", "- field: memory_tb")
+    p = _device_yaml(tmp_path, "- field: memory_gb", "- field: memory_tb")
     assert "alternatives field 'memory_tb' is unknown" in _one_line_error(load_device, p)
 
 
@@ -255,7 +255,7 @@ def test_device_path_in_cluster_relative(tmp_path):
     (tmp_path / "devs" / "h100-sxm.yaml").write_text((DEVICES_DIR / "h100-sxm.yaml").read_text())
     p = _write(tmp_path, "meshes:\n  - {name: a, device: devs/h100-sxm.yaml, num_devices: 2, axes: {x: 2}}\n")
     c = load_cluster(p)
-    assert c.name == "c" and c.meshes["a"].device.memory_bytes == 80e9
+    assert c.name == "c" and c.meshes["a"].device.memory_bytes == 81559 * 2**20
     p = _write(tmp_path, "meshes:\n  - {name: a, device: devs/none.yaml, num_devices: 2}\n", "f.yaml")
     assert "none.yaml: device profile file not found; fix: check the path" in _one_line_error(load_cluster, p)
 
