@@ -43,7 +43,7 @@ def readme_paragraph(start: str) -> str:
 H100_128 = readme_paragraph("Measured 2026-11-27 on this project's 2-core machine, idle")
 H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-27), it planned 4")
 FIXTURES = readme_paragraph("Published layouts as fixtures:")
-PEER = readme_paragraph("On this project's 2-core machine, busy (load about 11, 2026-11-28), the first uses both kinds")
+PEER = readme_paragraph("On this project's 2-core machine, busy (the test suite beside it, 2026-11-29), the first uses both kinds")
 MOE = readme_paragraph("On this project's 2-core machine (2026-11-29), DeepSeek-V3")
 
 
