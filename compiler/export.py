@@ -6,10 +6,14 @@
   e.g. the same stage's forward over all call counters (RFC "Export": dedup of programs).
 - Each executable is ``jax.jit(body, in_shardings, out_shardings)`` with the propagated shardings
   (``NamedSharding`` on the fragment's mesh; replicated where propagation did not run).
-- Donation: a call's operand is donated when that call is its last use on the mesh (no later call
-  or send reads it), it is not a program input or output, and it is not read twice by the call
-  (``Call.donate``). The executable donates the positions donated by every one of its calls;
-  on CPU, where XLA does not implement donation, the ``jax.jit`` gets no ``donate_argnums``.
+- Donation: a call's operand may be donated when that call is its last use on the mesh (no later
+  call or send reads it), it is not a program input (the caller owns it) or output, not sent
+  between meshes that share a device, not read twice by the call, and, on CPU, not an accumulator
+  ``init`` call's zeros (the runtime reuses those across calls) (``Call.donate``). The executable
+  donates (``jax.jit``'s ``donate_argnums``, ``Executable.donate``) the positions donatable in
+  every one of its calls that a result of the same shape, dtype and sharding can take over, on
+  every platform (XLA:CPU honours donation too: its results then reuse those buffers instead of
+  allocating new ones).
 - Per-mesh programs: fragments become ``Call`` steps on their mesh, transfers ``Send`` steps on
   the source mesh, in program order.
 """
@@ -42,6 +46,24 @@ def _exe_name(n: int, f: Fragment) -> str:
     return f"p{n}_{f.mesh}{stage}_{label + '_' if label else ''}{_SUFFIX[f.kind]}"
 
 
+def _aliasable(p: Program, f: Fragment, positions: set[int], ins: tuple, outs: tuple
+               ) -> tuple[int, ...]:
+    """Of the donatable input positions of ``f``, those whose buffer a result can take over (the
+    same shape, dtype and sharding; each result once): donating the others would only free them
+    early, which the runtime does after the call anyway, and makes ``jax.jit`` warn."""
+    pool: dict[tuple, list[int]] = {}
+    for k in sorted(positions):
+        t = p.types[f.inputs[k]]
+        pool.setdefault((tuple(t.shape), str(t.dtype), ins[k]), []).append(k)
+    used = []
+    for v, sh in zip(f.outputs, outs):
+        t = p.types[v]
+        free = pool.get((tuple(t.shape), str(t.dtype), sh))
+        if free:
+            used.append(free.pop(0))
+    return tuple(sorted(used))
+
+
 def export_program(p: Program, topology: Mapping[str, Any]) -> ExportedProgram:
     """Build the per-mesh programs and executables of a fully assigned program.
 
@@ -61,8 +83,20 @@ def export_program(p: Program, topology: Mapping[str, Any]) -> ExportedProgram:
         else:
             raise CompilerError(f"cannot export {type(op).__name__} with results {op.outputs}: "
                                 f"run mesh assignment and inference first")
-    # last use per mesh (step index); program inputs/outputs never donated
+    # last use per mesh (step index); program inputs/outputs never donated (the caller owns the
+    # inputs; the outputs are returned), nor a value sent between meshes that share a device
+    # (the copy may be the same buffer)
     keep = set(p.inputs) | set(p.outputs)
+    for op in p.ops:
+        if isinstance(op, Transfer) and (set(topology[op.src].devices.flat)
+                                         & set(topology[op.dst].devices.flat)):
+            keep.update((op.value, op.out))
+    # nor, on CPU, the accumulators' zeros: the runtime makes them once and reuses them
+    # (compiler.runtime._run_deferred), which beats making them again each step to donate them
+    for op in p.ops:
+        if isinstance(op, Fragment) and op.kind == "init" and not op.inputs \
+                and all(d.platform == "cpu" for d in topology[op.mesh].devices.flat):
+            keep.update(op.outputs)
     last: dict[tuple[str, str], int] = {}
     for mesh, idx, f in frag_at:
         for v in f.inputs:
@@ -88,11 +122,10 @@ def export_program(p: Program, topology: Mapping[str, Any]) -> ExportedProgram:
         mesh = topology[f.mesh]
         ins = tuple(_sharding(p, v, mesh) for v in f.inputs)
         outs = tuple(_sharding(p, v, mesh) for v in f.outputs)
-        common = set.intersection(*(set(d) for _, d in fs)) if fs else set()
-        cpu = all(d.platform == "cpu" for d in mesh.devices.flat)
+        donated = _aliasable(p, f, set.intersection(*(set(d) for _, d in fs)), ins, outs)
         fn = jax.jit(body_function(f, mesh), in_shardings=ins, out_shardings=outs,
-                     donate_argnums=() if cpu else tuple(sorted(common)))
-        executables[name] = Executable(name, f.mesh, fn, ins, outs)
+                     donate_argnums=donated)
+        executables[name] = Executable(name, f.mesh, fn, ins, outs, donated)
     for mesh, idx, f, name, donate in calls:
         mb = f.call_counter if f.call_counter is not None else -1
         st = f.stage if f.stage is not None else -1

@@ -55,13 +55,18 @@ class MeshProgram:
 
 @dataclass(frozen=True, slots=True)
 class Executable:
-    """A compiled fragment body for one mesh: ``fn(*inputs) -> tuple(outputs)``."""
+    """A compiled fragment body for one mesh: ``fn(*inputs) -> tuple(outputs)``.
+
+    ``donate``: the input positions whose buffers ``fn`` consumes (``donate_argnums``): those
+    arrays are deleted by the call, their memory reused for its results.
+    """
 
     key: str
     mesh: str
     fn: Callable[..., Any]
     in_shardings: tuple[Any, ...] = ()
     out_shardings: tuple[Any, ...] = ()
+    donate: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)

@@ -16,6 +16,9 @@ is held until a step reads what it sends, and all sends held then go in one ``ja
 the accumulators' zeros (``init`` calls) are made once per program and reused; a held batch of
 replicated values goes to replicated targets by the batched copy under ``jax.device_put``, called
 directly (:func:`_copier`: ``jax.device_put``'s own per-call work was about 0.3 ms a batch).
+Calls donate the buffers their executables donate (``Executable.donate``, chosen by
+:mod:`compiler.export`: last uses, never the program's inputs or outputs); a held send whose
+source a call donates is sent before that call, and reused zeros are never donated.
 
 With ``record=True`` each step is timed honestly: the step starts once its inputs are on the mesh and
 ends when ``block_until_ready`` returns on its outputs, so steps run one at a time. The measured
@@ -145,14 +148,17 @@ class _Plan:
     """
 
     __slots__ = ("n_slots", "inputs", "instrs", "outputs", "order", "steps", "called", "ref",
-                 "defer_sends", "zeros")
+                 "defer_sends", "zeros", "donated", "gone")
 
     def __init__(self, n_slots, inputs, instrs, outputs, order, steps, called, ref,
-                 defer_sends=False):
+                 defer_sends=False, donated=None):
         self.n_slots, self.inputs, self.instrs, self.outputs = n_slots, inputs, instrs, outputs
         self.order, self.steps, self.called, self.ref = order, steps, called, ref
         self.defer_sends = defer_sends
         self.zeros: dict[int, tuple] = {}   # instruction index -> an init call's results
+        # instruction index -> the slots whose buffers that call donates (deletes)
+        self.donated: dict[int, frozenset[int]] = donated or {}
+        self.gone: frozenset[int] = frozenset().union(*self.donated.values())
 
 
 CALL, SEND = 0, 1
@@ -256,10 +262,18 @@ def plan(exported: ExportedProgram) -> _Plan:
         outputs.append(slots[(mesh, name)])
     # a slot read again as an output (or by a later step) must not be freed: _last_uses keeps
     # outputs, and a value freed on one mesh lives in its own slot
+    donated: dict[int, frozenset[int]] = {}
+    for k, ins in enumerate(instrs):
+        if ins[0] == CALL:
+            st = exported.programs[ins[1]].steps[ins[2]]
+            pos = exported.executables[st.executable].donate
+            if pos:
+                donated[k] = frozenset(ins[4][j] for j in pos)
     p = _Plan(len(slots), tuple(inputs), tuple(instrs), tuple(outputs),
               {m: tuple(v) for m, v in order.items()},
               {m: tuple(v) for m, v in steps_done.items()},
-              {m: tuple(v) for m, v in called.items()}, _ref(exported), _all_cpu(exported))
+              {m: tuple(v) for m, v in called.items()}, _ref(exported), _all_cpu(exported),
+              donated)
     if len(_PLANS) > 64:
         for k in [k for k, v in _PLANS.items() if v.ref() is None]:
             del _PLANS[k]
@@ -460,11 +474,15 @@ def _run_deferred(exported: ExportedProgram, p: _Plan, regs: list) -> None:
     overlap, and one call copies many values for the fixed cost of one. An accumulator ``init``
     call (no operands: the zeros each microbatch's gradient is added to) runs once per program;
     later replays reuse its arrays, which no step changes (JAX arrays are immutable, and export
-    donates no buffer on CPU)."""
+    donates no init call's result on CPU; an init call whose result some call donates runs every
+    replay). A call that donates (deletes) the source of a held send first sends the held batch."""
     xs: list[Any] = []
     shs: list[Any] = []
     dsts: list[int] = []
-    held: set[int] = set()
+    held: set[int] = set()       # the held sends' destination slots
+    held_src: set[int] = set()   # and their source slots
+    donated = p.donated
+    gone = p.gone
 
     def flush() -> None:
         for d, y in zip(dsts, _batched_copy(xs, shs)):
@@ -473,12 +491,14 @@ def _run_deferred(exported: ExportedProgram, p: _Plan, regs: list) -> None:
         shs.clear()
         dsts.clear()
         held.clear()
+        held_src.clear()
 
     for k, ins in enumerate(p.instrs):
         if ins[0] == CALL:
             _, mesh, i, fn, ins_s, outs_s, free = ins
-            if held and not held.isdisjoint(ins_s):
-                flush()
+            if held and (not held.isdisjoint(ins_s)
+                         or (k in donated and not held_src.isdisjoint(donated[k]))):
+                flush()   # a held send reads a buffer this call would delete
             outs = p.zeros.get(k)
             if outs is None:
                 outs = fn(*[regs[s] for s in ins_s])
@@ -486,7 +506,8 @@ def _run_deferred(exported: ExportedProgram, p: _Plan, regs: list) -> None:
                     outs = (outs,)
                 if len(outs) != len(outs_s):
                     raise _bad_arity(exported, mesh, i, len(outs))
-                if not ins_s and exported.programs[mesh].steps[i].kind == "init":
+                if not ins_s and exported.programs[mesh].steps[i].kind == "init" \
+                        and gone.isdisjoint(outs_s):   # zeros no call donates
                     p.zeros[k] = tuple(outs)
             for s, y in zip(outs_s, outs):
                 regs[s] = y
@@ -498,6 +519,7 @@ def _run_deferred(exported: ExportedProgram, p: _Plan, regs: list) -> None:
             shs.extend(sh)
             dsts.extend(dst)
             held.update(dst)
+            held_src.update(src)
         for s in free:
             regs[s] = None
     if held:

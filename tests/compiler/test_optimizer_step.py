@@ -186,3 +186,46 @@ def test_the_tied_input_product_runs_where_its_result_is_used(config):
     assert p.input_meshes[0] == "m3"
     assert [(t.src, t.dst) for t in p.ops if not isinstance(t, Fragment) and t.value == emb] == \
         [("m3", "m0")]
+
+
+def test_cpu_executables_donate_last_uses_but_not_inputs_outputs_or_reused_zeros(config):
+    """On CPU the executables donate (``jax.jit``'s ``donate_argnums``) last uses a result can
+    take over; never a program input (the caller's parameters and state), output, or an ``init``
+    call's zeros (the runtime reuses them). A training loop's steps, each fed the previous one's
+    state, match ``jax.jit``'s; the caller's arrays and the reused zeros stay readable."""
+    from compiler.runtime import plan
+    params, xs, ys = data()
+    init, update = adamw()
+    step = make_step(update)
+    args = (params, init(params), xs, ys)
+    lowered = compiler.jit(step, config).lower(*args)
+    ep, prog = lowered.exported, lowered.program
+    donating = {k: e for k, e in ep.executables.items() if e.donate}
+    assert {e.mesh for e in donating.values()} == set(config.topology)   # every mesh donates
+    zeros = {v for f in prog.fragments() if f.kind == "init" for v in f.outputs}
+    assert zeros
+    kept = set(prog.inputs) | set(prog.outputs) | zeros
+    n = 0
+    for mp in ep.programs.values():
+        for st in mp.steps:
+            if isinstance(st, Call):
+                for j in ep.executables[st.executable].donate:
+                    assert st.inputs[j] not in kept and j in st.donate
+                    n += 1
+    assert n >= 12
+    run = lowered.compile(executor=lambda e, a: compiler.run_program(e, a, record=False).outputs)
+    ref = jax.jit(step)
+    flat_args = jax.tree.leaves(args)
+    got, want = run(*args), ref(*args)
+    for _ in range(2):   # the training loop: each step fed the returned parameters and state
+        got = run(got[2], got[3], xs, ys)
+        want = ref(want[2], want[3], xs, ys)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        _check(got[1], want[1])
+        _check(got[3], want[3])
+        _check(got[2], want[2])
+    assert not any(x.is_deleted() for x in flat_args)            # the caller's arrays
+    cached = [y for ys_ in plan(ep).zeros.values() for y in ys_]
+    assert cached and not any(y.is_deleted() for y in cached)    # the reused zeros
+    again = run(*args)                                           # the first step once more
+    _check(again[2], ref(*args)[2])

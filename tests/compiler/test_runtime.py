@@ -419,3 +419,60 @@ def test_cpu_replay_holds_sends_until_read_and_makes_the_zeros_once(monkeypatch)
     assert copies == [2, 2]           # a and c in one batched copy, on each replay
     assert puts == []                 # replicated to replicated: the direct copy, no device_put
     assert len(inits) == 2            # the zeros made on the first unrecorded replay only
+
+
+def test_cpu_replay_sends_a_held_value_before_a_call_donates_it(monkeypatch):
+    """Unrecorded on CPU, a send is held until read; a later call on the sending mesh that
+    donates (deletes) the sent buffer makes the held batch go first. An ``init`` call whose
+    zeros a call donates runs on every replay (its zeros cannot be reused); donation happens (the
+    donated array is deleted) and no deleted buffer is read, replay after replay."""
+    import compiler.runtime as rt
+    meshes = meshes4()
+    s0, s1 = (NamedSharding(meshes[m], P()) for m in ("m0", "m1"))
+    inits, seen = [], []
+    zeros = jax.jit(lambda: jnp.zeros(4), out_shardings=s0)
+
+    def init():
+        inits.append(1)
+        return zeros()
+
+    f = jax.jit(lambda x: x * 2.0, in_shardings=(s0,), out_shardings=s0)
+    h_jit = jax.jit(lambda a, z: (a + z + 1.0, z - a), in_shardings=(s0, s0),
+                    out_shardings=(s0, s0), donate_argnums=(0, 1))
+
+    def h(a, z):
+        seen.append((a, z))
+        return h_jit(a, z)
+
+    g = jax.jit(lambda a, c: a * c, in_shardings=(s1, s1), out_shardings=s1)
+    progs = {"m0": MeshProgram("m0", (Call("z", "init", "init", -1, -1, (), ("z",)),
+                                      Call("f", "F0.0", "F", 0, 0, ("x",), ("a",)),
+                                      Send("a", "m1", "a1", s1),
+                                      Call("h", "F0.1", "F", 0, 1, ("a", "z"), ("c", "d"),
+                                           (0, 1)),
+                                      Send("c", "m1", "c1", s1))),
+             "m1": MeshProgram("m1", (Call("g", "F1.0", "F", 1, 0, ("a1", "c1"), ("y",)),))}
+    exes = {"z": Executable("z", "m0", init, (), (s0,)),
+            "f": Executable("f", "m0", f, (s0,), (s0,)),
+            "h": Executable("h", "m0", h, (s0, s0), (s0, s0), (0, 1)),
+            "g": Executable("g", "m1", g, (s1, s1), (s1,))}
+    prog = ExportedProgram(progs, exes, (("x", "m0", s0),), (("y", "m1"),))
+    x0 = jax.device_put(jnp.arange(4.0), s0)
+    want = (2.0 * np.arange(4.0)) * (2.0 * np.arange(4.0) + 1.0)
+    copies: list[int] = []
+    real_copy = rt._batched_copy
+
+    def counting_copy(xs, shs):
+        copies.append(len(xs))
+        return real_copy(xs, shs)
+
+    monkeypatch.setattr(rt, "_batched_copy", counting_copy)
+    for k in range(3):
+        out = run_program(prog, (x0,), record=False).outputs[0]
+        np.testing.assert_array_equal(np.asarray(out), want)
+        a, z = seen[-1]
+        assert a.is_deleted() and z.is_deleted()     # donated on CPU
+    assert copies == [1, 1] * 3       # a sent before h deletes it, then c
+    assert len(inits) == 3            # donated zeros are made again on each replay
+    assert not x0.is_deleted()
+    np.testing.assert_array_equal(np.asarray(run_program(prog, (x0,)).outputs[0]), want)
