@@ -70,7 +70,7 @@ def test_csv_rows_load():
     # HybridEP on the 25.11 racks; Megatron-Core's all-to-all overlap where the recipe sets it
     assert sorted((r.source, r.dispatcher) for r in moe if r.dispatcher) == sorted(
         [("nemo-25.09", "tokendrop")] * 12 + [("nemo-25.09", "deepep")]
-        + [("nemo-25.11", "deepep")] * 8)
+        + [("nemo-25.11", "deepep")] * 8 + [("dgxc-24.11", "tokendrop")] * 6)
     assert sorted((r.source, r.model, r.device) for r in moe
                   if r.schedule == "1f1b-interleaved-a2a") == [
         ("nemo-25.09", "deepseek-v3", "h100-sxm"), ("nemo-25.11", "qwen3-235b-a22b", "b200"),
