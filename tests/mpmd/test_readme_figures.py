@@ -40,8 +40,8 @@ def readme_paragraph(start: str) -> str:
     return README[i:README.index("\n\n", i)].replace("\n", " ")
 
 
-H100_128 = readme_paragraph("Measured 2026-11-27 on this project's 2-core machine, idle")
-H100_16K = readme_paragraph("On this project's 2-core machine, idle (2026-11-27), it planned 4")
+H100_128 = readme_paragraph("Measured 2026-11-29 on this project's 2-core machine, the test suite")
+H100_16K = readme_paragraph("On this project's 2-core machine (2026-11-29, the test suite beside it; 15.5 s idle")
 FIXTURES = readme_paragraph("Published layouts as fixtures:")
 PEER = readme_paragraph("On this project's 2-core machine, busy (the test suite beside it, 2026-11-29), the first uses both kinds")
 MOE = readme_paragraph("On this project's 2-core machine (2026-11-29), DeepSeek-V3")
