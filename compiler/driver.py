@@ -26,6 +26,7 @@ from compiler.passes import (absorb_inferred_fragments, accumulate_uniformly, as
                              sink_negligible_ops_into_call_op, split_backward,
                              unroll_call_counters, unroll_for_loops)
 from compiler.passes.concat_transfers import concat_transfers
+from compiler.passes.fuse_partials import fuse_partials
 from compiler.passes.sharding import spec_of
 from compiler.passes.accumulate_terms import separate_inferred_terms
 from compiler.passes.stacked import fold_stacked_slices
@@ -124,6 +125,7 @@ PIPELINE: tuple[PassSpec, ...] = (
     PassSpec("copy_constants", _fixed(copy_constants), _OM),
     PassSpec("dce", _fixed(fragment_dce), _OM),
     PassSpec("dedup", _fixed(fragment_dedup), _OM),
+    PassSpec("fuse_partials", _fixed(fuse_partials), _OM),
     PassSpec("sharding", _sharding, _OM),
 )
 """The compiler's passes in order. ``fold_zero_adds`` before ``absorb`` and ``accumulate`` after
