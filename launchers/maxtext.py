@@ -49,9 +49,10 @@ def _model(v: PartView, notes: list[str]) -> dict:
                 **({"capacity_factor": c.capacity_factor}
                    if c.moe and v.layout.expert_dispatch == "tokendrop" else {})}
     slides = c.sliding_window and not c.full_attention_every   # every block: one MaxText key
-    if c.mla or c.hybrid or (c.sliding_window and not slides):
-        notes.append(f"MaxText has no model config for {c.name} and its "
-                     f"{'MLA' if c.mla else 'hybrid' if c.hybrid else 'sliding-window'} "
+    if c.mla or c.hybrid or c.linear_attention or (c.sliding_window and not slides):
+        kind = ("MLA" if c.mla else "hybrid" if c.hybrid else
+                "Gated DeltaNet" if c.linear_attention else "sliding-window")
+        notes.append(f"MaxText has no model config for {c.name} and its {kind} "
                      f"attention is not written: add the model to MaxText first")
     block = ("mixtral" if c.moe else "llama2") if c.family == "llama" else "gpt3"
     notes.append(f"MaxText has no model config for {c.name}: its dimensions are written as "

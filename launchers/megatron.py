@@ -23,7 +23,7 @@ import shlex
 
 from pathlib import Path
 
-from launchers.view import GPU_KINDS, PartView, refuse_device
+from launchers.view import GPU_KINDS, LauncherError, PartView, refuse_device
 from zoo.config import ModelConfig
 
 VERSION = "megatron-core 0.19.2"
@@ -165,6 +165,10 @@ the cost model's memory assumes (``simulator.cost_model.low_precision_weight_byt
 def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
     """(the arguments as ``(flag, value or None)`` pairs, what Megatron-LM cannot express)."""
     refuse_device(v, "Megatron-LM", GPU_KINDS)
+    if v.model.linear_attention:
+        raise LauncherError(f"{v.model.name}'s Gated DeltaNet layers (Qwen3-Next) are not written "
+                            f"as Megatron-LM arguments by mpmd; export this plan to megatron-bridge "
+                            f"(its qwen3_next recipe)")
     notes = list(v.notes)
     lay = v.layout
     args: list[tuple[str, object]] = [

@@ -51,6 +51,7 @@ RECIPES: dict[str, str] = {
     "qwen3-32b": "qwen3_32b_pretrain_16gpu_h100_bf16_config",
     "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config",
     "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",
+    "qwen3-next-80b-a3b-instruct": "qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16_config",
     "deepseek-v3": "deepseek_v3_pretrain_1024gpu_h100_bf16_config",
     "deepseek-v3-mtp": "deepseek_v3_pretrain_1024gpu_h100_bf16_config",
     "gpt3-175b": "gpt3_175b_pretrain_32gpu_h100_bf16_config",
@@ -92,7 +93,7 @@ def recipe(v: PartView) -> str:
         raise LauncherError(
             f"Megatron-Bridge {VERSION.split()[-1]} has no recipe for {v.model.name} (mpmd "
             f"exports its llama3 8B/70B, llama3.1 8B/405B, llama3.2 1B/3B, qwen2.5 7B, qwen3 "
-            f"0.6B-32B, 30B-A3B, 235B-A22B, deepseek-v3, gpt3-175b and gpt-oss-120b recipes); "
+            f"0.6B-32B, 30B-A3B, 235B-A22B, qwen3-next 80B-A3B, deepseek-v3, gpt3-175b and gpt-oss-120b recipes); "
             f"export this plan to megatron")
     return got
 

@@ -96,6 +96,15 @@ class ModelConfig:
         more mixture-of-experts block, an RMSNorm and a second pass of the shared output head on
         the token after next; the loss is the main loss plus the MTP loss (the report weighs it by
         lambda; 1 here). The head holds its own copy of the embedding table, counted once.
+        Gated DeltaNet (``linear_key_heads`` > 0; Qwen3-Next, :mod:`zoo.gated_deltanet`): every
+        block but each ``full_attention_interval``-th (``i % n == n - 1``) replaces attention by
+        Gated DeltaNet linear attention with ``linear_key_heads`` query/key heads of
+        ``linear_key_head_dim``, ``linear_value_heads`` value heads of ``linear_value_head_dim``,
+        a causal convolution of ``linear_conv_kernel`` taps and the chunked delta rule in chunks
+        of ``linear_chunk`` tokens. ``attention_output_gate``: the attention output is gated by
+        ``sigmoid`` of a second query-width projection (Qwen3-Next's gated attention: ``wq`` is
+        twice as wide); ``shared_expert_gate``: the shared expert's output is scaled by
+        ``sigmoid`` of a learned ``h -> 1`` projection (Qwen3-Next, Qwen2-MoE).
         Hybrid (``hybrid_pattern`` set; NVIDIA Nemotron-H / Nemotron 3, :mod:`zoo.hybrid`): one
         character per layer, ``M`` a Mamba-2 layer (``mamba_heads`` heads of ``mamba_head_dim``,
         ``mamba_groups`` groups of B and C of width ``ssm_state``, a causal convolution of
@@ -183,6 +192,15 @@ class ModelConfig:
     qk_norm: bool = False
     swiglu_limit: float = 0.0
     mtp_layers: int = 0
+    full_attention_interval: int = 0
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_chunk: int = 0
+    attention_output_gate: bool = False
+    shared_expert_gate: bool = False
     hybrid_pattern: str = ""
     mamba_heads: int = 0
     mamba_head_dim: int = 0
@@ -218,6 +236,17 @@ class ModelConfig:
             return 0
         n = self.full_attention_every
         return 0 if n and i % n == n - 1 else self.sliding_window
+
+    @property
+    def linear_attention(self) -> bool:
+        """Whether some blocks are Gated DeltaNet linear attention (``linear_key_heads > 0``)."""
+        return self.linear_key_heads > 0
+
+    def linear_layer(self, i: int) -> bool:
+        """Whether block ``i`` is a Gated DeltaNet block (every block but each
+        ``full_attention_interval``-th, ``i % n == n - 1``; see the class docs)."""
+        n = self.full_attention_interval
+        return self.linear_attention and not (n and i % n == n - 1)
 
     @property
     def mla(self) -> bool:

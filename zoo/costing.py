@@ -62,7 +62,7 @@ from jax._src.ad_checkpoint import saved_residuals
 
 from ir import LayerCost, Workload
 from hardware_profiles.types import MODEL_DTYPES
-from zoo import models
+from zoo import gated_deltanet, models
 from zoo.config import ModelConfig, ZooError, get_config, shard_dims
 from zoo.attention_cost import ATTENTION_BODIES, attention_kernel_correction, window_fraction
 from zoo.layers import expert_capacity
@@ -137,7 +137,7 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
         r["resid_bytes"] = float(sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
                                      for a in kept))
     fix = attention_kernel_correction(cfg, body, b, cfg.training)
-    for k, v in fix.items():
+    for k, v in (*fix.items(), *gated_deltanet.kernel_correction(cfg, body, b, cfg.training).items()):
         if cfg.training or not k.startswith("bwd"):
             r[k] = max(r[k] + v, 0.0)
     return r
@@ -162,7 +162,7 @@ def _tp_allreduce_bytes(cfg: ModelConfig, body: str) -> float:
     # lookup of the next tokens' embeddings and its block's two all-reduces
     mtp = 3.0 * cfg.seq_len * 4 + cfg.seq_len * cfg.hidden * db + block if cfg.mtp_layers else 0.0
     return {"embed": cfg.seq_len * cfg.hidden * db, "decoder_block": block,
-            "sliding_block": block, "dense_block": block,
+            "sliding_block": block, "dense_block": block, "linear_block": block,
             # a hybrid layer is one sublayer: one all-reduce of its output (Megatron's Mamba
             # mixer splits heads like attention, its out-projection reduced once)
             "mamba_block": block / 2, "attention_block": block / 2, "mlp_block": block / 2,
@@ -244,7 +244,8 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, Any]:
     ``zoo.layers.moe_swiglu`` computes the empty rows too), the bytes one sample's tokens send
     to them in one dispatch and the (token, expert) pairs it routes; a multi-token-prediction
     head carries its one block's."""
-    if not cfg.moe or body not in ("decoder_block", "sliding_block", "head", "moe_block"):
+    if not cfg.moe or body not in ("decoder_block", "sliding_block", "linear_block", "head",
+                                   "moe_block"):
         return {}
     if body == "head" and not cfg.mtp_layers:
         return {}

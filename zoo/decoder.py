@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from zoo import gated_deltanet
 from zoo.config import ModelConfig
 from zoo.layers import (attention, cross_entropy, gelu_mlp, layer_norm, moe_swiglu, relu_mlp,
                         rms_norm, rope, swiglu)
@@ -50,16 +51,21 @@ def _mla_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
-def block_shapes(cfg: ModelConfig, dense: bool = False) -> dict[str, tuple[int, ...]]:
-    """One block's parameter shapes; ``dense``: a mixture of experts' dense first blocks."""
+def block_shapes(cfg: ModelConfig, dense: bool = False,
+                 linear: bool = False) -> dict[str, tuple[int, ...]]:
+    """One block's parameter shapes; ``dense``: a mixture of experts' dense first blocks;
+    ``linear``: a Gated DeltaNet block (:mod:`zoo.gated_deltanet`) in place of attention."""
     h, d, H, KV, f = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.ffn
     s: dict[str, tuple[int, ...]]
-    if cfg.mla:
+    if linear:
+        s = {"attn_norm": (h,), **gated_deltanet.shapes(cfg), "mlp_norm": (h,)}
+    elif cfg.mla:
         s = _mla_shapes(cfg)
     else:
-        s = {"attn_norm": (h,), "wq": (h, H * d), "wk": (h, KV * d), "wv": (h, KV * d),
+        gate = 2 if cfg.attention_output_gate else 1       # queries and their output gate
+        s = {"attn_norm": (h,), "wq": (h, gate * H * d), "wk": (h, KV * d), "wv": (h, KV * d),
              "wo": (H * d, h), "mlp_norm": (h,)}
-    if cfg.attention_sinks:
+    if cfg.attention_sinks and not linear:
         s["sinks"] = (H,)
     if cfg.moe and not dense:
         E, fe = cfg.experts, cfg.expert_ffn
@@ -69,11 +75,13 @@ def block_shapes(cfg: ModelConfig, dense: bool = False) -> dict[str, tuple[int, 
         if cfg.shared_experts:
             fs = cfg.shared_experts * fe
             s.update(ws_gate=(h, fs), ws_up=(h, fs), ws_down=(fs, h))
+            if cfg.shared_expert_gate:
+                s["ws_router"] = (h, 1)
     elif cfg.mlp == "swiglu":
         s.update(w_gate=(h, f), w_up=(h, f), w_down=(f, h))
     else:
         s.update(w_in=(h, f), w_out=(f, h))
-    if cfg.bias:
+    if cfg.bias and not linear:
         s.update(wq_b=(H * d,), wk_b=(KV * d,), wv_b=(KV * d,), wo_b=(h,))
         if cfg.mlp in ("gelu", "relu"):
             s.update(w_in_b=(f,), w_out_b=(h,))
@@ -136,10 +144,11 @@ def _mla(cfg: ModelConfig, p: dict, a: jax.Array) -> jax.Array:
     return o.reshape(B, S, H * dv)
 
 
-def block_fn(cfg: ModelConfig, dense: bool = False, window: int = 0):
+def block_fn(cfg: ModelConfig, dense: bool = False, window: int = 0, linear: bool = False):
     """One block as a function ``(p, x [B, S, h]) -> [B, S, h]``; ``dense``: a mixture of
     experts' dense first blocks (a SwiGLU MLP of width ``ffn``); ``window``: its attention's
-    sliding window (0: full causal attention)."""
+    sliding window (0: full causal attention); ``linear``: Gated DeltaNet in place of
+    attention (:mod:`zoo.gated_deltanet`)."""
     H, KV, d = cfg.heads, cfg.kv_heads, cfg.head_dim
 
     def lin(p, name, x):
@@ -149,18 +158,29 @@ def block_fn(cfg: ModelConfig, dense: bool = False, window: int = 0):
     def block(p: dict, x: jax.Array) -> jax.Array:
         B, S, _ = x.shape
         a = _norm(cfg, p, "attn_norm", x)
+        if linear:
+            return _mlp(p, x + gated_deltanet.gated_deltanet(cfg, p, a))
         if cfg.mla:
             o = _mla(cfg, p, a)
         else:
-            q = lin(p, "wq", a).reshape(B, S, H, d)
+            q = lin(p, "wq", a)
+            gate = None
+            if cfg.attention_output_gate:      # Qwen3-Next: per head, queries then the gate
+                q, gate = jnp.split(q.reshape(B, S, H, 2 * d), 2, axis=-1)
+            q = q.reshape(B, S, H, d)
             k = lin(p, "wk", a).reshape(B, S, KV, d)
             v = lin(p, "wv", a).reshape(B, S, KV, d)
             if cfg.pos_emb == "rope":
                 pos = jnp.arange(S)
                 q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
             o = attention(q, k, v, causal=True, impl=cfg.attention, window=window,
-                          sinks=p.get("sinks")).reshape(B, S, H * d)
-        x = x + lin(p, "wo", o)
+                          sinks=p.get("sinks"))
+            if gate is not None:
+                o = o * jax.nn.sigmoid(gate)
+            o = o.reshape(B, S, H * d)
+        return _mlp(p, x + lin(p, "wo", o))
+
+    def _mlp(p: dict, x: jax.Array) -> jax.Array:
         m = _norm(cfg, p, "mlp_norm", x)
         limit = cfg.swiglu_limit
         if cfg.moe and not dense:
@@ -168,7 +188,10 @@ def block_fn(cfg: ModelConfig, dense: bool = False, window: int = 0):
                            top_k=cfg.experts_per_token, capacity_factor=cfg.capacity_factor,
                            biases={k: p[k] for k in EXPERT_BIASES if k in p}, limit=limit)
             if cfg.shared_experts:
-                y = y + swiglu(m, p["ws_gate"], p["ws_up"], p["ws_down"], limit)
+                shared = swiglu(m, p["ws_gate"], p["ws_up"], p["ws_down"], limit)
+                if cfg.shared_expert_gate:
+                    shared = shared * jax.nn.sigmoid(m @ p["ws_router"])
+                y = y + shared
             return x + y
         if cfg.mlp == "swiglu":
             return x + swiglu(m, p["w_gate"], p["w_up"], p["w_down"], limit)

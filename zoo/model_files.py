@@ -61,7 +61,7 @@ MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
 MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "nemotron_h",
-             "llama4", "llama4_text")
+             "llama4", "llama4_text", "qwen3_next")
 SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES + MOE_TYPES
 """Hugging Face ``model_type`` values read into a decoder (dense, or a mixture of experts in
 every block)."""
@@ -69,10 +69,8 @@ every block)."""
 UNSUPPORTED_MOE = {
     "qwen2_moe": "a gated shared expert", "dbrx": "its fine-grained experts' clipped QKV",
     "jamba": "Mamba layers", "olmoe": "q/k norms with experts", "granitemoe": "its router",
-    "phimoe": "its sparse-mixer routing", "grok-1": "its attention and routing",
-    "qwen3_next": "Gated DeltaNet linear attention, gated attention and a gated shared expert"}
-"""Mixture-of-experts ``model_type`` values with what the zoo cannot yet express of each
-(Qwen3-Next's Gated DeltaNet is not Mamba-2's state-space scan: other projections and gates)."""
+    "phimoe": "its sparse-mixer routing", "grok-1": "its attention and routing"}
+"""Mixture-of-experts ``model_type`` values with what the zoo cannot yet express of each."""
 
 ALIASES = {"llama-3.1-405b": "llama3-405b", "llama3.1-405b": "llama3-405b",
            "llama-3.1-70b": "llama-3.1-70b-instruct", "llama3.1-70b": "llama-3.1-70b-instruct",
@@ -81,14 +79,17 @@ ALIASES = {"llama-3.1-405b": "llama3-405b", "llama3.1-405b": "llama3-405b",
            "nemotron-h-56b": "nemotron-h-56b-base-8k", "nemotronh-56b": "nemotron-h-56b-base-8k",
            "nemotron-3-nano": "nemotron-3-nano-30b-a3b", "nemotron3-nano": "nemotron-3-nano-30b-a3b",
            "grok1-314b": "grok-1-314b", "grok-1": "grok-1-314b",
-           "mixtral-8x22b": "mixtral-8x22b-v0.1"}
+           "mixtral-8x22b": "mixtral-8x22b-v0.1",
+           "qwen3-next-80b-a3b": "qwen3-next-80b-a3b-instruct",
+           "qwen3-next-80b": "qwen3-next-80b-a3b-instruct"}
 """Names a recipe or a published table uses for a model the zoo has under another (after
 :func:`canonical_name`): Llama 3.1 405B is the zoo's ``llama3-405b`` (the Llama 3 paper's Table 3
 with the Hugging Face vocabulary), Llama 3.1 70B and 8B the shipped Hugging Face configs (the base
 models' architecture and count); NVIDIA's Megatron-Bridge performance summary prints
 ``LLAMA3.1_405B``, ``DeepSeekV3``, ``Kimi_K2``, ``Nemotron_H_56B`` and the like, its
 dgxc-benchmarking tables ``Grok1 314b``; Kimi K2's base and instruct releases share one
-architecture (Moonshot's ``config.json``), as do Nemotron-H 56B's 8K base and its other releases."""
+architecture (Moonshot's ``config.json``), as do Nemotron-H 56B's 8K base and its other releases, and Qwen3-Next-80B-A3B's base, instruct
+and thinking releases (Megatron-Bridge's recipes build it from the instruct repository's config)."""
 
 
 def canonical_name(name: str) -> str:
@@ -108,7 +109,8 @@ _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "OPTForCausalLM": "opt", "MixtralForCausalLM": "mixtral",
                "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3",
                "GptOssForCausalLM": "gpt_oss", "NemotronHForCausalLM": "nemotron_h",
-               "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4_text"}
+               "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4_text",
+               "Qwen3NextForCausalLM": "qwen3_next"}
 
 
 def is_model_file(name: str) -> bool:
@@ -208,6 +210,15 @@ _KIND_NAMES: dict[str, dict[str, str]] = {
     "mixtral": {"experts": "num_local_experts", "expert_ffn": "intermediate_size"},
     "qwen3_moe": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
                   "ffn": "moe_intermediate_size"},
+    "qwen3_next": {"experts": "num_experts", "expert_ffn": "moe_intermediate_size",
+                   "ffn": "moe_intermediate_size", "full_attention_interval": "full_attention_interval",
+                   "linear_key_heads": "linear_num_key_heads",
+                   "linear_value_heads": "linear_num_value_heads",
+                   "linear_key_head_dim": "linear_key_head_dim",
+                   "linear_value_head_dim": "linear_value_head_dim",
+                   "linear_conv_kernel": "linear_conv_kernel_dim",
+                   "shared_experts": "shared_expert_intermediate_size",
+                   "mtp_layers": "mtp_num_hidden_layers"},
     "nemotron_h": {"experts": "n_routed_experts", "expert_ffn": "moe_intermediate_size",
                    "hybrid_pattern": "hybrid_override_pattern", "mamba_heads": "mamba_num_heads",
                    "mamba_head_dim": "mamba_head_dim", "ssm_state": "ssm_state_size",
@@ -231,7 +242,8 @@ def hf_names(kind: str) -> dict[str, str]:
     """The Hugging Face key of each field for a config of ``model_type`` ``kind``."""
     family = ("deepseek" if kind.startswith("deepseek") or kind == "kimi_k2" else
               "llama4" if kind.startswith("llama4") else
-              kind if kind in ("mixtral", "qwen3_moe", "gpt2", "gpt_oss", "nemotron_h") else
+              kind if kind in ("mixtral", "qwen3_moe", "qwen3_next", "gpt2", "gpt_oss",
+                               "nemotron_h") else
               "gpt" if kind in GPT_TYPES else "")
     return {**HF_NAMES, **_KIND_NAMES.get(family, {})}
 

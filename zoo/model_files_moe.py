@@ -16,7 +16,8 @@ from zoo.config import ModelConfig, ZooError
 from zoo.model_fields import (SEQ_LEN_CAP, _bool, _count, _float, _get, _int,
                               _rope_scaling_note, _short, llama_like)
 
-__all__ = ["read_deepseek", "read_gpt_oss", "read_llama4", "read_moe", "read_nemotron_h"]
+__all__ = ["read_deepseek", "read_gpt_oss", "read_llama4", "read_moe", "read_nemotron_h",
+           "read_qwen3_next"]
 
 
 def read_gpt_oss(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
@@ -100,6 +101,47 @@ def read_nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) 
         source=f"{source}; nemotron_h ({pattern.count('M')} Mamba-2, {pattern.count('*')} "
                f"attention, {pattern.count('E')} MoE and {pattern.count('-')} MLP layers"
                + ("; router costed as softmax top-k, its correction biases left out)" if moe else ")"))
+
+
+def read_qwen3_next(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
+    """Qwen3-Next (``qwen3_next``; Qwen team 2025, the Qwen3-Next-80B-A3B model card; Hugging
+    Face ``Qwen3NextForCausalLM``): a Qwen3-MoE decoder whose blocks are Gated DeltaNet linear
+    attention (:mod:`zoo.gated_deltanet`: ``linear_num_key_heads`` / ``linear_num_value_heads``
+    of ``linear_key_head_dim`` / ``linear_value_head_dim``, a convolution of
+    ``linear_conv_kernel_dim`` taps) except every ``full_attention_interval``-th, which is
+    gated grouped-query attention (queries and an output gate from one projection, q/k norms);
+    every block's MLP routes to ``num_experts_per_tok`` of ``num_experts`` SwiGLU experts of
+    ``moe_intermediate_size`` plus one gated shared expert of
+    ``shared_expert_intermediate_size`` (a multiple of it); ``mtp_num_hidden_layers`` (0 or 1)
+    multi-token-prediction modules, whose block is the last layer's (full attention), as
+    Megatron-Core builds it. Partial RoPE (``partial_rotary_factor``) is costed as full RoPE
+    (the same projections; the rotation's FLOP is negligible), zero-centred RMSNorm as
+    RMSNorm. The chunk of the delta rule is 64 tokens (flash-linear-attention's
+    ``chunk_gated_delta_rule``)."""
+    if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:
+        raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "
+                       f"decoder_sparse_step) are not modelled; every layer must be sparse")
+    fe = _int(doc, "moe_intermediate_size", where)
+    shared = _count(doc, "shared_expert_intermediate_size", where)
+    if shared % fe:
+        raise ZooError(f"{where}: field 'shared_expert_intermediate_size' = {shared} is not a "
+                       f"multiple of moe_intermediate_size = {fe}; the zoo's shared experts are "
+                       f"whole experts")
+    base = read_moe({**doc, "model_type": "qwen3_moe"}, "qwen3_moe", name, source, where)
+    every = _int(doc, "full_attention_interval", where, default=4)
+    layers = base.layers
+    return dataclasses.replace(
+        base, shared_experts=shared // fe, shared_expert_gate=shared > 0,
+        attention_output_gate=True, full_attention_interval=every,
+        linear_key_heads=_int(doc, "linear_num_key_heads", where),
+        linear_value_heads=_int(doc, "linear_num_value_heads", where),
+        linear_key_head_dim=_int(doc, "linear_key_head_dim", where),
+        linear_value_head_dim=_int(doc, "linear_value_head_dim", where),
+        linear_conv_kernel=_int(doc, "linear_conv_kernel_dim", where, default=4), linear_chunk=64,
+        mtp_layers=_count(doc, "mtp_num_hidden_layers", where),
+        source=base.source.replace("; qwen3_moe", "; qwen3_next", 1)
+        + f" (Gated DeltaNet on {layers - layers // every} of {layers} layers, gated attention "
+          f"on every {every}th; gated shared expert; partial RoPE costed as full RoPE)")
 
 
 def read_deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str
@@ -193,6 +235,8 @@ def read_moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: s
         return read_gpt_oss(doc, name, source, where)
     if kind == "nemotron_h":
         return read_nemotron_h(doc, name, source, where)
+    if kind == "qwen3_next":
+        return read_qwen3_next(doc, name, source, where)
     if kind == "qwen3_moe":
         if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:
             raise ZooError(f"{where}: dense layers among the sparse ones (mlp_only_layers, "

@@ -70,6 +70,8 @@ def body_of(cfg: ModelConfig | str, layer_name: str) -> str:
         return hybrid.BODIES[cfg.hybrid_pattern[i]]
     if cfg.moe and i < cfg.dense_layers:
         return "dense_block"
+    if cfg.linear_layer(i):
+        return "linear_block"
     return "sliding_block" if cfg.layer_window(i) else "decoder_block"
 
 
@@ -88,7 +90,8 @@ def _body_shapes(cfg: ModelConfig, body: str) -> dict[str, tuple[int, ...]]:
         return mochi.block_shapes(cfg, final=body == "asymm_dit_block_final")
     if body in hybrid.BODIES.values():
         return hybrid.block_shapes(cfg, body)
-    return decoder.block_shapes(cfg, dense=body == "dense_block")   # sliding: the same weights
+    return decoder.block_shapes(cfg, dense=body == "dense_block",   # sliding: the same weights
+                                linear=body == "linear_block")
 
 
 def layer_param_shapes(cfg: ModelConfig | str, layer_name: str) -> dict[str, jax.ShapeDtypeStruct]:
@@ -179,6 +182,7 @@ def layer_fns(cfg: ModelConfig | str) -> dict[str, Callable[..., Any]]:
         bodies = {"embed": decoder.embed_fn(cfg), "decoder_block": decoder.block_fn(cfg),
                   "dense_block": decoder.block_fn(cfg, dense=True), "head": decoder.head_fn(cfg),
                   "sliding_block": decoder.block_fn(cfg, window=cfg.sliding_window),
+                  "linear_block": decoder.block_fn(cfg, linear=True),
                   **{b: hybrid.block_fn(cfg, b) for b in hybrid.BODIES.values()}}
     return {n: bodies[body_of(cfg, n)] for n in layer_names(cfg)}
 

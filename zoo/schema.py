@@ -80,6 +80,10 @@ LIMITS: dict[str, int] = {
     "mamba_heads": 2**12, "mamba_head_dim": 2**12,   # 64 x 64 (Nemotron 3 Nano), 256 (H-56B)
     "ssm_state": 2**12, "mamba_groups": 2**12,       # 128, 8 (Nemotron-H)
     "conv_kernel": 2**6, "ssm_chunk": 2**16,         # 4, 128 (Nemotron-H)
+    "full_attention_interval": 2**14,                # 4 (Qwen3-Next)
+    "linear_key_heads": 2**12, "linear_value_heads": 2**12,        # 16, 32 (Qwen3-Next)
+    "linear_key_head_dim": 2**12, "linear_value_head_dim": 2**12,  # 128, 128
+    "linear_conv_kernel": 2**6, "linear_chunk": 2**12,             # 4, 64
     "relative_buckets": 2**12, "relative_max_distance": 2**16,   # 32, 128 (T5 v1.1)
     "out_channels": 2**6, "norm_groups": 2**10,      # 3 (RGB), 32 (Mochi VAE GroupNorm)
     "rope_original_max_position": 2**24,             # 4,096 (YaRN: DeepSeek-V3), 8,192 (Llama 3.1)
@@ -214,6 +218,7 @@ def _check_relations(cfg: ModelConfig, bad: Any, key: Any) -> None:
     _check_experts(cfg, bad, key)
     _check_window(cfg, bad, key)
     _check_hybrid(cfg, bad, key)
+    _check_linear(cfg, bad, key)
     _check_mla(cfg, bad, key)
     _check_mochi(cfg, bad, key)
     _check_t5(cfg, bad, key)
@@ -287,6 +292,41 @@ def _check_hybrid(cfg: ModelConfig, bad: Any, key: Any) -> None:
         raise bad("hybrid_pattern", "is combined with dense first layers, latent attention, "
                   "a sliding window, multi-token prediction or biases, which the hybrid layers "
                   "do not model", "drop those fields")
+
+
+_LINEAR = ("full_attention_interval", "linear_key_heads", "linear_value_heads",
+           "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel", "linear_chunk")
+
+
+def _check_linear(cfg: ModelConfig, bad: Any, key: Any) -> None:
+    """Gated DeltaNet blocks (Qwen3-Next): every width set, value heads a multiple of the key
+    heads, on a llama-family decoder without the extras its blocks do not model."""
+    if cfg.shared_expert_gate and not cfg.shared_experts:
+        raise bad("shared_expert_gate", f"is set but {key('shared_experts')} = 0",
+                  f"give shared experts or drop {key('shared_expert_gate')}")
+    if cfg.attention_output_gate and (cfg.mla or cfg.family != "llama" or cfg.hybrid):
+        raise bad("attention_output_gate", "gates a llama-family decoder's grouped-query "
+                  "attention only", f"drop {key('attention_output_gate')}")
+    if not cfg.linear_key_heads:
+        for field in _LINEAR:
+            if getattr(cfg, field):
+                raise bad(field, f"is set but {key('linear_key_heads')} = 0 (no Gated DeltaNet "
+                          "layers)", f"give {key('linear_key_heads')} or drop {key(field)}")
+        return
+    for field in _LINEAR:
+        if getattr(cfg, field) < 1:
+            raise bad(field, "is not set for the Gated DeltaNet layers", f"give {key(field)}")
+    if cfg.linear_value_heads % cfg.linear_key_heads:
+        raise bad("linear_value_heads", f"is not a multiple of {key('linear_key_heads')} = "
+                  f"{cfg.linear_key_heads}", "give a multiple of the key heads")
+    if cfg.full_attention_interval < 2:
+        raise bad("full_attention_interval", "is below 2 (every layer full attention)",
+                  "give 2 or more, or drop the Gated DeltaNet fields")
+    if cfg.family != "llama" or cfg.hybrid or cfg.mla or cfg.sliding_window or cfg.dense_layers \
+            or cfg.bias:
+        raise bad("linear_key_heads", "is combined with a family other than llama, a hybrid "
+                  "pattern, latent attention, a sliding window, dense first layers or biases, "
+                  "which the Gated DeltaNet blocks do not model", "drop those fields")
 
 
 def _check_mla(cfg: ModelConfig, bad: Any, key: Any) -> None:

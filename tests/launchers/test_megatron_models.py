@@ -23,3 +23,19 @@ def test_hybrid_mtp_and_sliding_window_arguments():
     oss = _args("gpt-oss-120b")
     assert (oss["--window-size"], oss["--window-attn-skip-freq"]) == ("127,0", 2)
     assert "--hybrid-override-pattern" not in oss and "--window-size" not in _args("qwen3-30b-a3b")
+
+
+def test_qwen3_next_goes_to_the_bridge_recipe_and_is_refused_by_megatron_lm():
+    import pytest
+
+    from launchers.megatron import megatron_args
+    from launchers.megatron_bridge import recipe
+    from launchers.view import LauncherError
+
+    v = SimpleNamespace(model=resolve_model("qwen3-next-80b-a3b"), seq_len=4096,
+                        kinds=("h100-sxm",), name="")
+    assert recipe(v) == "qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16_config"
+    with pytest.raises(LauncherError, match="Gated DeltaNet layers .* export this plan to "
+                                            "megatron-bridge") as e:
+        megatron_args(v)
+    assert "\n" not in str(e.value)

@@ -50,7 +50,8 @@ def test_every_shipped_config_is_covered():
            "DeepSeek-V3-MTP.json"}                                                 # test_mtp.py
     recipes = {"gpt-oss-20b.json", "Kimi-K2-Instruct.json",        # test_recipe_models.py
                "Nemotron-H-56B-Base-8K.json", "Llama-3.1-70B-Instruct.json",
-               "Llama-4-Scout-17B-16E.json"}
+               "Llama-4-Scout-17B-16E.json",
+               "Qwen3-Next-80B-A3B-Instruct.json"}                        # test_gated_deltanet.py
     assert shipped == set(PUBLISHED) | moe | recipes
 
 

@@ -143,11 +143,3 @@ def test_llama4_maverick_interleaved_dense_layers_are_refused():
     with pytest.raises(ZooError, match="interleave_moe_layer_step 2 .dense layers between") as e:
         from_hf(maverick, "m", "m.json")
     assert "\n" not in str(e.value)
-
-
-def test_qwen3_next_is_refused_in_one_line():
-    with pytest.raises(ZooError) as e:
-        from_hf({"model_type": "qwen3_next"}, "m", "m.json")
-    msg = str(e.value)
-    assert "model_type 'qwen3_next' is a mixture of experts with Gated DeltaNet" in msg
-    assert "\n" not in msg
