@@ -75,6 +75,7 @@ UNSUPPORTED_MOE = {
 ALIASES = {"llama-3.1-405b": "llama3-405b", "llama3.1-405b": "llama3-405b",
            "llama-3.1-70b": "llama-3.1-70b-instruct", "llama3.1-70b": "llama-3.1-70b-instruct",
            "llama3.1-8b": "llama-3.1-8b", "deepseekv3": "deepseek-v3",
+           "deepseekv3-mtp": "deepseek-v3-mtp",
            "deepseek-v3-671b": "deepseek-v3", "kimi-k2": "kimi-k2-instruct",
            "nemotron-h-56b": "nemotron-h-56b-base-8k", "nemotronh-56b": "nemotron-h-56b-base-8k",
            "nemotron-3-nano": "nemotron-3-nano-30b-a3b", "nemotron3-nano": "nemotron-3-nano-30b-a3b",
@@ -95,8 +96,14 @@ and thinking releases (Megatron-Bridge's recipes build it from the instruct repo
 def canonical_name(name: str) -> str:
     """``name`` as the zoo spells its models: lower case, spaces and underscores as hyphens
     (``"Qwen3_30B_a3B"`` -> ``"qwen3-30b-a3b"``, ``"GPT OSS 120B"`` -> ``"gpt-oss-120b"``), then
-    :data:`ALIASES`."""
-    key = re.sub(r"[\s_]+", "-", str(name).strip().lower()).strip("-")
+    :data:`ALIASES`. A parenthesised qualifier as NVIDIA's tables print one is dropped
+    (``"Qwen3_30B_a3B (tokendrop)"``, ``"DeepSeekV3 (w/o MTP)"``: the routing is the row's
+    ``dispatcher``), except ``(w/ MTP)``, which names the model with its multi-token-prediction
+    module (``"DeepSeekV3 (w/ MTP)"`` -> ``"deepseek-v3-mtp"``)."""
+    text = str(name).strip().lower()
+    mtp = bool(re.search(r"\(\s*w/\s*mtp\s*\)", text))
+    text = re.sub(r"\([^)]*\)", " ", text) + (" mtp" if mtp else "")
+    key = re.sub(r"[\s_]+", "-", text.strip()).strip("-")
     key = re.sub(r"-{2,}", "-", key)
     return ALIASES.get(key, key)
 

@@ -120,8 +120,11 @@ def model_fill(csv_path: str | Path):
     """The ``fill`` hook of :func:`simulator.validation_rows.load_rows_lenient` for the CSV at
     ``csv_path``: a record with a ``model_config`` gets its blank shape columns from that model
     (a relative model file path is read relative to the CSV's folder, written back absolute so
-    :func:`workload_for` reads the same file); a given shape column must agree with it. Records
-    without one are returned as they are.
+    :func:`workload_for` reads the same file); a given shape column must agree with it. A record
+    without one whose ``layers``, ``hidden`` and ``heads`` are blank takes its ``model`` column
+    as the ``model_config`` when that resolves (``"Qwen3_30B_a3B (tokendrop)"``, as NVIDIA's
+    tables print it: :func:`zoo.model_files.canonical_name`). Other records are returned as they
+    are.
 
     The hook raises :class:`~simulator.validation_rows.ValidationError` (the row is skipped): a
     ``model_config`` that does not resolve (:func:`resolved_model`), or a shape column that
@@ -130,11 +133,20 @@ def model_fill(csv_path: str | Path):
     folder = Path(csv_path).resolve().parent
 
     def fill(d: dict) -> dict:
-        value = (d.get("model_config") or "").strip()
-        if not value:
-            return d
         from simulator.validation_rows import ValidationError
         from zoo.model_files import is_model_file
+
+        value = (d.get("model_config") or "").strip()
+        if not value:
+            model = (d.get("model") or "").strip()
+            if not model or any((d.get(k) or "").strip() for k in ("layers", "hidden", "heads")):
+                return d
+            try:                    # no shape given: the model column names a zoo model
+                resolved_model(model)
+            except ValidationError:
+                return d            # parse_row names the missing shape columns
+            d = {**d, "model_config": model}
+            value = model
 
         local = folder / value
         if is_model_file(value) and not Path(value).is_absolute() and local.is_file():

@@ -192,3 +192,17 @@ def test_workload_for_traces_the_zoo_model_not_the_shape_columns(small):
         CLI.resolved_model("nope")
     with pytest.raises(ValidationError, match="is a mochi model; fix: name a decoder"):
         CLI.resolved_model("mochi-dit-tiny")
+
+
+def test_a_table_printed_model_name_stands_for_the_model_config(tmp_path):
+    """No model_config and no shape: the model column, as NVIDIA's tables print it, names the
+    zoo model (its qualifier dropped); a name that resolves to nothing leaves the row as it was
+    (skipped for its blank shape)."""
+    path = write(tmp_path / "names.csv", [row(model="LLAMA3_8B (tokendrop)", model_config=""),
+                                          row(model="NotAModel_7B", model_config=""),
+                                          row(model="LLAMA3_8B", model_config="", layers="32",
+                                              hidden="4096", heads="32")])
+    rows, bad = load(path)
+    assert [(r.line, r.model_config) for r in rows] == [(2, "LLAMA3_8B (tokendrop)"), (4, None)]
+    assert (rows[0].layers, rows[0].vocab) == (32, 128256)
+    assert [(b.line, b.reason) for b in bad] == [(3, "field 'layers' is blank; fill it in")]

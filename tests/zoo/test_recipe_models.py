@@ -112,6 +112,11 @@ def test_table_spellings_resolve_to_zoo_models():
         assert canonical_name(printed) in (zoo_name, printed.lower().replace("_", "-").replace(" ", "-"))
         assert resolve_model(printed).name.lower() == zoo_name
     assert canonical_name("  Mixtral__8x22B ") == "mixtral-8x22b-v0.1"
+    # a printed qualifier: the routing goes to the dispatcher column, "w/ MTP" names the module
+    assert canonical_name("Qwen3_30B_a3B (tokendrop)") == "qwen3-30b-a3b"
+    assert canonical_name("DeepSeekV3 (w/o MTP)") == canonical_name("DeepSeekV3 (dropless)") == "deepseek-v3"
+    assert canonical_name("DeepSeekV3 (w/ MTP)") == "deepseek-v3-mtp"
+    assert resolve_model("DeepSeekV3 (w/ MTP)").mtp_layers == 1
 
 
 def test_llama4_scout_every_layer_moe_with_a_shared_expert():
