@@ -82,7 +82,10 @@ ALIASES = {"llama-3.1-405b": "llama3-405b", "llama3.1-405b": "llama3-405b",
            "grok1-314b": "grok-1-314b", "grok-1": "grok-1-314b",
            "mixtral-8x22b": "mixtral-8x22b-v0.1",
            "qwen3-next-80b-a3b": "qwen3-next-80b-a3b-instruct",
-           "qwen3-next-80b": "qwen3-next-80b-a3b-instruct"}
+           "qwen3-next-80b": "qwen3-next-80b-a3b-instruct",
+           "qwen3-vl-30b-a3b": "qwen3-30b-a3b", "qwen3-vl-30b-a3b-instruct": "qwen3-30b-a3b",
+           "qwen3-vl-235b-a22b": "qwen3-235b-a22b",
+           "qwen3-vl-235b-a22b-instruct": "qwen3-235b-a22b"}
 """Names a recipe or a published table uses for a model the zoo has under another (after
 :func:`canonical_name`): Llama 3.1 405B is the zoo's ``llama3-405b`` (the Llama 3 paper's Table 3
 with the Hugging Face vocabulary), Llama 3.1 70B and 8B the shipped Hugging Face configs (the base
@@ -90,7 +93,13 @@ models' architecture and count); NVIDIA's Megatron-Bridge performance summary pr
 ``LLAMA3.1_405B``, ``DeepSeekV3``, ``Kimi_K2``, ``Nemotron_H_56B`` and the like, its
 dgxc-benchmarking tables ``Grok1 314b``; Kimi K2's base and instruct releases share one
 architecture (Moonshot's ``config.json``), as do Nemotron-H 56B's 8K base and its other releases, and Qwen3-Next-80B-A3B's base, instruct
-and thinking releases (Megatron-Bridge's recipes build it from the instruct repository's config)."""
+and thinking releases (Megatron-Bridge's recipes build it from the instruct repository's config).
+Qwen3-VL-30B-A3B and Qwen3-VL-235B-A22B stand for their language models, Qwen3-30B-A3B's and
+Qwen3-235B-A22B's architectures (the Qwen3-VL configs' ``text_config``: the same widths, layers,
+heads and experts; multimodal RoPE costs as RoPE); their vision encoders (27 ViT layers of 1,152,
+about 0.5B parameters) are not modelled: on Megatron-Bridge's benchmark data, one 256 x 256 image
+per 4,096-token sample (``MockVLMSFTDatasetConfig``), 256 patches cost about 0.2 TFLOP a sample
+in the forward against 27 (30B-A3B) and 180 (235B-A22B) in the language model."""
 
 
 def canonical_name(name: str) -> str:
