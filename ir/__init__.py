@@ -31,7 +31,7 @@ from ir.schedule import KINDS, FragmentKind, FragmentRef, ScheduleTable
 from ir.serving import (WEIGHT_FORMATS, BatchStep, InferenceModel, RequestMix,
                         ServiceObjectives, format_bytes)
 from ir.timeline import Timeline, TimelineEvent
-from ir.precision import PRECISIONS, RECIPES, Recipe, recipe
+from ir.precision import PRECISIONS, RECIPES, Recipe, canonical_precision, recipe
 from ir.shards import ShardDims, layout_problem, layouts_problem
 from ir.workload import LayerCost, Workload, keep_blocks_in_compute_dtype
 
@@ -39,5 +39,6 @@ __all__ = ["STOP_REASONS", "keep_blocks_in_compute_dtype", "PlanFamily", "Predic
            "ServiceObjectives", "format_bytes", "KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentKind", "FragmentRef", "IRError", "LayerCost",
            "Layout", "CONTEXT_METHODS", "EXPERT_DISPATCH", "Plan", "ScheduleTable", "ShardDims", "StagePlan", "Timeline", "TimelineEvent", "Workload",
            "layout_problem", "layouts_problem", "PRECISIONS", "RECIPES", "Recipe", "recipe",
+           "canonical_precision",
            "any_plan_to_json", "data_parallel_from_json", "data_parallel_to_json",
            "plan_from_json", "plan_to_json", "schedule_to_json"]

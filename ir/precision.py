@@ -110,6 +110,28 @@ PRECISIONS = tuple(RECIPES)
 """Recipe names in order of decreasing element width (``--precision`` choices besides ``auto``)."""
 
 
+PRECISION_ALIASES = {
+    "fp8-cs": "fp8", "fp8cs": "fp8", "fp8-ds": "fp8", "fp8ds": "fp8", "fp8-current": "fp8",
+    "fp8-delayed": "fp8", "fp8-tensorwise": "fp8", "fp8-hybrid": "fp8",
+    "fp8-mx": "mxfp8", "fp8mx": "mxfp8", "mx-fp8": "mxfp8",
+    "fp8-sc": "fp8-blockwise", "fp8sc": "fp8-blockwise", "fp8-subchannel": "fp8-blockwise",
+    "fp8-block": "fp8-blockwise", "fp8-blockwise-scaling": "fp8-blockwise",
+    "fp8-bs": "fp8-blockwise", "fp4": "nvfp4", "nv-fp4": "nvfp4", "fp4-nv": "nvfp4"}
+"""Other spellings of the recipes, after :func:`canonical_precision`'s normalising, as published
+tables and recipe names print them: NVIDIA's Megatron-Bridge performance summary writes
+``FP8-CS`` (per-tensor current scaling), ``FP8-DS`` (delayed scaling: the same GEMMs and casts,
+the scale from the amax history), ``FP8-MX`` and ``NVFP4``; its recipe names ``fp8cs``,
+``fp8ds``, ``fp8mx`` and ``fp8sc`` (sub-channel: DeepSeek-V3's blockwise scaling)."""
+
+
+def canonical_precision(name: str) -> str:
+    """``name`` as a :data:`RECIPES` key where it spells one (lower case, spaces and underscores
+    as hyphens, then :data:`PRECISION_ALIASES`: ``"FP8-CS"`` -> ``"fp8"``, ``"FP8_MX"`` ->
+    ``"mxfp8"``), else ``name`` normalised (the caller says it is unknown)."""
+    key = "-".join(str(name).strip().lower().replace("_", " ").split())
+    return PRECISION_ALIASES.get(key, key)
+
+
 def recipe(name: str) -> Recipe:
     """The recipe named ``name`` (``""``: BF16).
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, cast
 
-from ir.precision import RECIPES
+from ir.precision import RECIPES, canonical_precision
 from ir.workload import ATTENTION_KERNELS
 from simulator import remat
 from simulator.plan_costs import CostError
@@ -498,13 +498,16 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
         raise ValidationError(f"row {line}: attention {att[:40]!r} unknown; fix: use one of "
                               f"{', '.join(ATTENTION_KERNELS)} or leave it blank")
     given = (d.get("precision") or "").strip().lower()
-    prec = given or "bf16"
+    prec = canonical_precision(given) if given else "bf16"     # "FP8-CS" as tables print it
     if prec not in RECIPES and prec not in COMPUTE_DTYPES:
         raise ValidationError(f"row {line}: precision {prec[:40]!r} unknown; fix: use one of "
                               f"{', '.join((*RECIPES, *COMPUTE_DTYPES[1:]))} or leave it blank "
                               f"(bf16, or fp16 on a device without a bf16 rate)")
     vp = _int(d, "vp", line)
     disp = (d.get("dispatcher") or "").strip().lower() or None
+    if disp is not None:        # "token-drop", "all_to_all", "a2a" as runs spell them
+        disp = "".join(c for c in disp if c not in "-_ ")
+        disp = "alltoall" if disp == "a2a" else disp
     if disp is not None and disp not in DISPATCHERS:
         raise ValidationError(f"row {line}: dispatcher {disp[:40]!r} unknown; fix: use one of "
                               f"{', '.join(DISPATCHERS)} or leave it blank (alltoall)")

@@ -302,3 +302,22 @@ def test_bf16_layers_keep_the_first_and_last_blocks_out_of_the_recipe(tmp_path):
     t_kept, t_whole, t_bf16 = (r.step_s for r in evaluate(
         (kept, whole, bf16), load_device("gb300"), predict_step))
     assert t_whole < t_kept < t_bf16
+
+
+def test_precision_as_published_tables_print_it(tmp_path):
+    """NVIDIA's performance summary writes FP8-CS, FP8-DS, FP8-MX and NVFP4; its recipe names
+    fp8cs, fp8mx and fp8sc (sub-channel, i.e. blockwise): each reads as the recipe it is."""
+    printed = ("FP8-CS", "FP8-DS", "fp8_cs", "FP8-MX", "fp8mx", "FP8-SC", "NVFP4", "FP4", "BF16")
+    p = _csv(tmp_path, *(bundled(2, precision=x) for x in printed))
+    rows, bad = VR.load_rows_lenient(p)
+    assert not bad
+    assert [r.precision for r in rows] == ["fp8", "fp8", "fp8", "mxfp8", "mxfp8", "fp8-blockwise",
+                                           "nvfp4", "nvfp4", "bf16"]
+
+
+def test_dispatcher_spellings(tmp_path):
+    p = _csv(tmp_path, *(bundled(2, dispatcher=x) for x in ("Token-Drop", "all_to_all", "a2a",
+                                                            "HybridEP", "deep_ep")))
+    rows, bad = VR.load_rows_lenient(p)
+    assert not bad
+    assert [r.dispatcher for r in rows] == ["tokendrop", "alltoall", "alltoall", "deepep", "deepep"]
