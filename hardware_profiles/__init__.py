@@ -28,7 +28,7 @@ _FACE = {
     "hardware_profiles.cluster_loader": (
         "bundled_clusters", "load_cluster"),
     "hardware_profiles.loader": (
-        "known_device_ids", "list_devices", "load_device"),
+        "canonical_device", "known_device_ids", "list_devices", "load_device"),
     "hardware_profiles.paths": (
         "CLUSTERS_DIR", "DEVICES_DIR"),
     "hardware_profiles.table": (

@@ -27,6 +27,7 @@ most :data:`MAX_MESHES` meshes (or :data:`MAX_NODES` nodes in node groups); name
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -292,11 +293,38 @@ def known_device_ids() -> list[str]:
     return sorted(p.stem for p in DEVICES_DIR.glob("*.yaml"))
 
 
+DEVICE_ALIASES = {"h100": "h100-sxm", "h100-sxm5": "h100-sxm", "h100-80gb": "h100-sxm",
+                  "h100-sxm-80gb": "h100-sxm", "h200": "h200-sxm", "h800": "h800-sxm",
+                  "a100": "a100-80gb-sxm", "a100-80gb": "a100-80gb-sxm",
+                  "a100-sxm4-80gb": "a100-80gb-sxm", "a100-40gb": "a100-40gb-sxm",
+                  "a100-sxm4-40gb": "a100-40gb-sxm", "v100-16gb": "v100-sxm2-16gb",
+                  "v100-32gb": "v100-sxm2-32gb", "v5e": "tpu-v5e", "v5litepod": "tpu-v5e",
+                  "tpu-v5-lite": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e",
+                  "trillium": "tpu-v6e", "tpu-trillium": "tpu-v6e", "v4": "tpu-v4"}
+"""Device names as published tables and papers print them (after :func:`canonical_device`'s
+normalising) -> the bundled profile ids. A plain ``A100`` is the 80 GB part (the one NVIDIA's and
+MLPerf's recent tables run); a plain ``V100`` is left unresolved (16 and 32 GB parts both ran)."""
+
+
+def canonical_device(name: str) -> str:
+    """``name`` as a bundled device id where it spells one: lower case, spaces and underscores as
+    hyphens, a system prefix (``DGX-``, ``HGX-``) and a rack suffix (``-NVL72``, ``-NVL36``)
+    dropped, then :data:`DEVICE_ALIASES` (``"DGX-H100"`` -> ``"h100-sxm"``, ``"GB200 NVL72"`` ->
+    ``"gb200"``, ``"TPU v5e"`` -> ``"tpu-v5e"``); any other name normalised and returned (the
+    caller says it is unknown)."""
+    key = "-".join(str(name).strip().lower().replace("_", " ").split())
+    key = re.sub(r"^(dgx|hgx)-", "", key)
+    key = re.sub(r"-nvl\d+$", "", key)
+    if key.startswith("tpu") and not key.startswith("tpu-"):
+        key = "tpu-" + key[3:].lstrip("-")
+    return DEVICE_ALIASES.get(key, key)
+
+
 def load_device(name_or_path: str | Path, base_dir: str | Path | None = None) -> DeviceProfile:
     """Load a device profile by bundled id (``"h100-sxm"``) or by path to a device YAML.
 
     Args:
-        name_or_path: a profile id, or a path (``str`` ending in ``.yaml``/containing ``/``, or ``Path``).
+        name_or_path: a profile id (or a name :func:`canonical_device` resolves to one), or a path (``str`` ending in ``.yaml``/containing ``/``, or ``Path``).
         base_dir: directory that relative paths are resolved against (default: the working directory).
 
     Returns:
@@ -312,6 +340,8 @@ def load_device(name_or_path: str | Path, base_dir: str | Path | None = None) ->
             path = Path(base_dir) / path
     else:
         path = DEVICES_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            path = DEVICES_DIR / f"{canonical_device(str(name_or_path))}.yaml"
         if not path.is_file():
             raise ProfileError(f"unknown device {str(name_or_path)!r}; fix: use one of {known_device_ids()} "
                                f"or a path to a device YAML")

@@ -56,7 +56,7 @@ from simulator import remat
 from simulator.plan_costs import CostError
 from simulator.pipeline_layout import LayoutError, check_layout, parse_layout
 from simulator.schedules import KINDS, stages_per_rank
-from hardware_profiles.loader import known_device_ids
+from hardware_profiles.loader import canonical_device, known_device_ids
 from ir.files import InputError, read_csv_rows
 
 
@@ -461,9 +461,11 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if metric not in METRICS:
         raise ValidationError(f"row {line}: metric {metric[:40]!r} unknown; fix: use one of "
                               f"{', '.join(METRICS)}")
-    device = _field(d, "device", line)
+    printed = _field(d, "device", line)
+    # "DGX-H100", "GB200 NVL72" as tables print them
+    device = printed if printed in known else canonical_device(printed)
     if device not in known:
-        raise ValidationError(f"row {line}: device {device[:40]!r} is not a known profile; "
+        raise ValidationError(f"row {line}: device {printed[:40]!r} is not a known profile; "
                               f"fix: use one of {known}")
     try:
         value = float(d["value"])

@@ -331,3 +331,17 @@ def test_a_cluster_of_more_devices_than_the_search_can_hold_is_refused(tmp_path,
     assert str(e.value) == (f"{f}: {total} devices in all, over the limit 1,048,576 (the planner's "
                             "search grows with the device count: minutes at 2**26); fix: describe at "
                             "most 1,048,576 devices")
+
+
+def test_device_names_as_tables_print_them():
+    from hardware_profiles.loader import canonical_device
+
+    printed = {"DGX-H100": "h100-sxm", "H100": "h100-sxm", "GB200 NVL72": "gb200",
+               "DGX-GB200": "gb200", "DGX-B200": "b200", "GB300": "gb300", "HGX B300": "b300",
+               "H200": "h200-sxm", "A100": "a100-80gb-sxm", "A100-40GB": "a100-40gb-sxm",
+               "TPU v5e": "tpu-v5e", "tpu_v5p": "tpu-v5p", "Trillium": "tpu-v6e"}
+    for name, want in printed.items():
+        assert canonical_device(name) == want, name
+        assert load_device(name).name == load_device(want).name
+    with pytest.raises(ProfileError, match="unknown device 'V100'"):   # 16 or 32 GB: not guessed
+        load_device("V100")

@@ -321,3 +321,11 @@ def test_dispatcher_spellings(tmp_path):
     rows, bad = VR.load_rows_lenient(p)
     assert not bad
     assert [r.dispatcher for r in rows] == ["tokendrop", "alltoall", "alltoall", "deepep", "deepep"]
+
+
+def test_a_table_printed_device_name_reads_as_its_profile(tmp_path):
+    p = _csv(tmp_path, bundled(2, device="DGX-H100"), bundled(2, device="H100"),
+             bundled(2, device="V100"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [r.device for r in rows] == ["h100-sxm", "h100-sxm"]
+    assert len(bad) == 1 and bad[0].reason.startswith("device 'V100' is not a known profile")
