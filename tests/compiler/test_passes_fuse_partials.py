@@ -42,9 +42,9 @@ def backward(cc, x, acc_in, acc_out, g, t=T):
     return Fragment("m1", (Origin("layer", 1),), (x, acc_in), (acc_out,), body, 0, cc)
 
 
-def partial(src, out, mid):
+def partial(src, out, mid, axes=(0,)):
     """The inferred partial: ``sum(src ** 2)``."""
-    body = (eq(lax.mul_p, [src, src], mid), eq(lax.reduce_sum_p, [mid], out, axes=(0,),
+    body = (eq(lax.mul_p, [src, src], mid), eq(lax.reduce_sum_p, [mid], out, axes=axes,
                                                   out_sharding=None))
     return Fragment("m1", (), (src,), (out,), body)
 
@@ -104,6 +104,51 @@ def test_a_partial_reading_more_than_its_backward_or_making_a_large_result_stays
     for p in (program(extra_input=True), program(t=BIG, big_result=True)):
         assert fuse_partials(p) is p
     assert fuse_partials(program(t=BIG)) is not program(t=BIG)   # large operands, small result
+
+
+def split_program(rest_readers=1):
+    """B0, B1 on ``BIG`` values, then a fragment making both the partial ``s = sum((2 a2) ** 2)``
+    (sent to m2) and ``h = 2 a2`` (large), which ``rest_readers`` later fragments of m1 read
+    (the update after the global norm comes back, as with an L2 term added to the gradients)."""
+    zeros = Fragment("m1", (), ("x0",), ("a0",), (eq(lax.sub_p, ["x0", "x0"], "a0"),))
+    ops = [zeros, backward(0, "x0", "a0", "a1", "g0"), backward(1, "x1", "a1", "a2", "g1")]
+    body = (eq(lax.add_p, ["a2", "a2"], "h"),) + partial("h", "s", "m", axes=(0, 1)).body
+    ops += [Fragment("m1", (), ("a2",), ("h", "s"), body), Transfer("s", "m1", "m2", "r"),
+            Fragment("m2", (), ("r",), ("d",), (eq(lax.add_p, ["r", "r"], "d"),)),
+            Transfer("d", "m2", "m1", "n")]
+    outs = []
+    for k in range(rest_readers):
+        body = (eq(lax.reduce_sum_p, ["h"], f"t{k}", axes=(0, 1), out_sharding=None),
+                eq(lax.mul_p, [f"t{k}", "n"], f"u{k}"))
+        ops.append(Fragment("m1", (), ("h", "n"), (f"u{k}",), body))
+        outs.append(f"u{k}")
+    types = {v: BIG for v in ("x0", "x1", "a0", "a1", "a2", "g0", "g1", "m", "h")}
+    types.update(s=S, r=S, d=S, n=S, t0=S, t1=S, u0=S, u1=S)
+    return Program(("m1", "m2"), ("x0", "x1"), ("m1", "m1"), tuple(outs), ("m1",) * len(outs),
+                   tuple(ops), types)
+
+
+def test_a_partial_made_with_a_large_result_leaves_that_result_to_its_one_reader():
+    """The partial's slice is made in the backward (and copied into B0); the large result's slice
+    is made again at the start of its one reader (the update), so no large result is added to
+    the backward and no fragment of its own is left."""
+    p = split_program()
+    q = fuse_partials(p)
+    verify(q)
+    frags = [op for op in q.ops if isinstance(op, Fragment)]
+    assert [(f.mesh, f.is_user) for f in frags] == [("m1", False), ("m1", True), ("m1", True),
+                                                   ("m2", False), ("m1", False)]
+    b0, b1, upd = frags[1], frags[2], frags[4]
+    assert b1.outputs == ("a2", "s") and len(b0.outputs) == 2
+    assert body_key(b0, q) == body_key(b1, q)
+    assert set(upd.inputs) == {"a2", "n"} and upd.body[0].outputs == ("h",)
+    args = [np.linspace(-1, 1, 64 * 64, dtype=np.float32).reshape(64, 64),
+            np.ones((64, 64), np.float32)]
+    for a, b in zip(run(q, args), run(p, args)):
+        np.testing.assert_array_equal(a, b)
+    # the large result read by two fragments (or a program output) is not made twice
+    two = split_program(rest_readers=2)
+    assert fuse_partials(two) is two
 
 
 def test_the_pass_runs_after_the_last_dce_and_before_sharding():
