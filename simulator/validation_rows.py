@@ -28,7 +28,8 @@ instead of ``global_batch``: global batch = per_device_batch x gpus.
 A row may name its model (``model_config``: a zoo name or a model file, resolved by the caller's
 ``fill`` hook, which fills the blank :data:`SHAPE_COLUMNS`; the simulator imports no zoo) and its
 context, virtual-pipeline and expert degrees (``cp``: gpus = tp x pp x dp x cp, dp excluding cp;
-``vp``; ``ep`` and ``etp``); how each is simulated is :mod:`simulator.validation_setup`. A row may
+a blank ``dp`` is what that leaves, as NVIDIA's tables, which print no DP, imply; ``vp``; ``ep``
+and ``etp``); how each is simulated is :mod:`simulator.validation_setup`. A row may
 give its ``pipeline_layout`` (Megatron-Core's ``--pipeline-model-parallel-layout`` string:
 :mod:`simulator.pipeline_layout`): it is parsed and checked against ``pp``, ``vp`` and the
 model's layers here, and a blank ``vp`` is the layout's (its stages / pp, as Megatron-Core
@@ -91,10 +92,10 @@ recomputed); MaxText's ``remat_policy`` names (minimal, save_dot_except_mlp, ...
 :mod:`simulator.remat`."""
 
 REQUIRED = ("source", "model", "layers", "hidden", "heads", "seq_len", "device", "gpus", "tp", "pp",
-            "dp", "metric", "value")
+            "metric", "value")
 """Columns the header must name (and ``global_batch`` or ``per_device_batch``)."""
 
-COLUMNS_OPTIONAL = ("vocab", "global_batch", "per_device_batch", "micro_batch", "microbatches", "schedule",
+COLUMNS_OPTIONAL = ("dp", "vocab", "global_batch", "per_device_batch", "micro_batch", "microbatches", "schedule",
             "ffn", "kv_heads", "head_dim", "glu", "fsdp", "recompute", "slices",
             "devices_per_node", "scale_out_gbit_per_device", "power_limit_w",
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
@@ -261,7 +262,7 @@ INT_LIMITS = {"layers": 1024, "hidden": 2**18, "heads": 2**12, "seq_len": 2**22,
 published run (at most 128 layers, 8-way tensor and 64-way pipeline parallelism in the sources)."""
 
 
-OPTIONAL = ("vocab", "micro_batch", "microbatches", "ffn", "kv_heads", "head_dim", "slices",
+OPTIONAL = ("dp", "vocab", "micro_batch", "microbatches", "ffn", "kv_heads", "head_dim", "slices",
             "devices_per_node", "global_batch", "cp", "vp", "ep", "etp", "scale_up_domain",
             "offload_layers", "bf16_first_layers", "bf16_last_layers")
 """Integer columns that may be blank (:data:`RULES` fills them)."""
@@ -514,12 +515,18 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
         raise ValidationError(f"row {line}: dispatcher {disp[:40]!r} unknown; fix: use one of "
                               f"{', '.join(DISPATCHERS)} or leave it blank (alltoall)")
     model_config = (d.get("model_config") or "").strip() or None
+    tp, pp, cp = _required_int(d, "tp", line), _required_int(d, "pp", line), _int(d, "cp", line) or 1
+    dp = _int(d, "dp", line)
+    if dp is None:          # NVIDIA's tables print no DP: the GPUs the other degrees leave
+        if gpus % (tp * pp * cp):
+            raise ValidationError(f"row {line}: dp is blank and gpus={gpus} is not a multiple of "
+                                  f"tp*pp*cp = {tp * pp * cp}; fix: give dp or the layout")
+        dp = gpus // (tp * pp * cp)
     r = Row(source=_field(d, "source", line), model=_field(d, "model", line),
             layers=_required_int(d, "layers", line), hidden=_required_int(d, "hidden", line),
             heads=_required_int(d, "heads", line), seq_len=_required_int(d, "seq_len", line),
             vocab=_int(d, "vocab", line), device=device,
-            gpus=gpus, tp=_required_int(d, "tp", line), pp=_required_int(d, "pp", line),
-            dp=_required_int(d, "dp", line), global_batch=global_batch,
+            gpus=gpus, tp=tp, pp=pp, dp=dp, global_batch=global_batch,
             micro_batch=_int(d, "micro_batch", line), microbatches=_int(d, "microbatches", line),
             schedule=sched, metric=metric, value=value, ffn=_int(d, "ffn", line),
             kv_heads=_int(d, "kv_heads", line), head_dim=_int(d, "head_dim", line),
@@ -531,7 +538,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             attention=att, precision=prec,
             note=(d.get("note") or "").strip(), line=line, per_device_batch=per_device,
             global_batch_derived=derived, model_config=model_config,
-            cp=_int(d, "cp", line) or 1, vp=vp, ep=_int(d, "ep", line) or 1,
+            cp=cp, vp=vp, ep=_int(d, "ep", line) or 1,
             etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line),
             dispatcher=DISPATCHERS[disp] if disp is not None else None,
             pipeline_layout=(d.get("pipeline_layout") or "").strip() or None,

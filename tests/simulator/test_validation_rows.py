@@ -329,3 +329,13 @@ def test_a_table_printed_device_name_reads_as_its_profile(tmp_path):
     rows, bad = VR.load_rows_lenient(p)
     assert [r.device for r in rows] == ["h100-sxm", "h100-sxm"]
     assert len(bad) == 1 and bad[0].reason.startswith("device 'V100' is not a known profile")
+
+
+def test_a_blank_dp_is_the_gpus_the_other_degrees_leave(tmp_path):
+    p = _csv(tmp_path, bundled(2, dp=""), bundled(2, dp="", tp="3"))
+    rows, bad = VR.load_rows_lenient(p)
+    (tmp_path / "x").mkdir()
+    full = VR.load_rows_lenient(_csv(tmp_path / "x", bundled(2)))[0][0]
+    assert [r.dp for r in rows] == [full.dp]
+    assert [b.reason for b in bad] == [f"dp is blank and gpus={full.gpus} is not a multiple of "
+                                       f"tp*pp*cp = {3 * full.pp}; fix: give dp or the layout"]
