@@ -268,8 +268,15 @@ OPTIONAL = ("dp", "vocab", "micro_batch", "microbatches", "ffn", "kv_heads", "he
 """Integer columns that may be blank (:data:`RULES` fills them)."""
 
 
+NOT_STATED = ("na", "n/a", "-", "none", "null")
+"""Cell values a published table prints for a degree it does not use or state (``VP``: ``NA``),
+read as blank in the :data:`OPTIONAL` integer columns."""
+
+
 def _int(d: Mapping[str, str], k: str, line: int) -> int | None:
     v = (d.get(k) or "").strip()
+    if k in OPTIONAL and v.lower() in NOT_STATED:
+        v = ""
     if not v:
         if k not in OPTIONAL:
             hint = (" (or have the model_config filled in: mpmd validate does)"

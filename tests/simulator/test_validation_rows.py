@@ -339,3 +339,10 @@ def test_a_blank_dp_is_the_gpus_the_other_degrees_leave(tmp_path):
     assert [r.dp for r in rows] == [full.dp]
     assert [b.reason for b in bad] == [f"dp is blank and gpus={full.gpus} is not a multiple of "
                                        f"tp*pp*cp = {3 * full.pp}; fix: give dp or the layout"]
+
+
+def test_not_stated_optional_degrees_read_as_blank(tmp_path):
+    p = _csv(tmp_path, bundled(2, vp="NA", ep="-", cp="None"), bundled(2, tp="NA"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [(r.vp, r.ep, r.cp) for r in rows] == [(None, 1, 1)]
+    assert [b.reason for b in bad] == ["tp='NA' is not an integer; fix the CSV"]
