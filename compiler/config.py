@@ -28,6 +28,12 @@ Following the Shardy:MPMD RFC (``shared/reference/000_*.txt``, "MPMD + JAX" and 
 - ``transfer_aware_merge`` / ``split_transfer_independent``: run the optional passes of
   ``compiler.passes.transfer_aware`` (move inferred code across a transfer where that
   shrinks it; split a fragment so its part that waits on no transfer runs first).
+- ``fuse_partials``: make a mesh's small inferred partial results (the sums of squares gradient
+  clipping sends) inside the backward fragment they read, and in that fragment's other
+  microbatches too so they keep one executable (``compiler.passes.fuse_partials``; default on:
+  one executable and one call fewer per mesh; off where a dead reduction per microbatch, or the
+  norm computed before a backward's results are sent, costs more than that, e.g. many
+  microbatches of a large stage on an accelerator).
 """
 
 from __future__ import annotations
@@ -107,6 +113,7 @@ class MpmdConfig:
     split_backward: bool | None = None
     transfer_aware_merge: bool = False
     split_transfer_independent: bool = False
+    fuse_partials: bool = True
 
     def __post_init__(self) -> None:
         meshes = list(self.topology)

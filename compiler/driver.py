@@ -125,7 +125,8 @@ PIPELINE: tuple[PassSpec, ...] = (
     PassSpec("copy_constants", _fixed(copy_constants), _OM),
     PassSpec("dce", _fixed(fragment_dce), _OM),
     PassSpec("dedup", _fixed(fragment_dedup), _OM),
-    PassSpec("fuse_partials", _fixed(fuse_partials), _OM),
+    PassSpec("fuse_partials", _fixed(fuse_partials), _OM, lambda c: c.fuse_partials,
+             "config.fuse_partials"),
     PassSpec("sharding", _sharding, _OM),
 )
 """The compiler's passes in order. ``fold_zero_adds`` before ``absorb`` and ``accumulate`` after

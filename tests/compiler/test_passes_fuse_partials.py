@@ -12,6 +12,7 @@ results against ``jax.jit``.
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -200,3 +201,6 @@ def test_the_examples_step_with_optax_compiles_to_the_limit_and_matches_jit(gpt)
     same = jax.tree.map(np.asarray, grads)    # Adam's first step compared on the same gradients
     want_p, want_s = jax.jit(gpt.adamw_update)(same, opt_state, params)
     assert max(gpt.max_rel(new_params, want_p), gpt.max_rel(new_state, want_s)) <= 1e-5
+    off = compiler.jit(gpt.train_step, replace(config, fuse_partials=False)).lower(
+        params, opt_state, idx, tgt)
+    assert len(off.exported.executables) == 19            # each partial norm a fragment apart
