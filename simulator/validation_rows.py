@@ -93,7 +93,8 @@ recomputed); MaxText's ``remat_policy`` names (minimal, save_dot_except_mlp, ...
 
 REQUIRED = ("source", "model", "layers", "hidden", "heads", "seq_len", "device", "gpus", "tp", "pp",
             "metric", "value")
-"""Columns the header must name (and ``global_batch`` or ``per_device_batch``)."""
+"""Columns the header must name (and ``global_batch`` or ``per_device_batch``), but for the
+:data:`SHAPE_COLUMNS` among them, which a row's model may fill."""
 
 COLUMNS_OPTIONAL = ("dp", "vocab", "global_batch", "per_device_batch", "micro_batch", "microbatches", "schedule",
             "ffn", "kv_heads", "head_dim", "glu", "fsdp", "recompute", "slices",
@@ -107,8 +108,9 @@ column the reader would ignore would score a run as something it was not)."""
 SHAPE_COLUMNS = ("layers", "hidden", "heads", "vocab", "ffn", "kv_heads", "head_dim", "glu")
 """The model-shape columns a ``model_config`` may fill: blank ones are filled from the model (a
 ``fill`` hook of :func:`load_rows_lenient`, e.g. the CLI's, which reads the model zoo), given ones
-must agree with it; with a ``model_config`` column the header may leave the required ones
-(``layers``, ``hidden``, ``heads``) out."""
+must agree with it. The header may leave the required ones (``layers``, ``hidden``, ``heads``)
+out: a row then names its model (``model_config``, or a ``model`` the hook resolves) or is skipped
+for the blank field."""
 
 
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
@@ -202,6 +204,7 @@ class Row:
     offload_layers: int = 0
     bf16_first_layers: int = 0
     bf16_last_layers: int = 0
+    microbatches_published: int | None = None
 
     @property
     def dtype(self) -> str:
@@ -377,8 +380,9 @@ def load_rows_lenient(path: str | Path, fill: Fill | None = None
     if not records:
         raise ValidationError(f"{path}: validation CSV has no rows; fix: add published runs below the header")
     header = [k for k in records[0] if k is not None]
-    missing = [k for k in REQUIRED if k not in header
-               and not (k in SHAPE_COLUMNS and "model_config" in header)]
+    # the shape columns may be missing: a row names its model instead (mpmd validate's fill
+    # hook), else is skipped for the blank field
+    missing = [k for k in REQUIRED if k not in header and k not in SHAPE_COLUMNS]
     if "global_batch" not in header and "per_device_batch" not in header:
         missing.append("global_batch")
     unknown = [k for k in header if k not in REQUIRED and k not in COLUMNS_OPTIONAL]
@@ -602,6 +606,12 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
         # the micro batch is per device, every chip counted (MaxText's per_device_batch_size)
         r = replace(r, micro_batch=r.micro_batch * r.tp)
         per = r.global_batch
+    whole = r.dp * (r.micro_batch or 1)
+    if r.microbatches and per != r.global_batch and r.global_batch % whole == 0:
+        # a published gradient-accumulation count that disagrees with the batch it states
+        # (NVIDIA's 25.11 GB300 Qwen3-235B row: GBS 8192, MBS 2, 64-way DP, GA 32): the batch kept
+        r = replace(r, microbatches=None, microbatches_published=r.microbatches)
+        per = whole
     if r.global_batch % per or (r.micro_batch and r.microbatches and per != r.global_batch):
         raise ValidationError(
             f"row {line}: global_batch {r.global_batch} is not micro_batch x microbatches x dp "

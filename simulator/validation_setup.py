@@ -123,7 +123,9 @@ RULES = {
     "vp": "the fastest interleaved chunk count (tune_virtual_stages), or the "
           "LAYERS_PER_CHUNK_MAX rule without a step function",
     "ep": "1 (every replica holds every expert)",
-    "dispatcher": "alltoall (Megatron-Core's default token dispatcher)",
+    "dispatcher": "HybridEP (deepep: two hops, dropless) on the devices of HYBRIDEP_DEVICES "
+                  "(GB200, GB300, B300: what NVIDIA's recipes for them run), else alltoall "
+                  "(Megatron-Core's default token dispatcher)",
     "pipeline_layout": "NVIDIA's recipes' split of the blocks over the pp x vp stages "
                        "(simulator.pipeline_layout.recipe_split: even; else the embedding and "
                        "loss counted as layers, Qwen3 MoE recipes; else the first stages full, "
@@ -337,6 +339,10 @@ def _choices(row: Row) -> tuple[int, str, int, str, list[str]]:
     if row.global_batch_derived:
         notes.append(f"global batch {row.global_batch} = per_device_batch {row.per_device_batch:g} "
                      f"x {row.gpus} devices")
+    if row.microbatches_published:
+        notes.append(f"microbatches {row.microbatches_published} as published disagree with "
+                     f"global_batch / (micro_batch x dp) = {row.global_batch // (row.dp * (row.micro_batch or 1))}"
+                     f": the published global batch kept")
     mb = row.micro_batch
     if mb is None and row.per_device_batch is not None and row.pp == 1 and not row.microbatches:
         mb = row.global_batch // row.dp
@@ -496,7 +502,23 @@ def row_layout(row: Row) -> Layout:
                   context=row.cp,
                   tp_overlap=bool(row.tp_overlap) and row.tp > 1,
                   expert=row.ep if moe else 1, expert_tensor=row_etp(row) if moe else 0,
-                  expert_dispatch=(row.dispatcher or "alltoall") if moe else "alltoall")
+                  expert_dispatch=(row.dispatcher or default_dispatcher(row)) if moe
+                  else "alltoall")
+
+
+HYBRIDEP_DEVICES = ("gb200", "gb300", "b300")
+"""Devices on which a mixture-of-experts row with a blank ``dispatcher`` runs HybridEP
+(``deepep``: RDMA once per remote node, then NVLink; dropless; no host read-back), as a
+practitioner on them would: NVIDIA's Megatron-Bridge performance recipes set the flex dispatcher
+(with ``moe_flex_dispatcher_backend = "hybridep"`` in every GB200 and GB300 setting of the
+backend) in 33 of 42 dispatcher settings for GB200, 28 of 38 for GB300 and 18 of 18 for B300,
+against 8 of 19 for B200 and 6 of 16 for H100 (``src/megatron/bridge/perf_recipes/*/<device>/
+*.py`` at commit 067f987), so those two keep Megatron-Core's default, ``alltoall``."""
+
+
+def default_dispatcher(row: Row) -> str:
+    """The token dispatcher of a row that states none (:data:`HYBRIDEP_DEVICES`)."""
+    return "deepep" if row.device in HYBRIDEP_DEVICES else "alltoall"
 
 
 def row_etp(row: Row) -> int:
@@ -847,6 +869,9 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         notes.append(why)
     w = workload_fn(row)
     _check_experts(row, w)
+    if row.ep > 1 and row.dispatcher is None and expert_problem(row) is None:
+        notes.append(f"dispatcher {default_dispatcher(row)} (not published: "
+                     f"{'HybridEP, as NVIDIA runs on ' + row.device if row.device in HYBRIDEP_DEVICES else 'Megatron-Core default'})")
     if rc == "selective":
         kernel = attention_kernel(row)[0]
         w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads),

@@ -123,8 +123,8 @@ def model_fill(csv_path: str | Path):
     :func:`workload_for` reads the same file); a given shape column must agree with it. A record
     without one whose ``layers``, ``hidden`` and ``heads`` are blank takes its ``model`` column
     as the ``model_config`` when that resolves (``"Qwen3_30B_a3B (tokendrop)"``, as NVIDIA's
-    tables print it: :func:`zoo.model_files.canonical_name`). Other records are returned as they
-    are.
+    tables print it: :func:`zoo.model_files.canonical_name`); a ``(tokendrop)`` qualifier there
+    fills a blank ``dispatcher`` with ``tokendrop``. Other records are returned as they are.
 
     The hook raises :class:`~simulator.validation_rows.ValidationError` (the row is skipped): a
     ``model_config`` that does not resolve (:func:`resolved_model`), or a shape column that
@@ -153,6 +153,9 @@ def model_fill(csv_path: str | Path):
             value = str(local)
         cfg = resolved_model(value)
         out = dict(d)
+        printed = f"{d.get('model') or ''} {value}".lower()
+        if not (d.get("dispatcher") or "").strip() and re.search(r"\(\s*token[-_ ]?drop", printed):
+            out["dispatcher"] = "tokendrop"      # "Qwen3_30B_a3B (tokendrop)" as tables print it
         for k, v in model_shape(cfg).items():
             given = (d.get(k) or "").strip()
             if not given:

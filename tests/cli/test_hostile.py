@@ -419,7 +419,7 @@ VALIDATION = {
                        ("row 3: device 'h900' is not a known profile", "a100-80gb-sxm")),
     "non-finite value": (lambda: csv_with(2, "value", "inf"), ("row 2: value inf is not a finite",)),
     "nan value": (lambda: csv_with(4, "value", "nan"), ("row 4: value nan",)),
-    "microbatches do not divide": (lambda: csv_with(2, "microbatches", "7"),
+    "microbatches do not divide": (lambda: csv_with(2, "micro_batch", "7"),
                                    ("row 2: global_batch 144 is not micro_batch x microbatches x dp",)),
     "inconsistent layout": (lambda: csv_with(2, "tp", "2"), ("row 2: tp*pp*dp = 16 != gpus=8",)),
     "absurd gpus": (lambda: csv_with(2, "gpus", "1000000000000"), ("row 2: gpus=1000000000000 is out of range",)),

@@ -206,3 +206,10 @@ def test_a_table_printed_model_name_stands_for_the_model_config(tmp_path):
     assert [(r.line, r.model_config) for r in rows] == [(2, "LLAMA3_8B (tokendrop)"), (4, None)]
     assert (rows[0].layers, rows[0].vocab) == (32, 128256)
     assert [(b.line, b.reason) for b in bad] == [(3, "field 'layers' is blank; fill it in")]
+
+
+def test_a_tokendrop_qualifier_fills_a_blank_dispatcher(tmp_path):
+    fill = CLI.model_fill(tmp_path / "x.csv")
+    assert fill({"model": "Qwen3_30B_a3B (tokendrop)"})["dispatcher"] == "tokendrop"
+    assert fill({"model": "Qwen3_30B_a3B (tokendrop)", "dispatcher": "deepep"})["dispatcher"] == "deepep"
+    assert "dispatcher" not in fill({"model": "Qwen3_30B_a3B"})

@@ -346,3 +346,16 @@ def test_not_stated_optional_degrees_read_as_blank(tmp_path):
     rows, bad = VR.load_rows_lenient(p)
     assert [(r.vp, r.ep, r.cp) for r in rows] == [(None, 1, 1)]
     assert [b.reason for b in bad] == ["tp='NA' is not an integer; fix the CSV"]
+
+
+def test_a_published_ga_that_disagrees_with_the_batch_is_dropped_and_said(tmp_path):
+    """NVIDIA's 25.11 GB300 Qwen3-235B row prints GBS 8192, MBS 2 and GA 32 on 64-way data
+    parallel (2 x 32 x 64 = 4096): the global batch is kept, the GA dropped, the row says so."""
+    from simulator.validation_setup import _choices
+
+    p = _csv(tmp_path, bundled(2, microbatches="7"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert not bad and rows[0].microbatches is None and rows[0].microbatches_published == 7
+    notes = _choices(rows[0])[4]
+    assert "microbatches 7 as published disagree with global_batch / (micro_batch x dp) = 24: " \
+           "the published global batch kept" in notes
