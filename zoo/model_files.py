@@ -61,7 +61,7 @@ MODEL_FILE_SUFFIXES = (".json", ".yaml", ".yml")
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text")
 GPT_TYPES = ("gpt2", "gpt_neox", "opt")
 MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss", "nemotron_h",
-             "llama4", "llama4_text", "qwen3_next")
+             "llama4", "llama4_text", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 SUPPORTED_TYPES = LLAMA_TYPES + GPT_TYPES + MOE_TYPES
 """Hugging Face ``model_type`` values read into a decoder (dense, or a mixture of experts in
 every block)."""
@@ -86,6 +86,11 @@ ALIASES = {"llama-3.1-405b": "llama3-405b", "llama3.1-405b": "llama3-405b",
            "qwen3-vl-30b-a3b": "qwen3-30b-a3b", "qwen3-vl-30b-a3b-instruct": "qwen3-30b-a3b",
            "qwen3-vl-235b-a22b": "qwen3-235b-a22b",
            "qwen3-vl-235b-a22b-instruct": "qwen3-235b-a22b"}
+ALIASES.update({f"{prefix}-{size}": f"qwen3.5-{size}"
+                for prefix in ("qwen3-5", "qwen35", "qwen3.5-vl", "qwen3-5-vl", "qwen35-vl")
+                for size in ("35b-a3b", "122b-a10b", "397b-a17b")})
+ALIASES.update({"qwen3.6-35b-a3b": "qwen3.5-35b-a3b", "qwen3-6-35b-a3b": "qwen3.5-35b-a3b",
+                "qwen3.6-vl-35b-a3b": "qwen3.5-35b-a3b", "qwen3-6-vl-35b-a3b": "qwen3.5-35b-a3b"})
 """Names a recipe or a published table uses for a model the zoo has under another (after
 :func:`canonical_name`): Llama 3.1 405B is the zoo's ``llama3-405b`` (the Llama 3 paper's Table 3
 with the Hugging Face vocabulary), Llama 3.1 70B and 8B the shipped Hugging Face configs (the base
@@ -99,7 +104,10 @@ Qwen3-235B-A22B's architectures (the Qwen3-VL configs' ``text_config``: the same
 heads and experts; multimodal RoPE costs as RoPE); their vision encoders (27 ViT layers of 1,152,
 about 0.5B parameters) are not modelled: on Megatron-Bridge's benchmark data, one 256 x 256 image
 per 4,096-token sample (``MockVLMSFTDatasetConfig``), 256 patches cost about 0.2 TFLOP a sample
-in the forward against 27 (30B-A3B) and 180 (235B-A22B) in the language model."""
+in the forward against 27 (30B-A3B) and 180 (235B-A22B) in the language model. Qwen3.5-VL and
+Qwen3.6-VL (``Qwen3.5_VL_35B_A3B``, ``qwen35_vl_397b_a17b`` as Megatron-Bridge's recipes name them)
+are their language models the same way (``zoo/configs/Qwen3.5-*.json``; Qwen3.6 35B-A3B shares
+Qwen3.5's architecture, Megatron-Bridge ``recipes/qwen_vl/h100/qwen35_vl.py``)."""
 
 
 def canonical_name(name: str) -> str:
@@ -126,7 +134,8 @@ _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3",
                "GptOssForCausalLM": "gpt_oss", "NemotronHForCausalLM": "nemotron_h",
                "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4_text",
-               "Qwen3NextForCausalLM": "qwen3_next"}
+               "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5MoeForCausalLM": "qwen3_5_moe_text",
+               "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
 
 
 def is_model_file(name: str) -> bool:
@@ -258,6 +267,7 @@ def hf_names(kind: str) -> dict[str, str]:
     """The Hugging Face key of each field for a config of ``model_type`` ``kind``."""
     family = ("deepseek" if kind.startswith("deepseek") or kind == "kimi_k2" else
               "llama4" if kind.startswith("llama4") else
+              "qwen3_next" if kind.startswith("qwen3_5_moe") else
               kind if kind in ("mixtral", "qwen3_moe", "qwen3_next", "gpt2", "gpt_oss",
                                "nemotron_h") else
               "gpt" if kind in GPT_TYPES else "")
@@ -281,6 +291,11 @@ def from_hf(doc: Mapping[str, Any], name: str, source: str) -> ModelConfig:
         raise ZooError(f"{where} is not supported; supported: {', '.join(SUPPORTED_TYPES)}")
     if kind == "gemma3" and isinstance(doc.get("text_config"), Mapping):
         doc = {**doc["text_config"], "model_type": "gemma3_text"}
+    if kind == "qwen3_5_moe" and isinstance(doc.get("text_config"), Mapping):
+        # Qwen3.5's published config: the language model's under text_config, beside a vision
+        # encoder the zoo does not model (stated in the model's source)
+        doc = {**doc["text_config"], "model_type": "qwen3_5_moe_text"}
+        kind = "qwen3_5_moe_text"
     if kind in LLAMA_TYPES:
         cfg = _llama_like(doc, kind, name, source, where)
     elif kind in MOE_TYPES:

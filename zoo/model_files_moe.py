@@ -105,7 +105,9 @@ def read_nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) 
 
 def read_qwen3_next(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:
     """Qwen3-Next (``qwen3_next``; Qwen team 2025, the Qwen3-Next-80B-A3B model card; Hugging
-    Face ``Qwen3NextForCausalLM``): a Qwen3-MoE decoder whose blocks are Gated DeltaNet linear
+    Face ``Qwen3NextForCausalLM``) and the Qwen3.5 / Qwen3.6 mixtures of experts
+    (``qwen3_5_moe_text``, the language model of ``qwen3_5_moe``: the same blocks, its attention
+    output gate stated by ``attn_output_gate``, RoPE under ``rope_parameters``): a Qwen3-MoE decoder whose blocks are Gated DeltaNet linear
     attention (:mod:`zoo.gated_deltanet`: ``linear_num_key_heads`` / ``linear_num_value_heads``
     of ``linear_key_head_dim`` / ``linear_value_head_dim``, a convolution of
     ``linear_conv_kernel_dim`` taps) except every ``full_attention_interval``-th, which is
@@ -127,21 +129,27 @@ def read_qwen3_next(doc: Mapping[str, Any], name: str, source: str, where: str) 
         raise ZooError(f"{where}: field 'shared_expert_intermediate_size' = {shared} is not a "
                        f"multiple of moe_intermediate_size = {fe}; the zoo's shared experts are "
                        f"whole experts")
+    rope = doc.get("rope_parameters")
+    if doc.get("rope_theta") is None and isinstance(rope, Mapping) and "rope_theta" in rope:
+        doc = {**doc, "rope_theta": rope["rope_theta"]}      # Qwen3.5 nests it
     base = read_moe({**doc, "model_type": "qwen3_moe"}, "qwen3_moe", name, source, where)
     every = _int(doc, "full_attention_interval", where, default=4)
+    kind = str(doc.get("model_type", "qwen3_next"))
     layers = base.layers
     return dataclasses.replace(
         base, shared_experts=shared // fe, shared_expert_gate=shared > 0,
-        attention_output_gate=True, full_attention_interval=every,
+        attention_output_gate=_bool(doc, "attn_output_gate", where, True),
+        full_attention_interval=every,
         linear_key_heads=_int(doc, "linear_num_key_heads", where),
         linear_value_heads=_int(doc, "linear_num_value_heads", where),
         linear_key_head_dim=_int(doc, "linear_key_head_dim", where),
         linear_value_head_dim=_int(doc, "linear_value_head_dim", where),
         linear_conv_kernel=_int(doc, "linear_conv_kernel_dim", where, default=4), linear_chunk=64,
         mtp_layers=_count(doc, "mtp_num_hidden_layers", where),
-        source=base.source.replace("; qwen3_moe", "; qwen3_next", 1)
+        source=base.source.replace("; qwen3_moe", f"; {kind}", 1)
         + f" (Gated DeltaNet on {layers - layers // every} of {layers} layers, gated attention "
-          f"on every {every}th; gated shared expert; partial RoPE costed as full RoPE)")
+          f"on every {every}th; gated shared expert; partial RoPE costed as full RoPE"
+          + ("; vision encoder not modelled" if kind.startswith("qwen3_5") else "") + ")")
 
 
 def read_deepseek(doc: Mapping[str, Any], kind: str, name: str, source: str, where: str
@@ -235,7 +243,7 @@ def read_moe(doc: Mapping[str, Any], kind: str, name: str, source: str, where: s
         return read_gpt_oss(doc, name, source, where)
     if kind == "nemotron_h":
         return read_nemotron_h(doc, name, source, where)
-    if kind == "qwen3_next":
+    if kind in ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"):
         return read_qwen3_next(doc, name, source, where)
     if kind == "qwen3_moe":
         if doc.get("mlp_only_layers") or _int(doc, "decoder_sparse_step", where, default=1) != 1:

@@ -68,6 +68,20 @@ def test_qwen3_next_counts_match_the_model_card():
     assert abs(zoo.param_count(main) - 80e9) / 80e9 < 0.01
 
 
+@pytest.mark.parametrize("name,total,active", [("Qwen3.5_VL_35B_A3B", 35e9, 3),
+                                               ("qwen35_vl_122b_a10b", 122e9, 10),
+                                               ("Qwen3.5-397B-A17B", 397e9, 17)])
+def test_qwen3_5_language_models_match_their_names(name, total, active):
+    """Qwen3.5's MoE sizes (the model names' totals and A<n>B actives; their vision encoders of
+    about 0.4B are not modelled): the language model without its multi-token-prediction module
+    within 1.1% of the total, the active count rounding to the name's."""
+    cfg = resolve_model(name)
+    assert cfg.linear_attention and cfg.attention_output_gate and cfg.mtp_layers == 1
+    main = zoo.get_config(cfg, mtp_layers=0)
+    assert abs(zoo.param_count(main) - total) / total < 0.011
+    assert round(zoo.active_param_count(main) / 1e9) == active
+
+
 def test_tiny_qwen3_next_trains_forward_and_backward():
     cfg = from_hf(TINY, "tiny-qwen3-next", "tiny.json")
     params = zoo.init_params(cfg, jax.random.PRNGKey(0))
