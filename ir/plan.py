@@ -54,7 +54,10 @@ class Layout:
     ``--expert-model-parallel-size``): a mixture of experts' experts are split ``expert`` ways,
     each device holding ``experts / expert`` of them; a layer's tokens reach their experts by an
     all-to-all over those ``expert`` devices and come back by another (dispatch and combine).
-    1: every replica holds every expert. Not combined with ``fsdp``.
+    1: every replica holds every expert. With ``fsdp`` (Megatron-FSDP's ``optim_grads_params``
+    sharding beside expert parallelism), the dense parameters are sharded over the data x
+    context devices and each device's experts over their expert-data replicas, both gathered
+    before use; not combined with ``hsdp``.
 
     ``expert_tensor``: expert tensor parallelism (Megatron-Core's ``--expert-tensor-parallel-size``,
     ETP): each expert's inner width is split this many ways. 0 (the default) means ``tensor``:
@@ -120,12 +123,13 @@ class Layout:
             # one spelling per layout: equal layouts compare and hash equal
             object.__setattr__(self, "expert_tensor", 0)
         devices = self.devices
-        if self.expert < 1 or devices % (self.expert * self.etp) or (self.expert > 1 and self.fsdp):
+        if self.expert < 1 or devices % (self.expert * self.etp) or (self.expert > 1
+                                                                      and self.hsdp > 1):
             raise ValueError(f"Layout(data={self.data}, context={self.context}, tensor="
                              f"{self.tensor}, expert={self.expert}, expert_tensor={self.etp}, "
-                             f"fsdp={self.fsdp}): expert x expert_tensor must divide data x "
+                             f"hsdp={self.hsdp}): expert x expert_tensor must divide data x "
                              f"context x tensor = {devices} and expert parallel is not combined "
-                             f"with fsdp; use expert=1, a divisor, or fsdp=False")
+                             f"with hybrid sharding; use expert=1, a divisor, or hsdp=1")
 
     @property
     def devices(self) -> int:

@@ -555,12 +555,24 @@ def fsdp_traffic(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[float
     """(all-gather, reduce-scatter) seconds of one layer under FSDP (ZeRO-3) on ``mesh``: the
     gather of its compute-dtype parameters and the reduce-scatter of its fp32 gradients over
     the ``layout.shard`` devices of a shard group (stride = the tensor degree), each device
-    holding ``1 / tensor`` of the layer. (0, 0) without fsdp."""
+    holding ``1 / tensor`` of the layer. Under expert parallelism the experts' part is gathered
+    and scattered instead over each expert shard's ``expert_data`` replicas (stride ``expert x
+    etp``), a device gathering only the experts it runs (Megatron-FSDP beside EP). (0, 0)
+    without fsdp."""
     g, t = layout.shard, layout.tensor
     if not layout.fsdp or g <= 1:
         return 0.0, 0.0
-    return (collective(mesh, "all_gather", cost.param_bytes / t, g, t),
-            collective(mesh, "reduce_scatter", cost.param_count * GRAD_BYTES_PER_PARAM / t, g, t))
+    share = expert_share(cost) if layout.expert > 1 else 0.0
+    gather = collective(mesh, "all_gather", cost.param_bytes * (1 - share) / t, g, t)
+    scatter = collective(mesh, "reduce_scatter",
+                         cost.param_count * (1 - share) * GRAD_BYTES_PER_PARAM / t, g, t)
+    if share > 0 and layout.expert_data > 1:
+        k = layout.expert * layout.etp
+        gather += collective(mesh, "all_gather", cost.param_bytes * share / k, layout.expert_data, k)
+        scatter += collective(mesh, "reduce_scatter",
+                              cost.param_count * share * GRAD_BYTES_PER_PARAM / k,
+                              layout.expert_data, k)
+    return gather, scatter
 
 
 def fsdp_exposed(workload: Workload, first: int, last: int, kind: str, mesh: MeshSpec,
@@ -663,7 +675,8 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     if layout.context > 1:
         act += max(context_working_bytes(workload.layer(i), samples / d, layout)
                    for i in range(first, last))
-    gathered = (max(workload.layer(i).param_bytes for i in range(first, last)) / t
+    gathered = (max(workload.layer(i).param_bytes * held_fraction(workload.layer(i), layout)
+                    for i in range(first, last)) / t
                 if layout.fsdp and workload.training else 0.0)
     return StageMemory(static, resid, act, gathered)
 
@@ -680,8 +693,8 @@ def low_precision_weight_bytes(workload: Workload, first: int, last: int,
     for i in range(first, last):
         c = workload.layer(i)
         low = layer_recipe(c, workload.precision)
-        if low is not None:
-            total += c.param_count * held_fraction(c, layout) * (
+        if low is not None:     # fsdp shards every parameter, the experts' too, over its devices
+            total += c.param_count * (1.0 if layout.fsdp else held_fraction(c, layout)) * (
                 low.weight_copies * low.saved_bytes_per_element - workload.dtype_bytes)
     return total / layout.tensor / (layout.shard if layout.fsdp else 1)
 

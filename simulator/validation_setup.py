@@ -531,16 +531,16 @@ def expert_problem(row: Row) -> str | None:
     line with the fix; None when it can (always for ``ep`` 1). Megatron-Core's MoE parallel
     folding (Liu et al. 2025, arXiv:2504.14960) lays the experts' ``ep x etp`` grid over the
     ``dp x cp x tp`` devices of a pipeline stage, so ``ep x etp`` must divide them; expert
-    parallelism is not combined with ``fsdp``."""
+    parallelism is not combined with hybrid sharding (``fsdp`` over several ``slices``)."""
     if row.ep <= 1:
         return None
     devices, etp = row.replicas * row.tp, row_etp(row)
     if devices % (row.ep * etp):
         return (f"ep x etp = {row.ep} x {etp} does not divide dp x cp x tp = {devices}; fix ep or "
                 f"etp (their product divides a stage's devices)")
-    if row.fsdp and row.replicas > 1:
-        return (f"ep={row.ep} with fsdp: expert parallelism over a fully sharded data axis is not "
-                f"modelled yet (ir.Layout); fix: fsdp 0, or ep 1")
+    if row.fsdp and row.replicas > 1 and (row.slices or 1) > 1:
+        return (f"ep={row.ep} with fsdp over {row.slices} slices: expert parallelism beside "
+                f"hybrid sharding is not modelled (ir.Layout); fix: fsdp 0, ep 1, or one slice")
     return None
 
 

@@ -74,7 +74,9 @@ UNSUPPORTED_MOE = {
 
 ALIASES = {"llama-3.1-405b": "llama3-405b", "llama3.1-405b": "llama3-405b",
            "llama-3.1-70b": "llama-3.1-70b-instruct", "llama3.1-70b": "llama-3.1-70b-instruct",
-           "llama3.1-8b": "llama-3.1-8b", "deepseekv3": "deepseek-v3",
+           "llama3.1-8b": "llama-3.1-8b", "llama31-405b": "llama3-405b",
+           "llama31-70b": "llama-3.1-70b-instruct", "llama31-8b": "llama-3.1-8b",
+           "deepseekv3": "deepseek-v3",
            "deepseekv3-mtp": "deepseek-v3-mtp",
            "deepseek-v3-671b": "deepseek-v3", "kimi-k2": "kimi-k2-instruct",
            "nemotron-h-56b": "nemotron-h-56b-base-8k", "nemotronh-56b": "nemotron-h-56b-base-8k",
@@ -95,7 +97,7 @@ ALIASES.update({"qwen3.6-35b-a3b": "qwen3.5-35b-a3b", "qwen3-6-35b-a3b": "qwen3.
 :func:`canonical_name`): Llama 3.1 405B is the zoo's ``llama3-405b`` (the Llama 3 paper's Table 3
 with the Hugging Face vocabulary), Llama 3.1 70B and 8B the shipped Hugging Face configs (the base
 models' architecture and count); NVIDIA's Megatron-Bridge performance summary prints
-``LLAMA3.1_405B``, ``DeepSeekV3``, ``Kimi_K2``, ``Nemotron_H_56B`` and the like, its
+``LLAMA3.1_405B`` (its recipes ``llama31_405b``), ``DeepSeekV3``, ``Kimi_K2``, ``Nemotron_H_56B`` and the like, its
 dgxc-benchmarking tables ``Grok1 314b``; Kimi K2's base and instruct releases share one
 architecture (Moonshot's ``config.json``), as do Nemotron-H 56B's 8K base and its other releases, and Qwen3-Next-80B-A3B's base, instruct
 and thinking releases (Megatron-Bridge's recipes build it from the instruct repository's config).

@@ -162,7 +162,8 @@ def test_expert_parallel_on_a_mixture_of_experts(tmp_path):
     rows, bad = load(p)
     assert not bad
     setups, skipped = V.row_setups(rows, CLI.workload_for, errors=CLI.row_errors())
-    assert [s.row.model for s in setups] == ["ep2", "etp"]
+    assert [s.row.model for s in setups] == ["ep2", "etp", "fsdp"]
+    assert set(setups[2].plan.layouts.values()) == {Layout(8, 1, fsdp=True, expert=2)}
     assert {l.expert for l in setups[0].plan.layouts.values()} == {2}
     # MoE parallel folding: EP 4 over the dp 8 x tp 2 devices, the experts not tensor-split
     assert set(setups[1].plan.layouts.values()) == {Layout(8, 2, expert=4, expert_tensor=1)}
@@ -174,8 +175,6 @@ def test_expert_parallel_on_a_mixture_of_experts(tmp_path):
     reasons = {k.model: k.reason for k in skipped}
     assert reasons["ep8"] == "ep=8 does not divide model tiny-moe's 4 experts; fix ep"
     assert reasons["ep16"] == "ep=16 does not divide model tiny-moe's 4 experts; fix ep"
-    assert reasons["fsdp"].startswith("ep=2 with fsdp: expert parallelism over a fully sharded "
-                                      "data axis is not modelled yet")
     assert reasons["mfu"].startswith("metric mfu is counted from a dense model's shape columns")
     # ep x etp beyond a stage's devices
     assert V.expert_problem(dataclasses.replace(rows[0], ep=16)) == (

@@ -155,12 +155,31 @@ def test_expert_parallel_memory_alltoall_and_gradient_sync():
     assert b0 - b1 == pytest.approx(c.expert_param_count / 2 * cm.GRAD_BYTES_PER_PARAM)
 
 
+def test_fsdp_beside_expert_parallel_gathers_only_the_devices_experts():
+    """Megatron-FSDP beside EP: the static bytes are every parameter over every device either
+    way; a device gathers (and reduce-scatters) the dense part over the data axis and only its
+    experts over their expert-data replicas, so its traffic and its gathered layer shrink."""
+    w = workload(_tiny(), 8)
+    mesh = load_cluster(CPU4X2).meshes["m0"]
+    c = next(c for c in w.costs.values() if c.experts)
+    dense, ep = Layout(8, 1, fsdp=True), Layout(8, 1, fsdp=True, expert=4)
+    assert sum(cm.fsdp_traffic(c, mesh, ep)) < sum(cm.fsdp_traffic(c, mesh, dense))
+    first, last = 1, len(w.layers) - 1
+    m_dense, m_ep = (cm.stage_memory(w, first, last, lay, 1.0) for lay in (dense, ep))
+    assert m_ep.static_bytes == pytest.approx(m_dense.static_bytes)
+    share = c.expert_param_count / c.param_count
+    assert m_ep.gathered_bytes == pytest.approx(
+        max(w.layer(i).param_bytes * (1 - share * 3 / 4) if w.layer(i).experts
+            else w.layer(i).param_bytes for i in range(first, last)))
+
+
 def test_layout_expert_axis_rules_and_plan_round_trip():
     assert str(Layout(8, 4, expert=2)) == "dp8xtp4-ep2"
     with pytest.raises(ValueError, match="must divide data x context x tensor"):
         Layout(6, 1, expert=4)
-    with pytest.raises(ValueError, match="not combined with fsdp"):
-        Layout(4, 1, fsdp=True, expert=2)
+    with pytest.raises(ValueError, match="not combined with hybrid sharding"):
+        Layout(4, 1, fsdp=True, hsdp=2, expert=2)
+    assert str(Layout(4, 1, fsdp=True, expert=2)) == "dp4xtp1-fsdp-ep2"
     plan = _ep_plan()
     back = plan_from_doc(json.loads(json.dumps(any_plan_to_json(plan))))
     assert back.layouts == plan.layouts and back.layouts["m0"].expert == 2

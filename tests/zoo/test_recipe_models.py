@@ -117,6 +117,9 @@ def test_table_spellings_resolve_to_zoo_models():
     assert canonical_name("DeepSeekV3 (w/o MTP)") == canonical_name("DeepSeekV3 (dropless)") == "deepseek-v3"
     assert canonical_name("DeepSeekV3 (w/ MTP)") == "deepseek-v3-mtp"
     assert resolve_model("DeepSeekV3 (w/ MTP)").mtp_layers == 1
+    # Megatron-Bridge's recipe names
+    assert resolve_model("llama31_405b") == zoo.get_config("llama3-405b")
+    assert resolve_model("nemotron_3_nano").name.lower() == "nemotron-3-nano-30b-a3b"
     # a vision-language model's language model (its vision encoder is not modelled)
     assert resolve_model("Qwen3_VL_235B_A22B") == resolve_model("qwen3-235b-a22b")
 
