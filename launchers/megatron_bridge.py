@@ -51,7 +51,7 @@ RECIPES: dict[str, str] = {
     "qwen3-32b": "qwen3_32b_pretrain_16gpu_h100_bf16_config",
     "qwen3-30b-a3b": "qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config",
     "qwen3-235b-a22b": "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config",
-    "qwen3-next-80b-a3b-instruct": "qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16_config",
+    "qwen3-next-80b-a3b": "qwen3_next_80b_a3b_pretrain_32gpu_h100_bf16_config",
     "deepseek-v3": "deepseek_v3_pretrain_1024gpu_h100_bf16_config",
     "deepseek-v3-mtp": "deepseek_v3_pretrain_1024gpu_h100_bf16_config",
     "gpt3-175b": "gpt3_175b_pretrain_32gpu_h100_bf16_config",

@@ -80,16 +80,16 @@ t5-xxl-encoder     t5         infer      24    4096  64/64  -          4.8B    4
 
 SHIPPED_HEADER = [
     "shipped configs, zoo/configs/ (--model NAME, or the file's path)",
-    "model                    family       use    layers  hidden  heads    experts       params  active"]
+    "model                    family       use    layers  hidden  heads    experts        params  active"]
 
 SHIPPED_ROWS = [   # the mixtures of experts, and one config of each other kind
-    "deepseek-v3              deepseek_v3  train      61    7168  128/128  8 of 256 +1   671.0B   37.6B",
-    "mixtral-8x22b-v0.1       mixtral      train      56    6144  48/8     2 of 8        140.6B   39.2B",
-    "qwen3-235b-a22b          qwen3_moe    train      94    4096  64/4     8 of 128      235.1B   22.2B",
-    "gpt2                     gpt2         train      12     768  12/12    -             124.4M  124.4M",
-    "llama-tiny-decode        llama spec   infer       8     512  8/8      -              27.5M   27.5M",
-    "tiny-moe                 llama spec   train       4     128  4/2      2 of 4          1.1M    0.7M",
-    "kimi-k2-instruct         kimi_k2      train      61    7168  64/64    8 of 384 +1  1026.4B   32.9B",
+    "deepseek-v3              deepseek_v3  train      61    7168  128/128  8 of 256 +1    671.0B   37.6B",
+    "mixtral-8x22b-v0.1       mixtral      train      56    6144  48/8     2 of 8         140.6B   39.2B",
+    "qwen3-235b-a22b          qwen3_moe    train      94    4096  64/4     8 of 128       235.1B   22.2B",
+    "gpt2                     gpt2         train      12     768  12/12    -              124.4M  124.4M",
+    "llama-tiny-decode        llama spec   infer       8     512  8/8      -               27.5M   27.5M",
+    "tiny-moe                 llama spec   train       4     128  4/2      2 of 4           1.1M    0.7M",
+    "kimi-k2-instruct         kimi_k2      train      61    7168  64/64    8 of 384 +1   1026.4B   32.9B",
 ]
 
 MODELS_FOOTER = """\
@@ -97,8 +97,8 @@ heads: query/key-value; experts: the routed experts a token goes to, of all (+ s
 active: the parameters one token uses.
 --model also takes a model file: a Hugging Face config.json of model_type llama, mistral, qwen2,
 qwen3, gemma, gemma2, gemma3, gemma3_text, gpt2, gpt_neox, opt, or of the mixtures of experts
-mixtral, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, nemotron_h, llama4, llama4_text; or
-a YAML model spec (family llama or gpt).""".splitlines()
+mixtral, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, nemotron_h, llama4, llama4_text,
+qwen3_next, qwen3_5_moe, qwen3_5_moe_text; or a YAML model spec (family llama or gpt).""".splitlines()
 
 
 def test_models_lists_the_zoo_and_the_shipped_configs():
@@ -131,7 +131,7 @@ def test_plan_help_names_the_zoo_models_and_mpmd_models():
         "a model file: a Hugging Face config.json of model_type llama, mistral, qwen2, qwen3, "
         "gemma, gemma2, gemma3, gemma3_text, gpt2, gpt_neox, opt, or of the mixtures of experts "
         "mixtral, qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2, gpt_oss, nemotron_h, llama4, "
-        "llama4_text; or a YAML model spec "
+        "llama4_text, qwen3_next, qwen3_5_moe, qwen3_5_moe_text; or a YAML model spec "
         "(family llama or gpt). "
         "'mpmd models' lists them all, with their families, sizes and experts.")
     r = CliRunner().invoke(main, ["plan", "--help"])

@@ -57,7 +57,7 @@ def test_qwen3_next_counts_match_the_model_card():
     + 1 gated attention), 512 experts of 512, 10 routed + 1 shared; the multi-token-prediction
     module is stored beside them (the 80B leaves it out)."""
     cfg = resolve_model("Qwen3-Next-80B-A3B")
-    assert cfg.name == "Qwen3-Next-80B-A3B-Instruct"
+    assert cfg.name == "Qwen3-Next-80B-A3B"
     bodies = [zoo.body_of(cfg, f"block{i}") for i in range(cfg.layers)]
     assert bodies[:4] == ["linear_block"] * 3 + ["decoder_block"]
     assert (bodies.count("linear_block"), bodies.count("decoder_block")) == (36, 12)
