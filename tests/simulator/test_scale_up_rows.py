@@ -53,7 +53,10 @@ def test_the_dispatcher_column_names_megatrons_dispatchers():
     r = parse_row(d, 2, known)
     assert r.dispatcher == "deepep"
     assert V.row_layout(r) == Layout(16, 1, expert=16, expert_tensor=1, expert_dispatch="deepep")
-    assert V.row_layout(dataclasses.replace(r, dispatcher=None)).expert_dispatch == "alltoall"
+    # blank: HybridEP on a GB200 NVL72 rack (HYBRIDEP_DEVICES), Megatron-Core's default elsewhere
+    assert V.row_layout(dataclasses.replace(r, dispatcher=None)).expert_dispatch == "deepep"
+    assert V.row_layout(dataclasses.replace(r, dispatcher=None, device="h100-sxm")
+                        ).expert_dispatch == "alltoall"
     with pytest.raises(ValidationError, match=r"^row 2: dispatcher 'nccl' unknown; fix: use one "
                                               r"of alltoall, deepep, hybridep, flex"):
         parse_row({**d, "dispatcher": "nccl"}, 2, known)
