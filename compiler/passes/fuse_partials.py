@@ -17,7 +17,8 @@ need are appended to ``L``'s body, at ``L``'s place, and the small results becom
 update reads), they must all be read by one later inferred fragment ``U`` of the mesh (not a
 program output, not sent): the equations they need are prepended to ``U``'s body, over ``L``'s
 values, so those made for both (``2 * l2 * w + g``) are computed twice, elementwise, and no
-large result is added to ``L``; otherwise ``G`` is left as it is.
+large result is added to ``L``; otherwise ``G`` is left as it is. A ``G`` with an effectful
+equation is left as it is too (its copies would repeat the effect).
 
 So that ``L`` keeps sharing one executable with the other user fragments of its mesh whose body
 is ``L``'s (the same stage's backward of the other microbatches), each of those gets the fused
@@ -72,6 +73,8 @@ def _plan(p: Program, g: Op, last: Fragment, readers: dict[str, list[int]]) -> _
     avail = set(last.inputs) | set(last.outputs)
     if not g.inputs or not all(v in avail for v in g.inputs):
         return None
+    if any(getattr(e.prim, "effects", None) for e in g.body):
+        return None     # copied into the peers, an effect would happen once per microbatch
     small = tuple(v for v in g.outputs if _nbytes(p.types[v]) <= MAX_BYTES)
     big = tuple(v for v in g.outputs if _nbytes(p.types[v]) > MAX_BYTES)
     if not small:

@@ -104,7 +104,23 @@ def test_the_partial_joins_the_last_backward_and_every_microbatch_keeps_one_body
 def test_a_partial_reading_more_than_its_backward_or_making_a_large_result_stays_apart():
     for p in (program(extra_input=True), program(t=BIG, big_result=True)):
         assert fuse_partials(p) is p
-    assert fuse_partials(program(t=BIG)) is not program(t=BIG)   # large operands, small result
+    big_operands = program(t=BIG)                 # large operands, a small result: fused
+    assert fuse_partials(big_operands) is not big_operands
+
+
+class _Effectful:
+    """A primitive with an effect (as a debug print's): its copies would repeat it."""
+
+    name, multiple_results, effects = "effectful", False, frozenset({"io"})
+
+
+def test_a_partial_with_an_effect_stays_apart():
+    p = program()
+    ops = list(p.ops)
+    g = ops[3]
+    ops[3] = replace(g, body=g.body + (Eqn(_Effectful(), {}, ("s",), ("e",)),))
+    q = replace(p, ops=tuple(ops), types={**p.types, "e": S})
+    assert fuse_partials(q) is q
 
 
 def split_program(rest_readers=1):
