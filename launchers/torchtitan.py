@@ -143,7 +143,7 @@ def model_flavor(v: PartView) -> tuple[str, str]:
         raise LauncherError(
             f"torchtitan ships no model for {v.model.name} (it ships llama3 8B/70B/405B, qwen3 "
             f"0.6B-32B, 30B-A3B, 235B-A22B, deepseek_v3 671B and gpt_oss 20b/120b); export this "
-            f"plan to megatron or maxtext")
+            f"plan to {'megatron-bridge' if v.model.linear_attention else 'megatron or maxtext'}")
     return got
 
 

@@ -39,3 +39,7 @@ def test_qwen3_next_goes_to_the_bridge_recipe_and_is_refused_by_megatron_lm():
                                             "megatron-bridge") as e:
         megatron_args(v)
     assert "\n" not in str(e.value)
+    from launchers.torchtitan import model_flavor
+
+    with pytest.raises(LauncherError, match="export this plan to megatron-bridge$"):
+        model_flavor(v)
