@@ -67,10 +67,13 @@ def test_csv_rows_load():
         ("dgxc-24.11", 4), ("dgxc-25.02", 4), ("dgxc-25.05", 4), ("dgxc-25.05.01", 1),
         ("dgxc-25.05.02", 1)}
     # NVIDIA's dispatchers as the recipes set them: 25.09's token-dropping runs, DeepEP on H100,
-    # HybridEP on the 25.11 racks; Megatron-Core's all-to-all overlap where the recipe sets it
+    # HybridEP on the 25.11 racks, the all-to-all gpt-oss's provider keeps and, stated, that
+    # the GB200 Grok-1 rows always ran with (a blank one there would now be HybridEP);
+    # Megatron-Core's all-to-all overlap where the recipe sets it
     assert sorted((r.source, r.dispatcher) for r in moe if r.dispatcher) == sorted(
         [("nemo-25.09", "tokendrop")] * 12 + [("nemo-25.09", "deepep")]
-        + [("nemo-25.11", "deepep")] * 8 + [("dgxc-24.11", "tokendrop")] * 6)
+        + [("nemo-25.11", "deepep")] * 8 + [("dgxc-24.11", "tokendrop")] * 6
+        + [("nemo-25.11", "alltoall")] * 4 + [("dgxc-25.05", "alltoall")] * 6)
     assert sorted((r.source, r.model, r.device) for r in moe
                   if r.schedule == "1f1b-interleaved-a2a") == [
         ("nemo-25.09", "deepseek-v3", "h100-sxm"), ("nemo-25.11", "qwen3-235b-a22b", "b200"),
@@ -407,7 +410,7 @@ GOOD = "zb,1.5B,22,2304,24,1024,,a100-80gb-sxm,8,1,8,1,144,6,24,1f1b,samples_per
 
 @pytest.mark.parametrize("row, match", [
     (GOOD.replace(",8,1,8,1,144", ",8,1,4,1,144"), r"row 2: tp\*pp\*dp = 4 != gpus=8"),
-    (GOOD.replace("a100-80gb-sxm", "a100-40gb"), r"row 2: device 'a100-40gb' is not a known profile"),
+    (GOOD.replace("a100-80gb-sxm", "a100-40gx"), r"row 2: device 'a100-40gx' is not a known profile"),
     (GOOD.replace("samples_per_gpu_s", "hfu"), r"row 2: metric 'hfu' unknown"),
     (GOOD.replace(",144,6,24,", ",145,6,24,"), r"row 2: global_batch 145 is not micro_batch x"),
     (GOOD.replace(",,,,,,,,8,,", ",,,,,,maybe,,8,,"), r"row 2: recompute 'maybe' unknown"),
