@@ -135,7 +135,7 @@ def test_context_virtual_and_expert_columns_are_parsed_and_checked(tmp_path):
              bundled(zb, gpus="16", cp="2"),
              bundled(zb, cp="2"),
              bundled(zb, schedule="1f1b-interleaved", vp="2"),
-             bundled(zb, schedule="1f1b-interleaved", vp="3"),
+             bundled(zb, schedule="1f1b-interleaved", vp="4"),
              bundled(zb, schedule="zb-1p", vp="2"),
              bundled(zb, schedule="1f1b-interleaved", vp="1"),
              bundled(zb, ep="2"),
@@ -149,7 +149,7 @@ def test_context_virtual_and_expert_columns_are_parsed_and_checked(tmp_path):
     assert rows[2].schedule is None          # a blank schedule stays blank: vp decides it later
     assert {b.line: b.reason for b in bad} == {
         3: "tp*pp*dp*cp = 16 != gpus=8; fix the layout (dp excludes cp: gpus = tp x pp x dp x cp)",
-        5: "vp=3 chunks per rank cannot be held: 22 layers over pp=8 ranks leave 2 on the "
+        5: "vp=4 chunks per rank cannot be held: 22 layers over pp=8 ranks leave 2 on the "
            "smallest; fix vp (at most 2) or leave it blank",
         6: "vp=2 but schedule zb-1p runs 1 stage per rank; fix vp or the schedule (vp > 1: "
            "1f1b-interleaved)",
@@ -359,3 +359,17 @@ def test_a_published_ga_that_disagrees_with_the_batch_is_dropped_and_said(tmp_pa
     notes = _choices(rows[0])[4]
     assert "microbatches 7 as published disagree with global_batch / (micro_batch x dp) = 24: " \
            "the published global batch kept" in notes
+
+
+def test_chunks_filled_by_the_embedding_and_the_loss_are_held(tmp_path):
+    """NVIDIA's Llama 3.1 405B recipes run 126 blocks on pp 16 x vp 8: with the embedding and
+    the loss counted as layers (Megatron-Core's account_for_*_in_pipeline_split) each of the 128
+    chunks holds one; 22 blocks on pp 8 x vp 3 (24 = 22 + 2) is held the same way, 22 on pp 8
+    x vp 4 is not."""
+    p = _csv(tmp_path, *(bundled(2, schedule="1f1b-interleaved", **kw) for kw in (
+        dict(layers="126", vp="16"), dict(vp="3"), dict(vp="4"))))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [(r.layers, r.vp) for r in rows] == [(126, 16), (22, 3)]
+    assert [b.reason for b in bad] == [
+        "vp=4 chunks per rank cannot be held: 22 layers over pp=8 ranks leave 2 on the smallest; "
+        "fix vp (at most 2) or leave it blank"]
