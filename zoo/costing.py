@@ -62,7 +62,7 @@ from jax._src.ad_checkpoint import saved_residuals
 
 from ir import LayerCost, Workload
 from hardware_profiles.types import MODEL_DTYPES
-from zoo import gated_deltanet, models
+from zoo import gated_deltanet, hybrid, models
 from zoo.config import ModelConfig, ZooError, get_config, shard_dims
 from zoo.attention_cost import ATTENTION_BODIES, attention_kernel_correction, window_fraction
 from zoo.layers import expert_capacity
@@ -137,7 +137,8 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
         r["resid_bytes"] = float(sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
                                      for a in kept))
     fix = attention_kernel_correction(cfg, body, b, cfg.training)
-    for k, v in (*fix.items(), *gated_deltanet.kernel_correction(cfg, body, b, cfg.training).items()):
+    for k, v in (*fix.items(), *gated_deltanet.kernel_correction(cfg, body, b, cfg.training).items(),
+                 *hybrid.kernel_correction(cfg, body, b, cfg.training).items()):
         if cfg.training or not k.startswith("bwd"):
             r[k] = max(r[k] + v, 0.0)
     return r

@@ -42,9 +42,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from zoo import fused
 from zoo.config import ModelConfig
 from zoo.layers import rms_norm
-from zoo.tracing import nbytes, trace_costs, vjp_parts
 
 __all__ = ["chunked_delta_rule", "core_inputs", "gated_deltanet", "kernel_correction",
            "reference_delta_rule", "shapes"]
@@ -177,37 +177,11 @@ def _fused_pieces(cfg: ModelConfig, b: int):
 
 def kernel_correction(cfg: ModelConfig, body: str, b: int, training: bool) -> dict[str, float]:
     """The corrections from the traced ``linear_block`` of ``b`` samples to its fused kernels
-    (module doc), keyed like :mod:`zoo.costing`'s probe figures and added to them: each
-    piece's HBM bytes become its I/O (forward: inputs and output; backward: those, the output
-    gradient and the input gradients), its unfused traffic leaves the other bytes, its
-    primitive ops count as one launch, and the rule's FLOP move to the attention-kernel
-    figures. Empty for any other body."""
+    (module doc; :func:`zoo.fused.correction`): the convolution, the delta rule (its FLOP at the
+    fused-kernel rate) and the gated norm. Empty for any other body."""
     if body != "linear_block" or not cfg.linear_attention:
         return {}
-    fix: dict[str, float] = {}
-
-    def add(key: str, value: float) -> None:
-        fix[key] = fix.get(key, 0.0) + value
-
-    for fn, ins, rule in _fused_pieces(cfg, b):
-        out = float(nbytes(jax.eval_shape(fn, *ins)))
-        flops, plain, other, ops = trace_costs(fn, *ins)
-        add("fwd_bytes", nbytes(ins) + out - plain)
-        add("fwd_other", -other)
-        add("fwd_ops", 1.0 - ops)
-        if rule:
-            add("attn_fwd_flops", flops)
-        if not training:
-            continue
-        bwd_fn, leaves, ct = vjp_parts(lambda p, *a: fn(*a), {}, ins, (), True)
-        flops, plain, other, ops = trace_costs(bwd_fn, leaves, ct)
-        add("bwd_bytes", 2.0 * nbytes(ins) + out - plain)
-        add("bwd_other", -other)
-        add("bwdx_other", -other)
-        add("bwd_ops", 1.0 - ops)
-        if rule:
-            add("attn_bwd_flops", flops)
-    return fix
+    return fused.correction(_fused_pieces(cfg, b), training)
 
 
 def gated_deltanet(cfg: ModelConfig, p: dict, u: jax.Array) -> jax.Array:

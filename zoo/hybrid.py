@@ -20,9 +20,12 @@ of ``B`` and ``C`` of width ``N = ssm_state``.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
+from zoo import fused
 from zoo.config import ModelConfig
 from zoo.layers import attention, moe_swiglu, relu2_mlp, rms_norm
 
@@ -99,6 +102,38 @@ def ssd(x: jax.Array, a: jax.Array, b: jax.Array, c: jax.Array, chunk: int) -> j
     return (y_diag + y_off).reshape(Bt, n * chunk, H, P)[:, :L]
 
 
+@jax.checkpoint
+def _conv_silu(x: jax.Array, w: jax.Array, bias: jax.Array) -> jax.Array:
+    """SiLU of the causal depthwise convolution of ``x [B, S, c]`` by ``w [K, c]`` plus ``bias``
+    (``causal_conv1d``'s fused kernel: the backward keeps ``x`` and recomputes)."""
+    K, S = w.shape[0], x.shape[1]
+    padded = jnp.pad(x, ((0, 0), (K - 1, 0), (0, 0)))
+    return jax.nn.silu(sum(padded[:, k:k + S] * w[k] for k in range(K)) + bias)
+
+
+@partial(jax.checkpoint, static_argnums=(6,))
+def _ssd_core(x: jax.Array, dt: jax.Array, a_log: jax.Array, bmat: jax.Array, cmat: jax.Array,
+              d_skip: jax.Array, chunk: int) -> jax.Array:
+    """The SSD scan as ``mamba_chunk_scan_combined`` runs it from the mixer's raw tensors:
+    ``x [B, S, H, P]``, ``dt [B, S, H]`` (after softplus), ``bmat, cmat [B, S, G, N]`` (each
+    group shared by ``H / G`` heads), the ``D`` skip; ``y [B, S, H, P]`` in ``x``'s dtype."""
+    H, G = x.shape[2], bmat.shape[2]
+    b, c = (jnp.repeat(t, H // G, axis=2) for t in (bmat, cmat))
+    a = -jnp.exp(a_log.astype(jnp.float32)) * dt
+    xf = x.astype(jnp.float32)
+    y = ssd(xf * dt[..., None], a, b, c, chunk)
+    return (y + d_skip.astype(jnp.float32)[:, None] * xf).astype(x.dtype)
+
+
+@partial(jax.checkpoint, static_argnums=(3, 4))
+def _gated_norm(y: jax.Array, z: jax.Array, w: jax.Array, groups: int, eps: float) -> jax.Array:
+    """Mamba-2's ``RMSNormGated``: ``y silu(z)`` RMS-normed over each of ``groups`` groups of
+    channels, times ``w`` (one fused kernel)."""
+    Bt, S, d = y.shape
+    g = (y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))).astype(y.dtype)
+    return rms_norm(g.reshape(Bt, S, groups, d // groups), None, eps).reshape(Bt, S, d) * w
+
+
 def mamba2(cfg: ModelConfig, p: dict, u: jax.Array) -> jax.Array:
     """The Mamba-2 mixer of the normed input ``u [B, S, h]`` -> ``[B, S, h]`` (module doc)."""
     Bt, S, _ = u.shape
@@ -106,22 +141,34 @@ def mamba2(cfg: ModelConfig, p: dict, u: jax.Array) -> jax.Array:
     d = H * P
     zxbcdt = u @ p["in_proj"]
     z, xbc, dt = zxbcdt[..., :d], zxbcdt[..., d:2 * d + 2 * G * N], zxbcdt[..., 2 * d + 2 * G * N:]
-    K = cfg.conv_kernel                                   # causal depthwise convolution
-    padded = jnp.pad(xbc, ((0, 0), (K - 1, 0), (0, 0)))
-    xbc = sum(padded[:, k:k + S] * p["conv_w"][k] for k in range(K)) + p["conv_b"]
-    xbc = jax.nn.silu(xbc)
+    xbc = _conv_silu(xbc, p["conv_w"], p["conv_b"])
     x = xbc[..., :d].reshape(Bt, S, H, P)
-    rep = H // G
-    bmat = jnp.repeat(xbc[..., d:d + G * N].reshape(Bt, S, G, N), rep, axis=2)
-    cmat = jnp.repeat(xbc[..., d + G * N:].reshape(Bt, S, G, N), rep, axis=2)
+    bmat = xbc[..., d:d + G * N].reshape(Bt, S, G, N)
+    cmat = xbc[..., d + G * N:].reshape(Bt, S, G, N)
     dt = jax.nn.softplus(dt.astype(jnp.float32) + p["dt_b"].astype(jnp.float32))   # [B, S, H]
-    a = -jnp.exp(p["a_log"].astype(jnp.float32)) * dt
-    y = ssd(x.astype(jnp.float32) * dt[..., None], a, bmat, cmat, cfg.ssm_chunk)
-    y = y + p["d_skip"].astype(jnp.float32)[:, None] * x.astype(jnp.float32)
-    y = (y.reshape(Bt, S, d) * jax.nn.silu(z.astype(jnp.float32))).astype(u.dtype)
-    # gated RMSNorm over each of the G groups of d / G channels (Mamba-2's RMSNormGated)
-    y = rms_norm(y.reshape(Bt, S, G, d // G), None, cfg.norm_eps).reshape(Bt, S, d)
-    return (y * p["gate_norm"]) @ p["out_proj"]
+    y = _ssd_core(x, dt, p["a_log"], bmat, cmat, p["d_skip"], cfg.ssm_chunk)
+    y = _gated_norm(y.reshape(Bt, S, d), z, p["gate_norm"], G, cfg.norm_eps)
+    return y @ p["out_proj"]
+
+
+def kernel_correction(cfg: ModelConfig, body: str, b: int, training: bool) -> dict[str, float]:
+    """The corrections from the traced ``mamba_block`` of ``b`` samples to the fused kernels
+    production runs (:func:`zoo.fused.correction`): the convolution, the SSD scan (its FLOP at
+    the fused-kernel rate) and the gated norm. Empty for any other body."""
+    if body != "mamba_block" or not cfg.hybrid:
+        return {}
+    H, P, G, N, S = cfg.mamba_heads, cfg.mamba_head_dim, cfg.mamba_groups, cfg.ssm_state, cfg.seq_len
+    d, conv = H * P, H * P + 2 * G * N
+    spec = (lambda *shape, dtype=cfg.jnp_dtype: jax.ShapeDtypeStruct(shape, dtype))
+    chunk, eps = cfg.ssm_chunk, cfg.norm_eps
+    pieces: list[fused.Piece] = [
+        (_conv_silu, (spec(b, S, conv), spec(cfg.conv_kernel, conv), spec(conv)), False),
+        (lambda *a: _ssd_core(*a, chunk),
+         (spec(b, S, H, P), spec(b, S, H, dtype=jnp.float32), spec(H), spec(b, S, G, N),
+          spec(b, S, G, N), spec(H)), True),
+        (lambda y, z, w: _gated_norm(y, z, w, G, eps), (spec(b, S, d), spec(b, S, d), spec(d)),
+         False)]
+    return fused.correction(pieces, training)
 
 
 def block_fn(cfg: ModelConfig, body: str):
