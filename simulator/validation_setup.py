@@ -43,6 +43,7 @@ etp`` not dividing ``dp x cp x tp``) or ``ep`` with ``fsdp`` skips the row
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -112,7 +113,9 @@ RULES = {
              "SOFTWARE_2020_ELEMENTWISE_TRAFFIC), else the device profile's elementwise traffic",
     "attention": "flash (a fused kernel skipping the causal mask's blocks, as every current stack "
                  "runs) unless the note says \"unfused\" or \"fused softmax\"",
-    "tp_overlap": "0 (tensor-parallel collectives on the critical path: Megatron-LM's default)",
+    "tp_overlap": "1 on an NVIDIA GPU for a model without expert parallelism at tp > 1 "
+                  "(default_tp_overlap: what NVIDIA's Megatron-Bridge recipes run), else 0 "
+                  "(tensor-parallel collectives on the critical path)",
     "micro_batch": "1",
     "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation; with "
                 "vp given: 1f1b-interleaved for vp > 1, 1f1b for vp 1",
@@ -500,7 +503,7 @@ def row_layout(row: Row) -> Layout:
     moe = row.ep > 1 and expert_problem(row) is None
     return Layout(data, row.tp, fsdp=fsdp, hsdp=hsdp if data % hsdp == 0 else 1,
                   context=row.cp,
-                  tp_overlap=bool(row.tp_overlap) and row.tp > 1,
+                  tp_overlap=row_tp_overlap(row),
                   expert=row.ep if moe else 1, expert_tensor=row_etp(row) if moe else 0,
                   expert_dispatch=(row.dispatcher or default_dispatcher(row)) if moe
                   else "alltoall")
@@ -514,6 +517,33 @@ practitioner on them would: NVIDIA's Megatron-Bridge performance recipes set the
 backend) in 33 of 42 dispatcher settings for GB200, 28 of 38 for GB300 and 18 of 18 for B300,
 against 8 of 19 for B200 and 6 of 16 for H100 (``src/megatron/bridge/perf_recipes/*/<device>/
 *.py`` at commit 067f987), so those two keep Megatron-Core's default, ``alltoall``."""
+
+
+def default_tp_overlap(row: Row) -> bool:
+    """Whether a row that leaves ``tp_overlap`` blank overlaps its tensor-parallel collectives
+    with its GEMMs: on an NVIDIA GPU at ``tp`` > 1 without expert parallelism (``ep`` <= 1), as
+    NVIDIA's Megatron-Bridge recipes run dense models (Transformer Engine's userbuffers
+    ``tp_comm_overlap``: on in 25 and off in 8 of the dense pre-training recipes at ``tp`` > 1 in
+    ``src/megatron/bridge/perf_recipes/llama/*/*.py`` at commit 067f987). Their
+    mixture-of-experts recipes at ``tp`` > 1 mostly turn it off (every Qwen3 and Qwen3.5 one on
+    H100), and TPU stacks have no such switch on by default, so those stay off. A row from an
+    older stack (Megatron-LM before Transformer Engine, 2023) says ``tp_overlap`` 0."""
+    return row.tp > 1 and row.ep <= 1 and _vendor(row.device) == "NVIDIA"
+
+
+@functools.lru_cache(maxsize=64)
+def _vendor(device: str) -> str:
+    """The vendor of the bundled profile ``device`` (cached: layouts are built many times)."""
+    from hardware_profiles.loader import load_device
+
+    return load_device(device).vendor
+
+
+def row_tp_overlap(row: Row) -> bool:
+    """The row's ``tp_overlap``, or :func:`default_tp_overlap` when blank; never at ``tp`` 1."""
+    if row.tp <= 1:
+        return False
+    return row.tp_overlap if row.tp_overlap is not None else default_tp_overlap(row)
 
 
 def default_dispatcher(row: Row) -> str:
@@ -869,6 +899,10 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         notes.append(why)
     w = workload_fn(row)
     _check_experts(row, w)
+    if row.tp_overlap is None and row.tp > 1:
+        notes.append(f"tp_overlap {int(default_tp_overlap(row))} (not published: "
+                     + ("Megatron-Bridge's TP communication overlap, on in NVIDIA's dense recipes)"
+                        if default_tp_overlap(row) else "collectives on the critical path)"))
     if row.ep > 1 and row.dispatcher is None and expert_problem(row) is None:
         notes.append(f"dispatcher {default_dispatcher(row)} (not published: "
                      f"{'HybridEP, as NVIDIA runs on ' + row.device if row.device in HYBRIDEP_DEVICES else 'Megatron-Core default'})")

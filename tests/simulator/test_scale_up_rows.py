@@ -60,3 +60,21 @@ def test_the_dispatcher_column_names_megatrons_dispatchers():
     with pytest.raises(ValidationError, match=r"^row 2: dispatcher 'nccl' unknown; fix: use one "
                                               r"of alltoall, deepep, hybridep, flex"):
         parse_row({**d, "dispatcher": "nccl"}, 2, known)
+
+
+def test_a_blank_tp_overlap_is_what_nvidias_dense_recipes_run():
+    from simulator.validation_setup import default_tp_overlap, row_setup
+    from mpmd.cli.validate import workload_for
+
+    dense = _row(tp=4, dp=16, microbatches=8, device="h100-sxm")
+    assert default_tp_overlap(dense) and V.row_layout(dense).tp_overlap
+    assert V.row_layout(dataclasses.replace(dense, device="gb200")).tp_overlap
+    # stated 0, tensor parallel 1, a TPU, or expert parallelism: collectives on the critical path
+    assert not V.row_layout(dataclasses.replace(dense, tp_overlap=False)).tp_overlap
+    assert not V.row_layout(dataclasses.replace(dense, tp=1, dp=64)).tp_overlap
+    assert not V.row_layout(dataclasses.replace(dense, device="tpu-v5p")).tp_overlap
+    assert not default_tp_overlap(dataclasses.replace(dense, ep=8))
+    # the assumption is printed
+    notes = row_setup(dense, workload_for).assumptions
+    assert ("tp_overlap 1 (not published: Megatron-Bridge's TP communication overlap, on in "
+            "NVIDIA's dense recipes)") in notes

@@ -132,7 +132,8 @@ def test_row_builds_interleaved_and_zb_plans():
 def test_narayanan_row_choices_and_layouts():
     r = _row(source="narayanan", model="145.6B", layers=80, hidden=12288, heads=96, seq_len=2048,
              gpus=1536, tp=8, pp=8, dp=24, global_batch=2304, micro_batch=None, microbatches=None,
-             schedule=None, metric="tflops_per_gpu", value=148, recompute="full")
+             schedule=None, metric="tflops_per_gpu", value=148, recompute="full",
+             tp_overlap=False)     # as the CSV states for 2021 Megatron-LM
     s = V.row_setup(r, fake_workload)
     assert s.micro_batch == 1 and s.microbatches == 96 and s.schedule == "interleaved-1f1b"
     assert s.virtual_stages == 2 and s.recompute == "full" and all(s.plan.recompute.values())
