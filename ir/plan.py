@@ -14,6 +14,9 @@ from ir.schedule import FragmentRef, ScheduleTable
 EXPERT_DISPATCH = ("alltoall", "deepep", "tokendrop")
 """How a mixture of experts' tokens reach their experts (:attr:`Layout.expert_dispatch`)."""
 
+GRAD_REDUCE = ("fp32", "bf16")
+"""The dtypes a data-parallel gradient reduction runs in (:attr:`Layout.grad_reduce`)."""
+
 CONTEXT_METHODS = ("ring", "allgather", "alltoall")
 """How a context-parallel group's attention sees the keys and values of the whole sequence
 (:attr:`Layout.context_method`)."""
@@ -88,6 +91,13 @@ class Layout:
     in Large Deep Learning Models", ASPLOS 2023; XLA's collective matmul on TPU), so a layer
     takes the longer of its compute and its tensor-parallel traffic, slowed by the interference
     of the two (:func:`simulator.cost_model.overlapped`). False: they sit on the critical path.
+
+    ``grad_reduce``: the dtype of the gradient buffer that data parallel reduces (and FSDP
+    reduce-scatters), :data:`GRAD_REDUCE`: ``"fp32"`` (Megatron-Core's default: fp32 main
+    gradients, 4 bytes a parameter, Micikevicius et al. 2018) or ``"bf16"`` (2 bytes, reduced in
+    the compute dtype: Megatron's ``--grad-reduce-in-bf16``, ``grad_reduce_in_fp32=False`` in every
+    NVIDIA NeMo / Megatron-Bridge performance recipe; FSDP's ``reduce_dtype`` bfloat16); the
+    optimizer's fp32 master weights and moments are unchanged.
     """
 
     data: int
@@ -100,8 +110,12 @@ class Layout:
     expert_dispatch: str = "alltoall"
     context: int = 1
     context_method: str = "ring"
+    grad_reduce: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.grad_reduce not in GRAD_REDUCE:
+            raise ValueError(f"Layout(grad_reduce={self.grad_reduce!r}): unknown; fix: one of "
+                             f"{', '.join(GRAD_REDUCE)}")
         if self.context < 1 or self.context_method not in CONTEXT_METHODS:
             raise ValueError(f"Layout(context={self.context}, context_method="
                              f"{self.context_method!r}): context must be >= 1 and the method one "
@@ -174,6 +188,7 @@ class Layout:
                 + (f"-etp{self.etp}" if self.folded and self.expert > 1 else "")
                 + (f"-{self.expert_dispatch}" if self.expert_dispatch != "alltoall" else "")
                 + ("-tpo" if self.tp_overlap and self.tensor > 1 else "")
+                + ("-gbf16" if self.grad_reduce == "bf16" else "")
                 + (f"-{self.context_method}" if self.context > 1 and self.context_method != "ring"
                    else ""))
 

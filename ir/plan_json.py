@@ -57,7 +57,9 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                                   **({"expert_tensor": l.etp} if l.folded and l.expert > 1
                                      else {}),
                                   **({"expert_dispatch": l.expert_dispatch}
-                                     if l.expert_dispatch != "alltoall" else {})},
+                                     if l.expert_dispatch != "alltoall" else {}),
+                                  **({"grad_reduce": l.grad_reduce}
+                                     if l.grad_reduce != "fp32" else {})},
                        "recompute": bool(plan.recompute.get(m, False))}
                    for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
@@ -167,7 +169,8 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                                       int(v["layout"].get("expert_tensor", 0)),
                                       str(v["layout"].get("expert_dispatch", "alltoall")),
                                       int(v["layout"].get("context", 1)),
-                                      str(v["layout"].get("context_method", "ring")))
+                                      str(v["layout"].get("context_method", "ring")),
+                                      str(v["layout"].get("grad_reduce", "fp32")))
                        for m, v in d["meshes"].items()}
         except ValueError as e:
             raise IRError(f"plan layout: {e}") from None

@@ -215,6 +215,8 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
         args += [("--use-distributed-optimizer", None), ("--overlap-param-gather", None)]
     if lay.replicas > 1:
         args.append(("--overlap-grad-reduce", None))
+    if lay.grad_reduce == "bf16":
+        args.append(("--grad-reduce-in-bf16", None))
     if v.model.moe:
         args += [("--num-experts", v.model.experts), ("--moe-router-topk", v.model.experts_per_token),
                  ("--moe-ffn-hidden-size", v.model.expert_ffn),

@@ -276,6 +276,8 @@ def overrides(v: PartView) -> tuple[str, list[tuple[str, object]], list[str]]:
     else:
         out += [("ddp.use_megatron_fsdp", False), ("ddp.use_distributed_optimizer", True),
                 ("ddp.data_parallel_sharding_strategy", "no_shard")]
+    if lay.grad_reduce == "bf16":
+        out.append(("ddp.grad_reduce_in_fp32", False))
     table = FP16_PRECISIONS if v.model.dtype == "float16" else PRECISIONS
     out.append(("mixed_precision", table.get(v.precision, PRECISIONS[v.precision])))
     if v.precision == "fp8":

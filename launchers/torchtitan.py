@@ -224,7 +224,9 @@ def job(v: PartView, source: str, toml: bool = True) -> tuple[dict, list[str]]:
         "training": {"local_batch_size": (v.micro_batch if v.pipeline == 1 else
                                           v.global_batch // max(1, v.data)),
                      "global_batch_size": v.global_batch, "seq_len": v.seq_len,
-                     "mixed_precision_param": v.model.dtype},   # a torchtitan TORCH_DTYPE_MAP name
+                     "mixed_precision_param": v.model.dtype,    # a torchtitan TORCH_DTYPE_MAP name
+                     **({"mixed_precision_reduce": "bfloat16"}
+                        if lay.grad_reduce == "bf16" else {})},
         "parallelism": par,
         "activation_checkpoint": {"mode": "full" if v.recompute else "none"},
         **quantize,
@@ -359,6 +361,8 @@ def module(v: PartView, source: str, stem: str) -> tuple[str, list[str]]:
         f"    config.training.global_batch_size = {training['global_batch_size']}",
         f"    config.training.seq_len = {training['seq_len']}",
         f"    config.training.mixed_precision_param = {training['mixed_precision_param']!r}",
+        *([f"    config.training.mixed_precision_reduce = {training['mixed_precision_reduce']!r}"]
+          if "mixed_precision_reduce" in training else []),
         *(["    # torchtitan's trainer refuses CUDA graphs with pipeline parallel and with its "
            "all-to-all expert dispatch",
            "    config.training.disable_cuda_graphs = True"] if cuda_graphs_off else []),

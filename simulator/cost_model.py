@@ -67,6 +67,16 @@ from simulator.context_parallel import context_parallel_comm, context_working_by
 GRAD_BYTES_PER_PARAM = 4.0
 """fp32 gradient accumulation buffer (Megatron-LM mixed precision; Micikevicius et al. 2018)."""
 
+GRAD_BYTES = {"fp32": GRAD_BYTES_PER_PARAM, "bf16": 2.0}
+"""Bytes a parameter's gradient takes in the buffer data parallel reduces, by
+:attr:`ir.Layout.grad_reduce`."""
+
+
+def grad_bytes(layout: Layout) -> float:
+    """Bytes per parameter of ``layout``'s gradient buffer, held and reduced (:data:`GRAD_BYTES`)."""
+    return GRAD_BYTES[layout.grad_reduce]
+
+
 ADAM_BYTES_PER_PARAM_BF16 = 12.0
 """fp32 master weights + Adam first and second moments (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1)."""
 
@@ -155,6 +165,17 @@ def tensor_parallel_comm(cost: LayerCost, mesh: MeshSpec, layout: Layout, nbytes
         return collective(mesh, "all_reduce", nbytes, t)
     return (collective(mesh, "all_reduce", nbytes * (1.0 - MOE_TP_SHARE), t)
             + collective(mesh, "all_reduce", nbytes * MOE_TP_SHARE, layout.etp))
+
+
+def overlaps_tensor_parallel(device: DeviceProfile) -> bool:
+    """Whether the stack of ``device`` runs tensor-parallel collectives beside the GEMMs that
+    produce and consume them (``Layout.tp_overlap``) by default: on an NVIDIA GPU, where
+    Transformer Engine's userbuffers overlap (``tp_comm_overlap``) is on in 25 of NVIDIA's 33 dense
+    Megatron-Bridge pre-training recipes at tp > 1 (``src/megatron/bridge/perf_recipes/llama/*/``
+    at commit 067f987) and the validation rows that state it fit with it; not on a device that
+    overlaps nothing inside a fragment (``roofline`` ``"sum"``) nor on the TPU and other stacks,
+    whose rows fit without it."""
+    return device.vendor == "NVIDIA" and device.roofline != "sum"
 
 
 def overlapped(work: float, comm: float, interference: float) -> float:
@@ -553,7 +574,8 @@ def fragment_memory_time(fixed_bytes: float, varying_bytes: float, device: Devic
 
 def fsdp_traffic(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[float, float]:
     """(all-gather, reduce-scatter) seconds of one layer under FSDP (ZeRO-3) on ``mesh``: the
-    gather of its compute-dtype parameters and the reduce-scatter of its fp32 gradients over
+    gather of its compute-dtype parameters and the reduce-scatter of its gradients (fp32, or
+    bf16 by ``layout.grad_reduce``) over
     the ``layout.shard`` devices of a shard group (stride = the tensor degree), each device
     holding ``1 / tensor`` of the layer. Under expert parallelism the experts' part is gathered
     and scattered instead over each expert shard's ``expert_data`` replicas (stride ``expert x
@@ -565,12 +587,12 @@ def fsdp_traffic(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[float
     share = expert_share(cost) if layout.expert > 1 else 0.0
     gather = collective(mesh, "all_gather", cost.param_bytes * (1 - share) / t, g, t)
     scatter = collective(mesh, "reduce_scatter",
-                         cost.param_count * (1 - share) * GRAD_BYTES_PER_PARAM / t, g, t)
+                         cost.param_count * (1 - share) * grad_bytes(layout) / t, g, t)
     if share > 0 and layout.expert_data > 1:
         k = layout.expert * layout.etp
         gather += collective(mesh, "all_gather", cost.param_bytes * share / k, layout.expert_data, k)
         scatter += collective(mesh, "reduce_scatter",
-                              cost.param_count * share * GRAD_BYTES_PER_PARAM / k,
+                              cost.param_count * share * grad_bytes(layout) / k,
                               layout.expert_data, k)
     return gather, scatter
 
@@ -652,14 +674,14 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     if workload.training:
         adam = ADAM_BYTES_PER_PARAM_BF16 if workload.dtype_bytes == 2 else ADAM_BYTES_PER_PARAM_FP32
         if layout.fsdp:
-            static = (weight_bytes + params * (GRAD_BYTES_PER_PARAM + adam)) / layout.shard / t
+            static = (weight_bytes + params * (grad_bytes(layout) + adam)) / layout.shard / t
         else:
             # expert parallelism: a device holds 1/expert of the experts (weights, gradients);
             # their optimizer state is split over the data axis as the dense state is
             layers = [workload.layer(i) for i in range(first, last)]
             held_params = sum(c.param_count * held_fraction(c, layout) for c in layers)
             held_bytes = sum(c.param_bytes * held_fraction(c, layout) for c in layers)
-            static = (held_bytes + held_params * GRAD_BYTES_PER_PARAM + params * adam / d) / t
+            static = (held_bytes + held_params * grad_bytes(layout) + params * adam / d) / t
         per_layer = [(workload.layer(i - 1).activation_bytes_per_sample if i > 0 else 0.0)
                      if recompute else workload.layer(i).residual_bytes_per_sample
                      for i in range(first, last)]
@@ -726,7 +748,8 @@ def _sync_op(layout: Layout) -> str | None:
 
 def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[str, float, float] | None:
     """(collective, per-device bytes, seconds) that syncs one layer's gradients across data
-    parallel, or None: a ring reduce-scatter of the fp32 gradients over ``data x context`` (ZeRO-1;
+    parallel, or None: a ring reduce-scatter of the gradients (``layout.grad_reduce``: fp32 or
+    bf16) over ``data x context`` (ZeRO-1;
     the context ranks hold the same parameters: Megatron-Core reduces over its data-parallel
     group with context parallel), or with
     ``hsdp`` a ring all-reduce of the device's gradient shard over the replicas (stride
@@ -738,15 +761,15 @@ def layer_grad_sync(cost: LayerCost, mesh: MeshSpec, layout: Layout) -> tuple[st
     if op == "reduce_scatter":
         e = layout.expert
         experts = cost.expert_param_count if e > 1 else 0
-        nbytes = (cost.param_count - experts) * GRAD_BYTES_PER_PARAM / t
+        nbytes = (cost.param_count - experts) * grad_bytes(layout) / t
         seconds = collective(mesh, op, nbytes, layout.replicas, t)
         if experts:   # each expert shard over the replicas that hold it (stride expert x etp)
-            local = experts * GRAD_BYTES_PER_PARAM / (e * layout.etp)
+            local = experts * grad_bytes(layout) / (e * layout.etp)
             seconds += collective(mesh, op, local, layout.expert_data, e * layout.etp)
             nbytes += local
         return op, nbytes, seconds
     g = layout.shard
-    nbytes = cost.param_count * GRAD_BYTES_PER_PARAM / t / g
+    nbytes = cost.param_count * grad_bytes(layout) / t / g
     return op, nbytes, collective(mesh, op, nbytes, layout.hsdp, g * t)
 
 

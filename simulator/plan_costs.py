@@ -152,7 +152,7 @@ class PlanCosts:
             return 0.0
         params = sum(self.workload.layer(i).param_count for i in range(st.first, st.last))
         mesh = self.cluster.meshes[st.mesh]
-        return cm.collective(mesh, "all_reduce", params * cm.GRAD_BYTES_PER_PARAM / lay.tensor,
+        return cm.collective(mesh, "all_reduce", params * cm.grad_bytes(lay) / lay.tensor,
                              lay.replicas, lay.tensor)
 
     @cached_property

@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, cast
 
+from ir.plan import GRAD_REDUCE
 from ir.precision import RECIPES, canonical_precision
 from ir.workload import ATTENTION_KERNELS
 from simulator import remat
@@ -101,7 +102,8 @@ COLUMNS_OPTIONAL = ("dp", "vocab", "global_batch", "per_device_batch", "micro_ba
             "devices_per_node", "scale_out_gbit_per_device", "power_limit_w",
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
             "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher",
-            "pipeline_layout", "offload_layers", "bf16_first_layers", "bf16_last_layers")
+            "pipeline_layout", "offload_layers", "bf16_first_layers", "bf16_last_layers",
+            "grad_reduce")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -199,6 +201,7 @@ class Row:
     etp: int | None = None
     scale_up_domain: int | None = None
     dispatcher: str | None = None
+    grad_reduce: str = "fp32"
     pipeline_layout: str | None = None
     precision_given: bool = True
     offload_layers: int = 0
@@ -525,6 +528,10 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if disp is not None and disp not in DISPATCHERS:
         raise ValidationError(f"row {line}: dispatcher {disp[:40]!r} unknown; fix: use one of "
                               f"{', '.join(DISPATCHERS)} or leave it blank (alltoall)")
+    grad = (d.get("grad_reduce") or "").strip().lower() or "fp32"
+    if grad not in GRAD_REDUCE:
+        raise ValidationError(f"row {line}: grad_reduce {grad[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(GRAD_REDUCE)} or leave it blank (fp32)")
     model_config = (d.get("model_config") or "").strip() or None
     tp, pp, cp = _required_int(d, "tp", line), _required_int(d, "pp", line), _int(d, "cp", line) or 1
     dp = _int(d, "dp", line)
@@ -551,7 +558,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             global_batch_derived=derived, model_config=model_config,
             cp=cp, vp=vp, ep=_int(d, "ep", line) or 1,
             etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line),
-            dispatcher=DISPATCHERS[disp] if disp is not None else None,
+            dispatcher=DISPATCHERS[disp] if disp is not None else None, grad_reduce=grad,
             pipeline_layout=(d.get("pipeline_layout") or "").strip() or None,
             precision_given=bool(given), offload_layers=_int(d, "offload_layers", line) or 0,
             bf16_first_layers=_int(d, "bf16_first_layers", line) or 0,

@@ -52,6 +52,7 @@ from ir import LayerCost, Layout, Plan, StagePlan, Workload
 from ir.workload import causal_fraction, keep_blocks_in_compute_dtype
 from hardware_profiles.types import Cluster, DeviceProfile, InterMeshLink, Link, MeshSpec
 from simulator import remat
+from simulator.cost_model import overlaps_tensor_parallel
 from simulator.pipeline_layout import LayoutError, parse_layout, recipe_split, split_summary
 from simulator.schedules import generate
 from simulator.validation_rows import (DEFAULT_VOCAB, DEVICES_PER_NODE, INTERLEAVED, SCHEDULE_MAP, Row,
@@ -116,6 +117,8 @@ RULES = {
     "tp_overlap": "1 on an NVIDIA GPU for a model without expert parallelism at tp > 1 "
                   "(default_tp_overlap: what NVIDIA's Megatron-Bridge recipes run), else 0 "
                   "(tensor-parallel collectives on the critical path)",
+    "grad_reduce": "fp32 (Megatron-Core's fp32 main gradients, 4 bytes a parameter held and "
+                   "reduced)",
     "micro_batch": "1",
     "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation; with "
                 "vp given: 1f1b-interleaved for vp > 1, 1f1b for vp 1",
@@ -506,7 +509,7 @@ def row_layout(row: Row) -> Layout:
                   tp_overlap=row_tp_overlap(row),
                   expert=row.ep if moe else 1, expert_tensor=row_etp(row) if moe else 0,
                   expert_dispatch=(row.dispatcher or default_dispatcher(row)) if moe
-                  else "alltoall")
+                  else "alltoall", grad_reduce=row.grad_reduce)
 
 
 HYBRIDEP_DEVICES = ("gb200", "gb300", "b300")
@@ -521,22 +524,24 @@ against 8 of 19 for B200 and 6 of 16 for H100 (``src/megatron/bridge/perf_recipe
 
 def default_tp_overlap(row: Row) -> bool:
     """Whether a row that leaves ``tp_overlap`` blank overlaps its tensor-parallel collectives
-    with its GEMMs: on an NVIDIA GPU at ``tp`` > 1 without expert parallelism (``ep`` <= 1), as
+    with its GEMMs: at ``tp`` > 1 without expert parallelism (``ep`` <= 1) on a device whose stack
+    does (:func:`simulator.cost_model.overlaps_tensor_parallel`: an NVIDIA GPU), as
     NVIDIA's Megatron-Bridge recipes run dense models (Transformer Engine's userbuffers
     ``tp_comm_overlap``: on in 25 and off in 8 of the dense pre-training recipes at ``tp`` > 1 in
     ``src/megatron/bridge/perf_recipes/llama/*/*.py`` at commit 067f987). Their
     mixture-of-experts recipes at ``tp`` > 1 mostly turn it off (every Qwen3 and Qwen3.5 one on
     H100), and TPU stacks have no such switch on by default, so those stay off. A row from an
     older stack (Megatron-LM before Transformer Engine, 2023) says ``tp_overlap`` 0."""
-    return row.tp > 1 and row.ep <= 1 and _vendor(row.device) == "NVIDIA"
+    return row.tp > 1 and row.ep <= 1 and _overlaps(row.device)
 
 
 @functools.lru_cache(maxsize=64)
-def _vendor(device: str) -> str:
-    """The vendor of the bundled profile ``device`` (cached: layouts are built many times)."""
+def _overlaps(device: str) -> bool:
+    """:func:`simulator.cost_model.overlaps_tensor_parallel` of the bundled profile ``device``
+    (cached: layouts are built many times)."""
     from hardware_profiles.loader import load_device
 
-    return load_device(device).vendor
+    return overlaps_tensor_parallel(load_device(device))
 
 
 def row_tp_overlap(row: Row) -> bool:

@@ -80,3 +80,20 @@ def test_a_token_dropping_plan_round_trips_through_the_plan_file():
     back = plan_from_json(doc)
     assert {lay.expert_dispatch for lay in back.layouts.values()} == {"tokendrop"}
     assert "dp8xtp4-ep2-tokendrop" in {str(lay) for lay in back.layouts.values()}
+
+
+def test_a_bf16_gradient_reduction_is_asked_for_in_every_target(tmp_path):
+    """``Layout.grad_reduce="bf16"``: Megatron-LM's ``--grad-reduce-in-bf16``, Megatron-Bridge's
+    ``ddp.grad_reduce_in_fp32=false``, torchtitan's ``mixed_precision_reduce``; an fp32 plan
+    writes none of them (each stack's default)."""
+    p = load_plan(PLAN)
+    bf16 = dataclasses.replace(p, layouts={m: dataclasses.replace(lay, grad_reduce="bf16")
+                                           for m, lay in p.layouts.items()})
+    assert "--grad-reduce-in-bf16" in _text(bf16, "megatron", tmp_path / "b.args")
+    assert "--grad-reduce-in-bf16" not in _text(p, "megatron", tmp_path / "f.args")
+    assert "ddp.grad_reduce_in_fp32=false" in _text(bf16, "megatron-bridge",
+                                                   tmp_path / "b.overrides").lower()
+    assert "grad_reduce_in_fp32" not in _text(p, "megatron-bridge", tmp_path / "f.overrides")
+    titan = _text(bf16, "torchtitan", tmp_path / "b.toml")
+    assert "mixed_precision_reduce" in titan and "bfloat16" in titan
+    assert "mixed_precision_reduce" not in _text(p, "torchtitan", tmp_path / "f.toml")

@@ -219,3 +219,27 @@ def test_routed_experts_run_at_their_own_roofline():
     cpu = dataclasses.replace(mesh, device=dataclasses.replace(h100, roofline="sum"))
     assert layer_time(cost, "F", 1.0, cpu, one) == pytest.approx(
         layer_time(dataclasses.replace(cost, expert_fwd_flops_per_sample=0.0), "F", 1.0, cpu, one))
+
+
+def test_a_bf16_gradient_reduction_moves_and_holds_half_the_bytes():
+    """``Layout.grad_reduce="bf16"`` (Megatron's --grad-reduce-in-bf16): the data-parallel
+    reduce-scatter, FSDP's and the held gradient buffer take 2 bytes a parameter, not 4; the
+    optimizer's fp32 state is untouched."""
+    from ir import Workload
+    from simulator.cost_model import fsdp_traffic, layer_grad_sync, stage_memory
+
+    mesh = _mesh("max")
+    fp32, bf16 = Layout(2, 1), Layout(2, 1, grad_reduce="bf16")
+    op, nbytes, seconds = layer_grad_sync(COST, mesh, fp32)
+    op2, nbytes2, seconds2 = layer_grad_sync(COST, mesh, bf16)
+    assert op == op2 == "reduce_scatter" and nbytes == 4000.0 and nbytes2 == 2000.0
+    assert seconds2 < seconds
+    sharded = dataclasses.replace(fp32, fsdp=True), dataclasses.replace(bf16, fsdp=True)
+    assert fsdp_traffic(COST, mesh, sharded[1])[1] < fsdp_traffic(COST, mesh, sharded[0])[1]
+    w = Workload(model="t", layers=("block",), costs={"block": COST}, seq_len=1, global_batch=2)
+    # 1000 parameters: weights 2000 B, gradients 4000 or 2000 B, Adam 12000 B over 2 replicas
+    assert stage_memory(w, 0, 1, fp32, 1.0).static_bytes == 2000 + 4000 + 6000
+    assert stage_memory(w, 0, 1, bf16, 1.0).static_bytes == 2000 + 2000 + 6000
+    assert str(bf16) == "dp2xtp1-gbf16"
+    with pytest.raises(ValueError, match=r"grad_reduce='fp16'\): unknown; fix: one of fp32, bf16"):
+        Layout(2, 1, grad_reduce="fp16")

@@ -117,3 +117,9 @@ def test_tp_overlap_round_trips_through_plan_json_and_prints():
     assert plan_from_json(doc).layouts["m"] == Layout(2, 4, tp_overlap=True)
     assert str(Layout(2, 4, tp_overlap=True)) == "dp2xtp4-tpo" and str(Layout(8, 1, tp_overlap=True)) == "dp8xtp1"
     assert "tp_overlap" not in plan_to_json(_setup(Layout(2, 4))[0])["meshes"]["m"]["layout"]
+    # the gradient reduction's dtype travels the same way
+    bf16 = Layout(2, 4, tp_overlap=True, grad_reduce="bf16")
+    doc = plan_to_json(_setup(bf16)[0])
+    assert doc["meshes"]["m"]["layout"]["grad_reduce"] == "bf16"
+    assert plan_from_json(doc).layouts["m"] == bf16
+    assert "grad_reduce" not in plan_to_json(plan)["meshes"]["m"]["layout"]
