@@ -12,6 +12,7 @@ from typing import Any
 from ir import CONTEXT_METHODS, Layout, ShardDims, Workload, layout_problem
 from hardware_profiles.types import MeshSpec
 from planner.errors import PlannerError
+from simulator.cost_model import overlaps_tensor_parallel
 from simulator.stage_cost import StageCost, stage_cost
 
 
@@ -106,7 +107,9 @@ def _context_layouts(mesh: MeshSpec, samples: float, fsdp: bool, experts: int,
         and layout_problem(shards, t, 1, 0, c, m, seq_len) is None)
     for m in methods:
         if samples >= d and float(samples / d).is_integer():
-            base = Layout(d, t, context=c, context_method=m)
+            # tensor-parallel collectives beside the GEMMs where the device's stack does so
+            base = Layout(d, t, context=c, context_method=m,
+                          tp_overlap=t > 1 and overlaps_tensor_parallel(mesh.device))
             out.append(base)
             if fsdp and d * c > 1:
                 out.append(replace(base, fsdp=True))

@@ -54,3 +54,19 @@ def test_the_option_cache_tells_precisions_apart():
     low, costed = _cached_mesh_options(dataclasses.replace(w, precision="fp8"), *args)
     assert costed > 0                                  # not served from the BF16 entry
     assert min(o.block_s for o in low) < min(o.block_s for o in bf16)
+
+
+def test_tensor_parallel_is_offered_overlapped_where_the_stack_overlaps_it():
+    """On an NVIDIA GPU every tensor degree > 1 runs its collectives beside the GEMMs
+    (Transformer Engine's userbuffers, as NVIDIA's dense recipes run); a TPU's or a toy
+    device's collectives stay on the critical path, as their validation rows fit."""
+    from hardware_profiles.cluster_loader import load_cluster
+
+    gpu = next(iter(load_cluster("hardware_profiles/clusters/h100x64_nodes.yaml").meshes.values()))
+    lays = _layouts(gpu, 64.0, 8, False)
+    assert {lay.tensor for lay in lays} == {1, 2, 4, 8}
+    assert all(lay.tp_overlap == (lay.tensor > 1) for lay in lays)
+    tpu = next(iter(load_cluster("hardware_profiles/clusters/tpuv5e256.yaml").meshes.values()))
+    assert not any(lay.tp_overlap for lay in _layouts(tpu, 256.0, 8, False))
+    toy = cluster([("m", device("d", 100.0, 80.0), 8)]).meshes["m"]
+    assert not any(lay.tp_overlap for lay in _layouts(toy, 8.0, 8, False))
