@@ -73,7 +73,7 @@ def test_csv_rows_load():
     assert sorted((r.source, r.dispatcher) for r in moe if r.dispatcher) == sorted(
         [("nemo-25.09", "tokendrop")] * 12 + [("nemo-25.09", "deepep")]
         + [("nemo-25.11", "deepep")] * 8 + [("dgxc-24.11", "tokendrop")] * 6
-        + [("nemo-25.11", "alltoall")] * 4 + [("dgxc-25.05", "alltoall")] * 6)
+        + [("nemo-25.11", "alltoall")] * 8 + [("dgxc-25.05", "alltoall")] * 6)
     assert sorted((r.source, r.model, r.device) for r in moe
                   if r.schedule == "1f1b-interleaved-a2a") == [
         ("nemo-25.09", "deepseek-v3", "h100-sxm"), ("nemo-25.11", "qwen3-235b-a22b", "b200"),
