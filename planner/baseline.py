@@ -27,6 +27,7 @@ from planner import construct
 from planner.errors import PlannerError
 from planner.predict import predict
 from planner.search import Assignment
+from simulator import cost_model as cm
 from simulator.cost_model import fastest_rate
 
 MICROBATCH_SIZES = (1, 2)
@@ -84,7 +85,9 @@ def megatron_plans(w: Workload, cluster: Cluster, group: str, headroom: float = 
                     continue
                 fit = None
                 for rc in (False, True):
-                    h = _evaluate(w, lc, shape, Layout(r, g.devices_per_node), blocks, rc, sched, m, v,
+                    tpo = g.devices_per_node > 1 and cm.overlaps_tensor_parallel(g.device)
+                    h = _evaluate(w, lc, shape, Layout(r, g.devices_per_node, tp_overlap=tpo),
+                                  blocks, rc, sched, m, v,
                                   headroom, f"tp{g.devices_per_node} pp{p} dp{r} mb{b} {sched}"
                                   + (" recompute" if rc else ""))
                     if h.prediction.fits:
@@ -138,6 +141,10 @@ class HandLayout:
         pipeline_schedule: a named schedule instead of 1F1B / interleaved 1F1B (e.g.
             ``"dualpipe-v"`` with ``virtual_stages=2``, the V of DeepSeek-V3's DualPipe); "" (the
             default) derives it from ``virtual_stages``.
+        tp_overlap: the tensor-parallel collectives beside the GEMMs (``Layout.tp_overlap``);
+            None (the default): as the device's stack runs them
+            (:func:`simulator.cost_model.overlaps_tensor_parallel`, what the planner's own
+            layouts get), so a practitioner's layout and the plan are costed alike.
     """
 
     tensor: int
@@ -152,6 +159,7 @@ class HandLayout:
     pipeline_schedule: str = ""
     expert_tensor: int = 0
     expert_dispatch: str = "alltoall"
+    tp_overlap: bool | None = None
 
     @property
     def devices(self) -> int:
@@ -178,7 +186,7 @@ class HandLayout:
 
 
 MEGATRON_GPT3_175B = HandLayout(tensor=8, pipeline=8, data=16, virtual_stages=2, micro_batch=1,
-                                recompute="full", distributed_optimizer=True)
+                                recompute="full", distributed_optimizer=True, tp_overlap=False)
 """Megatron-LM's GPT-3 175B layout on 1,024 A100 (128 DGX A100 nodes), global batch 1536.
 
 Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
@@ -194,7 +202,9 @@ rank (sec. 2.2.2; the paper does not give ``v`` for this run) and full activatio
 (its FLOP count, eq. (3), "assumes activation recomputation"). 140 TFLOP/s by eq. (3), which
 counts the recomputed forward, is about 105 TFLOP/s of model FLOP: 33.7% MFU of the A100's
 312 TFLOP/s. The run predates Megatron-LM's distributed optimizer; the cost model shards the
-optimizer state as it does (see :class:`HandLayout`)."""
+optimizer state as it does (see :class:`HandLayout`). It also predates Transformer Engine's
+tensor-parallel overlap (2023), so its all-reduces sit on the critical path (``tp_overlap``
+False)."""
 
 
 def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | None = None,
@@ -266,7 +276,10 @@ def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | No
     return _evaluate(w, carve(cluster, [shape]), shape,
                      Layout(d, t, fsdp=layout.fsdp and d > 1, expert=layout.expert,
                             expert_tensor=layout.expert_tensor,
-                            expert_dispatch=layout.expert_dispatch),
+                            expert_dispatch=layout.expert_dispatch,
+                            tp_overlap=t > 1 and (layout.tp_overlap
+                                                  if layout.tp_overlap is not None
+                                                  else cm.overlaps_tensor_parallel(g.device))),
                      _even(nb // v, p),
                      layout.recompute == "full", layout.schedule, m, v, headroom, layout.label)
 
@@ -337,7 +350,8 @@ def hand_pipeline(w: Workload, cluster: Cluster, hp: HandPipeline, headroom: flo
         if spec.num_devices % t:
             raise PlannerError(f"hand pipeline {hp.label!r}: tensor {t} does not divide mesh {m!r} of "
                                f"{spec.num_devices} devices; fix: use a divisor")
-        layouts[m] = Layout(spec.num_devices // t, t)
+        layouts[m] = Layout(spec.num_devices // t, t,
+                            tp_overlap=t > 1 and cm.overlaps_tensor_parallel(spec.device))
     _, nb, _ = construct.split_layers(w)
     best: HandResult | None = None
     for order in hp.orders:

@@ -30,6 +30,8 @@ incumbent (:func:`planner.shapes.search_pipeline`), so its plan is never slower 
 
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 from dataclasses import dataclass
 
@@ -141,7 +143,4 @@ def grid_sweep(w: Workload, cluster: Cluster, group: str, headroom: float = 0.1,
 
 
 def _with(layout: HandLayout, recompute: str) -> HandLayout:
-    return HandLayout(tensor=layout.tensor, pipeline=layout.pipeline, data=layout.data,
-                      virtual_stages=layout.virtual_stages, micro_batch=layout.micro_batch,
-                      recompute=recompute, fsdp=layout.fsdp, expert=layout.expert,
-                      expert_tensor=layout.expert_tensor)
+    return dataclasses.replace(layout, recompute=recompute)

@@ -174,8 +174,10 @@ def overlaps_tensor_parallel(device: DeviceProfile) -> bool:
     Megatron-Bridge pre-training recipes at tp > 1 (``src/megatron/bridge/perf_recipes/llama/*/``
     at commit 067f987) and the validation rows that state it fit with it; not on a device that
     overlaps nothing inside a fragment (``roofline`` ``"sum"``) nor on the TPU and other stacks,
-    whose rows fit without it."""
-    return device.vendor == "NVIDIA" and device.roofline != "sum"
+    whose rows fit without it; nor on a Volta part (Transformer Engine runs from Ampere on: the
+    NVIDIA parts with a bf16 rate)."""
+    return (device.vendor == "NVIDIA" and device.roofline != "sum"
+            and device.peak_flops.get("bf16", 0.0) > 0)
 
 
 def overlapped(work: float, comm: float, interference: float) -> float:
