@@ -50,7 +50,7 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-29), DeepSeek-
 @pytest.mark.parametrize("text,match,cells", [
     (H100_128, {"model": "llama3-70b", "H100": "128"},
      {"step (s)": "at {} s per step", "MFU": "(MFU {})", "gap": "proven gap of {}",
-      "grid step (s)": "grid's best point (tensor parallel 4, FSDP over 32, micro-batch 1) at {} s",
+      "grid step (s)": "grid's best point (tensor parallel 8, pipeline 2 with 4 virtual stages, micro-batch 1) at {} s",
       "hand step (s)": "hand configuration replays at {} s"}),
     (H100_16K, {"model": "llama3-70b", "H100": "16384"},
      {"step (s)": "at {} s per step", "MFU": "s per step, {} MFU", "gap": "proven gap of {}"}),
@@ -71,7 +71,7 @@ MOE = readme_paragraph("On this project's 2-core machine (2026-11-29), DeepSeek-
      {"step (s)": "replays at {} s in the same"}),
     (PEER, {"plan": "mpmd plan --schedule 1f1b"}, {"step (s)": "between the kinds at {} s"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes", "what": "plan, --time-limit 30"},
-     {"step (s)": "each stage, DualPipeV) at {} s per step", "MFU": "per step ({} MFU"}),
+     {"step (s)": "zero-bubble H2) at {} s per step", "MFU": "per step ({} MFU"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes", "what": "plan, --time-limit 120"},
      {"step (s)": "at {} s per step", "MFU": "({} MFU", "tokens/s/GPU": "{} tokens/s per GPU"}),
     (MOE, {"model": "DeepSeek-V3", "cluster": "h100x2048_nodes",
