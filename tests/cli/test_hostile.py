@@ -414,6 +414,9 @@ def csv_with(line: int, column: str, value: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+HEADER_COLUMNS = len(CSV.read_text().splitlines()[0].split(","))
+"""Columns of the bundled validation CSV's header (a row one field longer is refused)."""
+
 VALIDATION = {
     "unknown device": (lambda: csv_with(3, "device", "h900"),
                        ("row 3: device 'h900' is not a known profile", "a100-80gb-sxm")),
@@ -430,7 +433,8 @@ VALIDATION = {
     "header only": (lambda: CSV.read_text().splitlines()[0] + "\n", ("validation CSV has no rows",)),
     "header lacks a column": (lambda: CSV.read_text().replace(",metric,", ",metrik,", 1),
                               ("header lacks column(s) metric",)),
-    "extra field": (lambda: csv_with(2, "value", "11.8,99"), ("row 2: 43 fields, more than the 42 columns",)),
+    "extra field": (lambda: csv_with(2, "value", "11.8,99"),
+                    (f"row 2: {HEADER_COLUMNS + 1} fields, more than the {HEADER_COLUMNS} columns",)),
 }
 
 
