@@ -130,8 +130,9 @@ RULES = {
           "LAYERS_PER_CHUNK_MAX rule without a step function",
     "ep": "1 (every replica holds every expert)",
     "dispatcher": "HybridEP (deepep: two hops, dropless) on the devices of HYBRIDEP_DEVICES "
-                  "(GB200, GB300, B300: what NVIDIA's recipes for them run), else alltoall "
-                  "(Megatron-Core's default token dispatcher)",
+                  "(GB200, GB300, B300: what NVIDIA's recipes for them run) and DeepEP where the "
+                  "expert-parallel group spans scale-up domains on a Hopper or later GPU, else "
+                  "alltoall (Megatron-Core's default token dispatcher)",
     "pipeline_layout": "NVIDIA's recipes' split of the blocks over the pp x vp stages "
                        "(simulator.pipeline_layout.recipe_split: even; else the embedding and "
                        "loss counted as layers, Qwen3 MoE recipes; else the first stages full, "
@@ -552,8 +553,54 @@ def row_tp_overlap(row: Row) -> bool:
 
 
 def default_dispatcher(row: Row) -> str:
-    """The token dispatcher of a row that states none (:data:`HYBRIDEP_DEVICES`)."""
-    return "deepep" if row.device in HYBRIDEP_DEVICES else "alltoall"
+    """The token dispatcher of a row that states none: ``deepep`` (HybridEP/DeepEP, two hops,
+    dropless) on the devices of :data:`HYBRIDEP_DEVICES`, and on any other part DeepEP runs on
+    (an NVIDIA GPU from Hopper on: one with an fp8 rate) when the expert-parallel group reaches
+    past one scale-up domain (:func:`crosses_scale_up`); else ``alltoall``, Megatron-Core's
+    default. DeepEP's internode kernels exist for the second case: a token bound for several
+    experts on one remote node crosses the scale-out network once (DeepSeek-AI, "DeepSeek-V3
+    Technical Report", arXiv:2412.19437, Sec. 3.2.2), and NVIDIA's recipes turn it on there:
+    Megatron-Bridge's DeepSeek-V3 H100 settings at EP 64 (``moe_flex_dispatcher_backend``
+    ``"deepep"`` in ``scripts/performance/configs/deepseek/`` at fa0315ae2 and 08968b3,
+    ``"hybridep"`` in ``recipes/deepseek/h100/deepseek_v3.py`` at 067f987), and at 067f987 every
+    B200 setting at EP 16 or 32 and the H100 Qwen3 ones at EP 16; three H100 Qwen3 settings at EP 32
+    and 128 keep ``alltoall``."""
+    if row.device in HYBRIDEP_DEVICES:
+        return "deepep"
+    return "deepep" if crosses_scale_up(row) and _runs_deepep(row.device) else "alltoall"
+
+
+def crosses_scale_up(row: Row) -> bool:
+    """Whether the row's expert-parallel group spans more devices than one scale-up domain
+    (:func:`node_devices`): Megatron-Core lays an EP group's ``ep`` members ``etp`` ranks apart,
+    so it covers ``ep x etp`` consecutive devices."""
+    return row.ep * row_etp(row) > _node_devices(row)
+
+
+def _node_devices(row: Row) -> int:
+    """:func:`node_devices` on the bundled profile of ``row.device``."""
+    if row.scale_up_domain or row.devices_per_node or row.slices:
+        return row.node_size
+    return _profile_domain(row.device) or DEVICES_PER_NODE
+
+
+@functools.lru_cache(maxsize=64)
+def _profile_domain(device: str) -> int | None:
+    """The bundled profile ``device``'s ``scale_up_domain`` (cached: layouts are built many
+    times)."""
+    from hardware_profiles.loader import load_device
+
+    return load_device(device).scale_up_domain
+
+
+@functools.lru_cache(maxsize=64)
+def _runs_deepep(device: str) -> bool:
+    """Whether DeepEP's kernels run on the bundled profile ``device``: an NVIDIA GPU with an fp8
+    rate (Hopper and later; DeepEP needs SM90's TMA and NVSHMEM)."""
+    from hardware_profiles.loader import load_device
+
+    d = load_device(device)
+    return d.vendor == "NVIDIA" and d.peak_flops.get("fp8", 0.0) > 0
 
 
 def row_etp(row: Row) -> int:
@@ -909,8 +956,10 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
                      + ("Megatron-Bridge's TP communication overlap, on in NVIDIA's dense recipes)"
                         if default_tp_overlap(row) else "collectives on the critical path)"))
     if row.ep > 1 and row.dispatcher is None and expert_problem(row) is None:
-        notes.append(f"dispatcher {default_dispatcher(row)} (not published: "
-                     f"{'HybridEP, as NVIDIA runs on ' + row.device if row.device in HYBRIDEP_DEVICES else 'Megatron-Core default'})")
+        why = ("HybridEP, as NVIDIA runs on " + row.device if row.device in HYBRIDEP_DEVICES
+               else "DeepEP: the expert-parallel group spans scale-up domains"
+               if default_dispatcher(row) == "deepep" else "Megatron-Core default")
+        notes.append(f"dispatcher {default_dispatcher(row)} (not published: {why})")
     if rc == "selective":
         kernel = attention_kernel(row)[0]
         w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads),

@@ -53,10 +53,18 @@ def test_the_dispatcher_column_names_megatrons_dispatchers():
     r = parse_row(d, 2, known)
     assert r.dispatcher == "deepep"
     assert V.row_layout(r) == Layout(16, 1, expert=16, expert_tensor=1, expert_dispatch="deepep")
-    # blank: HybridEP on a GB200 NVL72 rack (HYBRIDEP_DEVICES), Megatron-Core's default elsewhere
-    assert V.row_layout(dataclasses.replace(r, dispatcher=None)).expert_dispatch == "deepep"
-    assert V.row_layout(dataclasses.replace(r, dispatcher=None, device="h100-sxm")
-                        ).expert_dispatch == "alltoall"
+    # blank: HybridEP on a GB200 NVL72 rack (HYBRIDEP_DEVICES); elsewhere DeepEP where the expert
+    # group leaves the 8-GPU host on a Hopper or later part, else Megatron-Core's default
+    blank = dataclasses.replace(r, dispatcher=None)
+    assert V.row_layout(blank).expert_dispatch == "deepep"
+    assert V.row_layout(dataclasses.replace(blank, device="h100-sxm")).expert_dispatch == "deepep"
+    inside = dataclasses.replace(blank, device="h100-sxm", ep=8, dp=16)
+    assert V.row_layout(inside).expert_dispatch == "alltoall"                  # 8 of 8: one host
+    assert V.row_layout(dataclasses.replace(inside, etp=2)).expert_dispatch == "deepep"   # 8 x 2
+    assert V.row_layout(dataclasses.replace(blank, device="a100-80gb-sxm")
+                        ).expert_dispatch == "alltoall"                        # no DeepEP before Hopper
+    assert V.row_layout(dataclasses.replace(blank, device="h100-sxm", scale_up_domain=16)
+                        ).expert_dispatch == "alltoall"                        # a 16-GPU NVLink domain
     with pytest.raises(ValidationError, match=r"^row 2: dispatcher 'nccl' unknown; fix: use one "
                                               r"of alltoall, deepep, hybridep, flex"):
         parse_row({**d, "dispatcher": "nccl"}, 2, known)

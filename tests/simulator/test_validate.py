@@ -67,13 +67,16 @@ def test_csv_rows_load():
         ("dgxc-24.11", 4), ("dgxc-25.02", 4), ("dgxc-25.05", 4), ("dgxc-25.05.01", 1),
         ("dgxc-25.05.02", 1)}
     # NVIDIA's dispatchers as the recipes set them: 25.09's token-dropping runs, DeepEP on H100,
-    # HybridEP on the 25.11 racks, the all-to-all gpt-oss's provider keeps and, stated, that
-    # the GB200 Grok-1 rows always ran with (a blank one there would now be HybridEP);
-    # Megatron-Core's all-to-all overlap where the recipe sets it
+    # HybridEP on the 25.11 racks, the all-to-all gpt-oss's provider keeps, and the capacity
+    # factor every DGX Cloud Grok-1 and DeepSeek-V3 config or NeMo script sets (no MoE row left
+    # blank); Megatron-Core's all-to-all overlap where the recipe sets it
     assert sorted((r.source, r.dispatcher) for r in moe if r.dispatcher) == sorted(
         [("nemo-25.09", "tokendrop")] * 12 + [("nemo-25.09", "deepep")]
         + [("nemo-25.11", "deepep")] * 8 + [("dgxc-24.11", "tokendrop")] * 6
-        + [("nemo-25.11", "alltoall")] * 8 + [("dgxc-25.05", "alltoall")] * 6)
+        + [("nemo-25.11", "alltoall")] * 8 + [("dgxc-25.02", "tokendrop")] * 6
+        + [("dgxc-25.05", "tokendrop")] * 7 + [("dgxc-25.05.01", "tokendrop")] * 2
+        + [("dgxc-25.05.02", "tokendrop")] * 2 + [("dgxc-25.05.04", "tokendrop")] * 2)
+    assert all(r.dispatcher for r in moe if r.ep > 1)
     assert sorted((r.source, r.model, r.device) for r in moe
                   if r.schedule == "1f1b-interleaved-a2a") == [
         ("nemo-25.09", "deepseek-v3", "h100-sxm"), ("nemo-25.11", "qwen3-235b-a22b", "b200"),
