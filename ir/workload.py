@@ -105,6 +105,10 @@ class LayerCost:
     """Each routed expert's inner (FFN) width, elements (0: a dense layer or not known)."""
     shared_expert_width: int = 0
     """The shared experts' inner width together (shared experts x their width; 0: none)."""
+    expert_latent: int = 0
+    """LatentMoE's latent width, elements: the routed tokens and experts run at it, between a
+    down- and an up-projection of the hidden state (0: none, the experts run at the hidden
+    width; NVIDIA Nemotron 3 Super, Megatron-Core ``--moe-latent-size``)."""
     mla_q_rank: int = 0
     """Latent attention's query down-projection rank (DeepSeek-V2 Sec. 2.1 ``q_lora_rank``; 0:
     a full query projection, or no latent attention)."""

@@ -234,6 +234,8 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
         if v.model.shared_experts:
             args.append(("--moe-shared-expert-intermediate-size",
                          v.model.shared_experts * v.model.expert_ffn))
+        if v.model.moe_latent:
+            args.append(("--moe-latent-size", v.model.moe_latent))
         if lay.expert > 1:
             args.append(("--expert-model-parallel-size", lay.expert))
             args.append(("--expert-tensor-parallel-size", lay.etp))

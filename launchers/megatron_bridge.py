@@ -184,6 +184,8 @@ def _model(v: PartView, notes: list[str]) -> list[tuple[str, object]]:
         if c.shared_experts:
             out.append(("model.moe_shared_expert_intermediate_size",
                         c.shared_experts * c.expert_ffn))
+        if c.moe_latent:
+            out.append(("model.moe_latent_size", c.moe_latent))
         if c.dense_layers:
             dense, moe = c.dense_layers, c.layers - c.dense_layers
             out.append(("model.moe_layer_freq", [0] * dense + [1] * moe))

@@ -309,7 +309,8 @@ class ModuleShape:
     ``hidden`` width; ``heads`` query heads; ``ffn`` the dense MLP's inner width (``glu``: gated,
     fc1 ``2 ffn`` wide); ``moe``: the block's MLP is a mixture of experts of ``experts`` routed
     experts, ``top_k`` per token, each ``expert_ffn`` wide, plus shared experts ``shared_ffn``
-    wide together; latent attention (``kv_rank`` > 0) with query rank ``q_rank`` (0: a full
+    wide together, the routed experts at LatentMoE's ``latent`` width when set (0: ``hidden``);
+    latent attention (``kv_rank`` > 0) with query rank ``q_rank`` (0: a full
     query projection), per-head ``nope`` + ``rope`` query/key widths and ``v_dim`` values;
     ``attention_flops`` the attention core's forward FLOP per token; ``dtype_bytes`` the saved
     activations' element size (2: bf16)."""
@@ -323,6 +324,7 @@ class ModuleShape:
     top_k: float = 0.0
     expert_ffn: int = 0
     shared_ffn: int = 0
+    latent: int = 0
     q_rank: int = 0
     kv_rank: int = 0
     nope: int = 0
@@ -371,10 +373,11 @@ def module_cost(module: str, s: ModuleShape) -> ModuleCost:
       ``2 h ffn (g + 1)`` FLOP and the activation's traffic.
     - ``shared_experts`` (``moe/moe_layer.py``): as ``mlp`` for the shared experts' width.
     - ``moe`` (``moe/moe_layer.py``, ``moe_layer_recompute``): drops everything inside the layer
-      but its input: the permuted tokens (fc1's input, ``top_k h``), fc1's output and fc2's input
+      but its input: the permuted tokens (fc1's input, ``top_k h``; ``top_k latent`` under
+      LatentMoE, plus the down-projected tokens, ``latent``), fc1's output and fc2's input
       (``top_k (g + 1) fe``), the shared experts' (as above) and the router's fp32 probabilities
-      (``4 experts`` bytes); reruns the router, the routed and the shared experts' matmuls (the
-      dispatch all-to-all rerun is not charged).
+      (``4 experts`` bytes); reruns the router, LatentMoE's down- and up-projections, the routed
+      and the shared experts' matmuls (the dispatch all-to-all rerun is not charged).
     - ``core_attn``: with a fused (flash) kernel the checkpoint keeps Q, K, V as its inputs and the
       output is saved by the output projection, so nothing of size is dropped (the ``s x s``
       scores Korthikanti et al. drop are never saved); reruns the attention core
@@ -408,10 +411,11 @@ def module_cost(module: str, s: ModuleShape) -> ModuleCost:
         if not s.moe:
             return zero
         shared = module_cost("shared_experts", s)
-        routed = s.top_k * (h + (g + 1) * s.expert_ffn)
+        w = s.latent or h                       # the width the routed tokens run at
+        routed = s.top_k * (w + (g + 1) * s.expert_ffn) + (s.latent or 0)
         return ModuleCost(routed * b + 4.0 * s.experts + shared.dropped_bytes,
-                          2.0 * h * s.experts + 2.0 * s.top_k * h * s.expert_ffn * (g + 1)
-                          + shared.rerun_flops,
+                          2.0 * h * s.experts + 2.0 * s.top_k * w * s.expert_ffn * (g + 1)
+                          + 4.0 * h * (s.latent or 0) + shared.rerun_flops,
                           s.top_k * (g + 1) * s.expert_ffn * b + shared.rerun_traffic_bytes)
     raise RematError(f"recompute module {module[:40]!r} unknown; fix: use modules from "
                      f"{', '.join(MODULES)}")

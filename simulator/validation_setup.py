@@ -751,7 +751,8 @@ def block_shape(row: Row, c: LayerCost, dtype_bytes: int = 2) -> remat.ModuleSha
     return remat.ModuleShape(
         hidden=row.hidden, heads=row.heads, ffn=row.ffn or 4 * row.hidden, glu=bool(row.glu),
         moe=c.experts > 0, experts=c.experts, top_k=c.experts_per_token,
-        expert_ffn=c.expert_width, shared_ffn=c.shared_expert_width, q_rank=c.mla_q_rank,
+        expert_ffn=c.expert_width, shared_ffn=c.shared_expert_width, latent=c.expert_latent,
+        q_rank=c.mla_q_rank,
         kv_rank=c.mla_kv_rank, nope=c.mla_nope_dim, rope=c.mla_rope_dim, v_dim=c.mla_v_dim,
         attention_flops=attn, dtype_bytes=dtype_bytes)
 

@@ -72,6 +72,12 @@ class ModelConfig:
         ``expert_ffn`` every token goes through besides its routed ones; ``dense_layers``: the
         first blocks keep a dense SwiGLU MLP of width ``ffn`` (DeepSeek-V3's
         ``first_k_dense_replace``; DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", Sec. 2.1).
+        ``moe_latent`` > 0 (LatentMoE, NVIDIA Nemotron 3 Super and Ultra; Megatron-Core's
+        ``--moe-latent-size``): the router scores the ``hidden``-wide token, which is then
+        projected down to ``moe_latent`` before the dispatch, so the all-to-all, the permutation
+        and the routed experts (``moe_latent`` -> ``expert_ffn`` -> ``moe_latent``) run at that
+        width, and the combined result is projected back up; shared experts stay ``hidden``
+        wide (hybrid ``nemotron_h`` models only).
         Multi-head latent attention (``kv_lora_rank`` > 0; DeepSeek-V2, Sec. 2.1): queries through
         a rank-``q_lora_rank`` bottleneck (0: a full projection), keys and values through a
         rank-``kv_lora_rank`` latent; each head's query and key are ``head_size`` wide plus a
@@ -181,6 +187,7 @@ class ModelConfig:
     expert_ffn: int = 0
     capacity_factor: float = 1.0
     shared_experts: int = 0
+    moe_latent: int = 0
     dense_layers: int = 0
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
@@ -247,6 +254,12 @@ class ModelConfig:
         ``full_attention_interval``-th, ``i % n == n - 1``; see the class docs)."""
         n = self.full_attention_interval
         return self.linear_attention and not (n and i % n == n - 1)
+
+    @property
+    def expert_input(self) -> int:
+        """The width tokens enter the routed experts at: ``moe_latent`` under LatentMoE, else
+        ``hidden``."""
+        return self.moe_latent or self.hidden
 
     @property
     def mla(self) -> bool:

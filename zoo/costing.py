@@ -243,8 +243,9 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, Any]:
     """A mixture-of-experts block's :class:`LayerCost` expert fields: its experts, their
     parameters, the FLOP of their matmuls for one sample (every capacity row of every expert:
     ``zoo.layers.moe_swiglu`` computes the empty rows too), the bytes one sample's tokens send
-    to them in one dispatch and the (token, expert) pairs it routes; a multi-token-prediction
-    head carries its one block's."""
+    to them in one dispatch and the (token, expert) pairs it routes, all at the width the tokens
+    enter the experts at (``ModelConfig.expert_input``: LatentMoE's latent where set); a
+    multi-token-prediction head carries its one block's."""
     if not cfg.moe or body not in ("decoder_block", "sliding_block", "linear_block", "head",
                                    "moe_block"):
         return {}
@@ -255,12 +256,13 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, Any]:
     return {"experts": cfg.experts, "expert_param_count": models.expert_param_count(cfg),
             # gate (none for relu2), up and down projections of every routed row (shared experts are dense work)
             "expert_fwd_flops_per_sample": (4.0 if cfg.mlp == "relu2" else 6.0)
-                                           * routed * cfg.hidden * cfg.expert_ffn,
-            "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.hidden
+                                           * routed * cfg.expert_input * cfg.expert_ffn,
+            "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.expert_input
                                           * cfg.dtype_bytes * cfg.capacity_factor),
             "routed_pairs_per_sample": float(cfg.seq_len * cfg.experts_per_token),
             "experts_per_token": float(cfg.experts_per_token),
-            "expert_width": cfg.expert_ffn, "shared_expert_width": cfg.shared_experts * cfg.expert_ffn}
+            "expert_width": cfg.expert_ffn, "shared_expert_width": cfg.shared_experts * cfg.expert_ffn,
+            "expert_latent": cfg.moe_latent}
 
 
 def _mla_fields(cfg: ModelConfig, body: str) -> dict[str, int]:

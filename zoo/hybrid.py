@@ -11,7 +11,8 @@ each layer one of four residual sublayers, named by a character of
 - ``*``: grouped-query attention, no positional embedding (Nemotron-H's attention has none);
 - ``-``: a dense MLP (squared ReLU, not gated, for ``mlp`` ``relu2``);
 - ``E``: a mixture of experts (``zoo.layers.moe_swiglu``; squared-ReLU experts and shared
-  experts for ``relu2``).
+  experts for ``relu2``; LatentMoE's down- and up-projections around the routed experts when
+  ``moe_latent`` is set).
 
 Every sublayer is ``x + mixer(rmsnorm(x))``. Shapes: ``x [B, S, h]``; Mamba-2 heads ``H =
 mamba_heads`` of width ``P = mamba_head_dim`` (``d_inner = H P``), ``G = mamba_groups`` groups
@@ -53,8 +54,10 @@ def block_shapes(cfg: ModelConfig, body: str) -> dict[str, tuple[int, ...]]:
     elif body == "mlp_block":
         s.update(w_up=(h, f), w_down=(f, h))
     else:
-        E, fe = cfg.experts, cfg.expert_ffn
-        s.update(w_router=(h, E), w_up=(E, h, fe), w_down=(E, fe, h))
+        E, fe, L = cfg.experts, cfg.expert_ffn, cfg.expert_input
+        s.update(w_router=(h, E), w_up=(E, L, fe), w_down=(E, fe, L))
+        if cfg.moe_latent:          # LatentMoE's projections around the dispatch
+            s.update(w_latent_down=(h, L), w_latent_up=(L, h))
         if cfg.shared_experts:
             fs = cfg.shared_experts * fe
             s.update(ws_up=(h, fs), ws_down=(fs, h))
@@ -189,7 +192,8 @@ def block_fn(cfg: ModelConfig, body: str):
         if body == "mlp_block":
             return x + relu2_mlp(u, p["w_up"], p["w_down"])
         y = moe_swiglu(u, p["w_router"], None, p["w_up"], p["w_down"],
-                       top_k=cfg.experts_per_token, capacity_factor=cfg.capacity_factor)
+                       top_k=cfg.experts_per_token, capacity_factor=cfg.capacity_factor,
+                       latent=(p["w_latent_down"], p["w_latent_up"]) if cfg.moe_latent else None)
         if cfg.shared_experts:
             y = y + relu2_mlp(u, p["ws_up"], p["ws_down"])
         return x + y

@@ -271,7 +271,8 @@ mesh with them): the batch is split over ``(DATA_AXIS, EXPERT_AXIS)`` and the ex
 
 def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array | None, w_up: jax.Array,
                w_down: jax.Array, *, top_k: int, capacity_factor: float,
-               biases: Mapping[str, jax.Array] | None = None, limit: float = 0.0) -> jax.Array:
+               biases: Mapping[str, jax.Array] | None = None, limit: float = 0.0,
+               latent: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """Mixture-of-experts SwiGLU with top-k token-choice routing (``zoo.ModelConfig`` docs).
 
     Tokens are routed within their sample: each sample's sequence is one routing group (GShard's
@@ -299,11 +300,16 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array | None, w_up
         biases: the router's and the experts' biases (gpt-oss), ``{"w_router_b": [E],
             "w_gate_b", "w_up_b": [E, f], "w_down_b": [E, h]}``; None for none.
         limit: gpt-oss's SwiGLU clamp (:func:`glu`); 0 for the plain SwiGLU.
+        latent: LatentMoE's ``(w_down [h, L], w_up [L, h])`` (``zoo.ModelConfig.moe_latent``):
+            the router scores ``x``, the tokens are dispatched as ``x w_down`` and the experts'
+            weights are ``[E, L, f]`` / ``[E, f, L]``; the combined ``[B, S, L]`` is projected
+            back by ``w_up``. None: the experts run at ``h``.
     Returns: ``[B, S, h]``.
     """
-    B, T, h = x.shape
+    B, T, _ = x.shape
     E = w_router.shape[1]
     C = expert_capacity(T, top_k, E, capacity_factor)
+    h = w_up.shape[1]                   # the routed width: hidden, or LatentMoE's latent
 
     bias = dict(biases or {})
 
@@ -321,7 +327,8 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array | None, w_up
     # dispatch: slot s of expert s // C takes token pair_of_slot[s] // k (T: an empty slot)
     token_of_slot = jnp.where(pair_of_slot < T * top_k, pair_of_slot // top_k, T)
     to_token = slot_of_pair.reshape(B, T, top_k)
-    buf = jax.vmap(_permute)(x, token_of_slot, to_token)        # [B, E*C, h]
+    xr = x if latent is None else x @ latent[0]                 # [B, T, h] (h: the routed width)
+    buf = jax.vmap(_permute)(xr, token_of_slot, to_token)       # [B, E*C, h]
     buf = _exchange(buf.reshape(B, E, C, h), to_experts=True)
     g = None if w_gate is None else jnp.einsum("bech,ehf->becf", buf, w_gate)
     u = jnp.einsum("bech,ehf->becf", buf, w_up)
@@ -333,7 +340,8 @@ def moe_swiglu(x: jax.Array, w_router: jax.Array, w_gate: jax.Array | None, w_up
         y = y + bias["w_down_b"][None, :, None, :]
     y = _exchange(y, to_experts=False).reshape(B, E * C, h)
     # combine: each (token, choice) pair reads its slot (E*C: dropped, a zero row), gated
-    return jax.vmap(_combine)(y, to_token, pair_of_slot, gates)          # [B, T, h]
+    out = jax.vmap(_combine)(y, to_token, pair_of_slot, gates)           # [B, T, h]
+    return out if latent is None else out @ latent[1]
 
 
 def _slots(choice: jax.Array, experts: int, capacity: int) -> tuple[jax.Array, jax.Array]:

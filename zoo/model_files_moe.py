@@ -63,7 +63,8 @@ def read_nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) 
     ``moe_intermediate_size`` plus a shared expert of ``moe_shared_expert_intermediate_size``
     (a multiple of it), attention without positional embeddings. The router (sigmoid scores
     with a per-expert correction bias, scaled by ``routed_scaling_factor``) is costed as a
-    softmax top-k; its 128 correction biases per MoE layer are left out."""
+    softmax top-k; its 128 correction biases per MoE layer are left out. ``moe_latent_size``
+    (Nemotron 3 Super's LatentMoE; absent or null: none) sets ``ModelConfig.moe_latent``."""
     layers = _int(doc, "num_hidden_layers", where)
     pattern = _get(doc, "hybrid_override_pattern", where)
     if not isinstance(pattern, str):
@@ -94,12 +95,16 @@ def read_nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) 
         experts=_int(doc, "n_routed_experts", where) if moe else 0,
         experts_per_token=_int(doc, "num_experts_per_tok", where) if moe else 0,
         expert_ffn=fe, shared_experts=shared // fe if moe else 0, hybrid_pattern=pattern,
+        moe_latent=(_count(doc, "moe_latent_size", where) if moe and doc.get("moe_latent_size")
+                    is not None else 0),
         mamba_heads=_int(doc, "mamba_num_heads", where),
         mamba_head_dim=_int(doc, "mamba_head_dim", where),
         ssm_state=_int(doc, "ssm_state_size", where), mamba_groups=_int(doc, "n_groups", where),
         conv_kernel=_int(doc, "conv_kernel", where), ssm_chunk=_int(doc, "chunk_size", where, default=128),
         source=f"{source}; nemotron_h ({pattern.count('M')} Mamba-2, {pattern.count('*')} "
                f"attention, {pattern.count('E')} MoE and {pattern.count('-')} MLP layers"
+               + (f"; LatentMoE: experts at latent width {doc['moe_latent_size']}"
+                  if moe and doc.get("moe_latent_size") else "")
                + ("; router costed as softmax top-k, its correction biases left out)" if moe else ")"))
 
 

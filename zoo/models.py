@@ -138,13 +138,15 @@ def param_count(cfg: ModelConfig | str, *, unique: bool = True) -> int:
 
 def expert_param_count(cfg: ModelConfig | str) -> int:
     """Parameters of one mixture-of-experts block's routed experts (0 for a dense model):
-    ``experts x 3 x h x expert_ffn``, plus each expert's biases (``2 expert_ffn + h``) when the
+    ``experts x 3 x h x expert_ffn`` (``h``: LatentMoE's latent width where set, two matrices
+    for squared-ReLU experts), plus each expert's biases (``2 expert_ffn + h``) when the
     model has biases (gpt-oss); shared experts and the router are dense parameters."""
     cfg = _cfg(cfg)
     if not cfg.moe:
         return 0
     mats = 2 if cfg.mlp == "relu2" else 3                  # no gate: up and down only
-    per = mats * cfg.hidden * cfg.expert_ffn + (2 * cfg.expert_ffn + cfg.hidden if cfg.bias else 0)
+    per = (mats * cfg.expert_input * cfg.expert_ffn
+           + (2 * cfg.expert_ffn + cfg.hidden if cfg.bias else 0))
     return cfg.experts * per
 
 

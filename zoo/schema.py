@@ -64,6 +64,7 @@ LIMITS: dict[str, int] = {
     "experts_per_token": 2**14,
     "expert_ffn": 2**20,       # 2,048 (DeepSeek-V3), 16,384 (Mixtral 8x22B)
     "shared_experts": 2**10,   # 1 (DeepSeek-V3), 2 (DeepSeek-V2)
+    "moe_latent": 2**18,       # 1,024 (Nemotron 3 Super), at most hidden
     "dense_layers": 2**14,
     "q_lora_rank": 2**16,      # 1,536 (DeepSeek-V3)
     "kv_lora_rank": 2**16,     # 512 (DeepSeek-V3)
@@ -126,7 +127,7 @@ _AT_LEAST_ONE = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq_len")
 _MOCHI = ("hidden_y", "ffn_y", "text_tokens", "text_dim", "latent_channels", "latent_frames",
           "latent_height", "latent_width", "patch_size", "sampling_steps", "cfg_passes")
 _LATENT = ("latent_channels", "latent_frames", "latent_height", "latent_width")
-_MOE = ("experts_per_token", "expert_ffn", "shared_experts", "dense_layers")
+_MOE = ("experts_per_token", "expert_ffn", "shared_experts", "moe_latent", "dense_layers")
 _MLA = ("q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 
 
@@ -237,6 +238,12 @@ def _check_experts(cfg: ModelConfig, bad: Any, key: Any) -> None:
                   f"route each token to 1 to {cfg.experts} experts")
     if cfg.expert_ffn < 1:
         raise bad("expert_ffn", "is not set for a mixture of experts", "give each expert's width")
+    if cfg.moe_latent and not cfg.hybrid:
+        raise bad("moe_latent", "is set on a model that is not a Mamba hybrid (the zoo runs "
+                  "LatentMoE in nemotron_h models)", f"drop {key('moe_latent')}")
+    if cfg.moe_latent > cfg.hidden:
+        raise bad("moe_latent", f"is wider than hidden = {cfg.hidden}", "give a latent width "
+                  "at most the hidden size")
     if cfg.dense_layers >= cfg.layers:
         raise bad("dense_layers", f"leaves no mixture-of-experts layer of the {cfg.layers}",
                   f"give fewer than {cfg.layers} dense first layers")

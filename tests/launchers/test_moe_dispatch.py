@@ -97,3 +97,26 @@ def test_a_bf16_gradient_reduction_is_asked_for_in_every_target(tmp_path):
     titan = _text(bf16, "torchtitan", tmp_path / "b.toml")
     assert "mixed_precision_reduce" in titan and "bfloat16" in titan
     assert "mixed_precision_reduce" not in _text(p, "torchtitan", tmp_path / "f.toml")
+
+
+def test_a_latent_moe_plan_writes_megatrons_latent_size(tmp_path):
+    """A LatentMoE model (``moe_latent``: Nemotron 3 Super's ``--moe-latent-size``) planned and
+    exported: Megatron-LM's arguments carry the latent width beside the experts'."""
+    import yaml
+    from click.testing import CliRunner
+
+    from mpmd.cli.main import main
+
+    root = Path(__file__).resolve().parents[2]
+    spec = yaml.safe_load((root / "zoo" / "configs" / "tiny-hybrid.yaml").read_text())
+    spec.update(name="tiny-latent", moe_latent=16)
+    (tmp_path / "tiny-latent.yaml").write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(main, ["plan", "--model", str(tmp_path / "tiny-latent.yaml"),
+                                    "--cluster", str(root / "hardware_profiles" / "clusters" / "h100x1.yaml"),
+                                    "--global-batch", "8", "--time-limit", "5",
+                                    "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 0, res.output[-2000:]
+    plan = load_plan(tmp_path / "p.json")
+    assert plan.model_config is not None and plan.model_config["moe_latent"] == 16
+    meg = _text(plan, "megatron", tmp_path / "p.args")
+    assert "--moe-latent-size 16" in meg and "--num-experts 4" in meg

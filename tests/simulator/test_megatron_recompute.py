@@ -5,6 +5,7 @@ simulator.validation_setup.module_recompute."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from pathlib import Path
 
@@ -25,6 +26,7 @@ MOE = R.ModuleShape(hidden=64, heads=4, ffn=256, glu=True, moe=True, experts=8, 
                     expert_ffn=32, shared_ffn=32, q_rank=16, kv_rank=8, nope=16, rope=8, v_dim=16,
                     attention_flops=1000.0, dtype_bytes=2)
 DENSE = R.ModuleShape(hidden=64, heads=4, ffn=256, glu=True, attention_flops=1000.0)
+LATENT = dataclasses.replace(MOE, latent=16)
 
 
 @pytest.mark.parametrize("module, shape, dropped, flops, traffic", [
@@ -39,6 +41,11 @@ DENSE = R.ModuleShape(hidden=64, heads=4, ffn=256, glu=True, attention_flops=100
     ("moe", MOE, 2 * (64 + 3 * 32) * 2 + 4 * 8 + 3 * 32 * 2,
      2.0 * 64 * 8 + 2.0 * 2 * 64 * 32 * 3 + 2.0 * 64 * 32 * 3, 2 * 3 * 32 * 2 + 3 * 32 * 2),
     ("core_attn", MOE, 0, 1000.0, 0),
+    # LatentMoE at latent 16: the permuted rows and expert matmuls at 16 wide, plus the
+    # down-projected tokens kept and both 64 x 16 projections rerun
+    ("moe", LATENT, 2 * (16 + 3 * 32) * 2 + 16 * 2 + 4 * 8 + 3 * 32 * 2,
+     2.0 * 64 * 8 + 2.0 * 2 * 16 * 32 * 3 + 4.0 * 64 * 16 + 2.0 * 64 * 32 * 3,
+     2 * 3 * 32 * 2 + 3 * 32 * 2),
 ])
 def test_each_module_drops_its_saved_bytes_and_reruns_its_forward(module, shape, dropped, flops,
                                                                   traffic):

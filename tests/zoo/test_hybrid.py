@@ -132,3 +132,77 @@ def test_the_mamba_layer_is_costed_as_its_fused_kernels():
     m = cm.stage_memory(w, 0, len(w.layers), Layout(8, 1, expert=8), 16.0)
     # one microbatch in flight (no pipeline): 83 GB static, 86 GB of residuals
     assert m.static_bytes + m.residual_bytes_per_microbatch + m.working_bytes < 192e9
+
+
+def test_nemotron_3_super_counts_match_its_name():
+    """Nemotron 3 Super (NVIDIA/Megatron-LM examples/post_training/modelopt/conf/nvidia/
+    NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh): 88 layers (40 Mamba-2, 40 LatentMoE, 8
+    attention), 512 experts of 2688 at latent width 1024, 22 per token, a shared expert of 5376
+    at the hidden width 4096: 120B total, 12B active without the input embedding."""
+    cfg = resolve_model("Nemotron3_Super")
+    p = cfg.hybrid_pattern
+    assert (len(p), p.count("M"), p.count("E"), p.count("*")) == (88, 40, 40, 8)
+    assert (cfg.hidden, cfg.moe_latent, cfg.expert_input, cfg.experts, cfg.experts_per_token,
+            cfg.expert_ffn, cfg.shared_experts) == (4096, 1024, 1024, 512, 22, 2688, 2)
+    assert zoo.expert_param_count(cfg) == 512 * 2 * 1024 * 2688
+    assert round(zoo.param_count(cfg) / 1e9) == 121
+    assert round(zoo.active_param_count(cfg, embedding=False) / 1e9) == 12
+
+
+def _latent(cfg, latent):
+    import dataclasses
+
+    return dataclasses.replace(cfg, moe_latent=latent, name=f"{cfg.name}-latent{latent}")
+
+
+def test_latent_moe_runs_its_experts_and_exchange_at_the_latent_width():
+    """LatentMoE (``moe_latent``): the routed experts' weights are ``[E, L, f]`` and the
+    dispatched rows ``L`` wide, so the expert FLOP, the all-to-all bytes and the expert
+    parameters scale by ``L / h``; two ``h x L`` projections join the dense parameters; the
+    model still trains."""
+    from zoo.costing import workload
+
+    cfg = resolve_model("tiny-hybrid")
+    lat = _latent(cfg, 16)
+    base = workload(cfg, 4, per_layer=True).costs["moe_block"]
+    moe = workload(lat, 4, per_layer=True).costs["moe_block"]
+    assert moe.expert_latent == 16 and base.expert_latent == 0
+    assert moe.expert_param_count == 4 * 2 * 16 * 32 == base.expert_param_count // 4
+    assert moe.alltoall_bytes_per_sample == base.alltoall_bytes_per_sample / 4
+    assert moe.expert_fwd_flops_per_sample == base.expert_fwd_flops_per_sample / 4
+    dense = moe.param_count - moe.expert_param_count
+    assert dense == base.param_count - base.expert_param_count + 2 * 64 * 16
+    params = zoo.init_params(lat, jax.random.PRNGKey(0))
+    assert params["blocks"][1]["w_up"].shape == (4, 16, 32)
+    assert params["blocks"][1]["w_latent_down"].shape == (64, 16)
+    batch = zoo.example_batch(lat, jax.random.PRNGKey(1), 2)
+    loss, grads = jax.jit(jax.value_and_grad(zoo.forward_loss(lat)))(params, batch)
+    assert jnp.isfinite(loss)
+    for k in ("w_latent_down", "w_latent_up", "w_up", "w_down", "w_router"):
+        assert float(jnp.abs(grads["blocks"][1][k]).sum()) > 0, k
+
+
+def test_latent_moe_equals_the_experts_on_projected_tokens():
+    """moe_swiglu with ``latent=(D, U)`` is ``moe_swiglu(x D) U`` with the router scoring ``x``:
+    one token, top-1 of one expert, so the gate is 1 and routing cannot differ."""
+    from zoo.layers import moe_swiglu
+
+    k = jax.random.split(jax.random.PRNGKey(3), 5)
+    x = jax.random.normal(k[0], (1, 3, 8))
+    d, u = jax.random.normal(k[1], (8, 4)), jax.random.normal(k[2], (4, 8))
+    w_up, w_down = jax.random.normal(k[3], (1, 4, 6)), jax.random.normal(k[4], (1, 6, 4))
+    got = moe_swiglu(x, jnp.ones((8, 1)), None, w_up, w_down, top_k=1, capacity_factor=1.0,
+                     latent=(d, u))
+    xd = x @ d
+    want = (jnp.square(jax.nn.relu(xd @ w_up[0])) @ w_down[0]) @ u
+    assert jnp.allclose(got, want, atol=1e-4)
+
+
+def test_a_latent_on_a_plain_decoder_is_refused():
+    import dataclasses
+
+    from zoo.schema import check_model
+
+    cfg = dataclasses.replace(resolve_model("tiny-moe"), moe_latent=8)
+    with pytest.raises(ZooError, match="moe_latent.*not a Mamba hybrid"):
+        check_model(cfg)

@@ -35,6 +35,7 @@ PUBLISHED = {  # file -> published total (zoo/configs/README.md cites each)
     "Qwen3-30B-A3B.json": 30.5e9,
     "gpt-oss-120b.json": 116.83e9,     # test_gpt_oss.py checks its parts and active count
     "Nemotron-3-Nano-30B-A3B.json": 31.6e9,   # test_hybrid.py checks the active count
+    "Nemotron-3-Super-120B-A12B.json": 120e9,  # the release's name; test_hybrid.py: 12B active
 }
 
 
