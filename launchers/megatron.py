@@ -81,6 +81,9 @@ def _model_args(v: PartView) -> list[tuple[str, object]]:
                 ("--mamba-state-dim", c.ssm_state), ("--mamba-num-groups", c.mamba_groups)]
     if c.mtp_layers:
         out.append(("--mtp-num-layers", c.mtp_layers))
+        if c.hybrid:    # passes of one module of these layers (Nemotron 3 Super's recipes)
+            out += [("--mtp-hybrid-override-pattern", c.mtp_pattern),
+                    ("--mtp-use-repeated-layer", None)]
     if c.sliding_window and c.full_attention_every:
         # Transformer Engine's (left, right) window: a query attends keys i - left .. i, so the
         # zoo's window of W keys (self included) is left = W - 1 (Bridge's gpt-oss: 128 -> 127)

@@ -102,6 +102,12 @@ class ModelConfig:
         more mixture-of-experts block, an RMSNorm and a second pass of the shared output head on
         the token after next; the loss is the main loss plus the MTP loss (the report weighs it by
         lambda; 1 here). The head holds its own copy of the embedding table, counted once.
+        On a hybrid model, ``mtp_layers`` (1 to 4) is the passes of one such module whose block
+        is the layers ``mtp_pattern`` names (``hybrid_pattern`` characters; Nemotron 3 Super:
+        ``*E``, an attention and a mixture-of-experts layer, run twice with the same weights,
+        Megatron-Core's ``--mtp-num-layers 2 --mtp-use-repeated-layer``): pass ``d`` combines the
+        previous pass's output with the embedding of token ``i + d`` and predicts token
+        ``i + d + 1``.
         Gated DeltaNet (``linear_key_heads`` > 0; Qwen3-Next, :mod:`zoo.gated_deltanet`): every
         block but each ``full_attention_interval``-th (``i % n == n - 1``) replaces attention by
         Gated DeltaNet linear attention with ``linear_key_heads`` query/key heads of
@@ -199,6 +205,7 @@ class ModelConfig:
     qk_norm: bool = False
     swiglu_limit: float = 0.0
     mtp_layers: int = 0
+    mtp_pattern: str = ""
     full_attention_interval: int = 0
     linear_key_heads: int = 0
     linear_value_heads: int = 0

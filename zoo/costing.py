@@ -137,6 +137,8 @@ def _probe(cfg: ModelConfig, body: str, b: int) -> dict[str, float]:
         r["resid_bytes"] = float(sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize
                                      for a in kept))
     fix = attention_kernel_correction(cfg, body, b, cfg.training)
+    if body == "head" and mtp_attention_runs(cfg) != 1:     # one core per attention run
+        fix = {k: v * mtp_attention_runs(cfg) for k, v in fix.items()}
     for k, v in (*fix.items(), *gated_deltanet.kernel_correction(cfg, body, b, cfg.training).items(),
                  *hybrid.kernel_correction(cfg, body, b, cfg.training).items()):
         if cfg.training or not k.startswith("bwd"):
@@ -161,7 +163,9 @@ def _tp_allreduce_bytes(cfg: ModelConfig, body: str) -> float:
     block = 2.0 * cfg.seq_len * cfg.hidden * db
     # a multi-token-prediction head: a second vocab-parallel cross-entropy, the vocab-parallel
     # lookup of the next tokens' embeddings and its block's two all-reduces
-    mtp = 3.0 * cfg.seq_len * 4 + cfg.seq_len * cfg.hidden * db + block if cfg.mtp_layers else 0.0
+    # (a hybrid's passes each run its mtp_pattern's sublayers, one all-reduce each)
+    blocks = cfg.mtp_layers * (len(cfg.mtp_pattern) / 2 if cfg.hybrid else 1)
+    mtp = cfg.mtp_layers * (3.0 * cfg.seq_len * 4 + cfg.seq_len * cfg.hidden * db) + block * blocks
     return {"embed": cfg.seq_len * cfg.hidden * db, "decoder_block": block,
             "sliding_block": block, "dense_block": block, "linear_block": block,
             # a hybrid layer is one sublayer: one all-reduce of its output (Megatron's Mamba
@@ -249,20 +253,39 @@ def _expert_fields(cfg: ModelConfig, body: str) -> dict[str, Any]:
     if not cfg.moe or body not in ("decoder_block", "sliding_block", "linear_block", "head",
                                    "moe_block"):
         return {}
-    if body == "head" and not cfg.mtp_layers:
+    runs = mtp_moe_runs(cfg) if body == "head" else 1   # a head's MoE blocks run per pass
+    if runs == 0:
         return {}
     routed = cfg.experts * expert_capacity(cfg.seq_len, cfg.experts_per_token, cfg.experts,
                                            cfg.capacity_factor)     # token rows per sample
     return {"experts": cfg.experts, "expert_param_count": models.expert_param_count(cfg),
             # gate (none for relu2), up and down projections of every routed row (shared experts are dense work)
-            "expert_fwd_flops_per_sample": (4.0 if cfg.mlp == "relu2" else 6.0)
+            "expert_fwd_flops_per_sample": (4.0 if cfg.mlp == "relu2" else 6.0) * runs
                                            * routed * cfg.expert_input * cfg.expert_ffn,
-            "alltoall_bytes_per_sample": (cfg.seq_len * cfg.experts_per_token * cfg.expert_input
-                                          * cfg.dtype_bytes * cfg.capacity_factor),
-            "routed_pairs_per_sample": float(cfg.seq_len * cfg.experts_per_token),
+            "alltoall_bytes_per_sample": (runs * cfg.seq_len * cfg.experts_per_token
+                                          * cfg.expert_input * cfg.dtype_bytes
+                                          * cfg.capacity_factor),
+            "routed_pairs_per_sample": float(runs * cfg.seq_len * cfg.experts_per_token),
             "experts_per_token": float(cfg.experts_per_token),
             "expert_width": cfg.expert_ffn, "shared_expert_width": cfg.shared_experts * cfg.expert_ffn,
             "expert_latent": cfg.moe_latent}
+
+
+def mtp_moe_runs(cfg: ModelConfig) -> int:
+    """How many mixture-of-experts blocks a multi-token-prediction head runs per sample: one
+    (DeepSeek-V3's module), a hybrid's ``mtp_pattern`` E layers times its ``mtp_layers`` passes,
+    0 without multi-token prediction."""
+    if not cfg.mtp_layers:
+        return 0
+    return cfg.mtp_layers * cfg.mtp_pattern.count("E") if cfg.hybrid else 1
+
+
+def mtp_attention_runs(cfg: ModelConfig) -> int:
+    """How many attention cores a multi-token-prediction head runs per sample (as
+    :func:`mtp_moe_runs`, for the attention layers)."""
+    if not cfg.mtp_layers:
+        return 0
+    return cfg.mtp_layers * cfg.mtp_pattern.count("*") if cfg.hybrid else 1
 
 
 def _mla_fields(cfg: ModelConfig, body: str) -> dict[str, int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from zoo import gated_deltanet
+from zoo import gated_deltanet, hybrid
 from zoo.config import ModelConfig
 from zoo.layers import (attention, cross_entropy, gelu_mlp, layer_norm, moe_swiglu, relu_mlp,
                         rms_norm, rope, swiglu)
@@ -93,8 +93,9 @@ def block_shapes(cfg: ModelConfig, dense: bool = False,
 def head_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The final norm and output head; with ``mtp_layers``, also the multi-token-prediction
     module (``zoo.ModelConfig``): its two input norms, the ``2h x h`` projection, one
-    mixture-of-experts block (:data:`MTP`-prefixed), its output norm and the head's copy of
-    the embedding table (shared with the input embedding)."""
+    mixture-of-experts block (:data:`MTP`-prefixed; a hybrid model's ``mtp_pattern`` layers,
+    ``mtp_<i>_``-prefixed), its output norm and the head's copy of the embedding table (shared
+    with the input embedding)."""
     h = cfg.hidden
     s: dict[str, tuple[int, ...]] = {"norm": (h,), "out": (h, cfg.vocab)}
     if cfg.norm == "layer":
@@ -102,7 +103,12 @@ def head_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if cfg.mtp_layers:
         s.update(tok=(cfg.vocab, h), mtp_hnorm=(h,), mtp_enorm=(h,), mtp_proj=(2 * h, h),
                  mtp_head_norm=(h,))
-        s.update({MTP + k: v for k, v in block_shapes(cfg).items()})
+        if cfg.hybrid:      # one module of mtp_pattern's layers, run mtp_layers times
+            for i, ch in enumerate(cfg.mtp_pattern):
+                s.update({f"{MTP}{i}_{k}": v
+                          for k, v in hybrid.block_shapes(cfg, hybrid.BODIES[ch]).items()})
+        else:
+            s.update({MTP + k: v for k, v in block_shapes(cfg).items()})
     return s
 
 
@@ -205,8 +211,20 @@ def head_fn(cfg: ModelConfig):
     token; with ``mtp_layers``, plus that of the multi-token-prediction module (DeepSeek-V3
     Technical Report, Sec. 2.2): at position ``i`` it combines the last block's output with
     the embedding of token ``i + 1`` (``targets[i]``) and predicts token ``i + 2``
-    (``targets[i + 1]``), through the same output head."""
+    (``targets[i + 1]``), through the same output head. A hybrid model runs its module
+    ``mtp_layers`` times with the same weights: pass ``d`` takes the previous pass's output and
+    the embedding of token ``i + d`` and predicts token ``i + d + 1`` (Megatron-Core's
+    ``--mtp-use-repeated-layer``)."""
     block = block_fn(cfg)
+    layers = [(f"{MTP}{i}_", hybrid.block_fn(cfg, hybrid.BODIES[ch]))
+              for i, ch in enumerate(cfg.mtp_pattern)] if cfg.hybrid else []
+
+    def module(p: dict, x: jax.Array) -> jax.Array:
+        if not cfg.hybrid:
+            return block({k[len(MTP):]: v for k, v in p.items() if k.startswith(MTP)}, x)
+        for pre, fn in layers:
+            x = fn({k[len(pre):]: v for k, v in p.items() if k.startswith(pre)}, x)
+        return x
 
     def logits(p: dict, norm: str, x: jax.Array) -> jax.Array:
         return jnp.einsum("bsh,hv->bsv", _norm(cfg, p, norm, x), p["out"],
@@ -214,12 +232,14 @@ def head_fn(cfg: ModelConfig):
 
     def head(p: dict, x: jax.Array, targets: jax.Array) -> jax.Array:
         loss = cross_entropy(logits(p, "norm", x), targets)
-        if not cfg.mtp_layers:
-            return loss
-        e = jnp.take(p["tok"], targets, axis=0)
-        both = jnp.concatenate([rms_norm(x, p["mtp_hnorm"], cfg.norm_eps),
-                                rms_norm(e, p["mtp_enorm"], cfg.norm_eps)], axis=-1)
-        y = block({k[len(MTP):]: v for k, v in p.items() if k.startswith(MTP)},
-                  both @ p["mtp_proj"])
-        return loss + cross_entropy(logits(p, "mtp_head_norm", y)[:, :-1], targets[:, 1:])
+        y = x
+        for d in range(1, cfg.mtp_layers + 1):
+            # token i + d at position i (the positions past the end wrap and get no loss)
+            nxt = targets if d == 1 else jnp.roll(targets, 1 - d, axis=1)
+            e = jnp.take(p["tok"], nxt, axis=0)
+            both = jnp.concatenate([rms_norm(y, p["mtp_hnorm"], cfg.norm_eps),
+                                    rms_norm(e, p["mtp_enorm"], cfg.norm_eps)], axis=-1)
+            y = module(p, both @ p["mtp_proj"])
+            loss = loss + cross_entropy(logits(p, "mtp_head_norm", y)[:, :-d], targets[:, d:])
+        return loss
     return head

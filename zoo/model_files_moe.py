@@ -84,6 +84,7 @@ def read_nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) 
     hidden, heads = _int(doc, "hidden_size", where), _int(doc, "num_attention_heads", where)
     head_dim = _int(doc, "head_dim", where, default=hidden // heads)
     max_pos = _int(doc, "max_position_embeddings", where, default=SEQ_LEN_CAP)
+    passes, mtp_pattern = _nemotron_mtp(doc, where)
     return ModelConfig(
         name=name, family="llama", layers=layers, hidden=hidden, heads=heads,
         kv_heads=_int(doc, "num_key_value_heads", where, default=heads),
@@ -97,6 +98,7 @@ def read_nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) 
         expert_ffn=fe, shared_experts=shared // fe if moe else 0, hybrid_pattern=pattern,
         moe_latent=(_count(doc, "moe_latent_size", where) if moe and doc.get("moe_latent_size")
                     is not None else 0),
+        mtp_layers=passes, mtp_pattern=mtp_pattern,
         mamba_heads=_int(doc, "mamba_num_heads", where),
         mamba_head_dim=_int(doc, "mamba_head_dim", where),
         ssm_state=_int(doc, "ssm_state_size", where), mamba_groups=_int(doc, "n_groups", where),
@@ -105,7 +107,32 @@ def read_nemotron_h(doc: Mapping[str, Any], name: str, source: str, where: str) 
                f"attention, {pattern.count('E')} MoE and {pattern.count('-')} MLP layers"
                + (f"; LatentMoE: experts at latent width {doc['moe_latent_size']}"
                   if moe and doc.get("moe_latent_size") else "")
+               + (f"; multi-token prediction: {passes} pass(es) of {mtp_pattern!r}"
+                  if passes else "")
                + ("; router costed as softmax top-k, its correction biases left out)" if moe else ")"))
+
+
+_MTP_TYPES = {"attention": "*", "moe": "E", "mamba": "M", "mlp": "-"}
+
+
+def _nemotron_mtp(doc: Mapping[str, Any], where: str) -> tuple[int, str]:
+    """(passes, pattern) of a Nemotron 3 multi-token-prediction module: ``mtp_layers_block_type``
+    (``["attention", "moe"]`` -> ``"*E"``) run ``mtp_num_layers`` times (Megatron-Core's passes
+    of its one repeated module; blank: ``num_nextn_predict_layers``, the modules the Hugging
+    Face config states, 0 or 1); (0, "") without one."""
+    modules = _count(doc, "num_nextn_predict_layers", where)
+    if modules > 1:
+        raise ZooError(f"{where}: field 'num_nextn_predict_layers' = {modules} is over 1; the zoo "
+                       f"runs one repeated multi-token-prediction module (mtp_num_layers passes)")
+    passes = _count(doc, "mtp_num_layers", where) or modules
+    if not passes:
+        return 0, ""
+    kinds = doc.get("mtp_layers_block_type")
+    if (not isinstance(kinds, list) or not kinds
+            or any(k not in _MTP_TYPES for k in kinds)):
+        raise ZooError(f"{where}: field 'mtp_layers_block_type' = {_short(kinds)} is not a list of "
+                       f"{', '.join(_MTP_TYPES)}; give the module's layers")
+    return passes, "".join(_MTP_TYPES[k] for k in kinds)
 
 
 def read_qwen3_next(doc: Mapping[str, Any], name: str, source: str, where: str) -> ModelConfig:

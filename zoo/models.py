@@ -158,7 +158,8 @@ def active_param_count(cfg: ModelConfig | str, *, embedding: bool = True) -> int
     by: DeepSeek's convention (its V2's 21B and V3's 37B activated match only without it)."""
     cfg = _cfg(cfg)
     unused = cfg.experts - cfg.experts_per_token if cfg.moe else 0
-    moe_layers = (cfg.hybrid_pattern.count("E") if cfg.hybrid
+    moe_layers = (cfg.hybrid_pattern.count("E")
+                  + (cfg.mtp_pattern.count("E") if cfg.mtp_layers else 0) if cfg.hybrid
                   else cfg.layers - cfg.dense_layers + cfg.mtp_layers)
     n = param_count(cfg) - moe_layers * unused * expert_param_count(cfg) // max(1, cfg.experts)
     return n if embedding else n - cfg.vocab * cfg.hidden

@@ -77,7 +77,7 @@ LIMITS: dict[str, int] = {
     "patch_size": 2**8, "sampling_steps": 2**16, "cfg_passes": 2**4,   # 2, 64, 2
     "sliding_window": 2**22,   # 4,096 (Mistral 7B v0.1), 128 (gpt-oss); at most the sequence
     "full_attention_every": 2**14,   # 2 (gpt-oss, Gemma 2), 6 (Gemma 3)
-    "mtp_layers": 2**4,        # 1 (DeepSeek-V3); the zoo models 0 or 1
+    "mtp_layers": 2**4,        # 1 (DeepSeek-V3), 2 passes (Nemotron 3 Super); at most 4
     "mamba_heads": 2**12, "mamba_head_dim": 2**12,   # 64 x 64 (Nemotron 3 Nano), 256 (H-56B)
     "ssm_state": 2**12, "mamba_groups": 2**12,       # 128, 8 (Nemotron-H)
     "conv_kernel": 2**6, "ssm_chunk": 2**16,         # 4, 128 (Nemotron-H)
@@ -262,7 +262,17 @@ def _check_window(cfg: ModelConfig, bad: Any, key: Any) -> None:
     if cfg.swiglu_limit and cfg.mlp != "swiglu":
         raise bad("swiglu_limit", f"clamps a SwiGLU but {key('mlp')} = {cfg.mlp!r}",
                   f"drop {key('swiglu_limit')}")
-    if cfg.mtp_layers and (cfg.mtp_layers > 1 or not cfg.moe or cfg.family != "llama"):
+    if cfg.mtp_pattern and not (cfg.hybrid and cfg.mtp_layers):
+        raise bad("mtp_pattern", "is set on a model that is not a hybrid with mtp_layers",
+                  f"drop {key('mtp_pattern')} or set {key('mtp_layers')} on a hybrid model")
+    if cfg.hybrid and cfg.mtp_layers:
+        if (cfg.mtp_layers > 4 or not cfg.mtp_pattern or len(cfg.mtp_pattern) > 8
+                or set(cfg.mtp_pattern) - set("M*-E")):
+            raise bad("mtp_layers", "on a hybrid model is 1 to 4 passes of one module whose "
+                      f"layers {key('mtp_pattern')} names (M, *, - or E; got "
+                      f"{cfg.mtp_pattern[:20]!r})", f"give {key('mtp_layers')} 1 to 4 and an "
+                      f"{key('mtp_pattern')} such as '*E'")
+    elif cfg.mtp_layers and (cfg.mtp_layers > 1 or not cfg.moe or cfg.family != "llama"):
         raise bad("mtp_layers", "is not 0 or 1 on a llama-family mixture of experts (the zoo "
                   "models DeepSeek-V3's one multi-token-prediction module)",
                   f"give {key('mtp_layers')} 0 or 1 on a mixture of experts")
@@ -295,10 +305,10 @@ def _check_hybrid(cfg: ModelConfig, bad: Any, key: Any) -> None:
         if cfg.mamba_heads % cfg.mamba_groups:
             raise bad("mamba_groups", f"does not divide {key('mamba_heads')} = "
                       f"{cfg.mamba_heads}", "give a divisor of the Mamba heads")
-    if cfg.dense_layers or cfg.mla or cfg.sliding_window or cfg.mtp_layers or cfg.bias:
+    if cfg.dense_layers or cfg.mla or cfg.sliding_window or cfg.bias:
         raise bad("hybrid_pattern", "is combined with dense first layers, latent attention, "
-                  "a sliding window, multi-token prediction or biases, which the hybrid layers "
-                  "do not model", "drop those fields")
+                  "a sliding window or biases, which the hybrid layers do not model",
+                  "drop those fields")
 
 
 _LINEAR = ("full_attention_interval", "linear_key_heads", "linear_value_heads",

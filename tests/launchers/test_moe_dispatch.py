@@ -100,8 +100,9 @@ def test_a_bf16_gradient_reduction_is_asked_for_in_every_target(tmp_path):
 
 
 def test_a_latent_moe_plan_writes_megatrons_latent_size(tmp_path):
-    """A LatentMoE model (``moe_latent``: Nemotron 3 Super's ``--moe-latent-size``) planned and
-    exported: Megatron-LM's arguments carry the latent width beside the experts'."""
+    """A LatentMoE model (``moe_latent``: Nemotron 3 Super's ``--moe-latent-size``) with two
+    passes of a repeated multi-token-prediction module planned and exported: Megatron-LM's
+    arguments carry the latent width beside the experts' and the module's passes and layers."""
     import yaml
     from click.testing import CliRunner
 
@@ -109,7 +110,7 @@ def test_a_latent_moe_plan_writes_megatrons_latent_size(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     spec = yaml.safe_load((root / "zoo" / "configs" / "tiny-hybrid.yaml").read_text())
-    spec.update(name="tiny-latent", moe_latent=16)
+    spec.update(name="tiny-latent", moe_latent=16, mtp_layers=2, mtp_pattern="*E")
     (tmp_path / "tiny-latent.yaml").write_text(yaml.safe_dump(spec))
     res = CliRunner().invoke(main, ["plan", "--model", str(tmp_path / "tiny-latent.yaml"),
                                     "--cluster", str(root / "hardware_profiles" / "clusters" / "h100x1.yaml"),
@@ -120,3 +121,5 @@ def test_a_latent_moe_plan_writes_megatrons_latent_size(tmp_path):
     assert plan.model_config is not None and plan.model_config["moe_latent"] == 16
     meg = _text(plan, "megatron", tmp_path / "p.args")
     assert "--moe-latent-size 16" in meg and "--num-experts 4" in meg
+    assert "--mtp-num-layers 2" in meg and "--mtp-hybrid-override-pattern '*E'" in meg
+    assert "--mtp-use-repeated-layer" in meg

@@ -139,7 +139,7 @@ def test_nemotron_3_super_counts_match_its_name():
     NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh): 88 layers (40 Mamba-2, 40 LatentMoE, 8
     attention), 512 experts of 2688 at latent width 1024, 22 per token, a shared expert of 5376
     at the hidden width 4096: 120B total, 12B active without the input embedding."""
-    cfg = resolve_model("Nemotron3_Super")
+    cfg = resolve_model("nemotron-3-super-120b-a12b")
     p = cfg.hybrid_pattern
     assert (len(p), p.count("M"), p.count("E"), p.count("*")) == (88, 40, 40, 8)
     assert (cfg.hidden, cfg.moe_latent, cfg.expert_input, cfg.experts, cfg.experts_per_token,
@@ -147,6 +147,44 @@ def test_nemotron_3_super_counts_match_its_name():
     assert zoo.expert_param_count(cfg) == 512 * 2 * 1024 * 2688
     assert round(zoo.param_count(cfg) / 1e9) == 121
     assert round(zoo.active_param_count(cfg, embedding=False) / 1e9) == 12
+
+
+def test_nemotron_3_super_as_trained_runs_two_passes_of_its_mtp_module():
+    """NVIDIA's Nemotron 3 Super pre-training recipes (Megatron-Bridge perf_recipes/nemotronh:
+    ``mtp_num_layers = 2``, ``mtp_hybrid_override_pattern = "*E"``, ``mtp_use_repeated_layer``)
+    are what its table name resolves to: one attention + LatentMoE module held once (its weights
+    and the 2h x h projection join the count) and run twice, so the head carries two passes'
+    routed experts and all-to-all bytes."""
+    from zoo.costing import workload
+
+    cfg = resolve_model("Nemotron3_Super")
+    base = resolve_model("nemotron-3-super-120b-a12b")
+    assert (cfg.mtp_layers, cfg.mtp_pattern, cfg.moe_latent) == (2, "*E", 1024)
+    attn = 2 * 4096 * 32 * 128 + 2 * 4096 * 2 * 128
+    moe = 512 * 2 * 1024 * 2688 + 4096 * 512 + 2 * 4096 * 1024 + 2 * 4096 * 5376
+    extra = 2 * 4096 * 4096 + 2 * 4096 + 3 * 4096 + attn + moe    # projection, norms, blocks
+    assert zoo.param_count(cfg) - zoo.param_count(base) == extra
+    w = workload(cfg, 1, seq_len=4096, per_layer=True)
+    head, layer = w.costs["head"], w.costs["moe_block"]
+    assert head.routed_pairs_per_sample == 2 * layer.routed_pairs_per_sample == 2 * 4096 * 22
+    assert head.alltoall_bytes_per_sample == 2 * layer.alltoall_bytes_per_sample
+    assert head.expert_fwd_flops_per_sample == 2 * layer.expert_fwd_flops_per_sample
+
+
+def test_a_tiny_hybrid_with_repeated_mtp_passes_trains():
+    import dataclasses
+
+    cfg = dataclasses.replace(resolve_model("tiny-hybrid"), mtp_layers=2, mtp_pattern="*E",
+                              name="tiny-hybrid-mtp")
+    params = zoo.init_params(cfg, jax.random.PRNGKey(0))
+    assert "mtp_0_wq" in params["head"] and "mtp_1_w_up" in params["head"]
+    batch = zoo.example_batch(cfg, jax.random.PRNGKey(1), 2)
+    loss, grads = jax.jit(jax.value_and_grad(zoo.forward_loss(cfg)))(params, batch)
+    one = dataclasses.replace(cfg, mtp_layers=1, name="tiny-hybrid-mtp1")
+    loss1 = jax.jit(zoo.forward_loss(one))(params, batch)
+    assert jnp.isfinite(loss) and float(loss) > float(loss1)       # a second pass's loss added
+    for k in ("mtp_0_wq", "mtp_1_w_up", "mtp_proj", "tok"):
+        assert float(jnp.abs(grads["head"][k]).sum()) > 0, k
 
 
 def _latent(cfg, latent):
