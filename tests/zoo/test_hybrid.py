@@ -171,6 +171,18 @@ def test_nemotron_3_super_as_trained_runs_two_passes_of_its_mtp_module():
     assert head.expert_fwd_flops_per_sample == 2 * layer.expert_fwd_flops_per_sample
 
 
+def test_nemotron_3_5_lightning_is_nano_with_two_mtp_passes():
+    """Megatron-Bridge's Nemotron 3.5 Lightning recipe (``recipes/nemotronh/h100/nemotron_3_nano.py``
+    ``nemotron_3_5_lightning_pretrain_config``) builds Nemotron 3 Nano's architecture and adds two
+    passes of one attention + MoE multi-token-prediction module."""
+    nano, cfg = resolve_model("nemotron-3-nano-30b-a3b"), resolve_model("Nemotron_3.5_Lightning")
+    assert (cfg.mtp_layers, cfg.mtp_pattern, cfg.hybrid_pattern) == (2, "*E", nano.hybrid_pattern)
+    h = 2688
+    attn = 2 * h * 32 * 128 + 2 * h * 2 * 128
+    moe = 128 * 2 * h * 1856 + h * 128 + 2 * h * 3712
+    assert zoo.param_count(cfg) - zoo.param_count(nano) == 2 * h * h + 5 * h + attn + moe
+
+
 def test_a_tiny_hybrid_with_repeated_mtp_passes_trains():
     import dataclasses
 

@@ -53,6 +53,7 @@ def test_every_shipped_config_is_covered():
                "Nemotron-H-56B-Base-8K.json", "Llama-3.1-70B-Instruct.json",
                "Llama-4-Scout-17B-16E.json",
                "Nemotron-3-Super-120B-A12B-MTP.json",             # test_hybrid.py
+               "Nemotron-3.5-Lightning-30B-A3B.json",             # test_hybrid.py
                "Qwen3-Next-80B-A3B.json", "Qwen3.5-35B-A3B.json",  # test_gated_deltanet.py
                "Qwen3.5-122B-A10B.json", "Qwen3.5-397B-A17B.json"}
     assert shipped == set(PUBLISHED) | moe | recipes
