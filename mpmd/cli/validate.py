@@ -143,7 +143,9 @@ def model_fill(csv_path: str | Path):
                 return d
             try:                    # no shape given: the model column names a zoo model
                 resolved_model(model)
-            except ValidationError:
+            except ValidationError as e:
+                if "not modelled yet" in str(e):
+                    raise           # a model the zoo knows it lacks: skipped with that reason
                 return d            # parse_row names the missing shape columns
             d = {**d, "model_config": model}
             value = model

@@ -41,3 +41,21 @@ def test_rows_as_the_table_prints_them_are_scored(tmp_path):
             in rows["Qwen3_235B_a22B"])
     # the "(tokendrop)" qualifier is the row's routing: a stated dispatcher, no assumption
     assert "dispatcher" not in rows["Qwen3_30B_a3B (tokendrop)"].split(" | ")[8]
+
+
+def test_a_model_the_zoo_lacks_is_skipped_naming_what_it_lacks(tmp_path):
+    """A table row of a model whose architecture the zoo knows it cannot cost yet (DeepSeek-V4)
+    is listed under "not simulated" with that reason, not as a missing shape column; an H100
+    row whose expert group leaves the node states the DeepEP it assumes."""
+    path = tmp_path / "table.csv"
+    path.write_text(TABLE.splitlines()[0] + "\n"
+                    "t,DeepSeekV4_Flash,DGX-GB200,64,BF16,512,1,4096,0,1,1,1,1,64,8,tokens_per_gpu_s,5000\n"
+                    "t,Qwen3_30B_a3B,DGX-H100,16,FP8-CS,512,2,4096,0,1,1,1,1,16,16,tokens_per_gpu_s,5000\n")
+    out = tmp_path / "report.md"
+    res = CliRunner().invoke(main, ["validate", "--csv", str(path), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    md = out.read_text()
+    assert "**1 of 2 rows scored**" in md
+    assert "model 'deepseekv4-flash' is not modelled yet: the zoo lacks DeepSeek-V4's" in md
+    assert ("dispatcher deepep (not published: DeepEP: the expert-parallel group spans "
+            "scale-up domains)") in md

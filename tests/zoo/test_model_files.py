@@ -140,8 +140,14 @@ def test_a_bundled_config_is_found_from_any_directory(tmp_path, monkeypatch):
 def test_shipped_configs_answer_to_their_names():
     assert resolve_model("deepseek-v3") == load_model_file(CONFIGS / "DeepSeek-V3.json")
     assert resolve_model("Qwen3-235B-A22B").experts == 128
-    with pytest.raises(ZooError, match="unknown model 'deepseek-v4'; did you mean 'deepseek-v3'"):
-        resolve_model("deepseek-v4")
+    with pytest.raises(ZooError, match="unknown model 'deepseek-v5'; did you mean 'deepseek-v3'"):
+        resolve_model("deepseek-v5")
+    # a model recipes train whose architecture the zoo lacks is named, not guessed at
+    with pytest.raises(ZooError, match="model 'deepseek-v4-flash' is not modelled yet: the zoo "
+                                       "lacks DeepSeek-V4's hyper-connections"):
+        resolve_model("DeepSeek_V4_Flash")
+    with pytest.raises(ZooError, match="model 'glm5' is not modelled yet: .*sparse attention"):
+        resolve_model("GLM5")
 
 
 def test_resolve_model_takes_a_name_or_a_file():
