@@ -139,7 +139,7 @@ def test_nemotron_3_super_counts_match_its_name():
     NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh): 88 layers (40 Mamba-2, 40 LatentMoE, 8
     attention), 512 experts of 2688 at latent width 1024, 22 per token, a shared expert of 5376
     at the hidden width 4096: 120B total, 12B active without the input embedding."""
-    cfg = resolve_model("nemotron-3-super-120b-a12b")
+    cfg = resolve_model("nemotron-3-super-120b")
     p = cfg.hybrid_pattern
     assert (len(p), p.count("M"), p.count("E"), p.count("*")) == (88, 40, 40, 8)
     assert (cfg.hidden, cfg.moe_latent, cfg.expert_input, cfg.experts, cfg.experts_per_token,
@@ -158,7 +158,7 @@ def test_nemotron_3_super_as_trained_runs_two_passes_of_its_mtp_module():
     from zoo.costing import workload
 
     cfg = resolve_model("Nemotron3_Super")
-    base = resolve_model("nemotron-3-super-120b-a12b")
+    base = resolve_model("nemotron-3-super-120b")
     assert (cfg.mtp_layers, cfg.mtp_pattern, cfg.moe_latent) == (2, "*E", 1024)
     attn = 2 * 4096 * 32 * 128 + 2 * 4096 * 2 * 128
     moe = 512 * 2 * 1024 * 2688 + 4096 * 512 + 2 * 4096 * 1024 + 2 * 4096 * 5376

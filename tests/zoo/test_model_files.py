@@ -35,7 +35,7 @@ PUBLISHED = {  # file -> published total (zoo/configs/README.md cites each)
     "Qwen3-30B-A3B.json": 30.5e9,
     "gpt-oss-120b.json": 116.83e9,     # test_gpt_oss.py checks its parts and active count
     "Nemotron-3-Nano-30B-A3B.json": 31.6e9,   # test_hybrid.py checks the active count
-    "Nemotron-3-Super-120B-A12B.json": 120e9,  # the release's name; test_hybrid.py: 12B active
+    "Nemotron-3-Super-120B.json": 120e9,  # the release's name; test_hybrid.py: 12B active
 }
 
 
@@ -52,8 +52,8 @@ def test_every_shipped_config_is_covered():
     recipes = {"gpt-oss-20b.json", "Kimi-K2-Instruct.json",        # test_recipe_models.py
                "Nemotron-H-56B-Base-8K.json", "Llama-3.1-70B-Instruct.json",
                "Llama-4-Scout-17B-16E.json",
-               "Nemotron-3-Super-120B-A12B-MTP.json",             # test_hybrid.py
-               "Nemotron-3.5-Lightning-30B-A3B.json",             # test_hybrid.py
+               "Nemotron-3-Super-MTP.json",                     # test_hybrid.py
+               "Nemotron-3.5-Lightning.json",                   # test_hybrid.py
                "Qwen3-Next-80B-A3B.json", "Qwen3.5-35B-A3B.json",  # test_gated_deltanet.py
                "Qwen3.5-122B-A10B.json", "Qwen3.5-397B-A17B.json"}
     assert shipped == set(PUBLISHED) | moe | recipes
