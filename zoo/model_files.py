@@ -95,7 +95,7 @@ ALIASES = {"llama-3.1-405b": "llama3-405b", "llama3.1-405b": "llama3-405b",
            "llama-3.1-70b": "llama-3.1-70b-instruct", "llama3.1-70b": "llama-3.1-70b-instruct",
            "llama3.1-8b": "llama-3.1-8b", "llama31-405b": "llama3-405b",
            "llama31-70b": "llama-3.1-70b-instruct", "llama31-8b": "llama-3.1-8b",
-           "deepseekv3": "deepseek-v3",
+           "deepseekv3": "deepseek-v3-mtp",
            "deepseekv3-mtp": "deepseek-v3-mtp",
            "deepseek-v3-671b": "deepseek-v3", "kimi-k2": "kimi-k2-instruct",
            "nemotron-h-56b": "nemotron-h-56b-base-8k", "nemotronh-56b": "nemotron-h-56b-base-8k",
@@ -141,19 +141,28 @@ are their language models the same way (``zoo/configs/Qwen3.5-*.json``; Qwen3.6 
 Qwen3.5's architecture, Megatron-Bridge ``recipes/qwen_vl/h100/qwen35_vl.py``)."""
 
 
+WITHOUT_MTP = {"deepseek-v3-mtp": "deepseek-v3", "nemotron-3-super-mtp": "nemotron-3-super-120b"}
+"""The model without its multi-token-prediction module, for a name qualified ``(w/o MTP)``."""
+
+
 def canonical_name(name: str) -> str:
     """``name`` as the zoo spells its models: lower case, spaces and underscores as hyphens
     (``"Qwen3_30B_a3B"`` -> ``"qwen3-30b-a3b"``, ``"GPT OSS 120B"`` -> ``"gpt-oss-120b"``), then
     :data:`ALIASES`. A parenthesised qualifier as NVIDIA's tables print one is dropped
-    (``"Qwen3_30B_a3B (tokendrop)"``, ``"DeepSeekV3 (w/o MTP)"``: the routing is the row's
-    ``dispatcher``), except ``(w/ MTP)``, which names the model with its multi-token-prediction
-    module (``"DeepSeekV3 (w/ MTP)"`` -> ``"deepseek-v3-mtp"``)."""
+    (``"Qwen3_30B_a3B (tokendrop)"``: the routing is the row's ``dispatcher``), except the
+    multi-token-prediction ones: ``(w/ MTP)`` names the model with its module
+    (``"DeepSeekV3 (w/ MTP)"`` -> ``"deepseek-v3-mtp"``), ``(w/o MTP)`` without it
+    (:data:`WITHOUT_MTP`). A table's name without either is the model as NVIDIA's recipes train
+    it: ``"DeepSeekV3"`` is ``deepseek-v3-mtp`` (Megatron-Bridge ``recipes/deepseek/
+    deepseek_v3.py``: ``mtp_num_layers`` 1 by default), ``"Nemotron3_Super"`` its two passes."""
     text = str(name).strip().lower()
     mtp = bool(re.search(r"\(\s*w/\s*mtp\s*\)", text))
+    without = bool(re.search(r"\(\s*w/o\s*mtp\s*\)", text))
     text = re.sub(r"\([^)]*\)", " ", text) + (" mtp" if mtp else "")
     key = re.sub(r"[\s_]+", "-", text.strip()).strip("-")
     key = re.sub(r"-{2,}", "-", key)
-    return ALIASES.get(key, key)
+    key = ALIASES.get(key, key)
+    return WITHOUT_MTP.get(key, key) if without else key
 
 
 _ARCH_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",

@@ -106,7 +106,8 @@ def test_table_spellings_resolve_to_zoo_models():
     print resolve to the zoo's models (case, underscores and spaces normalised; then ALIASES)."""
     names = {"LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b", "LLAMA3_8B": "llama3-8b",
              "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
-             "GPT OSS 120B": "gpt-oss-120b", "DeepSeekV3": "deepseek-v3", "Kimi_K2": "kimi-k2-instruct",
+             "GPT OSS 120B": "gpt-oss-120b", "DeepSeekV3": "deepseek-v3-mtp",
+             "Kimi_K2": "kimi-k2-instruct",
              "Nemotron_H_56B": "nemotron-h-56b-base-8k", "Grok1 314b": "grok-1-314b"}
     for printed, zoo_name in names.items():
         assert canonical_name(printed) in (zoo_name, printed.lower().replace("_", "-").replace(" ", "-"))
@@ -114,8 +115,12 @@ def test_table_spellings_resolve_to_zoo_models():
     assert canonical_name("  Mixtral__8x22B ") == "mixtral-8x22b-v0.1"
     # a printed qualifier: the routing goes to the dispatcher column, "w/ MTP" names the module
     assert canonical_name("Qwen3_30B_a3B (tokendrop)") == "qwen3-30b-a3b"
-    assert canonical_name("DeepSeekV3 (w/o MTP)") == canonical_name("DeepSeekV3 (dropless)") == "deepseek-v3"
-    assert canonical_name("DeepSeekV3 (w/ MTP)") == "deepseek-v3-mtp"
+    # DeepSeek-V3 unlabelled is the recipes' default, one multi-token-prediction module
+    assert canonical_name("DeepSeekV3 (w/o MTP)") == "deepseek-v3"
+    assert canonical_name("DeepSeekV3 (w/ MTP)") == canonical_name("DeepSeekV3 (dropless)") == (
+        "deepseek-v3-mtp")
+    assert canonical_name("Nemotron3_Super (w/o MTP)") == "nemotron-3-super-120b"
+    assert canonical_name("deepseek-v3") == "deepseek-v3"        # the zoo's own name: as published
     assert resolve_model("DeepSeekV3 (w/ MTP)").mtp_layers == 1
     # Megatron-Bridge's recipe names
     assert resolve_model("llama31_405b") == zoo.get_config("llama3-405b")
