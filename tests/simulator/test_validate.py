@@ -59,6 +59,10 @@ def test_csv_rows_load():
                     ("dgxc-25.05.04", 16, 1, "Et*3|(t*4|)*14t*2mL"),
                     ("dgxc-25.05.04", 8, 1, "Et*7|(t*8|)*6t*6mL"),
                     ("nemo-25.09", 8, 4, "Et|(tt|)*30mL"),
+                    # the 32-stage string 25.09's run_script passes everywhere: Megatron-Core
+                    # takes VP = stages / PP from it (B200 PP 16 -> 2, GB200 PP 4 -> 8)
+                    ("nemo-25.09", 16, 2, "Et|(tt|)*30mL"),
+                    ("nemo-25.09", 4, 8, "Et|(tt|)*30mL"),
                     ("nemo-25.11", 16, 1, "Et*4|(t*4|)*14tmL"),
                     ("nemo-25.11", 4, 4, "Et*4|(t*4|)*14tL")}
     assert all(r.model_config == "deepseek-v3-mtp" for r in moe if "m" in (r.pipeline_layout or ""))
