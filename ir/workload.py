@@ -121,6 +121,12 @@ class LayerCost:
     width (``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; 0: no latent attention).
     These seven fields give Megatron-Core's named-module recompute
     (:mod:`simulator.remat`) the shapes the traced costs do not carry; 0 where unknown."""
+    host_offload: float = 0.0
+    """Fraction, 0..1, of what the layer keeps for its backward (its residuals, or under full
+    recomputation its input) held in host memory between its forward and its backward instead of
+    on the device: activation offloading (Megatron-Core's ``--cpu-offloading-num-layers``,
+    averaged over the blocks; MaxText remat policies that offload ``decoder_layer_input``).
+    Memory only (:func:`simulator.cost_model.stage_memory`): the copies run beside compute."""
     fwd_ops: int = 0
     bwd_ops: int = 0
     """Primitive operations of the forward and of the whole backward (the pullback on the kept
@@ -158,6 +164,9 @@ class LayerCost:
                           f"forward's and the input gradient's FLOP")
         if self.bwd_input_other_bytes_per_sample > self.bwd_other_bytes_per_sample:
             raise IRError(f"LayerCost {self.name!r}: input-gradient other bytes exceed the backward's")
+        if not 0 <= self.host_offload <= 1:
+            raise IRError(f"LayerCost {self.name!r}: host_offload={self.host_offload!r} must be a "
+                          f"fraction in [0, 1]")
 
 
 

@@ -665,7 +665,9 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     ``samples`` is the microbatch size (the whole mesh's share). The activation term is the
     stage's working set while a fragment runs: its largest layer output, for one microbatch.
     With ``recompute`` a forward keeps only each layer's input, split over tensor parallel as
-    sequence parallelism does (Korthikanti et al. 2022). Under context parallelism a device holds
+    sequence parallelism does (Korthikanti et al. 2022). A layer's ``LayerCost.host_offload``
+    share of what it keeps (its residuals, or that input) waits in host memory instead (activation
+    offloading). Under context parallelism a device holds
     ``1 / context`` of each sample's tokens (residuals and activations divided by it, the
     optimizer state sharded over ``data x context``: :attr:`ir.Layout.replicas`), and the
     exchange's transient keys and values join the working set (:func:`context_working_bytes`).
@@ -691,6 +693,9 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
         if not recompute:
             per_layer = [r - low_precision_saving(workload, i) for r, i in
                          zip(per_layer, range(first, last))]
+        # what a layer keeps in host memory until its backward is not on the device
+        per_layer = [r * (1.0 - workload.layer(i).host_offload) for r, i in
+                     zip(per_layer, range(first, last))]
         resid = sum(per_layer) * samples / d / t
     else:
         static = weight_bytes / t

@@ -572,10 +572,12 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
         raise ValidationError(f"row {line}: bf16_first_layers + bf16_last_layers = {kept} leave "
                               f"none of the {r.layers} layers to the {r.recipe} recipe; fix: keep "
                               f"fewer in BF16")
-    if r.offload_layers and (r.pp > 1 or r.offload_layers >= r.layers):
-        raise ValidationError(f"row {line}: offload_layers={r.offload_layers} needs pp 1 and fewer "
-                              f"than the {r.layers} layers (Megatron-Core's "
-                              f"--cpu-offloading-num-layers); fix offload_layers or pp")
+    if r.offload_layers and (r.pp > 1 or r.offload_layers > r.layers):
+        raise ValidationError(f"row {line}: offload_layers={r.offload_layers} needs pp 1 and at "
+                              f"most the {r.layers} layers (Megatron-Core's "
+                              f"--cpu-offloading-num-layers, below the layers; a MaxText remat "
+                              f"policy offloading decoder_layer_input: all); fix offload_layers "
+                              f"or pp")
     if r.kv_heads is not None and r.heads % r.kv_heads:
         raise ValidationError(f"row {line}: heads={r.heads} is not a multiple of kv_heads="
                               f"{r.kv_heads}; fix the row")

@@ -698,18 +698,22 @@ def _keep_residuals(workload: Workload, kept: Callable[[LayerCost], float]) -> W
 
 def offload_activations(workload: Workload, row: Row) -> tuple[Workload, str]:
     """``workload`` with ``row.offload_layers`` of its decoder blocks' saved activations held in
-    host memory between their forward and backward (Megatron-Core's activation CPU offloading,
-    ``--cpu-offloading-num-layers``, with ``cpu_offloading_weights`` off as NVIDIA's recipes set
-    it: Megatron-Bridge fa0315ae2 ``scripts/performance/utils/helpers.py``
-    ``set_recompute_overrides``), charged on average over the blocks (each keeps ``1 - N /
-    blocks`` of its residual bytes on the device), and the assumption line. Memory only: the
-    copies run on their own streams under the next layers' compute (a Llama 3 70B block's 16,384
-    tokens keep ~4.6 GB, ``34 h`` bytes a token (Korthikanti et al. 2022, Sec. 4.1), moved each
-    way over GB200's 450 GB/s NVLink-C2C direction in ~10 ms, against the block's ~3e13 FLOP
-    forward, ~25 ms at 1.2 PFLOP/s of FP8), so no time is charged."""
+    host memory between their forward and backward, and the assumption line: Megatron-Core's
+    activation CPU offloading (``--cpu-offloading-num-layers``, with ``cpu_offloading_weights``
+    off as NVIDIA's recipes set it: Megatron-Bridge fa0315ae2
+    ``scripts/performance/utils/helpers.py`` ``set_recompute_overrides``), or every block's input
+    under full recomputation where a MaxText remat policy offloads ``decoder_layer_input``
+    (``offload_layers`` = the blocks). Charged on average over the blocks: each keeps ``1 - N /
+    blocks`` of what it keeps on the device (``LayerCost.host_offload``). Memory only: the copies
+    run on their own streams under the next layers' compute (a Llama 3 70B block's 16,384 tokens
+    keep ~4.6 GB, ``34 h`` bytes a token (Korthikanti et al. 2022, Sec. 4.1), moved each way over
+    GB200's 450 GB/s NVLink-C2C direction in ~10 ms, against the block's ~3e13 FLOP forward,
+    ~25 ms at 1.2 PFLOP/s of FP8), so no time is charged."""
     blocks = sum(1 for n in workload.layers if n in ("decoder_block", "dense_block"))
     k = min(row.offload_layers / blocks, 1.0) if blocks else 0.0
-    w = _keep_residuals(workload, lambda c: (1.0 - k) * c.residual_bytes_per_sample)
+    w = replace(workload, costs={
+        name: replace(c, host_offload=k) if name in ("decoder_block", "dense_block") else c
+        for name, c in workload.costs.items()})
     return w, (f"activations of {row.offload_layers} of {blocks} blocks offloaded to host "
                f"(memory only: the copies overlap compute)")
 

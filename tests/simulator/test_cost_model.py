@@ -243,3 +243,29 @@ def test_a_bf16_gradient_reduction_moves_and_holds_half_the_bytes():
     assert str(bf16) == "dp2xtp1-gbf16"
     with pytest.raises(ValueError, match=r"grad_reduce='fp16'\): unknown; fix: one of fp32, bf16"):
         Layout(2, 1, grad_reduce="fp16")
+
+
+def test_host_offload_takes_its_share_of_what_a_layer_keeps_off_the_device():
+    """``LayerCost.host_offload`` (activation offloading): a layer keeps ``1 - share`` of its
+    residuals on the device, and under full recomputation of its input (the layer before's
+    output: MaxText's offloaded ``decoder_layer_input``); static bytes and the working set stay;
+    a share outside [0, 1] is refused."""
+    from ir import IRError, Workload
+    from simulator.cost_model import stage_memory
+
+    def work(share: float) -> Workload:
+        block = dataclasses.replace(COST, host_offload=share)
+        return Workload(model="t", layers=("block", "block", "block"),
+                        costs={"block": block}, seq_len=1, global_batch=2)
+
+    lay = Layout(2, 1)
+    for recompute, kept in ((False, 3 * 1e7), (True, 2 * 1e6)):   # 3 residuals; 2 inputs
+        base = stage_memory(work(0.0), 0, 3, lay, 2.0, recompute)
+        assert base.residual_bytes_per_microbatch == pytest.approx(kept)   # 2 samples over dp 2
+        quarter = stage_memory(work(0.25), 0, 3, lay, 2.0, recompute)
+        assert quarter.residual_bytes_per_microbatch == pytest.approx(0.75 * kept)
+        assert stage_memory(work(1.0), 0, 3, lay, 2.0, recompute).residual_bytes_per_microbatch == 0
+        assert (quarter.static_bytes, quarter.activation_bytes_per_microbatch) == (
+            base.static_bytes, base.activation_bytes_per_microbatch)
+    with pytest.raises(IRError, match=r"host_offload=1.5 must be a fraction in \[0, 1\]"):
+        dataclasses.replace(COST, host_offload=1.5)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from pathlib import Path
 
 import pytest
 
+from ir import Layout
 from simulator import validation_rows as VR
 
 CSV = Path(__file__).resolve().parents[2] / "reports" / "validation" / "published_training.csv"
@@ -241,28 +243,39 @@ def test_a_2020_container_run_is_charged_that_eras_elementwise_traffic(tmp_path)
 
 
 def test_offload_layers_keep_the_other_blocks_activations_on_the_device(tmp_path):
-    """``offload_layers`` (Megatron-Core's --cpu-offloading-num-layers) is read, refused with a
-    pipeline or as many layers as the model has, and keeps ``1 - N / blocks`` of each decoder
-    block's saved activations on the device (memory only); the row says so."""
+    """``offload_layers`` (Megatron-Core's --cpu-offloading-num-layers; all the layers: a MaxText
+    remat policy offloading ``decoder_layer_input``) is read, refused with a pipeline or more
+    layers than the model has, and keeps ``1 - N / blocks`` of each decoder block's saved
+    activations on the device (``LayerCost.host_offload``, memory only); the row says so."""
     from mpmd.cli.validate import workload_for
+    from simulator.cost_model import stage_memory
     from simulator.validation_setup import offload_activations, row_setup
 
     pp1 = next(i for i, line in enumerate(LINES[1:], start=2)
                if dict(zip(HEAD, next(csv.reader([line]))))["pp"] == "1"
                and dict(zip(HEAD, next(csv.reader([line]))))["layers"])
+    layers = int(bundled(pp1)["layers"])
     p = _csv(tmp_path, bundled(pp1, offload_layers="4"), bundled(2, offload_layers="4"),
-             bundled(pp1, offload_layers="999"))
+             bundled(pp1, offload_layers=str(layers + 1)),
+             bundled(pp1, offload_layers=str(layers)))
     rows, bad = VR.load_rows_lenient(p)
-    assert [r.offload_layers for r in rows] == [4]
+    assert [r.offload_layers for r in rows] == [4, layers]
     assert [b.line for b in bad] == [3, 4]
-    assert all("--cpu-offloading-num-layers); fix offload_layers or pp" in b.reason for b in bad)
+    assert all("decoder_layer_input: all); fix offload_layers or pp" in b.reason for b in bad)
     row = rows[0]
     w = workload_for(row)
     blocks = sum(1 for n in w.layers if n == "decoder_block")
     kept, why = offload_activations(w, row)
-    assert kept.costs["decoder_block"].residual_bytes_per_sample == pytest.approx(
-        (1 - 4 / blocks) * w.costs["decoder_block"].residual_bytes_per_sample)
+    assert kept.costs["decoder_block"] == dataclasses.replace(w.costs["decoder_block"],
+                                                              host_offload=4 / blocks)
     assert all(kept.costs[n] == c for n, c in w.costs.items() if n != "decoder_block")
+    lay = Layout(1, 1)
+    for recompute in (False, True):       # the residuals, or under full recompute each input
+        on, off = (stage_memory(x, 0, len(x.layers), lay, 1.0, recompute) for x in (w, kept))
+        assert off.residual_bytes_per_microbatch < on.residual_bytes_per_microbatch
+        assert off.static_bytes == on.static_bytes
+    every, _ = offload_activations(w, rows[1])
+    assert every.costs["decoder_block"].host_offload == 1.0
     assert why == f"activations of 4 of {blocks} blocks offloaded to host (memory only: the copies overlap compute)"
     assert why in row_setup(row, workload_for).assumptions
 
