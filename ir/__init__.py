@@ -22,7 +22,7 @@ outside ``ir`` (the guarded plan-file read, which needs ``ir.files`` and the loa
 """
 
 from ir.errors import IRError
-from ir.plan import CONTEXT_METHODS, EXPERT_DISPATCH, GRAD_REDUCE, DataParallelPlan, Layout, Plan, StagePlan, with_model_config
+from ir.plan import CONTEXT_METHODS, EXPERT_DISPATCH, GRAD_REDUCE, OPTIMIZER_STATES, DataParallelPlan, Layout, Plan, StagePlan, with_model_config
 from ir.report import STOP_REASONS, PlanFamily, Prediction, SearchReport
 from ir.plan_json import (PLAN_FORMAT, any_plan_to_json, data_parallel_from_json,
                           data_parallel_to_json, plan_from_json, plan_to_json,
@@ -37,7 +37,7 @@ from ir.workload import LayerCost, Workload, keep_blocks_in_compute_dtype
 
 __all__ = ["STOP_REASONS", "keep_blocks_in_compute_dtype", "PlanFamily", "Prediction", "SearchReport", "with_model_config", "WEIGHT_FORMATS", "BatchStep", "InferenceModel", "RequestMix",
            "ServiceObjectives", "format_bytes", "KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentKind", "FragmentRef", "IRError", "LayerCost",
-           "Layout", "CONTEXT_METHODS", "EXPERT_DISPATCH", "GRAD_REDUCE", "Plan", "ScheduleTable", "ShardDims", "StagePlan", "Timeline", "TimelineEvent", "Workload",
+           "Layout", "CONTEXT_METHODS", "EXPERT_DISPATCH", "GRAD_REDUCE", "OPTIMIZER_STATES", "Plan", "ScheduleTable", "ShardDims", "StagePlan", "Timeline", "TimelineEvent", "Workload",
            "layout_problem", "layouts_problem", "PRECISIONS", "RECIPES", "Recipe", "recipe",
            "canonical_precision",
            "any_plan_to_json", "data_parallel_from_json", "data_parallel_to_json",

@@ -17,6 +17,9 @@ EXPERT_DISPATCH = ("alltoall", "deepep", "tokendrop")
 GRAD_REDUCE = ("fp32", "bf16")
 """The dtypes a data-parallel gradient reduction runs in (:attr:`Layout.grad_reduce`)."""
 
+OPTIMIZER_STATES = ("fp32", "bf16-moments", "bf16")
+"""How the Adam optimizer keeps its state (:attr:`Layout.optimizer_state`)."""
+
 CONTEXT_METHODS = ("ring", "allgather", "alltoall")
 """How a context-parallel group's attention sees the keys and values of the whole sequence
 (:attr:`Layout.context_method`)."""
@@ -97,7 +100,17 @@ class Layout:
     gradients, 4 bytes a parameter, Micikevicius et al. 2018) or ``"bf16"`` (2 bytes, reduced in
     the compute dtype: Megatron's ``--grad-reduce-in-bf16``, ``grad_reduce_in_fp32=False`` in every
     NVIDIA NeMo / Megatron-Bridge performance recipe; FSDP's ``reduce_dtype`` bfloat16); the
-    optimizer's fp32 master weights and moments are unchanged.
+    optimizer's state is ``optimizer_state``'s.
+
+    ``optimizer_state``: how Adam keeps the state it shards over data parallel,
+    :data:`OPTIMIZER_STATES`: ``"fp32"`` (fp32 master weights and first and second moments, 12
+    bytes a parameter: Micikevicius et al. 2018, the ZeRO paper's K = 12), ``"bf16-moments"``
+    (fp32 master weights, bf16 moments: 8 bytes; Megatron-Core's precision-aware optimizer,
+    ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, as
+    DeepSeek-V3's Megatron-Bridge recipe sets it; DeepSeek-V3's report, sec. 3.3.3, tracks AdamW's
+    moments in BF16 too) or ``"bf16"`` (no master copy: the bf16 weights are
+    updated in place and the moments are bf16, 4 bytes; MaxText's ``weight_dtype: bfloat16``).
+    With an fp32 compute dtype the weights are their own master copy under every setting.
     """
 
     data: int
@@ -111,11 +124,15 @@ class Layout:
     context: int = 1
     context_method: str = "ring"
     grad_reduce: str = "fp32"
+    optimizer_state: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.grad_reduce not in GRAD_REDUCE:
             raise ValueError(f"Layout(grad_reduce={self.grad_reduce!r}): unknown; fix: one of "
                              f"{', '.join(GRAD_REDUCE)}")
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            raise ValueError(f"Layout(optimizer_state={self.optimizer_state!r}): unknown; fix: "
+                             f"one of {', '.join(OPTIMIZER_STATES)}")
         if self.context < 1 or self.context_method not in CONTEXT_METHODS:
             raise ValueError(f"Layout(context={self.context}, context_method="
                              f"{self.context_method!r}): context must be >= 1 and the method one "
@@ -189,6 +206,7 @@ class Layout:
                 + (f"-{self.expert_dispatch}" if self.expert_dispatch != "alltoall" else "")
                 + ("-tpo" if self.tp_overlap and self.tensor > 1 else "")
                 + ("-gbf16" if self.grad_reduce == "bf16" else "")
+                + (f"-opt{self.optimizer_state}" if self.optimizer_state != "fp32" else "")
                 + (f"-{self.context_method}" if self.context > 1 and self.context_method != "ring"
                    else ""))
 

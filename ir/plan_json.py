@@ -59,7 +59,9 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
                                   **({"expert_dispatch": l.expert_dispatch}
                                      if l.expert_dispatch != "alltoall" else {}),
                                   **({"grad_reduce": l.grad_reduce}
-                                     if l.grad_reduce != "fp32" else {})},
+                                     if l.grad_reduce != "fp32" else {}),
+                                  **({"optimizer_state": l.optimizer_state}
+                                     if l.optimizer_state != "fp32" else {})},
                        "recompute": bool(plan.recompute.get(m, False))}
                    for m, l in plan.layouts.items()},
         "rank_mesh": list(plan.rank_mesh),
@@ -170,7 +172,8 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                                       str(v["layout"].get("expert_dispatch", "alltoall")),
                                       int(v["layout"].get("context", 1)),
                                       str(v["layout"].get("context_method", "ring")),
-                                      str(v["layout"].get("grad_reduce", "fp32")))
+                                      str(v["layout"].get("grad_reduce", "fp32")),
+                                      str(v["layout"].get("optimizer_state", "fp32")))
                        for m, v in d["meshes"].items()}
         except ValueError as e:
             raise IRError(f"plan layout: {e}") from None

@@ -129,6 +129,22 @@ def _quantization(v: PartView, notes: list[str]) -> dict:
     return {"quantization": "fp8"}
 
 
+def _optimizer(v: PartView, notes: list[str]) -> dict:
+    """MaxText's dtype keys for the plan's :attr:`ir.Layout.optimizer_state` (``base.yml``:
+    ``weight_dtype``, the dtype parameters and, by default, AdamW's moments are stored in, float32;
+    ``mu_dtype``, the first moment's, blank for ``weight_dtype``): ``bf16`` is ``weight_dtype``
+    bfloat16 (no master copy), ``bf16-moments`` is ``mu_dtype`` bfloat16 with a note (optax's
+    AdamW keeps the second moment in the parameters' dtype)."""
+    state = v.layout.optimizer_state
+    if state == "bf16":
+        return {"weight_dtype": "bfloat16"}
+    if state == "bf16-moments":
+        notes.append("MaxText stores AdamW's second moment in weight_dtype (float32): written as "
+                     "mu_dtype bfloat16, 2 bytes a parameter more optimizer state than the plan's")
+        return {"mu_dtype": "bfloat16"}
+    return {}
+
+
 def _tpu(v: PartView) -> bool:
     return v.device.lower().startswith("tpu")
 
@@ -270,7 +286,7 @@ def config(v: PartView, source: str) -> tuple[dict, list[str]]:
            **axes,
            "remat_policy": "full" if v.recompute else "minimal",
            **(context_keys(v, dcn_context, notes) if lay.context > 1 else {}),
-           **_quantization(v, notes)}
+           **_quantization(v, notes), **_optimizer(v, notes)}
     if v.pipeline > 1:
         per_stage = pipeline_blocks(v, doc.get("model_name", ""), notes)
         doc |= {"num_pipeline_microbatches": v.microbatches,

@@ -46,6 +46,13 @@ the second ``allgather``, which Transformer Engine rejects). Every method maps e
 ``p2p`` and ``all_gather`` split the sequence causally load-balanced (DualChunkSwap, the plan's
 zig-zag split)."""
 
+MEGATRON_MASTER_NOTE = ("the plan keeps bf16 optimizer state with no master copy (4 bytes a "
+                        "parameter); Megatron-Core's precision-aware optimizer keeps fp32 master "
+                        "weights (--main-params-dtype takes fp32 or fp16), so the run holds 4 "
+                        "bytes a parameter more than the plan, sharded over data parallel")
+"""The note of a plan whose :attr:`ir.Layout.optimizer_state` is ``bf16``: Megatron writes its
+moments in bf16 (``--exp-avg-dtype`` / ``--exp-avg-sq-dtype``) but keeps an fp32 master copy."""
+
 
 def _layout_string(v: PartView) -> str:
     code = {"embed": "E", "head": "L"}
@@ -220,6 +227,11 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
         args.append(("--overlap-grad-reduce", None))
     if lay.grad_reduce == "bf16":
         args.append(("--grad-reduce-in-bf16", None))
+    if lay.optimizer_state != "fp32":
+        args += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
+                 ("--exp-avg-sq-dtype", "bf16")]
+        if lay.optimizer_state == "bf16":
+            notes.append(MEGATRON_MASTER_NOTE)
     if v.model.moe:
         args += [("--num-experts", v.model.experts), ("--moe-router-topk", v.model.experts_per_token),
                  ("--moe-ffn-hidden-size", v.model.expert_ffn),

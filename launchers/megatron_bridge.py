@@ -26,7 +26,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launchers.megatron import CP_COMM_TYPES, SCHEDULES
+from launchers.megatron import CP_COMM_TYPES, MEGATRON_MASTER_NOTE, SCHEDULES
 from launchers.view import GPU_KINDS, LauncherError, PartView, refuse_device
 from zoo.config import ModelConfig
 
@@ -280,6 +280,17 @@ def overrides(v: PartView) -> tuple[str, list[tuple[str, object]], list[str]]:
                 ("ddp.data_parallel_sharding_strategy", "no_shard")]
     if lay.grad_reduce == "bf16":
         out.append(("ddp.grad_reduce_in_fp32", False))
+    if lay.optimizer_state != "fp32":
+        if lay.fsdp:
+            notes.append(f"the plan keeps {lay.optimizer_state} optimizer state, which "
+                         f"Megatron-Bridge's precision-aware optimizer gives but not under "
+                         f"Megatron-FSDP: the run keeps fp32 state (12 bytes a parameter)")
+        else:
+            out += [("optimizer.use_precision_aware_optimizer", True),
+                    ("optimizer.exp_avg_dtype", "torch.bfloat16"),
+                    ("optimizer.exp_avg_sq_dtype", "torch.bfloat16")]
+        if lay.optimizer_state == "bf16":
+            notes.append(MEGATRON_MASTER_NOTE)
     table = FP16_PRECISIONS if v.model.dtype == "float16" else PRECISIONS
     out.append(("mixed_precision", table.get(v.precision, PRECISIONS[v.precision])))
     if v.precision == "fp8":

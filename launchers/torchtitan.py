@@ -216,6 +216,10 @@ def job(v: PartView, source: str, toml: bool = True) -> tuple[dict, list[str]]:
                 "pipeline_parallel_microbatch_size": v.micro_batch,
                 "module_fqns_per_model_part": [_fqns(s) for s in v.stage_layers]}
     converters, quantize = _precision(v, notes)
+    if lay.optimizer_state != "fp32":
+        notes.append(f"torchtitan keeps fp32 parameters and AdamW state (FSDP2 computes in "
+                     f"mixed_precision_param): the plan's {lay.optimizer_state} optimizer state "
+                     f"is not asked for, and the run holds more memory than the plan")
     doc = {
         "job": {"description": f"{v.model.name}{' ' + v.name if v.name else ''} on {v.devices} x "
                                f"{v.device}, exported by mpmd from {source}"},

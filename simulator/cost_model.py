@@ -45,7 +45,8 @@ parallel degrees, so each device holds ``b/d`` samples and ``1/t`` of each weigh
 Memory per device (mixed-precision Adam with a distributed optimizer, ZeRO stage 1: Rajbhandari et al.
 2020, Megatron-LM's ``--use-distributed-optimizer``): weights in the compute dtype and fp32 gradients
 replicated over data parallel, fp32 master weights + Adam m and v (12 bytes per parameter, 8 when the
-compute dtype is already fp32) sharded over data parallel; all of it split ``t`` ways by tensor parallel.
+compute dtype is already fp32; less with low-precision state, :func:`optimizer_bytes`) sharded over
+data parallel; all of it split ``t`` ways by tensor parallel.
 A layout with ``fsdp`` (ZeRO stage 3) shards weights and gradients over data parallel too.
 Residuals (activations a forward keeps for its backward) are held per microbatch in flight.
 """
@@ -85,7 +86,29 @@ ADAM_BYTES_PER_PARAM_FP32 = 8.0
 
 ADAM_UPDATE_BYTES_PER_PARAM = 2 * 16.0
 """Bytes an Adam step reads and writes per parameter it owns (master, m, v, grad read; master, m, v,
-weight written): about 2 x 16 bytes, memory-bound."""
+weight written): about 2 x 16 bytes, memory-bound, with fp32 state (:func:`optimizer_update_bytes`
+scales it with the state)."""
+
+OPTIMIZER_STATE_BYTES = {"fp32": ADAM_BYTES_PER_PARAM_BF16, "bf16-moments": 8.0, "bf16": 4.0}
+"""Bytes of Adam state per parameter of a bf16 (or fp16) model, by
+:attr:`ir.Layout.optimizer_state`: fp32 master + m + v (4 + 4 + 4), fp32 master + bf16 m + v
+(4 + 2 + 2), bf16 m + v with the weights as their own master (2 + 2)."""
+
+
+def optimizer_bytes(layout: Layout, dtype_bytes: int) -> float:
+    """Bytes of optimizer state per parameter that data parallel shards under ``layout``
+    (:data:`OPTIMIZER_STATE_BYTES`); a model computing in fp32 (``dtype_bytes`` 4) keeps no
+    separate master copy: its moments only, 8 bytes in fp32 and 4 in bf16."""
+    if dtype_bytes != 2:
+        return ADAM_BYTES_PER_PARAM_FP32 if layout.optimizer_state == "fp32" else 4.0
+    return OPTIMIZER_STATE_BYTES[layout.optimizer_state]
+
+
+def optimizer_update_bytes(layout: Layout, dtype_bytes: int) -> float:
+    """Bytes an Adam step reads and writes per parameter it owns: :data:`ADAM_UPDATE_BYTES_PER_PARAM`
+    in proportion to the state it streams (:func:`optimizer_bytes` against fp32 state's 12)."""
+    return (ADAM_UPDATE_BYTES_PER_PARAM * optimizer_bytes(layout, dtype_bytes)
+            / ADAM_BYTES_PER_PARAM_BF16)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -676,7 +699,7 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
     params = sum(workload.layer(i).param_count for i in range(first, last))
     weight_bytes = sum(workload.layer(i).param_bytes for i in range(first, last))
     if workload.training:
-        adam = ADAM_BYTES_PER_PARAM_BF16 if workload.dtype_bytes == 2 else ADAM_BYTES_PER_PARAM_FP32
+        adam = optimizer_bytes(layout, workload.dtype_bytes)
         if layout.fsdp:
             static = (weight_bytes + params * (grad_bytes(layout) + adam)) / layout.shard / t
         else:
@@ -820,7 +843,8 @@ def optimizer_time(workload: Workload, first: int, last: int, mesh: MeshSpec, la
         return 0.0
     params = sum(workload.layer(i).param_count for i in range(first, last))
     owned = params / ((layout.shard if layout.fsdp else layout.replicas) * layout.tensor)
-    return owned * ADAM_UPDATE_BYTES_PER_PARAM / mesh.device.achievable_bandwidth
+    return (owned * optimizer_update_bytes(layout, workload.dtype_bytes)
+            / mesh.device.achievable_bandwidth)
 
 
 def usable_bytes(mesh: MeshSpec, headroom: float) -> float:

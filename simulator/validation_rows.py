@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, cast
 
-from ir.plan import GRAD_REDUCE
+from ir.plan import GRAD_REDUCE, OPTIMIZER_STATES
 from ir.precision import RECIPES, canonical_precision
 from ir.workload import ATTENTION_KERNELS
 from simulator import remat
@@ -103,7 +103,7 @@ COLUMNS_OPTIONAL = ("dp", "vocab", "global_batch", "per_device_batch", "micro_ba
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
             "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher",
             "pipeline_layout", "offload_layers", "bf16_first_layers", "bf16_last_layers",
-            "grad_reduce")
+            "grad_reduce", "optimizer_state")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -202,6 +202,7 @@ class Row:
     scale_up_domain: int | None = None
     dispatcher: str | None = None
     grad_reduce: str = "fp32"
+    optimizer_state: str = "fp32"
     pipeline_layout: str | None = None
     precision_given: bool = True
     offload_layers: int = 0
@@ -532,6 +533,10 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if grad not in GRAD_REDUCE:
         raise ValidationError(f"row {line}: grad_reduce {grad[:40]!r} unknown; fix: use one of "
                               f"{', '.join(GRAD_REDUCE)} or leave it blank (fp32)")
+    opt = (d.get("optimizer_state") or "").strip().lower() or "fp32"
+    if opt not in OPTIMIZER_STATES:
+        raise ValidationError(f"row {line}: optimizer_state {opt[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(OPTIMIZER_STATES)} or leave it blank (fp32)")
     model_config = (d.get("model_config") or "").strip() or None
     tp, pp, cp = _required_int(d, "tp", line), _required_int(d, "pp", line), _int(d, "cp", line) or 1
     dp = _int(d, "dp", line)
@@ -559,7 +564,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             cp=cp, vp=vp, ep=_int(d, "ep", line) or 1,
             etp=_int(d, "etp", line), scale_up_domain=_int(d, "scale_up_domain", line),
             dispatcher=DISPATCHERS[disp] if disp is not None else None, grad_reduce=grad,
-            pipeline_layout=(d.get("pipeline_layout") or "").strip() or None,
+            optimizer_state=opt, pipeline_layout=(d.get("pipeline_layout") or "").strip() or None,
             precision_given=bool(given), offload_layers=_int(d, "offload_layers", line) or 0,
             bf16_first_layers=_int(d, "bf16_first_layers", line) or 0,
             bf16_last_layers=_int(d, "bf16_last_layers", line) or 0)

@@ -119,6 +119,8 @@ RULES = {
                   "(tensor-parallel collectives on the critical path)",
     "grad_reduce": "fp32 (Megatron-Core's fp32 main gradients, 4 bytes a parameter held and "
                    "reduced)",
+    "optimizer_state": "fp32 (fp32 master weights and Adam moments, 12 bytes a parameter "
+                       "sharded over data parallel)",
     "micro_batch": "1",
     "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation; with "
                 "vp given: 1f1b-interleaved for vp > 1, 1f1b for vp 1",
@@ -510,7 +512,8 @@ def row_layout(row: Row) -> Layout:
                   tp_overlap=row_tp_overlap(row),
                   expert=row.ep if moe else 1, expert_tensor=row_etp(row) if moe else 0,
                   expert_dispatch=(row.dispatcher or default_dispatcher(row)) if moe
-                  else "alltoall", grad_reduce=row.grad_reduce)
+                  else "alltoall", grad_reduce=row.grad_reduce,
+                  optimizer_state=row.optimizer_state)
 
 
 HYBRIDEP_DEVICES = ("gb200", "gb300", "b300")

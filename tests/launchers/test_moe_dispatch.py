@@ -27,6 +27,10 @@ def _text(plan, target: str, out: Path) -> str:
     return "\n".join(f.text for f in export_plan(plan, target, out, source="test"))
 
 
+def _notes(plan, target: str, out: Path) -> str:
+    return "\n".join(n for f in export_plan(plan, target, out, source="test") for n in f.notes)
+
+
 def test_dropless_plans_write_no_capacity(tmp_path):
     meg = _text(_plan("alltoall"), "megatron", tmp_path / "a.args")
     assert "--moe-expert-capacity-factor" not in meg and "--moe-pad-expert-input" not in meg
@@ -97,6 +101,47 @@ def test_a_bf16_gradient_reduction_is_asked_for_in_every_target(tmp_path):
     titan = _text(bf16, "torchtitan", tmp_path / "b.toml")
     assert "mixed_precision_reduce" in titan and "bfloat16" in titan
     assert "mixed_precision_reduce" not in _text(p, "torchtitan", tmp_path / "f.toml")
+
+
+def test_low_precision_optimizer_state_is_asked_for_in_every_target(tmp_path):
+    """``Layout.optimizer_state``: bf16 moments are Megatron-LM's precision-aware optimizer flags,
+    Megatron-Bridge's ``optimizer.*`` fields and MaxText's ``mu_dtype`` (with a note: its second
+    moment stays float32); bf16 state with no master copy is MaxText's ``weight_dtype`` and a note
+    in Megatron (it keeps an fp32 master copy); torchtitan notes what it cannot set; an fp32 plan
+    writes none of it; the plan JSON keeps the state."""
+    from ir.plan_json import plan_from_json, plan_to_json
+
+    p = load_plan(PLAN)
+
+    def state(s: str):
+        return dataclasses.replace(p, layouts={m: dataclasses.replace(lay, optimizer_state=s)
+                                               for m, lay in p.layouts.items()})
+
+    moments, bf16 = state("bf16-moments"), state("bf16")
+    meg = _text(moments, "megatron", tmp_path / "m.args")
+    assert "--use-precision-aware-optimizer" in meg and "--exp-avg-dtype bf16" in meg
+    assert "--exp-avg-sq-dtype bf16" in meg
+    assert "fp32 master" not in _notes(moments, "megatron", tmp_path / "m.args")
+    assert "keeps fp32 master weights" in _notes(bf16, "megatron", tmp_path / "b.args")
+    assert "precision-aware" not in _text(p, "megatron", tmp_path / "f.args")
+    bridge = _text(moments, "megatron-bridge", tmp_path / "m.overrides")
+    assert "optimizer.use_precision_aware_optimizer=true" in bridge.lower()
+    assert "optimizer.exp_avg_dtype=torch.bfloat16" in bridge
+    assert "optimizer.exp_avg_sq_dtype=torch.bfloat16" in bridge
+    assert "optimizer." not in _text(p, "megatron-bridge", tmp_path / "f.overrides")
+    dense = load_plan(PLAN.parent / "llama3-70b-h100x128.json")     # MaxText's even stages
+    mx_moments, mx_bf16 = (dataclasses.replace(dense, layouts={
+        m: dataclasses.replace(lay, optimizer_state=s) for m, lay in dense.layouts.items()})
+        for s in ("bf16-moments", "bf16"))
+    assert "mu_dtype: bfloat16" in _text(mx_moments, "maxtext", tmp_path / "m.yml")
+    assert "second moment in weight_dtype" in _notes(mx_moments, "maxtext", tmp_path / "n.yml")
+    assert "weight_dtype: bfloat16" in _text(mx_bf16, "maxtext", tmp_path / "b.yml")
+    assert "_dtype: bfloat16" not in _text(dense, "maxtext", tmp_path / "f.yml")
+    assert "bf16-moments optimizer state is not asked for" in _notes(moments, "torchtitan",
+                                                                    tmp_path / "m.toml")
+    back = plan_from_json(plan_to_json(moments))
+    assert {lay.optimizer_state for lay in back.layouts.values()} == {"bf16-moments"}
+    assert "optimizer_state" not in str(plan_to_json(p))
 
 
 def test_a_latent_moe_plan_writes_megatrons_latent_size(tmp_path):

@@ -245,6 +245,32 @@ def test_a_bf16_gradient_reduction_moves_and_holds_half_the_bytes():
         Layout(2, 1, grad_reduce="fp16")
 
 
+def test_low_precision_optimizer_state_holds_and_streams_fewer_bytes():
+    """``Layout.optimizer_state``: Adam's state sharded over data parallel takes 12 bytes a
+    parameter in fp32 (master + m + v), 8 with bf16 moments (Megatron's precision-aware optimizer)
+    and 4 in bf16 with no master copy (MaxText's weight_dtype bfloat16); an fp32 model keeps its
+    moments only (8, or 4 in bf16); the optimizer step streams bytes in proportion; weights and
+    gradients are untouched; an unknown state is refused."""
+    from ir import Workload
+    from simulator.cost_model import optimizer_bytes, optimizer_time, stage_memory
+
+    states = {"fp32": 12.0, "bf16-moments": 8.0, "bf16": 4.0}
+    w = Workload(model="t", layers=("block",), costs={"block": COST}, seq_len=1, global_batch=2)
+    mesh = _mesh("max")
+    step = optimizer_time(w, 0, 1, mesh, Layout(2, 1))
+    for state, nbytes in states.items():
+        lay = Layout(2, 1, optimizer_state=state)
+        assert optimizer_bytes(lay, 2) == nbytes
+        assert optimizer_bytes(lay, 4) == (8.0 if state == "fp32" else 4.0)
+        # 1000 parameters: weights 2000 B, fp32 gradients 4000 B, the state over 2 replicas
+        assert stage_memory(w, 0, 1, lay, 1.0).static_bytes == 2000 + 4000 + 1000 * nbytes / 2
+        assert optimizer_time(w, 0, 1, mesh, lay) == pytest.approx(step * nbytes / 12.0)
+    assert str(Layout(2, 1, optimizer_state="bf16-moments")) == "dp2xtp1-optbf16-moments"
+    with pytest.raises(ValueError, match=r"optimizer_state='fp16'\): unknown; fix: one of fp32, "
+                                         r"bf16-moments, bf16"):
+        Layout(2, 1, optimizer_state="fp16")
+
+
 def test_host_offload_takes_its_share_of_what_a_layer_keeps_off_the_device():
     """``LayerCost.host_offload`` (activation offloading): a layer keeps ``1 - share`` of its
     residuals on the device, and under full recomputation of its input (the layer before's

@@ -222,6 +222,22 @@ def test_precision_names_a_recipe_or_a_compute_dtype(tmp_path):
         row_precision(given_bf16, v100)
 
 
+def test_optimizer_state_reaches_the_rows_layout_and_memory(tmp_path):
+    """The ``optimizer_state`` column: blank is fp32; bf16-moments and bf16 reach the row's
+    layout (and so its memory: 12, 8 and 4 bytes a parameter of Adam state over data parallel);
+    an unknown one is a skipped row naming it."""
+    from simulator.validation_setup import row_layout
+
+    p = _csv(tmp_path, bundled(2), bundled(2, optimizer_state="bf16-moments"),
+             bundled(2, optimizer_state="BF16"), bundled(2, optimizer_state="fp8"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [r.optimizer_state for r in rows] == ["fp32", "bf16-moments", "bf16"]
+    assert [row_layout(r).optimizer_state for r in rows] == ["fp32", "bf16-moments", "bf16"]
+    assert [b.reason for b in bad] == [
+        "optimizer_state 'fp8' unknown; fix: use one of fp32, bf16-moments, bf16 or leave it "
+        "blank (fp32)"]
+
+
 def test_a_2020_container_run_is_charged_that_eras_elementwise_traffic(tmp_path):
     from hardware_profiles.loader import load_device
     from simulator.validation_setup import (SOFTWARE_2020_ELEMENTWISE_TRAFFIC, row_device,
