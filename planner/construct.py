@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir import FragmentKind, FragmentRef, Plan, ScheduleTable, StagePlan, Workload
+from ir import OPTIMIZER_STATES, FragmentKind, FragmentRef, Plan, ScheduleTable, StagePlan, Workload
 from hardware_profiles.types import Cluster
 from planner.budget import COSTS, Budget
 from planner.errors import PlannerError
@@ -58,6 +58,8 @@ class PlanOptions:
             :func:`planner.options.context_degrees` offers (sequences of
             :data:`planner.options.CONTEXT_MIN_TOKENS` or more), 1 never splits a sequence, and
             ``N > 1`` runs every mesh at context degree ``N`` (any sequence it divides).
+        optimizer_state: how every layout keeps Adam's state (:attr:`ir.Layout.optimizer_state`:
+            ``"fp32"``, ``"bf16-moments"`` or ``"bf16"``), the user's choice, not searched.
     """
 
     time_limit_s: float = 30.0
@@ -73,6 +75,12 @@ class PlanOptions:
     fsdp: bool = True
     fixed_order: bool = False
     context: int = 0
+    optimizer_state: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            raise PlannerError(f"PlanOptions(optimizer_state={self.optimizer_state!r}): unknown; "
+                             f"fix: one of {', '.join(OPTIMIZER_STATES)}")
 
 
 def fragment_kinds(schedule: str, training: bool) -> tuple[FragmentKind, ...]:
@@ -143,7 +151,8 @@ def make_candidate(w: Workload, cluster: Cluster, meshes: tuple[str, ...], sched
     for m in meshes:
         o, costed = _cached_mesh_options(w, cluster.meshes[m], samples, kinds, split,
                                          opts.headroom, opts.max_tensor, opts.fsdp,
-                                         kind(schedule).hides_alltoall, opts.context)
+                                         kind(schedule).hides_alltoall, opts.context,
+                                         opts.optimizer_state)
         if budget is not None:
             budget.charge(COSTS["option"] * costed)
         if not o:

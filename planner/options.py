@@ -61,8 +61,8 @@ def context_degrees(seq_len: int, devices: int, context: int = 0) -> list[int]:
 
 
 def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, experts: int = 0,
-             shards: ShardDims | None = None, seq_len: int = 0, context: int = 0
-             ) -> list[Layout]:
+             shards: ShardDims | None = None, seq_len: int = 0, context: int = 0,
+             optimizer_state: str = "fp32") -> list[Layout]:
     """Data x tensor factorizations of the mesh (data dividing the microbatch) whose tensor degree
     can run the model (:func:`ir.shards.layout_problem` on ``shards``: it divides the heads and
     the MLP widths), each also with fully sharded data parallel when training with more than one
@@ -74,7 +74,9 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, expert
     that spans scale-up domains is offered with each dispatch (``Layout.expert_dispatch``).
     A sequence of ``seq_len`` tokens may also be split over the :func:`context_degrees`, by the
     ring or by all-to-all where the model's heads allow (:func:`_context_layouts` says why only
-    those, and only where data parallel over the same devices cannot take the microbatch)."""
+    those, and only where data parallel over the same devices cannot take the microbatch).
+    Every layout keeps its optimizer state as ``optimizer_state`` says (:attr:`Layout.optimizer_state`:
+    the user's choice, not searched)."""
     out = []
     for t in range(1, mesh.num_devices + 1):
         if mesh.num_devices % t or t > max_tensor or layout_problem(shards, t) is not None:
@@ -82,7 +84,8 @@ def _layouts(mesh: MeshSpec, samples: float, max_tensor: int, fsdp: bool, expert
         for c in context_degrees(seq_len, mesh.num_devices // t, context):
             out += _context_layouts(mesh, samples, fsdp, experts, shards, seq_len, t, c,
                                     prune=context == 0)
-    return out
+    return out if optimizer_state == "fp32" else [replace(lay, optimizer_state=optimizer_state)
+                                                  for lay in out]
 
 
 def _context_layouts(mesh: MeshSpec, samples: float, fsdp: bool, experts: int,
@@ -129,7 +132,8 @@ def _context_layouts(mesh: MeshSpec, samples: float, fsdp: bool, experts: int,
 
 def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
                   split: bool, headroom: float, max_tensor: int, fsdp: bool = True,
-                  hidden: bool = False, context: int = 0) -> tuple[tuple[StageCost, ...], int]:
+                  hidden: bool = False, context: int = 0, optimizer_state: str = "fp32"
+                  ) -> tuple[tuple[StageCost, ...], int]:
     """Every undominated layout option of ``mesh``, each costed by the cost model
     (:func:`simulator.stage_cost.stage_cost`), and how many layout choices were costed (the
     search charges its work budget per choice, ``planner.budget.COSTS["option"]``); ``hidden``:
@@ -139,7 +143,7 @@ def _mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str,
     experts = max(c.experts for c in w.costs.values())
     costed = [stage_cost(w, mesh, lay, rc, samples, kinds, split, headroom, split_layers, hidden)
               for lay in _layouts(mesh, samples, max_tensor, fsdp and w.training, experts,
-                                  w.shards, w.seq_len, context)
+                                  w.shards, w.seq_len, context, optimizer_state)
               for rc in ((False, True) if w.training else (False,))]
     return _undominated(costed), len(costed)
 
@@ -183,7 +187,7 @@ def _same_program(a: Workload | None, b: Workload) -> bool:
 
 def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],
                          split: bool, headroom: float, max_tensor: int, fsdp: bool,
-                         hidden: bool = False, context: int = 0
+                         hidden: bool = False, context: int = 0, optimizer_state: str = "fp32"
                          ) -> tuple[tuple[StageCost, ...], int]:
     """:func:`_mesh_options`, computed once per workload and mesh spec (meshes that differ only by
     name share their options: clusters repeat identical meshes): the options and how many layout
@@ -192,7 +196,7 @@ def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tup
     # either way, so they are computed (and charged to the work budget) once
     hidden = hidden and any(c.alltoall_bytes_per_sample > 0 for c in w.costs.values())
     spec = tuple(getattr(mesh, f.name) for f in fields(mesh) if f.name != "name")
-    key = (samples, kinds, split, headroom, max_tensor, fsdp, hidden, context)
+    key = (samples, kinds, split, headroom, max_tensor, fsdp, hidden, context, optimizer_state)
     with _OPTIONS_LOCK:
         if not _same_program(_OPTIONS_CACHE.get("w"), w):
             _OPTIONS_CACHE.clear()
@@ -202,7 +206,7 @@ def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tup
             if other == spec:
                 return opts, 0
     opts, costed = _mesh_options(w, mesh, samples, kinds, split, headroom, max_tensor, fsdp, hidden,
-                                 context)
+                                 context, optimizer_state)
     with _OPTIONS_LOCK:
         if _same_program(_OPTIONS_CACHE.get("w"), w):
             bucket.append((spec, opts))

@@ -161,7 +161,7 @@ class OptionCache:
         ``budget``."""
         got, costed = _cached_mesh_options(self.w, mesh, samples, kinds, split, self.opts.headroom,
                                            self.opts.max_tensor, self.opts.fsdp, hidden,
-                                           self.opts.context)
+                                           self.opts.context, self.opts.optimizer_state)
         if budget is not None and costed:
             budget.charge(COSTS["option"] * costed)
         return got

@@ -16,6 +16,7 @@ import click
 
 from hardware_profiles.paths import resolve_cluster_path
 from ir.files import check_output, write_atomic
+from ir.plan import OPTIMIZER_STATES
 from ir.precision import PRECISIONS
 from ir.vocab import GOALS
 from mpmd.cli.common import console, err_console, guard
@@ -89,6 +90,13 @@ def context_degree(value: str) -> int:
                    "scales); mxfp8 and nvfp4 (Blackwell microscaling); auto: one search per "
                    "recipe every device of the cluster runs, the best plan kept and the others' "
                    "steps printed beside it. Attention, norms, embedding and LM head stay bf16.")
+@click.option("--optimizer-state", type=click.Choice(OPTIMIZER_STATES), default="fp32",
+              show_default=True,
+              help="How Adam keeps its state, sharded over data parallel: fp32 (fp32 master "
+                   "weights and moments, 12 bytes a parameter); bf16-moments (fp32 master, bf16 "
+                   "moments, 8: Megatron's --use-precision-aware-optimizer, as DeepSeek-V3's "
+                   "recipe sets it); bf16 (no master copy, 4: MaxText's weight_dtype bfloat16). "
+                   "Every layout the search costs keeps it; the exports ask for it.")
 @click.option("--out", type=click.Path(), default=None, help="Write the plan JSON here.")
 @guard
 def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
@@ -96,7 +104,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                  max_tensor: int, even_split: bool, no_fsdp: bool, context_parallel: str,
                  objective: str,
                  min_throughput: float | None, max_usd_per_hour: float | None,
-                 precision: str, out: str | None) -> None:
+                 precision: str, optimizer_state: str, out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
 
     The inputs come first: the model (parameters, total and active per token, and dtype), the
@@ -135,7 +143,8 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
             "--max-tensor": max_tensor != 8, "--even-split": even_split, "--no-fsdp": no_fsdp,
             "--context-parallel": context_parallel != "auto",
             "--min-throughput": min_throughput is not None,
-            "--max-usd-per-hour": max_usd_per_hour is not None, "--precision": precision != "bf16"})
+            "--max-usd-per-hour": max_usd_per_hour is not None, "--precision": precision != "bf16",
+            "--optimizer-state": optimizer_state != "fp32"})
         return
     context = context_degree(context_parallel)
     # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
@@ -172,7 +181,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                     opts = PlanOptions(time_limit_s=time_limit, schedules=schedules or None,
                                        microbatches=microbatches or None, max_tensor=max_tensor,
                                        even_split=even_split, fsdp=not no_fsdp,
-                                       context=context)
+                                       context=context, optimizer_state=optimizer_state)
                     tried.append(plan(replace(workload, precision=recipe), cluster, opts, bar,
                                       goal=goal, stop=ctrl_c.stop))
                 if tried[-1].interrupted:

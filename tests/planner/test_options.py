@@ -70,3 +70,28 @@ def test_tensor_parallel_is_offered_overlapped_where_the_stack_overlaps_it():
     assert not any(lay.tp_overlap for lay in _layouts(tpu, 256.0, 8, False))
     toy = cluster([("m", device("d", 100.0, 80.0), 8)]).meshes["m"]
     assert not any(lay.tp_overlap for lay in _layouts(toy, 8.0, 8, False))
+
+
+def test_low_precision_optimizer_state_lets_the_search_take_less_tensor_parallel():
+    """``PlanOptions.optimizer_state`` (``mpmd plan --optimizer-state``): every layout the search
+    costs keeps that state, so on 2 GB devices, where fp32 Adam state (12 bytes a parameter over
+    data parallel) needs tensor parallel 6, bf16 moments (8 bytes) fit at tensor 4 and the step is
+    shorter; an unknown state is refused."""
+    import pytest
+
+    from planner.errors import PlannerError
+
+    w = workload(blocks=6, batch=24)
+    c = cluster([("a", device("a", 400.0, 2.0), 12)])
+    fp32 = api.plan_meshes(w, c, PlanOptions(time_limit_s=5, fsdp=False))
+    low = api.plan_meshes(w, c, PlanOptions(time_limit_s=5, fsdp=False,
+                                            optimizer_state="bf16-moments"))
+    assert str(fp32.plan.layouts["a"]) == "dp2xtp6"
+    assert str(low.plan.layouts["a"]) == "dp3xtp4-optbf16-moments"
+    assert low.prediction.step_time_s < fp32.prediction.step_time_s
+    mesh = c.meshes["a"]
+    assert {lay.optimizer_state for lay in _layouts(mesh, 24.0, 12, True,
+                                                   optimizer_state="bf16")} == {"bf16"}
+    with pytest.raises(PlannerError, match=r"optimizer_state='fp16'\): unknown; fix: one of "
+                                           r"fp32, bf16-moments, bf16"):
+        PlanOptions(optimizer_state="fp16")
