@@ -45,7 +45,7 @@ def test_csv_rows_load():
     rows = [r for r in V.load_rows(CSV, fill=model_fill(CSV))      # the FP8 twins, Blackwell
             if r.precision == "bf16" and r.device not in ("b200", "gb200", "gb300")  # and the
             and r.ep == 1]                                            # mixtures of experts aside
-    assert len(rows) == 99
+    assert len(rows) == 100
     station = [r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.source == "dgx-station-nvfp4"]
     assert [(r.device, r.gpus, r.recipe, r.bf16_first_layers, r.bf16_last_layers)
             for r in station] == [("gb300", 1, "bf16", 0, 0), ("gb300", 1, "nvfp4", 0, 4)]
@@ -88,7 +88,8 @@ def test_csv_rows_load():
     assert {r.device for r in rows} == {"a100-80gb-sxm", "h100-sxm", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"}
     assert rows[0].vocab is None and rows[0].devices_per_node == 8 and rows[0].glu is None
     tt = [r for r in rows if r.metric == "tokens_per_gpu_s" and r.device == "h100-sxm"]
-    assert len(tt) == 15 and {r.source for r in tt} == {"torchtitan-h100", "llm-foundry"}
+    assert len(tt) == 16 and {r.source for r in tt} == {"torchtitan-h100", "llm-foundry",
+                                                         "nemo-automodel"}
     # NeMo's performance recipes overlap tensor-parallel traffic; nothing else states it
     over = [r for r in rows if r.tp_overlap]
     assert len(over) == 15 and {r.source for r in over} == {"dgxc-h100"} and min(r.tp for r in over) == 4
