@@ -690,6 +690,30 @@ def op_recompute(workload: Workload, row: Row) -> Workload:
     return _keep_residuals(w, lambda c: min(c.residual_bytes_per_sample, kept))
 
 
+MAXTEXT_POLICIES = tuple(n for n in remat.NAMES
+                         if n not in ("none", "selective", "full", "op", "layer"))
+"""The ``recompute`` names that are MaxText remat policies (:data:`simulator.remat.SPECS`): under
+``jax.checkpoint`` a block keeps exactly what its policy saves (:func:`policy_residuals`)."""
+
+
+def policy_residuals(workload: Workload, row: Row) -> Workload:
+    """The workload with each decoder block keeping what the row's MaxText remat policy saves:
+    ``jax.checkpoint`` with a policy (``Decoder.get_remat_policy``: ``minimal`` is
+    ``checkpoint_dots_with_no_batch_dims``) keeps the block's input (the scan carry) and the
+    tensors the policy names, and reruns every other intermediate (norm outputs, activation
+    inputs, the attention core's softmax) in the backward: per token the input and the policy's
+    saved parts (:meth:`simulator.remat.LayerShape.elements`) at
+    :data:`simulator.remat.ACTIVATION_BYTES`, where that is less than the traced residuals
+    (which count Megatron's ``34 s b h``-style intermediates: Korthikanti et al. 2022, Sec. 4.1)."""
+    shape = remat.LayerShape(row.hidden, row.heads, row.kv_heads or row.heads,
+                             row.head_dim or row.hidden // row.heads, row.ffn or 4 * row.hidden,
+                             bool(row.glu), row.seq_len)
+    el = shape.elements()
+    saved = el["input"] + sum(el[part] for part in remat.SPECS[row_remat(row).name].saved)
+    kept = saved * row.seq_len * remat.ACTIVATION_BYTES
+    return _keep_residuals(workload, lambda c: min(c.residual_bytes_per_sample, kept))
+
+
 def _keep_residuals(workload: Workload, kept: Callable[[LayerCost], float]) -> Workload:
     """``workload`` with each decoder block (``decoder_block``, ``dense_block``) keeping
     ``kept(block)`` residual bytes per sample; other layers unchanged."""
@@ -978,6 +1002,8 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
         w = layer_recompute(w, row.hidden)
     elif rc == "modules":
         w = module_recompute(w, row)
+    if rc != "full" and row_remat(row).name in MAXTEXT_POLICIES:
+        w = policy_residuals(w, row)
     if row.offload_layers:
         w, offloaded = offload_activations(w, row)
         notes.append(offloaded)

@@ -402,3 +402,23 @@ def test_chunks_filled_by_the_embedding_and_the_loss_are_held(tmp_path):
     assert [b.reason for b in bad] == [
         "vp=4 chunks per rank cannot be held: 22 layers over pp=8 ranks leave 2 on the smallest; "
         "fix vp (at most 2) or leave it blank"]
+
+
+def test_a_maxtext_policy_keeps_the_block_input_and_the_tensors_it_names(tmp_path):
+    """MaxText's ``minimal`` (``checkpoint_dots_with_no_batch_dims``) keeps, per token of a
+    decoder block, its input and the weight matmuls' outputs and nothing else: for the bundled
+    32B v5p row (hidden 8192, 64 heads of 128, GLU MLP of 28672) ``8192 + 3 x 8192 + 8192 +
+    2 x 28672 + 8192`` bf16 elements, below the traced residuals that ``none`` keeps; the other
+    layers keep theirs."""
+    from mpmd.cli.validate import model_fill, workload_for
+    from simulator.validation_setup import row_setup
+
+    p = _csv(tmp_path, bundled(V5P), bundled(V5P, recompute="none"))
+    minimal, none = VR.load_rows(p, fill=model_fill(p))
+    kept, traced = (row_setup(r, workload_for).workload for r in (minimal, none))
+    assert kept.costs["decoder_block"].residual_bytes_per_sample == (
+        (8192 + 3 * 8192 + 8192 + 2 * 28672 + 8192) * 2048 * 2)
+    assert traced.costs["decoder_block"].residual_bytes_per_sample > (
+        kept.costs["decoder_block"].residual_bytes_per_sample)
+    assert {n: c.residual_bytes_per_sample for n, c in kept.costs.items() if n != "decoder_block"} \
+        == {n: c.residual_bytes_per_sample for n, c in traced.costs.items() if n != "decoder_block"}
