@@ -145,6 +145,8 @@ class HandLayout:
             None (the default): as the device's stack runs them
             (:func:`simulator.cost_model.overlaps_tensor_parallel`, what the planner's own
             layouts get), so a practitioner's layout and the plan are costed alike.
+        optimizer_state: how Adam keeps its state (``Layout.optimizer_state``; the grid takes
+            the planner's ``PlanOptions.optimizer_state``, so both sides are costed alike).
     """
 
     tensor: int
@@ -160,6 +162,7 @@ class HandLayout:
     expert_tensor: int = 0
     expert_dispatch: str = "alltoall"
     tp_overlap: bool | None = None
+    optimizer_state: str = "fp32"
 
     @property
     def devices(self) -> int:
@@ -279,7 +282,8 @@ def hand_plan(w: Workload, cluster: Cluster, layout: HandLayout, group: str | No
                             expert_dispatch=layout.expert_dispatch,
                             tp_overlap=t > 1 and (layout.tp_overlap
                                                   if layout.tp_overlap is not None
-                                                  else cm.overlaps_tensor_parallel(g.device))),
+                                                  else cm.overlaps_tensor_parallel(g.device)),
+                            optimizer_state=layout.optimizer_state),
                      _even(nb // v, p),
                      layout.recompute == "full", layout.schedule, m, v, headroom, layout.label)
 

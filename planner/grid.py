@@ -94,7 +94,9 @@ def grid_layouts(w: Workload, cluster: Cluster, group: str,
                     for fsdp in fsdps:
                         for e, et in (((1, 0),) if fsdp else ep):   # Layout.expert: not with FSDP
                             h = HandLayout(tensor=t, pipeline=p, data=d, virtual_stages=v,
-                                           micro_batch=b, fsdp=fsdp, expert=e, expert_tensor=et)
+                                           micro_batch=b, fsdp=fsdp, expert=e, expert_tensor=et,
+                                           optimizer_state=("fp32" if opts is None
+                                                            else opts.optimizer_state))
                             if opts is None or _allowed(h, w, opts):
                                 out.append(h)
     return out

@@ -95,3 +95,15 @@ def test_a_mixture_of_experts_adds_expert_parallel_points():
     assert {(p.tensor, p.pipeline, p.data, p.virtual_stages, p.micro_batch) for p in ep} <= plain
     # a dense model's grid has none
     assert all(p.expert == 1 for p in grid_layouts(W, nodes(), "g"))
+
+
+def test_the_grid_keeps_the_planners_optimizer_state():
+    """``PlanOptions.optimizer_state`` reaches every grid point and the sweep's best plan, so the
+    grid that seeds the search and the plans it finds are costed with the same state."""
+    opts = PlanOptions(optimizer_state="bf16-moments")
+    pts = grid_layouts(W, nodes(), "g", opts)
+    assert pts and {p.optimizer_state for p in pts} == {"bf16-moments"}
+    assert {p.optimizer_state for p in grid_layouts(W, nodes(), "g")} == {"fp32"}
+    best = grid_sweep(W, nodes(), "g", opts=opts).best
+    assert best is not None
+    assert {lay.optimizer_state for lay in best.plan.layouts.values()} == {"bf16-moments"}
