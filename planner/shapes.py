@@ -62,15 +62,16 @@ def group_shapes(g: NodeGroup, max_meshes: int, nodes: int | None = None) -> lis
     return out
 
 
-def megatron_shape(w: Workload, g: NodeGroup, headroom: float) -> list[GroupShape]:
+def megatron_shape(w: Workload, g: NodeGroup, headroom: float,
+                   optimizer_state: str = "fp32") -> list[GroupShape]:
     """The practitioner's hand shapes for one group (Narayanan et al. SC'21, sec. 3.3 and 5):
     tensor parallel across one node, the shortest pipeline whose weights, gradients and optimizer
-    state fit, data parallel over the rest. Returned shortest first (one to three shapes), since
-    activations may need a longer one."""
+    state (in ``optimizer_state``, :attr:`ir.Layout.optimizer_state`) fit, data parallel over the
+    rest. Returned shortest first (one to three shapes), since activations may need a longer one."""
     out = []
     for p in _divisors(g.nodes):
         r = g.nodes // p
-        lay = Layout(r, g.devices_per_node)
+        lay = Layout(r, g.devices_per_node, optimizer_state=optimizer_state)
         static = cm.stage_memory(w, 0, len(w.layers), lay, 1.0, False).static_bytes / p
         if static <= g.device.memory_bytes * (1 - headroom) * 0.8:
             out.append(GroupShape(g.name, g.nodes, r, 1))
@@ -201,7 +202,8 @@ class Enumeration:
             per_group.append(group_shapes(g, limit, (nodes or {}).get(gname)))
         hand = set()
         if len(groups) == 1:
-            hand = set(megatron_shape(w, cluster.groups[groups[0]], opts.headroom))
+            hand = set(megatron_shape(w, cluster.groups[groups[0]], opts.headroom,
+                                      opts.optimizer_state))
         shapes: list[GroupShape] | tuple[GroupShape, ...]   # a group's shapes, then one combination's
         combos: list[tuple[GroupShape, ...]] = [()]
         for shapes in per_group:
