@@ -186,7 +186,7 @@ def plan_meshes(w: Workload, cluster: Cluster, opts: PlanOptions = PlanOptions()
         if interrupted:
             raise PlanInterrupted(f"interrupted after {total_wall:.0f} s before any feasible plan")
         raise InfeasibleError(explain_infeasible(w, cluster, meshes, opts.headroom,
-                                                 opts.max_tensor))
+                                                 opts.max_tensor, opts.optimizer_state))
     # the best few on their discrete-event replays: what mpmd simulate prints (planner.replayed)
     pred, (p, _) = rank_by_replay(feasible, lambda x: x, w, cluster)[0]
     p = replace(p, predicted=pred)
@@ -227,7 +227,7 @@ def flop_floor(w: Workload, cluster: Cluster, meshes: tuple[str, ...]) -> float:
 
 
 def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], headroom: float,
-                       max_tensor: int = 8) -> str:
+                       max_tensor: int = 8, optimizer_state: str = "fp32") -> str:
     """One line: which mesh lacks how many bytes in the most memory-frugal plan.
 
     That plan uses every mesh, splits layers in proportion to each mesh's usable memory, shards
@@ -248,7 +248,8 @@ def explain_infeasible(w: Workload, cluster: Cluster, meshes: tuple[str, ...], h
         lo, hi = bounds[i], max(bounds[i + 1], bounds[i] + 1) if bounds[i] < n else n
         if lo >= hi:
             continue
-        mem = cm.stage_memory(w, lo, hi, Layout(1, s.num_devices), 1.0, w.training)
+        mem = cm.stage_memory(w, lo, hi, Layout(1, s.num_devices, optimizer_state=optimizer_state),
+                              1.0, w.training)
         need = mem.static_bytes + mem.residual_bytes_per_microbatch * max(1, len(meshes) - i)
         lack = need - cm.usable_bytes(s, headroom)
         if worst is None or lack > worst[1]:

@@ -401,7 +401,7 @@ def shape_and_plan(w: Workload, cluster: Cluster, opts: construct.PlanOptions = 
         if s.interrupted:
             raise api.PlanInterrupted(f"interrupted after {time.monotonic() - s.t0:.0f} s before any "
                                       f"feasible plan")
-        raise InfeasibleError(_infeasible(w, cluster))
+        raise InfeasibleError(_infeasible(w, cluster, s.opts.optimizer_state))
     ranked = rank_by_replay(candidates, _plan_of, w, cluster)
     pred, (_, label, chosen) = ranked[0]
     step = pred.step_time_s
@@ -592,9 +592,10 @@ def _mixed(s: _Search, groups: tuple[str, ...], candidates: list[Found]) -> None
         candidates.append(Found(r.prediction.step_time_s, label, r))
 
 
-def _infeasible(w: Workload, cluster: Cluster) -> str:
+def _infeasible(w: Workload, cluster: Cluster, optimizer_state: str = "fp32") -> str:
     mem = sum(g.device.memory_bytes * g.num_devices for g in cluster.groups.values())
-    need = cm.stage_memory(w, 0, len(w.layers), Layout(1, 1), 1.0, w.training).static_bytes
+    need = cm.stage_memory(w, 0, len(w.layers), Layout(1, 1, optimizer_state=optimizer_state),
+                           1.0, w.training).static_bytes
     if need > mem:
         return (f"model {w.model!r} does not fit cluster {cluster.name!r}: its weights, gradients and optimizer "
                 f"state need {need / 1e9:.0f} GB, the devices hold {mem / 1e9:.0f} GB; add nodes")
