@@ -125,8 +125,8 @@ def test_routing_times_are_written_with_their_origin_and_loaded(tmp_path):
     assert "forward_routing_pair_ns" not in device_yaml(_cal())["efficiency"]   # not measured
     bundled = load_device("b200")   # the accelerator's: the token path's per-pair fit
     assert (bundled.forward_routing_pair, bundled.backward_routing_pair,
-            bundled.dropless_routing_pair) == (pytest.approx(7.77e-9, rel=1e-12),
-                                               pytest.approx(15.53e-9, rel=1e-12),
+            bundled.dropless_routing_pair) == (pytest.approx(11.17e-9, rel=1e-12),
+                                               pytest.approx(22.33e-9, rel=1e-12),
                                                pytest.approx(134.3e-9, rel=1e-12))
     assert "mpmd validate --fit-moe" in bundled.sources["forward_routing_pair"]
     assert "mpmd validate --fit-moe" in bundled.sources["dropless_routing_pair"]
