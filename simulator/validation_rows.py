@@ -25,6 +25,13 @@ Metrics (each with its source's own FLOP count):
 A row may give ``per_device_batch`` (MaxText's ``per_device_batch_size``, every chip counted)
 instead of ``global_batch``: global batch = per_device_batch x gpus.
 
+A row may give the peak memory per device its source measured (``peak_memory_gb``, decimal GB,
+or ``peak_memory_gib``, GiB as PyTorch and ``nvidia-smi`` print it; converted to bytes here, both
+given is an error): ``mpmd validate`` checks the model's peak against it. Sources measure what
+their allocator holds (PyTorch's ``max_memory_reserved``, ``nvidia-smi``'s used memory), so the
+published figure is an upper reading of the live bytes the model counts; each row's note says
+which reading it is.
+
 A row may name its model (``model_config``: a zoo name or a model file, resolved by the caller's
 ``fill`` hook, which fills the blank :data:`SHAPE_COLUMNS`; the simulator imports no zoo) and its
 context, virtual-pipeline and expert degrees (``cp``: gpus = tp x pp x dp x cp, dp excluding cp;
@@ -103,7 +110,7 @@ COLUMNS_OPTIONAL = ("dp", "vocab", "global_batch", "per_device_batch", "micro_ba
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
             "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher",
             "pipeline_layout", "offload_layers", "bf16_first_layers", "bf16_last_layers",
-            "grad_reduce", "optimizer_state")
+            "grad_reduce", "optimizer_state", "peak_memory_gb", "peak_memory_gib")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -209,6 +216,7 @@ class Row:
     bf16_first_layers: int = 0
     bf16_last_layers: int = 0
     microbatches_published: int | None = None
+    peak_memory_bytes: float | None = None
 
     @property
     def dtype(self) -> str:
@@ -450,6 +458,21 @@ def _batch(d: Mapping[str, str], line: int, gpus: int) -> tuple[int, float | Non
     return gb, pdb, False
 
 
+def _peak_memory(d: Mapping[str, str], line: int) -> float | None:
+    """The published peak memory per device in bytes: ``peak_memory_gb`` x 1e9 or
+    ``peak_memory_gib`` x 2**30; None when both are blank.
+
+    Raises:
+        ValidationError: both given, or one that is not a number in [0.001, 1e5].
+    """
+    gb = _real(d, "peak_memory_gb", line, 1e-3, 1e5, "GB per device, 0.001 to 1e5")
+    gib = _real(d, "peak_memory_gib", line, 1e-3, 1e5, "GiB per device, 0.001 to 1e5")
+    if gb is not None and gib is not None:
+        raise ValidationError(f"row {line}: peak_memory_gb {gb:g} and peak_memory_gib {gib:g} both "
+                              f"given; fix: keep the one the source prints")
+    return gb * 1e9 if gb is not None else (gib * 2.0 ** 30 if gib is not None else None)
+
+
 def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str]) -> Row:
     """One CSV record (``csv.DictReader`` dict) at ``line`` as a :class:`Row`; ``known`` are the
     device profile ids.
@@ -511,6 +534,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
                       "Gb/s per device, 0.001 to 1e6")
     power = _real(d, "power_limit_w", line, 1.0, 1e5, "W per device, 1 to 1e5")
     mem_bw = _real(d, "memory_bandwidth_gb_per_s", line, 1.0, 1e6, "GB/s per device, 1 to 1e6")
+    peak_mem = _peak_memory(d, line)
     att = (d.get("attention") or "").strip().lower() or None
     if att is not None and att not in ATTENTION_KERNELS:
         raise ValidationError(f"row {line}: attention {att[:40]!r} unknown; fix: use one of "
@@ -567,7 +591,8 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             optimizer_state=opt, pipeline_layout=(d.get("pipeline_layout") or "").strip() or None,
             precision_given=bool(given), offload_layers=_int(d, "offload_layers", line) or 0,
             bf16_first_layers=_int(d, "bf16_first_layers", line) or 0,
-            bf16_last_layers=_int(d, "bf16_last_layers", line) or 0)
+            bf16_last_layers=_int(d, "bf16_last_layers", line) or 0,
+            peak_memory_bytes=peak_mem)
     kept = r.bf16_first_layers + r.bf16_last_layers
     if kept and not r.low_precision:
         raise ValidationError(f"row {line}: bf16_first_layers/bf16_last_layers keep blocks in BF16 "

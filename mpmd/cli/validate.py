@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -419,20 +420,62 @@ def _relative(path: str) -> str:
         return str(path)
 
 
-def memory_fit(setup, device) -> str:
-    """The row's predicted peak memory per device against the device's, ``"92 / 80 GB, no"``
-    (the published layout as the model holds it: a ``no`` names a mechanism the model still
-    lacks, since the run ran); ``"-"`` where the replay cannot say."""
+@dataclass(frozen=True, slots=True)
+class MemoryFit:
+    """A row's predicted peak memory per device (bytes), the device's capacity (bytes) and the
+    peak its source measured (bytes; None where it publishes none)."""
+
+    peak: float
+    capacity: float
+    published: float | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.capacity
+
+    @property
+    def error_pct(self) -> float | None:
+        """Signed % of the predicted peak against the published one (negative: under it)."""
+        return None if self.published is None else (self.peak / self.published - 1) * 100
+
+    def __str__(self) -> str:
+        """``"92 / 80 GB, no"``; with a published peak ``"62 / 86 GB, yes; measured 88 (-30%)"``."""
+        text = (f"{self.peak / 1e9:.0f} / {self.capacity / 1e9:.0f} GB, "
+                f"{'yes' if self.fits else 'no'}")
+        if self.published is not None:
+            text += f"; measured {self.published / 1e9:.0f} ({self.error_pct:+.0f}%)"
+        return text
+
+
+def memory_fit(setup, device) -> MemoryFit | None:
+    """The row's predicted peak memory per device against the device's and, where the row gives
+    one, the peak its source measured (the published layout as the model holds it: a peak above
+    the capacity names a mechanism the model still lacks, since the run ran); None where the
+    replay cannot say."""
     from planner.predict import predict
     from simulator.validation_setup import build_cluster
 
     try:
         pr = predict(setup.plan, setup.workload, build_cluster(setup.row, device))
     except Exception:  # noqa: BLE001  (an adaptive schedule's template, a refused plan: no figure)
-        return "-"
-    peak = max(pr.peak_memory_bytes.values())
-    return (f"{peak / 1e9:.0f} / {device.memory_bytes / 1e9:.0f} GB, "
-            f"{'yes' if peak <= device.memory_bytes else 'no'}")
+        return None
+    return MemoryFit(max(pr.peak_memory_bytes.values()), device.memory_bytes,
+                     setup.row.peak_memory_bytes)
+
+
+def memory_lines(memory) -> list[str]:
+    """The report's lines on memory: how many published layouts fit, and the predicted peak
+    against each published one (signed %, its mean absolute and max)."""
+    known = [m for m in (memory or {}).values() if m is not None]
+    lines = [f"Published layouts that fit in the model's memory: {sum(m.fits for m in known)} of "
+             f"{len(known)} rows."]
+    measured = [m for m in known if m.published is not None]
+    if measured:
+        errs = [abs(m.error_pct) for m in measured]
+        lines.append(f"Predicted peak memory against the {len(measured)} published peaks: mean "
+                     f"abs {sum(errs) / len(errs):.1f}%, max {max(errs):.1f}% (signed, per row, "
+                     f"in the table's last column).")
+    return lines
 
 
 def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wall: float, *,
@@ -460,7 +503,7 @@ def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wa
                      f"{row.tp}/{row.pp}/{row.dp}{f' cp{row.cp}' if row.cp > 1 else ''} | "
                      f"{s.micro_batch} x {s.microbatches} | {row.schedule or '-'} ({s.schedule}) | "
                      f"{'; '.join(s.assumptions) or '-'} | {row.metric} | {_fmt(r.predicted)} | "
-                     f"{_fmt(row.value)} | {r.ape:.1f} | {(memory or {}).get(row.line, '-')} |")
+                     f"{_fmt(row.value)} | {r.ape:.1f} | {(memory or {}).get(row.line) or '-'} |")
     lines += ["", f"**Mean absolute percentage error: {mape(results):.1f}%; max: "
               f"{max(r.ape for r in results):.1f}%** (targets per device kind: mean <= 8%, "
               "max <= 20%).", ""]
@@ -479,6 +522,7 @@ def render(results, rankings, agree_max: float, fit_info: str, csv_path: str, wa
         sub = [r for r in results if r.row.source == src]
         lines.append(f"- {src}: mean {mape(sub):.1f}%, max {max(r.ape for r in sub):.1f}% "
                      f"({len(sub)} rows)")
+    lines += ["", *memory_lines(memory)]
     lines += ["", "## Zero-bubble schedule ranking (higher samples/GPU/s first)", "",
               "| group | measured order | simulated order | agrees |", "|---|---|---|---|"]
     for g, m, p, ok in rankings:
@@ -786,7 +830,7 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
         t.add_row(r.row.source, r.row.model, dev, str(r.row.gpus),
                   f"{r.row.tp}/{r.row.pp}/{r.row.dp}" + (f" cp{r.row.cp}" if r.row.cp > 1 else ""), f"{s.micro_batch}x{s.microbatches}",
                   s.schedule, "; ".join(s.assumptions) or "-", _fmt(r.predicted),
-                  _fmt(r.row.value), f"{r.ape:.1f}", memory[r.row.line])
+                  _fmt(r.row.value), f"{r.ape:.1f}", str(memory[r.row.line] or "-"))
     console.print(t)
     console.print(f"{scored_line(len(results), total)}   mean abs % error {V.mape(results):.1f}%"
                   f"   max {max(r.ape for r in results):.1f}%"
@@ -799,9 +843,8 @@ def validate(fit: bool, csv_path: str, out: str | None, profiles_out: str | None
     for label, sub in recipe_groups(results):
         console.print(f"    {label}: mean {V.mape(sub):.1f}%   max {max(r.ape for r in sub):.1f}%"
                       f"   ({len(sub)} rows)")
-    known = [m for m in memory.values() if m != "-"]
-    console.print(f"published layouts that fit in the model's memory: "
-                  f"{sum(m.endswith('yes') for m in known)} of {len(known)} rows")
+    for line in memory_lines(memory):
+        console.print(line[0].lower() + line[1:])
     for g, m, p, ok in rankings:
         console.print(f"zb ranking {g}: {'agrees' if ok else 'DISAGREES'}")
     if skipped:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,9 @@ def write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-# two maxtext-v5e rows (16B and 32B on one v5e-256 slice), one torchtitan row (llama2-13B, 64 A100)
-SMALL = [bundled(43), bundled(46), bundled(36),
+# two maxtext-v5e rows (16B and 32B on one v5e-256 slice), one torchtitan row (llama2-13B, 64 A100;
+# its peak memory a made-up 70 GiB, as a row of a source that prints one gives it)
+SMALL = [bundled(43), bundled(46), bundled(36, peak_memory_gib="70"),
          bundled(43, recompute="bogus_policy"),
          bundled(43, global_batch="", micro_batch="", microbatches="", per_device_batch="6")]
 
@@ -69,6 +71,33 @@ def test_unsimulable_row_is_skipped_and_the_per_device_row_scored(small, tmp_pat
     assert "global batch 1536 = per_device_batch 6 x 256 devices" in derived[8]
     # the published layout's memory in the model, and whether it fits (v5e: 16 GB)
     assert given[-1].endswith(" / 16 GB, yes |")
+    # a published peak: the model's against it, signed, in the cell and summed up below
+    titan = next(ln for ln in md.splitlines() if ln.startswith("| torchtitan | llama2-13B |"))
+    peak = float(re.search(r"\| (\d+) / 86 GB, yes; measured 75 \(([+-]\d+)%\) \|$", titan)[1])
+    err = float(re.search(r"measured 75 \(([+-]\d+)%\)", titan)[1])
+    assert abs(err - (peak / (70 * 2 ** 30 / 1e9) - 1) * 100) <= 1.5
+    assert "Published layouts that fit in the model's memory: 4 of 4 rows." in md
+    m = re.search(r"Predicted peak memory against the 1 published peaks: mean abs (\d+\.\d)%, "
+                  r"max (\d+\.\d)% \(signed, per row, in the table's last column\)\.", md)
+    assert m and m[1] == m[2] and abs(float(m[1]) - abs(err)) <= 0.5
+
+
+def test_memory_fit_reads_as_the_report_prints_it():
+    """:class:`MemoryFit`: fits when the peak is at most the capacity; the error is signed
+    against the published peak; the summary counts the fits and averages the absolute errors."""
+    from mpmd.cli.validate import MemoryFit, memory_lines
+
+    a = MemoryFit(62e9, 86e9, 88.5e9)
+    b = MemoryFit(92e9, 80e9)
+    c = MemoryFit(231e9, 298e9, 221.6e9)
+    assert a.fits and not b.fits and b.error_pct is None
+    assert str(a) == "62 / 86 GB, yes; measured 88 (-30%)"       # 88.5 prints as 88 (even)
+    assert str(b) == "92 / 80 GB, no"
+    assert str(c) == "231 / 298 GB, yes; measured 222 (+4%)"
+    assert memory_lines({1: a, 2: b, 3: c, 4: None}) == [
+        "Published layouts that fit in the model's memory: 2 of 3 rows.",
+        "Predicted peak memory against the 2 published peaks: mean abs 17.1%, max 29.9% "
+        "(signed, per row, in the table's last column)."]
 
 
 def test_strict_turns_the_skipped_row_into_one_error_line(small, tmp_path):

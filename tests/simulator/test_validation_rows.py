@@ -422,3 +422,37 @@ def test_a_maxtext_policy_keeps_the_block_input_and_the_tensors_it_names(tmp_pat
         kept.costs["decoder_block"].residual_bytes_per_sample)
     assert {n: c.residual_bytes_per_sample for n, c in kept.costs.items() if n != "decoder_block"} \
         == {n: c.residual_bytes_per_sample for n, c in traced.costs.items() if n != "decoder_block"}
+
+
+def test_a_published_peak_memory_is_read_in_bytes(tmp_path):
+    """``peak_memory_gb`` (x 1e9) or ``peak_memory_gib`` (x 2**30, as PyTorch prints it) is the
+    row's published peak per device in bytes; blank is None; both given, or a bad number, is a
+    skipped row naming the column and the fix."""
+    p = _csv(tmp_path, bundled(2), bundled(2, peak_memory_gb="80"),
+             bundled(2, peak_memory_gib="82.4"),
+             bundled(2, peak_memory_gb="80", peak_memory_gib="74.5"),
+             bundled(2, peak_memory_gib="lots"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [r.peak_memory_bytes for r in rows] == [None, 80e9, 82.4 * 2 ** 30]
+    assert [b.reason for b in bad] == [
+        "peak_memory_gb 80 and peak_memory_gib 74.5 both given; fix: keep the one the source "
+        "prints",
+        "peak_memory_gib='lots' is not a number; fix the CSV"]
+
+
+def test_the_bundled_rows_that_publish_their_peak_memory():
+    """torchtitan's H100 table prints each run's peak (``max_memory_reserved``, GiB) and the DGX
+    Station playbook ``nvidia-smi``'s (GB): eight rows of the bundled CSV carry one."""
+    from mpmd.cli.validate import model_fill
+
+    rows, bad = VR.load_rows_lenient(CSV, fill=model_fill(CSV))
+    peaks = {(r.source, r.precision, r.gpus, r.value): r.peak_memory_bytes
+             for r in rows if r.peak_memory_bytes is not None}
+    assert peaks == {("torchtitan-h100", "bf16", 8, 5762.0): 82.4 * 2 ** 30,
+                     ("torchtitan-h100", "bf16", 128, 5605.0): 67.0 * 2 ** 30,
+                     ("torchtitan-h100", "bf16", 8, 6667.0): 77.0 * 2 ** 30,
+                     ("torchtitan-h100", "bf16", 128, 6514.0): 62.0 * 2 ** 30,
+                     ("torchtitan-h100", "fp8", 8, 8532.0): 76.8 * 2 ** 30,
+                     ("torchtitan-h100", "fp8", 128, 8380.0): 61.8 * 2 ** 30,
+                     ("dgx-station-nvfp4", "bf16", 1, 28966.0): 221.6e9,
+                     ("dgx-station-nvfp4", "nvfp4", 1, 48635.0): 207.8e9}
