@@ -127,6 +127,12 @@ class LayerCost:
     on the device: activation offloading (Megatron-Core's ``--cpu-offloading-num-layers``,
     averaged over the blocks; MaxText remat policies that offload ``decoder_layer_input``).
     Memory only (:func:`simulator.cost_model.stage_memory`): the copies run beside compute."""
+    logits_per_sample: float = 0.0
+    """Logit elements one sample's losses compute (tokens x vocabulary, per loss pass) in a
+    training head; 0 for every other layer. ``residual_bytes_per_sample`` leaves them out: what
+    the loss keeps of them, and holds beyond that at its peak, is the workload's
+    (:data:`CROSS_ENTROPY`, :func:`simulator.cost_model.stage_memory`); a head keeps its
+    residuals under full recomputation, which reruns the blocks only."""
     fwd_ops: int = 0
     bwd_ops: int = 0
     """Primitive operations of the forward and of the whole backward (the pullback on the kept
@@ -141,7 +147,7 @@ class LayerCost:
                   "residual_bytes_per_sample", "tp_allreduce_bytes_per_sample",
                   "fwd_other_bytes_per_sample", "bwd_other_bytes_per_sample",
                   "bwd_input_other_bytes_per_sample", "context_kv_bytes_per_sample",
-                  "context_qkvo_bytes_per_sample"):
+                  "context_qkvo_bytes_per_sample", "logits_per_sample"):
             v = getattr(self, f)
             if not v >= 0:
                 raise IRError(f"LayerCost {self.name!r}: {f}={v!r} must be >= 0")
@@ -206,6 +212,36 @@ def causal_fraction(seq: int, block: int = FLASH_BLOCK) -> float:
 PRECISIONS = ("bf16", "fp16", "fp32")
 """The compute dtypes a :class:`Workload` may name (``Workload.dtype``)."""
 
+@dataclass(frozen=True, slots=True)
+class CrossEntropy:
+    """How a training step computes its loss: the copies of the logits it keeps for the backward
+    and the extra ones it holds beside them at its peak, in the compute dtype and in fp32."""
+
+    kept_compute: int
+    kept_fp32: int
+    extra_compute: int
+    extra_fp32: int
+    describe: str
+
+
+CROSS_ENTROPY = {
+    "fused": CrossEntropy(1, 0, 0, 0, "Transformer Engine's parallel cross-entropy "
+                          "(Megatron-Bridge's cross_entropy_fusion_impl 'te', which its Llama, "
+                          "Qwen and DeepSeek providers set) writes the gradient over the logits in "
+                          "place in the forward and keeps that; XLA keeps the compute-dtype logits "
+                          "(MaxText's logits_dot_in_fp32 false) and feeds its fusions straight to "
+                          "the output layer's GEMMs"),
+    "fp32": CrossEntropy(0, 1, 1, 0, "Megatron-Core's vocab-parallel cross-entropy "
+                         "(tensor_parallel/cross_entropy.py): the logits upcast to fp32, "
+                         "exponentiated and turned into the gradient in place and kept, the "
+                         "compute-dtype logits (forward) or their gradient (backward) beside them"),
+    "eager": CrossEntropy(0, 1, 0, 2, "PyTorch's cross_entropy on the fp32 logits, op by op "
+                          "(torchtitan's of 2024: self.output(h).float(), then cross_entropy): it "
+                          "keeps the fp32 log-probabilities, and its backward holds nll_loss's and "
+                          "log_softmax's fp32 gradients beside them, each its own allocation"),
+}
+"""The ``Workload.cross_entropy`` values: how the loss is computed, by name."""
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:
@@ -229,6 +265,9 @@ class Workload:
         precision: the training precision recipe its blocks' GEMMs run in
             (:data:`ir.precision.PRECISIONS`: ``"bf16"``, ``"fp8"``, ``"fp8-blockwise"``,
             ``"mxfp8"``, ``"nvfp4"``); ``""`` is ``"bf16"``: every GEMM in the compute dtype.
+        cross_entropy: how the loss is computed (:data:`CROSS_ENTROPY`: ``"fused"``, Transformer
+            Engine's and XLA's, the default; ``"fp32"``, Megatron-Core's own; ``"eager"``,
+            PyTorch's op by op): what the loss keeps of the logits and holds beside them.
     """
 
     model: str
@@ -242,6 +281,7 @@ class Workload:
     shards: ShardDims | None = None
     dtype: str = ""
     precision: str = ""
+    cross_entropy: str = "fused"
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -256,6 +296,22 @@ class Workload:
         if self.precision and self.precision not in RECIPES:
             raise IRError(f"Workload {self.model!r}: precision {self.precision!r} is not one of "
                           f"{tuple(RECIPES)}")
+        if self.cross_entropy not in CROSS_ENTROPY:
+            raise IRError(f"Workload {self.model!r}: cross_entropy {self.cross_entropy!r} is not "
+                          f"one of {tuple(CROSS_ENTROPY)}")
+
+    @property
+    def loss_kept_bytes_per_logit(self) -> float:
+        """Bytes per logit element the loss keeps for its backward (:data:`CROSS_ENTROPY`)."""
+        ce = CROSS_ENTROPY[self.cross_entropy]
+        return ce.kept_compute * self.dtype_bytes + ce.kept_fp32 * 4.0
+
+    @property
+    def loss_working_bytes_per_logit(self) -> float:
+        """Bytes per logit element the loss holds beyond what it keeps, at its peak
+        (:data:`CROSS_ENTROPY`)."""
+        ce = CROSS_ENTROPY[self.cross_entropy]
+        return ce.extra_compute * self.dtype_bytes + ce.extra_fp32 * 4.0
 
     def layer(self, i: int) -> LayerCost:
         return self.costs[self.layers[i]]

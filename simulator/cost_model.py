@@ -667,18 +667,21 @@ def transfer_time(nbytes: float, link: Link) -> float:
 @dataclass(frozen=True, slots=True)
 class StageMemory:
     """Per-device bytes of a stage: static (weights, grads, optimizer), residuals per microbatch,
-    the largest activation of one microbatch, and (fsdp) the gathered parameters of one layer."""
+    the largest activation of one microbatch, (fsdp) the gathered parameters of one layer, and
+    the loss's copies of one microbatch's logits (a stage with the training head)."""
 
     static_bytes: float
     residual_bytes_per_microbatch: float
     activation_bytes_per_microbatch: float
     gathered_bytes: float = 0.0
+    loss_bytes: float = 0.0
 
     @property
     def working_bytes(self) -> float:
-        """Transient bytes while a fragment runs: its input and output activations, and with
-        fsdp two gathered layers (the one in use and the one prefetched)."""
-        return 2 * self.activation_bytes_per_microbatch + 2 * self.gathered_bytes
+        """Transient bytes while a fragment runs: its input and output activations, with fsdp two
+        gathered layers (the one in use and the one prefetched), and the loss's working set."""
+        return (2 * self.activation_bytes_per_microbatch + 2 * self.gathered_bytes
+                + self.loss_bytes)
 
 
 def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samples: float,
@@ -687,8 +690,14 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
 
     ``samples`` is the microbatch size (the whole mesh's share). The activation term is the
     stage's working set while a fragment runs: its largest layer output, for one microbatch.
-    With ``recompute`` a forward keeps only each layer's input, split over tensor parallel as
-    sequence parallelism does (Korthikanti et al. 2022). A layer's ``LayerCost.host_offload``
+    With ``recompute`` a forward keeps only each block's input, split over tensor parallel as
+    sequence parallelism does (Korthikanti et al. 2022); a loss head keeps its residuals (full
+    recomputation wraps the blocks: Megatron-Core's ``recompute_granularity=full``, torchtitan's
+    ``apply_ac``), its logits kept as ``Workload.cross_entropy`` keeps them
+    (``LayerCost.logits_per_sample`` x ``Workload.loss_kept_bytes_per_logit``), and while the loss
+    runs its working set holds the extra copies it makes
+    (``Workload.loss_working_bytes_per_logit``), split over tensor parallel like the
+    vocab-parallel logits. A layer's ``LayerCost.host_offload``
     share of what it keeps (its residuals, or that input) waits in host memory instead (activation
     offloading). Under context parallelism a device holds
     ``1 / context`` of each sample's tokens (residuals and activations divided by it, the
@@ -709,8 +718,12 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
             held_params = sum(c.param_count * held_fraction(c, layout) for c in layers)
             held_bytes = sum(c.param_bytes * held_fraction(c, layout) for c in layers)
             static = (held_bytes + held_params * grad_bytes(layout) + params * adam / d) / t
+        # full recomputation reruns the blocks; a loss head keeps what it saves, its logits in
+        # the form the workload's cross-entropy keeps them
         per_layer = [(workload.layer(i - 1).activation_bytes_per_sample if i > 0 else 0.0)
-                     if recompute else workload.layer(i).residual_bytes_per_sample
+                     if recompute and not workload.layer(i).logits_per_sample
+                     else workload.layer(i).residual_bytes_per_sample
+                     + workload.layer(i).logits_per_sample * workload.loss_kept_bytes_per_logit
                      for i in range(first, last)]
         static += low_precision_weight_bytes(workload, first, last, layout)
         if not recompute:
@@ -724,13 +737,16 @@ def stage_memory(workload: Workload, first: int, last: int, layout: Layout, samp
         static = weight_bytes / t
         resid = 0.0
     act = max(workload.layer(i).activation_bytes_per_sample for i in range(first, last)) * samples / d
+    # the loss's copies of the logits, split like them (vocab-parallel over tensor parallel)
+    loss = (max(workload.layer(i).logits_per_sample for i in range(first, last))
+            * workload.loss_working_bytes_per_logit * samples / d / t) if workload.training else 0.0
     if layout.context > 1:
         act += max(context_working_bytes(workload.layer(i), samples / d, layout)
                    for i in range(first, last))
     gathered = (max(workload.layer(i).param_bytes * held_fraction(workload.layer(i), layout)
                     for i in range(first, last)) / t
                 if layout.fsdp and workload.training else 0.0)
-    return StageMemory(static, resid, act, gathered)
+    return StageMemory(static, resid, act, gathered, loss)
 
 
 def low_precision_weight_bytes(workload: Workload, first: int, last: int,

@@ -30,7 +30,9 @@ or ``peak_memory_gib``, GiB as PyTorch and ``nvidia-smi`` print it; converted to
 given is an error): ``mpmd validate`` checks the model's peak against it. Sources measure what
 their allocator holds (PyTorch's ``max_memory_reserved``, ``nvidia-smi``'s used memory), so the
 published figure is an upper reading of the live bytes the model counts; each row's note says
-which reading it is.
+which reading it is. ``cross_entropy`` says how the run computed its loss
+(:data:`ir.workload.CROSS_ENTROPY`: ``fused``, the blank default, or ``eager``, PyTorch's op by
+op, as torchtitan did): the loss's working set in the model's peak.
 
 A row may name its model (``model_config``: a zoo name or a model file, resolved by the caller's
 ``fill`` hook, which fills the blank :data:`SHAPE_COLUMNS`; the simulator imports no zoo) and its
@@ -60,7 +62,7 @@ from typing import Callable, Mapping, cast
 
 from ir.plan import GRAD_REDUCE, OPTIMIZER_STATES
 from ir.precision import RECIPES, canonical_precision
-from ir.workload import ATTENTION_KERNELS
+from ir.workload import ATTENTION_KERNELS, CROSS_ENTROPY
 from simulator import remat
 from simulator.plan_costs import CostError
 from simulator.pipeline_layout import LayoutError, check_layout, parse_layout
@@ -110,7 +112,8 @@ COLUMNS_OPTIONAL = ("dp", "vocab", "global_batch", "per_device_batch", "micro_ba
             "memory_bandwidth_gb_per_s", "eager", "tp_overlap", "attention", "precision", "note",
             "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher",
             "pipeline_layout", "offload_layers", "bf16_first_layers", "bf16_last_layers",
-            "grad_reduce", "optimizer_state", "peak_memory_gb", "peak_memory_gib")
+            "grad_reduce", "optimizer_state", "peak_memory_gb", "peak_memory_gib",
+            "cross_entropy")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -217,6 +220,7 @@ class Row:
     bf16_last_layers: int = 0
     microbatches_published: int | None = None
     peak_memory_bytes: float | None = None
+    cross_entropy: str = "fused"
 
     @property
     def dtype(self) -> str:
@@ -561,6 +565,10 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if opt not in OPTIMIZER_STATES:
         raise ValidationError(f"row {line}: optimizer_state {opt[:40]!r} unknown; fix: use one of "
                               f"{', '.join(OPTIMIZER_STATES)} or leave it blank (fp32)")
+    loss = (d.get("cross_entropy") or "").strip().lower() or "fused"
+    if loss not in CROSS_ENTROPY:
+        raise ValidationError(f"row {line}: cross_entropy {loss[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(CROSS_ENTROPY)} or leave it blank (fused)")
     model_config = (d.get("model_config") or "").strip() or None
     tp, pp, cp = _required_int(d, "tp", line), _required_int(d, "pp", line), _int(d, "cp", line) or 1
     dp = _int(d, "dp", line)
@@ -592,7 +600,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             precision_given=bool(given), offload_layers=_int(d, "offload_layers", line) or 0,
             bf16_first_layers=_int(d, "bf16_first_layers", line) or 0,
             bf16_last_layers=_int(d, "bf16_last_layers", line) or 0,
-            peak_memory_bytes=peak_mem)
+            peak_memory_bytes=peak_mem, cross_entropy=loss)
     kept = r.bf16_first_layers + r.bf16_last_layers
     if kept and not r.low_precision:
         raise ValidationError(f"row {line}: bf16_first_layers/bf16_last_layers keep blocks in BF16 "

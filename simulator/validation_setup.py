@@ -121,6 +121,8 @@ RULES = {
                    "reduced)",
     "optimizer_state": "fp32 (fp32 master weights and Adam moments, 12 bytes a parameter "
                        "sharded over data parallel)",
+    "cross_entropy": "fused (Megatron-Core's vocab-parallel cross-entropy, XLA's fusions: the loss "
+                     "holds one compute-dtype copy of the logits beside the fp32 ones it saves)",
     "micro_batch": "1",
     "schedule": "1f1b-interleaved when pp > 1 (Megatron-LM's), else gradient accumulation; with "
                 "vp given: 1f1b-interleaved for vp > 1, 1f1b for vp 1",

@@ -32,6 +32,9 @@ Method (all abstract: ``jax.ShapeDtypeStruct`` inputs, no weights in memory):
   run keeps: q, k, v, o and the log-sum-exp instead of the ``heads x s x s`` softmax), excluding the
   layer's parameters.
 * Activation bytes: the layer output's bytes (the loss scalar for a training head counts 0).
+  A language model's training head gives its logits per sample (tokens x vocabulary) and leaves
+  them out of its residual bytes: what the loss keeps of them, and holds at its peak, depends on
+  how it is computed (``ir.workload.CROSS_ENTROPY``), which the cost model applies.
 * Tensor-parallel all-reduce bytes per forward (Megatron-LM, Shoeybi et al. 2019, section 3): two
   all-reduces of the block output per transformer block (after attention and after the MLP; Mochi:
   both streams, the final block only the visual stream, as the Tenstorrent guide lists), one of the
@@ -203,7 +206,9 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         param_count=sum(math.prod(s.shape) for s in pspec.values()),
         param_bytes=float(_nbytes(pspec)),
         activation_bytes_per_sample=per["out_bytes"],
-        residual_bytes_per_sample=per["resid_bytes"],
+        # the loss's saved logits are the workload's (its cross_entropy), not the trace's
+        residual_bytes_per_sample=max(per["resid_bytes"] - TRACED_LOGIT_BYTES
+                                      * _logits_per_sample(cfg, body), 0.0),
         tp_allreduce_bytes_per_sample=_tp_allreduce_bytes(cfg, body),
         fwd_other_bytes_per_sample=per["fwd_other"],
         bwd_other_bytes_per_sample=per["bwd_other"],
@@ -212,8 +217,24 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         attention_bwd_flops_per_sample=min(per["attn_bwd_flops"], per["bwdx_flops"],
                                            per["bwd_flops"]),
         fwd_ops=ops["fwd_ops"], bwd_ops=ops["bwd_ops"],
+        logits_per_sample=_logits_per_sample(cfg, body),
         low_precision=body not in ("embed", "head"), **_expert_fields(cfg, body),
         **_context_fields(cfg, body), **_mla_fields(cfg, body))
+
+
+TRACED_LOGIT_BYTES = 4.0
+"""Bytes a traced training head saves per logit: ``zoo.decoder.head_fn`` computes the logits in
+fp32 (``preferred_element_type``) and its cross-entropy keeps them."""
+
+
+def _logits_per_sample(cfg: ModelConfig, body: str) -> float:
+    """Logit elements of one sample's losses (tokens x vocabulary, once per loss: the
+    multi-token-prediction passes add one each) for a language model's training head; 0 for any
+    other body, an inference head and the models without a token loss (Mochi, T5's encoder, the
+    VAE)."""
+    if body != "head" or not cfg.training or cfg.family in ("mochi", "t5", "mochi_vae"):
+        return 0.0
+    return float(cfg.seq_len * cfg.vocab * (1 + cfg.mtp_layers))
 
 
 CONTEXT_BODIES = (*ATTENTION_BODIES, "asymm_dit_block", "asymm_dit_block_final")

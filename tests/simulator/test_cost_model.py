@@ -295,3 +295,36 @@ def test_host_offload_takes_its_share_of_what_a_layer_keeps_off_the_device():
             base.static_bytes, base.activation_bytes_per_microbatch)
     with pytest.raises(IRError, match=r"host_offload=1.5 must be a fraction in \[0, 1\]"):
         dataclasses.replace(COST, host_offload=1.5)
+
+
+@pytest.mark.parametrize("ce,kept,extra", [("fused", 2.0, 0.0), ("fp32", 4.0, 2.0),
+                                           ("eager", 4.0, 8.0)])
+def test_the_loss_keeps_and_holds_its_logits_as_its_cross_entropy_does(ce, kept, extra):
+    """A training head's logits (``logits_per_sample``) are kept for the backward at the
+    cross-entropy's bytes per logit (TE's / XLA's compute-dtype buffer: 2; Megatron-Core's fp32
+    softmax: 4; PyTorch's fp32 log-probabilities: 4), also under full recomputation (it reruns
+    the blocks, not the loss), and its peak holds the extra copies beside them (none; the bf16
+    logits: 2; two fp32 gradients: 8) in the working set; all split over tensor parallel like
+    the vocab-parallel logits, and none of it in a stage without the head."""
+    from ir import IRError, Workload
+    from simulator.cost_model import stage_memory
+
+    head = dataclasses.replace(COST, name="head", logits_per_sample=1e6,
+                               residual_bytes_per_sample=5e5, activation_bytes_per_sample=0.0)
+    w = Workload(model="t", layers=("block", "block", "head"),
+                 costs={"block": COST, "head": head}, seq_len=1, global_batch=4,
+                 cross_entropy=ce)
+    for tensor in (1, 2):
+        lay = Layout(2, tensor)
+        for recompute, blocks in ((False, 2 * 1e7), (True, 1e6)):  # residuals; the 2nd input
+            m = stage_memory(w, 0, 3, lay, 4.0, recompute)     # 4 samples over data 2: 2 each
+            assert m.residual_bytes_per_microbatch == pytest.approx(
+                2 * (blocks + 5e5 + 1e6 * kept) / tensor)
+            assert m.loss_bytes == pytest.approx(2 * 1e6 * extra / tensor)
+            assert m.working_bytes == pytest.approx(
+                2 * m.activation_bytes_per_microbatch + m.loss_bytes)
+        assert stage_memory(w, 0, 2, lay, 4.0).loss_bytes == 0.0
+    assert w.loss_kept_bytes_per_logit == kept and w.loss_working_bytes_per_logit == extra
+    with pytest.raises(IRError, match=r"cross_entropy 'triton' is not one of \('fused', 'fp32', "
+                                      r"'eager'\)"):
+        dataclasses.replace(w, cross_entropy="triton")

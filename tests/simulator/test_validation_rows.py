@@ -456,3 +456,31 @@ def test_the_bundled_rows_that_publish_their_peak_memory():
                      ("torchtitan-h100", "fp8", 128, 8380.0): 61.8 * 2 ** 30,
                      ("dgx-station-nvfp4", "bf16", 1, 28966.0): 221.6e9,
                      ("dgx-station-nvfp4", "nvfp4", 1, 48635.0): 207.8e9}
+
+
+def test_cross_entropy_names_how_the_loss_ran(tmp_path):
+    """``cross_entropy``: blank is fused (Transformer Engine's, XLA's); fp32 and eager are read
+    case-insensitively and reach the row's workload; an unknown one is a skipped row naming it.
+    The bundled rows state eager for torchtitan's runs and fp32 for Megatron-Core's own loss."""
+    from mpmd.cli.validate import model_fill, workload_for
+
+    p = _csv(tmp_path, bundled(2, cross_entropy=""), bundled(2, cross_entropy="FP32"),
+             bundled(2, cross_entropy="eager"), bundled(2, cross_entropy="triton"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [r.cross_entropy for r in rows] == ["fused", "fp32", "eager"]
+    assert [workload_for(r).cross_entropy for r in rows] == ["fused", "fp32", "eager"]
+    assert [b.reason for b in bad] == [
+        "cross_entropy 'triton' unknown; fix: use one of fused, fp32, eager or leave it blank "
+        "(fused)"]
+    every, _ = VR.load_rows_lenient(CSV, fill=model_fill(CSV))
+    eager = {r.source for r in every if r.cross_entropy == "eager"}
+    fp32 = {r.source for r in every if r.cross_entropy == "fp32"}
+    assert eager == {"torchtitan", "torchtitan-h100"}
+    assert fp32 == {"zb", "korthikanti", "narayanan", "bloom", "dgxc-h100", "dgxc-gb200",
+                    "dgxc-24.11", "dgxc-25.02", "dgxc-25.05", "dgxc-25.05.01", "dgxc-25.05.02",
+                    "dgxc-25.05.04", "nemo-25.09", "nemo-25.11"}
+    # Megatron-Bridge's providers set TE's loss for Llama, DeepSeek and (25.11) Qwen3
+    assert {(r.source, r.model_config) for r in every if r.source.startswith("nemo-2")
+            and r.cross_entropy == "fp32"} == {("nemo-25.09", "qwen3-30b-a3b"),
+                                              ("nemo-25.09", "qwen3-235b-a22b"),
+                                              ("nemo-25.11", "gpt-oss-120b")}
