@@ -31,8 +31,9 @@ given is an error): ``mpmd validate`` checks the model's peak against it. Source
 their allocator holds (PyTorch's ``max_memory_reserved``, ``nvidia-smi``'s used memory), so the
 published figure is an upper reading of the live bytes the model counts; each row's note says
 which reading it is. ``cross_entropy`` says how the run computed its loss
-(:data:`ir.workload.CROSS_ENTROPY`: ``fused``, the blank default, or ``eager``, PyTorch's op by
-op, as torchtitan did): the loss's working set in the model's peak.
+(:data:`ir.workload.CROSS_ENTROPY`: ``fused``, the blank default, ``fp32``, Megatron-Core's own,
+or ``eager``, PyTorch's op by op, as torchtitan did): the loss's logits in the model's peak.
+``cp_comm`` says how context parallelism exchanged keys and values (:data:`CP_COMM`).
 
 A row may name its model (``model_config``: a zoo name or a model file, resolved by the caller's
 ``fill`` hook, which fills the blank :data:`SHAPE_COLUMNS`; the simulator imports no zoo) and its
@@ -60,7 +61,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, cast
 
-from ir.plan import GRAD_REDUCE, OPTIMIZER_STATES
+from ir.plan import CONTEXT_METHODS, GRAD_REDUCE, OPTIMIZER_STATES
 from ir.precision import RECIPES, canonical_precision
 from ir.workload import ATTENTION_KERNELS, CROSS_ENTROPY
 from simulator import remat
@@ -113,7 +114,7 @@ COLUMNS_OPTIONAL = ("dp", "vocab", "global_batch", "per_device_batch", "micro_ba
             "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher",
             "pipeline_layout", "offload_layers", "bf16_first_layers", "bf16_last_layers",
             "grad_reduce", "optimizer_state", "peak_memory_gb", "peak_memory_gib",
-            "cross_entropy")
+            "cross_entropy", "cp_comm")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -221,6 +222,7 @@ class Row:
     microbatches_published: int | None = None
     peak_memory_bytes: float | None = None
     cross_entropy: str = "fused"
+    cp_comm: str = "ring"
 
     @property
     def dtype(self) -> str:
@@ -261,6 +263,15 @@ class Row:
         if self.devices_per_node:
             return self.devices_per_node
         return self.gpus // self.slices if self.slices else DEVICES_PER_NODE
+
+
+CP_COMM = {"ring": "ring", "p2p": "ring", "allgather": "allgather", "alltoall": "alltoall",
+           "a2a": "alltoall"}
+"""The ``cp_comm`` column's values (how a context-parallel group's attention reaches the other
+chunks' keys and values, as Megatron-Core's ``--cp-comm-type`` and PyTorch's context parallel's
+``rotate_method`` name it; ``_`` ignored) -> :attr:`ir.Layout.context_method`: ``p2p``/``ring``
+the overlapped ring (the blank default), ``all_gather`` the keys and values gathered before the
+attention, ``a2a`` DeepSpeed-Ulysses' all-to-alls."""
 
 
 DISPATCHERS = {"alltoall": "alltoall", "deepep": "deepep", "hybridep": "deepep",
@@ -565,6 +576,11 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if opt not in OPTIMIZER_STATES:
         raise ValidationError(f"row {line}: optimizer_state {opt[:40]!r} unknown; fix: use one of "
                               f"{', '.join(OPTIMIZER_STATES)} or leave it blank (fp32)")
+    cp_comm = (d.get("cp_comm") or "").strip().lower().replace("_", "") or "ring"
+    cp_comm = CP_COMM.get(cp_comm, cp_comm)
+    if cp_comm not in CONTEXT_METHODS:
+        raise ValidationError(f"row {line}: cp_comm {cp_comm[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(CP_COMM)} or leave it blank (ring)")
     loss = (d.get("cross_entropy") or "").strip().lower() or "fused"
     if loss not in CROSS_ENTROPY:
         raise ValidationError(f"row {line}: cross_entropy {loss[:40]!r} unknown; fix: use one of "
@@ -600,7 +616,7 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             precision_given=bool(given), offload_layers=_int(d, "offload_layers", line) or 0,
             bf16_first_layers=_int(d, "bf16_first_layers", line) or 0,
             bf16_last_layers=_int(d, "bf16_last_layers", line) or 0,
-            peak_memory_bytes=peak_mem, cross_entropy=loss)
+            peak_memory_bytes=peak_mem, cross_entropy=loss, cp_comm=cp_comm)
     kept = r.bf16_first_layers + r.bf16_last_layers
     if kept and not r.low_precision:
         raise ValidationError(f"row {line}: bf16_first_layers/bf16_last_layers keep blocks in BF16 "

@@ -129,7 +129,8 @@ RULES = {
     "model_config": "the model of the shape columns (a GPT-style block, or a Llama-style one with "
                     "glu 1)",
     "cp": "1 (no context parallelism); cp > 1 exchanges keys and values by the ring (Megatron-"
-          "Core's default --cp-comm-type p2p)",
+          "Core's default --cp-comm-type p2p) unless cp_comm says otherwise",
+    "cp_comm": "ring (the overlapped point-to-point exchange, Megatron-Core's p2p)",
     "vp": "the fastest interleaved chunk count (tune_virtual_stages), or the "
           "LAYERS_PER_CHUNK_MAX rule without a step function",
     "ep": "1 (every replica holds every expert)",
@@ -499,7 +500,8 @@ def build_cluster(row: Row, device: DeviceProfile) -> Cluster:
 
 
 def row_layout(row: Row) -> Layout:
-    """``Layout(dp, tp, context=cp)`` (the ring exchange; tensor-parallel collectives overlapped
+    """``Layout(dp, tp, context=cp)`` (the exchange ``cp_comm`` names, the ring by default;
+    tensor-parallel collectives overlapped
     when the row says ``tp_overlap``); with ``fsdp``, sharded over each
     slice's devices and replicated across slices (hybrid sharding) when ``slices`` > 1; with
     ``ep`` > 1, the experts split ``ep`` ways and each ``etp`` ways (blank: 1, :data:`DEFAULTS`)
@@ -510,7 +512,7 @@ def row_layout(row: Row) -> Layout:
     hsdp = (row.slices or 1) if fsdp else 1
     moe = row.ep > 1 and expert_problem(row) is None
     return Layout(data, row.tp, fsdp=fsdp, hsdp=hsdp if data % hsdp == 0 else 1,
-                  context=row.cp,
+                  context=row.cp, context_method=row.cp_comm,
                   tp_overlap=row_tp_overlap(row),
                   expert=row.ep if moe else 1, expert_tensor=row_etp(row) if moe else 0,
                   expert_dispatch=(row.dispatcher or default_dispatcher(row)) if moe

@@ -484,3 +484,20 @@ def test_cross_entropy_names_how_the_loss_ran(tmp_path):
             and r.cross_entropy == "fp32"} == {("nemo-25.09", "qwen3-30b-a3b"),
                                               ("nemo-25.09", "qwen3-235b-a22b"),
                                               ("nemo-25.11", "gpt-oss-120b")}
+
+
+def test_cp_comm_names_the_context_exchange(tmp_path):
+    """``cp_comm``: blank is the ring; Megatron-Core's ``--cp-comm-type`` names (``p2p``,
+    ``all_gather``, ``a2a``) and PyTorch's (``allgather``) reach the row's layout; an unknown one
+    is a skipped row naming it."""
+    from simulator.validation_setup import row_layout
+
+    base = dict(dp="32", cp="2", global_batch="64")     # torchtitan's 64 A100, fsdp 32 x cp 2
+    p = _csv(tmp_path, bundled(36, **base), bundled(36, cp_comm="P2P", **base),
+             bundled(36, cp_comm="all_gather", **base), bundled(36, cp_comm="a2a", **base),
+             bundled(36, cp_comm="ring-ish", **base), extra=("per_device_batch", "cp_comm"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [row_layout(r).context_method for r in rows] == ["ring", "ring", "allgather", "alltoall"]
+    assert [b.reason for b in bad] == [
+        "cp_comm 'ring-ish' unknown; fix: use one of ring, p2p, allgather, alltoall, a2a or leave "
+        "it blank (ring)"]
