@@ -33,9 +33,9 @@ from ir.serving import (WEIGHT_FORMATS, BatchStep, InferenceModel, RequestMix,
 from ir.timeline import Timeline, TimelineEvent
 from ir.precision import PRECISIONS, RECIPES, Recipe, canonical_precision, recipe
 from ir.shards import ShardDims, layout_problem, layouts_problem
-from ir.workload import CROSS_ENTROPY, CrossEntropy, LayerCost, Workload, keep_blocks_in_compute_dtype
+from ir.workload import CROSS_ENTROPY, SAVED_INPUTS, CrossEntropy, LayerCost, Workload, keep_blocks_in_compute_dtype
 
-__all__ = ["STOP_REASONS", "CROSS_ENTROPY", "CrossEntropy", "keep_blocks_in_compute_dtype", "PlanFamily", "Prediction", "SearchReport", "with_model_config", "WEIGHT_FORMATS", "BatchStep", "InferenceModel", "RequestMix",
+__all__ = ["STOP_REASONS", "CROSS_ENTROPY", "SAVED_INPUTS", "CrossEntropy", "keep_blocks_in_compute_dtype", "PlanFamily", "Prediction", "SearchReport", "with_model_config", "WEIGHT_FORMATS", "BatchStep", "InferenceModel", "RequestMix",
            "ServiceObjectives", "format_bytes", "KINDS", "PLAN_FORMAT", "DataParallelPlan", "FragmentKind", "FragmentRef", "IRError", "LayerCost",
            "Layout", "CONTEXT_METHODS", "EXPERT_DISPATCH", "GRAD_REDUCE", "OPTIMIZER_STATES", "Plan", "ScheduleTable", "ShardDims", "StagePlan", "Timeline", "TimelineEvent", "Workload",
            "layout_problem", "layouts_problem", "PRECISIONS", "RECIPES", "Recipe", "recipe",

@@ -212,6 +212,13 @@ def causal_fraction(seq: int, block: int = FLASH_BLOCK) -> float:
 PRECISIONS = ("bf16", "fp16", "fp32")
 """The compute dtypes a :class:`Workload` may name (``Workload.dtype``)."""
 
+SAVED_INPUTS = ("format", "compute")
+"""What a low-precision recipe's GEMMs keep of their inputs for the weight gradient
+(``Workload.saved_inputs``): the quantized copy (Transformer Engine's ``Linear`` saves its FP8 or
+FP4 input; NVIDIA's recipes), or the compute-dtype input, cast again in the backward (torchao's
+``Float8Linear`` at eab345c, December 2024: ``ctx.save_for_backward(input_hp, weight_hp_t)``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CrossEntropy:
     """How a training step computes its loss: the copies of the logits it keeps for the backward
@@ -268,6 +275,10 @@ class Workload:
         cross_entropy: how the loss is computed (:data:`CROSS_ENTROPY`: ``"fused"``, Transformer
             Engine's and XLA's, the default; ``"fp32"``, Megatron-Core's own; ``"eager"``,
             PyTorch's op by op): what the loss keeps of the logits and holds beside them.
+        saved_inputs: how a low-precision recipe keeps its GEMMs' inputs for the weight gradient
+            (:data:`SAVED_INPUTS`): ``"format"``, the quantized copy (Transformer Engine), or
+            ``"compute"``, the compute-dtype inputs, cast again in the backward (torchao's
+            ``Float8Linear`` of late 2024, which saves ``input_hp``).
     """
 
     model: str
@@ -282,6 +293,7 @@ class Workload:
     dtype: str = ""
     precision: str = ""
     cross_entropy: str = "fused"
+    saved_inputs: str = "format"
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -296,6 +308,9 @@ class Workload:
         if self.precision and self.precision not in RECIPES:
             raise IRError(f"Workload {self.model!r}: precision {self.precision!r} is not one of "
                           f"{tuple(RECIPES)}")
+        if self.saved_inputs not in SAVED_INPUTS:
+            raise IRError(f"Workload {self.model!r}: saved_inputs {self.saved_inputs!r} is not "
+                          f"one of {SAVED_INPUTS}")
         if self.cross_entropy not in CROSS_ENTROPY:
             raise IRError(f"Workload {self.model!r}: cross_entropy {self.cross_entropy!r} is not "
                           f"one of {tuple(CROSS_ENTROPY)}")

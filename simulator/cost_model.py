@@ -771,10 +771,11 @@ def low_precision_saving(workload: Workload, i: int) -> float:
     """Residual bytes per sample layer ``i`` saves when a recipe keeps its GEMM inputs for the
     weight gradient in the format (:func:`quantized_elements` x (compute-dtype bytes - the
     format's bytes per element)), at most half the layer's residuals (the rest, attention and
-    norm inputs, stay in the compute dtype). 0 without a low-precision recipe."""
+    norm inputs, stay in the compute dtype). 0 without a low-precision recipe, and where the
+    workload's GEMMs keep their compute-dtype inputs (``Workload.saved_inputs`` ``"compute"``)."""
     c = workload.layer(i)
     low = layer_recipe(c, workload.precision)
-    if low is None:
+    if low is None or workload.saved_inputs == "compute":
         return 0.0
     saved = quantized_elements(c, workload.seq_len, workload.dtype_bytes) * (
         workload.dtype_bytes - low.saved_bytes_per_element)

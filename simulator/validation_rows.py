@@ -33,7 +33,9 @@ published figure is an upper reading of the live bytes the model counts; each ro
 which reading it is. ``cross_entropy`` says how the run computed its loss
 (:data:`ir.workload.CROSS_ENTROPY`: ``fused``, the blank default, ``fp32``, Megatron-Core's own,
 or ``eager``, PyTorch's op by op, as torchtitan did): the loss's logits in the model's peak.
-``cp_comm`` says how context parallelism exchanged keys and values (:data:`CP_COMM`).
+``cp_comm`` says how context parallelism exchanged keys and values (:data:`CP_COMM`), and
+``saved_inputs`` what a low-precision recipe kept of its GEMMs' inputs
+(:data:`ir.workload.SAVED_INPUTS`: ``format``, the blank default, or ``compute``).
 
 A row may name its model (``model_config``: a zoo name or a model file, resolved by the caller's
 ``fill`` hook, which fills the blank :data:`SHAPE_COLUMNS`; the simulator imports no zoo) and its
@@ -63,7 +65,7 @@ from typing import Callable, Mapping, cast
 
 from ir.plan import CONTEXT_METHODS, GRAD_REDUCE, OPTIMIZER_STATES
 from ir.precision import RECIPES, canonical_precision
-from ir.workload import ATTENTION_KERNELS, CROSS_ENTROPY
+from ir.workload import ATTENTION_KERNELS, CROSS_ENTROPY, SAVED_INPUTS
 from simulator import remat
 from simulator.plan_costs import CostError
 from simulator.pipeline_layout import LayoutError, check_layout, parse_layout
@@ -114,7 +116,7 @@ COLUMNS_OPTIONAL = ("dp", "vocab", "global_batch", "per_device_batch", "micro_ba
             "model_config", "cp", "vp", "ep", "etp", "scale_up_domain", "dispatcher",
             "pipeline_layout", "offload_layers", "bf16_first_layers", "bf16_last_layers",
             "grad_reduce", "optimizer_state", "peak_memory_gb", "peak_memory_gib",
-            "cross_entropy", "cp_comm")
+            "cross_entropy", "cp_comm", "saved_inputs")
 """Columns a header may name besides :data:`REQUIRED`; any other is an error naming it (a
 column the reader would ignore would score a run as something it was not)."""
 
@@ -223,6 +225,7 @@ class Row:
     peak_memory_bytes: float | None = None
     cross_entropy: str = "fused"
     cp_comm: str = "ring"
+    saved_inputs: str = "format"
 
     @property
     def dtype(self) -> str:
@@ -581,6 +584,10 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if cp_comm not in CONTEXT_METHODS:
         raise ValidationError(f"row {line}: cp_comm {cp_comm[:40]!r} unknown; fix: use one of "
                               f"{', '.join(CP_COMM)} or leave it blank (ring)")
+    saved = (d.get("saved_inputs") or "").strip().lower() or "format"
+    if saved not in SAVED_INPUTS:
+        raise ValidationError(f"row {line}: saved_inputs {saved[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(SAVED_INPUTS)} or leave it blank (format)")
     loss = (d.get("cross_entropy") or "").strip().lower() or "fused"
     if loss not in CROSS_ENTROPY:
         raise ValidationError(f"row {line}: cross_entropy {loss[:40]!r} unknown; fix: use one of "
@@ -616,7 +623,8 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
             precision_given=bool(given), offload_layers=_int(d, "offload_layers", line) or 0,
             bf16_first_layers=_int(d, "bf16_first_layers", line) or 0,
             bf16_last_layers=_int(d, "bf16_last_layers", line) or 0,
-            peak_memory_bytes=peak_mem, cross_entropy=loss, cp_comm=cp_comm)
+            peak_memory_bytes=peak_mem, cross_entropy=loss, cp_comm=cp_comm,
+            saved_inputs=saved)
     kept = r.bf16_first_layers + r.bf16_last_layers
     if kept and not r.low_precision:
         raise ValidationError(f"row {line}: bf16_first_layers/bf16_last_layers keep blocks in BF16 "

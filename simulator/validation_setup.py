@@ -131,6 +131,8 @@ RULES = {
     "cp": "1 (no context parallelism); cp > 1 exchanges keys and values by the ring (Megatron-"
           "Core's default --cp-comm-type p2p) unless cp_comm says otherwise",
     "cp_comm": "ring (the overlapped point-to-point exchange, Megatron-Core's p2p)",
+    "saved_inputs": "format (a low-precision recipe keeps its GEMMs' quantized inputs for the "
+                    "weight gradient, as Transformer Engine does)",
     "vp": "the fastest interleaved chunk count (tune_virtual_stages), or the "
           "LAYERS_PER_CHUNK_MAX rule without a step function",
     "ep": "1 (every replica holds every expert)",

@@ -192,7 +192,8 @@ def workload_for(row):
     its shape columns), traced by ``zoo.costing.workload`` (cached per shape), in the row's
     compute dtype (:attr:`~simulator.validation_rows.Row.dtype`; a blank ``precision`` is
     resolved on the device by ``simulator.validation_setup.row_precision`` before this is
-    called), training precision recipe (``precision`` column) and loss (``cross_entropy``).
+    called), training precision recipe (``precision`` column, with what its GEMMs keep:
+    ``saved_inputs``) and loss (``cross_entropy``).
 
     Raises:
         ZooError: the row's sizes make no valid model, or its tensor degree cannot run it
@@ -215,10 +216,10 @@ def workload_for(row):
     why = layout_problem(w.shards, row.tp)
     if why:
         raise ZooError(f"validation row {row.source} {row.model}: {why}; fix the row's tp")
-    if row.cross_entropy != w.cross_entropy:
+    if (row.cross_entropy, row.saved_inputs) != (w.cross_entropy, w.saved_inputs):
         from dataclasses import replace
 
-        w = replace(w, cross_entropy=row.cross_entropy)
+        w = replace(w, cross_entropy=row.cross_entropy, saved_inputs=row.saved_inputs)
     if row.low_precision:
         from dataclasses import replace
 

@@ -118,6 +118,10 @@ def test_memory_of_the_low_precision_copies(llama8b):
     saved = 32 * cm.quantized_elements(block, 8192, 2) * (2 - 1) / 8
     assert (mem["bf16"].residual_bytes_per_microbatch - mem["fp8"].residual_bytes_per_microbatch
             == pytest.approx(saved))
+    # unless the GEMMs keep their compute-dtype inputs (torchao's Float8Linear): then as BF16
+    hp = cm.stage_memory(replace(llama8b, precision="fp8", saved_inputs="compute"), 0, n, lay, 1)
+    assert hp.residual_bytes_per_microbatch == mem["bf16"].residual_bytes_per_microbatch
+    assert hp.static_bytes == mem["fp8"].static_bytes
 
 
 def test_mfu_denominator_is_the_format_peak(llama8b):

@@ -501,3 +501,20 @@ def test_cp_comm_names_the_context_exchange(tmp_path):
     assert [b.reason for b in bad] == [
         "cp_comm 'ring-ish' unknown; fix: use one of ring, p2p, allgather, alltoall, a2a or leave "
         "it blank (ring)"]
+
+
+def test_saved_inputs_says_what_the_low_precision_gemms_keep(tmp_path):
+    """``saved_inputs``: blank is the format's copy (Transformer Engine); ``compute`` (torchao's
+    Float8Linear keeping its bf16 inputs) reaches the row's workload; an unknown one is a skipped
+    row naming it. The bundled torchtitan Float8 rows state ``compute``."""
+    from mpmd.cli.validate import workload_for
+
+    p = _csv(tmp_path, bundled(2, saved_inputs=""), bundled(2, saved_inputs="Compute"),
+             bundled(2, saved_inputs="fp8"))
+    rows, bad = VR.load_rows_lenient(p)
+    assert [workload_for(r).saved_inputs for r in rows] == ["format", "compute"]
+    assert [b.reason for b in bad] == [
+        "saved_inputs 'fp8' unknown; fix: use one of format, compute or leave it blank (format)"]
+    every, _ = VR.load_rows_lenient(CSV)
+    assert {(r.source, r.precision) for r in every if r.saved_inputs == "compute"} == {
+        ("torchtitan-h100", "fp8")}
