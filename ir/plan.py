@@ -274,6 +274,9 @@ class Plan:
     precision: str = "bf16"
     """The training precision recipe the blocks' GEMMs run in (:data:`ir.precision.PRECISIONS`;
     ``Workload.precision``)."""
+    cross_entropy: str = "fused"
+    """How the loss is computed (:data:`ir.workload.CROSS_ENTROPY`; ``Workload.cross_entropy``):
+    what it keeps of the logits and holds beside them, which the plan's memory counts."""
 
     @property
     def replicas(self) -> Mapping[str, int]:
@@ -325,6 +328,8 @@ class DataParallelPlan:
     """As :attr:`Plan.model_config` (every part carries the same)."""
     precision: str = "bf16"
     """As :attr:`Plan.precision` (every part carries the same)."""
+    cross_entropy: str = "fused"
+    """As :attr:`Plan.cross_entropy` (every part carries the same)."""
 
     def __post_init__(self) -> None:
         if not self.parts:

@@ -9,6 +9,7 @@ from typing import Any, Iterator, Mapping
 from ir.errors import IRError
 from ir.plan import DataParallelPlan, Layout, Plan, StagePlan
 from ir.precision import RECIPES
+from ir.workload import CROSS_ENTROPY
 from ir.report import Prediction, SearchReport
 from ir.schedule import FragmentRef, ScheduleTable
 
@@ -34,6 +35,7 @@ def _header(plan: "Plan | DataParallelPlan") -> dict[str, Any]:
             "cluster_path": plan.cluster_path, "global_batch": plan.global_batch,
             "seq_len": plan.seq_len,
             **({"precision": plan.precision} if plan.precision not in ("", "bf16") else {}),
+            **({"cross_entropy": plan.cross_entropy} if plan.cross_entropy != "fused" else {}),
             **({"model_config": dict(plan.model_config)} if plan.model_config else {})}
 
 
@@ -123,6 +125,19 @@ def _precision(d: Mapping[str, Any]) -> str:
     return got
 
 
+def _cross_entropy(d: Mapping[str, Any]) -> str:
+    """A plan document's loss (absent: ``"fused"``).
+
+    Raises:
+        IRError: an unknown one, named with the known ones.
+    """
+    got = str(d.get("cross_entropy", "fused"))
+    if got not in CROSS_ENTROPY:
+        raise IRError(f"plan cross_entropy {got!r} is not known; fix: use one of "
+                      f"{', '.join(CROSS_ENTROPY)}")
+    return got
+
+
 def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
     """Parse a dict written by :func:`data_parallel_to_json`.
 
@@ -137,7 +152,8 @@ def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:
             sync_link=str(sync["link"]), sync_bytes=float(sync["bytes"]), sync_s=float(sync["seconds"]),
             predicted=_prediction(d), search=SearchReport.from_json(d.get("solver", {})),
             cluster_path=str(d.get("cluster_path", "")), reason=str(d.get("reason", "")),
-            model_config=dict(d.get("model_config", {})), precision=_precision(d))
+            model_config=dict(d.get("model_config", {})), precision=_precision(d),
+            cross_entropy=_cross_entropy(d))
 
 
 def plan_from_json(d: Mapping[str, Any]) -> Plan:
@@ -189,6 +205,7 @@ def plan_from_json(d: Mapping[str, Any]) -> Plan:
                     predicted=_prediction(d), search=SearchReport.from_json(d.get("solver", {})),
                     cluster_path=str(d.get("cluster_path", "")),
                     model_config=dict(d.get("model_config", {})), precision=_precision(d),
+                    cross_entropy=_cross_entropy(d),
                     devices={str(m): (str(v.get("device", "")), int(v.get("num_devices", 0)))
                              for m, v in d["meshes"].items()},
                     recompute={str(m): bool(v.get("recompute", False))

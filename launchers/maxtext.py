@@ -134,7 +134,11 @@ def _optimizer(v: PartView, notes: list[str]) -> dict:
     ``weight_dtype``, the dtype parameters and, by default, AdamW's moments are stored in, float32;
     ``mu_dtype``, the first moment's, blank for ``weight_dtype``): ``bf16`` is ``weight_dtype``
     bfloat16 (no master copy), ``bf16-moments`` is ``mu_dtype`` bfloat16 with a note (optax's
-    AdamW keeps the second moment in the parameters' dtype)."""
+    AdamW keeps the second moment in the parameters' dtype); a plan whose loss is not ``fused``
+    gets a note (XLA fuses MaxText's)."""
+    if v.cross_entropy != "fused":
+        notes.append(f"MaxText's loss is XLA-fused (the compute-dtype logits kept): the plan "
+                     f"costed its loss as {v.cross_entropy}, more memory than the run holds")
     state = v.layout.optimizer_state
     if state == "bf16":
         return {"weight_dtype": "bfloat16"}

@@ -46,6 +46,13 @@ the second ``allgather``, which Transformer Engine rejects). Every method maps e
 ``p2p`` and ``all_gather`` split the sequence causally load-balanced (DualChunkSwap, the plan's
 zig-zag split)."""
 
+MEGATRON_LOSS_NOTE = ("the plan costed PyTorch's eager loss; Megatron-Core computes it fused "
+                      "(--cross-entropy-loss-fusion; Transformer Engine's kernel with "
+                      "--cross-entropy-fusion-impl te), which holds less memory than the plan")
+"""The note of a plan whose loss is ``eager`` (:attr:`ir.Plan.cross_entropy`): Megatron has no
+op-by-op loss to ask for."""
+
+
 MEGATRON_MASTER_NOTE = ("the plan keeps bf16 optimizer state with no master copy (4 bytes a "
                         "parameter); Megatron-Core's precision-aware optimizer keeps fp32 master "
                         "weights (--main-params-dtype takes fp32 or fp16), so the run holds 4 "
@@ -232,6 +239,8 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
                  ("--exp-avg-sq-dtype", "bf16")]
         if lay.optimizer_state == "bf16":
             notes.append(MEGATRON_MASTER_NOTE)
+    if v.cross_entropy == "eager":
+        notes.append(MEGATRON_LOSS_NOTE)
     if v.model.moe:
         args += [("--num-experts", v.model.experts), ("--moe-router-topk", v.model.experts_per_token),
                  ("--moe-ffn-hidden-size", v.model.expert_ffn),

@@ -216,6 +216,10 @@ def job(v: PartView, source: str, toml: bool = True) -> tuple[dict, list[str]]:
                 "pipeline_parallel_microbatch_size": v.micro_batch,
                 "module_fqns_per_model_part": [_fqns(s) for s in v.stage_layers]}
     converters, quantize = _precision(v, notes)
+    if v.cross_entropy != "eager":
+        notes.append(f"torchtitan computes the loss with PyTorch's cross_entropy on the fp32 "
+                     f"logits, op by op: the run holds more memory at the loss than the plan's "
+                     f"{v.cross_entropy} loss (plan with --cross-entropy eager)")
     if lay.optimizer_state != "fp32":
         notes.append(f"torchtitan keeps fp32 parameters and AdamW state (FSDP2 computes in "
                      f"mixed_precision_param): the plan's {lay.optimizer_state} optimizer state "

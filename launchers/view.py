@@ -53,6 +53,7 @@ class PartView:
         meshes_per_node: stage meshes that share one node.
         notes: what the plan has that this one set of degrees cannot say, one line each.
         precision: the plan's training precision recipe (``ir.precision.PRECISIONS``).
+        cross_entropy: how the plan costed the loss (``ir.workload.CROSS_ENTROPY``).
         kinds: every device kind the part's stage meshes run on, in stage order.
     """
 
@@ -75,6 +76,7 @@ class PartView:
     meshes_per_node: int
     notes: tuple[str, ...]
     precision: str = "bf16"
+    cross_entropy: str = "fused"
     kinds: tuple[str, ...] = ()
 
     @property
@@ -205,7 +207,7 @@ def part_view(plan: Plan, name: str = "") -> PartView:
                     global_batch=plan.global_batch, seq_len=plan.seq_len, recompute=any(rc),
                     stage_layers=stage_layers, stage_rank=tuple(t.stage_rank),
                     nodes_per_mesh=max(nodes), meshes_per_node=max(per_node), notes=tuple(notes),
-                    precision=plan.precision, kinds=tuple(dict.fromkeys(k for k in kinds if k)))
+                    precision=plan.precision, cross_entropy=plan.cross_entropy, kinds=tuple(dict.fromkeys(k for k in kinds if k)))
 
 
 def part_views(plan: Plan | DataParallelPlan) -> tuple[PartView, ...]:

@@ -204,7 +204,7 @@ def build_plan(w: Workload, cluster: Cluster, a: Assignment, schedule: str, micr
                     recompute={m: rc for m, rc in zip(a.order, a.recompute) if rc},
                     schedule=table, rank_mesh=a.order, merge_last_stage=a.merge,
                     global_batch=w.global_batch, seq_len=w.seq_len, cluster_path=cluster.path,
-                    precision=w.precision or "bf16",
+                    precision=w.precision or "bf16", cross_entropy=w.cross_entropy,
                     devices={m: (cluster.meshes[m].device.name, cluster.meshes[m].num_devices)
                              for m in a.order})
 

@@ -174,15 +174,18 @@ unnoticed."""
 
 
 def _same_program(a: Workload | None, b: Workload) -> bool:
-    """Whether workloads ``a`` and ``b`` have the same layers, costs, step kind, dimensions and
-    precision recipe (which decide the layouts offered and their costs): a mesh's
+    """Whether workloads ``a`` and ``b`` have the same layers, costs, step kind, dimensions,
+    precision recipe and the memory its loss and GEMM inputs take (``cross_entropy``,
+    ``saved_inputs``), which decide the layouts offered and their costs: a mesh's
     options depend on the samples per microbatch, never on the global batch, so the batch shares
     of one model (``dataclasses.replace(w, global_batch=...)`` keeps the layers and costs
     objects) share them. Compared by identity, so another model cannot take their place."""
     return a is b or (a is not None and a.costs is b.costs and a.layers is b.layers
                       and a.seq_len == b.seq_len and a.training == b.training
                       and a.dtype_bytes == b.dtype_bytes and a.dtype == b.dtype
-                      and a.shards == b.shards and a.precision == b.precision)
+                      and a.shards == b.shards and a.precision == b.precision
+                      and a.cross_entropy == b.cross_entropy
+                      and a.saved_inputs == b.saved_inputs)
 
 
 def _cached_mesh_options(w: Workload, mesh: MeshSpec, samples: float, kinds: tuple[str, ...],

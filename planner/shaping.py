@@ -575,7 +575,8 @@ def _balance(s: _Search, parts: tuple[tuple[str, ...], ...], rates: list[float])
     dp = DataParallelPlan(model=w.model, cluster=s.cluster.name, global_batch=w.global_batch,
                           seq_len=w.seq_len, parts=plans, sync_link=link, sync_bytes=nbytes, sync_s=sync,
                           predicted=wp, search=SearchReport("HEURISTIC"),
-                          cluster_path=s.cluster.path, precision=w.precision or "bf16")
+                          cluster_path=s.cluster.path, precision=w.precision or "bf16",
+                          cross_entropy=w.cross_entropy)
     return Found(step, label, (dp, wp))
 
 

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from ir.files import write_atomic  # noqa: F401  (moved to ir.files; re-exported for old imports)
 
-from ir import SearchReport
+from ir import CROSS_ENTROPY, SearchReport
 from ir.plan_file import SCHEMA_PATH
 from mpmd.cli.plan_search import search_block
 
@@ -130,6 +130,9 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
                  ("sequence length", f"{s:,} tokens per sample ({seq})"),
                  ("tokens per step", f"{b * s:,}"),
                  *((("precision", precision_text(workload.precision)),) if cfg.training else ()),
+                 *((("loss", f"{workload.cross_entropy}: {CROSS_ENTROPY[workload.cross_entropy].describe} "
+                    f"(--cross-entropy)"),) if cfg.training and workload.cross_entropy != "fused"
+                   else ()),
                  ("cluster", f"{cluster.name}, {devices_text(cluster)}"),
                  *((("read", reading),) if (reading := listing_reading(cluster)) else ())):
         t.add_row(k, escape(v))

@@ -18,6 +18,7 @@ from hardware_profiles.paths import resolve_cluster_path
 from ir.files import check_output, write_atomic
 from ir.plan import OPTIMIZER_STATES
 from ir.precision import PRECISIONS
+from ir.workload import CROSS_ENTROPY
 from ir.vocab import GOALS
 from mpmd.cli.common import console, err_console, guard
 from mpmd.cli.models import types_text
@@ -97,6 +98,13 @@ def context_degree(value: str) -> int:
                    "moments, 8: Megatron's --use-precision-aware-optimizer, as DeepSeek-V3's "
                    "recipe sets it); bf16 (no master copy, 4: MaxText's weight_dtype bfloat16). "
                    "Every layout the search costs keeps it; the exports ask for it.")
+@click.option("--cross-entropy", type=click.Choice(tuple(CROSS_ENTROPY)), default="fused",
+              show_default=True,
+              help="How the loss is computed, which sets what it keeps of the logits and holds "
+                   "beside them (tokens x vocabulary each): fused (Transformer Engine's kernel, "
+                   "Megatron-Bridge's recipes; XLA: one compute-dtype copy); fp32 (Megatron-Core's "
+                   "own: fp32 kept, the compute-dtype copy beside it); eager (PyTorch op by op, "
+                   "torchtitan's: fp32 kept, two fp32 gradients beside it). Memory only.")
 @click.option("--out", type=click.Path(), default=None, help="Write the plan JSON here.")
 @guard
 def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
@@ -104,7 +112,8 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                  max_tensor: int, even_split: bool, no_fsdp: bool, context_parallel: str,
                  objective: str,
                  min_throughput: float | None, max_usd_per_hour: float | None,
-                 precision: str, optimizer_state: str, out: str | None) -> None:
+                 precision: str, optimizer_state: str, cross_entropy: str,
+                 out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
 
     The inputs come first: the model (parameters, total and active per token, and dtype), the
@@ -144,7 +153,8 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
             "--context-parallel": context_parallel != "auto",
             "--min-throughput": min_throughput is not None,
             "--max-usd-per-hour": max_usd_per_hour is not None, "--precision": precision != "bf16",
-            "--optimizer-state": optimizer_state != "fp32"})
+            "--optimizer-state": optimizer_state != "fp32",
+            "--cross-entropy": cross_entropy != "fused"})
         return
     context = context_degree(context_parallel)
     # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
@@ -168,7 +178,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
         if s not in TRAIN_SCHEDULES:
             raise click.BadParameter(f"unknown schedule {s!r}; use one of {', '.join(TRAIN_SCHEDULES)}")
     cluster = load_cluster(cluster_path)
-    workload = _workload(cfg, global_batch, seq_len)
+    workload = replace(_workload(cfg, global_batch, seq_len), cross_entropy=cross_entropy)
     recipes = precisions(precision, cluster, workload.training)   # PlannerError: not run here
     goal = Goal(objective, min_throughput, max_usd_per_hour)
     # Ctrl-C handling spans the search and the output, so a second Ctrl-C never leaves a file

@@ -153,7 +153,7 @@ def load_plan_inputs(plan_path: str, plan: Plan | DataParallelPlan | None = None
                               f"{spec.num_devices} x {spec.device.name}; fix: re-plan on this cluster")
     w = workload(plan_model(plan.model, plan.model_config), global_batch=plan.global_batch,
                  seq_len=plan.seq_len)
-    w = replace(w, precision=plan.precision)
+    w = replace(w, precision=plan.precision, cross_entropy=plan.cross_entropy)
     for spec in cluster.meshes.values():      # a recipe the plan's devices do not run: one line
         spec.device.format_rate(plan.precision)
     for part in parts:

@@ -72,3 +72,15 @@ def test_blocks_kept_in_the_compute_dtype():
                                       r"dtype leave none of its 5 blocks to the recipe; fix: keep "
                                       r"fewer than 5 blocks$"):
         keep_blocks_in_compute_dtype(w, 2, 3)
+
+
+def test_plan_file_carries_the_loss():
+    """A plan's ``cross_entropy`` (absent: fused) round-trips; an unknown one is one line."""
+    doc = _plan_doc()
+    assert "cross_entropy" not in doc and plan_from_json(doc).cross_entropy == "fused"
+    doc["cross_entropy"] = "eager"
+    assert plan_to_json(plan_from_json(doc))["cross_entropy"] == "eager"
+    doc["cross_entropy"] = "triton"
+    with pytest.raises(IRError, match=r"plan cross_entropy 'triton' is not known; fix: use one of "
+                                      r"fused, fp32, eager"):
+        plan_from_json(doc)

@@ -89,7 +89,10 @@ def test_ring_context_on_every_target():
         "torchtitan shards parameters, gradients and optimizer state over data x context 8 "
         "(FSDP: its DDP does not combine with tensor, pipeline or expert parallel); the plan kept "
         "whole parameters and sharded the optimizer state (distributed optimizer): expect "
-        "parameter gathers the plan did not cost, or plan with FSDP",)
+        "parameter gathers the plan did not cost, or plan with FSDP",
+        "torchtitan computes the loss with PyTorch's cross_entropy on the fp32 logits, op by op: "
+        "the run holds more memory at the loss than the plan's fused loss (plan with "
+        "--cross-entropy eager)")
 
     mx = yaml.safe_load(out["maxtext"][0])
     assert (mx["ici_context_parallelism"], mx["dcn_context_parallelism"]) == (2, 1)
@@ -277,3 +280,21 @@ def test_degrees_multiply_to_the_devices_with_context(lay):
     mx = yaml.safe_load(out["maxtext"][0])
     assert maxtext_devices(mx) == 128
     assert mx["ici_context_parallelism"] * mx["dcn_context_parallelism"] == lay.context
+
+
+def test_each_target_notes_a_loss_it_does_not_compute():
+    """The plan's ``cross_entropy``: torchtitan computes PyTorch's eager loss, so a plan costed
+    with any other says so there; Megatron and MaxText compute theirs fused, so an eager plan
+    says so there; the loss a target computes is no note."""
+    from launchers.megatron import MEGATRON_LOSS_NOTE
+
+    def loss_notes(plan: Plan) -> dict[str, list[str]]:
+        return {t: [n for n in notes if "loss" in n] for t, (_, notes) in files(plan).items()}
+
+    plan = load_plan(H100X128)
+    assert loss_notes(replace(plan, cross_entropy="eager")) == {
+        "megatron": [MEGATRON_LOSS_NOTE], "torchtitan": [],
+        "maxtext": ["MaxText's loss is XLA-fused (the compute-dtype logits kept): the plan costed "
+                    "its loss as eager, more memory than the run holds"]}
+    fused = loss_notes(plan)
+    assert fused["megatron"] == fused["maxtext"] == [] and len(fused["torchtitan"]) == 1

@@ -95,3 +95,26 @@ def test_low_precision_optimizer_state_lets_the_search_take_less_tensor_parallel
     with pytest.raises(PlannerError, match=r"optimizer_state='fp16'\): unknown; fix: one of "
                                            r"fp32, bf16-moments, bf16"):
         PlanOptions(optimizer_state="fp16")
+
+
+def test_the_search_costs_the_loss_the_workload_names():
+    """``Workload.cross_entropy`` (``mpmd plan --cross-entropy``): the head's logits are kept and
+    held as that loss does, so PyTorch's eager loss (4 bytes kept and 8 beside, a logit) needs
+    smaller microbatches on 2 GB devices than a fused one (2 kept) and a longer step; the plan
+    carries it and its file too."""
+    from ir import plan_from_json, plan_to_json
+
+    w = workload(blocks=6, batch=24)
+    head = dataclasses.replace(w.costs["head"], logits_per_sample=4e7)
+    w = dataclasses.replace(w, costs={**w.costs, "head": head})
+    c = cluster([("a", device("a", 400.0, 2.0), 12)])
+    fused, eager = (api.plan_meshes(dataclasses.replace(w, cross_entropy=ce), c,
+                                    PlanOptions(time_limit_s=5, fsdp=False))
+                    for ce in ("fused", "eager"))
+    assert (fused.plan.cross_entropy, eager.plan.cross_entropy) == ("fused", "eager")
+    assert eager.plan.schedule.microbatches > fused.plan.schedule.microbatches
+    assert eager.prediction.step_time_s > fused.prediction.step_time_s
+    assert fused.prediction.fits and eager.prediction.fits
+    doc = plan_to_json(eager.plan)
+    assert doc["cross_entropy"] == "eager" and "cross_entropy" not in plan_to_json(fused.plan)
+    assert plan_from_json(doc).cross_entropy == "eager"
