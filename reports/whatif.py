@@ -28,6 +28,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -36,9 +37,10 @@ from zoo.costing import workload as make_workload
 from ir import DataParallelPlan
 from zoo.model_files import resolve_model
 from hardware_profiles.calibration import calibration_origin, calibration_status
-from planner import PlanOptions
+from planner import Goal, PlanOptions
 from planner import plan as run_plan
 from planner.errors import PlannerError
+from planner.precision import best_precision, precisions
 from reports.citations import cite
 from reports.errors import ReportError
 from reports.pricing import (
@@ -261,7 +263,8 @@ def whatif(model: str, options: Iterable[OptionLike] = (), *, sweep: SweepSpec |
            videos_per_hour: float | None = None, deadline_days: float | None = None,
            prices: Iterable[str] | Mapping[str, Any] | None = None,
            time_limit_s: float | None = None, title: str | None = None,
-           progress: Progress | None = None, base_dir=None) -> pd.DataFrame:
+           progress: Progress | None = None, base_dir=None,
+           precision: str = "bf16") -> pd.DataFrame:
     """Plan, simulate and cost every option; one DataFrame row per option.
 
     Args:
@@ -278,6 +281,11 @@ def whatif(model: str, options: Iterable[OptionLike] = (), *, sweep: SweepSpec |
         prices: USD per device-hour overrides, ``["h100-sxm=2:3"]`` or ``{"h100-sxm": (2, 3)}``.
         time_limit_s: planner budget per option, s (an option's own ``time_limit_s`` wins).
         progress: called ``(done, total, label)`` before each option and once at the end.
+        precision: the training precision recipe every option plans in
+            (:data:`ir.precision.PRECISIONS`), or ``"auto"``: one search per recipe all of an
+            option's device kinds run, the fastest kept (:mod:`planner.precision`). An option
+            whose devices do not run the named recipe is infeasible with that reason. The
+            ``precision`` column says which recipe each row's plan runs.
 
     Returns:
         DataFrame, one row per option in input order; infeasible options have ``feasible=False``
@@ -321,7 +329,9 @@ def whatif(model: str, options: Iterable[OptionLike] = (), *, sweep: SweepSpec |
                          max_tensor=opt.max_tensor or PlanOptions().max_tensor, headroom=HEADROOM)
         t0 = time.monotonic()
         try:
-            res = run_plan(w, opt.cluster, po)
+            tried = [run_plan(replace(w, precision=r), opt.cluster, po)
+                     for r in precisions(precision, opt.cluster, w.training)]
+            res = best_precision(tried, Goal())
         except PlannerError as e:
             row["reason"] = str(e).splitlines()[0]
             row["plan_wall_s"] = time.monotonic() - t0
@@ -330,11 +340,13 @@ def whatif(model: str, options: Iterable[OptionLike] = (), *, sweep: SweepSpec |
         row["plan_wall_s"] = time.monotonic() - t0
         t1 = time.monotonic()
         lc = plan_cluster(res.plan, opt.cluster)      # carved as the plan says (node groups)
-        sim = simulate_any(res.plan, w, lc)
+        wr = replace(w, precision=res.plan.precision)
+        sim = simulate_any(res.plan, wr, lc)
         row["sim_wall_s"] = time.monotonic() - t1
-        outcomes = alternatives_outcomes(res.plan, w, lc, headroom=HEADROOM)
+        outcomes = alternatives_outcomes(res.plan, wr, lc, headroom=HEADROOM)
         row["plan"], row["sim"] = res.plan, sim
-        _metrics(row, res, sim, outcomes, cfg, w, lc, tokens, videos_per_hour, deadline_days)
+        row["precision"] = res.plan.precision
+        _metrics(row, res, sim, outcomes, cfg, wr, lc, tokens, videos_per_hour, deadline_days)
         if cfg.family == "mochi":
             row.update(latency_row(opt.cluster, cfg))
         rows.append(row)
@@ -346,6 +358,7 @@ def whatif(model: str, options: Iterable[OptionLike] = (), *, sweep: SweepSpec |
         "model": cfg.name, "kind": "training" if cfg.training else "inference",
         "title": title or f"What-if: {cfg.name}",
         "global_batch": w.global_batch, "seq_len": w.seq_len, "tokens": tokens,
+        "precision": precision,
         "videos_per_hour": videos_per_hour, "deadline_days": deadline_days,
         "samples_per_video": cfg.sampling_steps * cfg.cfg_passes if not cfg.training else None,
         "time_limit_s": default_tl, "headroom": HEADROOM,

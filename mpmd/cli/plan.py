@@ -166,7 +166,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
 
     from mpmd.cli.output import (plan_inputs, plan_table, precision_table, recipe_origin,
                                  search_gap_text, validate_plan_json)
-    from mpmd.cli.precision import best_precision, precisions
+    from planner.precision import best_precision, precisions
     from mpmd.cli.search_ui import Aborted, CtrlC, SearchProgress
     from ir import any_plan_to_json, with_model_config
     from hardware_profiles import load_cluster

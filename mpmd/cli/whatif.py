@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ir.precision import PRECISIONS
+
 from ir.files import InputError, check_output
 from mpmd.cli.common import console, guard
 from mpmd.cli.params import MAX_GLOBAL_BATCH, MAX_SEQ_LEN, MAX_TIME_LIMIT_S, FiniteFloat, int_range
@@ -65,6 +67,10 @@ def check_report_stem(out: str, screenshot: bool) -> None:
               help="DEVICE=LOW:HIGH USD per device-hour override (repeatable).")
 @click.option("--time-limit", type=FiniteFloat(min=0.1, max=MAX_TIME_LIMIT_S), default=None,
               help="Planner wall-clock budget per option, s (default 10, or the example's).")
+@click.option("--precision", type=click.Choice((*PRECISIONS, "auto")), default=None,
+              help="Training precision recipe every option plans in (default bf16, or the "
+                   "example's): as for mpmd plan; auto: per option, every recipe all its devices "
+                   "run, the fastest kept. An option whose devices lack the recipe is infeasible.")
 @click.option("--screenshot/--no-screenshot", default=True, show_default=True,
               help="Also write OUT.png, the report's first screen (needs chromium; skipped without).")
 @click.option("--out", type=click.Path(), default=None,
@@ -72,7 +78,7 @@ def check_report_stem(out: str, screenshot: bool) -> None:
                    "model> in the working directory).")
 @guard
 def whatif(model, options, more_options, sweep_path, example, global_batch, seq_len, tokens, videos_per_hour,
-           deadline_days, prices, time_limit, screenshot, out) -> None:
+           deadline_days, prices, time_limit, precision, screenshot, out) -> None:
     """Plan every hardware option, replay it, and write a what-if purchasing report.
 
     The terminal shows what a buyer compares first (devices, step time, throughput, MFU, USD per
@@ -143,7 +149,8 @@ def whatif(model, options, more_options, sweep_path, example, global_batch, seq_
                         videos_per_hour=pick(videos_per_hour, "videos_per_hour"),
                         deadline_days=pick(deadline_days, "deadline_days"), prices=price_map,
                         time_limit_s=pick(time_limit, "time_limit_s"),
-                        title=spec.get("title"), progress=progress, base_dir=base)
+                        title=spec.get("title"), progress=progress, base_dir=base,
+                        precision=pick(precision, "precision") or "bf16")
     paths = write_report(df, out)
     if screenshot:
         from reports.browser import find_chromium
@@ -197,14 +204,17 @@ def buyer_table(df: pd.DataFrame) -> Table:
     time, throughput (tokens/s, or videos/h for an inference model), MFU, USD per hour and per
     million tokens (or per video), each price as its low-high range; narrow enough for a
     120-column terminal. The devices column is left out when every option is named by its devices
-    (a budget sweep's). The written report has the rest (:func:`rest_text`)."""
+    (a budget sweep's); a precision column is added when a plan runs a low-precision recipe
+    (``--precision``). The written report has the rest (:func:`rest_text`)."""
     from rich.markup import escape
     from rich.table import Table
 
     training = df.attrs.get("kind", "training") == "training"
     records = df.to_dict("records")
     devices = any(str(r["option"]) != str(r["devices"]) for r in records)
-    cols = ["option", *(["devices"] if devices else []), "step (s)",
+    recipes = any(r.get("feasible") and r.get("precision", "bf16") != "bf16" for r in records)
+    cols = ["option", *(["devices"] if devices else []), *(["precision"] if recipes else []),
+            "step (s)",
             "tokens/s" if training else "videos/h", "MFU", "$/hour",
             "$/M tokens" if training else "$/video"]
     t = Table(title=escape(str(df.attrs.get("title", "What-if"))), title_justify="left")
@@ -213,6 +223,8 @@ def buyer_table(df: pd.DataFrame) -> Table:
         t.add_column(c, justify="left" if wrap else "right", no_wrap=not wrap)
     for r in records:
         row = [escape(str(r["option"])), *([escape(str(r["devices"]))] if devices else [])]
+        if recipes:
+            row.append(escape(str(r.get("precision", "-"))) if r["feasible"] else "-")
         if not r["feasible"]:
             t.add_row(*row, "infeasible", *["-"] * (len(cols) - len(row) - 1))
             continue

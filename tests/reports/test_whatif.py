@@ -101,3 +101,19 @@ def test_mochi_videos_per_hour_and_fleet():
     assert r["replicas"] == math.ceil(25 / r["videos_per_hour"])
     assert r["fleet_usd_per_hour_high"] == pytest.approx(3.0 * r["replicas"])
     assert df.attrs["figures"][0]["source"] == "command line --price override"
+
+
+def test_every_option_plans_in_the_named_precision_or_says_why_not():
+    """``precision``: each option plans in that recipe (the row's ``precision``, the attrs'), so
+    H100s plan FP8 and their step beats the BF16 one; A100s, which run no FP8 GEMMs, are
+    infeasible with the one-line reason."""
+    kw = dict(global_batch=64, seq_len=2048, time_limit_s=30.0)
+    fp8 = whatif("llama3-8b", ["h100x64", "a100x32_gcp_nodes"], precision="fp8", **kw)
+    bf16 = whatif("llama3-8b", ["h100x64"], **kw)
+    h100, a100 = fp8.to_dict("records")
+    assert fp8.attrs["precision"] == "fp8" and bf16.attrs["precision"] == "bf16"
+    assert h100["feasible"] and h100["precision"] == "fp8" and h100["plan"].precision == "fp8"
+    assert bf16.iloc[0]["precision"] == "bf16"
+    assert h100["step_time_s"] < bf16.iloc[0]["step_time_s"]
+    assert not a100["feasible"] and a100["reason"].startswith(
+        "--precision fp8: a100-40gb-sxm do not run fp8 GEMMs")

@@ -1,5 +1,5 @@
-"""``mpmd plan --precision``: which training precision recipes a cluster runs, and the best plan
-over them (``auto``)."""
+"""``--precision`` of ``mpmd plan`` and ``mpmd whatif``: which training precision recipes a cluster
+runs, and the best plan over them (``auto``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ir.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from hardware_profiles.types import Cluster, DeviceProfile
-    from planner import Goal
+    from planner.objective import Goal
     from planner.api import PlanResult
 
 
