@@ -4,7 +4,7 @@ parsing :class:`~ir.plan.Plan` and :class:`~ir.plan.DataParallelPlan`."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ir.errors import IRError
 from ir.plan import DataParallelPlan, Layout, Plan, StagePlan
@@ -112,30 +112,26 @@ def _prediction(d: Mapping[str, Any]) -> Prediction | None:
     return Prediction.from_json(got) if got else None
 
 
-def _precision(d: Mapping[str, Any]) -> str:
-    """A plan document's training precision recipe (absent: ``"bf16"``).
+def _named(d: Mapping[str, Any], key: str, known: Iterable[str], default: str, what: str) -> str:
+    """A plan document's ``key`` (absent: ``default``), one of ``known``.
 
     Raises:
-        IRError: an unknown recipe, named with the known ones.
+        IRError: another value, named with the known ones (``what`` says what they are).
     """
-    got = str(d.get("precision", "bf16"))
-    if got not in RECIPES:
-        raise IRError(f"plan precision {got!r} is not a known recipe; fix: use one of "
-                      f"{', '.join(RECIPES)}")
+    got = str(d.get(key, default))
+    if got not in known:
+        raise IRError(f"plan {key} {got!r} is not {what}; fix: use one of {', '.join(known)}")
     return got
+
+
+def _precision(d: Mapping[str, Any]) -> str:
+    """A plan document's training precision recipe (absent: ``"bf16"``)."""
+    return _named(d, "precision", RECIPES, "bf16", "a known recipe")
 
 
 def _cross_entropy(d: Mapping[str, Any]) -> str:
-    """A plan document's loss (absent: ``"fused"``).
-
-    Raises:
-        IRError: an unknown one, named with the known ones.
-    """
-    got = str(d.get("cross_entropy", "fused"))
-    if got not in CROSS_ENTROPY:
-        raise IRError(f"plan cross_entropy {got!r} is not known; fix: use one of "
-                      f"{', '.join(CROSS_ENTROPY)}")
-    return got
+    """A plan document's loss (absent: ``"fused"``, :data:`ir.workload.CROSS_ENTROPY`)."""
+    return _named(d, "cross_entropy", CROSS_ENTROPY, "fused", "known")
 
 
 def data_parallel_from_json(d: Mapping[str, Any]) -> DataParallelPlan:

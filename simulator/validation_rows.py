@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, cast
+from typing import Callable, Mapping, Sequence, cast
 
 from ir.plan import CONTEXT_METHODS, GRAD_REDUCE, OPTIMIZER_STATES
 from ir.precision import RECIPES, canonical_precision
@@ -476,6 +476,23 @@ def _batch(d: Mapping[str, str], line: int, gpus: int) -> tuple[int, float | Non
     return gb, pdb, False
 
 
+def _choice(d: Mapping[str, str], k: str, line: int, allowed: Sequence[str], default: str,
+            aliases: Mapping[str, str] | None = None) -> str:
+    """Optional column ``k`` as one of ``allowed`` (case-insensitive; blank: ``default``); with
+    ``aliases`` (names as runs spell them, ``_`` ignored: ``all_gather``) mapped to it first.
+
+    Raises:
+        ValidationError: a value that is none of them, named with the ones the column takes.
+    """
+    v = (d.get(k) or "").strip().lower() or default
+    if aliases is not None:
+        v = aliases.get(v.replace("_", ""), v.replace("_", ""))
+    if v not in allowed:
+        raise ValidationError(f"row {line}: {k} {v[:40]!r} unknown; fix: use one of "
+                              f"{', '.join(aliases or allowed)} or leave it blank ({default})")
+    return v
+
+
 def _peak_memory(d: Mapping[str, str], line: int) -> float | None:
     """The published peak memory per device in bytes: ``peak_memory_gb`` x 1e9 or
     ``peak_memory_gib`` x 2**30; None when both are blank.
@@ -571,27 +588,11 @@ def parse_row(d: Mapping[str, str], line: int, known: tuple[str, ...] | list[str
     if disp is not None and disp not in DISPATCHERS:
         raise ValidationError(f"row {line}: dispatcher {disp[:40]!r} unknown; fix: use one of "
                               f"{', '.join(DISPATCHERS)} or leave it blank (alltoall)")
-    grad = (d.get("grad_reduce") or "").strip().lower() or "fp32"
-    if grad not in GRAD_REDUCE:
-        raise ValidationError(f"row {line}: grad_reduce {grad[:40]!r} unknown; fix: use one of "
-                              f"{', '.join(GRAD_REDUCE)} or leave it blank (fp32)")
-    opt = (d.get("optimizer_state") or "").strip().lower() or "fp32"
-    if opt not in OPTIMIZER_STATES:
-        raise ValidationError(f"row {line}: optimizer_state {opt[:40]!r} unknown; fix: use one of "
-                              f"{', '.join(OPTIMIZER_STATES)} or leave it blank (fp32)")
-    cp_comm = (d.get("cp_comm") or "").strip().lower().replace("_", "") or "ring"
-    cp_comm = CP_COMM.get(cp_comm, cp_comm)
-    if cp_comm not in CONTEXT_METHODS:
-        raise ValidationError(f"row {line}: cp_comm {cp_comm[:40]!r} unknown; fix: use one of "
-                              f"{', '.join(CP_COMM)} or leave it blank (ring)")
-    saved = (d.get("saved_inputs") or "").strip().lower() or "format"
-    if saved not in SAVED_INPUTS:
-        raise ValidationError(f"row {line}: saved_inputs {saved[:40]!r} unknown; fix: use one of "
-                              f"{', '.join(SAVED_INPUTS)} or leave it blank (format)")
-    loss = (d.get("cross_entropy") or "").strip().lower() or "fused"
-    if loss not in CROSS_ENTROPY:
-        raise ValidationError(f"row {line}: cross_entropy {loss[:40]!r} unknown; fix: use one of "
-                              f"{', '.join(CROSS_ENTROPY)} or leave it blank (fused)")
+    grad = _choice(d, "grad_reduce", line, GRAD_REDUCE, "fp32")
+    opt = _choice(d, "optimizer_state", line, OPTIMIZER_STATES, "fp32")
+    cp_comm = _choice(d, "cp_comm", line, CONTEXT_METHODS, "ring", aliases=CP_COMM)
+    saved = _choice(d, "saved_inputs", line, SAVED_INPUTS, "format")
+    loss = _choice(d, "cross_entropy", line, tuple(CROSS_ENTROPY), "fused")
     model_config = (d.get("model_config") or "").strip() or None
     tp, pp, cp = _required_int(d, "tp", line), _required_int(d, "pp", line), _int(d, "cp", line) or 1
     dp = _int(d, "dp", line)
