@@ -59,13 +59,13 @@ def _key(s: Setup) -> tuple:
     r = s.row
     return (r.source, r.model, r.device, r.tp, r.pp, s.micro_batch, r.recompute, s.schedule,
             r.seq_len, bool(r.fsdp), r.global_batch / r.gpus, eager(r)[0], power_limit(r)[0],
-            r.memory_bandwidth_gb_per_s, attention_kernel(r)[0])
+            r.memory_bandwidth_gb_per_s, attention_kernel(r)[0], r.precision)
 
 
 def scale_groups(setups: Sequence[Setup]) -> dict[str, list[Setup]]:
     """Rows of one model and per-device configuration (source, model, device, tensor and
     pipeline degree, micro batch, recompute, schedule, sequence, FSDP, samples per device, and how
-    the run ran: eager or compiled, power cap, memory bandwidth, attention kernel) at two
+    the run ran: eager or compiled, power cap, memory bandwidth, attention kernel, precision) at two
     or more device counts, keyed ``"source model"``, each sorted by device count."""
     by: dict[tuple, list[Setup]] = {}
     for s in setups:

@@ -27,19 +27,20 @@ def test_an_iteration_time_becomes_samples_per_device_per_second():
 
 
 def test_a_scale_group_never_mixes_eager_and_compiled_runs():
-    """torchtitan's H100 table has eager and torch.compile rows at 8 and 128 GPUs: a drop is
-    measured within one way of running, never from an eager row to a compiled one."""
+    """torchtitan's H100 table has eager, torch.compile and torch.compile + Float8 rows at 8 and
+    128 GPUs: a drop is measured within one way of running, never from an eager row to a
+    compiled one, nor from a BF16 row to an FP8 one."""
     from simulator.scale_fit import scale_groups
     from simulator.validation_setup import eager
 
     rows = [r for r in V.load_rows(CSV, fill=model_fill(CSV)) if r.source == "torchtitan-h100"]
-    assert len(rows) == 4
+    assert len(rows) == 6
     setups = [V.row_setup(r, lambda r: _workload()) for r in rows]
     groups = scale_groups(setups)
-    assert len(groups) == 2
+    assert len(groups) == 3
     for g in groups.values():
         assert [s.row.gpus for s in g] == [8, 128]
-        assert len({eager(s.row)[0] for s in g}) == 1
+        assert len({(eager(s.row)[0], s.row.precision) for s in g}) == 1
 
 
 def _workload():
