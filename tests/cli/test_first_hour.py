@@ -148,7 +148,7 @@ def _inputs(model: str, cluster: str, batch: int, seq: int, batch_given: bool = 
     from zoo.models import layer_names
 
     w = SimpleNamespace(global_batch=batch, seq_len=seq, precision=precision,
-                        layers=layer_names(resolve_model(model)))
+                        cross_entropy="fused", layers=layer_names(resolve_model(model)))
     return rendered(plan_inputs(model, resolve_model(model), w, load_cluster(cluster),
                                 batch_given=batch_given, seq_given=seq_given))
 
