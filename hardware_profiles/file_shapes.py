@@ -108,6 +108,7 @@ class _Efficiencies(_Strict):
     attention_backward: _Efficiency | None = None
     attention_half_tokens: _Tokens | None = None
     attention_backward_half_tokens: _Tokens | None = None
+    flash2_attention: _Efficiency | None = None
     roofline: _Roofline | None = None
     elementwise_traffic: _Fraction | None = None
     scale_out: _Efficiency | None = None

@@ -172,7 +172,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
     for key, attr in (("attention", "attention_efficiency"),
                       ("attention_backward", "attention_backward_efficiency"),
                       ("attention_half_tokens", "attention_half_tokens"),
-                      ("attention_backward_half_tokens", "attention_backward_half_tokens")):
+                      ("attention_backward_half_tokens", "attention_backward_half_tokens"),
+                      ("flash2_attention", "flash2_attention")):
         got = getattr(f.efficiency, key)
         if got is not None:
             sources[attr] = got.origin
@@ -240,6 +241,8 @@ def _device_from_file(path: Path) -> DeviceProfile:
                                if f.efficiency.attention_half_tokens else 0.0),
         attention_backward_half_tokens=(f.efficiency.attention_backward_half_tokens.value
                                         if f.efficiency.attention_backward_half_tokens else 0.0),
+        flash2_attention=(f.efficiency.flash2_attention.value
+                          if f.efficiency.flash2_attention else 1.0),
         roofline=f.efficiency.roofline.value if f.efficiency.roofline else "max",
         elementwise_traffic=(f.efficiency.elementwise_traffic.value
                              if f.efficiency.elementwise_traffic else 0.0),

@@ -106,6 +106,12 @@ class DeviceProfile:
             kernel reaches half that rate: at ``s`` tokens it runs at
             ``efficiency x s / (s + half)`` (each query block's fixed work, loading it and
             rescaling its output, amortised over the key blocks it visits). 0: no such loss.
+        flash2_attention: FlashAttention-2's rate (the flash-attn 2 package, PyTorch SDPA's
+            ``FLASH_ATTENTION`` backend) relative to the fused kernel the attention figures
+            describe, forward and backward alike (:meth:`attention_rate` with ``kernel``
+            ``"flash2"``). 1.0 where that kernel is FlashAttention-2 itself or nothing measured
+            the two apart; on Hopper, where the figures are cuDNN's, FlashAttention-2 runs at
+            0.62 of them (Shah et al. 2024, "FlashAttention-3", arXiv:2407.08608, Figs. 5-6).
         roofline: how a fragment's compute and memory times combine: ``"max"`` (they overlap:
             the roofline, Williams et al. 2009; accelerators) or ``"sum"`` (they do not: fitted
             for XLA:CPU by ``mpmd calibrate``).
@@ -238,6 +244,7 @@ class DeviceProfile:
     attention_backward_efficiency: float | None = None
     attention_half_tokens: float = 0.0
     attention_backward_half_tokens: float = 0.0
+    flash2_attention: float = 1.0
     roofline: str = "max"
     elementwise_traffic: float = 0.0
     torus_dims: int = 0
@@ -274,15 +281,18 @@ class DeviceProfile:
             return layer_fixed_share(self.forward_layer_overhead, ops, self.layer_overhead_ops[0])
         return layer_fixed_share(self.backward_layer_overhead, ops, self.layer_overhead_ops[1])
 
-    def attention_rate(self, seq_len: int, backward: bool = False) -> float:
+    def attention_rate(self, seq_len: int, backward: bool = False, kernel: str = "") -> float:
         """The fused attention kernel's FLOP rate relative to the GEMM rate at ``seq_len`` tokens
         per sample: ``efficiency x s / (s + half_tokens)`` (forward, or the backward's with
-        ``backward``); the long-sequence efficiency when ``seq_len`` is 0 (unknown)."""
+        ``backward``); the long-sequence efficiency when ``seq_len`` is 0 (unknown). ``kernel``
+        ``"flash2"`` (``ir.LayerCost.attention_kernel``): FlashAttention-2's, that rate times
+        :attr:`flash2_attention`; ``""``: the kernel the figures describe."""
+        scale = self.flash2_attention if kernel == "flash2" else 1.0
         if backward and self.attention_backward_efficiency is None:
-            return self.backward_efficiency        # unmeasured: the backward's GEMM rate
+            return self.backward_efficiency * scale  # unmeasured: the backward's GEMM rate
         eff, half = ((self.attention_backward_efficiency, self.attention_backward_half_tokens)
                      if backward else (self.attention_efficiency, self.attention_half_tokens))
-        return eff * seq_len / (seq_len + half) if seq_len > 0 and half > 0 else eff
+        return scale * (eff * seq_len / (seq_len + half) if seq_len > 0 and half > 0 else eff)
 
     def _precision(self, dtype: str) -> str | None:
         """:meth:`matmul_precision`, or None where the device has no rate for ``dtype``."""

@@ -71,6 +71,10 @@ class LayerCost:
     """Of ``param_count``, the parameters in the experts: what expert parallelism shards."""
     attention_fwd_flops_per_sample: float = 0.0
     attention_bwd_flops_per_sample: float = 0.0
+    attention_kernel: str = ""
+    """Which fused kernel runs those attention FLOP: ``""``, the device's own (the one its
+    profile's attention figures describe), or ``"flash2"``, FlashAttention-2
+    (``DeviceProfile.flash2_attention``; :data:`ATTENTION_KERNELS`)."""
     alltoall_bytes_per_sample: float = 0.0
     """Bytes one sample's tokens send to their experts in one dispatch (``seq x top_k x h x dtype
     bytes x capacity factor``); the combine sends as many back. What an expert-parallel layout
@@ -170,6 +174,9 @@ class LayerCost:
                           f"forward's and the input gradient's FLOP")
         if self.bwd_input_other_bytes_per_sample > self.bwd_other_bytes_per_sample:
             raise IRError(f"LayerCost {self.name!r}: input-gradient other bytes exceed the backward's")
+        if self.attention_kernel not in ("", "flash2"):
+            raise IRError(f"LayerCost {self.name!r}: attention_kernel {self.attention_kernel!r} "
+                          f"is not '' (the device's fused kernel) or 'flash2'")
         if not 0 <= self.host_offload <= 1:
             raise IRError(f"LayerCost {self.name!r}: host_offload={self.host_offload!r} must be a "
                           f"fraction in [0, 1]")
@@ -181,6 +188,10 @@ ATTENTION_KERNELS = {
              "attention, PyTorch SDPA, JAX splash attention): the scores never reach HBM, a causal "
              "mask skips the key blocks above the diagonal, the backward recomputes the scores "
              "(Dao et al. 2022, 2023)",
+    "flash2": "FlashAttention-2 itself (the flash-attn 2 package, PyTorch SDPA's FLASH_ATTENTION "
+              "backend, which torchtitan pins under context parallelism): computes and moves what "
+              "'flash' does, at FlashAttention-2's rate (DeviceProfile.flash2_attention: 0.62 of "
+              "cuDNN's on Hopper, Shah et al. 2024)",
     "unfused": "the softmax materialized between two batched matmuls (Megatron-LM's fused "
                "scale-mask-softmax, the attention of runs before FlashAttention): every score "
                "computed and moved through HBM",

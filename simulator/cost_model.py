@@ -430,7 +430,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
     if kind == FragmentKind.F:
         flops = cost.fwd_flops_per_sample * per_dev
         attention = cost.attention_fwd_flops_per_sample * per_dev
-        attention_rate = dev.attention_rate(seq_len)
+        attention_rate = dev.attention_rate(seq_len, kernel=cost.attention_kernel)
         fixed, varying = cost.fwd_bytes_fixed, cost.fwd_bytes_per_sample * per_dev
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev
         other = cost.fwd_other_bytes_per_sample
@@ -443,7 +443,7 @@ def layer_time(cost: LayerCost, kind: str, samples: float, mesh: MeshSpec, layou
         flops = bwd * share * per_dev
         # the attention core is all input gradient (B): none of it in a W
         attention = cost.attention_bwd_flops_per_sample * per_dev if kind == FragmentKind.B else 0.0
-        attention_rate = dev.attention_rate(seq_len, backward=True)
+        attention_rate = dev.attention_rate(seq_len, backward=True, kernel=cost.attention_kernel)
         fixed, varying = cost.bwd_bytes_fixed * share, cost.bwd_bytes_per_sample * per_dev * share
         tp_bytes = cost.tp_allreduce_bytes_per_sample * per_dev if kind == FragmentKind.B else 0.0
         x, total = cost.bwd_input_other_bytes_per_sample, cost.bwd_other_bytes_per_sample

@@ -1001,7 +1001,7 @@ def row_setup(row: Row, workload_fn: Callable[[Row], Workload], *,
     if rc == "selective":
         kernel = attention_kernel(row)[0]
         w = selective_recompute(w, row.heads * (row.head_dim or row.hidden // row.heads),
-                                causal_fraction(row.seq_len) if kernel == "flash" else 1.0)
+                                causal_fraction(row.seq_len) if kernel != "unfused" else 1.0)
     elif rc == "op":
         w = op_recompute(w, row)
     elif rc == "layer":

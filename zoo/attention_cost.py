@@ -95,7 +95,7 @@ def attention_kernel_correction(cfg: ModelConfig, body: str, b: int, training: b
     qkv, causal, window = attention_core(cfg, body, b)
     if qkv is None or cfg.attention_kernel == "unfused":
         return zero
-    if cfg.attention_kernel != "flash":
+    if cfg.attention_kernel not in ("flash", "flash2"):
         raise ZooError(f"attention_kernel {cfg.attention_kernel!r} is not one of "
                        f"{sorted(ATTENTION_KERNELS)}")
     q = qkv[0]

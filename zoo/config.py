@@ -61,7 +61,7 @@ class ModelConfig:
         norm_eps, attention ("plain": materialized softmax, or "flash": a custom-VJP
         attention that keeps only q, k, v, o and the log-sum-exp for the backward: how the JAX
         model computes), attention_kernel (what the costed production stack runs, see
-        :data:`ir.workload.ATTENTION_KERNELS`: ``"flash"``, the default, or ``"unfused"``).
+        :data:`ir.workload.ATTENTION_KERNELS`: ``"flash"``, the default, ``"flash2"`` or ``"unfused"``).
         Mixture of experts (``experts`` > 0; llama family): every block's MLP is ``experts``
         SwiGLU experts of inner width ``expert_ffn`` behind a linear router; each token goes to its
         ``experts_per_token`` highest-scoring experts, their gates renormalized over those (Mixtral,

@@ -216,6 +216,8 @@ def body_cost(cfg: ModelConfig, body: str) -> LayerCost:
         attention_fwd_flops_per_sample=min(per["attn_fwd_flops"], per["fwd_flops"]),
         attention_bwd_flops_per_sample=min(per["attn_bwd_flops"], per["bwdx_flops"],
                                            per["bwd_flops"]),
+        attention_kernel=("flash2" if cfg.attention_kernel == "flash2"
+                          and per["attn_fwd_flops"] > 0 else ""),
         fwd_ops=ops["fwd_ops"], bwd_ops=ops["bwd_ops"],
         logits_per_sample=_logits_per_sample(cfg, body),
         low_precision=body not in ("embed", "head"), **_expert_fields(cfg, body),

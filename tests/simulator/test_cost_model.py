@@ -80,6 +80,33 @@ def test_the_attention_core_runs_at_the_kernel_rate_of_its_sequence_length(
                       rel=1e-12)
 
 
+@pytest.mark.parametrize("kind,attention,backward", [("F", 1e12, False), ("B", 2.5e12, True)])
+def test_flashattention_2_runs_the_core_at_its_share_of_the_profiles_kernel_rate(
+        kind, attention, backward):
+    """A core costed as FlashAttention-2 (``LayerCost.attention_kernel`` ``"flash2"``) takes
+    ``1 / flash2_attention`` as long as the profile's own kernel; its GEMMs are untouched."""
+    lay = Layout(data=2, tensor=1)
+    m = _mesh("max")
+    dev = dataclasses.replace(m.device, attention_efficiency=0.8, attention_half_tokens=600.0,
+                              attention_backward_efficiency=0.7,
+                              attention_backward_half_tokens=1200.0, flash2_attention=0.62)
+    mesh = dataclasses.replace(m, device=dev)
+    gemm = dev.achievable_flops("bf16")
+    eff = (0.7 * 2048 / (2048 + 1200)) if backward else 0.8 * 2048 / (2048 + 600)
+    fa3 = layer_time(ATTN, kind, 2, mesh, lay, seq_len=2048)
+    fa2 = layer_time(dataclasses.replace(ATTN, attention_kernel="flash2"), kind, 2, mesh, lay,
+                     seq_len=2048)
+    assert fa2 - fa3 == pytest.approx(attention / (gemm * eff) * (1 / 0.62 - 1), rel=1e-9)
+    assert load_device("h100-sxm").flash2_attention == 0.62      # FlashAttention-3 paper, Figs 5-6
+    assert load_device("a100-80gb-sxm").flash2_attention == 1.0  # its kernel is FA2 itself
+
+
+def test_an_unknown_attention_kernel_on_a_layer_is_refused():
+    from ir import IRError
+    with pytest.raises(IRError, match="attention_kernel 'fa3'"):
+        dataclasses.replace(COST, attention_kernel="fa3")
+
+
 def test_attention_flops_must_lie_within_the_pass_flops():
     from ir import IRError
     with pytest.raises(IRError, match="attention core FLOP"):

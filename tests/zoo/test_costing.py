@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -58,6 +59,18 @@ def test_the_fused_attention_core_is_costed_apart(name):
     assert costing.workload(cfg, global_batch=2).costs["head"].attention_fwd_flops_per_sample == 0.0
 
 
+def test_flashattention_2_computes_and_moves_what_the_fused_kernel_does_and_says_so():
+    """``flash2`` names FlashAttention-2 as the kernel: the trace's FLOP and bytes are the fused
+    kernel's, and the block's ``attention_kernel`` tells the cost model which rate to charge; the
+    embedding and the head, which have no attention core, name none."""
+    fa = costing.workload(zoo.get_config("llama3-8b"), global_batch=2)
+    fa2 = costing.workload(zoo.get_config("llama3-8b", attention_kernel="flash2"), global_batch=2)
+    a, b = fa.costs["decoder_block"], fa2.costs["decoder_block"]
+    assert (a.attention_kernel, b.attention_kernel) == ("", "flash2")
+    assert dataclasses.replace(b, attention_kernel="") == a
+    assert fa2.costs["head"].attention_kernel == fa2.costs["embed"].attention_kernel == ""
+
+
 def test_causal_fraction_counts_the_blocks_on_and_below_the_diagonal():
     assert causal_fraction(128) == 1.0                       # one block: computed whole
     assert causal_fraction(256) == 0.75                      # 3 of 4 blocks
@@ -68,7 +81,7 @@ def test_causal_fraction_counts_the_blocks_on_and_below_the_diagonal():
 
 
 def test_an_unknown_attention_kernel_is_refused():
-    with pytest.raises(ZooError, match="attention_kernel = 'paged' is not one of flash, unfused"):
+    with pytest.raises(ZooError, match="attention_kernel = 'paged' is not one of flash, flash2, unfused"):
         zoo.get_config("llama-tiny", attention_kernel="paged")
 
 
