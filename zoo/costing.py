@@ -342,6 +342,8 @@ def mean_cost(costs: list[tuple[LayerCost, int]], name: str) -> LayerCost:
         v = getattr(first, f.name)
         if f.name == "name":
             out[f.name] = name
+        elif f.name == "attention_kernel":     # the kernel any of them runs its core with
+            out[f.name] = max((getattr(c, f.name) for c, _ in costs), key=len)
         elif isinstance(v, bool) or f.name in ("param_count", "experts", "expert_param_count"):
             out[f.name] = v
         else:
@@ -402,6 +404,8 @@ def _hybrid_blocks(bodies: tuple[str, ...], costs: dict[str, LayerCost]
             out[f.name] = HYBRID_BODY
         elif f.name in ("experts", "experts_per_token"):
             out[f.name] = max(vals)
+        elif f.name == "attention_kernel":     # the layers with a core name it; the rest ""
+            out[f.name] = max(vals, key=len)
         elif isinstance(vals[0], bool):
             out[f.name] = any(vals)
         else:

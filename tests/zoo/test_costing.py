@@ -69,6 +69,11 @@ def test_flashattention_2_computes_and_moves_what_the_fused_kernel_does_and_says
     assert (a.attention_kernel, b.attention_kernel) == ("", "flash2")
     assert dataclasses.replace(b, attention_kernel="") == a
     assert fa2.costs["head"].attention_kernel == fa2.costs["embed"].attention_kernel == ""
+    # a mean body (gpt-oss's sliding and full layers, costed as one) keeps the kernel's name
+    from zoo.model_files import resolve_model
+    oss = costing.workload(zoo.get_config(resolve_model("gpt-oss-20b"), seq_len=512,
+                                          attention_kernel="flash2"), global_batch=1)
+    assert oss.costs["decoder_block"].attention_kernel == "flash2"
 
 
 def test_causal_fraction_counts_the_blocks_on_and_below_the_diagonal():
