@@ -139,6 +139,10 @@ def _optimizer(v: PartView, notes: list[str]) -> dict:
     if v.cross_entropy != "fused":
         notes.append(f"MaxText's loss is XLA-fused (the compute-dtype logits kept): the plan "
                      f"costed its loss as {v.cross_entropy}, more memory than the run holds")
+    if v.model.attention_kernel == "flash2":
+        notes.append("the plan costed the attention core as FlashAttention-2; MaxText runs its "
+                     "own fused kernel (cuDNN's on GPUs, splash attention on TPUs), at the rate "
+                     "the device profile describes (plan without --attention-kernel)")
     state = v.layout.optimizer_state
     if state == "bf16":
         return {"weight_dtype": "bfloat16"}

@@ -53,6 +53,15 @@ MEGATRON_LOSS_NOTE = ("the plan costed PyTorch's eager loss; Megatron-Core compu
 op-by-op loss to ask for."""
 
 
+MEGATRON_FLASH2_NOTE = ("the plan costed the attention core as FlashAttention-2; Megatron-Core "
+                        "runs Transformer Engine's fused attention (cuDNN's on Hopper and "
+                        "Blackwell), which the device profile's attention rate describes: the run's "
+                        "attention is faster than the plan's (plan without --attention-kernel)")
+"""The note of a plan whose model runs ``flash2`` (``ModelConfig.attention_kernel``): Megatron's
+stacks run Transformer Engine's kernel (``--attention-backend`` auto picks cuDNN's fused
+attention where it runs)."""
+
+
 MEGATRON_MASTER_NOTE = ("the plan keeps bf16 optimizer state with no master copy (4 bytes a "
                         "parameter); Megatron-Core's precision-aware optimizer keeps fp32 master "
                         "weights (--main-params-dtype takes fp32 or fp16), so the run holds 4 "
@@ -241,6 +250,8 @@ def megatron_args(v: PartView) -> tuple[list[tuple[str, object]], list[str]]:
             notes.append(MEGATRON_MASTER_NOTE)
     if v.cross_entropy == "eager":
         notes.append(MEGATRON_LOSS_NOTE)
+    if v.model.attention_kernel == "flash2":
+        notes.append(MEGATRON_FLASH2_NOTE)
     if v.model.moe:
         args += [("--num-experts", v.model.experts), ("--moe-router-topk", v.model.experts_per_token),
                  ("--moe-ffn-hidden-size", v.model.expert_ffn),

@@ -26,7 +26,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from launchers.megatron import CP_COMM_TYPES, MEGATRON_LOSS_NOTE, MEGATRON_MASTER_NOTE, SCHEDULES
+from launchers.megatron import CP_COMM_TYPES, MEGATRON_FLASH2_NOTE, MEGATRON_LOSS_NOTE, MEGATRON_MASTER_NOTE, SCHEDULES
 from launchers.view import GPU_KINDS, LauncherError, PartView, refuse_device
 from zoo.config import ModelConfig
 
@@ -293,6 +293,8 @@ def overrides(v: PartView) -> tuple[str, list[tuple[str, object]], list[str]]:
             notes.append(MEGATRON_MASTER_NOTE)
     if v.cross_entropy == "eager":
         notes.append(MEGATRON_LOSS_NOTE)
+    if v.model.attention_kernel == "flash2":
+        notes.append(MEGATRON_FLASH2_NOTE)
     table = FP16_PRECISIONS if v.model.dtype == "float16" else PRECISIONS
     out.append(("mixed_precision", table.get(v.precision, PRECISIONS[v.precision])))
     if v.precision == "fp8":

@@ -81,6 +81,17 @@ rounds the correction range (``models/gpt_oss/model/args.py``), where gpt-oss's 
 do not."""
 
 
+
+def cp_attention_note(kernel: str) -> str:
+    """The note of a context-parallel plan whose attention core is costed as ``kernel``
+    (``ModelConfig.attention_kernel``) rather than FlashAttention-2: under context parallelism
+    torchtitan pins SDPA to its flash and efficient backends (``get_train_context``), the only
+    ops PyTorch's context parallel dispatches."""
+    return ("under context parallelism torchtitan pins SDPA to its flash and efficient backends "
+            "(FlashAttention-2; PyTorch's context parallel dispatches no other): the plan costed "
+            f"the {kernel} kernel, faster than the run's on Hopper (plan with --attention-kernel "
+            "flash2)")
+
 def rope_of(c: ModelConfig) -> tuple:
     """The model's RoPE scaling in :data:`FLAVOR_ROPE`'s form (YaRN's defaults 4096, 32, 1 where
     the config gives none; Llama 3.1's 1, 4, 8192)."""
@@ -216,6 +227,8 @@ def job(v: PartView, source: str, toml: bool = True) -> tuple[dict, list[str]]:
                 "pipeline_parallel_microbatch_size": v.micro_batch,
                 "module_fqns_per_model_part": [_fqns(s) for s in v.stage_layers]}
     converters, quantize = _precision(v, notes)
+    if v.context > 1 and v.model.attention_kernel != "flash2":
+        notes.append(cp_attention_note(v.model.attention_kernel))
     if v.cross_entropy != "eager":
         notes.append(f"torchtitan computes the loss with PyTorch's cross_entropy on the fp32 "
                      f"logits, op by op: the run holds more memory at the loss than the plan's "

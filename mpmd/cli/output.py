@@ -18,6 +18,7 @@ from rich.text import Text
 from ir.files import write_atomic  # noqa: F401  (moved to ir.files; re-exported for old imports)
 
 from ir import CROSS_ENTROPY, SearchReport
+from ir.workload import ATTENTION_KERNELS
 from ir.plan_file import SCHEMA_PATH
 from mpmd.cli.plan_search import search_block
 
@@ -133,6 +134,8 @@ def plan_inputs(model: str, cfg: ModelConfig, workload: Workload, cluster: Clust
                  *((("loss", f"{workload.cross_entropy}: {CROSS_ENTROPY[workload.cross_entropy].describe} "
                     f"(--cross-entropy)"),) if cfg.training and workload.cross_entropy != "fused"
                    else ()),
+                 *((("attention", f"{cfg.attention_kernel}: {ATTENTION_KERNELS[cfg.attention_kernel].split(':')[0]} "
+                    f"(--attention-kernel)"),) if cfg.attention_kernel != "flash" else ()),
                  ("cluster", f"{cluster.name}, {devices_text(cluster)}"),
                  *((("read", reading),) if (reading := listing_reading(cluster)) else ())):
         t.add_row(k, escape(v))

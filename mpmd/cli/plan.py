@@ -18,7 +18,7 @@ from hardware_profiles.paths import resolve_cluster_path
 from ir.files import check_output, write_atomic
 from ir.plan import OPTIMIZER_STATES
 from ir.precision import PRECISIONS
-from ir.workload import CROSS_ENTROPY
+from ir.workload import ATTENTION_KERNELS, CROSS_ENTROPY
 from ir.vocab import GOALS
 from mpmd.cli.common import console, err_console, guard
 from mpmd.cli.models import types_text
@@ -105,6 +105,12 @@ def context_degree(value: str) -> int:
                    "Megatron-Bridge's recipes; XLA: one compute-dtype copy); fp32 (Megatron-Core's "
                    "own: fp32 kept, the compute-dtype copy beside it); eager (PyTorch op by op, "
                    "torchtitan's: fp32 kept, two fp32 gradients beside it). Memory only.")
+@click.option("--attention-kernel", type=click.Choice(tuple(ATTENTION_KERNELS)), default=None,
+              help="The fused attention kernel the run uses (default: the model's, flash): flash "
+                   "(the device's own: cuDNN / Transformer Engine on NVIDIA GPUs, splash on TPU); "
+                   "flash2 (FlashAttention-2, PyTorch SDPA's flash backend, which torchtitan pins "
+                   "under context parallelism: 0.62 of cuDNN's rate on Hopper); unfused (the "
+                   "softmax materialized). The plan JSON carries it.")
 @click.option("--out", type=click.Path(), default=None, help="Write the plan JSON here.")
 @guard
 def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_len: int | None,
@@ -113,7 +119,7 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                  objective: str,
                  min_throughput: float | None, max_usd_per_hour: float | None,
                  precision: str, optimizer_state: str, cross_entropy: str,
-                 out: str | None) -> None:
+                 attention_kernel: str | None, out: str | None) -> None:
     """Plan MODEL on CLUSTER: stage assignment, layouts and schedule.
 
     The inputs come first: the model (parameters, total and active per token, and dtype), the
@@ -154,13 +160,18 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
             "--min-throughput": min_throughput is not None,
             "--max-usd-per-hour": max_usd_per_hour is not None, "--precision": precision != "bf16",
             "--optimizer-state": optimizer_state != "fp32",
-            "--cross-entropy": cross_entropy != "fused"})
+            "--cross-entropy": cross_entropy != "fused",
+            "--attention-kernel": attention_kernel is not None})
         return
     context = context_degree(context_parallel)
     # the input first, before the planner, pydantic and JAX load (a typo is refused in ~0.2 s)
     if out:
         check_output(out, "plan JSON")
     cfg = resolve_model(model)            # ZooError: unknown model ("did you mean"), bad file
+    if attention_kernel is not None and attention_kernel != cfg.attention_kernel:
+        from zoo import get_config
+
+        cfg = get_config(cfg, attention_kernel=attention_kernel)
     resolve_cluster_path(cluster_path)    # ProfileError: no such file, with "did you mean"
     from dataclasses import replace
 
@@ -217,8 +228,10 @@ def plan_command(model: str, cluster_path: str, global_batch: int | None, seq_le
                                   f"guess (--precision names another)", highlight=False)
             ctrl_c.check()
             if out:
+                # a model file's fields, or a zoo model's run with another attention kernel
                 chosen = (with_model_config(result.plan, config_fields(cfg))
-                          if cfg.name not in list_models() else result.plan)
+                          if cfg.name not in list_models() or cfg.attention_kernel != "flash"
+                          else result.plan)
                 doc = any_plan_to_json(chosen)   # a pipeline plan or a data-parallel plan
                 validate_plan_json(doc)
                 text = json.dumps(doc, indent=1)

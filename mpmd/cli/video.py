@@ -141,7 +141,8 @@ def video(pipeline_name: str, cluster_path: str, frames: int, steps: int,
 
 LATENCY_UNUSED = ("--global-batch", "--seq-len", "--schedule", "--microbatches", "--max-tensor",
                   "--even-split", "--no-fsdp", "--context-parallel", "--min-throughput",
-                  "--max-usd-per-hour", "--precision", "--optimizer-state", "--cross-entropy")
+                  "--max-usd-per-hour", "--precision", "--optimizer-state", "--cross-entropy",
+                  "--attention-kernel")
 """``mpmd plan`` options a latency plan has no use for (a video is one sample at batch 1, planned
 by :mod:`planner.video`, not by the training planner)."""
 

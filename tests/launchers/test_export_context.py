@@ -21,6 +21,7 @@ import yaml
 from ir import Layout, Plan
 from ir.plan_file import load_plan
 from launchers import LauncherError, export_plan, part_views
+from launchers.torchtitan import cp_attention_note
 
 DATA = Path(__file__).resolve().parent / "data"
 H100X128 = DATA / "llama3-70b-h100x128.json"        # 4 meshes of 32 H100 (4 nodes each), M 32
@@ -90,6 +91,7 @@ def test_ring_context_on_every_target():
         "(FSDP: its DDP does not combine with tensor, pipeline or expert parallel); the plan kept "
         "whole parameters and sharded the optimizer state (distributed optimizer): expect "
         "parameter gathers the plan did not cost, or plan with FSDP",
+        cp_attention_note("flash"),
         "torchtitan computes the loss with PyTorch's cross_entropy on the fp32 logits, op by op: "
         "the run holds more memory at the loss than the plan's fused loss (plan with "
         "--cross-entropy eager)")
@@ -280,6 +282,29 @@ def test_degrees_multiply_to_the_devices_with_context(lay):
     mx = yaml.safe_load(out["maxtext"][0])
     assert maxtext_devices(mx) == 128
     assert mx["ici_context_parallelism"] * mx["dcn_context_parallelism"] == lay.context
+
+
+def test_each_target_notes_an_attention_kernel_it_does_not_run():
+    """The plan's attention kernel (``ModelConfig.attention_kernel``, carried in the plan's model
+    config): torchtitan runs FlashAttention-2 under context parallelism, so a context-parallel
+    plan costed with the device's own kernel says so there and one costed as flash2 does not;
+    Megatron and MaxText run their own fused kernels, so a flash2 plan says so there."""
+    from launchers.megatron import MEGATRON_FLASH2_NOTE
+    from zoo import get_config
+    from zoo.model_files import config_fields
+
+    def kernel_notes(plan: Plan) -> dict[str, list[str]]:
+        return {t: [n for n in notes if "FlashAttention-2" in n]
+                for t, (_, notes) in files(plan).items()}
+
+    cp = with_layouts(H100X128, **{"*": Layout(4, 4, context=2)})
+    assert kernel_notes(cp) == {"megatron": [], "torchtitan": [cp_attention_note("flash")],
+                                "maxtext": []}
+    fa2 = replace(cp, model_config=config_fields(get_config(cp.model, attention_kernel="flash2")))
+    notes = kernel_notes(fa2)
+    assert notes["megatron"] == [MEGATRON_FLASH2_NOTE] and notes["torchtitan"] == []
+    assert len(notes["maxtext"]) == 1 and "splash" in notes["maxtext"][0]
+    assert kernel_notes(load_plan(H100X128)) == {"megatron": [], "torchtitan": [], "maxtext": []}
 
 
 def test_each_target_notes_a_loss_it_does_not_compute():

@@ -133,7 +133,7 @@ def _run_readme(tmp_path: Path, slow: bool) -> list[str]:
 
 def test_readme_commands_run_as_written(tmp_path):
     ran = _run_readme(tmp_path, slow=False)
-    assert ran.count("plan") == 18 and "run" in ran and "calibrate" in ran and "simulate" in ran
+    assert ran.count("plan") == 19 and "run" in ran and "calibrate" in ran and "simulate" in ran
     assert ran.count("export") == 8 and ran.count("serve-plan") == 1
     assert ran.count("validate") >= 2                # --layers and --serving
     for name in ("plan.json", "tiny.json", "decode.json", "h100.json", "mixed.json",
