@@ -484,6 +484,24 @@ def test_cross_entropy_names_how_the_loss_ran(tmp_path):
                 and r.cross_entropy != "fused"}
 
 
+def test_the_bundled_rows_name_the_runs_that_ran_flashattention_2():
+    """``attention`` ``flash2`` on the rows whose stack ran FlashAttention-2: the DGX Cloud
+    releases whose scripts export ``NVTE_FUSED_ATTN=0`` (Grok-1 in 24.11 and 25.02, GPT-3 175B and
+    Nemotron-4 340B in 24.11) and, held out, torchtitan's runs under context parallelism (it
+    pins SDPA's flash and efficient backends there); its runs without CP keep the default."""
+    from mpmd.cli.validate import model_fill
+
+    every, _ = VR.load_rows_lenient(CSV, fill=model_fill(CSV))
+    assert {(r.source, r.model) for r in every if r.attention == "flash2"} == {
+        ("dgxc-24.11", "grok1-314b"), ("dgxc-25.02", "grok1-314b"),
+        ("dgxc-h100", "gpt3-175B"), ("dgxc-h100", "nemotron4-340B")}
+    held = CSV.with_name("heldout_training.csv")
+    rows, _ = VR.load_rows_lenient(held, fill=model_fill(held))
+    titan = [r for r in rows if r.source == "torchtitan-h100"]
+    assert {r.attention == "flash2" for r in titan if r.cp > 1} == {True}
+    assert {r.attention for r in titan if r.cp == 1} == {None}
+
+
 def test_cp_comm_names_the_context_exchange(tmp_path):
     """``cp_comm``: blank is the ring; Megatron-Core's ``--cp-comm-type`` names (``p2p``,
     ``all_gather``, ``a2a``) and PyTorch's (``allgather``) reach the row's layout; an unknown one
