@@ -85,7 +85,8 @@ def markdown(time_limit: float = 20.0, runs: tuple = RUNS) -> str:
             if (r.source, r.model, r.gpus) in runs]
     lines = [f"NVIDIA's published runs in their recipes: the published throughput, the published "
              f"layout in the project's model (as `mpmd validate` replays it) and `mpmd plan` on the "
-             f"same hardware, model, batch and recipe, `--time-limit {time_limit:g}`; tokens per "
+             f"same hardware, model, batch and recipe (its precision, loss, attention kernel and Adam "
+             f"state: `--optimizer-state`), `--time-limit {time_limit:g}`; tokens per "
              f"second per GPU", "",
              "| source | model | devices | batch | precision | published layout | published | layout in "
              "model | error | layout peak memory (GB) | plan | plan / published | wall (s) | plan |",
@@ -108,7 +109,9 @@ def markdown(time_limit: float = 20.0, runs: tuple = RUNS) -> str:
         mem = f"{max(pr.peak_memory_bytes.values()) / 1e9:.0f} / {dev.memory_bytes / 1e9:.0f}"
         w = replace(workload_for(row), precision=row.precision)
         t0 = time.perf_counter()
-        r = plan(w, node_groups(row, dev), PlanOptions(time_limit_s=time_limit))
+        # the recipe's Adam state too (the row's optimizer_state): the plan keeps what the run kept
+        r = plan(w, node_groups(row, dev), PlanOptions(time_limit_s=time_limit,
+                                                      optimizer_state=row.optimizer_state))
         wall = time.perf_counter() - t0
         p = r.plan
         lays = "/".join(sorted({str(x) for x in p.layouts.values()}))
