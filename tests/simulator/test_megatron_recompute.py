@@ -103,8 +103,13 @@ def test_the_recompute_column_takes_named_modules(tmp_path):
 def test_bundled_nemo_rows_name_their_recipes_modules():
     rows = [dict(zip(HEAD, f)) for f in csv.reader(LINES[1:])]
     named = [r for r in rows if r["recompute"].startswith("modules:")]
-    assert named and all(r["source"].startswith("nemo-25.") for r in named)
-    assert all("recompute_modules=[" in r["note"] for r in named)
+    # NVIDIA's Megatron-Bridge recipes (recompute_modules=[...]) and DGX Cloud's DeepSeek-V3
+    # launch, which passes NeMo's --recompute_modules
+    assert named and all(r["source"].startswith(("nemo-25.", "dgxc-25.05")) for r in named)
+    assert all("recompute_modules=[" in r["note"] or "--recompute_modules" in r["note"]
+               for r in named)
+    assert {r["source"] for r in named if r["source"].startswith("dgxc")} == {
+        "dgxc-25.05", "dgxc-25.05.04"}
     for r in named:
         R.parse_modules(r["recompute"])
 
